@@ -1,0 +1,3 @@
+"""frscope: turns PyTorch's Flight Recorder into answers."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from frscope.cli import main
+
+raise SystemExit(main())

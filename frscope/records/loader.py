@@ -1,0 +1,186 @@
+"""Read per-rank dump files (any format, any version) into a DumpSet, safely and tolerantly.
+
+Format is told by content, not by name: torch's on-timeout dumps are pickles with no extension,
+`fr_trace_json` answers are JSON, people gzip both. One bad file becomes a LoadProblem naming the
+file and the reason; it never stops the others from loading.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import zlib
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from frscope.records.errors import DumpError, DumpTooLarge, TruncatedDump, UnknownFormat
+from frscope.records.membership import build_groups
+from frscope.records.model import DumpSet, LoadProblem, RankDump
+from frscope.records.normalize import normalize_dump
+from frscope.records.safe_pickle import safe_loads
+
+DEFAULT_MAX_BYTES = 512 * 1024 * 1024
+
+# Files that sit beside dumps and are not dumps; skipped when a directory is expanded.
+_NOT_DUMPS = {".md", ".txt", ".log", ".yaml", ".yml", ".sock", ".py", ".sh", ".html", ".csv"}
+_TRAILING_RANK = re.compile(r"(\d+)$")
+_DUMP_SUFFIXES = (".gz", ".json", ".pkl", ".pickle", ".pt", ".bin")
+
+ProgressCallback = Callable[[int, int], None]
+
+
+def rank_from_name(path: str | Path) -> int | None:
+    """torch names dumps <prefix><global rank> (e.g. nccl_trace_rank_12, or
+    host-a-3_rank_12.json once a person adds host names and extensions)."""
+    name = Path(path).name
+    lowered = name.lower()
+    changed = True
+    while changed:
+        changed = False
+        for suffix in _DUMP_SUFFIXES:
+            if lowered.endswith(suffix):
+                name, lowered = name[: -len(suffix)], lowered[: -len(suffix)]
+                changed = True
+    match = _TRAILING_RANK.search(name)
+    return int(match.group(1)) if match else None
+
+
+def expand_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[LoadProblem]]:
+    files: list[Path] = []
+    problems: list[LoadProblem] = []
+    for raw in paths:
+        path = Path(raw)
+        if path.is_dir():
+            for root, dirnames, filenames in os.walk(path):
+                dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+                for filename in sorted(filenames):
+                    candidate = Path(root, filename)
+                    if filename.startswith(".") or candidate.suffix.lower() in _NOT_DUMPS:
+                        continue
+                    if filename.endswith(".stacks") or not candidate.is_file():
+                        continue
+                    files.append(candidate)
+        elif path.is_file():
+            files.append(path)
+        elif path.exists():
+            problems.append(LoadProblem(str(path), "not a regular file"))
+        else:
+            problems.append(LoadProblem(str(path), "no such file or directory"))
+    return files, problems
+
+
+def read_capped(path: Path, max_bytes: int) -> bytes:
+    source = str(path)
+    try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise DumpTooLarge(source, f"{size} bytes exceeds the cap of {max_bytes} bytes (--max-bytes)")
+        with path.open("rb") as handle:
+            data = handle.read(max_bytes + 1)
+    except OSError as exc:
+        raise DumpError(source, f"cannot read: {exc.strerror or exc}") from exc
+    if len(data) > max_bytes:
+        raise DumpTooLarge(source, f"grew past the cap of {max_bytes} bytes while being read")
+    return data
+
+
+def decode_bytes(data: bytes, source: str, max_bytes: int = DEFAULT_MAX_BYTES) -> Any:
+    """Bytes of a pickle / JSON / gzip of either -> the decoded object. Never executes anything."""
+    if not data.strip():
+        raise TruncatedDump(source, "empty file (still being written?)")
+    if data[:2] == b"\x1f\x8b":
+        try:
+            decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            data = decompressor.decompress(data, max_bytes + 1)
+        except zlib.error as exc:
+            raise TruncatedDump(source, f"corrupt gzip: {exc}") from exc
+        if len(data) > max_bytes:
+            raise DumpTooLarge(source, f"decompresses past the cap of {max_bytes} bytes")
+        if not decompressor.eof:
+            raise TruncatedDump(source, "gzip stream ends early: truncated or still being written")
+    if data[:1] == b"\x80":
+        return safe_loads(data, source)
+    head = data.lstrip()[:1]
+    if head in (b"{", b"["):
+        try:
+            return json.loads(data)
+        except UnicodeDecodeError as exc:
+            raise UnknownFormat(source, f"JSON is not valid UTF-8: {exc}") from exc
+        except json.JSONDecodeError as exc:
+            if exc.pos >= len(data.rstrip()) - 1 or "Unterminated" in exc.msg or "Expecting" in exc.msg:
+                raise TruncatedDump(
+                    source, f"JSON ends early at byte {exc.pos} ({exc.msg}): truncated or still being written"
+                ) from exc
+            raise UnknownFormat(source, f"invalid JSON at byte {exc.pos}: {exc.msg}") from exc
+    raise UnknownFormat(
+        source, f"neither a pickle (starts with 0x80) nor JSON (starts with '{{'): begins with {data[:8]!r}"
+    )
+
+
+def load_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> RankDump:
+    source = str(path)
+    rank = rank_from_name(path)
+    try:
+        raw = decode_bytes(read_capped(path, max_bytes), source, max_bytes)
+        dump = normalize_dump(raw, source, rank)
+    except DumpError as exc:
+        if exc.rank is None:
+            exc.rank = rank
+        raise
+    if dump.captured_at_ns is None:
+        try:
+            dump.captured_at_ns = path.stat().st_mtime_ns
+        except OSError:
+            pass
+    return dump
+
+
+def assemble(
+    dumps: Iterable[RankDump], problems: list[LoadProblem], world_size: int | None = None
+) -> DumpSet:
+    """Put loaded ranks together: resolve duplicate ranks, reconstruct group membership."""
+    by_rank: dict[int, RankDump] = {}
+    for dump in dumps:
+        for warning in dump.warnings:
+            problems.append(LoadProblem(dump.source, warning, rank=dump.rank, kind="warning"))
+        kept = by_rank.get(dump.rank)
+        if kept is None:
+            by_rank[dump.rank] = dump
+            continue
+        # Two files claim one rank (a re-dump, a copy): keep the one that saw more.
+        newer, older = (dump, kept) if len(dump.entries) > len(kept.entries) else (kept, dump)
+        by_rank[dump.rank] = newer
+        problems.append(
+            LoadProblem(
+                older.source,
+                f"rank {dump.rank} also in {newer.source}, which has more entries; this file is ignored",
+                rank=dump.rank,
+                kind="warning",
+            )
+        )
+    groups, world, warnings = build_groups(by_rank, world_size)
+    problems.extend(LoadProblem("(all dumps)", w, kind="warning") for w in warnings)
+    return DumpSet(dumps=by_rank, groups=groups, world_size=world, problems=problems)
+
+
+def load_dumps(
+    paths: Sequence[str | Path],
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    world_size: int | None = None,
+    progress: ProgressCallback | None = None,
+) -> DumpSet:
+    """Load every dump under `paths` (files or directories). Never raises for a bad file."""
+    files, problems = expand_paths(paths)
+    dumps: list[RankDump] = []
+    for done, path in enumerate(files, 1):
+        try:
+            dumps.append(load_file(path, max_bytes))
+        except DumpError as exc:
+            problems.append(LoadProblem(exc.source, exc.message, rank=exc.rank))
+        if progress is not None:
+            progress(done, len(files))
+    return assemble(dumps, problems, world_size)

@@ -1,0 +1,87 @@
+"""Who belongs to which process group, reconstructed across every rank's dump.
+
+`pg_config` is not always truthful: ProcessGroupGloo records its ranks before distributed_c10d has
+named the group, so gloo dumps key the default group '' with ranks '[]' (or the ranks of whichever
+group was built last), while the entries say ('0', 'default_pg'). torchfrtrace trusts pg_config and
+dies with KeyError: ('0', 1). Here a group's identity is the name its entries carry; its members are
+the ranks its pg_config says by majority across dumps, else (default group) the whole world, else
+the ranks whose dumps hold entries of that group.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from frscope.records.model import GroupInfo, RankDump
+
+DEFAULT_GROUP_NAME = "0"
+DEFAULT_GROUP_DESC = "default_pg"
+
+
+def is_default_group(name: str, desc: str) -> bool:
+    return desc == DEFAULT_GROUP_DESC or (name == DEFAULT_GROUP_NAME and desc in ("", "undefined"))
+
+
+def build_groups(
+    dumps: dict[int, RankDump], world_size_hint: int | None = None
+) -> tuple[dict[str, GroupInfo], int, list[str]]:
+    """Return (groups by name, world size, warnings)."""
+    warnings: list[str] = []
+    seen: dict[str, set[int]] = {}
+    descs: dict[str, Counter[str]] = {}
+    for rank, dump in dumps.items():
+        pgs: dict[str, str] = {}
+        for entry in dump.entries:
+            if entry.pg_name not in pgs:
+                pgs[entry.pg_name] = entry.pg_desc
+        for name, desc in pgs.items():
+            seen.setdefault(name, set()).add(rank)
+            descs.setdefault(name, Counter())[desc] += 1
+
+    votes: dict[str, Counter[tuple[int, ...]]] = {}
+    config_desc: dict[str, str] = {}
+    for dump in dumps.values():
+        for cfg in dump.pg_config.values():
+            # Gloo's unnamed '' entry carries wrong ranks: never trust it.
+            if not cfg.name or cfg.ranks is None:
+                continue
+            votes.setdefault(cfg.name, Counter())[cfg.ranks] += 1
+            config_desc.setdefault(cfg.name, cfg.desc)
+
+    world = max([world_size_hint or 0, *(r + 1 for r in dumps)] or [0])
+    for name, counter in votes.items():
+        ranks = counter.most_common(1)[0][0]
+        world = max(world, max(ranks) + 1)
+        desc = config_desc.get(name, "")
+        if is_default_group(name, desc):
+            world = max(world, len(ranks))
+
+    groups: dict[str, GroupInfo] = {}
+    for name in sorted(set(seen) | set(votes), key=_group_sort_key):
+        desc_counter = descs.get(name)
+        desc = desc_counter.most_common(1)[0][0] if desc_counter else config_desc.get(name, "")
+        members_seen = seen.get(name, set())
+        if name in votes:
+            counter = votes[name]
+            ranks = counter.most_common(1)[0][0]
+            if len(counter) > 1:
+                warnings.append(
+                    f"process group {name!r}: dumps disagree on its ranks ({len(counter)} versions); "
+                    f"using the majority {list(ranks)}"
+                )
+            extra = members_seen - set(ranks)
+            if extra:
+                warnings.append(
+                    f"process group {name!r}: ranks {sorted(extra)} have its entries but are not in "
+                    "its pg_config; counted as members"
+                )
+            groups[name] = GroupInfo(name, desc, tuple(sorted(set(ranks) | extra)), "pg_config")
+        elif is_default_group(name, desc):
+            groups[name] = GroupInfo(name, desc, tuple(range(world)), "world")
+        else:
+            groups[name] = GroupInfo(name, desc, tuple(sorted(members_seen)), "entries")
+    return groups, world, warnings
+
+
+def _group_sort_key(name: str) -> tuple[int, int | str]:
+    return (0, int(name)) if name.isdigit() else (1, name)

@@ -1,0 +1,347 @@
+"""Raw decoded dump (pickle or JSON, any format version) -> RankDump.
+
+Tolerance rules, all learnt from real dumps: JSON writes tuples as lists, `None` as 0 and pg_status
+values as strings; older versions lack fields (`is_p2p`, dtypes, `timeout_ms`, thread fields) or call
+`collective_seq_id` `seq_id`; newer ones add fields. Missing fields get a neutral value and one
+warning per field per dump, never an exception; a dump is refused only when it has no shape of a
+recorder at all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from typing import Any
+
+from frscope.records.errors import MalformedDump
+from frscope.records.model import P2P_OPS, SCHEDULED, Entry, PgConfig, PgStatus, RankDump
+
+# Versions whose fields this reader knows. Newer ones are read with a warning.
+KNOWN_VERSION = (2, 10)
+OLDEST_VERSION = (2, 0)
+
+SNAPSHOT_KEY = "frscope_snapshot"
+
+_P2P_NAME = re.compile(r"^(?P<op>\w+)\s+(?P<a>-?\d+)\s*(?P<arrow>->|<-)\s*(?P<b>-?\d+)$")
+
+
+def parse_profiling_name(profiling_name: str) -> tuple[str | None, str, int | None]:
+    """'nccl:send 0->1' -> ('nccl', 'send', 1); 'gloo:all_reduce' -> ('gloo', 'all_reduce', None).
+
+    For p2p the peer is the group-local rank on the other side: 'send a->b' is sent by a to b,
+    'recv a<-b' is received by a from b.
+    """
+    backend, sep, rest = profiling_name.partition(":")
+    if not sep:
+        backend, rest = "", profiling_name
+    rest = rest.strip()
+    match = _P2P_NAME.match(rest)
+    if match:
+        return backend or None, match.group("op"), int(match.group("b"))
+    op = rest.split(" ", 1)[0] if rest else "unknown"
+    return backend or None, op, None
+
+
+def parse_version(version: Any) -> tuple[int, int] | None:
+    text = str(version).strip()
+    match = re.match(r"^(\d+)\.(\d+)", text)
+    if not match:
+        return None
+    return int(match.group(1)), int(match.group(2))
+
+
+def parse_ranks(value: Any) -> tuple[int, ...] | None:
+    """pg_config 'ranks' is a string like '[0, 1]' in torch's dumps; accept lists too."""
+    if isinstance(value, (list, tuple)):
+        items: Any = value
+    elif isinstance(value, str):
+        try:
+            items = json.loads(value)
+        except ValueError:
+            found = re.findall(r"-?\d+", value)
+            if not found:
+                return None
+            items = [int(x) for x in found]
+    else:
+        return None
+    if not isinstance(items, (list, tuple)):
+        return None
+    out: list[int] = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int):
+            try:
+                item = int(item)
+            except (TypeError, ValueError):
+                return None
+        out.append(item)
+    return tuple(out) if out else None
+
+
+def _opt_int(value: Any) -> int | None:
+    """None, '', 0 and junk mean 'not recorded' for times; ints and numeric strings are kept."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value or None
+    if isinstance(value, float):
+        return int(value) or None
+    if isinstance(value, str):
+        try:
+            return int(value) or None
+        except ValueError:
+            return None
+    return None
+
+
+def _int_or(value: Any, default: int) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, (str, float)):
+        try:
+            return int(value)
+        except ValueError:
+            return default
+    return default
+
+
+def _opt_float(value: Any) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _sizes(value: Any) -> list[list[int]]:
+    return value if isinstance(value, list) else (list(value) if isinstance(value, tuple) else [])
+
+
+def _dtypes(value: Any) -> list[str]:
+    return value if isinstance(value, list) else (list(value) if isinstance(value, tuple) else [])
+
+
+# Fields every 2.x entry has; their absence is worth one warning per dump.
+_EXPECTED_FIELDS = (
+    "record_id",
+    "process_group",
+    "collective_seq_id",
+    "profiling_name",
+    "input_sizes",
+    "output_sizes",
+    "state",
+    "time_created_ns",
+)
+
+
+def normalize_entries(raw_entries: list[Any], source: str) -> tuple[list[Entry], str | None, list[str]]:
+    """Normalize the entry list; returns (entries, backend, warnings). Linear, no per-entry regex."""
+    entries: list[Entry] = []
+    missing: Counter[str] = Counter()
+    skipped = 0
+    backends: Counter[str] = Counter()
+    names: dict[str, tuple[str | None, str, int | None]] = {}
+    for index, raw in enumerate(raw_entries):
+        if not isinstance(raw, dict):
+            skipped += 1
+            continue
+        get = raw.get
+        for key in _EXPECTED_FIELDS:
+            if key not in raw:
+                missing[key] += 1
+
+        profiling_name = get("profiling_name")
+        if not isinstance(profiling_name, str):
+            profiling_name = "unknown"
+        parsed = names.get(profiling_name)
+        if parsed is None:
+            parsed = parse_profiling_name(profiling_name)
+            names[profiling_name] = parsed
+        backend, op, peer = parsed
+        if backend:
+            backends[backend] += 1
+
+        pg = get("process_group")
+        if isinstance(pg, (list, tuple)) and len(pg) >= 2:
+            pg_name, pg_desc = str(pg[0]), str(pg[1])
+        elif isinstance(pg, (list, tuple)) and len(pg) == 1:
+            pg_name, pg_desc = str(pg[0]), ""
+        else:
+            pg_id = get("pg_id")
+            pg_name, pg_desc = (str(pg_id) if pg_id is not None else "0"), ""
+
+        seq = get("collective_seq_id")
+        if type(seq) is not int:
+            seq = _int_or(seq if seq is not None else get("seq_id"), 0)
+        p2p_seq = get("p2p_seq_id", 0)
+        if type(p2p_seq) is not int:
+            p2p_seq = _int_or(p2p_seq, 0)
+        is_p2p = get("is_p2p")
+        if not isinstance(is_p2p, bool):
+            is_p2p = op in P2P_OPS
+        record_id = get("record_id", index)
+        if type(record_id) is not int:
+            record_id = _int_or(record_id, index)
+        state = get("state")
+        if not isinstance(state, str):
+            state = SCHEDULED
+        retired = get("retired")
+        if not isinstance(retired, bool):
+            retired = None
+        thread_id = get("thread_id")
+
+        entries.append(
+            Entry(
+                record_id,
+                pg_name,
+                pg_desc,
+                seq,
+                p2p_seq,
+                is_p2p,
+                op,
+                profiling_name,
+                peer,
+                _sizes(get("input_sizes")),
+                _dtypes(get("input_dtypes")),
+                _sizes(get("output_sizes")),
+                _dtypes(get("output_dtypes")),
+                state,
+                retired,
+                _opt_int(get("time_created_ns")),
+                _opt_int(get("time_discovered_started_ns")),
+                _opt_int(get("time_discovered_completed_ns")),
+                _opt_float(get("duration_ms")),
+                _opt_int(get("timeout_ms")),
+                str(thread_id) if thread_id is not None else None,
+                get("thread_name"),
+                get("frames"),
+            )
+        )
+    warnings = [f"{count} entries lack field {key!r}" for key, count in sorted(missing.items())]
+    if skipped:
+        warnings.append(f"{skipped} entries are not objects and were skipped")
+    backend = backends.most_common(1)[0][0] if backends else None
+    return entries, backend, warnings
+
+
+def _pg_config(raw: Any, warnings: list[str]) -> dict[str, PgConfig]:
+    out: dict[str, PgConfig] = {}
+    if raw is None:
+        return out
+    if not isinstance(raw, dict):
+        warnings.append("field 'pg_config' is not a mapping; ignored")
+        return out
+    for key, value in raw.items():
+        if not isinstance(value, dict):
+            continue
+        name = value.get("name")
+        out[str(key)] = PgConfig(
+            key=str(key),
+            name=str(name) if name is not None else str(key),
+            desc=str(value.get("desc") or ""),
+            ranks=parse_ranks(value.get("ranks")),
+        )
+    return out
+
+
+def _pg_status(raw: Any) -> dict[str, PgStatus]:
+    out: dict[str, PgStatus] = {}
+    if not isinstance(raw, dict):
+        return out
+    for key, value in raw.items():
+        if not isinstance(value, dict):
+            continue
+
+        def seq(field: str, value: dict[str, Any] = value) -> int | None:
+            got = value.get(field)
+            if got is None:
+                return None
+            return _int_or(got, -1)
+
+        out[str(key)] = PgStatus(
+            key=str(key),
+            last_enqueued=seq("last_enqueued_collective"),
+            last_started=seq("last_started_collective"),
+            last_completed=seq("last_completed_collective"),
+        )
+    return out
+
+
+def unwrap_snapshot(raw: Any) -> tuple[Any, dict[str, Any]]:
+    """frscope's own snapshot files wrap the recorder with capture metadata; torch's do not."""
+    if isinstance(raw, dict) and SNAPSHOT_KEY in raw and "trace" in raw:
+        meta = {k: v for k, v in raw.items() if k != "trace"}
+        return raw["trace"], meta
+    return raw, {}
+
+
+def normalize_dump(raw: Any, source: str, rank: int | None) -> RankDump:
+    """Build a RankDump. `rank` comes from the file name; the contents may correct it."""
+    trace, meta = unwrap_snapshot(raw)
+    if not isinstance(trace, dict):
+        raise MalformedDump(source, f"top level is {type(trace).__name__}, expected a mapping", rank=rank)
+    if "entries" not in trace and "version" not in trace and "pg_config" not in trace:
+        raise MalformedDump(
+            source, "no 'entries', 'version' or 'pg_config': not a Flight Recorder dump", rank=rank
+        )
+    warnings: list[str] = []
+
+    version = trace.get("version")
+    parsed = parse_version(version) if version is not None else None
+    if version is None:
+        warnings.append("no 'version' field; read as the newest known format")
+    elif parsed is None:
+        warnings.append(f"unparsable version {version!r}; read as the newest known format")
+    elif parsed > KNOWN_VERSION:
+        warnings.append(
+            f"format version {version} is newer than {KNOWN_VERSION[0]}.{KNOWN_VERSION[1]}; "
+            "reading the fields it shares with that version"
+        )
+    elif parsed < OLDEST_VERSION:
+        warnings.append(f"format version {version} predates 2.0; fields may be missing")
+
+    raw_entries = trace.get("entries")
+    if raw_entries is None:
+        raw_entries = []
+        warnings.append("no 'entries' field (recorder empty or disabled?)")
+    elif isinstance(raw_entries, tuple):
+        raw_entries = list(raw_entries)
+    elif not isinstance(raw_entries, list):
+        raise MalformedDump(source, f"is {type(raw_entries).__name__}, expected a list", rank=rank, field="entries")
+    entries, backend, entry_warnings = normalize_entries(raw_entries, source)
+    warnings.extend(entry_warnings)
+
+    content_rank = meta.get("rank", trace.get("rank"))
+    if isinstance(content_rank, int) and not isinstance(content_rank, bool):
+        if rank is not None and rank != content_rank:
+            warnings.append(f"file name says rank {rank} but the contents say rank {content_rank}; using {content_rank}")
+        rank = content_rank
+    if rank is None:
+        raise MalformedDump(
+            source,
+            "cannot tell which rank this is: the file name has no trailing rank number "
+            "(torch writes <prefix><rank>) and the contents do not say",
+        )
+
+    stacks = meta.get("stacks")
+    captured = _opt_int(meta.get("captured_at_ns"))
+    host = meta.get("host")
+    return RankDump(
+        rank=rank,
+        source=source,
+        version=str(version) if version is not None else "",
+        backend=backend,
+        entries=entries,
+        pg_config=_pg_config(trace.get("pg_config"), warnings),
+        pg_status=_pg_status(trace.get("pg_status")),
+        comm_lib_version=str(trace.get("comm_lib_version") or ""),
+        stacks=stacks if isinstance(stacks, str) and stacks else None,
+        captured_at_ns=captured,
+        host=str(host) if isinstance(host, str) else None,
+        warnings=warnings,
+    )
