@@ -1,0 +1,412 @@
+"""Cross-rank checks of one process group's collectives.
+
+Two questions per group, both linear in the entries:
+1. Did the ranks ever disagree on a collective (type, sizes, dtypes)? With equal byte counts gloo
+   completes such a collective silently with wrong data, so the whole visible history is scanned and
+   the earliest disagreement is what counts.
+2. Where is the group stuck? The first collective that is not complete on every rank: who never
+   entered it (RankNotJoined), or, if everyone did, that it never finished (NotCompleted).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from frscope.analysis.context import Context
+from frscope.analysis.findings import Category, Finding, GroupRef
+from frscope.analysis.ops import (
+    ALL_GATHER_OPS,
+    REDUCE_SCATTER_OPS,
+    ROOTED_OPS,
+    VARIABLE_SIZE_OPS,
+    numel,
+    self_consistency_error,
+)
+from frscope.analysis.stacks import user_frame
+from frscope.analysis.tracks import Track
+from frscope.analysis.wording import fmt_duration, fmt_ranks, plural
+from frscope.records import COMPLETED, STARTED, Entry, GroupInfo
+
+Bucket = list[Entry]
+
+# Ops with a size rule beyond "every rank passes the same sizes".
+SIZE_RULE_OPS = ALL_GATHER_OPS | REDUCE_SCATTER_OPS | VARIABLE_SIZE_OPS
+
+
+@dataclass(slots=True)
+class StuckPoint:
+    """Where a group stands still: the seq, who entered it, who did not, since when."""
+
+    seq: int
+    joined: list[int]
+    not_joined: list[int]
+    since_ns: int | None
+    age_s: float | None
+    stalled: bool
+
+
+def _same(a: Bucket, b: Bucket) -> bool:
+    if len(a) != len(b):
+        return False
+    for x, y in zip(a, b, strict=True):
+        if x.op != y.op:
+            return False
+        if x.op not in VARIABLE_SIZE_OPS and (x.input_sizes != y.input_sizes or x.output_sizes != y.output_sizes):
+            return False
+        if x.op in ROOTED_OPS:
+            if x.input_dtypes and y.input_dtypes and x.input_dtypes != y.input_dtypes:
+                return False
+        elif x.input_dtypes != y.input_dtypes or x.output_dtypes != y.output_dtypes:
+            return False
+    return True
+
+
+def _op_key(b: Bucket) -> str:
+    return "+".join(e.op for e in b)
+
+
+def _size_key(b: Bucket) -> str:
+    return repr([(e.input_sizes, e.output_sizes) for e in b if e.op not in VARIABLE_SIZE_OPS])
+
+
+def _dtype_key(b: Bucket) -> str:
+    return repr([(e.input_dtypes, e.output_dtypes if e.op not in ROOTED_OPS else None) for e in b])
+
+
+def _majority(
+    buckets: dict[int, Bucket], key: Callable[[Bucket], str], history: Bucket | None
+) -> tuple[str, list[int], bool] | None:
+    """(expected key, culprit ranks, ambiguous), or None when every rank agrees on this key.
+
+    The largest class is what the group meant to do. On a tie (2 ranks, or halves) the class that
+    matches the group's last agreed collective wins; if that does not decide, it is ambiguous and
+    every tied rank is a candidate."""
+    classes: dict[str, list[int]] = {}
+    for rank, bucket in buckets.items():
+        classes.setdefault(key(bucket), []).append(rank)
+    if len(classes) < 2:
+        return None
+    sizes = Counter({k: len(v) for k, v in classes.items()})
+    ranked = sizes.most_common()
+    top = [k for k, n in ranked if n == ranked[0][1]]
+    ambiguous = False
+    if len(top) == 1:
+        expected = top[0]
+    else:
+        previous = key(history) if history is not None else None
+        if previous in top:
+            expected = previous
+        else:
+            expected, ambiguous = top[0], True
+    if ambiguous:
+        culprits = sorted(r for k in top for r in classes[k])
+        culprits += sorted(r for k, rs in classes.items() if k not in top for r in rs)
+    else:
+        culprits = sorted(r for k, rs in classes.items() if k != expected for r in rs)
+    return expected, culprits, ambiguous
+
+
+def _describe_bucket(b: Bucket, what: str) -> str:
+    if what == "op":
+        return _op_key(b)
+    if what == "sizes":
+        first = b[0]
+        return f"input {first.input_sizes} output {first.output_sizes}"
+    first = b[0]
+    return f"input {first.input_dtypes} output {first.output_dtypes}"
+
+
+def classify_mismatch(
+    ctx: Context, ref: GroupRef, seq: int, buckets: dict[int, Bucket], history: Bucket | None
+) -> Finding | None:
+    for category, key, what in (
+        (Category.COLLECTIVE_TYPE_MISMATCH, _op_key, "op"),
+        (Category.SIZE_MISMATCH, _size_key, "sizes"),
+        (Category.DTYPE_MISMATCH, _dtype_key, "dtypes"),
+    ):
+        verdict = _majority(buckets, key, history)
+        if verdict is None:
+            continue
+        expected, culprits, ambiguous = verdict
+        good = next(b for b in buckets.values() if key(b) == expected)
+        good_ranks = sorted(r for r, b in buckets.items() if key(b) == expected)
+        first_culprit = culprits[0]
+        bad = buckets[first_culprit]
+        site = user_frame(bad[0].frames)
+        where = f", called from {site.filename}:{site.line} ({site.name})" if site else ""
+        if ambiguous:
+            summary = (
+                f"Ranks disagree on {what} at collective #{seq} of {ref.label()}: "
+                + "; ".join(
+                    f"{plural([r for r in culprits if key(buckets[r]) == k])} "
+                    f"{_describe_bucket(buckets[next(r for r in culprits if key(buckets[r]) == k)], what)}"
+                    for k in dict.fromkeys(key(buckets[r]) for r in culprits)
+                )
+                + " (no majority: any of them may be the culprit)."
+            )
+        elif category is Category.COLLECTIVE_TYPE_MISMATCH:
+            summary = (
+                f"{plural(culprits).capitalize()} called {_op_key(bad)} where {plural(good_ranks)} called "
+                f"{_op_key(good)} at collective #{seq} of {ref.label()}{where}."
+            )
+        else:
+            summary = (
+                f"{plural(culprits).capitalize()} passed {what} {_describe_bucket(bad, what)} to {_op_key(good)} "
+                f"#{seq} of {ref.label()} where {plural(good_ranks)} passed {_describe_bucket(good, what)}{where}."
+            )
+        finding = Finding(
+            category=category,
+            culprit_ranks=tuple(culprits),
+            process_group=ref,
+            summary=summary,
+            collective_seq_id=seq,
+            op=good[0].op,
+            input_sizes=good[0].input_sizes,
+            output_sizes=good[0].output_sizes,
+            input_dtypes=good[0].input_dtypes,
+            output_dtypes=good[0].output_dtypes,
+            ambiguous=ambiguous,
+            since_ns=min((b[0].time_created_ns for b in buckets.values() if b[0].time_created_ns), default=None),
+        )
+        _add_views(ctx, finding, ref.name, buckets, culprits, good_ranks)
+        return finding
+    return None
+
+
+def _self_consistency(ctx: Context, group: GroupInfo, ref: GroupRef, seq: int, buckets: dict[int, Bucket]) -> Finding | None:
+    """all_gather / reduce_scatter output vs input x group size; all_to_all totals across ranks."""
+    if group.membership_source == "entries":
+        return None  # membership guessed from entries: the group size is not trustworthy
+    size = len(group.ranks)
+    bad: dict[int, str] = {}
+    for rank, bucket in buckets.items():
+        for entry in bucket:
+            error = self_consistency_error(entry.op, entry.input_sizes, entry.output_sizes, size)
+            if error:
+                bad[rank] = error
+    if bad and len(bad) < len(buckets):
+        culprits = sorted(bad)
+        entry = buckets[culprits[0]][0]
+        finding = Finding(
+            category=Category.SIZE_MISMATCH,
+            culprit_ranks=tuple(culprits),
+            process_group=ref,
+            summary=(
+                f"{plural(culprits).capitalize()} called {entry.op} #{seq} of {ref.label()} with sizes that do not "
+                f"fit the group: {bad[culprits[0]]}."
+            ),
+            collective_seq_id=seq,
+            op=entry.op,
+            input_sizes=entry.input_sizes,
+            output_sizes=entry.output_sizes,
+        )
+        _add_views(ctx, finding, ref.name, buckets, culprits, sorted(set(buckets) - set(bad)))
+        return finding
+    ops = {e.op for b in buckets.values() for e in b}
+    if len(buckets) == size and ops and ops <= VARIABLE_SIZE_OPS and not ops & ROOTED_OPS:
+        sent = sum(numel(e.input_sizes) for b in buckets.values() for e in b)
+        received = sum(numel(e.output_sizes) for b in buckets.values() for e in b)
+        if sent != received:
+            finding = Finding(
+                category=Category.SIZE_MISMATCH,
+                culprit_ranks=tuple(sorted(buckets)),
+                process_group=ref,
+                summary=(
+                    f"{next(iter(ops))} #{seq} of {ref.label()} does not add up: the ranks send {sent} elements "
+                    f"in all and expect to receive {received} (split sizes disagree)."
+                ),
+                collective_seq_id=seq,
+                op=next(iter(ops)),
+                ambiguous=True,
+            )
+            _add_views(ctx, finding, ref.name, buckets, sorted(buckets), [])
+            return finding
+    return None
+
+
+def _add_views(
+    ctx: Context, finding: Finding, group: str, buckets: dict[int, Bucket], culprits: list[int], others: list[int]
+) -> None:
+    cap = ctx.options.max_rank_views
+    for rank in culprits[:cap]:
+        bucket = buckets.get(rank)
+        entry = bucket[0] if bucket else None
+        finding.ranks[rank] = ctx.rank_view(rank, group, entry)
+        if entry is not None and entry.frames:
+            finding.culprit_frames[rank] = entry.frames
+        stack = ctx.live_stack(rank)
+        if stack:
+            finding.culprit_stacks[rank] = stack
+    for rank in others[:3]:
+        bucket = buckets.get(rank)
+        finding.ranks[rank] = ctx.rank_view(rank, group, bucket[0] if bucket else None)
+
+
+def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
+    """The earliest collective on which the ranks disagreed, with later disagreements counted in."""
+    with_entries = [(r, t) for r, t in sorted(tracks.items()) if t.by_seq]
+    if len(with_entries) < 1:
+        return None
+    lo = max(t.first_seq for _, t in with_entries)
+    hi = max(t.last_seq for _, t in with_entries)
+    first: Finding | None = None
+    later = 0
+    history: Bucket | None = None
+    for seq in range(lo, hi + 1):
+        ref_bucket: Bucket | None = None
+        differs = False
+        for _rank, track in with_entries:
+            bucket = track.by_seq.get(seq)
+            if bucket is None:
+                continue
+            if ref_bucket is None:
+                ref_bucket = bucket
+            elif not _same(ref_bucket, bucket):
+                differs = True
+                break
+        if ref_bucket is None:
+            continue
+        if not differs and not any(e.op in SIZE_RULE_OPS for e in ref_bucket):
+            history = ref_bucket
+            continue
+        buckets = {r: b for r, t in with_entries if (b := t.by_seq.get(seq)) is not None}
+        if differs:
+            if first is None:
+                first = classify_mismatch(ctx, ref, seq, buckets, history)
+            else:
+                later += 1
+            continue
+        problem = _self_consistency(ctx, group, ref, seq, buckets)
+        if problem is not None:
+            if first is None:
+                first = problem
+            else:
+                later += 1
+        else:
+            history = ref_bucket
+    if first is not None and later:
+        first.evidence.append(
+            f"{later} later collective{'s' if later != 1 else ''} of {ref.label()} disagree as well "
+            "(consequences of this one)."
+        )
+    return first
+
+
+def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track]) -> StuckPoint | None:
+    if not tracks:
+        return None
+    seq = min(t.next_seq for t in tracks.values())
+    joined = sorted(r for r, t in tracks.items() if t.last_seq >= seq)
+    if not joined:
+        return None  # every rank is done with everything it enqueued: idle, not stuck
+    not_joined = sorted(set(tracks) - set(joined))
+    created = [
+        e.time_created_ns
+        for r in joined
+        for e in tracks[r].by_seq.get(seq, ())
+        if e.time_created_ns
+    ]
+    since = min(created) if created else None
+    now = ctx.now_for(joined)
+    age = (now - since) / 1e9 if (now is not None and since is not None) else None
+    stalled = age is None or age >= ctx.options.stall_after_s
+    return StuckPoint(seq, joined, not_joined, since, age, stalled)
+
+
+def hang_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint) -> Finding | None:
+    """RankNotJoined or NotCompleted at the stuck point; None when the group is merely busy."""
+    if not point.stalled:
+        return None
+    seq = point.seq
+    buckets = {r: b for r in point.joined if (b := tracks[r].by_seq.get(seq))}
+    sample = next(iter(buckets.values()))[0] if buckets else None
+    op = sample.op if sample else "collective"
+    since = f" for {fmt_duration(point.age_s)}" if point.age_s is not None else ""
+    if point.not_joined:
+        culprits = point.not_joined
+        first = culprits[0]
+        doing = ctx.activity(first)
+        doing_text = f"; rank {first} is {doing}" if doing else ""
+        summary = (
+            f"{plural(culprits).capitalize()} never joined {op} #{seq} of {ref.label()}, which "
+            f"{plural(point.joined)} {'has' if len(point.joined) == 1 else 'have'} been blocked in{since}{doing_text}."
+        )
+        finding = Finding(
+            category=Category.RANK_NOT_JOINED,
+            culprit_ranks=tuple(culprits),
+            process_group=ref,
+            summary=summary,
+            collective_seq_id=seq,
+            op=op,
+            input_sizes=sample.input_sizes if sample else None,
+            output_sizes=sample.output_sizes if sample else None,
+            input_dtypes=sample.input_dtypes if sample else None,
+            output_dtypes=sample.output_dtypes if sample else None,
+            since_ns=point.since_ns,
+            stalled_for_s=point.age_s,
+        )
+        for rank in culprits[: ctx.options.max_rank_views]:
+            track = tracks[rank]
+            last = track.by_seq.get(track.last_seq)
+            finding.ranks[rank] = ctx.rank_view(rank, group.name, last[0] if last else None)
+            if last and last[0].frames:
+                finding.culprit_frames[rank] = last[0].frames
+            stack = ctx.live_stack(rank)
+            if stack:
+                finding.culprit_stacks[rank] = stack
+            finding.evidence.append(
+                f"rank {rank}: last entered #{track.last_seq} of {ref.label()}"
+                + (f", now {finding.ranks[rank].activity}" if finding.ranks[rank].activity else "")
+            )
+        for rank in point.joined[:3]:
+            bucket = buckets.get(rank)
+            finding.ranks[rank] = ctx.rank_view(rank, group.name, bucket[0] if bucket else None)
+        return finding
+
+    # Everyone entered it. Which ranks did not finish it, and did their device even start it?
+    not_done = sorted(r for r, b in buckets.items() if not all(e.completed for e in b))
+    if not not_done:
+        return None
+    states = {r: buckets[r][0].state for r in not_done}
+    started = [r for r, s in states.items() if s == STARTED]
+    scheduled = [r for r, s in states.items() if s not in (STARTED, COMPLETED)]
+    culprits = not_done
+    detail = ""
+    if started and scheduled:
+        # NCCL: the device of 'scheduled' ranks never reached the kernel; their stream is busy elsewhere.
+        culprits = scheduled
+        detail = (
+            f" {plural(scheduled).capitalize()} never started it on the device (still 'scheduled' while "
+            f"{plural(started)} started): their GPU stream is busy with earlier work."
+        )
+    elif started:
+        detail = " It started on every rank's device and never finished: suspect the GPU, NCCL or the network."
+    else:
+        detail = " The recorder has no device-side state here (gloo): suspect the network or a rank's transport."
+    summary = (
+        f"Every rank of {ref.label()} entered {op} #{seq} and {plural(not_done)} never completed it{since}.{detail}"
+    )
+    finding = Finding(
+        category=Category.NOT_COMPLETED,
+        culprit_ranks=tuple(culprits),
+        process_group=ref,
+        summary=summary,
+        collective_seq_id=seq,
+        op=op,
+        input_sizes=sample.input_sizes if sample else None,
+        output_sizes=sample.output_sizes if sample else None,
+        input_dtypes=sample.input_dtypes if sample else None,
+        output_dtypes=sample.output_dtypes if sample else None,
+        since_ns=point.since_ns,
+        stalled_for_s=point.age_s,
+    )
+    _add_views(ctx, finding, group.name, buckets, culprits, sorted(set(buckets) - set(culprits)))
+    durations = [b[0].duration_ms for b in buckets.values() if b[0].duration_ms]
+    if durations:
+        finding.evidence.append(f"recorded durations so far: up to {max(durations):.0f} ms")
+    finding.evidence.append(f"states: {dict(Counter(states.values()))} over {plural(not_done)}")
+    if fmt_ranks(culprits) != fmt_ranks(not_done):
+        finding.evidence.append(f"not completed on {plural(not_done)}")
+    return finding

@@ -1,0 +1,93 @@
+"""Shared inputs of the per-group checks: options, the dumps, and how to describe a rank."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from frscope.analysis.findings import RankView
+from frscope.analysis.stacks import describe, main_stack, user_frame
+from frscope.analysis.tracks import Track, blocked_entry
+from frscope.records import DumpSet, Entry, Frame
+
+
+DEFAULT_STALL_AFTER_S = 10.0
+DEFAULT_CLOCK_SKEW_MS = 20.0
+
+
+@dataclass(frozen=True, slots=True)
+class AnalysisOptions:
+    # A collective in flight for less than this is treated as still running, not hung. Dumps written
+    # by torch on timeout are far older than this; a healthy job's in-flight ops are far younger.
+    stall_after_s: float = DEFAULT_STALL_AFTER_S
+    # Creation times of different hosts differ by clock skew; lateness below this is not a straggler.
+    clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS
+    # 'Now' for ages, in ns since the epoch. Default: the time the recorders were captured.
+    now_ns: int | None = None
+    # Cap on per-rank details kept in a finding (1,024 culprits must not make a 1,024-row report).
+    max_rank_views: int = 16
+
+
+@dataclass(slots=True)
+class Context:
+    dumpset: DumpSet
+    tracks: dict[str, dict[int, Track]]
+    options: AnalysisOptions
+    _stacks: dict[int, tuple[Frame, ...]] = field(default_factory=dict)
+
+    def now_for(self, ranks: list[int]) -> int | None:
+        if self.options.now_ns is not None:
+            return self.options.now_ns
+        times = [t for r in ranks if (d := self.dumpset.dumps.get(r)) and (t := d.captured_at_ns)]
+        return max(times) if times else None
+
+    def live_stack(self, rank: int) -> tuple[Frame, ...]:
+        cached = self._stacks.get(rank)
+        if cached is not None:
+            return cached
+        dump = self.dumpset.dumps.get(rank)
+        frames: tuple[Frame, ...] = ()
+        if dump is not None and dump.stacks:
+            thread = dump.entries[-1].thread_id if dump.entries else None
+            frames = main_stack(dump.stacks, thread)
+        self._stacks[rank] = frames
+        return frames
+
+    def activity(self, rank: int) -> str | None:
+        """What the rank is doing now: its live stack if one was captured, else the recorder's view."""
+        described = describe(self.live_stack(rank))
+        if described:
+            return described
+        dump = self.dumpset.dumps.get(rank)
+        if dump is None:
+            return "no dump"
+        stuck = blocked_entry(dump.entries)
+        if stuck is not None:
+            return f"blocked in {stuck.op} #{_seq(stuck)} of group {stuck.pg_name} ({stuck.state})"
+        if dump.entries:
+            last = dump.entries[-1]
+            return f"idle since {last.op} #{_seq(last)} of group {last.pg_name} completed"
+        return "recorder empty"
+
+    def rank_view(self, rank: int, group: str, entry: Entry | None) -> RankView:
+        track = self.tracks.get(group, {}).get(rank)
+        view = RankView(
+            rank=rank,
+            last_enqueued_seq=track.last_seq if track else None,
+            last_completed_seq=track.last_completed if track else None,
+            activity=self.activity(rank),
+        )
+        if entry is not None:
+            view.op = entry.op
+            view.state = entry.state + (" (retired)" if entry.retired else "")
+            view.input_sizes = entry.input_sizes
+            view.output_sizes = entry.output_sizes
+            view.input_dtypes = entry.input_dtypes
+            view.output_dtypes = entry.output_dtypes
+            view.time_created_ns = entry.time_created_ns
+            view.duration_ms = entry.duration_ms
+            view.call_site = user_frame(entry.frames)
+        return view
+
+
+def _seq(entry: Entry) -> int:
+    return entry.p2p_seq_id if entry.is_p2p else entry.collective_seq_id

@@ -1,0 +1,234 @@
+"""The analysis entry point: every group's checks, then root causes.
+
+A hang spreads: a rank stuck in a tensor-parallel all_reduce never joins the data-parallel
+all_gather, so that group reports a RankNotJoined too. Each finding whose culprits are themselves
+blocked in another finding's collective is nested under it as a consequence; what is left are the
+root causes, earliest divergence first.
+"""
+
+from __future__ import annotations
+
+from frscope.analysis.collectives import hang_finding, scan_history, stuck_point
+from frscope.analysis.context import AnalysisOptions, Context
+from frscope.analysis.findings import Category, Finding, GroupProgress, GroupRef, RankProgress, Report
+from frscope.analysis.p2p import recorded_p2p, stack_p2p
+from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in
+from frscope.analysis.straggler import find_straggler
+from frscope.analysis.tracks import Track, build_tracks
+from frscope.analysis.wording import fmt_duration, plural
+from frscope.records import DumpSet, Entry
+from frscope.records.membership import is_default_group
+
+# Most actionable first when two root causes started at the same moment.
+_PRIORITY = {
+    Category.COLLECTIVE_TYPE_MISMATCH: 0,
+    Category.SIZE_MISMATCH: 1,
+    Category.DTYPE_MISMATCH: 1,
+    Category.P2P_MISMATCH: 2,
+    Category.RANK_NOT_JOINED: 3,
+    Category.NOT_COMPLETED: 4,
+    Category.MISSING_DUMPS: 5,
+    Category.STRAGGLER: 6,
+}
+
+
+def _group_tracks(dumpset: DumpSet, name: str, ranks: tuple[int, ...], tracks: dict[int, Track]) -> dict[int, Track]:
+    """The group's members that have a dump. A member with no entry of the group counts as having
+    entered nothing, but only while nobody has completed anything there (otherwise its entries were
+    evicted from its ring buffer: a real member cannot miss a completed collective)."""
+    mine = {r: tracks[r] for r in ranks if r in tracks}
+    nothing_done = all(t.next_seq <= t.first_seq for t in mine.values() if t.by_seq)
+    if nothing_done:
+        for rank in ranks:
+            if rank in dumpset.dumps and rank not in mine:
+                mine[rank] = Track(rank)
+    return mine
+
+
+def _progress(ref: GroupRef, source: str, tracks: dict[int, Track]) -> GroupProgress:
+    ranks: dict[int, RankProgress] = {}
+    for rank, track in sorted(tracks.items()):
+        open_bucket = track.by_seq.get(track.next_seq)
+        ranks[rank] = RankProgress(
+            last_enqueued_seq=track.last_seq or None,
+            last_completed_seq=track.last_completed if track.by_seq else None,
+            inflight_op=open_bucket[0].op if open_bucket else None,
+            inflight_seq=track.next_seq if open_bucket else None,
+        )
+    return GroupProgress(ref, source, ranks)
+
+
+def _blocked_point(entries: list[Entry], before_record: int | None = None) -> tuple[str, int] | None:
+    """(group, seq) of the rank's oldest unfinished collective, optionally only older than a record."""
+    for entry in entries:
+        if before_record is not None and entry.record_id >= before_record:
+            return None
+        if not entry.completed and not entry.is_p2p:
+            return entry.pg_name, entry.collective_seq_id
+    return None
+
+
+def _missing_dumps(ctx: Context, waiting: list[tuple[GroupRef, int, str, list[int], float | None]]) -> Finding | None:
+    missing = ctx.dumpset.missing_ranks
+    if not missing:
+        return None
+    groups = ctx.dumpset.groups
+    biggest = max(
+        (g for g in groups.values() if set(missing) & set(g.ranks)),
+        key=lambda g: (len(set(missing) & set(g.ranks)), len(g.ranks)),
+        default=None,
+    )
+    ref = (
+        GroupRef(biggest.name, biggest.desc, biggest.ranks)
+        if biggest
+        else GroupRef("world", "", tuple(range(ctx.dumpset.world_size)))
+    )
+    summary = f"No dump from {plural(missing)} of {ctx.dumpset.world_size}."
+    finding = Finding(category=Category.MISSING_DUMPS, culprit_ranks=tuple(missing), process_group=ref, summary=summary)
+    if waiting:
+        group_ref, seq, op, joined, age = waiting[0]
+        since = f" for {fmt_duration(age)}" if age is not None else ""
+        summary = (
+            f"{plural(joined).capitalize()} of {group_ref.label()} wait{'s' if len(joined) == 1 else ''} in {op} "
+            f"#{seq}{since}, and {plural(missing)} left no dump: a rank without a dump crashed, was killed, or "
+            "never joined — or it is the victim (with gloo, the rank that receives a larger message than it "
+            "expects aborts at once without a dump while the sender survives)."
+        )
+        finding.summary = summary
+        finding.process_group = group_ref
+        finding.collective_seq_id = seq
+        finding.op = op
+        finding.stalled_for_s = age
+    finding.evidence.append(
+        "a missing dump is not proof of guilt: check the missing ranks' pod logs and exit codes"
+    )
+    for group_ref, seq, op, joined, _age in waiting[1:]:
+        finding.evidence.append(f"{plural(joined)} also wait in {op} #{seq} of {group_ref.label()}")
+    return finding
+
+
+def analyze(dumpset: DumpSet, options: AnalysisOptions | None = None) -> Report:
+    options = options or AnalysisOptions()
+    tracks_by_group = build_tracks(dumpset)
+    ctx = Context(dumpset, tracks_by_group, options)
+    findings: list[Finding] = []
+    at_point: dict[tuple[str, int], Finding] = {}
+    progress: list[GroupProgress] = []
+    waiting_on_missing: list[tuple[GroupRef, int, str, list[int], float | None]] = []
+    recorded_p2p_ranks: set[int] = set()
+    default_ref: GroupRef | None = None
+
+    for name, group in dumpset.groups.items():
+        ref = GroupRef(name, group.desc, group.ranks)
+        if is_default_group(name, group.desc) or default_ref is None:
+            default_ref = ref if (default_ref is None or is_default_group(name, group.desc)) else default_ref
+        tracks = _group_tracks(dumpset, name, group.ranks, tracks_by_group.get(name, {}))
+        progress.append(_progress(ref, group.membership_source, tracks))
+        if not tracks:
+            continue
+        mismatch = scan_history(ctx, group, ref, tracks)
+        point = stuck_point(ctx, group, tracks)
+        hang = hang_finding(ctx, group, ref, tracks, point) if point else None
+        missing_members = [r for r in group.ranks if r not in dumpset.dumps]
+        if hang is not None and hang.category is Category.NOT_COMPLETED and missing_members and point:
+            # Everyone with a dump entered it; those without one are the first suspects.
+            waiting_on_missing.append((ref, point.seq, hang.op or "collective", point.joined, point.age_s))
+            hang = None
+        if mismatch is not None:
+            findings.append(mismatch)
+            if mismatch.collective_seq_id is not None:
+                at_point[(name, mismatch.collective_seq_id)] = mismatch
+            if hang is not None and mismatch.collective_seq_id is not None and point is not None:
+                if mismatch.collective_seq_id <= point.seq:
+                    # The group diverged first and stopped later: the stop is a consequence.
+                    mismatch.consequences.append(hang)
+                    hang = None
+        if hang is not None:
+            findings.append(hang)
+            if point is not None:
+                at_point.setdefault((name, point.seq), hang)
+        p2p = recorded_p2p(ctx, group, ref, tracks)
+        if p2p is not None:
+            findings.append(p2p)
+            recorded_p2p_ranks.update(p2p.culprit_ranks)
+        straggler = find_straggler(ctx, ref, tracks)
+        if straggler is not None and not any(
+            f.category is Category.STRAGGLER and f.culprit_ranks == straggler.culprit_ranks for f in findings
+        ):
+            findings.append(straggler)
+
+    ref_for_world = default_ref or GroupRef("0", "default_pg", tuple(range(dumpset.world_size)))
+    unrecorded = stack_p2p(ctx, ref_for_world, recorded_p2p_ranks)
+    if unrecorded is not None:
+        findings.append(unrecorded)
+    missing = _missing_dumps(ctx, waiting_on_missing)
+    if missing is not None:
+        findings.append(missing)
+
+    roots = _link_consequences(ctx, findings, at_point, unrecorded)
+    roots.sort(key=lambda f: (f.category is Category.STRAGGLER, f.since_ns or 2**63, _PRIORITY[f.category]))
+    versions = tuple(sorted({d.version for d in dumpset.dumps.values() if d.version}))
+    backends = [d.backend for d in dumpset.dumps.values() if d.backend]
+    return Report(
+        findings=roots,
+        ranks_loaded=dumpset.ranks_loaded,
+        missing_ranks=dumpset.missing_ranks,
+        world_size=dumpset.world_size,
+        groups=progress,
+        problems=list(dumpset.problems),
+        backend=max(set(backends), key=backends.count) if backends else None,
+        versions=versions,
+    )
+
+
+def _link_consequences(
+    ctx: Context, findings: list[Finding], at_point: dict[tuple[str, int], Finding], unrecorded: Finding | None
+) -> list[Finding]:
+    """Nest each hang under the finding its culprits are themselves stuck in."""
+    parent: dict[int, Finding] = {}
+    for finding in findings:
+        if finding.category not in (Category.RANK_NOT_JOINED, Category.NOT_COMPLETED):
+            continue
+        causes: list[Finding] = []
+        for rank in finding.culprit_ranks:
+            dump = ctx.dumpset.dumps.get(rank)
+            if dump is None:
+                continue
+            before = None
+            if finding.category is Category.NOT_COMPLETED and finding.collective_seq_id is not None:
+                # Its device never started this one: what older op is its stream still busy with?
+                own = ctx.tracks.get(finding.process_group.name, {}).get(rank)
+                bucket = own.by_seq.get(finding.collective_seq_id) if own else None
+                before = bucket[0].record_id if bucket else None
+                if before is None:
+                    continue
+            point = _blocked_point(dump.entries, before)
+            cause = at_point.get(point) if point else None
+            if cause is None and unrecorded is not None and rank in unrecorded.culprit_ranks:
+                cause = unrecorded
+            if cause is None and blocked_in(ctx.live_stack(rank)) in P2P_FUNCTIONS and unrecorded is not None:
+                cause = unrecorded
+            if cause is not None and cause is not finding:
+                causes.append(cause)
+        if causes and len(causes) >= 1:
+            parent[id(finding)] = causes[0]
+
+    def root_of(finding: Finding) -> Finding:
+        seen = {id(finding)}
+        current = finding
+        while id(current) in parent:
+            nxt = parent[id(current)]
+            if id(nxt) in seen:
+                return finding  # a cycle (cross-group deadlock): keep each as its own root
+            seen.add(id(nxt))
+            current = nxt
+        return current
+
+    roots: list[Finding] = []
+    for finding in findings:
+        root = root_of(finding)
+        if root is finding:
+            roots.append(finding)
+        else:
+            root.consequences.append(finding)
+    return roots

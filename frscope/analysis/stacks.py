@@ -1,0 +1,93 @@
+"""Reading Python stacks: the live ones (`dump_traceback`, faulthandler's format) and the recorder's
+frames at enqueue. Finds the thread that matters and the user's code inside it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from frscope.records import Frame
+
+_THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.+?)\s*$')
+
+# Library code that is never "where it was called from".
+_LIBRARY_MARKERS = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
+
+P2P_FUNCTIONS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"})
+COLLECTIVE_FILE = "distributed_c10d.py"
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadStack:
+    thread_id: int
+    frames: tuple[Frame, ...]  # most recent call first
+
+
+def parse_traceback(text: str) -> list[ThreadStack]:
+    threads: list[ThreadStack] = []
+    current: int | None = None
+    frames: list[Frame] = []
+    for line in text.splitlines():
+        head = _THREAD.match(line)
+        if head:
+            if current is not None:
+                threads.append(ThreadStack(current, tuple(frames)))
+            current, frames = int(head.group(1), 16), []
+            continue
+        frame = _FRAME.match(line)
+        if frame and current is not None:
+            frames.append(Frame(frame.group("name"), frame.group("file"), int(frame.group("line"))))
+    if current is not None:
+        threads.append(ThreadStack(current, tuple(frames)))
+    return threads
+
+
+def main_stack(text: str, thread_id: str | None = None) -> tuple[Frame, ...]:
+    """The stack of the thread that issues collectives: the one the recorder names (its thread_id is
+    the same pthread id faulthandler prints in hex), else the deepest Python stack."""
+    threads = [t for t in parse_traceback(text) if t.frames]
+    if not threads:
+        return ()
+    if thread_id is not None and thread_id.isdigit():
+        wanted = int(thread_id)
+        for thread in threads:
+            if thread.thread_id == wanted:
+                return thread.frames
+    return max(threads, key=lambda t: len(t.frames)).frames
+
+
+def is_library(frame: Frame) -> bool:
+    return any(marker in frame.filename for marker in _LIBRARY_MARKERS)
+
+
+def user_frame(frames: tuple[Frame, ...]) -> Frame | None:
+    """The innermost frame in the user's code (frames are most recent first)."""
+    for frame in frames:
+        if not is_library(frame):
+            return frame
+    return frames[-1] if frames else None
+
+
+def blocked_in(frames: tuple[Frame, ...]) -> str | None:
+    """The torch.distributed function a stack is inside ('recv', 'all_reduce'), if any."""
+    for frame in frames:
+        if frame.filename.endswith(COLLECTIVE_FILE):
+            return frame.name
+    return None
+
+
+def describe(frames: tuple[Frame, ...]) -> str | None:
+    """'in load_batch (train.py:9)' or 'blocked in recv, called from train.py:31 (step)'."""
+    if not frames:
+        return None
+    inside = blocked_in(frames)
+    user = user_frame(frames)
+    if inside and user:
+        return f"blocked in torch.distributed {inside}, called from {user.filename}:{user.line} ({user.name})"
+    if user:
+        top = frames[0]
+        if top is user:
+            return f"in {user.name} ({user.filename}:{user.line})"
+        return f"in {top.name} ({top.filename}:{top.line}), called from {user.name} ({user.filename}:{user.line})"
+    return f"in {frames[0]}"

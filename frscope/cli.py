@@ -1,0 +1,171 @@
+"""`frscope analyze | demo | ...`: thin wiring over records -> analysis -> report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from frscope import __version__
+from frscope.analysis import AnalysisOptions, Report, analyze
+from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
+from frscope.records import DEFAULT_MAX_BYTES, DumpSet, load_dumps
+from frscope.report import render_markdown, render_text, report_to_dict
+from frscope.report.entries import render_entries
+from frscope.report.filters import Filters
+
+EXIT_HEALTHY = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+
+FAULTS = ("none", "hang", "skip", "type", "size", "dtype", "p2p", "straggler")
+
+
+def _size(text: str) -> int:
+    units = {"k": 1024, "m": 1024**2, "g": 1024**3}
+    text = text.strip().lower().rstrip("ib").rstrip("b")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def _progress_bar(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
+    """A tqdm bar on stderr for long loads, only when stderr is a terminal."""
+    if not enabled or not sys.stderr.isatty():
+        return None, lambda: None
+    from tqdm import tqdm
+
+    bar: list[tqdm] = []
+
+    def update(done: int, total: int) -> None:
+        if total < 16:
+            return
+        if not bar:
+            bar.append(tqdm(total=total, unit="file", desc="loading dumps", file=sys.stderr, leave=False))
+        bar[0].n = done
+        bar[0].refresh()
+
+    def close() -> None:
+        if bar:
+            bar[0].close()
+
+    return update, close
+
+
+def _options(args: argparse.Namespace) -> AnalysisOptions:
+    return AnalysisOptions(stall_after_s=args.stall_after, clock_skew_ms=args.clock_skew_ms)
+
+
+def _emit(report: Report, dumpset: DumpSet, args: argparse.Namespace, filters: Filters) -> int:
+    findings = filters.apply(report.findings)
+    if args.entries:
+        out = render_entries(dumpset, filters, args.last)
+    elif args.format == "json":
+        out = json.dumps(report_to_dict(report, findings=findings), indent=2) + "\n"
+    elif args.format == "markdown":
+        out = render_markdown(report, findings)
+    else:
+        out = render_text(report, findings)
+    if args.output:
+        Path(args.output).write_text(out)
+    else:
+        sys.stdout.write(out)
+    return EXIT_FINDINGS if findings else EXIT_HEALTHY
+
+
+def cmd_analyze(args: argparse.Namespace) -> int:
+    try:
+        filters = Filters.parse(args.op, args.pg, args.rank)
+    except ValueError as exc:
+        print(f"frscope analyze: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    update, close = _progress_bar(not args.no_progress)
+    try:
+        dumpset = load_dumps(args.paths, max_bytes=args.max_bytes, world_size=args.world_size, progress=update)
+    finally:
+        close()
+    if not dumpset.dumps:
+        print("frscope analyze: no dump could be loaded", file=sys.stderr)
+        for problem in dumpset.problems:
+            print(f"  - {problem}", file=sys.stderr)
+        return EXIT_USAGE
+    report = analyze(dumpset, _options(args))
+    return _emit(report, dumpset, args, filters)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from frscope.demo.launcher import run_fault_job
+
+    out_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="frscope-demo-"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    print(
+        f"frscope demo: launching a real {args.world_size}-rank gloo job on loopback with fault {args.fault!r}; "
+        "collecting every rank's recorder and stack while it is blocked...",
+        file=sys.stderr,
+    )
+    collected = run_fault_job(args.fault, args.world_size, out_dir, timeout_s=args.timeout)
+    dumpset = load_dumps([out_dir])
+    if not dumpset.dumps:
+        print(f"frscope demo: no rank could be collected ({collected})", file=sys.stderr)
+        return EXIT_USAGE
+    # The demo captures seconds after the job stops moving; the watchdog would wait minutes.
+    options = AnalysisOptions(stall_after_s=min(args.stall_after, 1.0))
+    report = analyze(dumpset, options)
+    sys.stdout.write(render_text(report))
+    print(f"\nrecorders and stacks kept in {out_dir} (re-run: frscope analyze {out_dir})", file=sys.stderr)
+    return EXIT_FINDINGS if report.findings else EXIT_HEALTHY
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="frscope", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"frscope {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    analyze_p = sub.add_parser(
+        "analyze",
+        help="diagnose a folder (or list) of per-rank Flight Recorder dumps",
+        description="Exit codes: 0 healthy, 1 findings, 2 bad usage or nothing loadable.",
+    )
+    analyze_p.add_argument("paths", nargs="+", help="dump files or directories (pickle or JSON, any version)")
+    analyze_p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    analyze_p.add_argument("-o", "--output", help="write the report here instead of stdout")
+    analyze_p.add_argument("--op", help="only these ops, e.g. all_reduce,broadcast (or ALLREDUCE)")
+    analyze_p.add_argument("--pg", help="only these process groups (name or description)")
+    analyze_p.add_argument("--rank", help="only these ranks, e.g. 0-7,12")
+    analyze_p.add_argument("--entries", action="store_true", help="print collectives side by side across ranks")
+    analyze_p.add_argument("--last", type=int, help="with --entries: only the last N collectives per group")
+    analyze_p.add_argument("--max-bytes", type=_size, default=DEFAULT_MAX_BYTES, help="size cap per file (e.g. 512M)")
+    analyze_p.add_argument("--world-size", type=int, help="expected world size (to name ranks with no dump)")
+    analyze_p.add_argument(
+        "--stall-after", type=float, default=DEFAULT_STALL_AFTER_S,
+        help="seconds in flight before a collective counts as stuck (default %(default)s)",
+    )
+    analyze_p.add_argument(
+        "--clock-skew-ms", type=float, default=DEFAULT_CLOCK_SKEW_MS,
+        help="clock skew allowed between hosts before lateness counts (default %(default)s)",
+    )
+    analyze_p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    analyze_p.set_defaults(func=cmd_analyze)
+
+    demo_p = sub.add_parser("demo", help="run a real local gloo job that breaks, and diagnose it (no cluster)")
+    demo_p.add_argument("--fault", choices=FAULTS, default="hang")
+    demo_p.add_argument("--world-size", type=int, default=4)
+    demo_p.add_argument("--keep", help="keep the collected recorders in this directory")
+    demo_p.add_argument("--timeout", type=float, default=90.0, help="hard limit for the job, seconds")
+    demo_p.add_argument("--stall-after", type=float, default=1.0)
+    demo_p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,53 @@
+"""Markdown: for tickets, PR comments and post-mortems."""
+
+from __future__ import annotations
+
+from frscope.analysis import Finding, Report, fmt_ranks
+from frscope.report.serialize import verdict
+
+
+def _finding(finding: Finding, level: int) -> list[str]:
+    group = finding.process_group
+    out = [
+        f"{'#' * level} {finding.category.value} — {finding.bucket.value}",
+        "",
+        finding.summary,
+        "",
+        "| | |",
+        "|---|---|",
+        f"| culprit ranks | {fmt_ranks(finding.culprit_ranks)}{' (no majority)' if finding.ambiguous else ''} |",
+        f"| process group | {group.label()}, ranks {fmt_ranks(group.ranks)} |",
+    ]
+    if finding.op:
+        out.append(f"| op | `{finding.op}` |")
+    if finding.collective_seq_id is not None:
+        out.append(f"| collective seq | {finding.collective_seq_id} |")
+    if finding.input_sizes:
+        out.append(f"| sizes | `{finding.input_sizes}` |")
+    if finding.input_dtypes:
+        out.append(f"| dtypes | `{finding.input_dtypes}` |")
+    out.append("")
+    out.extend(f"- {item}" for item in finding.evidence)
+    for rank, stack in list(finding.culprit_stacks.items())[:2]:
+        out += ["", f"Rank {rank} now:", "", "```"]
+        out += [f"{f.name} ({f.filename}:{f.line})" for f in stack[:12]]
+        out.append("```")
+    for consequence in finding.consequences:
+        out.append("")
+        out.extend(_finding(consequence, min(level + 1, 6)))
+    return out
+
+
+def render_markdown(report: Report, findings: list[Finding] | None = None) -> str:
+    shown = report.findings if findings is None else findings
+    lines = ["# frscope report", "", f"**{shown[0].summary if shown else verdict(report)}**", ""]
+    for finding in shown:
+        lines.extend(_finding(finding, 2))
+        lines.append("")
+    lines.append(
+        f"Loaded {len(report.ranks_loaded)} of {report.world_size} ranks; missing: {fmt_ranks(report.missing_ranks)}."
+    )
+    errors = [p for p in report.problems if p.kind == "error"]
+    if errors:
+        lines += ["", "## Files not used", ""] + [f"- `{p.source}`: {p.message}" for p in errors]
+    return "\n".join(lines) + "\n"

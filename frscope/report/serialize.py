@@ -1,0 +1,108 @@
+"""Report -> plain JSON-able dicts. The JSON output, the Markdown/HTML renderers, the operator's
+FlightRecorderReport and the sidecar all use this one shape (documented in docs/report-json.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from frscope.analysis import Finding, Report, op_label
+from frscope.analysis.findings import RankView
+from frscope.records import Frame
+
+SCHEMA = "frscope.report/v1"
+
+
+def frames_to_list(frames: tuple[Frame, ...]) -> list[dict[str, Any]]:
+    return [{"name": f.name, "filename": f.filename, "line": f.line} for f in frames]
+
+
+def _view(view: RankView) -> dict[str, Any]:
+    return {
+        "rank": view.rank,
+        "op": view.op,
+        "state": view.state,
+        "input_sizes": view.input_sizes,
+        "output_sizes": view.output_sizes,
+        "input_dtypes": view.input_dtypes,
+        "output_dtypes": view.output_dtypes,
+        "time_created_ns": view.time_created_ns,
+        "duration_ms": view.duration_ms,
+        "last_enqueued_seq": view.last_enqueued_seq,
+        "last_completed_seq": view.last_completed_seq,
+        "activity": view.activity,
+        "call_site": str(view.call_site) if view.call_site else None,
+    }
+
+
+def finding_to_dict(finding: Finding) -> dict[str, Any]:
+    group = finding.process_group
+    return {
+        "category": finding.category.value,
+        "bucket": finding.bucket.value,
+        "culprit_ranks": list(finding.culprit_ranks),
+        "ambiguous": finding.ambiguous,
+        "process_group": {"name": group.name, "desc": group.desc, "ranks": list(group.ranks)},
+        "collective_seq_id": finding.collective_seq_id,
+        "p2p_seq_id": finding.p2p_seq_id,
+        "op": finding.op,
+        "op_label": op_label(finding.op) if finding.op else None,
+        "input_sizes": finding.input_sizes,
+        "output_sizes": finding.output_sizes,
+        "input_dtypes": finding.input_dtypes,
+        "output_dtypes": finding.output_dtypes,
+        "summary": finding.summary,
+        "evidence": list(finding.evidence),
+        "since_ns": finding.since_ns,
+        "stalled_for_s": finding.stalled_for_s,
+        "late_by_ms": finding.late_by_ms,
+        "ranks": {str(r): _view(v) for r, v in sorted(finding.ranks.items())},
+        "culprit_frames": {str(r): frames_to_list(f) for r, f in sorted(finding.culprit_frames.items())},
+        "culprit_stacks": {str(r): frames_to_list(f) for r, f in sorted(finding.culprit_stacks.items())},
+        "consequences": [finding_to_dict(c) for c in finding.consequences],
+    }
+
+
+def verdict(report: Report) -> str:
+    if report.findings:
+        return report.findings[0].summary
+    groups = len(report.groups)
+    return (
+        f"No problem found: {len(report.ranks_loaded)} rank{'s' if len(report.ranks_loaded) != 1 else ''}, "
+        f"{groups} process group{'s' if groups != 1 else ''}; no collective is stuck or mismatched."
+    )
+
+
+def report_to_dict(report: Report, *, findings: list[Finding] | None = None) -> dict[str, Any]:
+    shown = report.findings if findings is None else findings
+    return {
+        "schema": SCHEMA,
+        "healthy": not shown,
+        "verdict": shown[0].summary if shown else verdict(report),
+        "world_size": report.world_size,
+        "ranks_loaded": list(report.ranks_loaded),
+        "missing_ranks": list(report.missing_ranks),
+        "backend": report.backend,
+        "versions": list(report.versions),
+        "findings": [finding_to_dict(f) for f in shown],
+        "groups": [
+            {
+                "name": g.group.name,
+                "desc": g.group.desc,
+                "ranks": list(g.group.ranks),
+                "membership_source": g.membership_source,
+                "progress": {
+                    str(r): {
+                        "last_enqueued_seq": p.last_enqueued_seq,
+                        "last_completed_seq": p.last_completed_seq,
+                        "inflight_op": p.inflight_op,
+                        "inflight_seq": p.inflight_seq,
+                    }
+                    for r, p in g.ranks.items()
+                },
+            }
+            for g in report.groups
+        ],
+        "problems": [
+            {"source": p.source, "rank": p.rank, "kind": p.kind, "message": p.message} for p in report.problems
+        ],
+    }
