@@ -140,11 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
     analyze_p.add_argument("--max-bytes", type=_size, default=DEFAULT_MAX_BYTES, help="size cap per file (e.g. 512M)")
     analyze_p.add_argument("--world-size", type=int, help="expected world size (to name ranks with no dump)")
     analyze_p.add_argument(
-        "--stall-after", type=float, default=DEFAULT_STALL_AFTER_S,
+        "--stall-after",
+        type=float,
+        default=DEFAULT_STALL_AFTER_S,
         help="seconds in flight before a collective counts as stuck (default %(default)s)",
     )
     analyze_p.add_argument(
-        "--clock-skew-ms", type=float, default=DEFAULT_CLOCK_SKEW_MS,
+        "--clock-skew-ms",
+        type=float,
+        default=DEFAULT_CLOCK_SKEW_MS,
         help="clock skew allowed between hosts before lateness counts (default %(default)s)",
     )
     analyze_p.add_argument("--no-progress", action="store_true", help="no progress bar")

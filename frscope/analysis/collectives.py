@@ -175,7 +175,9 @@ def classify_mismatch(
     return None
 
 
-def _self_consistency(ctx: Context, group: GroupInfo, ref: GroupRef, seq: int, buckets: dict[int, Bucket]) -> Finding | None:
+def _self_consistency(
+    ctx: Context, group: GroupInfo, ref: GroupRef, seq: int, buckets: dict[int, Bucket]
+) -> Finding | None:
     """all_gather / reduce_scatter output vs input x group size; all_to_all totals across ranks."""
     if group.membership_source == "entries":
         return None  # membership guessed from entries: the group size is not trustworthy
@@ -302,12 +304,7 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track]) -> Stu
     if not joined:
         return None  # every rank is done with everything it enqueued: idle, not stuck
     not_joined = sorted(set(tracks) - set(joined))
-    created = [
-        e.time_created_ns
-        for r in joined
-        for e in tracks[r].by_seq.get(seq, ())
-        if e.time_created_ns
-    ]
+    created = [e.time_created_ns for r in joined for e in tracks[r].by_seq.get(seq, ()) if e.time_created_ns]
     since = min(created) if created else None
     now = ctx.now_for(joined)
     age = (now - since) / 1e9 if (now is not None and since is not None) else None
@@ -315,7 +312,9 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track]) -> Stu
     return StuckPoint(seq, joined, not_joined, since, age, stalled)
 
 
-def hang_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint) -> Finding | None:
+def hang_finding(
+    ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint
+) -> Finding | None:
     """RankNotJoined or NotCompleted at the stuck point; None when the group is merely busy."""
     if not point.stalled:
         return None

@@ -9,7 +9,6 @@ from frscope.analysis.stacks import describe, main_stack, user_frame
 from frscope.analysis.tracks import Track, blocked_entry
 from frscope.records import DumpSet, Entry, Frame
 
-
 DEFAULT_STALL_AFTER_S = 10.0
 DEFAULT_CLOCK_SKEW_MS = 20.0
 

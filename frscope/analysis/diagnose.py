@@ -99,9 +99,7 @@ def _missing_dumps(ctx: Context, waiting: list[tuple[GroupRef, int, str, list[in
         finding.collective_seq_id = seq
         finding.op = op
         finding.stalled_for_s = age
-    finding.evidence.append(
-        "a missing dump is not proof of guilt: check the missing ranks' pod logs and exit codes"
-    )
+    finding.evidence.append("a missing dump is not proof of guilt: check the missing ranks' pod logs and exit codes")
     for group_ref, seq, op, joined, _age in waiting[1:]:
         finding.evidence.append(f"{plural(joined)} also wait in {op} #{seq} of {group_ref.label()}")
     return finding
@@ -213,15 +211,12 @@ def _link_consequences(
         if causes and len(causes) >= 1:
             parent[id(finding)] = causes[0]
 
+    _break_cycles(findings, parent)
+
     def root_of(finding: Finding) -> Finding:
-        seen = {id(finding)}
         current = finding
         while id(current) in parent:
-            nxt = parent[id(current)]
-            if id(nxt) in seen:
-                return finding  # a cycle (cross-group deadlock): keep each as its own root
-            seen.add(id(nxt))
-            current = nxt
+            current = parent[id(current)]
         return current
 
     roots: list[Finding] = []
@@ -232,3 +227,27 @@ def _link_consequences(
         else:
             root.consequences.append(finding)
     return roots
+
+
+def _break_cycles(findings: list[Finding], parent: dict[int, Finding]) -> None:
+    """Groups waiting on each other (rank A in group 1 waits for B, B in group 0 waits for A): the ranks
+    issued the groups' collectives in different orders. The earliest stuck collective of the cycle
+    becomes its root; the others nest under it."""
+    by_id = {id(f): f for f in findings}
+    for finding in findings:
+        seen: list[int] = []
+        current = id(finding)
+        while current in parent and current not in seen:
+            seen.append(current)
+            current = id(parent[current])
+        if current not in seen:
+            continue  # reached a root: no cycle on this path
+        cycle = [by_id[i] for i in seen[seen.index(current) :]]
+        root = min(cycle, key=lambda f: (f.since_ns or 2**63, f.process_group.name))
+        del parent[id(root)]
+        labels = ", ".join(f"{f.op} #{f.collective_seq_id} of {f.process_group.label()}" for f in cycle)
+        root.evidence.insert(
+            0,
+            f"cross-group deadlock: {labels} wait for each other; their ranks issued these collectives "
+            "in different orders",
+        )

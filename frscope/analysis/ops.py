@@ -56,9 +56,7 @@ def op_label(op: str) -> str:
     label = _LABELS.get(op)
     if label:
         return label
-    if op in ALL_GATHER_OPS or op.startswith("all_gather") or op.startswith("_allgather") or op.startswith(
-        "ALLGATHER"
-    ):
+    if op in ALL_GATHER_OPS or op.startswith("all_gather") or op.startswith("_allgather") or op.startswith("ALLGATHER"):
         return "ALLGATHER"
     if op in REDUCE_SCATTER_OPS or op.lower().startswith("reduce_scatter") or op.startswith("_reduce_scatter"):
         return "REDUCE_SCATTER"
@@ -92,7 +90,9 @@ def numel(sizes: list[list[int]]) -> int:
     return total
 
 
-def self_consistency_error(op: str, input_sizes: list[list[int]], output_sizes: list[list[int]], group_size: int) -> str | None:
+def self_consistency_error(
+    op: str, input_sizes: list[list[int]], output_sizes: list[list[int]], group_size: int
+) -> str | None:
     """An all_gather / reduce_scatter whose own input and output disagree with the group size."""
     if not input_sizes or not output_sizes or group_size <= 0:
         return None

@@ -115,9 +115,11 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         where = f" at {site.filename}:{site.line} ({site.name})" if site else ""
         parts.append(f"rank {rank} in {blocked[rank]}{where}")
     backend = {d.backend for d in ctx.dumpset.dumps.values() if d.backend}
-    unrecorded = " (this backend does not record point-to-point ops, so only the stacks show them)" if (
-        backend <= {"gloo"}
-    ) else ""
+    unrecorded = (
+        " (this backend does not record point-to-point ops, so only the stacks show them)"
+        if (backend <= {"gloo"})
+        else ""
+    )
     summary = (
         f"{plural(ranks).capitalize()} {'are' if len(ranks) > 1 else 'is'} blocked in point-to-point ops with no "
         f"partner making progress{unrecorded}: " + "; ".join(parts) + "."

@@ -14,7 +14,9 @@ _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.+
 # Library code that is never "where it was called from".
 _LIBRARY_MARKERS = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
 
-P2P_FUNCTIONS = frozenset({"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"})
+P2P_FUNCTIONS = frozenset(
+    {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
+)
 COLLECTIVE_FILE = "distributed_c10d.py"
 
 

@@ -7,7 +7,6 @@ file and the reason; it never stops the others from loading.
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -138,9 +137,7 @@ def load_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> RankDump:
     return dump
 
 
-def assemble(
-    dumps: Iterable[RankDump], problems: list[LoadProblem], world_size: int | None = None
-) -> DumpSet:
+def assemble(dumps: Iterable[RankDump], problems: list[LoadProblem], world_size: int | None = None) -> DumpSet:
     """Put loaded ranks together: resolve duplicate ranks, reconstruct group membership."""
     by_rank: dict[int, RankDump] = {}
     for dump in dumps:

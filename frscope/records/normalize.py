@@ -286,9 +286,7 @@ def normalize_dump(raw: Any, source: str, rank: int | None) -> RankDump:
     if not isinstance(trace, dict):
         raise MalformedDump(source, f"top level is {type(trace).__name__}, expected a mapping", rank=rank)
     if "entries" not in trace and "version" not in trace and "pg_config" not in trace:
-        raise MalformedDump(
-            source, "no 'entries', 'version' or 'pg_config': not a Flight Recorder dump", rank=rank
-        )
+        raise MalformedDump(source, "no 'entries', 'version' or 'pg_config': not a Flight Recorder dump", rank=rank)
     warnings: list[str] = []
 
     version = trace.get("version")
@@ -319,7 +317,9 @@ def normalize_dump(raw: Any, source: str, rank: int | None) -> RankDump:
     content_rank = meta.get("rank", trace.get("rank"))
     if isinstance(content_rank, int) and not isinstance(content_rank, bool):
         if rank is not None and rank != content_rank:
-            warnings.append(f"file name says rank {rank} but the contents say rank {content_rank}; using {content_rank}")
+            warnings.append(
+                f"file name says rank {rank} but the contents say rank {content_rank}; using {content_rank}"
+            )
         rank = content_rank
     if rank is None:
         raise MalformedDump(

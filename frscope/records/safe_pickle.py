@@ -52,8 +52,7 @@ class _AllowListUnpickler(pickle.Unpickler):
         if found is None:
             raise UnsafePickle(
                 self._source,
-                f"refused to load global {module}.{name}: not part of a Flight Recorder dump "
-                "(nothing was executed)",
+                f"refused to load global {module}.{name}: not part of a Flight Recorder dump (nothing was executed)",
             )
         return found
 
