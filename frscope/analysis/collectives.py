@@ -134,7 +134,8 @@ def classify_mismatch(
         good_ranks = sorted(r for r, b in buckets.items() if key(b) == expected)
         first_culprit = culprits[0]
         bad = buckets[first_culprit]
-        site = user_frame(bad[0].frames)
+        # Where the culprit called it from: the recorder's frames at enqueue, else its live stack.
+        site = user_frame(bad[0].frames) or user_frame(ctx.live_stack(first_culprit))
         where = f", called from {site.filename}:{site.line} ({site.name})" if site else ""
         if ambiguous:
             summary = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from frscope.analysis import fmt_ranks
 from frscope.analysis.tracks import build_tracks
+from frscope.analysis.wording import plural
 from frscope.records import DumpSet, Entry
 from frscope.report.filters import Filters
 
@@ -46,7 +47,7 @@ def render_entries(dumpset: DumpSet, filters: Filters, last: int | None = None) 
                 cells.setdefault(text, []).append(rank)
             if not shown:
                 continue
-            parts = [f"ranks {fmt_ranks(ranks)}: {text}" for text, ranks in cells.items()]
+            parts = [f"{plural(ranks)}: {text}" for text, ranks in cells.items()]
             marker = "  " if len(cells) == 1 else "!!"
             lines.append(f"{marker} #{seq:<6} " + " | ".join(parts))
         p2p = [(r, e) for r, t in group_tracks.items() for e in t.p2p if filters.op_ok(e.op)]
