@@ -1,0 +1,125 @@
+{{/* Names */}}
+{{- define "frscope.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "frscope.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "frscope.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "frscope.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "frscope.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "frscope.webhookSecretName" -}}
+{{- printf "%s-webhook-tls" (include "frscope.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels. Selector labels never change across upgrades (Deployment selectors are immutable). */}}
+{{- define "frscope.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "frscope.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* For pod templates: no helm.sh/chart (a chart bump must not restart pods by itself). */}}
+{{- define "frscope.podLabels" -}}
+{{ include "frscope.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/part-of: frscope
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{- define "frscope.labels" -}}
+helm.sh/chart: {{ include "frscope.chart" . }}
+{{ include "frscope.podLabels" . }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Images */}}
+{{- define "frscope.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "frscope.sidecarImage" -}}
+{{- $repo := default .Values.image.repository .Values.sidecar.image.repository }}
+{{- if .Values.sidecar.image.digest }}
+{{- printf "%s@%s" $repo .Values.sidecar.image.digest }}
+{{- else if or .Values.sidecar.image.repository .Values.sidecar.image.tag }}
+{{- printf "%s:%s" $repo (default .Chart.AppVersion .Values.sidecar.image.tag) }}
+{{- else }}
+{{- include "frscope.image" . }}
+{{- end }}
+{{- end }}
+
+{{/* Namespaces the training pods live in (NetworkPolicy, PodMonitor); empty list = all. */}}
+{{- define "frscope.trainingNamespaces" -}}
+{{- toJson (default .Values.operator.watchNamespaces .Values.networkPolicy.namespaces) }}
+{{- end }}
+
+{{/* The Prometheus job name of the sidecars' PodMonitor (prometheus-operator: <namespace>/<name>). */}}
+{{- define "frscope.sidecarJob" -}}
+{{- printf "%s/%s-sidecars" .Release.Namespace (include "frscope.fullname" .) }}
+{{- end }}
+
+{{/* The Prometheus job name of the operator's ServiceMonitor (the Service's name). */}}
+{{- define "frscope.operatorJob" -}}
+{{- include "frscope.fullname" . }}
+{{- end }}
+
+{{/* The API group of FlightRecorderReport, read from the CRD shipped in crds/ (frscope.io, the operator's REPORT_GROUP, if absent). */}}
+{{- define "frscope.reportGroup" -}}
+{{- $crd := .Files.Get "crds/flightrecorderreport.yaml" | fromYaml }}
+{{- dig "spec" "group" "frscope.io" $crd }}
+{{- end }}
+
+{{/* The operator's namespaced permissions: in its ClusterRole, or in a Role per watched namespace. */}}
+{{- define "frscope.namespacedRules" }}
+  # Watching PyTorchJobs (kopf event handlers and indexes), and writing frscope's own annotations on
+  # them (progress under frscope's prefix, the name of the report). No create, update or delete.
+  - apiGroups: ["kubeflow.org"]
+    resources: ["pytorchjobs"]
+    verbs: ["get", "list", "watch", "patch"]
+  # The diagnosis condition in the job's status.conditions, through the status subresource.
+  - apiGroups: ["kubeflow.org"]
+    resources: ["pytorchjobs/status"]
+    verbs: ["get", "patch"]
+  # The job's pods: where each rank runs, the sidecar's address (pod IP + named port), container
+  # termination messages (the watchdog's timeout message). Read-only; no exec, no logs.
+  - apiGroups: [""]
+    resources: ["pods"]
+    verbs: ["get", "list", "watch"]
+  # Events on the job (the diagnosis, unreachable sidecars) and kopf's own handler events.
+  - apiGroups: [""]
+    resources: ["events"]
+    verbs: ["create", "patch"]
+  - apiGroups: ["events.k8s.io"]
+    resources: ["events"]
+    verbs: ["create", "patch"]
+  # The full report: frscope's own FlightRecorderReport, created once per incident, owned by the job.
+  - apiGroups: [{{ include "frscope.reportGroup" . | quote }}]
+    resources: ["flightrecorderreports"]
+    verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+{{- end }}
