@@ -12,11 +12,11 @@ from frscope.analysis.collectives import hang_finding, scan_history, stuck_point
 from frscope.analysis.context import AnalysisOptions, Context
 from frscope.analysis.findings import Category, Finding, GroupProgress, GroupRef, RankProgress, Report
 from frscope.analysis.p2p import recorded_p2p, stack_p2p
-from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in
+from frscope.analysis.rootcause import Causes, link
 from frscope.analysis.straggler import find_straggler
 from frscope.analysis.tracks import Track, build_tracks
 from frscope.analysis.wording import fmt_duration, plural
-from frscope.records import DumpSet, Entry
+from frscope.records import DumpSet
 from frscope.records.membership import is_default_group
 
 # Most actionable first when two root causes started at the same moment.
@@ -56,16 +56,6 @@ def _progress(ref: GroupRef, source: str, tracks: dict[int, Track]) -> GroupProg
             inflight_seq=track.next_seq if open_bucket else None,
         )
     return GroupProgress(ref, source, ranks)
-
-
-def _blocked_point(entries: list[Entry], before_record: int | None = None) -> tuple[str, int] | None:
-    """(group, seq) of the rank's oldest unfinished collective, optionally only older than a record."""
-    for entry in entries:
-        if before_record is not None and entry.record_id >= before_record:
-            return None
-        if not entry.completed and not entry.is_p2p:
-            return entry.pg_name, entry.collective_seq_id
-    return None
 
 
 def _missing_dumps(ctx: Context, waiting: list[tuple[GroupRef, int, str, list[int], float | None]]) -> Finding | None:
@@ -113,8 +103,10 @@ def analyze(dumpset: DumpSet, options: AnalysisOptions | None = None) -> Report:
     at_point: dict[tuple[str, int], Finding] = {}
     progress: list[GroupProgress] = []
     waiting_on_missing: list[tuple[GroupRef, int, str, list[int], float | None]] = []
+    waiting_since: list[int] = []
     recorded_p2p_ranks: set[int] = set()
     default_ref: GroupRef | None = None
+    any_missing = bool(dumpset.missing_ranks)
 
     for name, group in dumpset.groups.items():
         ref = GroupRef(name, group.desc, group.ranks)
@@ -128,9 +120,13 @@ def analyze(dumpset: DumpSet, options: AnalysisOptions | None = None) -> Report:
         point = stuck_point(ctx, group, tracks)
         hang = hang_finding(ctx, group, ref, tracks, point) if point else None
         missing_members = [r for r in group.ranks if r not in dumpset.dumps]
-        if hang is not None and hang.category is Category.NOT_COMPLETED and missing_members and point:
-            # Everyone with a dump entered it; those without one are the first suspects.
+        unknown_members = any_missing and group.membership_source == "entries"
+        suspects_missing = bool(missing_members or unknown_members)
+        if hang is not None and hang.category is Category.NOT_COMPLETED and point and suspects_missing:
+            # Everyone with a dump entered it; those without one are the first suspects (also when the
+            # membership is only known from the entries, which cannot show a member without a dump).
             waiting_on_missing.append((ref, point.seq, hang.op or "collective", point.joined, point.age_s))
+            waiting_since.append(point.since_ns or 2**63)
             hang = None
         if mismatch is not None:
             findings.append(mismatch)
@@ -159,11 +155,17 @@ def analyze(dumpset: DumpSet, options: AnalysisOptions | None = None) -> Report:
     unrecorded = stack_p2p(ctx, ref_for_world, recorded_p2p_ranks)
     if unrecorded is not None:
         findings.append(unrecorded)
-    missing = _missing_dumps(ctx, waiting_on_missing)
+    # The earliest wait first: that is where the missing ranks were last expected.
+    order = sorted(range(len(waiting_on_missing)), key=waiting_since.__getitem__)
+    missing = _missing_dumps(ctx, [waiting_on_missing[i] for i in order])
     if missing is not None:
         findings.append(missing)
 
-    roots = _link_consequences(ctx, findings, at_point, unrecorded)
+    causes = Causes(at_point, [f for f in findings if f.category is Category.P2P_MISMATCH], unrecorded, missing)
+    if missing is not None:
+        for ref, seq, _op, _joined, _age in waiting_on_missing:
+            at_point.setdefault((ref.name, seq), missing)
+    roots = link(ctx, findings, causes)
     roots.sort(key=lambda f: (f.category is Category.STRAGGLER, f.since_ns or 2**63, _PRIORITY[f.category]))
     versions = tuple(sorted({d.version for d in dumpset.dumps.values() if d.version}))
     backends = [d.backend for d in dumpset.dumps.values() if d.backend]
@@ -177,77 +179,3 @@ def analyze(dumpset: DumpSet, options: AnalysisOptions | None = None) -> Report:
         backend=max(set(backends), key=backends.count) if backends else None,
         versions=versions,
     )
-
-
-def _link_consequences(
-    ctx: Context, findings: list[Finding], at_point: dict[tuple[str, int], Finding], unrecorded: Finding | None
-) -> list[Finding]:
-    """Nest each hang under the finding its culprits are themselves stuck in."""
-    parent: dict[int, Finding] = {}
-    for finding in findings:
-        if finding.category not in (Category.RANK_NOT_JOINED, Category.NOT_COMPLETED):
-            continue
-        causes: list[Finding] = []
-        for rank in finding.culprit_ranks:
-            dump = ctx.dumpset.dumps.get(rank)
-            if dump is None:
-                continue
-            before = None
-            if finding.category is Category.NOT_COMPLETED and finding.collective_seq_id is not None:
-                # Its device never started this one: what older op is its stream still busy with?
-                own = ctx.tracks.get(finding.process_group.name, {}).get(rank)
-                bucket = own.by_seq.get(finding.collective_seq_id) if own else None
-                before = bucket[0].record_id if bucket else None
-                if before is None:
-                    continue
-            point = _blocked_point(dump.entries, before)
-            cause = at_point.get(point) if point else None
-            if cause is None and unrecorded is not None and rank in unrecorded.culprit_ranks:
-                cause = unrecorded
-            if cause is None and blocked_in(ctx.live_stack(rank)) in P2P_FUNCTIONS and unrecorded is not None:
-                cause = unrecorded
-            if cause is not None and cause is not finding:
-                causes.append(cause)
-        if causes and len(causes) >= 1:
-            parent[id(finding)] = causes[0]
-
-    _break_cycles(findings, parent)
-
-    def root_of(finding: Finding) -> Finding:
-        current = finding
-        while id(current) in parent:
-            current = parent[id(current)]
-        return current
-
-    roots: list[Finding] = []
-    for finding in findings:
-        root = root_of(finding)
-        if root is finding:
-            roots.append(finding)
-        else:
-            root.consequences.append(finding)
-    return roots
-
-
-def _break_cycles(findings: list[Finding], parent: dict[int, Finding]) -> None:
-    """Groups waiting on each other (rank A in group 1 waits for B, B in group 0 waits for A): the ranks
-    issued the groups' collectives in different orders. The earliest stuck collective of the cycle
-    becomes its root; the others nest under it."""
-    by_id = {id(f): f for f in findings}
-    for finding in findings:
-        seen: list[int] = []
-        current = id(finding)
-        while current in parent and current not in seen:
-            seen.append(current)
-            current = id(parent[current])
-        if current not in seen:
-            continue  # reached a root: no cycle on this path
-        cycle = [by_id[i] for i in seen[seen.index(current) :]]
-        root = min(cycle, key=lambda f: (f.since_ns or 2**63, f.process_group.name))
-        del parent[id(root)]
-        labels = ", ".join(f"{f.op} #{f.collective_seq_id} of {f.process_group.label()}" for f in cycle)
-        root.evidence.insert(
-            0,
-            f"cross-group deadlock: {labels} wait for each other; their ranks issued these collectives "
-            "in different orders",
-        )

@@ -1,0 +1,141 @@
+"""Which findings are causes and which are consequences.
+
+A rank blocked in an op waits for someone: in a collective, for the group's ranks that are missing or
+stuck; in a p2p op, for its peer. Following those waits from a finding's culprits leads to another
+finding (or nowhere: the culprit is busy in Python, or dead). A finding reached this way is the
+cause; the finding we started from nests under it. Ranks stuck in Python explain every group they
+left waiting, so findings with the same culprits nest under the earliest. Cycles — ranks that
+issued two groups' collectives in different orders — become one root with a cross-group note.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from frscope.analysis.context import Context
+from frscope.analysis.findings import Category, Finding
+from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in
+from frscope.records import Entry
+
+HANGS = (Category.RANK_NOT_JOINED, Category.NOT_COMPLETED)
+MAX_HOPS = 8  # p2p chains (pipeline stages) longer than this are not followed
+
+
+@dataclass(slots=True)
+class Causes:
+    """Where each stuck point's finding is, for the walk."""
+
+    at_point: dict[tuple[str, int], Finding] = field(default_factory=dict)
+    p2p: list[Finding] = field(default_factory=list)
+    unrecorded_p2p: Finding | None = None
+    missing: Finding | None = None
+
+
+def _oldest_open(entries: list[Entry], before_record: int | None) -> Entry | None:
+    for entry in entries:
+        if before_record is not None and entry.record_id >= before_record:
+            return None
+        if not entry.completed:
+            return entry
+    return None
+
+
+def cause_of_rank(ctx: Context, causes: Causes, rank: int, before_record: int | None = None) -> Finding | None:
+    seen: set[int] = set()
+    for _ in range(MAX_HOPS):
+        if rank in seen:
+            return None
+        seen.add(rank)
+        dump = ctx.dumpset.dumps.get(rank)
+        if dump is None:
+            return causes.missing
+        entry = _oldest_open(dump.entries, before_record)
+        before_record = None
+        if entry is None:
+            if causes.unrecorded_p2p is not None and (
+                rank in causes.unrecorded_p2p.culprit_ranks or blocked_in(ctx.live_stack(rank)) in P2P_FUNCTIONS
+            ):
+                return causes.unrecorded_p2p
+            return None
+        if not entry.is_p2p:
+            return causes.at_point.get((entry.pg_name, entry.collective_seq_id))
+        for finding in causes.p2p:
+            if finding.process_group.name == entry.pg_name and rank in finding.ranks:
+                return finding
+        group = ctx.dumpset.groups.get(entry.pg_name)
+        peer = group.global_rank(entry.peer) if (group is not None and entry.peer is not None) else None
+        if peer is None:
+            return None
+        rank = peer  # blocked on its p2p partner: whatever the partner waits for
+    return None
+
+
+def _culprit_record(ctx: Context, finding: Finding, rank: int) -> int | None:
+    """For NotCompleted: the culprit's own entry; its device is busy with something older than it."""
+    if finding.category is not Category.NOT_COMPLETED or finding.collective_seq_id is None:
+        return None
+    track = ctx.tracks.get(finding.process_group.name, {}).get(rank)
+    bucket = track.by_seq.get(finding.collective_seq_id) if track else None
+    return bucket[0].record_id if bucket else None
+
+
+def link(ctx: Context, findings: list[Finding], causes: Causes) -> list[Finding]:
+    """Nest consequences under their causes; return the roots."""
+    parent: dict[int, Finding] = {}
+    for finding in findings:
+        if finding.category not in HANGS:
+            continue
+        for rank in finding.culprit_ranks:
+            cause = cause_of_rank(ctx, causes, rank, _culprit_record(ctx, finding, rank))
+            if cause is not None and cause is not finding:
+                parent[id(finding)] = cause
+                break
+
+    # Culprits stuck outside any collective explain every group they left waiting: keep the earliest.
+    free = sorted(
+        (f for f in findings if f.category is Category.RANK_NOT_JOINED and id(f) not in parent),
+        key=lambda f: f.since_ns or 2**63,
+    )
+    for i, later in enumerate(free):
+        for earlier in free[:i]:
+            if id(earlier) not in parent and set(later.culprit_ranks) <= set(earlier.culprit_ranks):
+                parent[id(later)] = earlier
+                break
+
+    _break_cycles(findings, parent)
+
+    def root_of(finding: Finding) -> Finding:
+        current = finding
+        while id(current) in parent:
+            current = parent[id(current)]
+        return current
+
+    roots: list[Finding] = []
+    for finding in findings:
+        root = root_of(finding)
+        if root is finding:
+            roots.append(finding)
+        else:
+            root.consequences.append(finding)
+    return roots
+
+
+def _break_cycles(findings: list[Finding], parent: dict[int, Finding]) -> None:
+    by_id = {id(f): f for f in findings}
+    for finding in findings:
+        seen: list[int] = []
+        current = id(finding)
+        while current in parent and current not in seen:
+            seen.append(current)
+            current = id(parent[current])
+        if current not in seen:
+            continue  # reached a root: no cycle on this path
+        cycle = [by_id[i] for i in seen[seen.index(current) :]]
+        root = min(cycle, key=lambda f: (f.since_ns or 2**63, f.process_group.name))
+        del parent[id(root)]
+        labels = ", ".join(f"{f.op} #{f.collective_seq_id} of {f.process_group.label()}" for f in cycle)
+        root.evidence.insert(
+            0,
+            f"cross-group deadlock: {labels} wait for each other; their ranks issued these collectives "
+            "in different orders",
+        )
