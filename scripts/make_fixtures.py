@@ -67,9 +67,10 @@ EXPLAIN = {
     "size-bytes": "World size 3. At step 3 rank 2 passes [16, 4] where the others pass [8, 4] "
     "(different byte counts). This does not hang: the rank that receives rank 2's larger message "
     "aborts at once (gloo::EnforceNotMet, SIGABRT) and the others fail with 'Connection reset/closed "
-    "by peer'. Every rank was polled every 100 ms and the last snapshot each answered is kept, so "
-    "these are from just before (or, for a survivor, just after) the failure; no rank was "
-    "blocked when it was taken. See the exit codes and errors below for this run.",
+    "by peer'. Every rank pauses 1 s in `load_batch` before that step, so the poller (every "
+    "100 ms, keeping each rank's last good snapshot) has seen all of them at seq 3; a rank's last "
+    "snapshot is from before the failure, or for a survivor just after it (then seq 4 may show). "
+    "No rank was blocked when it was taken. See the exit codes and errors below for this run.",
 }
 
 

@@ -62,7 +62,8 @@ class CollectedJob:
     pickle_dumps: dict[int, Path] = field(default_factory=dict)
     # rank -> exit code, None where the rank was still running when collected (then killed).
     exit_codes: dict[int, int | None] = field(default_factory=dict)
-    # False when the deadline came before the recorders stopped changing: collected anyway.
+    # False when the deadline came first (recorders still changing, or, for "poll" faults, ranks
+    # still running): collected anyway.
     settled: bool = True
     log_tails: dict[int, str] = field(default_factory=dict)
     elapsed_s: float = 0.0
@@ -320,6 +321,8 @@ def _run_once(fault: str, world_size: int, out_dir: Path, timeout_s: float, sett
         try:
             if FAULTS[fault].collect == "poll":
                 job.poll_until_gone(out_dir, result, deadline, interval=0.1)
+                # Here the final state is every rank gone; ranks still running hit the deadline.
+                result.settled = not any(job.alive(r) for r in job.ranks())
             else:
                 job.wait_for_sockets(deadline)
                 result.settled = job.wait_settled(deadline, settle_s)

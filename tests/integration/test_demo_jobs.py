@@ -190,6 +190,7 @@ def test_size_bytes_mismatch_aborts_the_receiver(tmp_path: Path) -> None:
     job = run_fault_job("size-bytes", 3, tmp_path / "sb", timeout_s=60)
     # Nobody hangs: every rank is gone by itself, the launcher killed none.
     assert all(code is not None for code in job.exit_codes.values()), job.exit_codes
+    assert job.settled
     aborted = [r for r, tail in job.log_tails.items() if "Received data size doesn't match" in tail]
     assert len(aborted) == 1 and aborted[0] != 2, job.log_tails
     assert job.exit_codes[aborted[0]] == -6  # SIGABRT: gloo::EnforceNotMet thrown on a gloo thread
