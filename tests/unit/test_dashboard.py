@@ -1,0 +1,108 @@
+"""The Grafana dashboard JSON shipped in the chart (charts/frscope/files/frscope-dashboard.json): its
+shape, variables and queries. That every query returns data from a real Prometheus that scraped a real
+sidecar beside a real hung job: tests/e2e/test_chart_promql.py."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(30)
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "frscope" / "files" / "frscope-dashboard.json"
+DS = {"type": "prometheus", "uid": "${datasource}"}
+
+
+@pytest.fixture(scope="module")
+def dashboard() -> dict[str, Any]:
+    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return loaded
+
+
+def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in dashboard["panels"] if p["type"] != "row"]
+
+
+def _exprs(dashboard: dict[str, Any]) -> list[str]:
+    return [t["expr"] for p in _panels(dashboard) for t in p["targets"]]
+
+
+def test_stable_uid_and_datasource_variable(dashboard: dict[str, Any]) -> None:
+    assert dashboard["uid"] == "frscope-collectives"
+    assert "id" not in dashboard  # Grafana assigns it; a fixed id breaks imports into other instances
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+
+
+def test_filter_variables(dashboard: dict[str, Any]) -> None:
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert list(variables) == ["datasource", "namespace", "job", "pg", "op"]
+    for name in ("namespace", "job", "pg", "op"):
+        var = variables[name]
+        assert var["type"] == "query"
+        assert var["datasource"] == DS
+        assert var["multi"] and var["includeAll"] and var["allValue"] == ".*"
+        assert var["query"]["query"].startswith("label_values(")
+    assert variables["op"]["query"]["query"].endswith(", op)")
+    assert variables["job"]["query"]["query"].endswith(", pytorchjob)")
+    assert variables["pg"]["query"]["query"].endswith(", pg)")
+
+
+def test_every_panel_and_query_uses_the_datasource_variable(dashboard: dict[str, Any]) -> None:
+    for panel in _panels(dashboard):
+        assert panel["datasource"] == DS, panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == DS, panel["title"]
+
+
+def test_ranges_use_rate_interval(dashboard: dict[str, Any]) -> None:
+    for expr in _exprs(dashboard):
+        for window in re.findall(r"\[([^\]]+)\]", expr):
+            assert window in ("$__rate_interval", "$__range"), expr
+        if re.search(r"\b(rate|irate)\(", expr):
+            assert "[$__rate_interval]" in expr, expr
+
+
+def test_sidecar_queries_follow_the_filters(dashboard: dict[str, Any]) -> None:
+    for expr in _exprs(dashboard):
+        for selector in re.findall(r"frscope_\w+\{([^}]*)\}", expr):
+            assert 'namespace=~"$namespace"' in selector, expr
+            assert 'pytorchjob=~"$job"' in selector, expr
+        if "frscope_collectives_total" in expr or "_duration_seconds_bucket" in expr:
+            assert 'op=~"$op"' in expr and 'pg=~"$pg"' in expr, expr
+
+
+@pytest.mark.parametrize(
+    ("metric", "what"),
+    [
+        ("frscope_collective_last_completed_seq", "progress of the last completed sequence id per rank"),
+        ("frscope_collective_inflight_age_seconds", "in-flight age by rank"),
+        ("frscope_collective_stalled", "stalled ranks"),
+        ("frscope_collectives_total", "collective rate by op"),
+        ("_duration_seconds_bucket", "durations by op"),
+        ("frscope_operator_diagnoses_total", "diagnoses made"),
+    ],
+)
+def test_required_panels_exist(dashboard: dict[str, Any], metric: str, what: str) -> None:
+    assert any(metric in expr for expr in _exprs(dashboard)), what
+
+
+def test_layout(dashboard: dict[str, Any]) -> None:
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    cells: set[tuple[int, int]] = set()
+    for panel in dashboard["panels"]:
+        g = panel["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24, panel["title"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not mine & cells, f"{panel['title']} overlaps another panel"
+        cells |= mine
+    for panel in _panels(dashboard):
+        assert panel["description"], panel["title"]
+        assert {t["refId"] for t in panel["targets"]} == {chr(65 + n) for n in range(len(panel["targets"]))}
