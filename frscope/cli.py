@@ -16,6 +16,7 @@ from frscope.records import DEFAULT_MAX_BYTES, DumpSet, load_dumps
 from frscope.report import render_markdown, render_text, report_to_dict
 from frscope.report.entries import render_entries
 from frscope.report.filters import Filters
+from frscope.sidecar.main import add_parser as add_sidecar_parser
 
 EXIT_HEALTHY = 0
 EXIT_FINDINGS = 1
@@ -161,6 +162,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo_p.add_argument("--timeout", type=float, default=90.0, help="hard limit for the job, seconds")
     demo_p.add_argument("--stall-after", type=float, default=1.0)
     demo_p.set_defaults(func=cmd_demo)
+
+    add_sidecar_parser(sub)
     return parser
 
 

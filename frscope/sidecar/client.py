@@ -1,0 +1,96 @@
+"""Async client for torch's worker server on a unix socket (`_WorkerServer`).
+
+Handlers used: `POST /handler/fr_trace_json`, `POST /handler/dump_traceback`, `POST /handler/ping`.
+Every request has a timeout and every answer a size cap: the rank on the other end may be wedged,
+dead, or (through a misconfigured volume) not torch at all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import aiohttp
+
+# Bounded reason set: these become the `reason` label of frscope_poll_errors_total.
+REASONS = ("no_socket", "connect", "timeout", "http", "oversized", "protocol", "decode", "malformed")
+
+
+class WorkerError(Exception):
+    """A rank's worker server did not give a usable answer. `reason` is one of REASONS."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+class WorkerClient:
+    """One rank's worker server. Connections are not reused: a rank that restarts gets a new
+    process behind the same path, and a kept-alive connection to the old one would only fail."""
+
+    def __init__(self, socket_path: Path, *, timeout_s: float, max_bytes: int) -> None:
+        self.socket_path = socket_path
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self._session: aiohttp.ClientSession | None = None
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.UnixConnector(path=str(self.socket_path), force_close=True, limit=2)
+            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None and not self._session.closed:
+            await self._session.close()
+        self._session = None
+
+    async def call(self, handler: str, *, timeout_s: float | None = None, max_bytes: int | None = None) -> bytes:
+        """POST /handler/<handler>; the body of a 200 answer, at most `max_bytes` long."""
+        where = f"{self.socket_path}: {handler}"
+        cap = self.max_bytes if max_bytes is None else max_bytes
+        limit = self.timeout_s if timeout_s is None else timeout_s
+        timeout = aiohttp.ClientTimeout(total=limit, connect=min(limit, 2.0))
+        session = self._get_session()
+        try:
+            async with session.post(f"http://localhost/handler/{handler}", data=b"", timeout=timeout) as resp:
+                if resp.status != 200:
+                    text = (await resp.content.read(200)).decode("utf-8", "replace").strip()
+                    raise WorkerError("http", f"{where}: HTTP {resp.status}: {text[:200]}")
+                length = resp.content_length
+                if length is not None and length > cap:
+                    raise WorkerError("oversized", f"{where}: answer of {length} bytes exceeds the cap of {cap}")
+                chunks: list[bytes] = []
+                total = 0
+                async for chunk in resp.content.iter_chunked(256 * 1024):
+                    total += len(chunk)
+                    if total > cap:
+                        raise WorkerError("oversized", f"{where}: answer exceeds the cap of {cap} bytes")
+                    chunks.append(chunk)
+                return b"".join(chunks)
+        except WorkerError:
+            raise
+        except FileNotFoundError as exc:
+            raise WorkerError("no_socket", f"{where}: socket is gone") from exc
+        except TimeoutError as exc:
+            raise WorkerError("timeout", f"{where}: no answer within {limit:g} s") from exc
+        except aiohttp.ClientConnectorError as exc:
+            reason = "no_socket" if isinstance(exc.os_error, FileNotFoundError) else "connect"
+            raise WorkerError(reason, f"{where}: cannot connect: {exc.os_error.strerror or exc.os_error}") from exc
+        except (aiohttp.ClientError, ValueError, UnicodeError) as exc:
+            raise WorkerError("protocol", f"{where}: bad answer: {type(exc).__name__}: {exc}") from exc
+        except OSError as exc:
+            raise WorkerError("connect", f"{where}: {exc.strerror or exc}") from exc
+
+    async def fr_trace_json(self) -> bytes:
+        return await self.call("fr_trace_json")
+
+    async def dump_traceback(self, timeout_s: float, max_bytes: int) -> str:
+        """Every Python thread's stack; cut (with a note) rather than refused when over `max_bytes`."""
+        body = await self.call("dump_traceback", timeout_s=timeout_s, max_bytes=max(max_bytes * 8, max_bytes))
+        if len(body) > max_bytes:
+            body = body[:max_bytes] + b"\n... (cut by frscope at --max-stacks-bytes)\n"
+        return body.decode("utf-8", "replace")
+
+    async def ping(self) -> bool:
+        return (await self.call("ping", max_bytes=4096)).strip() == b"pong"

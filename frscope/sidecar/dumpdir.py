@@ -1,0 +1,188 @@
+"""Watch the directory torch writes on-timeout dumps into (`TORCH_FR_DUMP_TEMP_FILE=<dir>/<prefix>`).
+
+torch writes `<prefix><rank>` in place (no temporary name), so a reader can see half a file. A file
+is parsed only once its size and mtime have not changed for `settle_s`; a parse that finds it cut
+short leaves it pending until it changes again (or, unchanged for long, rejects it). Decoding is
+frscope.records' safe loader: pickles go through the allow-list unpickler, never `pickle.load`.
+
+`scan()` does file I/O and parsing: call it from a worker thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from frscope.records import DumpError, TruncatedDump, decode_bytes, normalize_dump
+from frscope.records.loader import rank_from_name, read_capped
+
+log = logging.getLogger("frscope.sidecar")
+
+_SKIP_SUFFIXES = (".pipe", ".partial", ".tmp", ".sock", ".lock", ".swp")
+MAX_TRACKED_FILES = 4096
+
+
+def jsonable(value: Any) -> Any:
+    """json.dumps fallback for what a decoded pickle may hold besides JSON types."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    return repr(value)
+
+
+def snapshot_piece(
+    rank: int, captured_at_ns: int, source: str, stacks: str | None, trace_json: bytes, host: str = ""
+) -> bytes:
+    """One frscope snapshot (docs/sidecar-api.md) as JSON bytes; `trace_json` is spliced in as is."""
+    head = {
+        "frscope_snapshot": 1,
+        "rank": rank,
+        "captured_at_ns": captured_at_ns,
+        "source": source,
+        "host": host or None,
+        "stacks": stacks,
+    }
+    return json.dumps(head)[:-1].encode() + b', "trace": ' + trace_json + b"}"
+
+
+@dataclass(slots=True)
+class DumpFile:
+    path: Path
+    size: int
+    mtime_ns: int
+    changed_at: float  # monotonic time the size/mtime last changed
+    state: str = "pending"  # pending | parsed | rejected
+    rank: int | None = None
+    piece: bytes | None = None  # zlib of the snapshot piece
+    error: str | None = None
+    entries: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ScanResult:
+    parsed: list[DumpFile]
+    rejected: list[tuple[DumpFile, str]]  # (file, DumpError kind)
+
+
+class DumpDirWatcher:
+    def __init__(self, directory: Path, *, settle_s: float, max_bytes: int, host: str = "",
+                 give_up_after_s: float | None = None) -> None:
+        self.directory = directory
+        self.settle_s = settle_s
+        self.max_bytes = max_bytes
+        self.host = host
+        # A file still cut short after this long unchanged is rejected (its writer died mid-write).
+        self.give_up_after_s = give_up_after_s if give_up_after_s is not None else max(30.0, 10 * settle_s)
+        self.files: dict[str, DumpFile] = {}
+        self._missing_logged = False
+        self.exists = False
+
+    def by_rank(self) -> dict[int, DumpFile]:
+        """The newest parsed dump of each rank."""
+        out: dict[int, DumpFile] = {}
+        for item in self.files.values():
+            if item.state == "parsed" and item.rank is not None:
+                kept = out.get(item.rank)
+                if kept is None or item.mtime_ns > kept.mtime_ns:
+                    out[item.rank] = item
+        return out
+
+    def scan(self, now: float | None = None) -> ScanResult:
+        now = time.monotonic() if now is None else now
+        parsed: list[DumpFile] = []
+        rejected: list[tuple[DumpFile, str]] = []
+        try:
+            entries = list(os.scandir(self.directory))
+        except FileNotFoundError:
+            if not self._missing_logged:
+                log.warning("dump dir %s does not exist (yet); watching for it", self.directory)
+                self._missing_logged = True
+            self.exists = False
+            return ScanResult(parsed, rejected)
+        except OSError as exc:
+            if not self._missing_logged:
+                log.warning("dump dir %s cannot be read: %s", self.directory, exc.strerror or exc)
+                self._missing_logged = True
+            self.exists = False
+            return ScanResult(parsed, rejected)
+        if self._missing_logged:
+            log.info("dump dir %s is there now", self.directory)
+            self._missing_logged = False
+        self.exists = True
+        for item in entries:
+            name = item.name
+            if name.startswith(".") or name.endswith(_SKIP_SUFFIXES) or name == "dump-request":
+                continue
+            try:
+                if not item.is_file(follow_symlinks=False):
+                    continue
+                st = item.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            known = self.files.get(item.path)
+            if known is None:
+                if len(self.files) >= MAX_TRACKED_FILES:
+                    continue
+                self.files[item.path] = DumpFile(Path(item.path), st.st_size, st.st_mtime_ns, now)
+                continue
+            if (known.size, known.mtime_ns) != (st.st_size, st.st_mtime_ns):
+                known.size, known.mtime_ns, known.changed_at = st.st_size, st.st_mtime_ns, now
+                if known.state != "pending":
+                    log.info("dump file %s changed; reading it again once it stops growing", known.path)
+                known.state = "pending"
+                continue
+            if known.state != "pending":
+                continue
+            quiet_for = now - known.changed_at
+            age = (time.time_ns() - known.mtime_ns) / 1e9
+            if quiet_for < self.settle_s or age < self.settle_s:
+                continue
+            kind = self._parse(known, quiet_for)
+            if known.state == "parsed":
+                parsed.append(known)
+            elif known.state == "rejected" and kind is not None:
+                rejected.append((known, kind))
+        return ScanResult(parsed, rejected)
+
+    def _parse(self, item: DumpFile, quiet_for: float) -> str | None:
+        source = str(item.path)
+        try:
+            raw = decode_bytes(read_capped(item.path, self.max_bytes), source, self.max_bytes)
+            dump = normalize_dump(raw, source, rank_from_name(item.path))
+        except TruncatedDump as exc:
+            if quiet_for < self.give_up_after_s:
+                log.debug("dump file %s looks cut short (%s); waiting for it to change", source, exc.message)
+                return None
+            item.state, item.error = "rejected", exc.message
+            log.error("dump file %s: %s; unchanged for %.0f s, giving up on it", source, exc.message, quiet_for)
+            return exc.kind
+        except DumpError as exc:
+            item.state, item.error = "rejected", exc.message
+            log.error("dump file %s cannot be used: %s", source, exc.message)
+            return exc.kind
+        trace = raw["trace"] if isinstance(raw, dict) and "frscope_snapshot" in raw and "trace" in raw else raw
+        try:
+            trace_json = json.dumps(trace, default=jsonable).encode()
+        except (TypeError, ValueError) as exc:
+            item.state, item.error = "rejected", f"cannot be re-encoded as JSON: {exc}"
+            log.error("dump file %s: %s", source, item.error)
+            return "malformed"
+        stacks = raw.get("stacks") if isinstance(raw, dict) and isinstance(raw.get("stacks"), str) else None
+        piece = snapshot_piece(dump.rank, item.mtime_ns, f"file:{source}", stacks, trace_json, self.host)
+        item.piece = zlib.compress(piece, 6)
+        item.rank = dump.rank
+        item.entries = len(dump.entries)
+        item.state = "parsed"
+        item.error = None
+        log.warning(
+            "dump file %s: rank %d, %d entries (%s); kept for /v1/snapshot",
+            source, dump.rank, len(dump.entries), dump.backend or "unknown backend",
+        )
+        return None

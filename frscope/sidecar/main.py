@@ -1,0 +1,100 @@
+"""`frscope sidecar`: argument wiring and the process lifecycle (SIGTERM: clean shutdown, exit 0).
+
+Importing this module is cheap (no aiohttp): `frscope analyze` builds its parser from here too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import TYPE_CHECKING, Any
+
+from frscope.sidecar.bootstrap import BOOTSTRAP_DIR, install
+from frscope.sidecar.config import SidecarConfig, add_arguments, config_from_args, log_level
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
+
+log = logging.getLogger("frscope.sidecar")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+
+def add_parser(sub: Any) -> argparse.ArgumentParser:
+    """Add `frscope sidecar` to the CLI's subparsers."""
+    parser: argparse.ArgumentParser = sub.add_parser(
+        "sidecar",
+        help="collect every local rank's Flight Recorder, detect stalls, serve /metrics and the API",
+        description=(
+            "Runs beside a training container (docs/sidecar.md). Every option also reads an FRSCOPE_* "
+            "environment variable; a flag wins. 'print-pythonpath' prints the directory of the "
+            "sitecustomize bootstrap to put on the trainer's PYTHONPATH."
+        ),
+    )
+    parser.add_argument("action", nargs="?", choices=("run", "print-pythonpath"), default="run")
+    add_arguments(parser)
+    parser.set_defaults(func=main)
+    return parser
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.action == "print-pythonpath":
+        print(BOOTSTRAP_DIR)
+        return EXIT_OK
+    logging.basicConfig(
+        level=log_level(args), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = config_from_args(args)
+    except ValueError as exc:
+        print(f"frscope sidecar: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if config.install_bootstrap is not None:
+        try:
+            for path in install(config.install_bootstrap):
+                log.info("bootstrap installed: %s", path)
+        except OSError as exc:
+            print(f"frscope sidecar: --install-bootstrap {config.install_bootstrap}: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+    return asyncio.run(serve(config))
+
+
+async def serve(config: SidecarConfig, registry: CollectorRegistry | None = None,
+                stop: asyncio.Event | None = None) -> int:
+    """Run until `stop` is set, or SIGTERM/SIGINT arrives; then shut down cleanly."""
+    from frscope.sidecar.app import Sidecar
+
+    sidecar = Sidecar(config, registry)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    handled: list[signal.Signals] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+            handled.append(sig)
+        except (NotImplementedError, RuntimeError):  # not the main thread
+            pass
+    try:
+        try:
+            await sidecar.start()
+        except ValueError as exc:
+            log.error("%s", exc)
+            await sidecar.stop()
+            return EXIT_USAGE
+        except OSError as exc:
+            log.error("cannot listen on %s:%d: %s", config.host, config.port, exc.strerror or exc)
+            await sidecar.stop()
+            return EXIT_FAILED
+        await stop.wait()
+        log.info("shutting down")
+        await sidecar.stop()
+        return EXIT_OK
+    finally:
+        for sig in handled:
+            loop.remove_signal_handler(sig)

@@ -1,0 +1,101 @@
+"""The sidecar's Prometheus metrics, all on an injected CollectorRegistry (never the global one).
+
+Labels are bounded: `rank` (local ranks of one pod), `pg` (process group names, a handful), `op`
+(frscope.analysis.op_label's fixed set), `reason`/`kind`/`result` (fixed sets below). No sequence
+ids, shapes or job ids in labels: those are values or live in /v1/status.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+from frscope import __version__
+
+DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0)
+POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+DUMP_KINDS = ("dump_file", "stall_capture", "refresh")
+PUSH_RESULTS = ("ok", "retry", "failed", "dropped")
+
+
+class SidecarMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        rp = ["rank", "pg"]
+        self.last_enqueued = Gauge(
+            "frscope_collective_last_enqueued_seq",
+            "Highest collective_seq_id the rank has enqueued in the group",
+            rp, registry=registry,
+        )
+        self.last_completed = Gauge(
+            "frscope_collective_last_completed_seq",
+            "Highest collective_seq_id up to which the rank has completed every collective of the group",
+            rp, registry=registry,
+        )
+        self.stalled = Gauge(
+            "frscope_collective_stalled",
+            "1 while the group has a collective in flight with no progress for the stall threshold",
+            rp, registry=registry,
+        )
+        self.inflight_age = Gauge(
+            "frscope_collective_inflight_age_seconds",
+            "Age of the oldest collective in flight in the group at the last poll (0: none in flight)",
+            rp, registry=registry,
+        )
+        self.stall_threshold = Gauge(
+            "frscope_collective_stall_threshold_seconds",
+            "The stall threshold in force: --stall-after capped at a fraction of the entry's timeout",
+            rp, registry=registry,
+        )
+        self.stalls = Counter(
+            "frscope_stalls", "Stalls detected (transitions to stalled)", rp, registry=registry
+        )
+        self.collectives = Counter(
+            "frscope_collectives",
+            "Collectives and p2p ops the rank enqueued, as seen in its recorder",
+            ["rank", "pg", "op"], registry=registry,
+        )
+        self.duration = Histogram(
+            "frscope_collective_duration_seconds",
+            "Duration of completed collectives, where the recorder has durations (NCCL with timing)",
+            ["op"], buckets=DURATION_BUCKETS, registry=registry,
+        )
+        self.worker_up = Gauge(
+            "frscope_worker_up", "1 when the rank's worker server answered the last poll", ["rank"],
+            registry=registry,
+        )
+        self.poll_errors = Counter(
+            "frscope_poll_errors", "Failed polls of a rank's worker server", ["rank", "reason"], registry=registry
+        )
+        self.polls = Counter("frscope_polls", "Poll rounds over every local rank", registry=registry)
+        self.poll_duration = Histogram(
+            "frscope_poll_duration_seconds", "Wall time of one poll round", buckets=POLL_BUCKETS, registry=registry
+        )
+        self.dumps_collected = Counter(
+            "frscope_dumps_collected",
+            "Recorders collected: dump_file (on-timeout dump parsed), stall_capture, refresh (per rank)",
+            ["kind"], registry=registry,
+        )
+        self.dump_files_rejected = Counter(
+            "frscope_dump_files_rejected", "Dump files that could not be used", ["reason"], registry=registry
+        )
+        self.evidence_write_errors = Counter(
+            "frscope_evidence_write_errors", "Captures that could not be written to the evidence dir",
+            registry=registry,
+        )
+        self.evidence_files = Gauge(
+            "frscope_evidence_files", "Captures kept in the evidence dir", registry=registry
+        )
+        self.evidence_bytes = Gauge(
+            "frscope_evidence_bytes", "Bytes of captures kept in the evidence dir", registry=registry
+        )
+        self.pushes = Counter("frscope_pushes", "Pushes to the operator", ["result"], registry=registry)
+        self.recorder_info = Info(
+            "frscope_recorder", "What each rank runs: torch version, backend, recorder format version",
+            ["rank"], registry=registry,
+        )
+        self.sidecar_info = Info("frscope_sidecar", "The sidecar's build", registry=registry)
+        self.sidecar_info.info({"version": __version__})
+        for kind in DUMP_KINDS:
+            self.dumps_collected.labels(kind=kind)
+        for result in PUSH_RESULTS:
+            self.pushes.labels(result=result)

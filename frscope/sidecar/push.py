@@ -1,0 +1,116 @@
+"""Push snapshots to the operator (`POST <operator-url>/v1/push`), with retries and backoff.
+
+Pushes are rare (a stall, a new dump file, a trainer exit) and may outlive the pod only if they get
+out quickly, so the queue is short: when it is full, the oldest waiting push is dropped (and
+counted), never the newest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import aiohttp
+
+from frscope.sidecar.metrics import SidecarMetrics
+
+log = logging.getLogger("frscope.sidecar")
+
+QUEUE_SIZE = 4
+
+
+@dataclass(frozen=True, slots=True)
+class PushItem:
+    reason: str
+    body_gz: bytes
+
+
+class Pusher:
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: Callable[[], str | None],
+        pod: str,
+        namespace: str,
+        timeout_s: float,
+        attempts: int,
+        backoff_s: float,
+        metrics: SidecarMetrics,
+    ) -> None:
+        self.url = url.rstrip("/") + "/v1/push"
+        self.token = token
+        self.pod = pod
+        self.namespace = namespace
+        self.timeout_s = timeout_s
+        self.attempts = max(1, attempts)
+        self.backoff_s = backoff_s
+        self.metrics = metrics
+        self.queue: asyncio.Queue[PushItem] = asyncio.Queue(maxsize=QUEUE_SIZE)
+        self.delivered: list[str] = []  # reasons of pushes that got a 2xx, newest last (bounded)
+
+    def submit(self, reason: str, body_gz: bytes) -> None:
+        while self.queue.full():
+            dropped = self.queue.get_nowait()
+            self.queue.task_done()
+            self.metrics.pushes.labels(result="dropped").inc()
+            log.warning("push: queue full, dropped the oldest waiting push (%s)", dropped.reason)
+        self.queue.put_nowait(PushItem(reason, body_gz))
+
+    async def run(self) -> None:
+        async with aiohttp.ClientSession() as session:
+            while True:
+                item = await self.queue.get()
+                try:
+                    await self._deliver(session, item)
+                finally:
+                    self.queue.task_done()
+
+    async def _deliver(self, session: aiohttp.ClientSession, item: PushItem) -> None:
+        headers = {
+            "Content-Type": "application/json",
+            "Content-Encoding": "gzip",
+            "X-Frscope-Pod": self.pod,
+            "X-Frscope-Namespace": self.namespace,
+        }
+        token = self.token()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        delay = self.backoff_s
+        for attempt in range(1, self.attempts + 1):
+            problem: str
+            try:
+                async with session.post(
+                    self.url, data=item.body_gz, headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                ) as resp:
+                    await resp.read()
+                    if 200 <= resp.status < 300:
+                        self.metrics.pushes.labels(result="ok").inc()
+                        self.delivered = [*self.delivered[-15:], item.reason]
+                        log.info("push: %s snapshot delivered to %s (%d bytes)", item.reason, self.url,
+                                 len(item.body_gz))
+                        return
+                    problem = f"HTTP {resp.status}"
+                    if 400 <= resp.status < 500 and resp.status not in (408, 429):
+                        break  # the operator refused it: retrying the same body will not help
+            except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            if attempt < self.attempts:
+                self.metrics.pushes.labels(result="retry").inc()
+                log.warning("push: %s snapshot to %s failed (%s); retry %d/%d in %.1f s",
+                            item.reason, self.url, problem, attempt, self.attempts - 1, delay)
+                await asyncio.sleep(delay)
+                delay *= 2
+        self.metrics.pushes.labels(result="failed").inc()
+        log.error("push: %s snapshot to %s failed for good (%s); it stays available at /v1/snapshot",
+                  item.reason, self.url, problem)
+
+    async def drain(self, timeout_s: float) -> None:
+        """Give waiting pushes up to `timeout_s` to go out (at shutdown)."""
+        try:
+            await asyncio.wait_for(self.queue.join(), timeout_s)
+        except TimeoutError:
+            log.warning("push: %d push(es) not delivered before shutdown", self.queue.qsize())
