@@ -12,6 +12,7 @@ from pathlib import Path
 from frscope import __version__
 from frscope.analysis import AnalysisOptions, Report, analyze
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
+from frscope.operator.command import add_parser as add_operator_parser
 from frscope.records import DEFAULT_MAX_BYTES, DumpSet, load_dumps
 from frscope.report import render_markdown, render_text, report_to_dict
 from frscope.report.entries import render_entries
@@ -164,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo_p.set_defaults(func=cmd_demo)
 
     add_sidecar_parser(sub)
+    add_operator_parser(sub)
     return parser
 
 

@@ -1,0 +1,306 @@
+"""The operator's logic between kopf's events and the API writes.
+
+kopf handlers call `on_job()`, `on_pod()`; the HTTP push endpoint calls `on_push()`; the status
+poller calls `on_status()`. Each turns what it sees into `Signal`s; `signal()` returns at once (kopf
+handlers must stay fast) and the job's incident is handled in a background task, one at a time per
+job (signals that arrive meanwhile are folded into the running one):
+
+    dedupe (ledger in the job's annotation) -> gather (sidecars + pushes) -> analyze -> publish
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from frscope.analysis import AnalysisOptions
+from frscope.operator import names
+from frscope.operator.config import OperatorConfig
+from frscope.operator.diagnose import Diagnosis, diagnose
+from frscope.operator.gather import Gathered, Target, gather
+from frscope.operator.incidents import Attempt, IncidentKey, IncidentRecord, Ledger
+from frscope.operator.kube import KubeError
+from frscope.operator.metrics import OperatorMetrics
+from frscope.operator.objects import JobKey, PodInfo, job_conditions, job_ref, job_world_size, pod_info, pods_digest
+from frscope.operator.publish import (
+    JobGone,
+    Publication,
+    Publisher,
+    asserted_condition,
+    build_report_cr,
+    clip_line,
+    needs_write,
+    report_name,
+)
+from frscope.operator.push import PushStore
+from frscope.operator.sidecars import SidecarClient, SidecarSnapshot, SidecarStatus
+from frscope.operator.signals import Signal, SignalKind, job_condition_signal, watchdog_signals
+from frscope.operator.store import JobStore, JobView, LatestDiagnosis
+from frscope.report import one_line, report_to_dict
+
+log = logging.getLogger(__name__)
+
+
+def rfc3339(now: float | None = None) -> str:
+    moment = datetime.datetime.fromtimestamp(time.time() if now is None else now, tz=datetime.UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(slots=True)
+class _JobState:
+    ledger: Ledger
+    lock: asyncio.Lock
+    pending: Signal | None = None
+    running: bool = False
+    first_signal_at: float | None = None
+    # attempt -> monotonic time of the last gather that found nothing to publish
+    quiet_until: dict[str, float] | None = None
+
+
+def _latest_run(pods: tuple[PodInfo, ...], ended: bool) -> int:
+    if ended:
+        runs = [t.run for p in pods for t in p.terminations]
+        if runs:
+            return max(runs)
+    return max((p.run for p in pods), default=0)
+
+
+def attempt_for(view: JobView, sig: Signal) -> Attempt:
+    if sig.run is not None:
+        run = sig.run
+    else:
+        run = _latest_run(view.pods, ended=sig.kind in (SignalKind.JOB_FAILED, SignalKind.JOB_RESTARTING))
+    return Attempt(pods_digest(view.pods), run)
+
+
+class Controller:
+    def __init__(self, config: OperatorConfig, *, store: JobStore, pushes: PushStore, sidecars: SidecarClient,
+                 publisher: Publisher, metrics: OperatorMetrics) -> None:
+        self.config = config
+        self.store = store
+        self.pushes = pushes
+        self.sidecars = sidecars
+        self.publisher = publisher
+        self.metrics = metrics
+        self._jobs: dict[JobKey, _JobState] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # -- inputs ------------------------------------------------------------------------------------
+    def _state(self, key: JobKey) -> _JobState:
+        state = self._jobs.get(key)
+        if state is None:
+            state = self._jobs[key] = _JobState(Ledger(), asyncio.Lock(), quiet_until={})
+        return state
+
+    def _refresh_gauges(self) -> None:
+        jobs, pods = self.store.pod_counts()
+        self.metrics.jobs_watched.set(jobs)
+        self.metrics.pods_watched.set(pods)
+
+    async def on_job(self, event_type: str | None, body: dict[str, Any]) -> None:
+        ref = job_ref(body)
+        if event_type == "DELETED":
+            self.store.remove_job(ref.key)
+            self._jobs.pop(ref.key, None)
+            self._refresh_gauges()
+            return
+        conditions = job_conditions(body)
+        self.store.upsert_job(ref, world_size=job_world_size(body), conditions=conditions)
+        state = self._state(ref.key)
+        state.ledger = Ledger.from_annotations((body.get("metadata") or {}).get("annotations"))
+        self._refresh_gauges()
+        ours = asserted_condition(body)
+        if ours is not None and needs_write(conditions, ours):
+            # The training operator rewrote the list (or put ours last): put it back, first.
+            self._spawn(self._reassert(ref.key, ours))
+        sig = job_condition_signal(ref.key, conditions)
+        if sig is not None:
+            self.signal(sig)
+
+    async def on_pod(self, event_type: str | None, body: dict[str, Any]) -> None:
+        pod = pod_info(body)
+        if not pod.job_name:
+            return
+        if event_type == "DELETED":
+            self.store.remove_pod(pod)
+            self._refresh_gauges()
+            return
+        self.store.upsert_pod(pod)
+        self._refresh_gauges()
+        for sig in watchdog_signals(pod):
+            self.signal(sig)
+
+    def on_push(self, snapshot: SidecarSnapshot) -> JobKey | None:
+        self.pushes.put(snapshot)
+        key = self.store.job_of_pod(snapshot.namespace, snapshot.pod)
+        if key is not None and snapshot.reason in ("stall", "exit"):
+            self.signal(Signal(SignalKind.SIDECAR_PUSH, key, f"pod {snapshot.pod} pushed ({snapshot.reason})",
+                               pod=snapshot.pod))
+        return key
+
+    def on_status(self, key: JobKey, statuses: dict[str, SidecarStatus]) -> None:
+        stalls = [(pod, s) for pod, st in statuses.items() for s in st.stalls]
+        self.store.set_status(key, stalled=bool(stalls) or any(st.stalled for st in statuses.values()))
+        if not stalls:
+            return
+        pod, first = min(stalls, key=lambda ps: (ps[1].seq if ps[1].seq is not None else 1 << 62, ps[1].rank))
+        self.signal(Signal(SignalKind.SIDECAR_STALL, key,
+                           f"sidecar of pod {pod}: rank {first.rank} stalled in {first.op} #{first.seq} "
+                           f"of group {first.group}", pod=pod, group=first.group, seq=first.seq))
+
+    # -- incident handling -------------------------------------------------------------------------
+    def signal(self, sig: Signal) -> None:
+        """Note a signal; the job's incident is handled in the background, one at a time per job."""
+        self.metrics.signals.labels(kind=sig.kind.value).inc()
+        state = self._state(sig.job)
+        if state.first_signal_at is None:
+            state.first_signal_at = time.monotonic()
+        if state.running:
+            if state.pending is None or (sig.seq is not None and state.pending.seq is None):
+                state.pending = sig
+            return
+        state.running = True
+        self._spawn(self._run(sig.job, sig))
+
+    def _spawn(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def idle(self) -> None:
+        """Wait until no incident is being handled (tests, shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    async def _run(self, key: JobKey, sig: Signal) -> None:
+        state = self._state(key)
+        try:
+            while True:
+                try:
+                    await self.handle(sig)
+                except JobGone as exc:
+                    log.info("%s", exc)
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    log.exception("job %s: handling %s failed", key, sig.kind.value)
+                if state.pending is None:
+                    return
+                sig, state.pending = state.pending, None
+        finally:
+            state.running = False
+            state.first_signal_at = None
+
+    def _skip_reason(self, view: JobView, sig: Signal, attempt: Attempt) -> str | None:
+        state = self._state(view.key)
+        if not view.pods and not self.pushes.for_namespace_pods(view.ref.namespace, self.store.gone_pods(view.key)):
+            return "no pods and no pushed snapshots"
+        if sig.seq is not None and state.ledger.has_seq(attempt, sig.group, sig.seq):
+            return f"incident at {sig.group}#{sig.seq} of attempt {attempt} already diagnosed"
+        if sig.seq is None and state.ledger.has_attempt(attempt):
+            return f"attempt {attempt} already diagnosed"
+        quiet = (state.quiet_until or {}).get(str(attempt))
+        if quiet is not None and time.monotonic() < quiet:
+            return f"attempt {attempt} gathered recently with nothing to report"
+        return None
+
+    async def handle(self, sig: Signal) -> None:
+        """One signal, start to end. Public for tests; `signal()` is the way in."""
+        view = self.store.job(sig.job)
+        if view is None:
+            log.debug("signal %s for unknown job %s: ignored", sig.kind.value, sig.job)
+            return
+        attempt = attempt_for(view, sig)
+        skip = self._skip_reason(view, sig, attempt)
+        if skip:
+            log.debug("job %s: %s: %s", view.key, sig.kind.value, skip)
+            return
+        log.info("job %s: %s (%s); gathering from %d pods", view.key, sig.kind.value, sig.detail, len(view.pods))
+        gathered = await self._gather(view)
+        state = self._state(view.key)
+        if not gathered.anything:
+            log.warning("job %s: nothing could be gathered (%d pods failed)", view.key, len(gathered.failures))
+            self._quiet(state, attempt)
+            return
+        diagnosis = await diagnose(gathered, view.world_size,
+                                   AnalysisOptions(stall_after_s=self.config.stall_after_s,
+                                                   clock_skew_ms=self.config.clock_skew_ms))
+        report = diagnosis.report
+        if report.healthy:
+            log.info("job %s: %s: no problem found in %d ranks", view.key, sig.kind.value, len(report.ranks_loaded))
+            self._quiet(state, attempt)
+            return
+        finding = report.findings[0]
+        key = IncidentKey(view.ref.uid, attempt, finding.process_group.name, finding.collective_seq_id)
+        if state.ledger.has(key):
+            return
+        await self._publish(view, sig, attempt, key, diagnosis)
+
+    def _quiet(self, state: _JobState, attempt: Attempt) -> None:
+        if state.quiet_until is not None:
+            state.quiet_until[str(attempt)] = time.monotonic() + self.config.cooldown_s
+
+    async def _gather(self, view: JobView) -> Gathered:
+        targets = [Target(p.name, p.endpoint) for p in view.pods]
+        gathered = await gather(self.sidecars, view.ref.namespace, targets, self.config.gather, self.pushes,
+                                push_pods=self.store.gone_pods(view.key))
+        self.metrics.gather_duration.observe(gathered.duration_s)
+        if gathered.failures:
+            self.metrics.sidecars_unreachable.inc(len(gathered.failures))
+        return gathered
+
+    async def _publish(self, view: JobView, sig: Signal, attempt: Attempt, key: IncidentKey,
+                       diagnosis: Diagnosis) -> None:
+        report = diagnosis.report
+        finding = report.findings[0]
+        now = rfc3339()
+        name = report_name(view.ref, key.digest)
+        record = IncidentRecord(key.digest, str(attempt), key.group, key.seq, finding.category.value, name, now)
+        obj = build_report_cr(view.ref, report, incident=key.digest, attempt=str(attempt),
+                              signal=f"{sig.kind.value}: {sig.detail}", missing_pods=diagnosis.missing_pods,
+                              gathered_at=now, limit_bytes=self.config.report_limit_bytes)
+        message = one_line(finding)
+        events: list[tuple[str, str]] = [(finding.category.value, message)]
+        if diagnosis.missing_pods:
+            listed = ", ".join(f"{pod} ({why})" for pod, why in sorted(diagnosis.missing_pods.items()))
+            events.append((names.REASON_SIDECARS_UNREACHABLE,
+                           clip_line(f"{len(diagnosis.missing_pods)} pod(s) could not be gathered; the report "
+                                     f"names their ranks as missing: {listed}")))
+        pub = Publication(view.ref, record, obj, finding.category.value, message, tuple(events))
+        done = await self.publisher.publish(pub)
+        for step in done.errors:
+            self.metrics.publish_errors.labels(step=step.split(" ")[0]).inc()
+        state = self._state(view.key)
+        if done.ledger or done.report:
+            state.ledger = state.ledger.with_record(record)
+            self.metrics.diagnoses.labels(category=finding.category.value).inc()
+        if done.condition and state.first_signal_at is not None:
+            self.metrics.signal_to_publish.observe(time.monotonic() - state.first_signal_at)
+            state.first_signal_at = None
+        self.store.set_latest(view.key, LatestDiagnosis(
+            incident=key.digest, category=finding.category.value, verdict=finding.summary,
+            culprit_ranks=tuple(finding.culprit_ranks), report_name=name if done.report else "", at=now,
+            report=report_to_dict(report)))
+        log.warning("job %s: %s: %s (report %s)", view.key, finding.category.value, message, name)
+
+    async def _reassert(self, key: JobKey, ours: dict[str, Any]) -> None:
+        view = self.store.job(key)
+        if view is None:
+            return
+        try:
+            if await self.publisher.assert_condition(view.ref, ours):
+                log.info("job %s: condition %s put back first in status.conditions", key, names.CONDITION_TYPE)
+        except JobGone:
+            pass
+        except KubeError as exc:
+            self.metrics.publish_errors.labels(step="condition").inc()
+            log.error("job %s: could not re-assert the condition: %s", key, exc)

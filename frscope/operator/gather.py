@@ -1,0 +1,103 @@
+"""Fetch every rank's snapshot from all of a job's sidecars, concurrently, within deadlines.
+
+Each pod gets `attempts` tries of at most `per_pod_timeout_s` each (backoff between them); the whole
+gather stops at `overall_timeout_s`. A pod that could not be fetched falls back on its latest push;
+one with neither is a failure with its reason, which the report names. Never raises for a pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from frscope.operator.kube.backoff import Backoff
+from frscope.operator.push import PushStore
+from frscope.operator.sidecars import SidecarClient, SidecarError, SidecarSnapshot
+
+
+@dataclass(frozen=True, slots=True)
+class GatherOptions:
+    per_pod_timeout_s: float = 20.0
+    overall_timeout_s: float = 45.0
+    attempts: int = 3
+    backoff_base_s: float = 0.5
+    concurrency: int = 128
+    refresh: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One pod to gather from. `endpoint` is None when the pod has no IP or no sidecar port."""
+
+    pod: str
+    endpoint: str | None
+
+
+@dataclass(slots=True)
+class Gathered:
+    namespace: str
+    snapshots: dict[str, SidecarSnapshot] = field(default_factory=dict)  # pod -> snapshot
+    from_push: set[str] = field(default_factory=set)  # pods whose snapshot came from a push
+    failures: dict[str, str] = field(default_factory=dict)  # pod -> why it could not be fetched
+    duration_s: float = 0.0
+
+    @property
+    def anything(self) -> bool:
+        return any(s.ranks for s in self.snapshots.values())
+
+
+async def _fetch_one(client: SidecarClient, target: Target, options: GatherOptions,
+                     semaphore: asyncio.Semaphore) -> SidecarSnapshot:
+    assert target.endpoint is not None
+    delays = Backoff(attempts=options.attempts, base_s=options.backoff_base_s, cap_s=5.0).delays()
+    while True:
+        try:
+            async with semaphore:
+                return await client.snapshot(target.endpoint, options.per_pod_timeout_s, refresh=options.refresh)
+        except SidecarError as exc:
+            delay = next(delays, None) if exc.retryable else None
+            if delay is None:
+                raise
+            await asyncio.sleep(delay)
+
+
+async def gather(client: SidecarClient, namespace: str, targets: list[Target], options: GatherOptions,
+                 pushes: PushStore | None = None, push_pods: set[str] | None = None) -> Gathered:
+    """`push_pods`: more pods of the job whose pushes count (pods already deleted, for one)."""
+    started = time.monotonic()
+    result = Gathered(namespace)
+    semaphore = asyncio.Semaphore(max(1, options.concurrency))
+    tasks: dict[asyncio.Task[SidecarSnapshot], Target] = {}
+    for target in targets:
+        if target.endpoint is None:
+            result.failures[target.pod] = "no sidecar endpoint (no pod IP yet, or no container port named 'frscope')"
+            continue
+        tasks[asyncio.create_task(_fetch_one(client, target, options, semaphore))] = target
+    if tasks:
+        done, pending = await asyncio.wait(tasks, timeout=options.overall_timeout_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+        for task, target in tasks.items():
+            if task in pending:
+                result.failures[target.pod] = f"no answer within the gather deadline of {options.overall_timeout_s:g} s"
+                continue
+            exc = task.exception()
+            if isinstance(exc, SidecarError):
+                result.failures[target.pod] = exc.message
+            elif exc is not None:
+                result.failures[target.pod] = f"{type(exc).__name__}: {exc}"
+            else:
+                result.snapshots[target.pod] = task.result()
+    if pushes is not None:
+        wanted = {t.pod for t in targets} | (push_pods or set())
+        for pod, snapshot in pushes.for_namespace_pods(namespace, wanted).items():
+            fetched = result.snapshots.get(pod)
+            if fetched is None or not fetched.ranks:
+                result.snapshots[pod] = snapshot
+                result.from_push.add(pod)
+                result.failures.pop(pod, None)
+    result.duration_s = time.monotonic() - started
+    return result

@@ -1,0 +1,45 @@
+"""kopf handlers: a few lines each, over the Controller. Registered on an explicit registry.
+
+Only event handlers on PyTorchJobs and their pods (no finalizers, daemons, timers or on.create/
+update handlers, so kopf never patches these objects), a login handler, and the mutating webhook.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import kopf
+
+from frscope.operator import names
+from frscope.operator.controller import Controller
+from frscope.operator.webhook import WEBHOOK_ID, InjectionConfig, mutate
+
+
+def register_watchers(registry: kopf.OperatorRegistry, controller: Controller,
+                      connection: kopf.ConnectionInfo) -> None:
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return connection
+
+    @kopf.on.event(names.JOB_GROUP, names.JOB_VERSION, names.JOB_PLURAL, registry=registry)
+    async def job_event(event: kopf.RawEvent, **_: Any) -> None:
+        await controller.on_job(event.get("type"), dict(event["object"]))
+
+    @kopf.on.event("v1", "pods", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
+    async def pod_event(event: kopf.RawEvent, **_: Any) -> None:
+        await controller.on_pod(event.get("type"), dict(event["object"]))
+
+
+def register_webhook(registry: kopf.OperatorRegistry, injection: InjectionConfig) -> None:
+    @kopf.on.mutate("v1", "pods", id=WEBHOOK_ID, operations=["CREATE"], ignore_failures=True,
+                    side_effects=False, registry=registry)
+    def inject_sidecar(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        injected = mutate(dict(body), injection)
+        if injected is not None:
+            patch.fns.append(lambda raw: _replace(raw, injected))
+
+
+def _replace(raw: kopf.RawBody, new: dict[str, Any]) -> None:
+    target = cast(dict[str, Any], raw)
+    target.clear()
+    target.update(new)

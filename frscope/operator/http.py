@@ -1,0 +1,138 @@
+"""The operator's own HTTP server: probes, metrics, the sidecars' push endpoint, and a seam for the
+web UI.
+
+    GET  /healthz   200 while the event loop turns and kopf's watchers are running (liveness)
+    GET  /readyz    200 once kopf has started (readiness)
+    GET  /metrics   Prometheus text of the injected registry
+    POST /v1/push   a sidecar's snapshot body (docs/sidecar-api.md), gzip or plain, bearer token if set
+
+Other components add their routes with `OperatorHttp.add_routes()` (or `add_subapp()`) before
+`start()`; `frscope/webui` mounts itself this way and reads `JobsView`.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from frscope.operator.metrics import OperatorMetrics
+from frscope.operator.objects import JobKey
+from frscope.operator.sidecars import SidecarError, SidecarSnapshot, parse_snapshot
+
+log = logging.getLogger(__name__)
+
+PushHandler = Callable[[SidecarSnapshot], JobKey | None]
+
+
+class Health:
+    """Liveness: a heartbeat the event loop refreshes, and kopf's state; readiness: kopf started."""
+
+    def __init__(self, *, max_silence_s: float = 60.0) -> None:
+        self.max_silence_s = max_silence_s
+        self.ready = False
+        self.failed: str | None = None
+        self._beat = time.monotonic()
+
+    def beat(self) -> None:
+        self._beat = time.monotonic()
+
+    def alive(self) -> tuple[bool, str]:
+        if self.failed:
+            return False, self.failed
+        silence = time.monotonic() - self._beat
+        if silence > self.max_silence_s:
+            return False, f"event loop heartbeat {silence:.0f} s old"
+        return True, "ok"
+
+
+class OperatorHttp:
+    def __init__(self, *, registry: CollectorRegistry, metrics: OperatorMetrics, health: Health,
+                 on_push: PushHandler, token: str | None = None, max_push_bytes: int = 256 * 1024 * 1024) -> None:
+        self._registry = registry
+        self._metrics = metrics
+        self._health = health
+        self._on_push = on_push
+        self._token = token
+        self.app = web.Application(client_max_size=max_push_bytes)
+        self.app.add_routes([
+            web.get("/healthz", self._healthz),
+            web.get("/readyz", self._readyz),
+            web.get("/metrics", self._metrics_text),
+            web.post("/v1/push", self._push),
+        ])
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    # -- the seam for other components (web UI) ----------------------------------------------------
+    def add_routes(self, routes: Iterable[web.AbstractRouteDef]) -> None:
+        self.app.add_routes(list(routes))
+
+    def add_subapp(self, prefix: str, app: web.Application) -> None:
+        self.app.add_subapp(prefix, app)
+
+    # -- handlers ----------------------------------------------------------------------------------
+    async def _healthz(self, _: web.Request) -> web.Response:
+        ok, why = self._health.alive()
+        return web.json_response({"ok": ok, "detail": why}, status=200 if ok else 503)
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        ready = self._health.ready and self._health.alive()[0]
+        return web.json_response({"ready": ready}, status=200 if ready else 503)
+
+    async def _metrics_text(self, _: web.Request) -> web.Response:
+        body = generate_latest(self._registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _authorized(self, request: web.Request) -> bool:
+        if not self._token:
+            return True
+        given = request.headers.get("Authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {self._token}".encode())
+
+    async def _push(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            self._metrics.pushes.labels(result="rejected").inc()
+            return web.json_response({"error": "unauthorized"}, status=401)
+        try:
+            raw = await request.read()  # aiohttp has already undone Content-Encoding: gzip
+        except web.HTTPRequestEntityTooLarge:
+            self._metrics.pushes.labels(result="rejected").inc()
+            return web.json_response({"error": "body too large"}, status=413)
+        try:
+            obj = json.loads(raw)
+            snapshot = parse_snapshot(obj, "push", size_bytes=len(raw))
+        except (ValueError, SidecarError) as exc:
+            self._metrics.pushes.labels(result="rejected").inc()
+            return web.json_response({"error": f"not a sidecar snapshot: {exc}"}, status=400)
+        snapshot.pod = request.headers.get("X-Frscope-Pod") or snapshot.pod
+        snapshot.namespace = request.headers.get("X-Frscope-Namespace") or snapshot.namespace
+        if not snapshot.pod or not snapshot.namespace:
+            self._metrics.pushes.labels(result="rejected").inc()
+            return web.json_response({"error": "pod and namespace are required"}, status=400)
+        job = self._on_push(snapshot)
+        self._metrics.pushes.labels(result="accepted").inc()
+        log.info("push from %s/%s (%s, %d ranks, job %s)", snapshot.namespace, snapshot.pod, snapshot.reason,
+                 len(snapshot.ranks), job or "unknown")
+        return web.json_response({"accepted": True, "job": str(job) if job else None}, status=202)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    async def start(self, host: str, port: int) -> int:
+        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, host, port)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        return self.port
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None

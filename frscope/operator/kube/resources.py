@@ -1,0 +1,11 @@
+"""The resource types the operator reads and writes."""
+
+from __future__ import annotations
+
+from frscope.operator import names
+from frscope.operator.kube.client import Resource
+
+PODS = Resource("", "v1", "pods", "Pod")
+EVENTS = Resource("", "v1", "events", "Event")
+PYTORCHJOBS = Resource(names.JOB_GROUP, names.JOB_VERSION, names.JOB_PLURAL, names.JOB_KIND)
+REPORTS = Resource(names.REPORT_GROUP, names.REPORT_VERSION, names.REPORT_PLURAL, names.REPORT_KIND)

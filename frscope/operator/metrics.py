@@ -1,0 +1,56 @@
+"""The operator's Prometheus metrics, on an injected CollectorRegistry (tests make their own).
+
+Labels stay bounded: categories and signal kinds are closed sets; no job names, pods or ranks.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from frscope.analysis import Category
+from frscope.operator.signals import SignalKind
+
+GATHER_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120)
+
+
+class OperatorMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.diagnoses = Counter(
+            "frscope_operator_diagnoses", "Diagnoses published, by the top finding's category.",
+            ["category"], registry=registry,
+        )
+        self.gather_duration = Histogram(
+            "frscope_operator_gather_duration_seconds", "Time to gather every sidecar of a job.",
+            buckets=GATHER_BUCKETS, registry=registry,
+        )
+        self.signal_to_publish = Histogram(
+            "frscope_operator_signal_to_condition_seconds",
+            "From the first signal of an incident to its condition written.",
+            buckets=GATHER_BUCKETS, registry=registry,
+        )
+        self.sidecars_unreachable = Counter(
+            "frscope_operator_sidecars_unreachable", "Sidecars that could not be gathered from (per gather).",
+            registry=registry,
+        )
+        self.status_poll_errors = Counter(
+            "frscope_operator_status_poll_errors", "Failed /v1/status polls of sidecars.", registry=registry,
+        )
+        self.jobs_watched = Gauge("frscope_operator_jobs_watched", "PyTorchJobs being watched.", registry=registry)
+        self.pods_watched = Gauge("frscope_operator_pods_watched", "Pods of watched jobs.", registry=registry)
+        self.signals = Counter(
+            "frscope_operator_signals", "Signals received, by kind.", ["kind"], registry=registry,
+        )
+        self.pushes = Counter(
+            "frscope_operator_pushes", "Snapshots pushed by sidecars, by result.", ["result"], registry=registry,
+        )
+        self.publish_errors = Counter(
+            "frscope_operator_publish_errors", "Writes to the API server that failed after retries, by step.",
+            ["step"], registry=registry,
+        )
+        for category in Category:
+            self.diagnoses.labels(category=category.value)
+        for kind in SignalKind:
+            self.signals.labels(kind=kind.value)
+        for result in ("accepted", "rejected"):
+            self.pushes.labels(result=result)

@@ -1,0 +1,52 @@
+"""Names frscope's operator writes into the cluster and reads from it: one place, so the docs, the chart
+and the tests agree with the code (docs/operator.md lists them)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Everything frscope stores on objects it does not own lives under this prefix.
+PREFIX: Final = "frscope.io"
+
+# frscope's own CRD (charts/frscope/crds/flightrecorderreport.yaml).
+REPORT_GROUP: Final = "frscope.io"
+REPORT_VERSION: Final = "v1alpha1"
+REPORT_KIND: Final = "FlightRecorderReport"
+REPORT_PLURAL: Final = "flightrecorderreports"
+
+# Kubeflow training operator (v1): what is watched.
+JOB_GROUP: Final = "kubeflow.org"
+JOB_VERSION: Final = "v1"
+JOB_KIND: Final = "PyTorchJob"
+JOB_PLURAL: Final = "pytorchjobs"
+LABEL_JOB_NAME: Final = "training.kubeflow.org/job-name"
+LABEL_REPLICA_TYPE: Final = "training.kubeflow.org/replica-type"
+LABEL_REPLICA_INDEX: Final = "training.kubeflow.org/replica-index"
+# The training operator requires the trainer container to have this name.
+TRAINER_CONTAINER: Final = "pytorch"
+
+# On the job (annotations): the incidents already diagnosed (dedupe across operator restarts), the
+# latest report's name, and the condition frscope asserts (so it can be put back if rewritten).
+ANN_INCIDENTS: Final = f"{PREFIX}/incidents"
+ANN_REPORT: Final = f"{PREFIX}/report"
+ANN_CONDITION: Final = f"{PREFIX}/condition"
+# On the report: which job and incident it belongs to.
+LABEL_REPORT_JOB: Final = f"{PREFIX}/job"
+LABEL_REPORT_INCIDENT: Final = f"{PREFIX}/incident"
+
+# The condition frscope adds to the job's status.conditions.
+CONDITION_TYPE: Final = "CollectiveTimeoutDiagnosed"
+
+# Sidecar injection: opt in with this label (or annotation) set to "true" on the pod template.
+INJECT_KEY: Final = f"{PREFIX}/inject"
+ANN_INJECTED: Final = f"{PREFIX}/injected"
+SIDECAR_CONTAINER: Final = "frscope-sidecar"
+SIDECAR_PORT_NAME: Final = "frscope"
+SIDECAR_VOLUME: Final = "frscope"
+
+# Event source and field manager.
+COMPONENT: Final = "frscope-operator"
+
+# Event reasons of frscope's own (the diagnosis Events use the finding's category).
+REASON_SIDECARS_UNREACHABLE: Final = "SidecarsUnreachable"
+REASON_DIAGNOSIS_INCOMPLETE: Final = "DiagnosisIncomplete"

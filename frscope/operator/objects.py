@@ -1,0 +1,218 @@
+"""Typed views of the Kubernetes objects the operator watches (PyTorchJobs and their pods).
+
+Pure functions over the raw dicts kopf hands over; nothing here talks to the API server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from frscope.operator import names
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class JobKey:
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRef:
+    """Enough of a job to address it, own things with it and post Events about it."""
+
+    namespace: str
+    name: str
+    uid: str
+    api_version: str = f"{names.JOB_GROUP}/{names.JOB_VERSION}"
+    kind: str = names.JOB_KIND
+
+    @property
+    def key(self) -> JobKey:
+        return JobKey(self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Termination:
+    """One ended run of a trainer container, as the kubelet reported it."""
+
+    container: str
+    run: int  # 0 for the first run of the container, 1 after one restart, ...
+    exit_code: int | None
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    namespace: str
+    name: str
+    uid: str
+    job_name: str
+    replica_type: str
+    replica_index: int | None
+    ip: str | None
+    sidecar_port: int | None  # the container port named `frscope`
+    phase: str
+    run: int  # the trainer's current run (its restartCount)
+    terminations: tuple[Termination, ...]
+    deleting: bool
+
+    @property
+    def endpoint(self) -> str | None:
+        """The sidecar's base URL, when the pod has an IP and a port named `frscope`."""
+        if not self.ip or not self.sidecar_port:
+            return None
+        host = f"[{self.ip}]" if ":" in self.ip else self.ip
+        return f"http://{host}:{self.sidecar_port}"
+
+
+def _meta(obj: dict[str, Any]) -> dict[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, dict) else {}
+
+
+def job_ref(job: dict[str, Any]) -> JobRef:
+    meta = _meta(job)
+    return JobRef(
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        api_version=str(job.get("apiVersion") or f"{names.JOB_GROUP}/{names.JOB_VERSION}"),
+        kind=str(job.get("kind") or names.JOB_KIND),
+    )
+
+
+def job_conditions(job: dict[str, Any]) -> list[dict[str, Any]]:
+    status = job.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    return [c for c in conditions if isinstance(c, dict)] if isinstance(conditions, list) else []
+
+
+def job_world_size(job: dict[str, Any]) -> int | None:
+    """Replicas x processes per node, when the spec says both as numbers; else None."""
+    spec = job.get("spec")
+    if not isinstance(spec, dict):
+        return None
+    replica_specs = spec.get("pytorchReplicaSpecs")
+    if not isinstance(replica_specs, dict):
+        return None
+    replicas = 0
+    for rs in replica_specs.values():
+        count = rs.get("replicas", 1) if isinstance(rs, dict) else None
+        if not isinstance(count, int):
+            return None
+        replicas += count
+    nproc: Any = spec.get("nprocPerNode")
+    elastic = spec.get("elasticPolicy")
+    if nproc is None and isinstance(elastic, dict):
+        nproc = elastic.get("nProcPerNode")
+    if nproc is None:
+        nproc = 1
+    try:
+        per_node = int(str(nproc))
+    except ValueError:
+        return None  # 'auto', 'gpu', 'cpu': known only inside the pod
+    return replicas * per_node if replicas and per_node > 0 else None
+
+
+def _sidecar_port(spec: dict[str, Any]) -> int | None:
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or []:
+            if not isinstance(container, dict):
+                continue
+            for port in container.get("ports") or []:
+                if isinstance(port, dict) and port.get("name") == names.SIDECAR_PORT_NAME:
+                    value = port.get("containerPort")
+                    if isinstance(value, int) and 0 < value < 65536:
+                        return value
+    return None
+
+
+def _trainer_statuses(status: dict[str, Any]) -> list[dict[str, Any]]:
+    statuses = [s for s in status.get("containerStatuses") or [] if isinstance(s, dict)]
+    trainers = [s for s in statuses if s.get("name") == names.TRAINER_CONTAINER]
+    return trainers or [s for s in statuses if s.get("name") != names.SIDECAR_CONTAINER]
+
+
+def _termination(container: str, run: int, raw: Any) -> Termination | None:
+    if not isinstance(raw, dict):
+        return None
+    terminated = raw.get("terminated")
+    if not isinstance(terminated, dict):
+        return None
+    code = terminated.get("exitCode")
+    return Termination(
+        container=container,
+        run=max(run, 0),
+        exit_code=code if isinstance(code, int) else None,
+        reason=str(terminated.get("reason") or ""),
+        message=str(terminated.get("message") or ""),
+    )
+
+
+def pod_info(pod: dict[str, Any]) -> PodInfo:
+    meta = _meta(pod)
+    labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
+    assert isinstance(labels, dict)
+    spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
+    status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
+    assert isinstance(spec, dict) and isinstance(status, dict)
+    index_text = str(labels.get(names.LABEL_REPLICA_INDEX, ""))
+    run = 0
+    terminations: list[Termination] = []
+    for cs in _trainer_statuses(status):
+        name = str(cs.get("name") or "")
+        restarts = cs.get("restartCount")
+        restarts = restarts if isinstance(restarts, int) else 0
+        run = max(run, restarts)
+        current = _termination(name, restarts, cs.get("state"))
+        previous = _termination(name, restarts - 1, cs.get("lastState"))
+        for term in (current, previous):
+            if term is not None:
+                terminations.append(term)
+    return PodInfo(
+        namespace=str(meta.get("namespace") or "default"),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        job_name=str(labels.get(names.LABEL_JOB_NAME) or _owner_job(meta) or ""),
+        replica_type=str(labels.get(names.LABEL_REPLICA_TYPE) or ""),
+        replica_index=int(index_text) if index_text.isdigit() else None,
+        ip=str(status.get("podIP")) if status.get("podIP") else None,
+        sidecar_port=_sidecar_port(spec),
+        phase=str(status.get("phase") or "Unknown"),
+        run=run,
+        terminations=tuple(terminations),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def _owner_job(meta: dict[str, Any]) -> str | None:
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, dict) and ref.get("kind") == names.JOB_KIND:
+            return str(ref.get("name") or "") or None
+    return None
+
+
+def pods_digest(pods: list[PodInfo] | tuple[PodInfo, ...]) -> str:
+    """A short name for one generation of a job's pods (new pods after a restart: a new digest)."""
+    joined = ",".join(sorted(p.uid for p in pods))
+    return hashlib.sha256(joined.encode()).hexdigest()[:8]
+
+
+_DNS_LABEL = re.compile(r"[^a-z0-9-]+")
+
+
+def dns_name(*parts: str, limit: int = 63) -> str:
+    """A valid object name (DNS-1123 label) from parts; a hash keeps long names unique."""
+    raw = "-".join(parts).lower()
+    clean = _DNS_LABEL.sub("-", raw).strip("-") or "x"
+    if len(clean) <= limit:
+        return clean
+    digest = hashlib.sha256(raw.encode()).hexdigest()[:8]
+    return f"{clean[: limit - 9].rstrip('-')}-{digest}"

@@ -1,0 +1,72 @@
+"""Bounded-rate polling of every watched pod's sidecar `/v1/status` (cheap), one operator-wide loop.
+
+No kopf daemon or timer per job or pod (the operator does not own them): one task sweeps all jobs
+every `interval_s`, starting at most `max_rps` requests per second with at most `concurrency` in
+flight, and hands each job's answers to the controller, which turns a stall into a signal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from frscope.operator.controller import Controller
+from frscope.operator.objects import JobKey
+from frscope.operator.sidecars import SidecarError, SidecarStatus
+
+log = logging.getLogger(__name__)
+
+
+class StatusPoller:
+    def __init__(self, controller: Controller, *, interval_s: float, timeout_s: float, max_rps: float,
+                 concurrency: int) -> None:
+        self._controller = controller
+        self._interval_s = interval_s
+        self._timeout_s = timeout_s
+        self._spacing_s = 1.0 / max_rps
+        self._semaphore = asyncio.Semaphore(max(1, concurrency))
+        self.sweeps = 0
+
+    async def _one(self, endpoint: str) -> SidecarStatus | None:
+        async with self._semaphore:
+            try:
+                return await self._controller.sidecars.status(endpoint, self._timeout_s)
+            except SidecarError as exc:
+                self._controller.metrics.status_poll_errors.inc()
+                log.debug("status poll failed: %s", exc)
+                return None
+
+    async def sweep(self) -> None:
+        """Poll every pod with a sidecar endpoint once; report per job."""
+        per_job: dict[JobKey, dict[str, asyncio.Task[SidecarStatus | None]]] = {}
+        try:
+            for view in self._controller.store.jobs():
+                for pod in view.pods:
+                    endpoint = pod.endpoint
+                    if endpoint is None or pod.deleting:
+                        continue
+                    per_job.setdefault(view.key, {})[pod.name] = asyncio.create_task(self._one(endpoint))
+                    await asyncio.sleep(self._spacing_s)
+            for key, tasks in per_job.items():
+                await asyncio.gather(*tasks.values())
+                answers = {pod: st for pod, task in tasks.items() if (st := task.result()) is not None}
+                if answers:
+                    self._controller.on_status(key, answers)
+        finally:
+            leftover = [t for tasks in per_job.values() for t in tasks.values() if not t.done()]
+            for task in leftover:
+                task.cancel()
+            await asyncio.gather(*leftover, return_exceptions=True)
+        self.sweeps += 1
+
+    async def run(self) -> None:
+        while True:
+            started = time.monotonic()
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("status sweep failed")
+            await asyncio.sleep(max(0.0, self._interval_s - (time.monotonic() - started)))

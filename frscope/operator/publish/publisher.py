@@ -1,0 +1,175 @@
+"""Write a diagnosis into the cluster: the report object, the job's annotations, its condition and
+Events. Every write is idempotent (deterministic names, read-modify-write with resourceVersion), so a
+publish cut short by a crash or an API error can simply run again.
+
+Order matters for "exactly one report": the report is created first under a name derived from the
+incident, then the job's ledger annotation records the incident, then the condition and Events follow.
+A job deleted meanwhile ends the publish quietly (`JobGone`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from frscope.operator import names
+from frscope.operator.incidents import IncidentRecord, Ledger
+from frscope.operator.kube import (
+    EVENTS,
+    PYTORCHJOBS,
+    REPORTS,
+    AlreadyExists,
+    KubeClient,
+    KubeError,
+    NotFound,
+    retry_on_conflict,
+)
+from frscope.operator.objects import JobRef, job_conditions
+from frscope.operator.publish.condition import make_condition, needs_write, place_condition
+from frscope.operator.publish.events import build_event, clip_line
+
+log = logging.getLogger(__name__)
+
+
+class JobGone(Exception):
+    """The job was deleted (or replaced by one with another uid) before the publish finished."""
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """What to write for one incident."""
+
+    job: JobRef
+    record: IncidentRecord
+    report_object: dict[str, Any]
+    condition_reason: str
+    condition_message: str
+    events: tuple[tuple[str, str], ...]  # (reason, message)
+
+
+@dataclass(slots=True)
+class Published:
+    report: bool = False
+    ledger: bool = False
+    condition: bool = False
+    events: int = 0
+    errors: dict[str, str] = field(default_factory=dict)  # step -> error
+
+
+def condition_annotation(reason: str, message: str, at: str) -> str:
+    return json.dumps({"reason": reason, "message": message, "at": at}, separators=(",", ":"))
+
+
+def asserted_condition(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The condition frscope asserted on this job (from its annotation), if any."""
+    meta = job.get("metadata") or {}
+    raw = (meta.get("annotations") or {}).get(names.ANN_CONDITION)
+    if not isinstance(raw, str):
+        return None
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not data.get("reason"):
+        return None
+    return make_condition(str(data["reason"]), clip_line(str(data.get("message") or "")), str(data.get("at") or ""))
+
+
+class Publisher:
+    def __init__(self, kube: KubeClient, *, instance: str) -> None:
+        self._kube = kube
+        self._instance = instance
+
+    async def _job(self, ref: JobRef) -> dict[str, Any]:
+        try:
+            job = await self._kube.get(PYTORCHJOBS, ref.namespace, ref.name)
+        except NotFound as exc:
+            raise JobGone(f"job {ref.key} was deleted") from exc
+        if ref.uid and (job.get("metadata") or {}).get("uid") != ref.uid:
+            raise JobGone(f"job {ref.key} was replaced by a new object")
+        return job
+
+    async def publish(self, pub: Publication) -> Published:
+        done = Published()
+        await self._job(pub.job)  # JobGone before writing anything
+        try:
+            await self._kube.create(REPORTS, pub.job.namespace, pub.report_object)
+            done.report = True
+        except AlreadyExists:
+            done.report = True  # this incident's report was made before (a publish that is re-run)
+        except KubeError as exc:
+            done.errors["report"] = str(exc)
+            log.error("job %s: could not create report %s: %s", pub.job.key, pub.record.report, exc)
+        if not done.report:
+            pub = _without_report(pub)
+        for step, write in (("ledger", self._record), ("condition", self._condition)):
+            try:
+                await write(pub)
+                setattr(done, step, True)
+            except JobGone:
+                raise
+            except KubeError as exc:
+                done.errors[step] = str(exc)
+                log.error("job %s: %s not written: %s", pub.job.key, step, exc)
+        for reason, message in pub.events:
+            try:
+                await self.post_event(pub.job, reason=reason, message=message, incident=pub.record.id,
+                                      now=pub.record.at)
+                done.events += 1
+            except KubeError as exc:
+                done.errors[f"event {reason}"] = str(exc)
+                log.error("job %s: Event %s not posted: %s", pub.job.key, reason, exc)
+        return done
+
+    async def _record(self, pub: Publication) -> None:
+        async def cycle() -> None:
+            job = await self._job(pub.job)
+            meta = job.get("metadata") or {}
+            ledger = Ledger.from_annotations(meta.get("annotations")).with_record(pub.record)
+            annotations = {
+                names.ANN_INCIDENTS: ledger.render(),
+                names.ANN_CONDITION: condition_annotation(pub.condition_reason, pub.condition_message,
+                                                          pub.record.at),
+            }
+            if pub.record.report:
+                annotations[names.ANN_REPORT] = pub.record.report
+            patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": annotations}}
+            await self._kube.merge_patch(PYTORCHJOBS, pub.job.namespace, pub.job.name, patch)
+
+        await retry_on_conflict(cycle)
+
+    async def _condition(self, pub: Publication) -> None:
+        ours = make_condition(pub.condition_reason, pub.condition_message, pub.record.at)
+        await self.assert_condition(pub.job, ours)
+
+    async def assert_condition(self, ref: JobRef, ours: dict[str, Any]) -> bool:
+        """Put `ours` first in the job's conditions through the status subresource. False: no write needed."""
+
+        async def cycle() -> bool:
+            job = await self._job(ref)
+            conditions = job_conditions(job)
+            if not needs_write(conditions, ours):
+                return False
+            patch = {
+                "metadata": {"resourceVersion": (job.get("metadata") or {}).get("resourceVersion")},
+                "status": {"conditions": place_condition(conditions, ours)},
+            }
+            await self._kube.merge_patch(PYTORCHJOBS, ref.namespace, ref.name, patch, subresource="status")
+            return True
+
+        return await retry_on_conflict(cycle)
+
+    async def post_event(self, ref: JobRef, *, reason: str, message: str, incident: str, now: str) -> None:
+        body = build_event(ref, reason=reason, message=message, incident=incident, now=now, instance=self._instance)
+        try:
+            await self._kube.create(EVENTS, ref.namespace, body)
+        except AlreadyExists:
+            pass  # posted before this publish was re-run
+
+
+def _without_report(pub: Publication) -> Publication:
+    record = IncidentRecord(pub.record.id, pub.record.attempt, pub.record.group, pub.record.seq,
+                            pub.record.category, "", pub.record.at)
+    return Publication(pub.job, record, pub.report_object, pub.condition_reason, pub.condition_message, pub.events)

@@ -1,0 +1,173 @@
+"""The `FlightRecorderReport` object: frscope's full report about one incident, owned by the job.
+
+Shaped for `kubectl describe` (which prints fields sorted by name): `diagnosis` (verdict, what, who)
+comes right after the API version, then `evidence` (culprit stacks), `job`, and `progress` (per
+group, ranks grouped by where they stand); `report` is the whole JSON report (docs/report-json.md),
+trimmed step by step when the object would exceed `limit_bytes` (etcd takes 1.5 MiB per object).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+from frscope.analysis import Finding, Report, fmt_ranks
+from frscope.operator import names
+from frscope.operator.objects import JobRef, dns_name
+from frscope.report import report_to_dict
+
+DEFAULT_LIMIT_BYTES = 512 * 1024
+MAX_LINES = 40
+MAX_LINE = 500
+MAX_STACK_FRAMES = 30
+MAX_CULPRIT_STACKS = 8
+MAX_GROUPS = 64
+MAX_PROBLEMS = 50
+
+
+def report_name(job: JobRef, incident: str) -> str:
+    return dns_name(job.name, incident, limit=253)
+
+
+def _clip(text: str, limit: int = MAX_LINE) -> str:
+    line = " ".join(str(text).split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def _group_label(finding: Finding) -> str:
+    g = finding.process_group
+    return f"{g.name} ({g.desc})" if g.desc and g.desc != "undefined" else g.name
+
+
+def _stacks(finding: Finding) -> dict[str, str]:
+    out: dict[str, str] = {}
+    ranks = sorted(set(finding.culprit_stacks) | set(finding.culprit_frames))[:MAX_CULPRIT_STACKS]
+    for rank in ranks:
+        live = finding.culprit_stacks.get(rank) or ()
+        frames = live or finding.culprit_frames.get(rank) or ()
+        label = "live stack" if live else "stack when the collective was enqueued"
+        lines = [f"({label}, most recent call first)"]
+        lines += [str(f) for f in frames[:MAX_STACK_FRAMES]]
+        if len(frames) > MAX_STACK_FRAMES:
+            lines.append(f"... {len(frames) - MAX_STACK_FRAMES} more frames")
+        out[str(rank)] = "\n".join(lines)
+    return out
+
+
+def progress_lines(report: Report) -> dict[str, list[str]]:
+    """Per group: ranks bucketed by (last completed, in flight): 1,024 ranks stay a few lines."""
+    out: dict[str, list[str]] = {}
+    for gp in report.groups[:MAX_GROUPS]:
+        buckets: dict[tuple[int | None, str | None, int | None], list[int]] = {}
+        for rank, p in gp.ranks.items():
+            buckets.setdefault((p.last_completed_seq, p.inflight_op, p.inflight_seq), []).append(rank)
+        lines = []
+        for (done, op, seq), ranks in sorted(buckets.items(), key=lambda kv: min(kv[1])):
+            what = f"completed #{done}" if done is not None else "completed nothing"
+            if op is not None:
+                what += f", in {op} #{seq}"
+            word = "rank" if len(ranks) == 1 else "ranks"
+            lines.append(_clip(f"{word} {fmt_ranks(ranks)}: {what}"))
+        label = f"group {gp.group.name}" + (f" ({gp.group.desc})" if gp.group.desc else "")
+        out[label] = lines[:MAX_LINES]
+    return out
+
+
+def _size(obj: Any) -> int:
+    return len(json.dumps(obj, separators=(",", ":")).encode())
+
+
+def _trim_report(full: dict[str, Any], keep_ranks: set[int], limit: int,
+                 rest: int) -> tuple[dict[str, Any], str | None]:
+    """The report dict, smaller step by step until the object fits; the note says what was cut."""
+    if rest + _size(full) <= limit:
+        return full, None
+    trimmed = copy.deepcopy(full)
+    for group in trimmed.get("groups", []):
+        progress = group.get("progress") or {}
+        group["progress"] = {r: v for r, v in progress.items() if int(r) in keep_ranks}
+        group["progress_truncated"] = len(progress) - len(group["progress"])
+    trimmed["problems"] = trimmed.get("problems", [])[:MAX_PROBLEMS]
+    if rest + _size(trimmed) <= limit:
+        return trimmed, "per-rank progress kept for the culprit ranks only (see progress for every rank)"
+    trimmed.pop("groups", None)
+    for finding in trimmed.get("findings", []):
+        for sub in [finding, *finding.get("consequences", [])]:
+            sub["ranks"] = {r: v for r, v in sub.get("ranks", {}).items() if int(r) in keep_ranks}
+            sub["culprit_frames"] = {}
+    if rest + _size(trimmed) <= limit:
+        return trimmed, "groups and non-culprit rank details left out (too large)"
+    verdict = full.get("verdict")
+    return {"schema": full.get("schema"), "verdict": verdict, "truncated": True}, (
+        "the full report was too large for one object; run `frscope analyze` on the gathered snapshots"
+    )
+
+
+def build_report_cr(job: JobRef, report: Report, *, incident: str, attempt: str, signal: str,
+                    missing_pods: dict[str, str], gathered_at: str, limit_bytes: int = DEFAULT_LIMIT_BYTES,
+                    ) -> dict[str, Any]:
+    finding = report.findings[0] if report.findings else None
+    name = report_name(job, incident)
+    culprits = sorted(finding.culprit_ranks) if finding else []
+    diagnosis: dict[str, Any] = {
+        "verdict": _clip(finding.summary if finding else "No problem found.", 1024),
+        "what": {
+            "category": finding.category.value if finding else "Healthy",
+            "bucket": finding.bucket.value if finding else "",
+            "op": finding.op or "" if finding else "",
+            "collectiveSeqId": finding.collective_seq_id if finding else None,
+            "processGroup": _group_label(finding) if finding else "",
+            "stalledForSeconds": round(finding.stalled_for_s, 1) if finding and finding.stalled_for_s else None,
+            "ambiguous": finding.ambiguous if finding else False,
+        },
+        "who": {
+            "culprits": fmt_ranks(culprits) if culprits else "none",
+            "culpritRanks": culprits[:256],
+            "missingRanks": fmt_ranks(report.missing_ranks),
+            "missingPods": [_clip(f"{pod}: {why}") for pod, why in sorted(missing_pods.items())][:MAX_LINES],
+        },
+    }
+    evidence: dict[str, Any] = {
+        "lines": [_clip(e) for e in (finding.evidence if finding else [])][:MAX_LINES],
+        "culpritStacks": _stacks(finding) if finding else {},
+        "consequences": [_clip(c.summary) for c in (finding.consequences if finding else [])][:MAX_LINES],
+        "otherFindings": [_clip(f"{f.category.value}: {f.summary}") for f in report.findings[1:]][:MAX_LINES],
+        "problems": [_clip(str(p)) for p in report.problems][:MAX_PROBLEMS],
+    }
+    obj: dict[str, Any] = {
+        "apiVersion": f"{names.REPORT_GROUP}/{names.REPORT_VERSION}",
+        "kind": names.REPORT_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": job.namespace,
+            "labels": {
+                names.LABEL_REPORT_JOB: dns_name(job.name),
+                names.LABEL_REPORT_INCIDENT: incident,
+                "app.kubernetes.io/managed-by": names.COMPONENT,
+            },
+            "ownerReferences": [
+                {"apiVersion": job.api_version, "kind": job.kind, "name": job.name, "uid": job.uid}
+            ],
+        },
+        "diagnosis": diagnosis,
+        "evidence": evidence,
+        "job": {
+            "name": job.name,
+            "uid": job.uid,
+            "attempt": attempt,
+            "incident": incident,
+            "signal": _clip(signal),
+            "gatheredAt": gathered_at,
+            "ranksGathered": len(report.ranks_loaded),
+            "worldSize": report.world_size,
+        },
+        "progress": progress_lines(report),
+    }
+    full = report_to_dict(report)
+    keep = set(culprits) | set(report.missing_ranks[:64])
+    trimmed, note = _trim_report(full, keep, limit_bytes, _size(obj) + 200)
+    obj["report"] = trimmed
+    if note:
+        obj["job"]["reportTrimmed"] = note
+    return obj

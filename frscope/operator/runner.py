@@ -1,0 +1,191 @@
+"""Wires the operator together and runs it: kopf (watchers, webhook) and frscope's HTTP server in
+one event loop.
+
+    run_operator(config)                 blocking, for `frscope operator`
+    await serve(config, ...)             the same as a coroutine (tests run it in-process)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, replace
+
+import aiohttp
+import kopf
+from prometheus_client import CollectorRegistry
+
+from frscope.operator import names
+from frscope.operator.config import OperatorConfig, WebhookConfig
+from frscope.operator.controller import Controller
+from frscope.operator.handlers import register_watchers, register_webhook
+from frscope.operator.http import Health, OperatorHttp
+from frscope.operator.kube import KubeClient
+from frscope.operator.metrics import OperatorMetrics
+from frscope.operator.poller import StatusPoller
+from frscope.operator.publish import Publisher
+from frscope.operator.push import PushStore
+from frscope.operator.sidecars import SidecarClient
+from frscope.operator.store import JobStore
+from frscope.operator.webhook import InjectionConfig, native_sidecars_supported
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class Operator:
+    """The running parts, for tests and for components that mount on the operator (web UI)."""
+
+    config: OperatorConfig
+    controller: Controller
+    http: OperatorHttp
+    store: JobStore
+    poller: StatusPoller
+    metrics: OperatorMetrics
+    kube: KubeClient
+
+
+def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
+    # frscope posts its own Events; kopf's per-handler Events would be noise on objects it does not own.
+    settings.posting.enabled = False
+    # Nothing is stored by kopf (no change-detecting handlers); should it ever, it goes under our prefix.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=names.PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=names.PREFIX, key="last-handled-configuration")
+    settings.persistence.finalizer = f"{names.PREFIX}/kopf-finalizer"
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.networking.error_backoffs = [1, 2, 3, 5, 8, 13]
+
+
+def load_connection(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
+    """In-cluster service account first, then $KUBECONFIG / ~/.kube/config."""
+    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
+    if info is None:
+        raise kopf.LoginError("no service account token and no kubeconfig ($KUBECONFIG or ~/.kube/config)")
+    return info
+
+
+def kube_client(info: kopf.ConnectionInfo, instance: str) -> KubeClient:
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=32),
+        headers={**info.as_http_headers(), "User-Agent": f"{names.COMPONENT}/{instance}"},
+    )
+    return KubeClient(session, info.server, field_manager=names.COMPONENT)
+
+
+async def injection_for(webhook: WebhookConfig, kube: KubeClient) -> InjectionConfig:
+    native = webhook.sidecar_mode == "native"
+    if webhook.sidecar_mode == "auto":
+        try:
+            native = native_sidecars_supported(*await kube.server_version())
+        except Exception as exc:
+            log.warning("could not read the server version (%s): injecting the sidecar as a plain container", exc)
+            native = False
+    return replace(webhook.injection, native=native)
+
+
+def webhook_server(webhook: WebhookConfig) -> kopf.WebhookServer:
+    certfile = keyfile = cafile = None
+    if webhook.cert_dir is not None:
+        certfile = webhook.cert_dir / "tls.crt"
+        keyfile = webhook.cert_dir / "tls.key"
+        cafile = webhook.cert_dir / "ca.crt" if (webhook.cert_dir / "ca.crt").exists() else None
+    if certfile is None or keyfile is None:
+        raise ValueError("--webhook-port needs --webhook-cert-dir with tls.crt and tls.key")
+    return kopf.WebhookServer(addr=webhook.host, port=webhook.port, host=webhook.public_host,
+                              certfile=str(certfile), pkeyfile=str(keyfile),
+                              cafile=str(cafile) if cafile else None)
+
+
+async def _heartbeat(health: Health) -> None:
+    while True:
+        health.beat()
+        await asyncio.sleep(5)
+
+
+async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = None,
+                stop_flag: asyncio.Event | None = None,
+                on_ready: Callable[[Operator], Awaitable[None] | None] | None = None,
+                mount: Callable[[Operator], None] | None = None) -> None:
+    """Run until `stop_flag` is set (or SIGINT/SIGTERM). `mount(operator)` may add HTTP routes
+    (the web UI) before the server starts; `on_ready(operator)` runs once kopf is up."""
+    registry = registry if registry is not None else CollectorRegistry()
+    settings = kopf.OperatorSettings()
+    configure_kopf(settings, config)
+    connection = load_connection(settings)
+    kube = kube_client(connection, config.instance)
+    sidecar_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=4))
+    metrics = OperatorMetrics(registry)
+    store = JobStore()
+    pushes = PushStore()
+    token = config.token()
+    controller = Controller(config, store=store, pushes=pushes,
+                            sidecars=SidecarClient(sidecar_session, token=token),
+                            publisher=Publisher(kube, instance=config.instance), metrics=metrics)
+    health = Health()
+    http = OperatorHttp(registry=registry, metrics=metrics, health=health, on_push=controller.on_push,
+                        token=token, max_push_bytes=config.max_push_bytes)
+    poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
+                          max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
+    operator = Operator(config, controller, http, store, poller, metrics, kube)
+
+    kopf_registry = kopf.OperatorRegistry()
+    register_watchers(kopf_registry, controller, connection)
+    if config.webhook is not None:
+        injection = await injection_for(config.webhook, kube)
+        log.info("sidecar injection: %s sidecar, image %s", "native" if injection.native else "plain",
+                 injection.image)
+        register_webhook(kopf_registry, injection)
+        settings.admission.server = webhook_server(config.webhook)
+        settings.admission.managed = config.webhook.managed
+
+    if mount is not None:
+        mount(operator)
+    ready = asyncio.Event()
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        port = await http.start(config.http_host, config.http_port)
+        log.info("operator HTTP on %s:%d (/healthz /readyz /metrics /v1/push)", config.http_host, port)
+        tasks.append(asyncio.create_task(_heartbeat(health)))
+
+        async def when_ready() -> None:
+            await ready.wait()
+            health.ready = True
+            tasks.append(asyncio.create_task(poller.run()))
+            if on_ready is not None:
+                result = on_ready(operator)
+                if result is not None:
+                    await result
+
+        tasks.append(asyncio.create_task(when_ready()))
+        await kopf.operator(
+            registry=kopf_registry,
+            settings=settings,
+            standalone=config.peering is None,
+            peering_name=config.peering,
+            clusterwide=not config.namespaces,
+            namespaces=list(config.namespaces),
+            stop_flag=stop_flag,
+            ready_flag=ready,
+        )
+    finally:
+        health.failed = "kopf stopped"
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await controller.close()
+        await http.stop()
+        await sidecar_session.close()
+        await kube.close()
+
+
+def run_operator(config: OperatorConfig) -> int:
+    logging.basicConfig(level=getattr(logging, config.log_level),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(config))
+    return 0

@@ -1,0 +1,153 @@
+"""Client side of the sidecar HTTP API (docs/sidecar-api.md): `/v1/status` and `/v1/snapshot`.
+
+Answers are validated into small typed objects; anything else is a `SidecarError` naming the pod,
+so that a sidecar that is down or answers garbage becomes a missing pod in the report, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+STATUS_SCHEMA = "frscope.sidecar.status/v1"
+SNAPSHOT_SCHEMA = "frscope.sidecar.snapshot/v1"
+DEFAULT_MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
+MAX_STATUS_BYTES = 8 * 1024 * 1024
+
+
+class SidecarError(Exception):
+    """A sidecar could not be reached or did not answer as documented."""
+
+    def __init__(self, endpoint: str, message: str, *, retryable: bool = True) -> None:
+        super().__init__(f"{endpoint}: {message}")
+        self.endpoint = endpoint
+        self.message = message
+        self.retryable = retryable
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStall:
+    rank: int
+    group: str
+    desc: str
+    op: str | None
+    seq: int | None
+    age_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarStatus:
+    pod: str
+    namespace: str
+    stalled: bool
+    stalls: tuple[GroupStall, ...]
+    ranks_up: int
+    ranks_down: int
+
+
+@dataclass(slots=True)
+class SidecarSnapshot:
+    """One pod's `/v1/snapshot` (or pushed) body. `ranks` are frscope snapshots, undecoded further."""
+
+    pod: str
+    namespace: str
+    captured_at_ns: int | None
+    reason: str
+    ranks: list[dict[str, Any]]
+    errors: list[tuple[int | None, str]] = field(default_factory=list)
+    size_bytes: int = 0
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def parse_status(obj: Any, endpoint: str = "") -> SidecarStatus:
+    if not isinstance(obj, dict) or obj.get("schema") != STATUS_SCHEMA:
+        raise SidecarError(endpoint, f"/v1/status: not a {STATUS_SCHEMA} object", retryable=False)
+    stalls: list[GroupStall] = []
+    up = down = 0
+    ranks = obj.get("ranks")
+    for rank_text, rank_obj in (ranks.items() if isinstance(ranks, dict) else []):
+        if not isinstance(rank_obj, dict):
+            continue
+        if rank_obj.get("up"):
+            up += 1
+        else:
+            down += 1
+        try:
+            rank = int(rank_text)
+        except ValueError:
+            continue
+        groups = rank_obj.get("groups")
+        for group, g in (groups.items() if isinstance(groups, dict) else []):
+            if isinstance(g, dict) and g.get("stalled"):
+                age = g.get("inflight_age_s")
+                stalls.append(GroupStall(rank, str(group), str(g.get("desc") or ""),
+                                         str(g["inflight_op"]) if g.get("inflight_op") else None,
+                                         _int(g.get("inflight_seq")),
+                                         float(age) if isinstance(age, (int, float)) else None))
+    return SidecarStatus(
+        pod=str(obj.get("pod") or ""), namespace=str(obj.get("namespace") or ""),
+        stalled=bool(obj.get("stalled")) or bool(stalls), stalls=tuple(stalls), ranks_up=up, ranks_down=down,
+    )
+
+
+def parse_snapshot(obj: Any, endpoint: str = "", size_bytes: int = 0) -> SidecarSnapshot:
+    """Validate the envelope; each rank's snapshot is checked later by frscope.records."""
+    if not isinstance(obj, dict) or obj.get("schema") != SNAPSHOT_SCHEMA:
+        raise SidecarError(endpoint, f"snapshot: not a {SNAPSHOT_SCHEMA} object", retryable=False)
+    ranks = obj.get("ranks")
+    if not isinstance(ranks, list):
+        raise SidecarError(endpoint, "snapshot: 'ranks' is not a list", retryable=False)
+    errors: list[tuple[int | None, str]] = []
+    for err in obj.get("errors") or []:
+        if isinstance(err, dict):
+            errors.append((_int(err.get("rank")), str(err.get("message") or "")[:500]))
+    return SidecarSnapshot(
+        pod=str(obj.get("pod") or ""), namespace=str(obj.get("namespace") or ""),
+        captured_at_ns=_int(obj.get("captured_at_ns")), reason=str(obj.get("reason") or ""),
+        ranks=[r for r in ranks if isinstance(r, dict)], errors=errors, size_bytes=size_bytes,
+    )
+
+
+class SidecarClient:
+    """Talks to sidecars over one shared aiohttp session (connection pooling across 1,000s of pods)."""
+
+    def __init__(self, session: aiohttp.ClientSession, *, token: str | None = None,
+                 max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES) -> None:
+        self._session = session
+        self._headers = {"Accept": "application/json", "Accept-Encoding": "gzip"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._max_snapshot = max_snapshot_bytes
+
+    async def _get_json(self, url: str, endpoint: str, timeout_s: float, limit: int) -> tuple[Any, int]:
+        try:
+            async with self._session.get(url, headers=self._headers,
+                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                if resp.status != 200:
+                    text = (await resp.content.read(300)).decode("utf-8", "replace")
+                    raise SidecarError(endpoint, f"HTTP {resp.status}: {' '.join(text.split())[:200]}",
+                                       retryable=resp.status >= 500 or resp.status == 429)
+                raw = await resp.content.read(limit + 1)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise SidecarError(endpoint, f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
+        if len(raw) > limit:
+            raise SidecarError(endpoint, f"answer larger than {limit} bytes", retryable=False)
+        try:
+            return json.loads(raw), len(raw)
+        except ValueError as exc:
+            raise SidecarError(endpoint, f"answer is not JSON: {exc}", retryable=False) from exc
+
+    async def status(self, endpoint: str, timeout_s: float) -> SidecarStatus:
+        obj, _ = await self._get_json(f"{endpoint}/v1/status", endpoint, timeout_s, MAX_STATUS_BYTES)
+        return parse_status(obj, endpoint)
+
+    async def snapshot(self, endpoint: str, timeout_s: float, *, refresh: bool = True) -> SidecarSnapshot:
+        url = f"{endpoint}/v1/snapshot" + ("?refresh=1" if refresh else "")
+        obj, size = await self._get_json(url, endpoint, timeout_s, self._max_snapshot)
+        return parse_snapshot(obj, endpoint, size)

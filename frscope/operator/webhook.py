@@ -1,0 +1,201 @@
+"""The opt-in mutating admission webhook: adds the frscope sidecar to a PyTorchJob's pods.
+
+`inject()` is a pure function (pod dict in, JSON-able pod dict out, or None when nothing is to be
+done); `register_webhook()` hangs it on a kopf registry as handler id `inject`, served at `/inject`.
+The handler never denies a pod: any error is logged and the pod is admitted unchanged (fails open,
+and the webhook configuration says `failurePolicy: Ignore` for when the operator is down).
+
+What an opted-in pod gets:
+- the sidecar: a native sidecar (an init container with `restartPolicy: Always`, Kubernetes >= 1.29)
+  where the server supports it, a regular container otherwise; a port named `frscope`;
+- an `emptyDir` volume shared by the sidecar and the trainer, mounted at `mount_path`;
+- in the trainer container(s): `TORCH_FR_BUFFER_SIZE` (and the old name), the on-timeout dump prefix
+  `TORCH_FR_DUMP_TEMP_FILE` in the shared volume (and the old name), `FRSCOPE_SOCKET_DIR` and
+  `PYTHONPATH` for the sidecar's sitecustomize bootstrap (which starts torch's worker server per
+  rank), `terminationMessagePolicy: FallbackToLogsOnError` (so the watchdog's message reaches the
+  pod status); variables the pod already sets are left as they are;
+- the annotation `frscope.io/injected`, which makes a second pass a no-op.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from frscope.operator import names
+
+log = logging.getLogger(__name__)
+
+WEBHOOK_ID = "inject"
+
+
+@dataclass(frozen=True, slots=True)
+class InjectionConfig:
+    image: str = "frscope:latest"
+    image_pull_policy: str = "IfNotPresent"
+    port: int = 9402
+    mount_path: str = "/run/frscope"
+    buffer_size: int = 2000
+    native: bool = True  # init container with restartPolicy Always (decided from the server version)
+    poll_interval_s: float | None = None
+    stall_after_s: float | None = None
+    operator_url: str | None = None
+    resources: dict[str, Any] = field(default_factory=dict)
+    inject_label: tuple[str, str] = (names.INJECT_KEY, "true")
+    version: str = "1"
+
+    @property
+    def dump_dir(self) -> str:
+        return f"{self.mount_path}/dumps"
+
+    @property
+    def bootstrap_dir(self) -> str:
+        return f"{self.mount_path}/python"
+
+
+def native_sidecars_supported(major: int, minor: int) -> bool:
+    """SidecarContainers is beta and on by default from Kubernetes 1.29 (GA in 1.33)."""
+    return (major, minor) >= (1, 29)
+
+
+def opted_in(pod: dict[str, Any], cfg: InjectionConfig) -> bool:
+    meta = pod.get("metadata") or {}
+    key, value = cfg.inject_label
+    labels = meta.get("labels") or {}
+    annotations = meta.get("annotations") or {}
+    return str(labels.get(key, "")).lower() == value.lower() or str(annotations.get(key, "")).lower() == value.lower()
+
+
+def already_injected(pod: dict[str, Any]) -> bool:
+    meta = pod.get("metadata") or {}
+    if names.ANN_INJECTED in (meta.get("annotations") or {}):
+        return True
+    spec = pod.get("spec") or {}
+    return any(
+        isinstance(c, dict) and c.get("name") == names.SIDECAR_CONTAINER
+        for key in ("initContainers", "containers")
+        for c in spec.get(key) or []
+    )
+
+
+def sidecar_container(cfg: InjectionConfig) -> dict[str, Any]:
+    args = [
+        "sidecar",
+        f"--socket-dir={cfg.mount_path}",
+        f"--dump-dir={cfg.dump_dir}",
+        f"--install-bootstrap={cfg.bootstrap_dir}",
+        f"--port={cfg.port}",
+    ]
+    if cfg.poll_interval_s is not None:
+        args.append(f"--poll-interval={cfg.poll_interval_s:g}")
+    if cfg.stall_after_s is not None:
+        args.append(f"--stall-after={cfg.stall_after_s:g}")
+    if cfg.operator_url:
+        args.append(f"--operator-url={cfg.operator_url}")
+    container: dict[str, Any] = {
+        "name": names.SIDECAR_CONTAINER,
+        "image": cfg.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "args": args,
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        ],
+        "ports": [{"name": names.SIDECAR_PORT_NAME, "containerPort": cfg.port, "protocol": "TCP"}],
+        "volumeMounts": [{"name": names.SIDECAR_VOLUME, "mountPath": cfg.mount_path}],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": names.SIDECAR_PORT_NAME}, "periodSeconds": 10},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if cfg.resources:
+        container["resources"] = copy.deepcopy(cfg.resources)
+    if cfg.native:
+        container["restartPolicy"] = "Always"
+        # A native sidecar must be up before the trainer starts: the trainer's bootstrap is in the volume.
+        container["startupProbe"] = {"httpGet": {"path": "/healthz", "port": names.SIDECAR_PORT_NAME},
+                                     "periodSeconds": 1, "failureThreshold": 60}
+    return container
+
+
+def trainer_env(cfg: InjectionConfig) -> list[dict[str, Any]]:
+    prefix = f"{cfg.dump_dir}/nccl_trace_rank_"
+    return [
+        {"name": "TORCH_FR_BUFFER_SIZE", "value": str(cfg.buffer_size)},
+        {"name": "TORCH_NCCL_TRACE_BUFFER_SIZE", "value": str(cfg.buffer_size)},
+        {"name": "TORCH_FR_DUMP_TEMP_FILE", "value": prefix},
+        {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": prefix},
+        {"name": "TORCH_NCCL_DUMP_ON_TIMEOUT", "value": "1"},
+        {"name": "FRSCOPE_SOCKET_DIR", "value": cfg.mount_path},
+    ]
+
+
+def _trainers(containers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    named = [c for c in containers if c.get("name") == names.TRAINER_CONTAINER]
+    return named or [c for c in containers if c.get("name") != names.SIDECAR_CONTAINER]
+
+
+def _add_env(container: dict[str, Any], cfg: InjectionConfig) -> None:
+    env = container.setdefault("env", [])
+    present = {e.get("name") for e in env if isinstance(e, dict)}
+    for var in trainer_env(cfg):
+        if var["name"] not in present:
+            env.append(var)
+    # PYTHONPATH: put the bootstrap first, keep whatever the pod sets (not an image's ENV: see docs).
+    for var in env:
+        if isinstance(var, dict) and var.get("name") == "PYTHONPATH" and "value" in var:
+            parts = str(var.get("value") or "").split(":")
+            if cfg.bootstrap_dir not in parts:
+                var["value"] = ":".join([cfg.bootstrap_dir, *[p for p in parts if p]])
+            break
+    else:
+        if "PYTHONPATH" not in present:
+            env.append({"name": "PYTHONPATH", "value": cfg.bootstrap_dir})
+
+
+def inject(pod: dict[str, Any], cfg: InjectionConfig) -> dict[str, Any] | None:
+    """The pod with the sidecar added, or None: not opted in, already injected, or nothing to inject into."""
+    if not opted_in(pod, cfg) or already_injected(pod):
+        return None
+    out = copy.deepcopy(pod)
+    spec = out.setdefault("spec", {})
+    containers = [c for c in spec.get("containers") or [] if isinstance(c, dict)]
+    if not containers:
+        return None
+    volumes = spec.setdefault("volumes", [])
+    if not any(isinstance(v, dict) and v.get("name") == names.SIDECAR_VOLUME for v in volumes):
+        volumes.append({"name": names.SIDECAR_VOLUME, "emptyDir": {}})
+    mount = {"name": names.SIDECAR_VOLUME, "mountPath": cfg.mount_path}
+    for trainer in _trainers(containers):
+        _add_env(trainer, cfg)
+        mounts = trainer.setdefault("volumeMounts", [])
+        if not any(isinstance(m, dict) and m.get("name") == names.SIDECAR_VOLUME for m in mounts):
+            mounts.append(dict(mount))
+        trainer["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    sidecar = sidecar_container(cfg)
+    if cfg.native:
+        spec.setdefault("initContainers", []).append(sidecar)
+    else:
+        spec["containers"].append(sidecar)
+    annotations = out.setdefault("metadata", {}).setdefault("annotations", {})
+    annotations[names.ANN_INJECTED] = "native-sidecar" if cfg.native else "container"
+    return out
+
+
+def mutate(body: dict[str, Any], cfg: InjectionConfig) -> dict[str, Any] | None:
+    """`inject()` that never raises (the webhook fails open)."""
+    try:
+        return inject(body, cfg)
+    except Exception:
+        meta = body.get("metadata") or {}
+        log.exception("sidecar injection failed for pod %s/%s; admitting it unchanged",
+                      meta.get("namespace"), meta.get("name") or meta.get("generateName"))
+        return None
