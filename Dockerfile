@@ -20,7 +20,7 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY frscope ./frscope
 RUN /opt/frscope/bin/pip install . \
-    && /opt/frscope/bin/pip uninstall --yes pip setuptools wheel \
+    && /opt/frscope/bin/pip uninstall --yes pip setuptools \
     && /opt/frscope/bin/python -m compileall -q /opt/frscope/lib \
     && /opt/frscope/bin/frscope --version
 
