@@ -163,12 +163,12 @@ def _read_meta(socket_dir: Path, rank: int) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _live_piece(state: RankState, host: str) -> bytes | None:
+def _live_piece(state: RankState) -> bytes | None:
     if state.raw_z is None or state.last_ok_ns is None:
         return None
     stacks = state.stacks if state.stacks_for_ns == state.last_ok_ns else None
     piece = snapshot_piece(state.rank, state.last_ok_ns, f"socket:{state.socket_path}", stacks,
-                           zlib.decompress(state.raw_z), host)
+                           zlib.decompress(state.raw_z))
     return zlib.compress(piece, 1)
 
 
@@ -202,8 +202,7 @@ class Sidecar:
         self.evidence = EvidenceStore(config.evidence_dir, max_files=config.evidence_max_files,
                                       max_bytes=config.evidence_max_bytes, memory=config.memory_captures)
         self.dumps = (
-            DumpDirWatcher(config.dump_dir, settle_s=config.dump_settle_s, max_bytes=config.max_dump_bytes,
-                           host=config.pod)
+            DumpDirWatcher(config.dump_dir, settle_s=config.dump_settle_s, max_bytes=config.max_dump_bytes)
             if config.dump_dir is not None
             else None
         )
@@ -321,6 +320,7 @@ class Sidecar:
 
     async def _dump_loop(self) -> None:
         assert self.dumps is not None
+        await asyncio.to_thread(self.dumps.prepare)
         while True:
             await self.scan_dumps()
             await asyncio.sleep(self.config.dump_scan_interval_s)
@@ -482,13 +482,12 @@ class Sidecar:
         """Stacks of every live rank, paired with this round's recorders; kept in memory and on disk."""
         with_stacks = await self._fetch_stacks()
         now_ns = self.last_round_ns or time.time_ns()
-        host = self.config.pod
         states = [s for s in self.ranks.values() if s.raw_z is not None]
 
         def build() -> dict[int, bytes]:
             out: dict[int, bytes] = {}
             for state in states:
-                piece = _live_piece(state, host)
+                piece = _live_piece(state)
                 if piece is not None:
                     out[state.rank] = piece
             return out
@@ -595,7 +594,6 @@ class Sidecar:
         if used_capture and reason == "poll":
             reason = "stall"
         head = self._head(reason, self.last_round_ns or time.time_ns())
-        host = self.config.pod
         if not chosen and not self.ranks:
             # A sidecar restarted after the trainer died: serve the newest capture it kept on disk.
             on_disk = await asyncio.to_thread(self.evidence.read_latest_from_disk)
@@ -605,7 +603,7 @@ class Sidecar:
         def render() -> tuple[bytes, bytes]:
             pieces: list[tuple[int, bytes]] = []
             for rank, item in chosen:
-                piece = item if isinstance(item, bytes) else _live_piece(item, host)
+                piece = item if isinstance(item, bytes) else _live_piece(item)
                 if piece is not None:
                     pieces.append((rank, piece))
             return _assemble(head, pieces, errors, self.config.max_snapshot_bytes)
@@ -735,8 +733,8 @@ class Sidecar:
     async def _status(self, request: web.Request) -> web.Response:
         text = json.dumps(self.status())
         resp = web.Response(text=text, content_type="application/json")
-        if len(text) > 1024:
-            resp.enable_compression()
+        if len(text) > 1024 and "gzip" in request.headers.get("Accept-Encoding", "").lower():
+            resp.enable_compression(web.ContentCoding.gzip)
         return resp
 
     async def _snapshot_handler(self, request: web.Request) -> web.Response:

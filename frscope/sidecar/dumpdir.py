@@ -37,16 +37,13 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def snapshot_piece(
-    rank: int, captured_at_ns: int, source: str, stacks: str | None, trace_json: bytes, host: str = ""
-) -> bytes:
+def snapshot_piece(rank: int, captured_at_ns: int, source: str, stacks: str | None, trace_json: bytes) -> bytes:
     """One frscope snapshot (docs/sidecar-api.md) as JSON bytes; `trace_json` is spliced in as is."""
     head = {
         "frscope_snapshot": 1,
         "rank": rank,
         "captured_at_ns": captured_at_ns,
         "source": source,
-        "host": host or None,
         "stacks": stacks,
     }
     return json.dumps(head)[:-1].encode() + b', "trace": ' + trace_json + b"}"
@@ -72,12 +69,11 @@ class ScanResult:
 
 
 class DumpDirWatcher:
-    def __init__(self, directory: Path, *, settle_s: float, max_bytes: int, host: str = "",
+    def __init__(self, directory: Path, *, settle_s: float, max_bytes: int,
                  give_up_after_s: float | None = None) -> None:
         self.directory = directory
         self.settle_s = settle_s
         self.max_bytes = max_bytes
-        self.host = host
         # A file still cut short after this long unchanged is rejected (its writer died mid-write).
         self.give_up_after_s = give_up_after_s if give_up_after_s is not None else max(30.0, 10 * settle_s)
         self.files: dict[str, DumpFile] = {}
@@ -93,6 +89,14 @@ class DumpDirWatcher:
                 if kept is None or item.mtime_ns > kept.mtime_ns:
                     out[item.rank] = item
         return out
+
+    def prepare(self) -> None:
+        """Create the dump dir when its parent exists (torch does not create it; the shared volume is
+        there before the trainer starts). A missing parent is left to `scan()` to report."""
+        try:
+            self.directory.mkdir(exist_ok=True)
+        except OSError:
+            pass
 
     def scan(self, now: float | None = None) -> ScanResult:
         now = time.monotonic() if now is None else now
@@ -175,7 +179,7 @@ class DumpDirWatcher:
             log.error("dump file %s: %s", source, item.error)
             return "malformed"
         stacks = raw.get("stacks") if isinstance(raw, dict) and isinstance(raw.get("stacks"), str) else None
-        piece = snapshot_piece(dump.rank, item.mtime_ns, f"file:{source}", stacks, trace_json, self.host)
+        piece = snapshot_piece(dump.rank, item.mtime_ns, f"file:{source}", stacks, trace_json)
         item.piece = zlib.compress(piece, 6)
         item.rank = dump.rank
         item.entries = len(dump.entries)

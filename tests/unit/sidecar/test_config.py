@@ -1,0 +1,69 @@
+"""`frscope sidecar` options: flags win over FRSCOPE_* variables, which win over defaults."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from frscope.cli import build_parser
+from frscope.sidecar.config import MiB, SidecarConfig, config_from_args, parse_size
+
+
+def parse(argv: list[str]) -> SidecarConfig:
+    args = build_parser().parse_args(["sidecar", *argv])
+    return config_from_args(args)
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("POD_NAME", "HOSTNAME", "POD_NAMESPACE", "NODE_NAME"):
+        monkeypatch.delenv(var, raising=False)
+    cfg = parse([])
+    assert cfg.socket_dir == Path("/run/frscope")
+    assert cfg.evidence_dir == Path("/run/frscope/evidence")
+    assert cfg.dump_dir is None and cfg.token_file is None and cfg.operator_url is None
+    assert (cfg.port, cfg.poll_interval_s, cfg.stall_after_s) == (9402, 10.0, 60.0)
+    assert cfg.pod  # the host name
+
+
+def test_env_then_flags(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("FRSCOPE_SOCKET_DIR", str(tmp_path))
+    monkeypatch.setenv("FRSCOPE_POLL_INTERVAL", "2.5")
+    monkeypatch.setenv("FRSCOPE_MAX_ANSWER_BYTES", "8M")
+    monkeypatch.setenv("FRSCOPE_EVIDENCE_DIR", "none")
+    monkeypatch.setenv("POD_NAME", "trainer-worker-3")
+    monkeypatch.setenv("POD_NAMESPACE", "ml")
+    cfg = parse(["--poll-interval", "1", "--stall-after=30"])
+    assert cfg.socket_dir == tmp_path
+    assert cfg.poll_interval_s == 1.0 and cfg.stall_after_s == 30.0
+    assert cfg.max_answer_bytes == 8 * MiB
+    assert cfg.evidence_dir is None
+    assert (cfg.pod, cfg.namespace) == ("trainer-worker-3", "ml")
+
+
+def test_bad_values_are_usage_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FRSCOPE_STALL_AFTER", "soon")
+    with pytest.raises(ValueError, match="FRSCOPE_STALL_AFTER"):
+        parse([])
+    monkeypatch.delenv("FRSCOPE_STALL_AFTER")
+    with pytest.raises(ValueError, match="poll-interval"):
+        parse(["--poll-interval", "0"])
+
+
+def test_print_pythonpath(capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["sidecar", "print-pythonpath"])
+    assert args.func(args) == 0
+    out = Path(capsys.readouterr().out.strip())
+    assert (out / "sitecustomize.py").is_file()
+
+
+def test_usage_error_exit_code(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    args: argparse.Namespace = build_parser().parse_args(["sidecar", "--stall-timeout-fraction", "2"])
+    assert args.func(args) == 2
+    assert "stall-timeout-fraction" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("text", "value"), [("512", 512), ("4k", 4096), ("64M", 64 * MiB), ("1GiB", 1024 * MiB)])
+def test_parse_size(text: str, value: int) -> None:
+    assert parse_size(text) == value
