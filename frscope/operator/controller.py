@@ -204,10 +204,13 @@ class Controller:
         state = self._state(view.key)
         if not view.pods and not self.pushes.for_namespace_pods(view.ref.namespace, self.store.gone_pods(view.key)):
             return "no pods and no pushed snapshots"
-        if sig.seq is not None and state.ledger.has_seq(attempt, sig.group, sig.seq):
-            return f"incident at {sig.group}#{sig.seq} of attempt {attempt} already diagnosed"
-        if sig.seq is None and state.ledger.has_attempt(attempt):
-            return f"attempt {attempt} already diagnosed"
+        if state.ledger.has_attempt(attempt):
+            # Only a sidecar seeing a stall somewhere else is news within a diagnosed attempt (the first stall
+            # resolved and another began); the watchdog and the job's failure are that incident's aftermath.
+            new_stall = sig.kind is SignalKind.SIDECAR_STALL and sig.seq is not None and not state.ledger.has_seq(
+                attempt, sig.group, sig.seq)
+            if not new_stall:
+                return f"attempt {attempt} already diagnosed"
         quiet = (state.quiet_until or {}).get(str(attempt))
         if quiet is not None and time.monotonic() < quiet:
             return f"attempt {attempt} gathered recently with nothing to report"

@@ -1,0 +1,248 @@
+"""Fakes on the wire for the operator's unit tests (aiohttp servers on loopback, no mocks of our code).
+
+- `FakeKube`: the few API server paths the operator writes to (a job and its status subresource,
+  Events, FlightRecorderReports, /version), with resourceVersion preconditions, AlreadyExists, and
+  injectable error answers. What the REAL API server decides (pruning, RBAC, status subresource
+  semantics, GC) is tested against it in tests/e2e/test_operator_*.py; this fake only lets the
+  unit tests run in milliseconds and provoke 409/429/5xx at will.
+- `StandInSidecar`: serves the documented sidecar API (/v1/status, /v1/snapshot) from REAL recorder
+  snapshots (tests/data/real: produced by the demo's real hung gloo job), with failure modes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import itertools
+import json
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+REAL = Path(__file__).resolve().parents[2] / "data" / "real"
+
+
+def real_snapshots(fault: str = "hang") -> dict[int, dict[str, Any]]:
+    """rank -> frscope snapshot, as the demo's launcher captured it from a real gloo job."""
+    out = {}
+    for path in sorted((REAL / fault).glob("rank-*.json")):
+        obj = json.loads(path.read_text())
+        out[int(obj["rank"])] = obj
+    assert out, f"no real snapshots in {REAL / fault}"
+    return out
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def status_body(code: int, reason: str, message: str) -> dict[str, Any]:
+    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code, "reason": reason,
+            "message": message}
+
+
+@dataclass
+class Fault:
+    method: str
+    contains: str
+    status: int
+    times: int
+    reason: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+class FakeKube:
+    """Objects keyed by (plural, namespace, name); every write bumps a global resourceVersion."""
+
+    def __init__(self) -> None:
+        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self.requests: list[tuple[str, str, Any]] = []
+        self.faults: list[Fault] = []
+        self._rv = itertools.count(100)
+        self.server: TestServer | None = None
+        self.delay_s = 0.0
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        return str(self.server.make_url("")).rstrip("/")
+
+    def fail(self, method: str, contains: str, status: int, times: int = 1, reason: str = "",
+             headers: dict[str, str] | None = None) -> None:
+        self.faults.append(Fault(method, contains, status, times, reason, headers or {}))
+
+    def put(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
+        obj = copy.deepcopy(obj)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", "ml")
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta["resourceVersion"] = str(next(self._rv))
+        self.objects[(plural, meta["namespace"], meta["name"])] = obj
+        return obj
+
+    def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.objects.get((plural, namespace, name))
+
+    def of(self, plural: str) -> list[dict[str, Any]]:
+        return [o for (p, _, _), o in sorted(self.objects.items()) if p == plural]
+
+    def writes(self, method: str | None = None) -> list[tuple[str, str, Any]]:
+        return [r for r in self.requests if r[0] != "GET" and (method is None or r[0] == method)]
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        body = await request.json() if request.can_read_body else None
+        path = request.path
+        self.requests.append((request.method, path, body))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        for fault in self.faults:
+            if fault.times > 0 and fault.method == request.method and fault.contains in path:
+                fault.times -= 1
+                return web.json_response(status_body(fault.status, fault.reason or "Injected", "injected fault"),
+                                         status=fault.status, headers=fault.headers)
+        if path == "/version":
+            return web.json_response({"major": "1", "minor": "31+", "gitVersion": "v1.31.0"})
+        parts = path.strip("/").split("/")
+        # /api/v1/namespaces/NS/PLURAL[/NAME[/SUB]] or /apis/G/V/namespaces/NS/PLURAL[/NAME[/SUB]]
+        rest = parts[2:] if parts[0] == "api" else parts[3:]
+        if len(rest) < 3 or rest[0] != "namespaces":
+            return web.json_response(status_body(404, "NotFound", path), status=404)
+        namespace, plural = rest[1], rest[2]
+        name = rest[3] if len(rest) > 3 else None
+        sub = rest[4] if len(rest) > 4 else None
+        if request.method == "POST" and name is None:
+            assert isinstance(body, dict)
+            key = (plural, namespace, body["metadata"]["name"])
+            if key in self.objects:
+                return web.json_response(status_body(409, "AlreadyExists", f"{key} exists"), status=409)
+            body["metadata"]["namespace"] = namespace
+            return web.json_response(self.put(plural, body), status=201)
+        if name is None:
+            items = [o for (p, ns, _), o in self.objects.items() if p == plural and ns == namespace]
+            return web.json_response({"items": items, "metadata": {"resourceVersion": str(next(self._rv))}})
+        obj = self.objects.get((plural, namespace, name))
+        if obj is None:
+            return web.json_response(status_body(404, "NotFound", f"{plural} {name} not found"), status=404)
+        if request.method == "GET":
+            return web.json_response(obj)
+        if request.method == "PATCH":
+            assert request.content_type == "application/merge-patch+json", request.content_type
+            assert isinstance(body, dict)
+            wanted = (body.get("metadata") or {}).get("resourceVersion")
+            if wanted is not None and wanted != obj["metadata"]["resourceVersion"]:
+                return web.json_response(status_body(409, "Conflict", "the object has been modified"), status=409)
+            if sub == "status":
+                patched = dict(obj)
+                patched["status"] = merge_patch(obj.get("status"), body.get("status"))
+            else:
+                body = {k: v for k, v in body.items() if k != "status"}
+                patched = merge_patch(obj, body)
+                patched["status"] = obj.get("status")
+            patched["metadata"]["resourceVersion"] = str(next(self._rv))
+            self.objects[(plural, namespace, name)] = patched
+            return web.json_response(patched)
+        if request.method == "DELETE":
+            self.objects.pop((plural, namespace, name))
+            return web.json_response(status_body(200, "", "deleted"))
+        return web.json_response(status_body(405, "MethodNotAllowed", request.method), status=405)
+
+    async def start(self) -> FakeKube:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self.server = TestServer(app, host="127.0.0.1")
+        await self.server.start_server()
+        return self
+
+    async def close(self) -> None:
+        if self.server is not None:
+            await self.server.close()
+
+
+class StandInSidecar:
+    """One pod's sidecar API, fed with real frscope snapshots of the ranks it 'hosts'.
+
+    mode: 'ok' | 'down' (503) | 'garbage' (200, not JSON) | 'wrong-schema' | 'slow' (sleeps `delay_s`)
+    | 'flaky' (503 for the first `flaky_failures` snapshot requests, then ok).
+    """
+
+    def __init__(self, pod: str, ranks: dict[int, dict[str, Any]], *, namespace: str = "ml", stalled: bool = True,
+                 mode: str = "ok", delay_s: float = 0.0, flaky_failures: int = 0) -> None:
+        self.pod = pod
+        self.namespace = namespace
+        self.ranks = ranks
+        self.stalled = stalled
+        self.mode = mode
+        self.delay_s = delay_s
+        self.flaky_failures = flaky_failures
+        self.snapshot_requests = 0
+        self.status_requests = 0
+        self.server: TestServer | None = None
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None and self.server.port is not None
+        return self.server.port
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def status_obj(self) -> dict[str, Any]:
+        groups = {"0": {"desc": "default_pg", "last_enqueued_seq": 4, "last_completed_seq": 3,
+                        "inflight_op": "all_reduce", "inflight_seq": 4, "inflight_age_s": 74.2,
+                        "stalled": self.stalled, "stalled_since_ns": 1}}
+        return {"schema": "frscope.sidecar.status/v1", "pod": self.pod, "namespace": self.namespace,
+                "node": "n1", "captured_at_ns": 1, "stalled": self.stalled,
+                "ranks": {str(r): {"up": True, "error": None, "last_poll_ns": 1, "groups": groups}
+                          for r in self.ranks}}
+
+    def snapshot_obj(self) -> dict[str, Any]:
+        return {"schema": "frscope.sidecar.snapshot/v1", "pod": self.pod, "namespace": self.namespace,
+                "node": "n1", "captured_at_ns": 1, "reason": "refresh",
+                "ranks": list(self.ranks.values()), "errors": []}
+
+    async def _misbehave(self) -> web.Response | None:
+        if self.mode == "down":
+            return web.Response(status=503, text="sidecar is down")
+        if self.mode == "garbage":
+            return web.Response(status=200, text="<html>not json", content_type="text/html")
+        if self.mode == "wrong-schema":
+            return web.json_response({"schema": "something/else"})
+        if self.mode == "slow":
+            await asyncio.sleep(self.delay_s)
+        return None
+
+    async def _status(self, _: web.Request) -> web.Response:
+        self.status_requests += 1
+        bad = await self._misbehave()
+        return bad or web.json_response(self.status_obj())
+
+    async def _snapshot(self, _: web.Request) -> web.Response:
+        self.snapshot_requests += 1
+        if self.mode == "flaky" and self.snapshot_requests <= self.flaky_failures:
+            return web.Response(status=503, text="warming up")
+        bad = await self._misbehave()
+        return bad or web.json_response(self.snapshot_obj())
+
+    async def start(self) -> StandInSidecar:
+        app = web.Application()
+        app.add_routes([web.get("/v1/status", self._status), web.get("/v1/snapshot", self._snapshot)])
+        self.server = TestServer(app, host="127.0.0.1")
+        await self.server.start_server()
+        return self
+
+    async def close(self) -> None:
+        if self.server is not None:
+            await self.server.close()

@@ -1,0 +1,214 @@
+"""The operator's logic end to end in-process, with the wire faked on both sides: a fake API server
+(FakeKube) and stand-in sidecars serving REAL recorder snapshots of a real hung gloo job. Stand-ins
+because these tests need sidecars that go down or stall on cue; tests/e2e runs real API servers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+from prometheus_client import CollectorRegistry
+
+from frscope.operator import names
+from frscope.operator.config import OperatorConfig
+from frscope.operator.controller import Controller
+from frscope.operator.gather import GatherOptions
+from frscope.operator.incidents import Ledger
+from frscope.operator.kube import KubeClient
+from frscope.operator.metrics import OperatorMetrics
+from frscope.operator.publish import Publisher
+from frscope.operator.push import PushStore
+from frscope.operator.sidecars import SidecarClient, parse_snapshot
+from frscope.operator.store import JobStore
+from tests.unit.operator import builders
+from tests.unit.operator.fakes import FakeKube, StandInSidecar
+
+Make = Callable[..., Awaitable[StandInSidecar]]
+CONFIG = OperatorConfig(stall_after_s=0.5, cooldown_s=60,
+                        gather=GatherOptions(per_pod_timeout_s=1, overall_timeout_s=3, attempts=2,
+                                             backoff_base_s=0.01))
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+def make_controller(kube_client: KubeClient, session: aiohttp.ClientSession,
+                    config: OperatorConfig = CONFIG) -> Controller:
+    return Controller(config, store=JobStore(), pushes=PushStore(), sidecars=SidecarClient(session),
+                      publisher=Publisher(kube_client, instance="op-0"),
+                      metrics=OperatorMetrics(CollectorRegistry()))
+
+
+async def setup_job(fake_kube: FakeKube, controller: Controller, sidecars: Make, ranks: dict[int, Any],
+                    *, modes: tuple[str, str] = ("ok", "ok")) -> list[StandInSidecar]:
+    stored = fake_kube.put("pytorchjobs", builders.job(workers=1, nproc=2))
+    await controller.on_job(None, stored)
+    a = {r: v for r, v in ranks.items() if r < 2}
+    b = {r: v for r, v in ranks.items() if r >= 2}
+    s0 = await sidecars("train-master-0", a, mode=modes[0])
+    s1 = await sidecars("train-worker-0", b, mode=modes[1])
+    await controller.on_pod("ADDED", builders.pod(s0.pod, replica_type="Master", port=s0.port))
+    await controller.on_pod("ADDED", builders.pod(s1.pod, port=s1.port))
+    return [s0, s1]
+
+
+async def poll_once(controller: Controller, stand_ins: list[StandInSidecar]) -> None:
+    statuses = {s.pod: await controller.sidecars.status(s.endpoint, 1) for s in stand_ins if s.mode == "ok"}
+    view = controller.store.jobs()[0]
+    controller.on_status(view.key, statuses)
+    await controller.idle()
+
+
+async def test_a_stall_yields_one_diagnosis_however_many_signals(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    await poll_once(controller, stand_ins)
+
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["diagnosis"]["who"]["culpritRanks"] == [1]
+    job = fake_kube.get("pytorchjobs", "ml", "train")
+    assert job is not None and job["status"]["conditions"][0]["reason"] == "RankNotJoined"
+    assert [e["reason"] for e in fake_kube.of("events")] == ["RankNotJoined"]
+    gathers = sum(s.snapshot_requests for s in stand_ins)
+
+    # More signals about the same incident: the stall again, the watchdog killing the trainer, the job failing.
+    await controller.on_job("MODIFIED", job)  # what the annotation write looks like to the watcher
+    await poll_once(controller, stand_ins)
+    await controller.on_pod("MODIFIED", builders.pod(
+        "train-worker-0", port=stand_ins[1].port, state=builders.terminated(builders.WATCHDOG_MESSAGE)))
+    failed = dict(job, status={"conditions": job["status"]["conditions"] + [{"type": "Failed", "status": "True"}]})
+    await controller.on_job("MODIFIED", failed)
+    await controller.idle()
+    assert len(fake_kube.of("flightrecorderreports")) == 1 and len(fake_kube.of("events")) == 1
+    assert sum(s.snapshot_requests for s in stand_ins) == gathers  # deduped before gathering
+    metrics = controller.metrics.registry
+    assert metrics.get_sample_value("frscope_operator_diagnoses_total", {"category": "RankNotJoined"}) == 1
+    assert metrics.get_sample_value("frscope_operator_signal_to_condition_seconds_count") == 1
+
+
+async def test_operator_restart_mid_incident_makes_no_second_report(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    first = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, first, sidecars, hang_ranks)
+    await poll_once(first, stand_ins)
+    assert len(fake_kube.of("flightrecorderreports")) == 1
+
+    # A new operator process: it relists the job (with frscope's annotations) and the pods.
+    second = make_controller(kube_client, session)
+    job = fake_kube.get("pytorchjobs", "ml", "train")
+    assert job is not None
+    await second.on_job(None, job)
+    for s in stand_ins:
+        kind = "Master" if "master" in s.pod else "Worker"
+        await second.on_pod(None, builders.pod(s.pod, port=s.port, replica_type=kind))
+    await poll_once(second, stand_ins)
+    assert len(fake_kube.of("flightrecorderreports")) == 1 and len(fake_kube.of("events")) == 1
+
+
+async def test_restart_between_report_and_ledger_finds_its_own_report(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    first = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, first, sidecars, hang_ranks)
+    # The report is created, then every write to the job fails: as if the operator died right there.
+    fake_kube.fail("PATCH", "/pytorchjobs/train", 500, times=100)
+    await poll_once(first, stand_ins)
+    job = fake_kube.get("pytorchjobs", "ml", "train")
+    assert job is not None and names.ANN_INCIDENTS not in job["metadata"]["annotations"]
+    fake_kube.faults.clear()
+
+    second = make_controller(kube_client, session)
+    await second.on_job(None, job)
+    for s in stand_ins:
+        await second.on_pod(None, builders.pod(s.pod, port=s.port))
+    await poll_once(second, stand_ins)
+    assert len(fake_kube.of("flightrecorderreports")) == 1  # same name: AlreadyExists, reused
+    job = fake_kube.get("pytorchjobs", "ml", "train")
+    assert job is not None and len(Ledger.from_annotations(job["metadata"]["annotations"]).records) == 1
+    assert job["status"]["conditions"][0]["type"] == names.CONDITION_TYPE
+
+
+async def test_sidecar_down_gives_a_partial_report_naming_missing_ranks(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks, modes=("ok", "down"))
+    await poll_once(controller, stand_ins)
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["diagnosis"]["who"]["missingRanks"] == "2-3"
+    assert "train-worker-0" in report["diagnosis"]["who"]["missingPods"][0]
+    reasons = sorted(e["reason"] for e in fake_kube.of("events"))
+    assert names.REASON_SIDECARS_UNREACHABLE in reasons
+    assert controller.metrics.registry.get_sample_value("frscope_operator_sidecars_unreachable_total") == 1
+
+
+async def test_job_deleted_mid_gather_is_not_a_crash(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    for s in stand_ins:
+        s.mode, s.delay_s = "slow", 0.5
+    statuses = {s.pod: s.status_obj() for s in stand_ins}
+    from frscope.operator.sidecars import parse_status
+
+    controller.on_status(controller.store.jobs()[0].key, {p: parse_status(o) for p, o in statuses.items()})
+    await asyncio.sleep(0.1)  # the gather is under way
+    fake_kube.objects.pop(("pytorchjobs", "ml", "train"))
+    await controller.idle()
+    assert fake_kube.of("flightrecorderreports") == [] and fake_kube.of("events") == []
+
+
+async def test_healthy_job_is_not_reported_and_not_regathered_at_once(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make) -> None:
+    from tests.unit.operator.fakes import real_snapshots
+
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, real_snapshots("none"))
+    await poll_once(controller, stand_ins)
+    await poll_once(controller, stand_ins)
+    assert fake_kube.of("flightrecorderreports") == []
+    assert sum(s.snapshot_requests for s in stand_ins) == 2  # one gather, then the cooldown
+
+
+async def test_push_from_a_deleted_pod_counts(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    worker = stand_ins[1]
+    await controller.on_pod("DELETED", builders.pod(worker.pod, port=worker.port))
+    pushed = parse_snapshot({**worker.snapshot_obj(), "reason": "exit"}, "push", size_bytes=100)
+    assert controller.on_push(pushed) is not None
+    await controller.idle()
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["diagnosis"]["who"]["missingRanks"] == "none"
+    assert report["job"]["signal"].startswith("SidecarPush")
+
+
+async def test_condition_rewritten_by_the_training_operator_is_put_back(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    await poll_once(controller, stand_ins)
+    job = fake_kube.get("pytorchjobs", "ml", "train")
+    assert job is not None
+    # The training operator writes its own list (from a stale copy): ours is gone.
+    job["status"]["conditions"] = [{"type": "Created", "status": "True"}, {"type": "Restarting", "status": "True"}]
+    rewritten = fake_kube.put("pytorchjobs", job)
+    await controller.on_job("MODIFIED", rewritten)
+    await controller.idle()
+    job = fake_kube.get("pytorchjobs", "ml", "train")
+    assert job is not None
+    assert [c["type"] for c in job["status"]["conditions"]] == [names.CONDITION_TYPE, "Created", "Restarting"]
+    assert len(fake_kube.of("flightrecorderreports")) == 1

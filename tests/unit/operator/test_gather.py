@@ -1,0 +1,110 @@
+"""Gather fan-out against stand-in sidecars on loopback serving REAL recorder snapshots
+(tests/data/real/hang: the demo's real hung gloo job). Stand-ins, not the real sidecar: these tests
+need sidecars that fail on cue (down, garbage, slow, flaky), which a real one does not do on demand."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from frscope.analysis import AnalysisOptions
+from frscope.operator.diagnose import diagnose_sync
+from frscope.operator.gather import GatherOptions, Target, gather
+from frscope.operator.push import PushStore
+from frscope.operator.sidecars import SidecarClient, parse_snapshot
+from tests.unit.operator.fakes import StandInSidecar
+
+Make = Callable[..., Awaitable[StandInSidecar]]
+FAST = GatherOptions(per_pod_timeout_s=1.0, overall_timeout_s=3.0, attempts=3, backoff_base_s=0.01)
+
+
+@pytest.fixture
+async def client() -> Any:
+    async with aiohttp.ClientSession() as session:
+        yield SidecarClient(session)
+
+
+def split(ranks: dict[int, dict[str, Any]]) -> tuple[dict[int, Any], dict[int, Any]]:
+    return {r: v for r, v in ranks.items() if r < 2}, {r: v for r, v in ranks.items() if r >= 2}
+
+
+async def test_every_pod_gathered_and_analyzed(sidecars: Make, client: SidecarClient,
+                                               hang_ranks: dict[int, Any]) -> None:
+    a, b = split(hang_ranks)
+    s0, s1 = await sidecars("train-master-0", a), await sidecars("train-worker-0", b)
+    got = await gather(client, "ml", [Target(s0.pod, s0.endpoint), Target(s1.pod, s1.endpoint)], FAST)
+    assert got.failures == {} and set(got.snapshots) == {"train-master-0", "train-worker-0"}
+    diagnosis = diagnose_sync(got, 4, AnalysisOptions(stall_after_s=0.5))
+    assert diagnosis.report.findings[0].culprit_ranks == (1,)
+    assert diagnosis.report.missing_ranks == ()
+
+
+async def test_down_garbage_and_no_endpoint_are_named_not_dropped(sidecars: Make, client: SidecarClient,
+                                                                  hang_ranks: dict[int, Any]) -> None:
+    a, b = split(hang_ranks)
+    ok = await sidecars("train-master-0", a)
+    down = await sidecars("train-worker-0", b, mode="down")
+    garbage = await sidecars("train-worker-1", {}, mode="garbage")
+    targets = [Target(ok.pod, ok.endpoint), Target(down.pod, down.endpoint), Target(garbage.pod, garbage.endpoint),
+               Target("train-worker-2", None)]
+    got = await gather(client, "ml", targets, FAST)
+    assert set(got.snapshots) == {"train-master-0"}
+    assert "HTTP 503" in got.failures["train-worker-0"]
+    assert "not JSON" in got.failures["train-worker-1"]
+    assert "no sidecar endpoint" in got.failures["train-worker-2"]
+    assert down.snapshot_requests == 3  # retried (5xx), up to the attempts
+    assert garbage.snapshot_requests == 1  # garbage is not retried
+    diagnosis = diagnose_sync(got, 4, AnalysisOptions(stall_after_s=0.5))
+    assert diagnosis.report.missing_ranks == (2, 3)
+    assert any("train-worker-0" in p.source for p in diagnosis.report.problems)
+
+
+async def test_flaky_sidecar_is_retried(sidecars: Make, client: SidecarClient, hang_ranks: dict[int, Any]) -> None:
+    flaky = await sidecars("p", hang_ranks, mode="flaky", flaky_failures=2)
+    got = await gather(client, "ml", [Target("p", flaky.endpoint)], FAST)
+    assert got.failures == {} and flaky.snapshot_requests == 3
+
+
+async def test_per_pod_and_overall_deadlines(sidecars: Make, client: SidecarClient, hang_ranks: dict[int, Any]) -> None:
+    slow = await sidecars("slow", hang_ranks, mode="slow", delay_s=10)
+    fast = await sidecars("fast", hang_ranks)
+    options = GatherOptions(per_pod_timeout_s=0.3, overall_timeout_s=5.0, attempts=2, backoff_base_s=0.01)
+    started = time.monotonic()
+    got = await gather(client, "ml", [Target("slow", slow.endpoint), Target("fast", fast.endpoint)], options)
+    assert time.monotonic() - started < 3
+    assert "TimeoutError" in got.failures["slow"] and "fast" in got.snapshots
+    overall = GatherOptions(per_pod_timeout_s=30, overall_timeout_s=0.5, attempts=1)
+    started = time.monotonic()
+    got = await gather(client, "ml", [Target("slow", slow.endpoint)], overall)
+    assert time.monotonic() - started < 3
+    assert "gather deadline" in got.failures["slow"]
+
+
+async def test_pushed_snapshots_stand_in_for_unreachable_and_deleted_pods(
+        sidecars: Make, client: SidecarClient, hang_ranks: dict[int, Any]) -> None:
+    a, b = split(hang_ranks)
+    down = await sidecars("train-worker-0", b, mode="down")
+    ok = await sidecars("train-master-0", {0: a[0]})
+    pushes = PushStore()
+    pushes.put(parse_snapshot(down.snapshot_obj(), "push", size_bytes=10))
+    gone = parse_snapshot({**ok.snapshot_obj(), "pod": "train-master-1", "ranks": [a[1]]}, "push", size_bytes=10)
+    pushes.put(gone)
+    got = await gather(client, "ml", [Target(ok.pod, ok.endpoint), Target(down.pod, down.endpoint)], FAST,
+                       pushes, push_pods={"train-master-1"})
+    assert got.failures == {}
+    assert got.from_push == {"train-worker-0", "train-master-1"}
+    diagnosis = diagnose_sync(got, 4, AnalysisOptions(stall_after_s=0.5))
+    assert diagnosis.report.missing_ranks == () and diagnosis.report.findings[0].culprit_ranks == (1,)
+
+
+def test_push_store_is_bounded() -> None:
+    store = PushStore(max_bytes=100)
+    for i in range(5):
+        store.put(parse_snapshot({"schema": "frscope.sidecar.snapshot/v1", "pod": f"p{i}", "namespace": "ml",
+                                  "ranks": []}, "push", size_bytes=40))
+    assert len(store) == 2 and store.total_bytes == 80
+    assert store.get("ml", "p4") is not None and store.get("ml", "p0") is None

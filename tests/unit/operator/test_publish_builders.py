@@ -1,0 +1,92 @@
+"""Condition placement, Events and the report object (pure builders), on real and synthetic reports."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from frscope.analysis import AnalysisOptions, analyze
+from frscope.operator import names
+from frscope.operator.objects import JobRef
+from frscope.operator.publish import build_event, build_report_cr, make_condition, needs_write, place_condition
+from frscope.records import assemble, normalize_dump
+from tests.unit.operator.fakes import real_snapshots
+
+JOB = JobRef("ml", "train", "uid-1")
+
+
+def real_report(fault: str = "hang") -> Any:
+    dumps = [normalize_dump(obj, f"rank {r}", r) for r, obj in real_snapshots(fault).items()]
+    return analyze(assemble(dumps, []), AnalysisOptions(stall_after_s=0.5))
+
+
+def test_condition_goes_first_and_never_becomes_the_state() -> None:
+    ours = make_condition("RankNotJoined", "Rank 1 never joined ...", "2026-01-01T00:00:00Z")
+    created = {"type": "Created", "status": "True"}
+    running = {"type": "Running", "status": "True"}
+    placed = place_condition([created, running], ours)
+    assert placed == [ours, created, running]
+    assert placed[-1:][0]["type"] == "Running"  # `.status.conditions[-1:].type` is still the job's state
+    # The training operator appends after ours: still fine, nothing to write.
+    assert not needs_write([ours, created, running, {"type": "Failed", "status": "True"}], ours)
+    # It rewrote the list without ours, or put ours last: write again, first.
+    assert needs_write([created, running], ours)
+    assert place_condition([created, ours], ours) == [ours, created]
+    # Identical condition keeps its original timestamps (no flapping writes).
+    older = dict(ours, lastTransitionTime="2025-01-01T00:00:00Z")
+    assert not needs_write([older, created], ours)
+    # Alone in the list: nothing better is possible, and no endless rewriting.
+    assert not needs_write([ours], ours)
+
+
+def test_event_is_warning_camelcase_and_at_most_1024_bytes() -> None:
+    event = build_event(JOB, reason="RankNotJoined", message="é" * 2000 + "\nsecond line", incident="abc",
+                        now="2026-01-01T00:00:00Z", instance="op-0")
+    assert event["type"] == "Warning" and event["reason"] == "RankNotJoined"
+    assert len(event["message"].encode()) <= 1024 and "\n" not in event["message"]
+    assert event["involvedObject"] == {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "train",
+                                       "namespace": "ml", "uid": "uid-1"}
+    again = build_event(JOB, reason="RankNotJoined", message="x", incident="abc", now="t", instance="op-1")
+    assert again["metadata"]["name"] == event["metadata"]["name"]  # deterministic: re-posting is a no-op
+    with pytest.raises(ValueError):
+        build_event(JOB, reason="not camel", message="x", incident="abc", now="t", instance="i")
+
+
+def test_report_object_from_a_real_hang() -> None:
+    report = real_report("hang")
+    assert report.findings and report.findings[0].culprit_ranks == (1,)
+    obj = build_report_cr(JOB, report, incident="abc123", attempt="deadbeef/r0", signal="SidecarStall: x",
+                          missing_pods={}, gathered_at="2026-01-01T00:00:00Z")
+    assert obj["kind"] == names.REPORT_KIND and obj["metadata"]["name"] == "train-abc123"
+    assert obj["metadata"]["ownerReferences"] == [
+        {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "train", "uid": "uid-1"}]
+    diag = obj["diagnosis"]
+    assert diag["verdict"].startswith("Rank 1 never joined all_reduce #4")
+    assert diag["what"]["category"] == "RankNotJoined" and diag["what"]["collectiveSeqId"] == 4
+    assert diag["who"]["culprits"] == "1" and diag["who"]["culpritRanks"] == [1]
+    assert "load_batch" in obj["evidence"]["culpritStacks"]["1"]
+    assert any("ranks 0, 2-3" in line and "all_reduce #4" in line
+               for line in obj["progress"]["group 0 (default_pg)"])
+    assert obj["report"]["schema"] == "frscope.report/v1"
+    # kubectl describe sorts fields by name: the diagnosis (verdict first) comes before anything else.
+    assert sorted(k for k in obj if k not in ("apiVersion",))[0] == "diagnosis"
+    assert sorted(diag)[0] == "verdict"
+
+
+def test_report_object_trimmed_to_the_limit() -> None:
+    report = real_report("hang")
+    # Inflate: 4,096 ranks of progress in one group (what a 4k-GPU job looks like to report_to_dict).
+    from frscope.analysis import GroupProgress, RankProgress
+
+    group = report.groups[0]
+    ranks = {r: RankProgress(812, 811, "all_reduce", 812) for r in range(4096)}
+    report.groups = [GroupProgress(group.group, group.membership_source, ranks)] * 8
+    obj = build_report_cr(JOB, report, incident="abc", attempt="a/r0", signal="s", missing_pods={},
+                          gathered_at="t", limit_bytes=64 * 1024)
+    size = len(json.dumps(obj).encode())
+    assert size <= 64 * 1024, size
+    assert obj["job"]["reportTrimmed"]
+    assert obj["diagnosis"]["verdict"]  # the verdict is never trimmed away
+    assert obj["progress"]["group 0 (default_pg)"] == ["ranks 0-4095: completed #811, in all_reduce #812"]

@@ -1,0 +1,101 @@
+"""The injection itself, as a pure function (the API server path is in tests/e2e/test_operator_webhook.py)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from frscope.operator import names
+from frscope.operator.config import injection_from_env
+from frscope.operator.webhook import InjectionConfig, inject, mutate, native_sidecars_supported
+
+
+def training_pod(opt_in: str | None = "label", env: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"generateName": "train-worker-", "namespace": "ml",
+                            "labels": {names.LABEL_JOB_NAME: "train"}}
+    if opt_in == "label":
+        meta["labels"][names.INJECT_KEY] = "true"
+    elif opt_in == "annotation":
+        meta["annotations"] = {names.INJECT_KEY: "true"}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "pytorch", "image": "trainer:1", "env": env or []},
+                                    {"name": "log-shipper", "image": "fluent:1"}]}}
+
+
+def env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in container.get("env", [])}
+
+
+def test_native_sidecar_with_volume_env_and_termination_policy() -> None:
+    cfg = InjectionConfig(image="frscope:9", port=9402, buffer_size=4000, operator_url="http://op:80",
+                          stall_after_s=30)
+    out = inject(training_pod(), cfg)
+    assert out is not None
+    [sidecar] = out["spec"]["initContainers"]
+    assert sidecar["name"] == names.SIDECAR_CONTAINER and sidecar["restartPolicy"] == "Always"
+    assert sidecar["image"] == "frscope:9"
+    assert {"name": "frscope", "containerPort": 9402, "protocol": "TCP"} in sidecar["ports"]
+    assert "--operator-url=http://op:80" in sidecar["args"] and "--stall-after=30" in sidecar["args"]
+    assert "--install-bootstrap=/run/frscope/python" in sidecar["args"]
+    assert {"name": "frscope", "emptyDir": {}} in out["spec"]["volumes"]
+    trainer, shipper = out["spec"]["containers"]
+    env = env_of(trainer)
+    assert env["TORCH_FR_BUFFER_SIZE"] == "4000"
+    assert env["TORCH_FR_DUMP_TEMP_FILE"] == "/run/frscope/dumps/nccl_trace_rank_"
+    assert env["FRSCOPE_SOCKET_DIR"] == "/run/frscope" and env["PYTHONPATH"] == "/run/frscope/python"
+    assert trainer["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert {"name": "frscope", "mountPath": "/run/frscope"} in trainer["volumeMounts"]
+    assert "env" not in shipper and "volumeMounts" not in shipper  # only the trainer is touched
+    assert out["metadata"]["annotations"][names.ANN_INJECTED] == "native-sidecar"
+
+
+def test_plain_container_where_native_sidecars_are_not_supported() -> None:
+    out = inject(training_pod(), InjectionConfig(native=False))
+    assert out is not None and "initContainers" not in out["spec"]
+    assert out["spec"]["containers"][-1]["name"] == names.SIDECAR_CONTAINER
+    assert "restartPolicy" not in out["spec"]["containers"][-1]
+    assert native_sidecars_supported(1, 29) and native_sidecars_supported(2, 0)
+    assert not native_sidecars_supported(1, 28)
+
+
+def test_idempotent_and_opt_in_only() -> None:
+    cfg = InjectionConfig()
+    once = inject(training_pod(), cfg)
+    assert once is not None
+    assert inject(once, cfg) is None  # never twice
+    assert inject(training_pod(opt_in=None), cfg) is None
+    assert inject(training_pod(opt_in="annotation"), cfg) is not None
+
+
+def test_existing_env_is_kept_and_pythonpath_extended() -> None:
+    pod = training_pod(env=[{"name": "TORCH_FR_BUFFER_SIZE", "value": "100"},
+                            {"name": "PYTHONPATH", "value": "/app/src"}])
+    out = inject(pod, InjectionConfig())
+    assert out is not None
+    env = env_of(out["spec"]["containers"][0])
+    assert env["TORCH_FR_BUFFER_SIZE"] == "100"
+    assert env["PYTHONPATH"] == "/run/frscope/python:/app/src"
+
+
+def test_input_is_not_mutated_and_errors_fail_open() -> None:
+    pod = training_pod()
+    before = copy.deepcopy(pod)
+    assert inject(pod, InjectionConfig()) is not None
+    assert pod == before
+    broken = training_pod()
+    broken["spec"]["containers"] = [{"name": "pytorch", "env": "not-a-list"}]
+    assert mutate(broken, InjectionConfig()) is None  # logged, admitted unchanged
+
+
+def test_settings_from_the_charts_environment() -> None:
+    cfg = injection_from_env({
+        "FRSCOPE_INJECT_LABEL": "example.com/frscope=yes", "FRSCOPE_SIDECAR_IMAGE": "reg/frscope:1.2",
+        "FRSCOPE_SIDECAR_PORT": "9500", "FRSCOPE_RECORDER_BUFFER_SIZE": "5000",
+        "FRSCOPE_SIDECAR_RESOURCES": '{"requests": {"cpu": "20m"}}', "FRSCOPE_SIDECAR_STALL_AFTER": "45",
+    })
+    assert cfg.inject_label == ("example.com/frscope", "yes") and cfg.port == 9500 and cfg.buffer_size == 5000
+    pod = training_pod(opt_in=None)
+    pod["metadata"]["labels"]["example.com/frscope"] = "yes"
+    out = inject(pod, cfg)
+    assert out is not None
+    assert out["spec"]["initContainers"][0]["resources"] == {"requests": {"cpu": "20m"}}
