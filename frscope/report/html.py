@@ -1,0 +1,133 @@
+"""One self-contained HTML page: the findings panel and the collective timeline drawn on a <canvas>.
+
+Everything is inline (CSS, JS, data); a Content-Security-Policy forbids every fetch, so the file works
+from a laptop's disk with no network, and a crafted dump cannot make it load anything. The operator's
+web UI (frscope.webui) serves the same page with `live` set: it then re-fetches its data from the
+job's own URLs (and the policy allows exactly that: 'self').
+
+The data from the dumps (paths, function names, stacks) only ever reaches the page as JSON inside a
+<script type="application/json"> block (with '<' escaped) and is put in the DOM with textContent.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from frscope.analysis import Finding, Report
+from frscope.records import DumpSet
+from frscope.report.serialize import report_to_dict
+from frscope.report.timeline import TimelineOptions, build_timeline
+
+_STATIC_CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
+    "connect-src 'none'; base-uri 'none'; form-action 'none'"
+)
+_LIVE_CSP = (
+    "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'"
+)
+
+
+@cache
+def asset(name: str) -> str:
+    """The viewer's inline CSS / JS (frscope/report/assets/)."""
+    return resources.files("frscope.report").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def embed_json(obj: Any) -> str:
+    """JSON that is safe inside <script type="application/json">: no '</script>', no '<!--'."""
+    text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace(
+        "\u2028", "\\u2028"
+    ).replace("\u2029", "\\u2029")
+
+
+def _body(noscript: str) -> str:
+    return f"""<header id="fr-header">
+  <div class="brand">frscope &middot; collective timeline <span id="fr-live" class="live" hidden></span></div>
+  <h1 id="fr-verdict">{noscript}</h1>
+  <div id="fr-meta"></div>
+</header>
+<main>
+  <aside id="fr-findings">
+    <h2>Findings</h2>
+    <div id="fr-findings-body"></div>
+    <div id="fr-status" class="status-summary"></div>
+  </aside>
+  <section id="fr-timeline" class="panel">
+    <h2>Collectives across ranks</h2>
+    <div id="fr-empty" class="hint" hidden>No recorder data yet.</div>
+    <div id="fr-timeline-body">
+      <div id="fr-toolbar">
+        <label>group <select id="fr-group"></select></label>
+        <label>ranks <input id="fr-ranks" type="text" placeholder="all, e.g. 0-127" spellcheck="false"></label>
+        <span>x axis
+          <label><input type="radio" name="fr-mode" id="fr-mode-seq" value="seq" checked> sequence</label>
+          <label><input type="radio" name="fr-mode" id="fr-mode-time" value="time"> time</label>
+        </span>
+        <button type="button" id="fr-zoom-stuck">zoom to stuck collective</button>
+        <button type="button" id="fr-reset">reset view</button>
+        <button type="button" id="fr-ops-all">all ops</button>
+      </div>
+      <div id="fr-ops" title="op filter"></div>
+      <div id="fr-states"></div>
+      <div id="fr-canvas-wrap">
+        <canvas id="fr-canvas" aria-label="collective timeline"></canvas>
+        <div id="fr-tooltip" hidden></div>
+      </div>
+      <div class="hint" id="fr-sampled"></div>
+      <div id="fr-details"></div>
+    </div>
+  </section>
+</main>"""
+
+
+def render_html(
+    report: dict[str, Any] | None,
+    timeline: dict[str, Any] | None,
+    *,
+    title: str = "frscope report",
+    live: dict[str, Any] | None = None,
+    status: dict[str, Any] | None = None,
+    revision: str | None = None,
+) -> str:
+    """The page for a report dict (report_to_dict) and timeline data (build_timeline).
+
+    `live`: {"data_url", "summary_url", "events_url", "poll_s", "title"} for the operator's live page;
+    `status`: per-rank status {rank: {"state": ..., "detail": ...}} drawn next to the rank axis.
+    """
+    data = {"report": report, "timeline": timeline, "live": live, "status": status or {}, "revision": revision}
+    verdict = report.get("verdict") if report else None
+    noscript = html.escape(str(verdict) if verdict else "frscope")
+    csp = _LIVE_CSP if live else _STATIC_CSP
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f'<meta http-equiv="Content-Security-Policy" content="{csp}">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        '<link rel="icon" href="data:,">\n'
+        f"<title>{html.escape(title)}</title>\n"
+        f"<style>\n{asset('timeline.css')}</style>\n</head>\n<body>\n"
+        f"{_body(noscript)}\n"
+        f'<script type="application/json" id="frscope-data">{embed_json(data)}</script>\n'
+        f"<script>\n{asset('timeline.js')}</script>\n"
+        "</body>\n</html>\n"
+    )
+
+
+def render_report_html(
+    report: Report,
+    dumpset: DumpSet,
+    findings: list[Finding] | None = None,
+    *,
+    title: str | None = None,
+    options: TimelineOptions | None = None,
+) -> str:
+    """`frscope analyze --html`: the report and its timeline in one file."""
+    report_dict = report_to_dict(report, findings=findings)
+    timeline = build_timeline(dumpset, report, options)
+    return render_html(report_dict, timeline, title=title or f"frscope: {report_dict['verdict'][:120]}")

@@ -1,0 +1,441 @@
+"""DumpSet (+ Report) -> compact, JSON-able timeline data for the HTML report and the web UI.
+
+The grid is, per process group, one row per member rank and one column per collective sequence id.
+A cell is what that rank recorded for that collective (op, state, sizes, dtypes, call site), or why
+it has nothing there (never entered it, evicted from its ring buffer, no dump at all).
+
+1,024 ranks x 2,000 entries is two million cells, but in a real job nearly every rank records the
+same thing for the same collective. So:
+
+- every column has a *consensus* cell (the majority across the group's ranks, found with == only,
+  no hashing on the hot path), plus its median creation time and duration;
+- a row only lists where it differs from the consensus, run-length encoded
+  (`[first_col, length, cell, ...]`); rows with identical differences share one *pattern*;
+- per-rank timing is kept only where a rank was late by more than `lag_threshold_ms` against the
+  column's median creation time (sparse `lags`), largest first, capped;
+- if the differences still exceed `max_runs`, columns are sampled: the columns of every finding and
+  the last `tail_columns` are always kept, the rest strided (`sampled`, `columns_dropped`). Rows are
+  never dropped, so culprit ranks are always there.
+
+Cells and strings are interned in tables (`cells`, `strings`). Times are milliseconds since `t0_ns`
+(a string: ns since the epoch do not fit a JavaScript number). The shape is documented in
+docs/timeline.md.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Any
+
+from frscope.analysis import Finding, Report, op_label
+from frscope.analysis.stacks import user_frame
+from frscope.analysis.tracks import Track, build_tracks
+from frscope.records import COMPLETED, STARTED, DumpSet, Entry
+
+TIMELINE_SCHEMA = "frscope.timeline/v1"
+
+# Cell states; the index is what the cells table stores.
+STATES = ("completed", "scheduled", "started", "in_flight", "not_entered", "not_recorded", "no_dump")
+S_COMPLETED, S_SCHEDULED, S_STARTED, S_IN_FLIGHT, S_NOT_ENTERED, S_NOT_RECORDED, S_NO_DUMP = range(len(STATES))
+
+DEFAULT_MAX_RUNS = 200_000
+DEFAULT_TAIL_COLUMNS = 256
+DEFAULT_LAG_THRESHOLD_MS = 50.0
+DEFAULT_MAX_LAGS = 20_000
+
+# Raw cell key: compared with == only (sizes are lists: unhashable, cheap to compare).
+_RawKey = tuple[Any, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineOptions:
+    max_runs: int = DEFAULT_MAX_RUNS
+    tail_columns: int = DEFAULT_TAIL_COLUMNS
+    lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS
+    max_lags: int = DEFAULT_MAX_LAGS
+
+
+class _Tables:
+    """Interned strings and cells shared by every group."""
+
+    def __init__(self) -> None:
+        self.strings: list[str] = [""]
+        self._string_ids: dict[str, int] = {"": 0}
+        self.op_names: list[str] = []
+        self._op_ids: dict[str, int] = {}
+        self.cells: list[list[int]] = []
+        self._cell_ids: dict[tuple[Any, ...], int] = {}
+
+    def string(self, text: str) -> int:
+        found = self._string_ids.get(text)
+        if found is None:
+            found = self._string_ids[text] = len(self.strings)
+            self.strings.append(text)
+        return found
+
+    def op(self, name: str) -> int:
+        found = self._op_ids.get(name)
+        if found is None:
+            found = self._op_ids[name] = len(self.op_names)
+            self.op_names.append(name)
+        return found
+
+    def absent(self, state: int) -> int:
+        key = ("", state)
+        found = self._cell_ids.get(key)
+        if found is None:
+            found = self._cell_ids[key] = len(self.cells)
+            self.cells.append([-1, state, 0, 0, 0, 0, 0, 1])
+        return found
+
+    def cell(self, raw: _RawKey, bucket: list[Entry]) -> int:
+        op, state, in_sizes, in_dtypes, out_sizes, out_dtypes = raw
+        key = (op, state, repr(in_sizes), repr(in_dtypes), repr(out_sizes), repr(out_dtypes))
+        found = self._cell_ids.get(key)
+        if found is not None:
+            return found
+        site = user_frame(bucket[0].frames)
+        found = self._cell_ids[key] = len(self.cells)
+        self.cells.append(
+            [
+                self.op(op),
+                state,
+                self.string(_shapes(in_sizes)),
+                self.string(", ".join(in_dtypes)),
+                self.string(_shapes(out_sizes)),
+                self.string(", ".join(out_dtypes)),
+                self.string(f"{site.filename}:{site.line} ({site.name})" if site else ""),
+                len(bucket),
+            ]
+        )
+        return found
+
+
+def _shapes(sizes: list[Any]) -> str:
+    return " ".join("[" + ", ".join(str(d) for d in shape) + "]" if isinstance(shape, list) else str(shape)
+                    for shape in sizes)
+
+
+def _bucket_state(bucket: list[Entry], in_flight: bool) -> int:
+    if all(e.state == COMPLETED or e.retired is True for e in bucket):
+        return S_COMPLETED
+    if in_flight:
+        return S_IN_FLIGHT
+    if any(e.state == STARTED for e in bucket):
+        return S_STARTED
+    return S_SCHEDULED
+
+
+def _raw_key(bucket: list[Entry], in_flight: bool) -> _RawKey:
+    state = _bucket_state(bucket, in_flight)
+    if len(bucket) == 1:
+        e = bucket[0]
+        return (e.op, state, e.input_sizes, e.input_dtypes, e.output_sizes, e.output_dtypes)
+    ops = {e.op for e in bucket}
+    return (
+        bucket[0].op if len(ops) == 1 else "coalesced",
+        state,
+        [s for e in bucket for s in e.input_sizes],
+        [d for e in bucket for d in e.input_dtypes],
+        [s for e in bucket for s in e.output_sizes],
+        [d for e in bucket for d in e.output_dtypes],
+    )
+
+
+def _absent_state(track: Track | None, seq: int, has_dump: bool) -> int:
+    if not has_dump:
+        return S_NO_DUMP
+    if track is None or not track.by_seq or seq > track.last_seq:
+        return S_NOT_ENTERED
+    return S_NOT_RECORDED
+
+
+def _duration(bucket: list[Entry]) -> float | None:
+    total = 0.0
+    for e in bucket:
+        if e.duration_ms is not None:
+            total += e.duration_ms
+        elif e.time_started_ns and e.time_completed_ns and e.time_completed_ns >= e.time_started_ns:
+            total += (e.time_completed_ns - e.time_started_ns) / 1e6
+        else:
+            return None
+    return total
+
+
+def _median(values: list[int] | list[float]) -> float:
+    values.sort()
+    n = len(values)
+    mid = n // 2
+    return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2
+
+
+def _finding_marks(findings: list[Finding]) -> list[dict[str, Any]]:
+    marks: list[dict[str, Any]] = []
+
+    def walk(finding: Finding, root: int, depth: int) -> None:
+        marks.append(
+            {
+                "finding": root,
+                "consequence": depth > 0,
+                "category": finding.category.value,
+                "group": finding.process_group.name,
+                "seq": finding.collective_seq_id,
+                "op": finding.op,
+                "op_label": op_label(finding.op) if finding.op else None,
+                "culprit_ranks": list(finding.culprit_ranks),
+                "summary": finding.summary,
+            }
+        )
+        for c in finding.consequences:
+            walk(c, root, depth + 1)
+
+    for i, f in enumerate(findings):
+        walk(f, i, 0)
+    return marks
+
+
+def _columns(tracks: dict[int, Track]) -> list[int]:
+    seqs: set[int] = set()
+    for track in tracks.values():
+        seqs.update(track.by_seq)
+    return sorted(seqs)
+
+
+class _GroupGrid:
+    """One group's raw grid, computed once; `encode()` can then be called on a column subset."""
+
+    def __init__(self, rows: list[int], seqs: list[int], col_cell: list[int],
+                 exceptions: list[list[tuple[int, int]]], col_t: list[float | None],
+                 col_dur: list[float | None], lags: list[tuple[float, int, int]]) -> None:
+        self.rows = rows
+        self.seqs = seqs
+        self.col_cell = col_cell
+        self.exceptions = exceptions  # per row: (col, cell) where the row differs, ascending col
+        self.col_t = col_t
+        self.col_dur = col_dur
+        self.lags = lags  # (lag_ms, row, col)
+
+    def runs_for(self, keep: list[int] | None) -> tuple[list[list[int]], list[int], int]:
+        """(patterns, row_pattern, total runs) over the kept columns (indices into self.seqs)."""
+        remap: dict[int, int] | None = None
+        if keep is not None:
+            remap = {c: i for i, c in enumerate(keep)}
+        patterns: list[list[int]] = []
+        pattern_ids: dict[tuple[int, ...], int] = {}
+        row_pattern: list[int] = []
+        total = 0
+        for excs in self.exceptions:
+            flat: list[int] = []
+            for col, cell in excs:
+                if remap is not None:
+                    mapped = remap.get(col)
+                    if mapped is None:
+                        continue
+                    col = mapped
+                if flat and flat[-1] == cell and flat[-3] + flat[-2] == col:
+                    flat[-2] += 1
+                else:
+                    flat.extend((col, 1, cell))
+            key = tuple(flat)
+            pid = pattern_ids.get(key)
+            if pid is None:
+                pid = pattern_ids[key] = len(patterns)
+                patterns.append(flat)
+                total += len(flat) // 3
+            row_pattern.append(pid)
+        return patterns, row_pattern, total
+
+
+def _grid(
+    dumpset: DumpSet, tables: _Tables, rows: list[int], tracks: dict[int, Track], lag_threshold_ms: float,
+    t0: int | None,
+) -> _GroupGrid:
+    seqs = _columns(tracks)
+    has_dump = [r in dumpset.dumps for r in rows]
+    row_tracks = [tracks.get(r) for r in rows]
+    exceptions: list[list[tuple[int, int]]] = [[] for _ in rows]
+    col_cell: list[int] = []
+    col_t: list[float | None] = []
+    col_dur: list[float | None] = []
+    lags: list[tuple[float, int, int]] = []
+    for col, seq in enumerate(seqs):
+        keys: list[_RawKey | None] = []
+        buckets: list[list[Entry] | None] = []
+        created: list[tuple[int, int]] = []  # (row, ns)
+        durations: list[float] = []
+        candidate: _RawKey | None = None
+        count = 0
+        # Hot loop (every entry of every rank): inlined, and a Boyer-Moore majority vote on the way.
+        for i, track in enumerate(row_tracks):
+            bucket = track.by_seq.get(seq) if track is not None else None
+            buckets.append(bucket)
+            if bucket is None:
+                keys.append(None)
+                continue
+            in_flight = seq == track.next_seq  # type: ignore[union-attr]
+            e = bucket[0]
+            if len(bucket) == 1:
+                if e.state == COMPLETED or e.retired is True:
+                    state = S_COMPLETED
+                elif in_flight:
+                    state = S_IN_FLIGHT
+                elif e.state == STARTED:
+                    state = S_STARTED
+                else:
+                    state = S_SCHEDULED
+                key: _RawKey = (e.op, state, e.input_sizes, e.input_dtypes, e.output_sizes, e.output_dtypes)
+                d = e.duration_ms
+                if d is None and e.time_started_ns and e.time_completed_ns:
+                    d = (e.time_completed_ns - e.time_started_ns) / 1e6
+            else:
+                key = _raw_key(bucket, in_flight)
+                d = _duration(bucket)
+            keys.append(key)
+            if count == 0:
+                candidate, count = key, 1
+            elif key == candidate:
+                count += 1
+            else:
+                count -= 1
+            ns = e.time_created_ns
+            if ns:
+                created.append((i, ns))
+            if d is not None:
+                durations.append(d)
+        consensus = -1
+        for i, k in enumerate(keys):
+            if k is not None and k == candidate:
+                if consensus < 0:
+                    consensus = tables.cell(k, buckets[i])  # type: ignore[arg-type]
+                continue
+            if k is None:
+                cell = tables.absent(_absent_state(row_tracks[i], seq, has_dump[i]))
+            else:
+                cell = tables.cell(k, buckets[i])  # type: ignore[arg-type]
+            exceptions[i].append((col, cell))
+        col_cell.append(consensus)
+        if created and t0 is not None:
+            median_ns = _median([ns for _, ns in created])
+            col_t.append(round((median_ns - t0) / 1e6, 3))
+            for row, ns in created:
+                lag = (ns - median_ns) / 1e6
+                if lag > lag_threshold_ms:
+                    lags.append((round(lag, 3), row, col))
+        else:
+            col_t.append(None)
+        col_dur.append(round(_median(durations), 3) if durations else None)
+    return _GroupGrid(rows, seqs, col_cell, exceptions, col_t, col_dur, lags)
+
+
+def _choose_columns(grid: _GroupGrid, must: set[int], budget: int, tail: int) -> list[int]:
+    n = len(grid.seqs)
+    keep = set(must) | set(range(max(0, n - tail), n))
+    spare = max(budget - len(keep), 0)
+    rest = [c for c in range(n) if c not in keep]
+    if rest and spare:
+        step = max(1, -(-len(rest) // spare))
+        keep.update(rest[::step])
+    return sorted(keep)
+
+
+def build_timeline(dumpset: DumpSet, report: Report | None = None,
+                   options: TimelineOptions | None = None) -> dict[str, Any]:
+    """The timeline data (see the module docstring and docs/timeline.md). Pure; linear in the entries."""
+    opts = options or TimelineOptions()
+    tables = _Tables()
+    tables.absent(S_NO_DUMP)  # cell 0 is always a plain 'no dump' cell
+    tracks = build_tracks(dumpset)
+    findings = report.findings if report is not None else []
+    marks = _finding_marks(findings)
+
+    t0: int | None = None
+    for dump in dumpset.dumps.values():
+        for e in dump.entries:
+            if e.time_created_ns and (t0 is None or e.time_created_ns < t0):
+                t0 = e.time_created_ns
+
+    grids: list[tuple[str, str, _GroupGrid]] = []
+    for name, group in dumpset.groups.items():
+        group_tracks = tracks.get(name, {})
+        rows = sorted(set(group.ranks) | set(group_tracks))
+        grids.append((name, group.desc, _grid(dumpset, tables, rows, group_tracks, opts.lag_threshold_ms, t0)))
+
+    # Downsample columns only when the differences do not fit the budget.
+    encoded = [g.runs_for(None) for _, _, g in grids]
+    total = sum(e[2] for e in encoded)
+    keeps: list[list[int] | None] = [None] * len(grids)
+    if total > opts.max_runs:
+        for gi, (name, _desc, grid) in enumerate(grids):
+            patterns, _rp, runs = encoded[gi]
+            if runs == 0:
+                continue
+            share = max(1, int(len(grid.seqs) * opts.max_runs / total))
+            must = {grid.seqs.index(m["seq"]) for m in marks if m["group"] == name and m["seq"] in grid.seqs}
+            keeps[gi] = _choose_columns(grid, must, share, min(opts.tail_columns, share))
+            encoded[gi] = grid.runs_for(keeps[gi])
+
+    lag_budget = opts.max_lags
+    groups_out: list[dict[str, Any]] = []
+    for gi, (name, desc, grid) in enumerate(grids):
+        keep = keeps[gi]
+        patterns, row_pattern, _ = encoded[gi]
+        cols = keep if keep is not None else list(range(len(grid.seqs)))
+        remap = {c: i for i, c in enumerate(cols)}
+        lags = [(lag, row, remap[col]) for lag, row, col in grid.lags if col in remap]
+        if len(lags) > lag_budget:
+            lags = heapq.nlargest(lag_budget, lags)
+        lag_budget = max(0, lag_budget - len(lags))
+        lags.sort(key=lambda x: (x[1], x[2]))
+        stuck_cols = [remap[grid.seqs.index(m["seq"])] for m in marks
+                      if m["group"] == name and m["seq"] in grid.seqs and grid.seqs.index(m["seq"]) in remap]
+        groups_out.append(
+            {
+                "name": name,
+                "desc": desc,
+                "ranks": grid.rows,
+                "seqs": [grid.seqs[c] for c in cols],
+                "seq_range": [grid.seqs[0], grid.seqs[-1]] if grid.seqs else None,
+                "sampled": keep is not None,
+                "columns_dropped": len(grid.seqs) - len(cols),
+                "col_cell": [grid.col_cell[c] for c in cols],
+                "col_t_ms": [grid.col_t[c] for c in cols],
+                "col_dur_ms": [grid.col_dur[c] for c in cols],
+                "patterns": patterns,
+                "row_pattern": row_pattern,
+                "lags": [x for lag, row, col in lags for x in (row, col, lag)],
+                "finding_cols": sorted(set(stuck_cols)),
+                "p2p_entries": sum(len(t.p2p) for t in tracks.get(name, {}).values()),
+            }
+        )
+
+    primary = next((m for m in marks if not m["consequence"] and m["seq"] is not None), None)
+    culprits = sorted({r for m in marks if not m["consequence"] for r in m["culprit_ranks"]})
+    op_names = tables.op_names
+    labels = sorted({op_label(o) for o in op_names})
+    captured = {
+        str(r): round((d.captured_at_ns - t0) / 1e6, 3)
+        for r, d in dumpset.dumps.items()
+        if d.captured_at_ns and t0 is not None
+    }
+    return {
+        "schema": TIMELINE_SCHEMA,
+        "world_size": dumpset.world_size,
+        "ranks_loaded": list(dumpset.ranks_loaded),
+        "missing_ranks": list(dumpset.missing_ranks),
+        "t0_ns": str(t0) if t0 is not None else None,
+        "captured_ms": captured,
+        "states": list(STATES),
+        "op_names": op_names,
+        "op_labels": labels,
+        "op_label_of": [labels.index(op_label(o)) for o in op_names],
+        "cell_fields": ["op", "state", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "site",
+                        "entries"],
+        "cells": tables.cells,
+        "strings": tables.strings,
+        "culprit_ranks": culprits,
+        "primary": primary,
+        "marks": marks,
+        "lag_threshold_ms": opts.lag_threshold_ms,
+        "groups": groups_out,
+    }
