@@ -35,7 +35,10 @@ WORLD_SIZE = {name: 3 if name == "size-bytes" else 4 for name in FAULTS}
 # Raw torch pickles next to the JSON snapshots of the same run (torch's own dump format).
 PICKLE_FAULTS = ("none", "hang", "skip", "type", "size", "dtype", "p2p", "straggler")
 PICKLE_PREFIX = "nccl_trace_rank_"
-TIMEOUT_S = 60.0
+TIMEOUT_S = 90.0
+# Keep the job hung this long before collecting: the blocked collectives are then older than
+# `frscope analyze`'s default --stall-after (10 s), as they would be when a sidecar reports a stall.
+HOLD_S = 12.0
 
 # What each fixture shows, for people; the per-rank facts below it are read from the data.
 EXPLAIN = {
@@ -96,8 +99,9 @@ def describe_rank(path: Path) -> list[str]:
     for entry in entries:
         last_per_pg[str(entry["pg_id"])] = entry
     frames = main_thread_frames(snap["stacks"])
-    lines = [f"  - rank {snap['rank']}: {len(entries)} entries; main thread in "
-             f"`{' < '.join(frames[:3]) or '(no main-thread stack: exiting)'}`"]
+    age = (snap["captured_at_ns"] - entries[-1]["time_created_ns"]) / 1e9 if entries else 0.0
+    lines = [f"  - rank {snap['rank']}: {len(entries)} entries, captured {age:.1f} s after the last was "
+             f"created; main thread in `{' < '.join(frames[:3]) or '(no main-thread stack: exiting)'}`"]
     lines += [f"    - last: {entry_line(e)}" for _, e in sorted(last_per_pg.items())]
     return lines
 
@@ -114,7 +118,7 @@ def run_fault(fault: str) -> tuple[CollectedJob, list[str]]:
     for d in (out_dir, pickle_dir):
         if d is not None:
             shutil.rmtree(d, ignore_errors=True)
-    job = run_fault_job(fault, WORLD_SIZE[fault], out_dir, timeout_s=TIMEOUT_S,
+    job = run_fault_job(fault, WORLD_SIZE[fault], out_dir, timeout_s=TIMEOUT_S, hold_s=HOLD_S,
                         pickle_dir=pickle_dir, pickle_prefix=PICKLE_PREFIX)
     problems = []
     if FAULTS[fault].collect == "settle":
@@ -157,7 +161,7 @@ def readme(jobs: dict[str, CollectedJob], command: str) -> str:
         "## Layout",
         "",
         "- `<fault>/rank-<r>.json`: frscope snapshots, one per rank, taken over each rank's worker-server",
-        "  socket while the job was blocked or idle:",
+        f"  socket while the job was blocked or idle, {HOLD_S:.0f} s after its recorders stopped changing:",
         '  `{"frscope_snapshot": 1, "rank": r, "captured_at_ns": ..., "source": "socket:<path>",',
         '  "stacks": "<POST /handler/dump_traceback>", "trace": <POST /handler/fr_trace_json, as parsed>}`.',
         f"- `<fault>-pickle/{PICKLE_PREFIX}<r>`: the raw bytes of `torch._C._distributed_c10d._dump_fr_trace()`",

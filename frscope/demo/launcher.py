@@ -295,22 +295,25 @@ def _job_env(world_size: int) -> dict[str, str]:
 
 
 def run_fault_job(fault: str, world_size: int, out_dir: Path, timeout_s: float = 50.0, *,
-                  settle_s: float = 1.5, pickle_dir: Path | None = None,
+                  settle_s: float = 1.5, hold_s: float = 0.0, pickle_dir: Path | None = None,
                   pickle_prefix: str = "nccl_trace_rank_", python: str | None = None) -> CollectedJob:
     """Run the demo job with `fault`, write one snapshot per rank into `out_dir`, end the job.
 
+    `hold_s` keeps the job in its final state that much longer before collecting, so that the
+    blocked collectives are older than an analyzer's stall threshold (the fixtures use it).
     Never raises for one rank that does not answer: it is listed in `skipped`. Raises LaunchError
     only when the job cannot be brought up at all (after one retry, for a port taken meanwhile).
     """
+    args = (fault, world_size, out_dir, timeout_s, settle_s, hold_s, pickle_dir, pickle_prefix, python)
     try:
-        return _run_once(fault, world_size, out_dir, timeout_s, settle_s, pickle_dir, pickle_prefix, python)
+        return _run_once(*args)
     except LaunchError as exc:
         if "address already in use" not in str(exc).lower():
             raise
-        return _run_once(fault, world_size, out_dir, timeout_s, settle_s, pickle_dir, pickle_prefix, python)
+        return _run_once(*args)
 
 
-def _run_once(fault: str, world_size: int, out_dir: Path, timeout_s: float, settle_s: float,
+def _run_once(fault: str, world_size: int, out_dir: Path, timeout_s: float, settle_s: float, hold_s: float,
               pickle_dir: Path | None, pickle_prefix: str, python: str | None) -> CollectedJob:
     started = time.monotonic()
     deadline = started + timeout_s
@@ -326,6 +329,7 @@ def _run_once(fault: str, world_size: int, out_dir: Path, timeout_s: float, sett
             else:
                 job.wait_for_sockets(deadline)
                 result.settled = job.wait_settled(deadline, settle_s)
+                time.sleep(max(0.0, min(hold_s, deadline - time.monotonic() - 5.0)))
                 job.collect(out_dir, result)
                 if pickle_dir is not None:
                     job.dump_pickles(deadline, result)
