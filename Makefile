@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.frscope-installed
 
-.PHONY: demo test check lint typecheck importlint unit venv clean
+.PHONY: demo test check lint typecheck importlint unit venv clean deps-apt
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -32,7 +32,21 @@ importlint: $(STAMP)
 
 check: lint typecheck importlint
 
-test: check
+# System packages the tests drive, from Debian: chromium + chromium-driver for the browser tests of the
+# HTML timeline (tests/browser). Idempotent: apt runs only when one is missing. Other components add
+# theirs to APT_PACKAGES.
+APT_PACKAGES += chromium chromium-driver fonts-dejavu-core
+deps-apt:
+	@missing=""; for p in $(sort $(APT_PACKAGES)); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "deps-apt: installing$$missing"; \
+	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+test: check deps-apt
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 clean:

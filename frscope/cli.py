@@ -17,6 +17,7 @@ from frscope.records import DEFAULT_MAX_BYTES, DumpSet, load_dumps
 from frscope.report import render_markdown, render_text, report_to_dict
 from frscope.report.entries import render_entries
 from frscope.report.filters import Filters
+from frscope.report.html import render_report_html
 from frscope.sidecar.main import add_parser as add_sidecar_parser
 
 EXIT_HEALTHY = 0
@@ -75,6 +76,9 @@ def _emit(report: Report, dumpset: DumpSet, args: argparse.Namespace, filters: F
         Path(args.output).write_text(out)
     else:
         sys.stdout.write(out)
+    if args.html:
+        Path(args.html).write_text(render_report_html(report, dumpset, findings), encoding="utf-8")
+        print(f"frscope analyze: timeline written to {args.html} (opens offline in a browser)", file=sys.stderr)
     return EXIT_FINDINGS if findings else EXIT_HEALTHY
 
 
@@ -117,7 +121,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     options = AnalysisOptions(stall_after_s=min(args.stall_after, 1.0))
     report = analyze(dumpset, options)
     sys.stdout.write(render_text(report))
+    html_path = out_dir / "report.html"
+    html_path.write_text(render_report_html(report, dumpset), encoding="utf-8")
     print(f"\nrecorders and stacks kept in {out_dir} (re-run: frscope analyze {out_dir})", file=sys.stderr)
+    print(f"collective timeline: open {html_path.resolve().as_uri()} in a browser", file=sys.stderr)
     return EXIT_FINDINGS if report.findings else EXIT_HEALTHY
 
 
@@ -134,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     analyze_p.add_argument("paths", nargs="+", help="dump files or directories (pickle or JSON, any version)")
     analyze_p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     analyze_p.add_argument("-o", "--output", help="write the report here instead of stdout")
+    analyze_p.add_argument("--html", metavar="PATH", help="also write the collective timeline as one HTML file")
     analyze_p.add_argument("--op", help="only these ops, e.g. all_reduce,broadcast (or ALLREDUCE)")
     analyze_p.add_argument("--pg", help="only these process groups (name or description)")
     analyze_p.add_argument("--rank", help="only these ranks, e.g. 0-7,12")

@@ -46,9 +46,9 @@ def embed_json(obj: Any) -> str:
     ).replace("\u2029", "\\u2029")
 
 
-def _body(noscript: str) -> str:
+def _body(noscript: str, nav: str) -> str:
     return f"""<header id="fr-header">
-  <div class="brand">frscope &middot; collective timeline <span id="fr-live" class="live" hidden></span></div>
+  <div class="brand">{nav}frscope &middot; collective timeline <span id="fr-live" class="live" hidden></span></div>
   <h1 id="fr-verdict">{noscript}</h1>
   <div id="fr-meta"></div>
 </header>
@@ -94,16 +94,19 @@ def render_html(
     live: dict[str, Any] | None = None,
     status: dict[str, Any] | None = None,
     revision: str | None = None,
+    nav: tuple[str, str] | None = None,
 ) -> str:
     """The page for a report dict (report_to_dict) and timeline data (build_timeline).
 
     `live`: {"data_url", "summary_url", "events_url", "poll_s", "title"} for the operator's live page;
-    `status`: per-rank status {rank: {"state": ..., "detail": ...}} drawn next to the rank axis.
+    `status`: per-rank status {rank: {"state": ..., "detail": ...}} drawn next to the rank axis;
+    `nav`: (href, text) of a link back (the web UI's job list).
     """
     data = {"report": report, "timeline": timeline, "live": live, "status": status or {}, "revision": revision}
     verdict = report.get("verdict") if report else None
     noscript = html.escape(str(verdict) if verdict else "frscope")
     csp = _LIVE_CSP if live else _STATIC_CSP
+    nav_html = f'<a href="{html.escape(nav[0])}">{html.escape(nav[1])}</a> ' if nav else ""
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
@@ -112,7 +115,7 @@ def render_html(
         '<link rel="icon" href="data:,">\n'
         f"<title>{html.escape(title)}</title>\n"
         f"<style>\n{asset('timeline.css')}</style>\n</head>\n<body>\n"
-        f"{_body(noscript)}\n"
+        f"{_body(noscript, nav_html)}\n"
         f'<script type="application/json" id="frscope-data">{embed_json(data)}</script>\n'
         f"<script>\n{asset('timeline.js')}</script>\n"
         "</body>\n</html>\n"
