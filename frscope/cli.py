@@ -103,16 +103,16 @@ def cmd_analyze(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from frscope.demo.launcher import run_fault_job
+    from frscope.demo.live import run_with_sidecar
 
     out_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="frscope-demo-"))
     out_dir.mkdir(parents=True, exist_ok=True)
     print(
         f"frscope demo: launching a real {args.world_size}-rank gloo job on loopback with fault {args.fault!r}; "
-        "collecting every rank's recorder and stack while it is blocked...",
+        "a local frscope sidecar beside it collects every rank's recorder and stack while it is blocked...",
         file=sys.stderr,
     )
-    collected = run_fault_job(args.fault, args.world_size, out_dir, timeout_s=args.timeout)
+    collected = run_with_sidecar(args.fault, args.world_size, out_dir, timeout_s=args.timeout)
     dumpset = load_dumps([out_dir])
     if not dumpset.dumps:
         print(f"frscope demo: no rank could be collected ({collected})", file=sys.stderr)
