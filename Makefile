@@ -36,6 +36,8 @@ check: lint typecheck importlint
 # HTML timeline (tests/browser). Idempotent: apt runs only when one is missing. Other components add
 # theirs to APT_PACKAGES.
 APT_PACKAGES += chromium chromium-driver fonts-dejavu-core
+# promtool and a real Prometheus server for the sidecar's metrics tests (tests/integration/test_sidecar_live.py).
+APT_PACKAGES += prometheus
 deps-apt:
 	@missing=""; for p in $(sort $(APT_PACKAGES)); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
