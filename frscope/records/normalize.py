@@ -139,21 +139,60 @@ _EXPECTED_FIELDS = (
 )
 
 
+_EXPECTED_SET = frozenset(_EXPECTED_FIELDS)
+
+
+def _shared(cache: dict[Any, Any], value: list[Any], key_of: Any) -> list[Any]:
+    """One list object per distinct content (the model's sizes/dtypes/frames are never mutated)."""
+    try:
+        key = key_of(value)
+    except TypeError:  # unhashable junk: keep it as it came
+        return value
+    got = cache.get(key)
+    if got is None:
+        cache[key] = value
+        return value
+    return got  # type: ignore[no-any-return]
+
+
+def _sizes_key(value: list[Any]) -> tuple[Any, ...]:
+    return tuple(map(tuple, value))
+
+
+def _frames_key(value: list[Any]) -> tuple[int, ...]:
+    # Frame dicts are shared objects in a dump (torch memoizes them), so their ids name the stack.
+    # Keys stay valid: the cached list keeps those dicts alive for as long as the cache lives.
+    return tuple(map(id, value))
+
+
 def normalize_entries(raw_entries: list[Any], source: str) -> tuple[list[Entry], str | None, list[str]]:
-    """Normalize the entry list; returns (entries, backend, warnings). Linear, no per-entry regex."""
+    """Normalize the entry list; returns (entries, backend, warnings). Linear, no per-entry regex.
+
+    Hot path (millions of entries): fields that already have the type torch writes are taken as they
+    are, anything else goes through the tolerant converters. Equal sizes, dtypes and stacks become one
+    shared list: a rank repeats a handful of shapes thousands of times, and sharing them halves the
+    memory of a large load.
+    """
     entries: list[Entry] = []
+    append = entries.append
     missing: Counter[str] = Counter()
     skipped = 0
-    backends: Counter[str] = Counter()
+    name_counts: dict[str, int] = {}
     names: dict[str, tuple[str | None, str, int | None]] = {}
+    sizes_cache: dict[Any, Any] = {}
+    dtypes_cache: dict[Any, Any] = {}
+    frames_cache: dict[Any, Any] = {}
+    small_ints: dict[int, int] = {}
+    expected = _EXPECTED_SET
     for index, raw in enumerate(raw_entries):
         if not isinstance(raw, dict):
             skipped += 1
             continue
         get = raw.get
-        for key in _EXPECTED_FIELDS:
-            if key not in raw:
-                missing[key] += 1
+        if not expected <= raw.keys():
+            for key in _EXPECTED_FIELDS:
+                if key not in raw:
+                    missing[key] += 1
 
         profiling_name = get("profiling_name")
         if not isinstance(profiling_name, str):
@@ -162,12 +201,16 @@ def normalize_entries(raw_entries: list[Any], source: str) -> tuple[list[Entry],
         if parsed is None:
             parsed = parse_profiling_name(profiling_name)
             names[profiling_name] = parsed
-        backend, op, peer = parsed
-        if backend:
-            backends[backend] += 1
+            name_counts[profiling_name] = 1
+        else:
+            name_counts[profiling_name] += 1
+        _backend, op, peer = parsed
 
-        pg = get("process_group")
-        if isinstance(pg, (list, tuple)) and len(pg) >= 2:
+        pg: Any = get("process_group")
+        pg_type = type(pg)
+        if (pg_type is tuple or pg_type is list) and len(pg) == 2 and type(pg[0]) is str and type(pg[1]) is str:
+            pg_name, pg_desc = pg
+        elif isinstance(pg, (list, tuple)) and len(pg) >= 2:
             pg_name, pg_desc = str(pg[0]), str(pg[1])
         elif isinstance(pg, (list, tuple)) and len(pg) == 1:
             pg_name, pg_desc = str(pg[0]), ""
@@ -182,20 +225,60 @@ def normalize_entries(raw_entries: list[Any], source: str) -> tuple[list[Entry],
         if type(p2p_seq) is not int:
             p2p_seq = _int_or(p2p_seq, 0)
         is_p2p = get("is_p2p")
-        if not isinstance(is_p2p, bool):
+        if type(is_p2p) is not bool:
             is_p2p = op in P2P_OPS
         record_id = get("record_id", index)
         if type(record_id) is not int:
             record_id = _int_or(record_id, index)
         state = get("state")
-        if not isinstance(state, str):
+        if type(state) is not str and not isinstance(state, str):
             state = SCHEDULED
         retired = get("retired")
-        if not isinstance(retired, bool):
+        if type(retired) is not bool:
             retired = None
         thread_id = get("thread_id")
+        if thread_id is not None and type(thread_id) is not str:
+            thread_id = str(thread_id)
 
-        entries.append(
+        input_sizes = get("input_sizes")
+        if type(input_sizes) is not list:
+            input_sizes = _sizes(input_sizes)
+        input_sizes = _shared(sizes_cache, input_sizes, _sizes_key)
+        output_sizes = get("output_sizes")
+        if type(output_sizes) is not list:
+            output_sizes = _sizes(output_sizes)
+        output_sizes = _shared(sizes_cache, output_sizes, _sizes_key)
+        input_dtypes = get("input_dtypes")
+        if type(input_dtypes) is not list:
+            input_dtypes = _dtypes(input_dtypes)
+        input_dtypes = _shared(dtypes_cache, input_dtypes, tuple)
+        output_dtypes = get("output_dtypes")
+        if type(output_dtypes) is not list:
+            output_dtypes = _dtypes(output_dtypes)
+        output_dtypes = _shared(dtypes_cache, output_dtypes, tuple)
+        frames = get("frames")
+        if type(frames) is list and frames:
+            frames = _shared(frames_cache, frames, _frames_key)
+
+        created = get("time_created_ns")
+        if created is not None and (type(created) is not int or not created):
+            created = _opt_int(created)
+        started = get("time_discovered_started_ns")
+        if started is not None and (type(started) is not int or not started):
+            started = _opt_int(started)
+        completed = get("time_discovered_completed_ns")
+        if completed is not None and (type(completed) is not int or not completed):
+            completed = _opt_int(completed)
+        duration = get("duration_ms")
+        if duration is not None and type(duration) is not float:
+            duration = _opt_float(duration)
+        timeout = get("timeout_ms")
+        if type(timeout) is int and timeout:
+            timeout = small_ints.setdefault(timeout, timeout)
+        elif timeout is not None:
+            timeout = _opt_int(timeout)
+
+        append(
             Entry(
                 record_id,
                 pg_name,
@@ -206,27 +289,32 @@ def normalize_entries(raw_entries: list[Any], source: str) -> tuple[list[Entry],
                 op,
                 profiling_name,
                 peer,
-                _sizes(get("input_sizes")),
-                _dtypes(get("input_dtypes")),
-                _sizes(get("output_sizes")),
-                _dtypes(get("output_dtypes")),
+                input_sizes,
+                input_dtypes,
+                output_sizes,
+                output_dtypes,
                 state,
                 retired,
-                _opt_int(get("time_created_ns")),
-                _opt_int(get("time_discovered_started_ns")),
-                _opt_int(get("time_discovered_completed_ns")),
-                _opt_float(get("duration_ms")),
-                _opt_int(get("timeout_ms")),
-                str(thread_id) if thread_id is not None else None,
+                created,
+                started,
+                completed,
+                duration,
+                timeout,
+                thread_id,
                 get("thread_name"),
-                get("frames"),
+                frames,
             )
         )
     warnings = [f"{count} entries lack field {key!r}" for key, count in sorted(missing.items())]
     if skipped:
         warnings.append(f"{skipped} entries are not objects and were skipped")
-    backend = backends.most_common(1)[0][0] if backends else None
-    return entries, backend, warnings
+    backends: Counter[str] = Counter()
+    for profiling_name, count in name_counts.items():
+        backend = names[profiling_name][0]
+        if backend:
+            backends[backend] += count
+    most = backends.most_common(1)
+    return entries, (most[0][0] if most else None), warnings
 
 
 def _pg_config(raw: Any, warnings: list[str]) -> dict[str, PgConfig]:
