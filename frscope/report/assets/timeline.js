@@ -874,6 +874,14 @@
       var g = T.groups[gi];
       return cellInfo(gi, g.ranks.indexOf(rank), g.seqs.indexOf(seq));
     },
+    cellBox: function (rank, seq) {
+      // where a cell is drawn, in CSS pixels relative to the canvas (null when not in view)
+      var row = D.g.ranks.indexOf(rank), col = D.g.seqs.indexOf(seq), pos = row < 0 ? -1 : D.posOf[row];
+      if (pos < 0 || col < 0 || !geo) return null;
+      var xs = xOfCol(col, geo.view), y0 = yOfRow(pos, geo.view), y1 = yOfRow(pos + 1, geo.view);
+      if (xs[1] < GUTTER_L || xs[0] > GUTTER_L + geo.W / geo.dpr || y1 < GUTTER_T || y0 > GUTTER_T + geo.H / geo.dpr) return null;
+      return {x: xs[0], y: y0, w: xs[1] - xs[0], h: y1 - y0, cx: (xs[0] + xs[1]) / 2, cy: (y0 + y1) / 2};
+    },
     render: render
   };
   window.frscope = api;
@@ -892,6 +900,7 @@
     var badge = $("fr-live");
     badge.hidden = false;
     function mark(ok, text) { badge.textContent = text; badge.className = ok ? "live" : "live stale"; }
+    mark(true, "\u25CF live");
     var fetching = false, wanted = null, timer = null;
     function refresh(rev) {
       if (rev != null && rev === REVISION) return;
@@ -927,7 +936,8 @@
       es.onerror = function () {
         errors += 1;
         mark(false, "\u25CF reconnecting");
-        if (errors >= 3) { es.close(); poll(); }
+        // CLOSED: the browser gave up (an HTTP error, a proxy that does not stream); else it retries
+        if (es.readyState === 2 || errors >= 3) { es.close(); poll(); }
       };
     } else {
       poll();
