@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.frscope-installed
 
-.PHONY: demo test check lint typecheck importlint unit venv clean deps-apt
+.PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -48,7 +48,16 @@ deps-apt:
 	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-test: check deps-apt
+# The real Kubernetes control plane for tests/e2e (docs/testenv.md): built from the Go module proxy once,
+# then reused from ~/.cache/frscope-testenv. Exit 3 = Go is not installed: the e2e tests skip.
+testenv:
+	testenv/build || [ $$? -eq 3 ]
+
+# etcd + kube-apiserver + kube-controller-manager in the foreground; prints the KUBECONFIG to export.
+cluster:
+	testenv/up
+
+test: check deps-apt testenv
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 clean:
