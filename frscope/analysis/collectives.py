@@ -17,8 +17,6 @@ from dataclasses import dataclass
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.ops import (
-    ALL_GATHER_OPS,
-    REDUCE_SCATTER_OPS,
     ROOTED_OPS,
     VARIABLE_SIZE_OPS,
     numel,
@@ -30,9 +28,6 @@ from frscope.analysis.wording import fmt_duration, fmt_ranks, plural
 from frscope.records import COMPLETED, STARTED, Entry, GroupInfo
 
 Bucket = list[Entry]
-
-# Ops with a size rule beyond "every rank passes the same sizes".
-SIZE_RULE_OPS = ALL_GATHER_OPS | REDUCE_SCATTER_OPS | VARIABLE_SIZE_OPS
 
 
 @dataclass(slots=True)
@@ -51,6 +46,15 @@ def _same(a: Bucket, b: Bucket) -> bool:
     if len(a) != len(b):
         return False
     for x, y in zip(a, b, strict=True):
+        # The common case (identical calls) is one tuple comparison done in C.
+        if (x.op, x.input_sizes, x.output_sizes, x.input_dtypes, x.output_dtypes) == (
+            y.op,
+            y.input_sizes,
+            y.output_sizes,
+            y.input_dtypes,
+            y.output_dtypes,
+        ):
+            continue
         if x.op != y.op:
             return False
         if x.op not in VARIABLE_SIZE_OPS and (x.input_sizes != y.input_sizes or x.output_sizes != y.output_sizes):
@@ -271,17 +275,16 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
                 break
         if ref_bucket is None:
             continue
-        if not differs and not any(e.op in SIZE_RULE_OPS for e in ref_bucket):
+        if not differs and not any(e.op in VARIABLE_SIZE_OPS for e in ref_bucket):
+            # Every rank passed what the first did: only split-size ops still need their totals checked.
             history = ref_bucket
             continue
         buckets = {r: b for r, t in with_entries if (b := t.by_seq.get(seq)) is not None}
-        if differs:
-            if first is None:
-                first = classify_mismatch(ctx, ref, seq, buckets, history)
-            else:
-                later += 1
-            continue
+        # A rank whose all_gather / reduce_scatter does not fit the group size is the culprit even
+        # without a majority (two ranks); otherwise the majority decides.
         problem = _self_consistency(ctx, group, ref, seq, buckets)
+        if problem is None and differs:
+            problem = classify_mismatch(ctx, ref, seq, buckets, history)
         if problem is not None:
             if first is None:
                 first = problem

@@ -17,6 +17,7 @@ from frscope.analysis.straggler import find_straggler
 from frscope.analysis.tracks import Track, build_tracks
 from frscope.analysis.wording import fmt_duration, plural
 from frscope.records import DumpSet
+from frscope.records.gcpause import gc_paused
 from frscope.records.membership import is_default_group
 
 # Most actionable first when two root causes started at the same moment.
@@ -96,7 +97,11 @@ def _missing_dumps(ctx: Context, waiting: list[tuple[GroupRef, int, str, list[in
 
 
 def analyze(dumpset: DumpSet, options: AnalysisOptions | None = None) -> Report:
-    options = options or AnalysisOptions()
+    with gc_paused():
+        return _analyze(dumpset, options or AnalysisOptions())
+
+
+def _analyze(dumpset: DumpSet, options: AnalysisOptions) -> Report:
     tracks_by_group = build_tracks(dumpset)
     ctx = Context(dumpset, tracks_by_group, options)
     findings: list[Finding] = []

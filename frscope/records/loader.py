@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from frscope.records.errors import DumpError, DumpTooLarge, TruncatedDump, UnknownFormat
+from frscope.records.gcpause import gc_paused
 from frscope.records.membership import build_groups
-from frscope.records.model import DumpSet, LoadProblem, RankDump
-from frscope.records.normalize import normalize_dump
+from frscope.records.model import DumpSet, LazyFrames, LoadProblem, RankDump
+from frscope.records.normalize import entries_of, normalize_dump
 from frscope.records.safe_pickle import safe_loads
 
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
@@ -119,12 +120,18 @@ def decode_bytes(data: bytes, source: str, max_bytes: int = DEFAULT_MAX_BYTES) -
     )
 
 
-def load_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> RankDump:
+def load_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, *, keep_frames: bool = False) -> RankDump:
+    """One file -> RankDump. Frames stay in the file (read again on demand) unless `keep_frames`."""
     source = str(path)
     rank = rank_from_name(path)
+
+    def reread_entries() -> Any:
+        return entries_of(decode_bytes(read_capped(path, max_bytes), source, max_bytes))
+
+    lazy = None if keep_frames else LazyFrames(reread_entries)
     try:
         raw = decode_bytes(read_capped(path, max_bytes), source, max_bytes)
-        dump = normalize_dump(raw, source, rank)
+        dump = normalize_dump(raw, source, rank, lazy)
     except DumpError as exc:
         if exc.rank is None:
             exc.rank = rank
@@ -173,11 +180,12 @@ def load_dumps(
     """Load every dump under `paths` (files or directories). Never raises for a bad file."""
     files, problems = expand_paths(paths)
     dumps: list[RankDump] = []
-    for done, path in enumerate(files, 1):
-        try:
-            dumps.append(load_file(path, max_bytes))
-        except DumpError as exc:
-            problems.append(LoadProblem(exc.source, exc.message, rank=exc.rank))
-        if progress is not None:
-            progress(done, len(files))
-    return assemble(dumps, problems, world_size)
+    with gc_paused():
+        for done, path in enumerate(files, 1):
+            try:
+                dumps.append(load_file(path, max_bytes))
+            except DumpError as exc:
+                problems.append(LoadProblem(exc.source, exc.message, rank=exc.rank))
+            if progress is not None:
+                progress(done, len(files))
+        return assemble(dumps, problems, world_size)

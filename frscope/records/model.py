@@ -7,6 +7,7 @@ slotted, built positionally, and keep sizes/frames in the cheap form the dump al
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +30,51 @@ class Frame:
 
     def __str__(self) -> str:
         return f"{self.name} ({self.filename}:{self.line})"
+
+
+def frames_from_raw(raw: Any) -> tuple[Frame, ...]:
+    """The dump's list of {name, filename, line} dicts -> Frames (tolerating junk)."""
+    out: list[Frame] = []
+    if isinstance(raw, (list, tuple)):
+        for item in raw:
+            if isinstance(item, dict):
+                line = item.get("line")
+                out.append(
+                    Frame(
+                        str(item.get("name", "?")),
+                        str(item.get("filename", "?")),
+                        line if isinstance(line, int) else -1,
+                    )
+                )
+    return tuple(out)
+
+
+class LazyFrames:
+    """Frames left in the file they came from, read again only for the entries someone looks at.
+
+    Frames are most of a dump (8-50 dicts per entry); holding them for 1,024 ranks x 2,000 entries
+    costs gigabytes, and only the culprits' are ever shown. One instance per file, shared by its
+    entries; `reader` re-decodes the file (safely) the first time a frame is asked for."""
+
+    __slots__ = ("_by_record", "_reader")
+
+    def __init__(self, reader: Callable[[], Any]) -> None:
+        self._reader = reader
+        self._by_record: dict[int, Any] | None = None
+
+    def raw_frames(self, record_id: int) -> Any:
+        if self._by_record is None:
+            self._by_record = {}
+            try:
+                entries = self._reader()
+            except Exception:  # the file changed or vanished since: frames are evidence, not essential
+                entries = []
+            if isinstance(entries, list):
+                for index, item in enumerate(entries):
+                    if isinstance(item, dict):
+                        rid = item.get("record_id", index)
+                        self._by_record[rid if isinstance(rid, int) else index] = item.get("frames")
+        return self._by_record.get(record_id)
 
 
 class Entry:
@@ -127,19 +173,9 @@ class Entry:
         raw = self._frames
         if isinstance(raw, tuple):
             return raw
-        out: list[Frame] = []
-        if isinstance(raw, list):
-            for item in raw:
-                if isinstance(item, dict):
-                    line = item.get("line")
-                    out.append(
-                        Frame(
-                            str(item.get("name", "?")),
-                            str(item.get("filename", "?")),
-                            line if isinstance(line, int) else -1,
-                        )
-                    )
-        frames = tuple(out)
+        if isinstance(raw, LazyFrames):
+            raw = raw.raw_frames(self.record_id)
+        frames = frames_from_raw(raw)
         self._frames = frames
         return frames
 

@@ -15,7 +15,7 @@ from collections import Counter
 from typing import Any
 
 from frscope.records.errors import MalformedDump
-from frscope.records.model import P2P_OPS, SCHEDULED, Entry, PgConfig, PgStatus, RankDump
+from frscope.records.model import P2P_OPS, SCHEDULED, Entry, LazyFrames, PgConfig, PgStatus, RankDump
 
 # Versions whose fields this reader knows. Newer ones are read with a warning.
 KNOWN_VERSION = (2, 10)
@@ -165,7 +165,9 @@ def _frames_key(value: list[Any]) -> tuple[int, ...]:
     return tuple(map(id, value))
 
 
-def normalize_entries(raw_entries: list[Any], source: str) -> tuple[list[Entry], str | None, list[str]]:
+def normalize_entries(
+    raw_entries: list[Any], source: str, lazy_frames: LazyFrames | None = None
+) -> tuple[list[Entry], str | None, list[str]]:
     """Normalize the entry list; returns (entries, backend, warnings). Linear, no per-entry regex.
 
     Hot path (millions of entries): fields that already have the type torch writes are taken as they
@@ -256,9 +258,12 @@ def normalize_entries(raw_entries: list[Any], source: str) -> tuple[list[Entry],
         if type(output_dtypes) is not list:
             output_dtypes = _dtypes(output_dtypes)
         output_dtypes = _shared(dtypes_cache, output_dtypes, tuple)
-        frames = get("frames")
-        if type(frames) is list and frames:
-            frames = _shared(frames_cache, frames, _frames_key)
+        if lazy_frames is not None:  # frames stay in the file; read again for the entries shown
+            frames: Any = lazy_frames
+        else:
+            frames = get("frames")
+            if type(frames) is list and frames:
+                frames = _shared(frames_cache, frames, _frames_key)
 
         created = get("time_created_ns")
         if created is not None and (type(created) is not int or not created):
@@ -360,6 +365,12 @@ def _pg_status(raw: Any) -> dict[str, PgStatus]:
     return out
 
 
+def entries_of(raw: Any) -> Any:
+    """The raw entry list of a decoded dump or snapshot (for re-reading frames)."""
+    trace, _ = unwrap_snapshot(raw)
+    return trace.get("entries") if isinstance(trace, dict) else None
+
+
 def unwrap_snapshot(raw: Any) -> tuple[Any, dict[str, Any]]:
     """frscope's own snapshot files wrap the recorder with capture metadata; torch's do not."""
     if isinstance(raw, dict) and SNAPSHOT_KEY in raw and "trace" in raw:
@@ -368,7 +379,7 @@ def unwrap_snapshot(raw: Any) -> tuple[Any, dict[str, Any]]:
     return raw, {}
 
 
-def normalize_dump(raw: Any, source: str, rank: int | None) -> RankDump:
+def normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFrames | None = None) -> RankDump:
     """Build a RankDump. `rank` comes from the file name; the contents may correct it."""
     trace, meta = unwrap_snapshot(raw)
     if not isinstance(trace, dict):
@@ -399,7 +410,7 @@ def normalize_dump(raw: Any, source: str, rank: int | None) -> RankDump:
         raw_entries = list(raw_entries)
     elif not isinstance(raw_entries, list):
         raise MalformedDump(source, f"is {type(raw_entries).__name__}, expected a list", rank=rank, field="entries")
-    entries, backend, entry_warnings = normalize_entries(raw_entries, source)
+    entries, backend, entry_warnings = normalize_entries(raw_entries, source, lazy_frames)
     warnings.extend(entry_warnings)
 
     content_rank = meta.get("rank", trace.get("rank"))
