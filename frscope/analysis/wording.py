@@ -22,9 +22,16 @@ def fmt_ranks(ranks: Iterable[int]) -> str:
     return ", ".join(parts)
 
 
-def plural(ranks: Iterable[int], word: str = "rank") -> str:
+def plural(ranks: Iterable[int], word: str = "rank", max_parts: int = 6) -> str:
+    """'rank 3', 'ranks 0-2, 5'; long scattered lists (one rank per host of 128) become
+    '63 ranks (10, 26, 42, 58, ...)' so a verdict stays one readable sentence."""
     listed = sorted(set(ranks))
-    return f"{word}{'s' if len(listed) != 1 else ''} {fmt_ranks(listed)}"
+    text = fmt_ranks(listed)
+    parts = text.split(", ")
+    if len(parts) > max_parts:
+        text = f"({', '.join(parts[:4])}, ...)"
+        return f"{len(listed)} {word}s {text}"
+    return f"{word}{'s' if len(listed) != 1 else ''} {text}"
 
 
 def fmt_duration(seconds: float) -> str:
