@@ -41,9 +41,13 @@ def asset(name: str) -> str:
 def embed_json(obj: Any) -> str:
     """JSON that is safe inside <script type="application/json">: no '</script>', no '<!--'."""
     text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
-    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace(
-        "\u2028", "\\u2028"
-    ).replace("\u2029", "\\u2029")
+    return (
+        text.replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("&", "\\u0026")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
 
 
 def _body(noscript: str, nav: str) -> str:

@@ -43,6 +43,7 @@ DEFAULT_MAX_RUNS = 200_000
 DEFAULT_TAIL_COLUMNS = 256
 DEFAULT_LAG_THRESHOLD_MS = 50.0
 DEFAULT_MAX_LAGS = 20_000
+DEFAULT_MAX_SITE_RANKS = 8
 
 # Raw cell key: compared with == only (sizes are lists: unhashable, cheap to compare).
 _RawKey = tuple[Any, ...]
@@ -54,6 +55,9 @@ class TimelineOptions:
     tail_columns: int = DEFAULT_TAIL_COLUMNS
     lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS
     max_lags: int = DEFAULT_MAX_LAGS
+    # call sites come from the frames, which may be re-read from each rank's file: ask this many ranks
+    # at most (besides the culprits)
+    max_site_ranks: int = DEFAULT_MAX_SITE_RANKS
 
 
 class _Tables:
@@ -66,6 +70,7 @@ class _Tables:
         self._op_ids: dict[str, int] = {}
         self.cells: list[list[int]] = []
         self._cell_ids: dict[tuple[Any, ...], int] = {}
+        self._reps: list[tuple[int, Entry] | None] = []  # the entry each cell was first seen in
 
     def string(self, text: str) -> int:
         found = self._string_ids.get(text)
@@ -87,16 +92,17 @@ class _Tables:
         if found is None:
             found = self._cell_ids[key] = len(self.cells)
             self.cells.append([-1, state, 0, 0, 0, 0, 0, 1])
+            self._reps.append(None)
         return found
 
-    def cell(self, raw: _RawKey, bucket: list[Entry]) -> int:
+    def cell(self, raw: _RawKey, bucket: list[Entry], rank: int) -> int:
         op, state, in_sizes, in_dtypes, out_sizes, out_dtypes = raw
         key = (op, state, repr(in_sizes), repr(in_dtypes), repr(out_sizes), repr(out_dtypes))
         found = self._cell_ids.get(key)
         if found is not None:
             return found
-        site = user_frame(bucket[0].frames)
         found = self._cell_ids[key] = len(self.cells)
+        self._reps.append((rank, bucket[0]))
         self.cells.append(
             [
                 self.op(op),
@@ -105,16 +111,35 @@ class _Tables:
                 self.string(", ".join(in_dtypes)),
                 self.string(_shapes(out_sizes)),
                 self.string(", ".join(out_dtypes)),
-                self.string(f"{site.filename}:{site.line} ({site.name})" if site else ""),
+                0,  # call site: resolve_sites()
                 len(bucket),
             ]
         )
         return found
 
+    def resolve_sites(self, preferred: set[int], max_ranks: int) -> None:
+        """Call sites from the recorder's frames. Frames may be lazy (re-read from the rank's file on
+        first use), so only the ranks in `preferred` plus up to `max_ranks` others are asked."""
+        allowed = set(preferred)
+        budget = max_ranks
+        for i, rep in enumerate(self._reps):
+            if rep is None:
+                continue
+            rank, entry = rep
+            if rank not in allowed:
+                if budget <= 0:
+                    continue
+                budget -= 1
+                allowed.add(rank)
+            site = user_frame(entry.frames)
+            if site is not None:
+                self.cells[i][6] = self.string(f"{site.filename}:{site.line} ({site.name})")
+
 
 def _shapes(sizes: list[Any]) -> str:
-    return " ".join("[" + ", ".join(str(d) for d in shape) + "]" if isinstance(shape, list) else str(shape)
-                    for shape in sizes)
+    return " ".join(
+        "[" + ", ".join(str(d) for d in shape) + "]" if isinstance(shape, list) else str(shape) for shape in sizes
+    )
 
 
 def _bucket_state(bucket: list[Entry], in_flight: bool) -> int:
@@ -205,9 +230,16 @@ def _columns(tracks: dict[int, Track]) -> list[int]:
 class _GroupGrid:
     """One group's raw grid, computed once; `encode()` can then be called on a column subset."""
 
-    def __init__(self, rows: list[int], seqs: list[int], col_cell: list[int],
-                 exceptions: list[list[tuple[int, int]]], col_t: list[float | None],
-                 col_dur: list[float | None], lags: list[tuple[float, int, int]]) -> None:
+    def __init__(
+        self,
+        rows: list[int],
+        seqs: list[int],
+        col_cell: list[int],
+        exceptions: list[list[tuple[int, int]]],
+        col_t: list[float | None],
+        col_dur: list[float | None],
+        lags: list[tuple[float, int, int]],
+    ) -> None:
         self.rows = rows
         self.seqs = seqs
         self.col_cell = col_cell
@@ -248,7 +280,11 @@ class _GroupGrid:
 
 
 def _grid(
-    dumpset: DumpSet, tables: _Tables, rows: list[int], tracks: dict[int, Track], lag_threshold_ms: float,
+    dumpset: DumpSet,
+    tables: _Tables,
+    rows: list[int],
+    tracks: dict[int, Track],
+    lag_threshold_ms: float,
     t0: int | None,
 ) -> _GroupGrid:
     seqs = _columns(tracks)
@@ -307,12 +343,12 @@ def _grid(
         for i, k in enumerate(keys):
             if k is not None and k == candidate:
                 if consensus < 0:
-                    consensus = tables.cell(k, buckets[i])  # type: ignore[arg-type]
+                    consensus = tables.cell(k, buckets[i], rows[i])  # type: ignore[arg-type]
                 continue
             if k is None:
                 cell = tables.absent(_absent_state(row_tracks[i], seq, has_dump[i]))
             else:
-                cell = tables.cell(k, buckets[i])  # type: ignore[arg-type]
+                cell = tables.cell(k, buckets[i], rows[i])  # type: ignore[arg-type]
             exceptions[i].append((col, cell))
         col_cell.append(consensus)
         if created and t0 is not None:
@@ -339,8 +375,9 @@ def _choose_columns(grid: _GroupGrid, must: set[int], budget: int, tail: int) ->
     return sorted(keep)
 
 
-def build_timeline(dumpset: DumpSet, report: Report | None = None,
-                   options: TimelineOptions | None = None) -> dict[str, Any]:
+def build_timeline(
+    dumpset: DumpSet, report: Report | None = None, options: TimelineOptions | None = None
+) -> dict[str, Any]:
     """The timeline data (see the module docstring and docs/timeline.md). Pure; linear in the entries."""
     opts = options or TimelineOptions()
     tables = _Tables()
@@ -387,8 +424,11 @@ def build_timeline(dumpset: DumpSet, report: Report | None = None,
             lags = heapq.nlargest(lag_budget, lags)
         lag_budget = max(0, lag_budget - len(lags))
         lags.sort(key=lambda x: (x[1], x[2]))
-        stuck_cols = [remap[grid.seqs.index(m["seq"])] for m in marks
-                      if m["group"] == name and m["seq"] in grid.seqs and grid.seqs.index(m["seq"]) in remap]
+        stuck_cols = [
+            remap[grid.seqs.index(m["seq"])]
+            for m in marks
+            if m["group"] == name and m["seq"] in grid.seqs and grid.seqs.index(m["seq"]) in remap
+        ]
         groups_out.append(
             {
                 "name": name,
@@ -411,6 +451,7 @@ def build_timeline(dumpset: DumpSet, report: Report | None = None,
 
     primary = next((m for m in marks if not m["consequence"] and m["seq"] is not None), None)
     culprits = sorted({r for m in marks if not m["consequence"] for r in m["culprit_ranks"]})
+    tables.resolve_sites(set(culprits), opts.max_site_ranks)
     op_names = tables.op_names
     labels = sorted({op_label(o) for o in op_names})
     captured = {
@@ -429,8 +470,16 @@ def build_timeline(dumpset: DumpSet, report: Report | None = None,
         "op_names": op_names,
         "op_labels": labels,
         "op_label_of": [labels.index(op_label(o)) for o in op_names],
-        "cell_fields": ["op", "state", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "site",
-                        "entries"],
+        "cell_fields": [
+            "op",
+            "state",
+            "input_sizes",
+            "input_dtypes",
+            "output_sizes",
+            "output_dtypes",
+            "site",
+            "entries",
+        ],
         "cells": tables.cells,
         "strings": tables.strings,
         "culprit_ranks": culprits,

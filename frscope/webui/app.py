@@ -52,8 +52,9 @@ def _summary_json(summary: JobSummary | None, revision: str) -> dict[str, Any]:
 
 
 class WebUI:
-    def __init__(self, provider: JobProvider, *, poll_s: float = DEFAULT_POLL_S,
-                 keepalive_s: float = KEEPALIVE_S) -> None:
+    def __init__(
+        self, provider: JobProvider, *, poll_s: float = DEFAULT_POLL_S, keepalive_s: float = KEEPALIVE_S
+    ) -> None:
         self.provider = provider
         self.poll_s = poll_s
         self.keepalive_s = keepalive_s
@@ -196,7 +197,7 @@ def _jobs_page(jobs: Sequence[JobSummary], data: dict[str, Any]) -> str:
         for j in jobs
     )
     return (
-        "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{_JOBS_CSP}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n<link rel="icon" href="data:,">\n'
         f"<title>frscope: watched jobs</title>\n<style>\n{asset('timeline.css')}</style>\n</head>\n<body>\n"

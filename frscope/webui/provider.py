@@ -124,6 +124,9 @@ def detail_revision(detail: JobDetail | None) -> str:
         "summary": detail.summary.to_dict(),
         "ranks": {str(r): s.to_dict() for r, s in sorted(detail.ranks.items())},
     }
-    parts = [_CACHE.digest(detail.report), _CACHE.digest(detail.timeline),
-             hashlib.sha256(json.dumps(small, sort_keys=True).encode()).hexdigest()[:16]]
+    parts = [
+        _CACHE.digest(detail.report),
+        _CACHE.digest(detail.timeline),
+        hashlib.sha256(json.dumps(small, sort_keys=True).encode()).hexdigest()[:16],
+    ]
     return hashlib.sha256(":".join(parts).encode()).hexdigest()[:20]

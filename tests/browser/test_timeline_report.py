@@ -48,8 +48,19 @@ def _write_report(tmp_path: Path, fixture: str, options: AnalysisOptions | None)
 
 def test_cli_html_opens_offline_with_culprit_highlighted(browser: Any, tmp_path: Path, artifacts: Path) -> None:
     out = tmp_path / "report.html"
-    code = main(["analyze", str(REAL / "hang-pickle"), "--stall-after", "1", "--html", str(out), "-o",
-                 str(tmp_path / "report.txt"), "--no-progress"])
+    code = main(
+        [
+            "analyze",
+            str(REAL / "hang-pickle"),
+            "--stall-after",
+            "1",
+            "--html",
+            str(out),
+            "-o",
+            str(tmp_path / "report.txt"),
+            "--no-progress",
+        ]
+    )
     assert code == 1 and out.exists()
     context, page, errors, blocked = _offline_page(browser, out)
     try:

@@ -30,8 +30,13 @@ def real(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 def test_live_page_follows_the_job(browser: Any, artifacts: Path) -> None:
     provider = MemoryProvider()
     healthy_report, healthy_timeline = real("none")
-    provider.put("team-a", "llm-pretrain", report=healthy_report, timeline=healthy_timeline,
-                 ranks={r: RankStatus("ok") for r in range(4)})
+    provider.put(
+        "team-a",
+        "llm-pretrain",
+        report=healthy_report,
+        timeline=healthy_timeline,
+        ranks={r: RankStatus("ok") for r in range(4)},
+    )
     provider.put("team-b", "vision", report=None, timeline=None)
     hang_report, hang_timeline = real("hang-pickle")
     app = create_app(provider, poll_s=0.2)
@@ -55,11 +60,20 @@ def test_live_page_follows_the_job(browser: Any, artifacts: Path) -> None:
 
             # the job hangs: the provider changes, the open page follows without a reload
             marker = page.evaluate("() => (window.__notReloaded = true)")
-            server.call(lambda: provider.put(
-                "team-a", "llm-pretrain", report=hang_report, timeline=hang_timeline,
-                ranks={0: RankStatus("stalled", "in all_reduce #4"), 1: RankStatus("ok", "in load_batch"),
-                       2: RankStatus("stalled"), 3: RankStatus("stalled")},
-            ))
+            server.call(
+                lambda: provider.put(
+                    "team-a",
+                    "llm-pretrain",
+                    report=hang_report,
+                    timeline=hang_timeline,
+                    ranks={
+                        0: RankStatus("stalled", "in all_reduce #4"),
+                        1: RankStatus("ok", "in load_batch"),
+                        2: RankStatus("stalled"),
+                        3: RankStatus("stalled"),
+                    },
+                )
+            )
             page.wait_for_function("() => window.frscope.state().culpritRanks.length === 1", timeout=15_000)
             after = state(page)
             assert page.evaluate("() => window.__notReloaded") is marker is True

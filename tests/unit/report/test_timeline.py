@@ -11,7 +11,7 @@ import pytest
 from frscope.analysis import AnalysisOptions, analyze
 from frscope.records import load_dumps
 from frscope.report.timeline import STATES, TimelineOptions, build_timeline
-from tests.synthetic import synthetic_hang
+from tests.synthetic import big_job, hand_report, synthetic_hang
 
 REAL = Path(__file__).parents[2] / "data" / "real"
 SOON = AnalysisOptions(stall_after_s=1.0)
@@ -117,19 +117,29 @@ def test_missing_rank_rows_say_no_dump() -> None:
     assert tl["missing_ranks"] == [1]
 
 
+def test_hand_report_is_what_the_analysis_says() -> None:
+    dumpset = synthetic_hang(16, 50, culprit=5)
+    [finding] = analyze(dumpset).findings
+    hand = hand_report(dumpset, 5, 50).findings[0]
+    assert (finding.category, finding.culprit_ranks, finding.collective_seq_id) == (
+        hand.category,
+        hand.culprit_ranks,
+        hand.collective_seq_id,
+    )
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_1024_ranks_x_2000_entries_stays_small() -> None:
-    dumpset = synthetic_hang(1024, 2000, culprit=517)
-    # A hand-made report would do for marks; the real analysis keeps it honest.
-    tl = build_timeline(dumpset, analyze(dumpset))
+    report, tl = big_job()
     size = len(json.dumps(tl, separators=(",", ":")))
     assert size < 1_000_000, size
     g = tl["groups"][0]
-    assert len(g["seqs"]) == 2000 and not g["sampled"]
-    assert tl["culprit_ranks"] == [517]
+    assert len(g["ranks"]) == 1024 and len(g["seqs"]) == 2000 and not g["sampled"]
+    assert tl["culprit_ranks"] == [517] and report["findings"][0]["culprit_ranks"] == [517]
     assert len(g["patterns"]) <= 4
     assert g["seqs"][g["finding_cols"][0]] == 2000
+    assert "train.py:145" in tl["strings"][tl["cells"][g["col_cell"][0]][6]]
 
 
 def test_over_budget_samples_columns_but_keeps_findings_and_culprit() -> None:

@@ -99,8 +99,9 @@ async def _next_event(stream: Any) -> dict[str, Any]:
         event[key] = value
 
 
-async def test_events_follow_the_provider(client: TestClient[web.Request, web.Application],
-                                          provider: MemoryProvider) -> None:
+async def test_events_follow_the_provider(
+    client: TestClient[web.Request, web.Application], provider: MemoryProvider
+) -> None:
     r = await client.get("/ui/jobs/ml/resnet/events")
     assert r.headers["Content-Type"].startswith("text/event-stream")
     first = await _next_event(r.content)
