@@ -87,6 +87,68 @@ class Digest:
     info: dict[str, str]
 
 
+_DECODER = json.JSONDecoder()
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def loads_in_pieces(raw: bytes) -> Any:
+    """json.loads for a top-level object whose big values are lists (`entries`), decoding each list
+    element on its own. json.loads is one C call that holds the GIL for the whole document (tens of ms
+    for a 2,000-entry recorder); between elements the event loop's thread gets the GIL back, so
+    /metrics answers while a recorder is parsed. Same result as json.loads; ValueError if invalid."""
+    text = raw.decode("utf-8")
+    ws, decode = _WS.match, _DECODER.raw_decode
+
+    def skip(i: int) -> int:
+        m = ws(text, i)
+        return m.end() if m else i
+
+    def expect(i: int, char: str) -> int:
+        if text[i:i + 1] != char:
+            raise ValueError(f"expected {char!r} at byte {i}")
+        return i + 1
+
+    i = expect(skip(0), "{")
+    out: dict[str, Any] = {}
+    i = skip(i)
+    if text[i:i + 1] == "}":
+        i += 1
+    else:
+        while True:
+            key, i = decode(text, i)
+            if not isinstance(key, str):
+                raise ValueError(f"object key at byte {i} is not a string")
+            i = skip(expect(skip(i), ":"))
+            if text[i:i + 1] == "[":
+                items: list[Any] = []
+                i = skip(i + 1)
+                if text[i:i + 1] == "]":
+                    i += 1
+                else:
+                    while True:
+                        item, i = decode(text, i)
+                        items.append(item)
+                        i = skip(i)
+                        if text[i:i + 1] == ",":
+                            i = skip(i + 1)
+                            continue
+                        i = expect(i, "]")
+                        break
+                value: Any = items
+            else:
+                value, i = decode(text, i)
+            out[key] = value
+            i = skip(i)
+            if text[i:i + 1] == ",":
+                i = skip(i + 1)
+                continue
+            i = expect(i, "}")
+            break
+    if skip(i) != len(text):
+        raise ValueError(f"extra data at byte {skip(i)}")
+    return out
+
+
 def _digest(raw: bytes, rank: int, source: str, previous: RankState) -> Digest:
     """Parse and normalize one fr_trace_json answer (worker thread). Raises WorkerError."""
     raw_hash = hashlib.blake2b(raw, digest_size=16).digest()
@@ -94,8 +156,8 @@ def _digest(raw: bytes, rank: int, source: str, previous: RankState) -> Digest:
         return Digest(raw_hash, None, None, [], [], previous.count_watermark, previous.duration_watermark,
                       previous.info)
     try:
-        obj = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        obj = loads_in_pieces(raw) if raw.lstrip()[:1] == b"{" else json.loads(raw)
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise WorkerError("decode", f"{source}: fr_trace_json: not JSON: {exc}") from exc
     try:
         dump = normalize_dump(obj, source, rank)

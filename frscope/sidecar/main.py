@@ -62,6 +62,8 @@ def main(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"frscope sidecar: --install-bootstrap {config.install_bootstrap}: {exc}", file=sys.stderr)
             return EXIT_FAILED
+    # Parsing threads give the event loop the GIL back within 2 ms (default 5 ms): /metrics stays fast.
+    sys.setswitchinterval(0.002)
     return asyncio.run(serve(config))
 
 
