@@ -146,7 +146,7 @@ _CONVERTERS: dict[str, Callable[[str], Any]] = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag, dest, env, kind, default, text in _OPTIONS:
-        shown = f"{default // MiB}M" if kind == "size" and isinstance(default, int) else str(default)
+        shown = f"{default // MiB}M" if kind == "size" and isinstance(default, int) else str(default or "unset")
         parser.add_argument(
             flag,
             dest=dest,
