@@ -29,11 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-
-try:
-    from tests.e2e.chart_tools import Helm, objects
-except ImportError:  # run from tests/e2e with rootdir-relative imports
-    from chart_tools import Helm, objects  # type: ignore[no-redef]
+import yaml
 
 if TYPE_CHECKING:
     from testenv.cluster import ControlPlane
@@ -259,9 +255,15 @@ def namespace(kube: ControlPlane) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def chart_rbac(kube: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
-    """The Helm chart's ClusterRole for the operator, rendered by the real helm."""
-    helm = Helm(kube.bin_dir / "helm", tmp_path_factory.mktemp("helm-home"))
-    rendered = objects(helm, "defaults")
+    """The Helm chart's ClusterRole for the operator (default values), rendered by the real helm."""
+    home = tmp_path_factory.mktemp("helm-home")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "HELM_CACHE_HOME": str(home / "cache"),
+           "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
+    proc = subprocess.run([str(kube.bin_dir / "helm"), "template", "frs", str(ROOT / "charts" / "frscope"),
+                           "--namespace", "frscope-system"], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    rendered = [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
     [role] = [o for o in rendered if o["kind"] == "ClusterRole" and o["metadata"]["name"].endswith("-operator")]
     return list(role["rules"])
 
