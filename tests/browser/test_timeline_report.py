@@ -136,3 +136,21 @@ def test_group_filter(browser: Any, tmp_path: Path) -> None:
         assert errors.items == []
     finally:
         context.close()
+
+
+@pytest.mark.parametrize("fixture", sorted(p.name for p in REAL.iterdir() if p.is_dir()))
+def test_every_real_fixture_draws_without_errors(browser: Any, tmp_path: Path, fixture: str) -> None:
+    out = _write_report(tmp_path, fixture, AnalysisOptions(stall_after_s=1.0))
+    context, page, errors, blocked = _offline_page(browser, out, 1100, 800)
+    try:
+        s = state(page)
+        assert s["drawnCells"] > 0
+        page.evaluate("() => window.frscope.setMode('time')")
+        page.evaluate("() => window.frscope.zoomToStuck()")
+        page.mouse.move(400, 420)
+        page.evaluate("() => window.frscope.reset()")
+        for i in range(len(page.query_selector_all("#fr-group option"))):
+            page.select_option("#fr-group", str(i))
+        assert errors.items == [] and blocked == []
+    finally:
+        context.close()

@@ -51,6 +51,11 @@ def test_live_page_follows_the_job(browser: Any, artifacts: Path) -> None:
             rows = page.inner_text("#jobs-body")
             assert "team-a/llm-pretrain" in rows and "No problem found" in rows and "not diagnosed" in rows
             page.screenshot(path=str(artifacts / "webui-jobs.png"))
+            page.click("text=team-b/vision")  # not diagnosed yet: the page says so
+            wait_ready(page)
+            assert "No report yet" in page.inner_text("#fr-verdict") and page.is_visible("#fr-empty")
+            page.go_back()
+            wait_ready(page)
             page.click("text=team-a/llm-pretrain")
             wait_ready(page)
             assert page.url.endswith("/jobs/team-a/llm-pretrain")

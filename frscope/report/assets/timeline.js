@@ -110,10 +110,18 @@
       else e = s0 + 1;
       ends[col] = Math.max(e, s0 + 0.001);
     }
-    var tMin = order.length ? starts[order[0]] : 0, tMax = tMin + 1;
-    order.forEach(function (c2) { tMax = Math.max(tMax, ends[c2]); });
+    var tMin = order.length ? starts[order[0]] : 0, tMax = tMin + 1, tActive = tMin;
+    order.forEach(function (c2) {
+      tMax = Math.max(tMax, ends[c2]);
+      var cc = g.col_cell[c2], waiting = cc >= 0 && T.cells[cc][1] === ST_IN_FLIGHT;
+      tActive = Math.max(tActive, waiting ? starts[c2] : ends[c2]);
+    });
+    // An in-flight collective stretches to when the recorders were read (seconds or minutes later);
+    // the first view ends a little after the last activity so the history stays readable.
+    var tView = Math.min(tMax, tActive + Math.max((tActive - tMin) * 0.25, 1));
     D = {g: g, ncols: ncols, dense: dense, rows: rows, posOf: posOf, culpritRows: culpritRows, lags: lags, findingCols: findingCols,
-      starts: starts, ends: ends, order: order, tMin: tMin, tMax: tMax, hasTime: order.length > 0};
+      starts: starts, ends: ends, order: order, tMin: tMin, tMax: tMax, tView: tView,
+      hasTime: order.length > 0};
     buildColors();
   }
 
@@ -157,6 +165,11 @@
   function fullView() {
     if (S.mode === "time" && D.hasTime) return {x0: D.tMin, x1: D.tMax, r0: 0, r1: D.rows.length};
     return {x0: 0, x1: Math.max(D.ncols, 1), r0: 0, r1: D.rows.length};
+  }
+  function defaultView() {
+    var f = fullView();
+    if (S.mode === "time" && D.hasTime) f.x1 = D.tView;
+    return f;
   }
   function clampView(v) {
     var f = fullView(), minX = S.mode === "time" ? (f.x1 - f.x0) / 5000 : Math.min(3, f.x1);
@@ -241,13 +254,20 @@
     var px0 = Math.round(GUTTER_L * dpr), py0 = Math.round(GUTTER_T * dpr);
     var W = Math.max(1, canvas.width - px0 - Math.round(PAD_R * dpr));
     var H = Math.max(1, canvas.height - py0 - Math.round(PAD_B * dpr));
-    S.view = clampView(S.view || fullView());
+    S.view = clampView(S.view || defaultView());
     var view = S.view;
     geo = {dpr: dpr, px0: px0, py0: py0, W: W, H: H, view: view};
     colOfX = mapColumns(W, view);
     rowOfY = mapRows(H, view);
-    var pxPerCol = S.mode === "time" ? 0 : W / (view.x1 - view.x0), pxPerRow = H / (view.r1 - view.r0);
-    var gapX = pxPerCol >= 6, gapY = pxPerRow >= 6;
+    var pxPerRow = H / (view.r1 - view.r0), gapY = pxPerRow >= 6;
+    // a one-pixel gap after every column drawn at least 6 pixels wide
+    var gapAt = new Uint8Array(W), runStart = 0, minRun = Math.round(6 * dpr);
+    for (var gx = 1; gx <= W; gx++) {
+      if (gx === W || colOfX[gx] !== colOfX[runStart]) {
+        if (gx < W && gx - runStart >= minRun && colOfX[runStart] >= 0) gapAt[gx - 1] = 1;
+        runStart = gx;
+      }
+    }
 
     var img = ctx.createImageData(W, H), u32 = new Uint32Array(img.data.buffer);
     u32.fill(0xffffffff);
@@ -262,7 +282,7 @@
       for (var x = 0; x < W; x++) {
         var c = colOfX[x];
         if (c < 0) continue;
-        if (gapX && x + 1 < W && colOfX[x + 1] !== c) continue;
+        if (gapAt[x]) continue;
         var cell = arr[c];
         if (cell < 0) continue;
         var col = color[cell];
@@ -355,7 +375,12 @@
     ctx.textAlign = "center";
     ctx.fillStyle = "#5b6475";
     ctx.textBaseline = "alphabetic";
-    var ticks = axisTicks(view, plotW);
+    var flagCol = primaryColumn(), flagX = null;
+    if (flagCol >= 0) {
+      var fx = xOfCol(flagCol, view);
+      flagX = S.mode === "time" ? fx[0] + Math.min((fx[1] - fx[0]) / 2, 8) : (fx[0] + fx[1]) / 2;
+    }
+    var ticks = axisTicks(view, plotW).filter(function (t) { return flagX == null || Math.abs(t.x - flagX) > 45; });
     ctx.strokeStyle = "#d8dce3";
     ctx.lineWidth = 1;
     ticks.forEach(function (t) {
@@ -396,7 +421,7 @@
     ctx.setLineDash([]);
     ctx.restore();
     if (primaryCol >= 0) { // a flag above the axis: the stuck collective stays findable when it is one pixel wide
-      var xsP = xOfCol(primaryCol, view), xm = (xsP[0] + xsP[1]) / 2;
+      var xsP = xOfCol(primaryCol, view), xm = S.mode === "time" ? xsP[0] + Math.min((xsP[1] - xsP[0]) / 2, 8) : (xsP[0] + xsP[1]) / 2;
       if (xm >= GUTTER_L - 1 && xm <= GUTTER_L + plotW + 1) {
         ctx.fillStyle = "#c62828";
         ctx.beginPath(); ctx.moveTo(xm - 5, GUTTER_T - 9); ctx.lineTo(xm + 5, GUTTER_T - 9); ctx.lineTo(xm, GUTTER_T - 2); ctx.fill();
