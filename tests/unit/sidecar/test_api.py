@@ -1,0 +1,184 @@
+"""The sidecar's HTTP surface with no rank to poll (the rank-facing behaviour is tested against real
+torch jobs in tests/integration/test_sidecar_*.py): probes, auth, metrics, empty answers, push."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from frscope import __version__
+from frscope.sidecar.app import Sidecar
+from frscope.sidecar.config import SidecarConfig
+from frscope.sidecar.main import serve
+from frscope.sidecar.metrics import SidecarMetrics
+from frscope.sidecar.push import Pusher
+
+
+def cfg(tmp_path: Path, **kw: Any) -> SidecarConfig:
+    base: dict[str, Any] = {"socket_dir": tmp_path / "s", "evidence_dir": None, "host": "127.0.0.1", "port": 0,
+                            "poll_interval_s": 0.1, "pod": "p", "namespace": "ns", "node": "n"}
+    base.update(kw)
+    return SidecarConfig(**base)
+
+
+async def fetch(sidecar: Sidecar, path: str, **headers: str) -> tuple[int, bytes, dict[str, str]]:
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{sidecar.port}{path}", headers=headers) as resp:
+            return resp.status, await resp.read(), dict(resp.headers)
+
+
+async def test_empty_sidecar_serves_everything(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    sidecar = Sidecar(cfg(tmp_path, poll_interval_s=3600), registry)
+    await sidecar.start()
+    try:
+        assert (await fetch(sidecar, "/healthz"))[:2] == (200, b'{"ok": true}')
+        # The first poll round runs as the poll loop starts; /readyz follows it.
+        for _ in range(50):
+            if sidecar.ready:
+                break
+            await asyncio.sleep(0.05)
+        status, body, _ = await fetch(sidecar, "/readyz")
+        assert status == 200 and json.loads(body) == {"ready": True, "ranks": 0}
+        status, body, headers = await fetch(sidecar, "/metrics")
+        assert status == 200 and headers["Content-Type"].startswith("text/plain")
+        assert f'frscope_sidecar_info{{version="{__version__}"}} 1.0' in body.decode()
+        assert registry.get_sample_value("frscope_polls_total") == 1
+        status, body, _ = await fetch(sidecar, "/v1/status")
+        st = json.loads(body)
+        assert st["schema"] == "frscope.sidecar.status/v1" and st["ranks"] == {} and st["stalled"] is False
+        assert (st["pod"], st["namespace"], st["node"]) == ("p", "ns", "n")
+        status, body, _ = await fetch(sidecar, "/v1/snapshot")
+        snap = json.loads(body)
+        assert snap["schema"] == "frscope.sidecar.snapshot/v1" and snap["ranks"] == [] and snap["errors"] == []
+        assert snap["reason"] == "poll"
+    finally:
+        await sidecar.stop()
+
+
+async def test_not_ready_before_the_first_poll(tmp_path: Path) -> None:
+    sidecar = Sidecar(cfg(tmp_path))
+    app = sidecar.build_app()
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    sidecar.port = runner.addresses[0][1]
+    try:
+        assert (await fetch(sidecar, "/readyz"))[0] == 503
+    finally:
+        await runner.cleanup()
+
+
+async def test_token(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text("  t0ken\n")
+    sidecar = Sidecar(cfg(tmp_path, token_file=token))
+    await sidecar.start()
+    try:
+        assert (await fetch(sidecar, "/healthz"))[0] == 200
+        assert (await fetch(sidecar, "/metrics"))[0] == 401
+        status, _, headers = await fetch(sidecar, "/v1/status", Authorization="Bearer nope")
+        assert status == 401 and headers["WWW-Authenticate"] == "Bearer"
+        assert (await fetch(sidecar, "/v1/status", Authorization="Bearer t0ken"))[0] == 200
+        assert (await fetch(sidecar, "/v1/status", Authorization="bearer t0ken"))[0] == 200
+    finally:
+        await sidecar.stop()
+
+
+async def test_unreadable_token_file_is_a_usage_error(tmp_path: Path) -> None:
+    stop = asyncio.Event()
+    code = await serve(cfg(tmp_path, token_file=tmp_path / "missing"), CollectorRegistry(), stop)
+    assert code == 2
+    (tmp_path / "empty").write_text("\n")
+    assert await serve(cfg(tmp_path, token_file=tmp_path / "empty"), CollectorRegistry(), stop) == 2
+
+
+async def test_serve_stops_on_the_event(tmp_path: Path) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(serve(cfg(tmp_path), CollectorRegistry(), stop))
+    await asyncio.sleep(0.3)
+    stop.set()
+    assert await asyncio.wait_for(task, 10) == 0
+
+
+@asynccontextmanager
+async def receiver(answers: list[int]) -> AsyncIterator[tuple[str, list[bytes]]]:
+    got: list[bytes] = []
+
+    async def push(request: web.Request) -> web.Response:
+        got.append(await request.read())
+        return web.Response(status=answers.pop(0) if answers else 200)
+
+    app = web.Application()
+    app.router.add_post("/v1/push", push)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}", got
+    finally:
+        await runner.cleanup()
+
+
+def pusher(url: str, registry: CollectorRegistry, attempts: int = 3) -> Pusher:
+    return Pusher(url, token=lambda: "tok", pod="p", namespace="ns", timeout_s=5, attempts=attempts,
+                  backoff_s=0.01, metrics=SidecarMetrics(registry))
+
+
+async def test_push_retries_then_delivers(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    async with receiver([503, 500]) as (url, got):
+        p = pusher(url + "/", registry)
+        task = asyncio.create_task(p.run())
+        p.submit("stall", gzip.compress(b'{"reason": "stall"}'))
+        await p.drain(10)
+        task.cancel()
+    assert len(got) == 3 and json.loads(got[-1]) == {"reason": "stall"}
+    assert registry.get_sample_value("frscope_pushes_total", {"result": "retry"}) == 2
+    assert registry.get_sample_value("frscope_pushes_total", {"result": "ok"}) == 1
+    assert p.delivered == ["stall"]
+
+
+async def test_push_refused_is_not_retried_and_a_full_queue_drops_the_oldest(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    async with receiver([403]) as (url, got):
+        p = pusher(url, registry)
+        for reason in ("a", "b", "c", "d", "e"):
+            p.submit(reason, gzip.compress(json.dumps({"reason": reason}).encode()))
+        task = asyncio.create_task(p.run())
+        await p.drain(10)
+        task.cancel()
+    assert [json.loads(b)["reason"] for b in got] == ["b", "c", "d", "e"]
+    assert registry.get_sample_value("frscope_pushes_total", {"result": "dropped"}) == 1
+    assert registry.get_sample_value("frscope_pushes_total", {"result": "failed"}) == 1
+    assert registry.get_sample_value("frscope_pushes_total", {"result": "retry"}) == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/status", "/v1/snapshot"])
+async def test_gzip_only_when_asked(tmp_path: Path, path: str) -> None:
+    sidecar = Sidecar(cfg(tmp_path, poll_interval_s=3600))
+    await sidecar.start()
+    try:
+        async with aiohttp.ClientSession(auto_decompress=False) as session:
+            url = f"http://127.0.0.1:{sidecar.port}{path}"
+            async with session.get(url, headers={"Accept-Encoding": "identity"}) as resp:
+                assert "Content-Encoding" not in resp.headers
+                json.loads(await resp.read())
+            async with session.get(url, headers={"Accept-Encoding": "gzip"}) as resp:
+                if path == "/v1/snapshot":
+                    assert resp.headers["Content-Encoding"] == "gzip"
+                    json.loads(gzip.decompress(await resp.read()))
+    finally:
+        await sidecar.stop()
