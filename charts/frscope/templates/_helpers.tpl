@@ -115,6 +115,7 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   - apiGroups: [""]
     resources: ["events"]
     verbs: ["create", "patch"]
+  # The same Events through the newer events.k8s.io API (clients that post events/v1).
   - apiGroups: ["events.k8s.io"]
     resources: ["events"]
     verbs: ["create", "patch"]

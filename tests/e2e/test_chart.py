@@ -1,0 +1,386 @@
+"""charts/frscope rendered by the real helm (built by testenv): lint, templates over several values files,
+the values schema, and what the rendered objects promise (labels, pod security, RBAC shape, webhook,
+certificates, monitoring objects, dashboard). Installing into a real API server: test_chart_install.py."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+try:  # tests/e2e is a plain directory today; keep working if it becomes a package
+    from tests.e2e.chart_tools import CHART, MONITORING_KINDS, VALUES_SETS, Helm, objects, of_kind, one, rules_file
+except ModuleNotFoundError:
+    from chart_tools import CHART, MONITORING_KINDS, VALUES_SETS, Helm, objects, of_kind, one, rules_file
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+RENDERED = ["defaults", "all-on", "monitoring-off", "namespaced", "install"]
+STANDARD = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+            "app.kubernetes.io/managed-by", "helm.sh/chart")
+
+
+@pytest.fixture(scope="module")
+def helm(testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return Helm(testenv_bin_dir / "helm", tmp_path_factory.mktemp("helm-home"))
+
+
+@pytest.fixture(scope="module")
+def rendered(helm: Helm) -> dict[str, list[dict[str, Any]]]:
+    return {name: objects(helm, name) for name in RENDERED}
+
+
+def _kinds(objs: list[dict[str, Any]]) -> set[str]:
+    return {o["kind"] for o in objs}
+
+
+def _deployment_pod(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(objs, "Deployment")["spec"]["template"]
+
+
+@pytest.mark.parametrize("values", list(VALUES_SETS))
+def test_lint_strict(helm: Helm, values: str) -> None:
+    args = ["lint", "--strict", str(CHART), "--namespace", "frscope-system"]
+    for f in VALUES_SETS[values]:
+        args += ["-f", str(f)]
+    out = helm.run(*args).stdout
+    assert "1 chart(s) linted, 0 chart(s) failed" in out, out
+    assert "[WARNING]" not in out and "[ERROR]" not in out, out
+
+
+@pytest.mark.parametrize("values", RENDERED)
+def test_every_object_has_standard_labels_and_pod_templates_no_chart_label(
+    rendered: dict[str, list[dict[str, Any]]], values: str
+) -> None:
+    objs = rendered[values]
+    assert objs
+    for obj in objs:
+        labels = obj["metadata"].get("labels", {})
+        missing = [k for k in STANDARD if k not in labels]
+        assert not missing, f"{obj['kind']}/{obj['metadata']['name']} lacks {missing}"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["app.kubernetes.io/instance"] == "frs"
+    pod_labels = _deployment_pod(objs)["metadata"]["labels"]
+    assert "helm.sh/chart" not in pod_labels
+    selector = one(objs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= pod_labels.items()
+    assert "app.kubernetes.io/version" not in selector  # selectors are immutable across upgrades
+
+
+def test_defaults_render_the_operator_webhook_and_dashboard_but_no_monitoring(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objs = rendered["defaults"]
+    assert _kinds(objs) == {
+        "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "Secret",
+        "MutatingWebhookConfiguration", "ConfigMap",
+    }
+    for obj in objs:
+        if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}:
+            assert obj["metadata"]["namespace"] == "frscope-system", obj["metadata"]
+    deploy = one(objs, "Deployment")
+    assert deploy["metadata"]["name"] == "frs-frscope"
+    assert deploy["spec"]["replicas"] == 1
+    assert deploy["spec"]["strategy"] == {"type": "Recreate"}
+    (container,) = _deployment_pod(objs)["spec"]["containers"]
+    assert container["image"] == "ghcr.io/frscope/frscope:0.1.0"
+    assert container["args"][0] == "operator"
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == "http", probe
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    service = one(objs, "Service")
+    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {"http": "http", "webhook": "webhook"}
+    assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+
+
+@pytest.mark.parametrize("values", RENDERED)
+def test_operator_pod_security_is_restricted(rendered: dict[str, list[dict[str, Any]]], values: str) -> None:
+    spec = _deployment_pod(rendered[values])["spec"]
+    pod = spec["securityContext"]
+    assert pod["runAsNonRoot"] is True
+    assert isinstance(pod["runAsUser"], int) and pod["runAsUser"] > 0
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["automountServiceAccountToken"] is True  # it talks to the API server
+    assert "hostNetwork" not in spec and "hostPID" not in spec
+    for container in spec["containers"] + spec.get("initContainers", []):
+        sc = container["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["runAsNonRoot"] is True and sc["runAsUser"] > 0
+        assert sc.get("privileged", False) is False
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    for volume in spec["volumes"]:
+        assert set(volume) & {"emptyDir", "secret"}, volume  # no hostPath
+
+
+def test_webhook_is_opt_in_fails_open_and_skips_system_namespaces(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    (hook,) = one(rendered["defaults"], "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["failurePolicy"] == "Ignore"
+    assert hook["sideEffects"] == "None"
+    assert hook["objectSelector"] == {"matchLabels": {"frscope.io/inject": "true"}}
+    (excluded,) = hook["namespaceSelector"]["matchExpressions"]
+    assert excluded["key"] == "kubernetes.io/metadata.name" and excluded["operator"] == "NotIn"
+    assert {"kube-system", "kube-public", "kube-node-lease"} <= set(excluded["values"])
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                              "resources": ["pods"], "scope": "Namespaced"}]
+    service = hook["clientConfig"]["service"]
+    assert (service["name"], service["namespace"], service["port"]) == ("frs-frscope", "frscope-system", 443)
+    # Watching a list of namespaces: the webhook is limited to them too.
+    (namespaced,) = one(rendered["namespaced"], "MutatingWebhookConfiguration")["webhooks"]
+    exprs = {e["operator"]: e["values"] for e in namespaced["namespaceSelector"]["matchExpressions"]}
+    assert exprs["In"] == ["team-a", "team-b"]
+    assert "MutatingWebhookConfiguration" not in _kinds(rendered["monitoring-off"])
+
+
+def _pem(data: str) -> str:
+    return base64.b64decode(data).decode()
+
+
+def test_chart_generated_certificate_is_signed_by_the_ca_bundle_for_the_service(
+    rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    objs = rendered["defaults"]
+    secret = one(objs, "Secret")
+    assert secret["type"] == "kubernetes.io/tls"
+    (hook,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
+    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    (tmp_path / "ca.pem").write_text(_pem(secret["data"]["ca.crt"]))
+    (tmp_path / "tls.pem").write_text(_pem(secret["data"]["tls.crt"]))
+    (tmp_path / "tls.key").write_text(_pem(secret["data"]["tls.key"]))
+
+    def openssl(*args: str) -> str:
+        proc = subprocess.run(["openssl", *args], capture_output=True, text=True, cwd=tmp_path, timeout=30,
+                              check=False)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert "tls.pem: OK" in openssl("verify", "-purpose", "sslserver", "-CAfile", "ca.pem", "tls.pem")
+    sans = openssl("x509", "-in", "tls.pem", "-noout", "-ext", "subjectAltName")
+    assert "DNS:frs-frscope.frscope-system.svc" in sans, sans
+    # The key belongs to the certificate.
+    assert openssl("x509", "-in", "tls.pem", "-noout", "-pubkey") == openssl("pkey", "-in", "tls.key", "-pubout")
+    # The operator mounts exactly this Secret.
+    volumes = {v["name"]: v for v in _deployment_pod(objs)["spec"]["volumes"]}
+    assert volumes["webhook-tls"]["secret"]["secretName"] == secret["metadata"]["name"]
+
+
+def test_cert_manager_replaces_the_generated_certificate(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    objs = rendered["all-on"]
+    assert "Secret" not in _kinds(objs)
+    cert = one(objs, "Certificate")
+    assert cert["spec"]["secretName"] == "frs-frscope-webhook-tls"
+    assert "frs-frscope.frscope-system.svc" in cert["spec"]["dnsNames"]
+    assert one(objs, "Issuer")["spec"] == {"selfSigned": {}}
+    mwc = one(objs, "MutatingWebhookConfiguration")
+    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == "frscope-system/frs-frscope-webhook"
+    assert "caBundle" not in mwc["webhooks"][0]["clientConfig"]
+
+
+def _rules(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(obj["rules"])
+
+
+def test_rbac_is_least_privilege(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    role = one(rendered["defaults"], "ClusterRole")
+    granted = {(g, r, v) for rule in _rules(role) for g in rule["apiGroups"] for r in rule["resources"]
+               for v in rule["verbs"]}
+    assert not [rule for rule in _rules(role) if "*" in rule["verbs"] + rule["resources"] + rule["apiGroups"]]
+    resources = {r for _, r, _ in granted}
+    assert resources == {"customresourcedefinitions", "pytorchjobs", "pytorchjobs/status", "pods", "events",
+                         "flightrecorderreports"}
+    writes = {(g, r, v) for g, r, v in granted if v not in {"get", "list", "watch"}}
+    assert writes == {
+        ("kubeflow.org", "pytorchjobs", "patch"),
+        ("kubeflow.org", "pytorchjobs/status", "patch"),
+        ("", "events", "create"), ("", "events", "patch"),
+        ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
+        *{("frscope.io", "flightrecorderreports", v) for v in ("create", "update", "patch", "delete")},
+    }
+    binding = one(rendered["defaults"], "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "frs-frscope", "namespace": "frscope-system"}]
+
+
+def test_rbac_rules_are_each_commented() -> None:
+    text = (CHART / "templates" / "rbac.yaml").read_text() + (CHART / "templates" / "_helpers.tpl").read_text()
+    lines = text.splitlines()
+    for n, line in enumerate(lines):
+        if line.strip().startswith("- apiGroups:"):
+            above = lines[n - 1].strip()
+            assert above.startswith("#"), f"rule without a comment: {line.strip()} (after {above!r})"
+
+
+def test_namespaced_install_grants_namespaced_rights_per_namespace(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objs = rendered["namespaced"]
+    cluster = one(objs, "ClusterRole")
+    assert {r for rule in _rules(cluster) for r in rule["resources"]} == {"customresourcedefinitions", "namespaces"}
+    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in _rules(cluster))
+    roles = of_kind(objs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert "pytorchjobs" in {r for rule in _rules(role) for r in rule["resources"]}
+    bindings = of_kind(objs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    args = _deployment_pod(objs)["spec"]["containers"][0]["args"]
+    assert "--namespace=team-a" in args and "--namespace=team-b" in args
+
+
+def test_peering_allows_replicas_and_grants_only_the_named_peering(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objs = rendered["all-on"]
+    deploy = one(objs, "Deployment")
+    assert deploy["spec"]["replicas"] == 2 and "strategy" not in deploy["spec"]
+    (peering,) = [r for r in _rules(one(objs, "ClusterRole")) if r["apiGroups"] == ["kopf.dev"]]
+    assert peering["resourceNames"] == ["frscope"] and "create" not in peering["verbs"]
+
+
+@pytest.mark.parametrize("values", RENDERED)
+def test_monitoring_objects_only_when_enabled(rendered: dict[str, list[dict[str, Any]]], values: str) -> None:
+    kinds = _kinds(rendered[values])
+    expected = {
+        "defaults": set(),
+        "all-on": MONITORING_KINDS,
+        "monitoring-off": set(),
+        "namespaced": {"PodMonitor"},
+        "install": MONITORING_KINDS,
+    }[values]
+    assert kinds & MONITORING_KINDS == expected
+    assert ("ConfigMap" in kinds) is (values != "monitoring-off")
+
+
+def test_monitoring_objects_carry_extra_labels_and_scrape_the_right_ports(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    objs = rendered["all-on"]
+    for kind in MONITORING_KINDS:
+        labels = one(objs, kind)["metadata"]["labels"]
+        assert labels["release"] == "kube-prometheus-stack", kind
+        assert labels["team"] == "ml-infra", kind  # commonLabels
+    pm = one(objs, "PodMonitor")
+    assert pm["spec"]["selector"] == {"matchLabels": {"frscope.io/inject": "true"}}
+    assert pm["spec"]["namespaceSelector"] == {"any": True}
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "frscope" and endpoint["path"] == "/metrics"
+    assert {r["targetLabel"] for r in endpoint["relabelings"]} >= {"pytorchjob"}
+    sm = one(objs, "ServiceMonitor")
+    assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    assert [e["port"] for e in sm["spec"]["endpoints"]] == ["http"]
+    alerts = {r["alert"]: r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
+    assert set(alerts) == {"FrscopeCollectiveStalled", "FrscopeDiagnosisMade", "FrscopeSidecarDown"}
+    for alert in alerts.values():
+        assert alert["labels"]["team"] == "ml-infra"
+        assert alert["labels"]["severity"]
+        assert "{{ $labels." in alert["annotations"]["summary"]
+    assert 'job="frscope-system/frs-frscope-sidecars"' in alerts["FrscopeSidecarDown"]["expr"]
+    namespaced_pm = one(rendered["namespaced"], "PodMonitor")
+    assert namespaced_pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
+
+
+def test_rendered_alert_rules_pass_promtool(rendered: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.fail("promtool is missing: `make deps-apt` installs Debian's prometheus package", pytrace=False)
+    rules = tmp_path / "frscope-rules.yaml"
+    rules.write_text(rules_file(rendered["all-on"]))
+    proc = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "SUCCESS: 3 rules found" in proc.stdout + proc.stderr
+
+
+def test_dashboard_configmap_loads_the_json_file_with_settable_label(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    source = json.loads((CHART / "files" / "frscope-dashboard.json").read_text())
+    cm = one(rendered["defaults"], "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["frscope.json"]) == source
+    custom = one(rendered["all-on"], "ConfigMap")
+    assert custom["metadata"]["namespace"] == "monitoring"
+    assert custom["metadata"]["labels"]["grafana_dashboard"] == "frscope"
+    assert custom["metadata"]["annotations"] == {"grafana_folder": "ML"}
+
+
+def test_network_policy_limits_only_the_sidecar_port(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    policies = of_kind(rendered["all-on"], "NetworkPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
+    policy = policies[0]["spec"]
+    assert policy["podSelector"] == {"matchLabels": {"frscope.io/inject": "true"}}
+    sidecar_rule, rest = policy["ingress"]
+    assert sidecar_rule["ports"] == [{"protocol": "TCP", "port": 9402}]
+    peers = sidecar_rule["from"]
+    assert peers[0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "frscope-system"}}
+    assert peers[0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    assert peers[1]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+    assert "from" not in rest  # every other port: open to all
+    tcp = sorted((p["port"], p["endPort"]) for p in rest["ports"] if p["protocol"] == "TCP")
+    assert tcp == [(1, 9401), (9403, 65535)]
+    # Namespaces default to watchNamespaces.
+    assert len(of_kind(rendered["namespaced"], "NetworkPolicy")) == 2
+
+
+def test_images_tags_digests_and_sidecar_settings(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    container = _deployment_pod(rendered["all-on"])["spec"]["containers"][0]
+    assert container["image"] == (
+        "registry.example.com/frscope/frscope@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+    )
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["FRSCOPE_SIDECAR_IMAGE"] == "registry.example.com/frscope/frscope-sidecar:0.1.0-debug"
+    assert env["FRSCOPE_SIDECAR_STALL_AFTER"] == "30"
+    default_container = _deployment_pod(rendered["defaults"])["spec"]["containers"][0]
+    default_env = {e["name"]: e.get("value") for e in default_container["env"]}
+    assert default_env["FRSCOPE_SIDECAR_IMAGE"] == "ghcr.io/frscope/frscope:0.1.0"
+    assert json.loads(default_env["FRSCOPE_SIDECAR_RESOURCES"])["limits"]["memory"] == "128Mi"
+
+
+# --- the values schema -------------------------------------------------------------------------------
+
+BAD_VALUES = [
+    (["replicaCount=2"], r"additional properties 'replicaCount' not allowed"),
+    (["operator.logLevl=debug"], r"additional properties 'logLevl' not allowed"),
+    (["webhook.failurePolicy=Fail"], r"additional properties 'failurePolicy' not allowed"),
+    (["operator.logLevel=verbose"], r"operator.logLevel.*value must be one of"),
+    (["image.digest=latest"], r"image.digest.*does not match pattern"),
+    (["sidecar.port=70000"], r"sidecar.port.*maximum"),
+    (["podMonitor.interval=fast"], r"podMonitor.interval.*does not match pattern"),
+    (["operator.watchNamespaces[0]=Team_A"], r"operator.watchNamespaces.*does not match pattern"),
+    (["webhook.injectLabel.value=not a label"], r"webhook.injectLabel.value.*does not match pattern"),
+]
+
+
+@pytest.mark.parametrize(("sets", "message"), BAD_VALUES, ids=[s[0] for s, _ in BAD_VALUES])
+def test_schema_rejects_bad_values_with_a_clear_message(helm: Helm, sets: list[str], message: str) -> None:
+    args = ["template", "frs", str(CHART)]
+    for s in sets:
+        args += ["--set", s]
+    proc = helm.run(*args, check=False)
+    assert proc.returncode != 0, f"--set {sets} was accepted"
+    assert "values don't meet the specifications of the schema" in proc.stderr, proc.stderr
+    assert re.search(message, proc.stderr), proc.stderr
+
+
+def test_network_policy_without_namespaces_fails_with_a_clear_message(helm: Helm) -> None:
+    proc = helm.run("template", "frs", str(CHART), "--set", "networkPolicy.enabled=true", check=False)
+    assert proc.returncode != 0
+    assert "networkPolicy.enabled needs networkPolicy.namespaces or operator.watchNamespaces" in proc.stderr
+
+
+def test_service_account_name_is_required_when_not_created(helm: Helm) -> None:
+    proc = helm.run("template", "frs", str(CHART), "--set", "serviceAccount.create=false", check=False)
+    assert proc.returncode != 0
+    assert "serviceAccount.name is required" in proc.stderr
+    objs = objects(helm, sets=["serviceAccount.create=false", "serviceAccount.name=shared"])
+    assert "ServiceAccount" not in _kinds(objs)
+    assert one(objs, "ClusterRoleBinding")["subjects"][0]["name"] == "shared"
