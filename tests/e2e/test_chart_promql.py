@@ -1,0 +1,332 @@
+"""Every PromQL expression of the Grafana dashboard and of the alert rules, evaluated by a real Prometheus
+(Debian's package) that scrapes a real `frscope sidecar` beside a real hung torch job (gloo, loopback,
+frscope/demo's `hang` fault: rank 1 never joins the 4th all_reduce, rank 0 waits in it).
+
+The alert rules are the ones helm renders into the PrometheusRule (same expressions; `for:` shortened).
+Prometheus gets the labels a PodMonitor would give a sidecar's target (`namespace`, `pod`,
+`pytorchjob`, job `<release namespace>/<release>-frscope-sidecars`) from a static scrape config, and
+a second target of that job that nobody serves: a sidecar that is down.
+
+The operator's metrics (diagnoses) come from a real `frscope operator`: see test_operator_promql in
+this file, which needs the API server from testenv.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from frscope.demo.launcher import LocalJob, start_job
+
+try:  # tests/e2e is a plain directory today; keep working if it becomes a package
+    from tests.e2e.chart_tools import CHART, Helm, objects, rules_file
+except ModuleNotFoundError:
+    from chart_tools import CHART, Helm, objects, rules_file
+
+pytestmark = [pytest.mark.e2e, pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(300)]
+
+RELEASE, RELEASE_NAMESPACE = "frs", "frscope-system"
+SIDECAR_JOB = f"{RELEASE_NAMESPACE}/{RELEASE}-frscope-sidecars"  # what the PodMonitor's targets get
+TARGET_LABELS = {"namespace": "ml", "pytorchjob": "demo", "pod": "demo-master-0", "replica_type": "master"}
+DOWN_LABELS = {"namespace": "ml", "pytorchjob": "demo", "pod": "demo-worker-0", "replica_type": "worker"}
+SCRAPE_S = 1
+# Grafana's $__rate_interval is max($__interval + scrape interval, 4 x scrape interval).
+RATE_INTERVAL = f"{4 * SCRAPE_S}s"
+DASHBOARD = CHART / "files" / "frscope-dashboard.json"
+# Only NCCL with timing records durations; a gloo job leaves the histogram without series.
+NEEDS_DURATIONS = "frscope_collective_duration_seconds_bucket"
+# Only after a rank's worker server stopped answering (phase two below).
+NEEDS_POLL_ERRORS = "frscope_poll_errors_total"
+# Only with a real operator scraped as well (test_operator_queries_return_data).
+NEEDS_OPERATOR = "frscope_operator_"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait(what: str, probe: Any, timeout: float, interval: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+@dataclass
+class Prometheus:
+    url: str
+    started: float
+    log: Path
+
+    def get(self, path: str, **params: str | list[str]) -> Any:
+        query = urllib.parse.urlencode(params, doseq=True)
+        try:
+            with urllib.request.urlopen(f"{self.url}{path}?{query}", timeout=10) as response:
+                body = json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            body = json.loads(e.read() or b"{}")
+            e.close()
+            raise AssertionError(f"prometheus {path} {params}: HTTP {e.code} {body}") from None
+        assert body["status"] == "success", body
+        return body["data"]
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        data = self.get("/api/v1/query", query=expr)
+        result = data["result"]
+        return result if data["resultType"] == "vector" else [{"metric": {}, "value": result}]
+
+    def label_values(self, label: str, match: str) -> list[str]:
+        values: list[str] = self.get(f"/api/v1/label/{label}/values", **{"match[]": [match]})
+        return values
+
+
+@dataclass
+class Stack:
+    prometheus: Prometheus
+    job: LocalJob
+    sidecar_url: str
+    rules: list[dict[str, Any]]
+    phase: list[str] = field(default_factory=lambda: ["hung"])
+
+
+def _grafana(expr: str, variables: dict[str, str], range_s: float) -> str:
+    """What Grafana sends for a panel query: its variables and macros substituted."""
+    out = expr.replace("$__rate_interval", RATE_INTERVAL).replace("$__range", f"{max(int(range_s), 5)}s")
+    for name, value in sorted(variables.items(), key=lambda kv: -len(kv[0])):
+        out = out.replace(f"${name}", value)
+    assert "$" not in out, out
+    return out
+
+
+def _dashboard_targets() -> list[tuple[str, str, str]]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return [
+        (panel["title"], target["refId"], target["expr"])
+        for panel in dashboard["panels"]
+        if panel["type"] != "row"
+        for target in panel["targets"]
+    ]
+
+
+def _variables() -> dict[str, str]:
+    dashboard = json.loads(DASHBOARD.read_text())
+    return {v["name"]: v["query"]["query"] for v in dashboard["templating"]["list"] if v["type"] == "query"}
+
+
+@pytest.fixture(scope="module")
+def rules(testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+    helm = Helm(testenv_bin_dir / "helm", tmp_path_factory.mktemp("helm-home"))
+    objs = objects(helm, "install", release=RELEASE, namespace=RELEASE_NAMESPACE,
+                   sets=["prometheusRule.stalledFor=2s", "prometheusRule.sidecarDownFor=2s"])
+    groups: list[dict[str, Any]] = yaml.safe_load(rules_file(objs))["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+@pytest.fixture(scope="module")
+def stack(rules: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("prometheus is missing: `make deps-apt` installs Debian's prometheus package", pytrace=False)
+    work = tmp_path_factory.mktemp("prometheus")
+    rules_path = work / "rules.yaml"
+    rules_path.write_text(yaml.safe_dump({"groups": [{"name": "frscope", "rules": rules}]}, sort_keys=False))
+    with start_job("hang", 2, lifetime_s=280) as job:
+        job.wait_for_sockets(time.monotonic() + 90)
+        port_file = work / "sidecar.port"
+        sidecar_log = (work / "sidecar.log").open("wb")
+        sidecar = subprocess.Popen(
+            [sys.executable, "-m", "frscope", "sidecar", "--socket-dir", str(job.work_dir), "--port", "0",
+             "--host", "127.0.0.1", "--port-file", str(port_file), "--poll-interval", "1", "--stall-after", "3",
+             "--evidence-dir", "none", "--pod", TARGET_LABELS["pod"], "--namespace", TARGET_LABELS["namespace"]],
+            stdout=sidecar_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        prometheus: subprocess.Popen[bytes] | None = None
+        prom_log = (work / "prometheus.log").open("wb")
+        try:
+            sidecar_port = int(_wait("the sidecar's port file", lambda: port_file.is_file() and port_file.read_text(),
+                                     30).strip())
+            prom_port = _free_port()
+            config = {
+                "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s",
+                           "scrape_timeout": f"{SCRAPE_S}s"},
+                "rule_files": [str(rules_path)],
+                "scrape_configs": [{
+                    "job_name": SIDECAR_JOB,
+                    "static_configs": [
+                        {"targets": [f"127.0.0.1:{sidecar_port}"], "labels": TARGET_LABELS},
+                        {"targets": [f"127.0.0.1:{_free_port()}"], "labels": DOWN_LABELS},
+                    ],
+                }],
+            }
+            (work / "prometheus.yml").write_text(yaml.safe_dump(config))
+            prometheus = subprocess.Popen(
+                [binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
+                 f"--web.listen-address=127.0.0.1:{prom_port}", "--log.level=warn"],
+                stdout=prom_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            )
+            prom = Prometheus(f"http://127.0.0.1:{prom_port}", time.monotonic(), work / "prometheus.log")
+
+            def ready() -> bool:
+                assert prometheus is not None and prometheus.poll() is None, (work / "prometheus.log").read_text()
+                try:
+                    with urllib.request.urlopen(f"{prom.url}/-/ready", timeout=2) as response:
+                        return bool(response.status == 200)
+                except OSError:
+                    return False
+
+            _wait("prometheus /-/ready", ready, 60)
+            # The hang: rank 0 waits in the 4th all_reduce of the default group, and Prometheus saw it.
+            _wait("frscope_collective_stalled == 1 in Prometheus",
+                  lambda: prom.query('frscope_collective_stalled{rank="0", pg="0"} == 1'), 90)
+            _wait("the alerts to fire", lambda: {
+                a["labels"]["alertname"] for a in prom.get("/api/v1/alerts")["alerts"] if a["state"] == "firing"
+            } >= {"FrscopeCollectiveStalled", "FrscopeSidecarDown"}, 60)
+            time.sleep(3 * SCRAPE_S)  # a few more samples for the rate windows
+            yield Stack(prom, job, f"http://127.0.0.1:{sidecar_port}", rules)
+        except BaseException:
+            sys.stderr.write(f"--- sidecar log\n{(work / 'sidecar.log').read_text()[-4000:]}\n")
+            sys.stderr.write(f"--- prometheus log\n{(work / 'prometheus.log').read_text()[-4000:]}\n")
+            raise
+        finally:
+            if prometheus is not None:
+                _stop(prometheus)
+            _stop(sidecar)
+            sidecar_log.close()
+            prom_log.close()
+
+
+def _all_vars() -> dict[str, str]:
+    return {"namespace": ".*", "job": ".*", "pg": ".*", "op": ".*"}
+
+
+def _selected_vars() -> dict[str, str]:
+    # What Grafana sends for a single selected value of a multi-value variable with a regex matcher.
+    return {"namespace": "ml", "job": "demo", "pg": "0", "op": "ALLREDUCE"}
+
+
+def test_variable_queries_return_the_job(stack: Stack) -> None:
+    queries = _variables()
+    found = {}
+    for name, query in queries.items():
+        match = re.fullmatch(r"label_values\((.+), (\w+)\)", query)
+        assert match, query
+        selector, label = match.groups()
+        found[name] = stack.prometheus.label_values(label, _grafana(selector, _all_vars(), 60))
+    assert found["namespace"] == ["ml"]
+    assert found["job"] == ["demo"]
+    assert {"0", "1"} <= set(found["pg"])  # the default group and the demo's subgroup
+    assert "ALLREDUCE" in found["op"] and "BROADCAST" in found["op"]
+
+
+@pytest.mark.parametrize("variables", [_all_vars(), _selected_vars()], ids=["all", "selected"])
+def test_every_dashboard_query_returns_data(stack: Stack, variables: dict[str, str]) -> None:
+    assert stack.phase == ["hung"], "run before test_poll_errors_after_the_ranks_die (file order)"
+    metrics_text = urllib.request.urlopen(f"{stack.sidecar_url}/metrics", timeout=10).read().decode()
+    empty, checked = [], 0
+    for title, ref, expr in _dashboard_targets():
+        if NEEDS_POLL_ERRORS in expr or (NEEDS_OPERATOR in expr and "or vector(0)" not in expr):
+            continue  # phase two, or the operator's test
+        promql = _grafana(expr, variables, time.monotonic() - stack.prometheus.started)
+        result = stack.prometheus.query(promql)  # raises on a PromQL error
+        checked += 1
+        if NEEDS_DURATIONS in expr:
+            # Evaluated without error; gloo records no durations, so no series. The family is exposed.
+            assert "# TYPE frscope_collective_duration_seconds histogram" in metrics_text
+            assert result == [], result
+            continue
+        if not result:
+            empty.append(f"{title} [{ref}]: {promql}")
+    assert not empty, "queries without data:\n" + "\n".join(empty)
+    assert checked >= 13
+
+
+def test_panels_show_the_hang(stack: Stack) -> None:
+    prom = stack.prometheus
+    by = {(r["metric"]["rank"], r["metric"]["pg"]): float(r["value"][1]) for r in prom.query(_grafana(
+        'max by (namespace, pytorchjob, rank, pg) (frscope_collective_stalled{namespace=~"$namespace", '
+        'pytorchjob=~"$job", pg=~"$pg"})', _all_vars(), 60))}
+    assert by[("0", "0")] == 1.0 and by[("1", "0")] == 0.0
+    completed = {r["metric"]["rank"]: float(r["value"][1]) for r in prom.query(
+        'frscope_collective_last_completed_seq{pg="0"}')}
+    assert completed == {"0": 3.0, "1": 3.0}  # both finished 3 all_reduces; the 4th never completes
+    (age,) = prom.query('frscope_collective_inflight_age_seconds{rank="0", pg="0"}')
+    assert float(age["value"][1]) >= 3.0
+    (stalled,) = prom.query(_grafana(
+        'count(max by (namespace, pytorchjob, rank) (frscope_collective_stalled{namespace=~"$namespace", '
+        'pytorchjob=~"$job", pg=~"$pg"}) == 1) or vector(0)', _all_vars(), 60))
+    assert float(stalled["value"][1]) == 1.0
+
+
+def test_every_alert_expression_returns_data_and_fires(stack: Stack) -> None:
+    sidecar_rules = [r for r in stack.rules if "frscope_operator_" not in r["expr"]]
+    assert {r["alert"] for r in sidecar_rules} == {"FrscopeCollectiveStalled", "FrscopeSidecarDown"}
+    for rule in sidecar_rules:
+        assert stack.prometheus.query(rule["expr"]), f"{rule['alert']}: {rule['expr']} returned nothing"
+    alerts = {a["labels"]["alertname"]: a for a in stack.prometheus.get("/api/v1/alerts")["alerts"]
+              if a["state"] == "firing"}
+    stalled = alerts["FrscopeCollectiveStalled"]
+    assert (stalled["labels"]["namespace"], stalled["labels"]["pytorchjob"], stalled["labels"]["pg"]) == (
+        "ml", "demo", "0")
+    assert stalled["annotations"]["summary"] == "PyTorchJob ml/demo: collectives stalled in process group 0"
+    assert "kubectl describe pytorchjob -n ml demo" in stalled["annotations"]["description"]
+    down = alerts["FrscopeSidecarDown"]
+    assert down["labels"]["pod"] == DOWN_LABELS["pod"]
+    assert down["annotations"]["summary"] == f"frscope sidecar of pod ml/{DOWN_LABELS['pod']} is down"
+    # The rule Prometheus loaded is the one helm rendered.
+    loaded = {r["name"]: r["query"] for g in stack.prometheus.get("/api/v1/rules")["groups"] for r in g["rules"]}
+    assert loaded["FrscopeCollectiveStalled"] == next(
+        r["expr"] for r in stack.rules if r["alert"] == "FrscopeCollectiveStalled")
+
+
+def test_poll_errors_after_the_ranks_die(stack: Stack) -> None:
+    """Phase two (last in this file): the trainer dies; its sockets stay behind and stop answering."""
+    stack.phase[:] = ["ranks killed"]
+    for rank, proc in stack.job.procs.items():
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+            assert proc.poll() is not None, rank
+    prom = stack.prometheus
+    _wait("poll errors in Prometheus", lambda: prom.query('sum(frscope_poll_errors_total) > 0'), 60)
+    _wait("frscope_worker_up == 0", lambda: prom.query("frscope_worker_up == 0"), 30)
+    time.sleep(3 * SCRAPE_S)
+    for variables in (_all_vars(), _selected_vars()):
+        exprs = [(t, r, e) for t, r, e in _dashboard_targets() if NEEDS_POLL_ERRORS in e]
+        assert exprs
+        for title, ref, expr in exprs:
+            promql = _grafana(expr, variables, time.monotonic() - prom.started)
+            assert prom.query(promql), f"{title} [{ref}]: {promql} returned nothing"
