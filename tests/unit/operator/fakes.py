@@ -36,6 +36,35 @@ def real_snapshots(fault: str = "hang") -> dict[int, dict[str, Any]]:
     return out
 
 
+def _resource(plural: str, kind: str, namespaced: bool = True, verbs: tuple[str, ...] = (
+        "get", "list", "watch", "create", "patch", "delete")) -> dict[str, Any]:
+    return {"name": plural, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind,
+            "verbs": list(verbs)}
+
+
+def _group(name: str, version: str) -> dict[str, Any]:
+    gv = {"groupVersion": f"{name}/{version}", "version": version}
+    return {"name": name, "versions": [gv], "preferredVersion": gv}
+
+
+# Just enough discovery for kopf to find what the operator watches and writes.
+DISCOVERY: dict[str, Any] = {
+    "/api": {"kind": "APIVersions", "versions": ["v1"]},
+    "/api/v1": {"kind": "APIResourceList", "groupVersion": "v1", "resources": [
+        _resource("pods", "Pod"), _resource("pods/status", "Pod"), _resource("events", "Event"),
+        _resource("namespaces", "Namespace", namespaced=False)]},
+    "/apis": {"kind": "APIGroupList", "groups": [
+        _group("kubeflow.org", "v1"), _group("frscope.io", "v1alpha1"), _group("apiextensions.k8s.io", "v1")]},
+    "/apis/kubeflow.org/v1": {"kind": "APIResourceList", "groupVersion": "kubeflow.org/v1", "resources": [
+        _resource("pytorchjobs", "PyTorchJob"), _resource("pytorchjobs/status", "PyTorchJob")]},
+    "/apis/frscope.io/v1alpha1": {"kind": "APIResourceList", "groupVersion": "frscope.io/v1alpha1", "resources": [
+        _resource("flightrecorderreports", "FlightRecorderReport")]},
+    "/apis/apiextensions.k8s.io/v1": {"kind": "APIResourceList", "groupVersion": "apiextensions.k8s.io/v1",
+                                      "resources": [_resource("customresourcedefinitions",
+                                                              "CustomResourceDefinition", namespaced=False)]},
+}
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
@@ -73,6 +102,7 @@ class FakeKube:
         self._rv = itertools.count(100)
         self.server: TestServer | None = None
         self.delay_s = 0.0
+        self._watchers: list[tuple[str, asyncio.Queue[dict[str, Any]]]] = []
 
     @property
     def url(self) -> str:
@@ -89,8 +119,50 @@ class FakeKube:
         meta.setdefault("namespace", "ml")
         meta.setdefault("uid", str(uuid.uuid4()))
         meta["resourceVersion"] = str(next(self._rv))
-        self.objects[(plural, meta["namespace"], meta["name"])] = obj
+        key = (plural, meta["namespace"], meta["name"])
+        self._notify(plural, "MODIFIED" if key in self.objects else "ADDED", obj)
+        self.objects[key] = obj
         return obj
+
+    def _notify(self, plural: str, kind: str, obj: dict[str, Any]) -> None:
+        for watched, queue in self._watchers:
+            if watched == plural:
+                queue.put_nowait({"type": kind, "object": copy.deepcopy(obj)})
+
+    async def _list_or_watch(self, request: web.Request, plural: str, namespace: str | None) -> web.StreamResponse:
+        selector = request.query.get("labelSelector", "")
+        required = [s for s in selector.split(",") if s and "=" not in s and not s.startswith("!")]
+
+        def selected(obj: dict[str, Any]) -> bool:
+            labels = obj.get("metadata", {}).get("labels") or {}
+            return all(k in labels for k in required)
+
+        if request.query.get("watch") != "true":
+            items = [o for (p, ns, _), o in self.objects.items()
+                     if p == plural and (namespace is None or ns == namespace) and selected(o)]
+            return web.json_response({"items": items, "metadata": {"resourceVersion": str(next(self._rv))}})
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        entry = (plural, queue)
+        self._watchers.append(entry)
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        await response.prepare(request)
+        try:
+            while True:
+                try:
+                    event = await asyncio.wait_for(queue.get(), 0.1)
+                except TimeoutError:
+                    if request.transport is None or request.transport.is_closing():
+                        break  # the watcher went away (aiohttp does not cancel handlers on disconnect)
+                    continue
+                if namespace is not None and event["object"]["metadata"].get("namespace") != namespace:
+                    continue
+                if selected(event["object"]):
+                    await response.write(json.dumps(event).encode() + b"\n")
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            self._watchers.remove(entry)
+        return response
 
     def get(self, plural: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.objects.get((plural, namespace, name))
@@ -114,9 +186,13 @@ class FakeKube:
                                          status=fault.status, headers=fault.headers)
         if path == "/version":
             return web.json_response({"major": "1", "minor": "31+", "gitVersion": "v1.31.0"})
+        if path in DISCOVERY:
+            return web.json_response(DISCOVERY[path])
         parts = path.strip("/").split("/")
         # /api/v1/namespaces/NS/PLURAL[/NAME[/SUB]] or /apis/G/V/namespaces/NS/PLURAL[/NAME[/SUB]]
         rest = parts[2:] if parts[0] == "api" else parts[3:]
+        if len(rest) == 1 and request.method == "GET":  # cluster-wide list or watch
+            return await self._list_or_watch(request, rest[0], None)
         if len(rest) < 3 or rest[0] != "namespaces":
             return web.json_response(status_body(404, "NotFound", path), status=404)
         namespace, plural = rest[1], rest[2]
@@ -130,8 +206,7 @@ class FakeKube:
             body["metadata"]["namespace"] = namespace
             return web.json_response(self.put(plural, body), status=201)
         if name is None:
-            items = [o for (p, ns, _), o in self.objects.items() if p == plural and ns == namespace]
-            return web.json_response({"items": items, "metadata": {"resourceVersion": str(next(self._rv))}})
+            return await self._list_or_watch(request, plural, namespace)
         obj = self.objects.get((plural, namespace, name))
         if obj is None:
             return web.json_response(status_body(404, "NotFound", f"{plural} {name} not found"), status=404)
@@ -152,6 +227,7 @@ class FakeKube:
                 patched["status"] = obj.get("status")
             patched["metadata"]["resourceVersion"] = str(next(self._rv))
             self.objects[(plural, namespace, name)] = patched
+            self._notify(plural, "MODIFIED", patched)
             return web.json_response(patched)
         if request.method == "DELETE":
             self.objects.pop((plural, namespace, name))
