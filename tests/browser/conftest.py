@@ -21,8 +21,6 @@ from aiohttp import web
 CHROMIUM = os.environ.get("FRSCOPE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 
-pytestmark = pytest.mark.browser
-
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
