@@ -7,8 +7,9 @@ Prometheus gets the labels a PodMonitor would give a sidecar's target (`namespac
 `pytorchjob`, job `<release namespace>/<release>-frscope-sidecars`) from a static scrape config, and
 a second target of that job that nobody serves: a sidecar that is down.
 
-The operator's metrics (diagnoses) come from a real `frscope operator`: see test_operator_promql in
-this file, which needs the API server from testenv.
+The operator's metrics (diagnoses) come from a real `frscope operator` that diagnoses that same hang:
+the chart installed by helm into the API server from testenv, the operator run with a token of the
+chart's ServiceAccount (test_operator_queries_return_data).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import socket
@@ -27,8 +29,9 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import yaml
@@ -40,12 +43,19 @@ try:  # tests/e2e is a plain directory today; keep working if it becomes a packa
 except ModuleNotFoundError:
     from chart_tools import CHART, Helm, objects, rules_file
 
+if TYPE_CHECKING:
+    from testenv.cluster import ControlPlane
+
 pytestmark = [pytest.mark.e2e, pytest.mark.torch, pytest.mark.slow, pytest.mark.timeout(300)]
 
 RELEASE, RELEASE_NAMESPACE = "frs", "frscope-system"
 SIDECAR_JOB = f"{RELEASE_NAMESPACE}/{RELEASE}-frscope-sidecars"  # what the PodMonitor's targets get
-TARGET_LABELS = {"namespace": "ml", "pytorchjob": "demo", "pod": "demo-master-0", "replica_type": "master"}
-DOWN_LABELS = {"namespace": "ml", "pytorchjob": "demo", "pod": "demo-worker-0", "replica_type": "worker"}
+OPERATOR_JOB = f"{RELEASE}-frscope"  # what the ServiceMonitor's target gets (the Service's name)
+# The job's namespace: a real one in the API server for the operator's part.
+ML = f"ml-{secrets.token_hex(3)}"
+JOB = "demo"
+TARGET_LABELS = {"namespace": ML, "pytorchjob": JOB, "pod": "demo-master-0", "replica_type": "master"}
+DOWN_LABELS = {"namespace": ML, "pytorchjob": JOB, "pod": "demo-worker-0", "replica_type": "worker"}
 SCRAPE_S = 1
 # Grafana's $__rate_interval is max($__interval + scrape interval, 4 x scrape interval).
 RATE_INTERVAL = f"{4 * SCRAPE_S}s"
@@ -118,9 +128,15 @@ class Prometheus:
 class Stack:
     prometheus: Prometheus
     job: LocalJob
-    sidecar_url: str
+    sidecar_port: int
     rules: list[dict[str, Any]]
+    # Prometheus scrapes the operator (job OPERATOR_JOB) from the targets written here (file_sd).
+    operator_targets: Path
     phase: list[str] = field(default_factory=lambda: ["hung"])
+
+    @property
+    def sidecar_url(self) -> str:
+        return f"http://127.0.0.1:{self.sidecar_port}"
 
 
 def _grafana(expr: str, variables: dict[str, str], range_s: float) -> str:
@@ -180,6 +196,8 @@ def stack(rules: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory)
             sidecar_port = int(_wait("the sidecar's port file", lambda: port_file.is_file() and port_file.read_text(),
                                      30).strip())
             prom_port = _free_port()
+            operator_targets = work / "operator-targets.json"
+            operator_targets.write_text("[]")
             config = {
                 "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s",
                            "scrape_timeout": f"{SCRAPE_S}s"},
@@ -190,6 +208,9 @@ def stack(rules: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory)
                         {"targets": [f"127.0.0.1:{sidecar_port}"], "labels": TARGET_LABELS},
                         {"targets": [f"127.0.0.1:{_free_port()}"], "labels": DOWN_LABELS},
                     ],
+                }, {
+                    "job_name": OPERATOR_JOB,
+                    "file_sd_configs": [{"files": [str(operator_targets)], "refresh_interval": "1s"}],
                 }],
             }
             (work / "prometheus.yml").write_text(yaml.safe_dump(config))
@@ -216,7 +237,7 @@ def stack(rules: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory)
                 a["labels"]["alertname"] for a in prom.get("/api/v1/alerts")["alerts"] if a["state"] == "firing"
             } >= {"FrscopeCollectiveStalled", "FrscopeSidecarDown"}, 60)
             time.sleep(3 * SCRAPE_S)  # a few more samples for the rate windows
-            yield Stack(prom, job, f"http://127.0.0.1:{sidecar_port}", rules)
+            yield Stack(prom, job, sidecar_port, rules, operator_targets)
         except BaseException:
             sys.stderr.write(f"--- sidecar log\n{(work / 'sidecar.log').read_text()[-4000:]}\n")
             sys.stderr.write(f"--- prometheus log\n{(work / 'prometheus.log').read_text()[-4000:]}\n")
@@ -235,7 +256,7 @@ def _all_vars() -> dict[str, str]:
 
 def _selected_vars() -> dict[str, str]:
     # What Grafana sends for a single selected value of a multi-value variable with a regex matcher.
-    return {"namespace": "ml", "job": "demo", "pg": "0", "op": "ALLREDUCE"}
+    return {"namespace": ML, "job": JOB, "pg": "0", "op": "ALLREDUCE"}
 
 
 def test_variable_queries_return_the_job(stack: Stack) -> None:
@@ -246,8 +267,8 @@ def test_variable_queries_return_the_job(stack: Stack) -> None:
         assert match, query
         selector, label = match.groups()
         found[name] = stack.prometheus.label_values(label, _grafana(selector, _all_vars(), 60))
-    assert found["namespace"] == ["ml"]
-    assert found["job"] == ["demo"]
+    assert found["namespace"] == [ML]
+    assert found["job"] == [JOB]
     assert {"0", "1"} <= set(found["pg"])  # the default group and the demo's subgroup
     assert "ALLREDUCE" in found["op"] and "BROADCAST" in found["op"]
 
@@ -300,16 +321,133 @@ def test_every_alert_expression_returns_data_and_fires(stack: Stack) -> None:
               if a["state"] == "firing"}
     stalled = alerts["FrscopeCollectiveStalled"]
     assert (stalled["labels"]["namespace"], stalled["labels"]["pytorchjob"], stalled["labels"]["pg"]) == (
-        "ml", "demo", "0")
-    assert stalled["annotations"]["summary"] == "PyTorchJob ml/demo: collectives stalled in process group 0"
-    assert "kubectl describe pytorchjob -n ml demo" in stalled["annotations"]["description"]
+        ML, JOB, "0")
+    assert stalled["annotations"]["summary"] == f"PyTorchJob {ML}/{JOB}: collectives stalled in process group 0"
+    assert f"kubectl describe pytorchjob -n {ML} {JOB}" in stalled["annotations"]["description"]
     down = alerts["FrscopeSidecarDown"]
     assert down["labels"]["pod"] == DOWN_LABELS["pod"]
-    assert down["annotations"]["summary"] == f"frscope sidecar of pod ml/{DOWN_LABELS['pod']} is down"
+    assert down["annotations"]["summary"] == f"frscope sidecar of pod {ML}/{DOWN_LABELS['pod']} is down"
     # The rule Prometheus loaded is the one helm rendered.
     loaded = {r["name"]: r["query"] for g in stack.prometheus.get("/api/v1/rules")["groups"] for r in g["rules"]}
     assert loaded["FrscopeCollectiveStalled"] == next(
         r["expr"] for r in stack.rules if r["alert"] == "FrscopeCollectiveStalled")
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _job_and_pod(kube: ControlPlane, sidecar_port: int) -> None:
+    """The PyTorchJob and its pod as the training operator and a kubelet would leave them: the pod runs
+    the (already injected) sidecar, whose named port is where the real sidecar listens on loopback."""
+    template = {"spec": {"containers": [{"name": "pytorch", "image": "registry.invalid/train:1"}]}}
+    job = kube.apply({
+        "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": JOB, "namespace": ML},
+        "spec": {"nprocPerNode": "2", "pytorchReplicaSpecs": {
+            "Master": {"replicas": 1, "restartPolicy": "OnFailure", "template": template}}},
+    })
+    running = [{"type": t, "status": "True", "reason": f"PyTorchJob{t}", "message": f"PyTorchJob {JOB} is {t}.",
+                "lastUpdateTime": _now(), "lastTransitionTime": _now()} for t in ("Created", "Running")]
+    kube.kubectl("patch", "pytorchjob", JOB, "-n", ML, "--subresource=status", "--type=merge",
+                 "-p", json.dumps({"status": {"conditions": running}}))
+    pod = TARGET_LABELS["pod"]
+    kube.apply({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {
+            "name": pod, "namespace": ML,
+            "labels": {"training.kubeflow.org/job-name": JOB, "training.kubeflow.org/replica-type": "master",
+                       "training.kubeflow.org/replica-index": "0"},
+            "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": JOB,
+                                 "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}],
+        },
+        "spec": {
+            "initContainers": [{"name": "frscope-sidecar", "image": "frscope:e2e", "restartPolicy": "Always",
+                                "ports": [{"name": "frscope", "containerPort": sidecar_port}]}],
+            "containers": [{"name": "pytorch", "image": "registry.invalid/train:1"}],
+        },
+    })
+    running_state = {"running": {"startedAt": _now()}}
+    kube.kubectl("patch", "pod", pod, "-n", ML, "--subresource=status", "--type=merge", "-p", json.dumps({"status": {
+        "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}], "hostIP": "127.0.0.1",
+        "startTime": _now(), "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": _now()}],
+        "initContainerStatuses": [{"name": "frscope-sidecar", "image": "frscope:e2e", "imageID": "", "ready": True,
+                                   "restartCount": 0, "started": True, "state": running_state}],
+        "containerStatuses": [{"name": "pytorch", "image": "registry.invalid/train:1", "imageID": "",
+                               "ready": True, "restartCount": 0, "started": True, "state": running_state}],
+    }}))
+
+
+@pytest.mark.timeout(300)
+def test_operator_queries_return_data(stack: Stack, kube: ControlPlane, tmp_path: Path) -> None:
+    """The chart installed by helm into the real API server; `frscope operator` runs (here, as a process)
+    with a token of the chart's ServiceAccount, diagnoses the real hang through the real sidecar, and
+    Prometheus scrapes it: the operator's dashboard queries and FrscopeDiagnosisMade return data."""
+    assert stack.phase == ["hung"], "run before test_poll_errors_after_the_ranks_die (file order)"
+    helm = Helm(kube.bin_dir / "helm", tmp_path / "helm-home", kube.kubeconfig)
+    release_ns = f"frscope-{secrets.token_hex(3)}"
+    for ns in (release_ns, ML):
+        kube.kubectl("create", "namespace", ns)
+    log = (tmp_path / "operator.log").open("wb")
+    operator: subprocess.Popen[bytes] | None = None
+    try:
+        helm.run("install", RELEASE, str(CHART), "--namespace", release_ns, timeout=180)
+        kube.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                     "crd/flightrecorderreports.frscope.io", timeout=70)
+        _wait("the default ServiceAccount", lambda: kube.kubectl(
+            "get", "serviceaccount", "default", "-n", ML, check=False).returncode == 0, 30)
+        _job_and_pod(kube, stack.sidecar_port)
+        account = f"{RELEASE}-frscope"
+        token = kube.kubectl("create", "token", account, "-n", release_ns, "--duration=1h").stdout.strip()
+        kubeconfig = kube.write_token_kubeconfig(tmp_path / "operator.kubeconfig", token,
+                                                 f"system:serviceaccount:{release_ns}:{account}")
+        port = _free_port()
+        env = {**kube.env(), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
+        operator = subprocess.Popen(
+            [sys.executable, "-m", "frscope", "operator", "--http-host", "127.0.0.1", "--http-port", str(port),
+             "--poll-interval", "1", "--stall-after", "1", "--cooldown", "3", "--log-level", "DEBUG"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        )
+        stack.operator_targets.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"],
+                                                       "labels": {"namespace": release_ns}}]))
+        prom = stack.prometheus
+
+        def diagnosed() -> bool:
+            assert operator is not None and operator.poll() is None, (tmp_path / "operator.log").read_text()
+            return bool(prom.query('frscope_operator_diagnoses_total{category="RankNotJoined"} > 0'))
+
+        _wait("the operator's diagnosis in Prometheus", diagnosed, 150)
+        _wait("FrscopeDiagnosisMade to fire", lambda: [
+            a for a in prom.get("/api/v1/alerts")["alerts"]
+            if a["labels"]["alertname"] == "FrscopeDiagnosisMade" and a["state"] == "firing"], 30)
+        time.sleep(3 * SCRAPE_S)
+        conditions = kube.kubectl_json("get", "pytorchjob", JOB, "-n", ML)["status"]["conditions"]
+        assert conditions[0]["reason"] == "RankNotJoined", conditions
+
+        empty = []
+        for variables in (_all_vars(), _selected_vars()):
+            for title, ref, expr in _dashboard_targets():
+                if NEEDS_OPERATOR in expr:
+                    promql = _grafana(expr, variables, time.monotonic() - prom.started)
+                    if not prom.query(promql):
+                        empty.append(f"{title} [{ref}]: {promql}")
+        assert not empty, "queries without data:\n" + "\n".join(empty)
+        (rule,) = [r for r in stack.rules if r["alert"] == "FrscopeDiagnosisMade"]
+        (result,) = prom.query(rule["expr"])
+        assert result["metric"] == {"category": "RankNotJoined"}
+        (alert,) = [a for a in prom.get("/api/v1/alerts")["alerts"]
+                    if a["labels"]["alertname"] == "FrscopeDiagnosisMade"]
+        assert alert["annotations"]["summary"] == "frscope diagnosed a hung PyTorchJob: RankNotJoined"
+    except BaseException:
+        sys.stderr.write(f"--- operator log\n{(tmp_path / 'operator.log').read_text()[-6000:]}\n")
+        raise
+    finally:
+        if operator is not None:
+            _stop(operator)
+        log.close()
+        stack.operator_targets.write_text("[]")
+        helm.run("uninstall", RELEASE, "--namespace", release_ns, "--wait", "--timeout", "60s", check=False)
+        for ns in (release_ns, ML):
+            kube.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
 
 
 def test_poll_errors_after_the_ranks_die(stack: Stack) -> None:
