@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gzip
-import hashlib
 import hmac
 import json
 import logging
@@ -149,12 +148,12 @@ def loads_in_pieces(raw: bytes) -> Any:
     return out
 
 
-def _digest(raw: bytes, rank: int, source: str, previous: RankState) -> Digest:
-    """Parse and normalize one fr_trace_json answer (worker thread). Raises WorkerError."""
-    raw_hash = hashlib.blake2b(raw, digest_size=16).digest()
+def _digest(raw_z: bytes, raw_hash: bytes, rank: int, source: str, previous: RankState) -> Digest:
+    """Parse and normalize one fr_trace_json answer, given compressed (worker thread). Raises WorkerError."""
     if raw_hash == previous.raw_hash:
         return Digest(raw_hash, None, None, [], [], previous.count_watermark, previous.duration_watermark,
                       previous.info)
+    raw = zlib.decompress(raw_z)
     try:
         obj = loads_in_pieces(raw) if raw.lstrip()[:1] == b"{" else json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
@@ -192,8 +191,7 @@ def _digest(raw: bytes, rank: int, source: str, previous: RankState) -> Digest:
         "comm_lib_version": dump.comm_lib_version or "unknown",
         "torch_version": str(previous.meta.get("torch_version") or "unknown"),
     }
-    return Digest(raw_hash, zlib.compress(raw, 1), samples, new_ops, durations, max(count_wm, top), duration_wm,
-                  info)
+    return Digest(raw_hash, raw_z, samples, new_ops, durations, max(count_wm, top), duration_wm, info)
 
 
 def _scan_sockets(socket_dir: Path) -> dict[int, Path] | None:
@@ -478,12 +476,11 @@ class Sidecar:
         source = f"socket:{state.socket_path}"
         try:
             async with self._fetch_slots:
-                raw = await state.client.fr_trace_json()
+                raw_z, raw_hash, _size = await state.client.fr_trace_json()
             if not state.up and not state.meta:
                 state.meta = await asyncio.to_thread(_read_meta, self.config.socket_dir, state.rank)
             async with self._parse_slot:
-                digest = await asyncio.to_thread(_digest, raw, state.rank, source, state)
-            del raw
+                digest = await asyncio.to_thread(_digest, raw_z, raw_hash, state.rank, source, state)
         except WorkerError as exc:
             return [], self._mark_down(state, exc, now_ns)
         rank_label = str(state.rank)

@@ -7,6 +7,10 @@ dead, or (through a misconfigured volume) not torch at all.
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
+import zlib
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
@@ -47,6 +51,38 @@ class WorkerClient:
 
     async def call(self, handler: str, *, timeout_s: float | None = None, max_bytes: int | None = None) -> bytes:
         """POST /handler/<handler>; the body of a 200 answer, at most `max_bytes` long."""
+        chunks: list[bytes] = []
+
+        async def keep(chunk: bytes) -> None:
+            chunks.append(chunk)
+
+        await self._request(handler, keep, timeout_s, max_bytes)
+        return b"".join(chunks)
+
+    async def call_compressed(self, handler: str) -> tuple[bytes, bytes, int]:
+        """Like `call`, but the body is compressed (zlib, level 1) while it streams in, in a worker
+        thread: a 1 MB recorder never sits in memory whole before it is parsed. Returns (zlib bytes,
+        blake2b-128 digest of the body, body length)."""
+        compressor = zlib.compressobj(1)
+        digest = hashlib.blake2b(digest_size=16)
+        parts: list[bytes] = []
+        size = 0
+
+        def feed(chunk: bytes) -> bytes:
+            digest.update(chunk)
+            return compressor.compress(chunk)
+
+        async def keep(chunk: bytes) -> None:
+            nonlocal size
+            size += len(chunk)
+            parts.append(await asyncio.to_thread(feed, chunk))
+
+        await self._request(handler, keep, None, None)
+        parts.append(compressor.flush())
+        return b"".join(parts), digest.digest(), size
+
+    async def _request(self, handler: str, consume: Callable[[bytes], Awaitable[None]],
+                       timeout_s: float | None, max_bytes: int | None) -> None:
         where = f"{self.socket_path}: {handler}"
         cap = self.max_bytes if max_bytes is None else max_bytes
         limit = self.timeout_s if timeout_s is None else timeout_s
@@ -60,14 +96,12 @@ class WorkerClient:
                 length = resp.content_length
                 if length is not None and length > cap:
                     raise WorkerError("oversized", f"{where}: answer of {length} bytes exceeds the cap of {cap}")
-                chunks: list[bytes] = []
                 total = 0
                 async for chunk in resp.content.iter_chunked(256 * 1024):
                     total += len(chunk)
                     if total > cap:
                         raise WorkerError("oversized", f"{where}: answer exceeds the cap of {cap} bytes")
-                    chunks.append(chunk)
-                return b"".join(chunks)
+                    await consume(chunk)
         except WorkerError:
             raise
         except FileNotFoundError as exc:
@@ -82,8 +116,9 @@ class WorkerClient:
         except OSError as exc:
             raise WorkerError("connect", f"{where}: {exc.strerror or exc}") from exc
 
-    async def fr_trace_json(self) -> bytes:
-        return await self.call("fr_trace_json")
+    async def fr_trace_json(self) -> tuple[bytes, bytes, int]:
+        """The live recorder: (zlib of the JSON, its digest, its length)."""
+        return await self.call_compressed("fr_trace_json")
 
     async def dump_traceback(self, timeout_s: float, max_bytes: int) -> str:
         """Every Python thread's stack; cut (with a note) rather than refused when over `max_bytes`."""
