@@ -459,10 +459,10 @@ class Sidecar:
                 group.sample.inflight_op, group.sample.inflight_seq,
                 f" for {age:.1f} s" if age is not None else "", (now_ns - group.progress_ns) / 1e9, group.threshold_s,
             )
-        if want_stacks:
+        if newly and self.current_capture() is None:
+            await self._capture("stall")  # (takes every live rank's stacks too)
+        elif want_stacks:
             await self._fetch_stacks()
-        elif newly and self.current_capture() is None:
-            await self._capture("stall")
         exits = [r for r in went_down if self.ranks[r].reason in EXIT_REASONS and self.ranks[r].ever_up]
         if exits and self.pusher is not None:
             body = await self._snapshot_gz("exit")
@@ -477,7 +477,7 @@ class Sidecar:
         try:
             async with self._fetch_slots:
                 raw_z, raw_hash, _size = await state.client.fr_trace_json()
-            if not state.up and not state.meta:
+            if not state.up:  # (again) answering: perhaps a new process, re-read what the bootstrap wrote
                 state.meta = await asyncio.to_thread(_read_meta, self.config.socket_dir, state.rank)
             async with self._parse_slot:
                 digest = await asyncio.to_thread(_digest, raw_z, raw_hash, state.rank, source, state)

@@ -99,7 +99,15 @@ class DumpDirWatcher:
             pass
 
     def scan(self, now: float | None = None) -> ScanResult:
-        now = time.monotonic() if now is None else now
+        """One pass over the directory. Runs in a worker thread while the event loop reads `files`:
+        new entries go into a copy that replaces `files` at the end (one reference swap)."""
+        files = dict(self.files)
+        try:
+            return self._scan(files, time.monotonic() if now is None else now)
+        finally:
+            self.files = files
+
+    def _scan(self, files: dict[str, DumpFile], now: float) -> ScanResult:
         parsed: list[DumpFile] = []
         rejected: list[tuple[DumpFile, str]] = []
         try:
@@ -130,11 +138,11 @@ class DumpDirWatcher:
                 st = item.stat(follow_symlinks=False)
             except OSError:
                 continue
-            known = self.files.get(item.path)
+            known = files.get(item.path)
             if known is None:
-                if len(self.files) >= MAX_TRACKED_FILES:
+                if len(files) >= MAX_TRACKED_FILES:
                     continue
-                self.files[item.path] = DumpFile(Path(item.path), st.st_size, st.st_mtime_ns, now)
+                files[item.path] = DumpFile(Path(item.path), st.st_size, st.st_mtime_ns, now)
                 continue
             if (known.size, known.mtime_ns) != (st.st_size, st.st_mtime_ns):
                 known.size, known.mtime_ns, known.changed_at = st.st_size, st.st_mtime_ns, now
