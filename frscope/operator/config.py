@@ -18,6 +18,7 @@ from pathlib import Path
 
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
 from frscope.operator import names
+from frscope.operator.evidence import DEFAULT_MAX_ENTRIES
 from frscope.operator.gather import GatherOptions
 from frscope.operator.webhook import InjectionConfig
 
@@ -83,6 +84,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gather-pod-timeout", type=float, default=20.0, help="seconds for one pod's snapshot")
     parser.add_argument("--gather-attempts", type=int, default=3, help="tries per pod")
     parser.add_argument("--gather-concurrency", type=int, default=128, help="snapshots fetched at once")
+    parser.add_argument("--max-entries-per-rank", type=int, default=DEFAULT_MAX_ENTRIES,
+                        help="newest recorder entries kept per rank (bounds memory at 1,000s of ranks; 0: all)")
     parser.add_argument("--stall-after", type=float, default=DEFAULT_STALL_AFTER_S,
                         help="analysis: seconds in flight before a collective counts as stuck")
     parser.add_argument("--cooldown", type=float, default=30.0,
@@ -140,7 +143,8 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         poll_timeout_s=args.poll_timeout,
         poll_max_rps=args.poll_max_rps,
         gather=GatherOptions(per_pod_timeout_s=args.gather_pod_timeout, overall_timeout_s=args.gather_timeout,
-                             attempts=args.gather_attempts, concurrency=args.gather_concurrency),
+                             attempts=args.gather_attempts, concurrency=args.gather_concurrency,
+                             max_entries=args.max_entries_per_rank),
         stall_after_s=args.stall_after,
         cooldown_s=args.cooldown,
         sidecar_token_file=args.sidecar_token_file,

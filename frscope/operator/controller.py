@@ -21,6 +21,7 @@ from frscope.analysis import AnalysisOptions
 from frscope.operator import names
 from frscope.operator.config import OperatorConfig
 from frscope.operator.diagnose import Diagnosis, diagnose
+from frscope.operator.evidence import PodEvidence
 from frscope.operator.gather import Gathered, Target, gather
 from frscope.operator.incidents import Attempt, IncidentKey, IncidentRecord, Ledger
 from frscope.operator.kube import KubeError
@@ -37,7 +38,7 @@ from frscope.operator.publish import (
     report_name,
 )
 from frscope.operator.push import PushStore
-from frscope.operator.sidecars import SidecarClient, SidecarSnapshot, SidecarStatus
+from frscope.operator.sidecars import SidecarClient, SidecarStatus
 from frscope.operator.signals import Signal, SignalKind, job_condition_signal, watchdog_signals
 from frscope.operator.store import JobStore, JobView, LatestDiagnosis
 from frscope.report import one_line, report_to_dict
@@ -134,12 +135,12 @@ class Controller:
         for sig in watchdog_signals(pod):
             self.signal(sig)
 
-    def on_push(self, snapshot: SidecarSnapshot) -> JobKey | None:
-        self.pushes.put(snapshot)
-        key = self.store.job_of_pod(snapshot.namespace, snapshot.pod)
-        if key is not None and snapshot.reason in ("stall", "exit"):
-            self.signal(Signal(SignalKind.SIDECAR_PUSH, key, f"pod {snapshot.pod} pushed ({snapshot.reason})",
-                               pod=snapshot.pod))
+    def on_push(self, evidence: PodEvidence) -> JobKey | None:
+        self.pushes.put(evidence)
+        key = self.store.job_of_pod(evidence.namespace, evidence.pod)
+        if key is not None and evidence.reason in ("stall", "exit"):
+            self.signal(Signal(SignalKind.SIDECAR_PUSH, key, f"pod {evidence.pod} pushed ({evidence.reason})",
+                               pod=evidence.pod))
         return key
 
     def on_status(self, key: JobKey, statuses: dict[str, SidecarStatus]) -> None:

@@ -1,8 +1,8 @@
-"""Gathered snapshots -> DumpSet -> Report, with the same code as `frscope analyze`.
+"""Gathered evidence -> DumpSet -> Report, with the same code as `frscope analyze`.
 
-Runs in a worker thread (normalizing 1,000s of recorders is CPU work; the event loop must keep
-answering probes and pushes). What could not be gathered becomes a LoadProblem naming the pod, and
-the ranks the job should have but nobody delivered are the report's missing ranks.
+Runs in a worker thread (assembling and analyzing 1,000s of ranks is CPU work; the event loop must
+keep answering probes and pushes). What could not be gathered becomes a LoadProblem naming the pod,
+and the ranks the job should have but nobody delivered are the report's missing ranks.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from frscope.analysis import AnalysisOptions, Report, analyze
 from frscope.operator.gather import Gathered
-from frscope.records import DumpError, DumpSet, LoadProblem, RankDump, assemble, normalize_dump
+from frscope.records import DumpSet, LoadProblem, RankDump, assemble
 
 
 @dataclass(slots=True)
@@ -25,19 +25,14 @@ class Diagnosis:
 def build_dumpset(gathered: Gathered, world_size: int | None) -> DumpSet:
     dumps: list[RankDump] = []
     problems: list[LoadProblem] = []
-    for pod, snapshot in sorted(gathered.snapshots.items()):
-        origin = "push" if pod in gathered.from_push else "sidecar"
-        for rank, message in snapshot.errors:
-            problems.append(LoadProblem(f"pod {gathered.namespace}/{pod} ({origin})", message, rank=rank))
-        for raw in snapshot.ranks:
-            rank_hint = raw.get("rank")
-            source = f"pod {gathered.namespace}/{pod} ({origin}) rank {rank_hint}"
-            try:
-                dumps.append(normalize_dump(raw, source, rank_hint if isinstance(rank_hint, int) else None))
-            except DumpError as exc:
-                problems.append(LoadProblem(exc.source, exc.message, rank=exc.rank))
+    for _, evidence in sorted(gathered.pods.items()):
+        dumps.extend(evidence.dumps)
+        problems.extend(evidence.problems)
     for pod, why in sorted(gathered.failures.items()):
         problems.append(LoadProblem(f"pod {gathered.namespace}/{pod}", f"sidecar not gathered: {why}"))
+    if gathered.entries_dropped:
+        problems.append(LoadProblem("(operator)", f"kept the newest entries of each rank's recorder only; "
+                                    f"{gathered.entries_dropped} older entries left out", kind="warning"))
     return assemble(dumps, problems, world_size)
 
 

@@ -1,8 +1,10 @@
 """Fetch every rank's snapshot from all of a job's sidecars, concurrently, within deadlines.
 
 Each pod gets `attempts` tries of at most `per_pod_timeout_s` each (backoff between them); the whole
-gather stops at `overall_timeout_s`. A pod that could not be fetched falls back on its latest push;
-one with neither is a failure with its reason, which the report names. Never raises for a pod.
+gather stops at `overall_timeout_s`. Each body is decoded and normalized as soon as it arrives, in a
+worker thread (`evidence.from_bytes`, at most `decode_threads` at once), so the raw JSON of 1,000s of
+ranks is never held at once. A pod that could not be fetched falls back on its latest push; one with
+neither is a failure with its reason, which the report names. Never raises for a pod.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
+from frscope.operator.evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes
 from frscope.operator.kube.backoff import Backoff
 from frscope.operator.push import PushStore
-from frscope.operator.sidecars import SidecarClient, SidecarError, SidecarSnapshot
+from frscope.operator.sidecars import SidecarClient, SidecarError
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,8 @@ class GatherOptions:
     attempts: int = 3
     backoff_base_s: float = 0.5
     concurrency: int = 128
+    decode_threads: int = 2
+    max_entries: int = DEFAULT_MAX_ENTRIES
     refresh: bool = True
 
 
@@ -37,24 +42,33 @@ class Target:
 @dataclass(slots=True)
 class Gathered:
     namespace: str
-    snapshots: dict[str, SidecarSnapshot] = field(default_factory=dict)  # pod -> snapshot
-    from_push: set[str] = field(default_factory=set)  # pods whose snapshot came from a push
+    pods: dict[str, PodEvidence] = field(default_factory=dict)
+    from_push: set[str] = field(default_factory=set)  # pods whose evidence came from a push
     failures: dict[str, str] = field(default_factory=dict)  # pod -> why it could not be fetched
     duration_s: float = 0.0
 
     @property
     def anything(self) -> bool:
-        return any(s.ranks for s in self.snapshots.values())
+        return any(e.dumps for e in self.pods.values())
+
+    @property
+    def entries_dropped(self) -> int:
+        return sum(e.entries_dropped for e in self.pods.values())
 
 
-async def _fetch_one(client: SidecarClient, target: Target, options: GatherOptions,
-                     semaphore: asyncio.Semaphore) -> SidecarSnapshot:
+async def _fetch_one(client: SidecarClient, namespace: str, target: Target, options: GatherOptions,
+                     fetching: asyncio.Semaphore, decoding: asyncio.Semaphore) -> PodEvidence:
     assert target.endpoint is not None
     delays = Backoff(attempts=options.attempts, base_s=options.backoff_base_s, cap_s=5.0).delays()
     while True:
         try:
-            async with semaphore:
-                return await client.snapshot(target.endpoint, options.per_pod_timeout_s, refresh=options.refresh)
+            async with fetching:
+                raw = await client.snapshot_bytes(target.endpoint, options.per_pod_timeout_s,
+                                                  refresh=options.refresh)
+            async with decoding:
+                return await asyncio.to_thread(from_bytes, raw, target.endpoint, origin="sidecar",
+                                               max_entries=options.max_entries, pod=target.pod,
+                                               namespace=namespace)
         except SidecarError as exc:
             delay = next(delays, None) if exc.retryable else None
             if delay is None:
@@ -67,13 +81,14 @@ async def gather(client: SidecarClient, namespace: str, targets: list[Target], o
     """`push_pods`: more pods of the job whose pushes count (pods already deleted, for one)."""
     started = time.monotonic()
     result = Gathered(namespace)
-    semaphore = asyncio.Semaphore(max(1, options.concurrency))
-    tasks: dict[asyncio.Task[SidecarSnapshot], Target] = {}
+    fetching = asyncio.Semaphore(max(1, options.concurrency))
+    decoding = asyncio.Semaphore(max(1, options.decode_threads))
+    tasks: dict[asyncio.Task[PodEvidence], Target] = {}
     for target in targets:
         if target.endpoint is None:
             result.failures[target.pod] = "no sidecar endpoint (no pod IP yet, or no container port named 'frscope')"
             continue
-        tasks[asyncio.create_task(_fetch_one(client, target, options, semaphore))] = target
+        tasks[asyncio.create_task(_fetch_one(client, namespace, target, options, fetching, decoding))] = target
     if tasks:
         done, pending = await asyncio.wait(tasks, timeout=options.overall_timeout_s)
         for task in pending:
@@ -90,13 +105,13 @@ async def gather(client: SidecarClient, namespace: str, targets: list[Target], o
             elif exc is not None:
                 result.failures[target.pod] = f"{type(exc).__name__}: {exc}"
             else:
-                result.snapshots[target.pod] = task.result()
+                result.pods[target.pod] = task.result()
     if pushes is not None:
         wanted = {t.pod for t in targets} | (push_pods or set())
-        for pod, snapshot in pushes.for_namespace_pods(namespace, wanted).items():
-            fetched = result.snapshots.get(pod)
-            if fetched is None or not fetched.ranks:
-                result.snapshots[pod] = snapshot
+        for pod, evidence in pushes.for_namespace_pods(namespace, wanted).items():
+            fetched = result.pods.get(pod)
+            if fetched is None or not fetched.dumps:
+                result.pods[pod] = evidence
                 result.from_push.add(pod)
                 result.failures.pop(pod, None)
     result.duration_s = time.monotonic() - started

@@ -12,8 +12,8 @@ Other components add their routes with `OperatorHttp.add_routes()` (or `add_suba
 
 from __future__ import annotations
 
+import asyncio
 import hmac
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -21,13 +21,14 @@ from collections.abc import Callable, Iterable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from frscope.operator.evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes
 from frscope.operator.metrics import OperatorMetrics
 from frscope.operator.objects import JobKey
-from frscope.operator.sidecars import SidecarError, SidecarSnapshot, parse_snapshot
+from frscope.operator.sidecars import SidecarError
 
 log = logging.getLogger(__name__)
 
-PushHandler = Callable[[SidecarSnapshot], JobKey | None]
+PushHandler = Callable[[PodEvidence], JobKey | None]
 
 
 class Health:
@@ -53,12 +54,14 @@ class Health:
 
 class OperatorHttp:
     def __init__(self, *, registry: CollectorRegistry, metrics: OperatorMetrics, health: Health,
-                 on_push: PushHandler, token: str | None = None, max_push_bytes: int = 256 * 1024 * 1024) -> None:
+                 on_push: PushHandler, token: str | None = None, max_push_bytes: int = 256 * 1024 * 1024,
+                 max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self._registry = registry
         self._metrics = metrics
         self._health = health
         self._on_push = on_push
         self._token = token
+        self._max_entries = max_entries
         self.app = web.Application(client_max_size=max_push_bytes)
         self.app.add_routes([
             web.get("/healthz", self._healthz),
@@ -105,20 +108,19 @@ class OperatorHttp:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": "body too large"}, status=413)
         try:
-            obj = json.loads(raw)
-            snapshot = parse_snapshot(obj, "push", size_bytes=len(raw))
-        except (ValueError, SidecarError) as exc:
+            evidence = await asyncio.to_thread(
+                from_bytes, raw, "push", origin="push", max_entries=self._max_entries,
+                pod=request.headers.get("X-Frscope-Pod"), namespace=request.headers.get("X-Frscope-Namespace"))
+        except SidecarError as exc:
             self._metrics.pushes.labels(result="rejected").inc()
-            return web.json_response({"error": f"not a sidecar snapshot: {exc}"}, status=400)
-        snapshot.pod = request.headers.get("X-Frscope-Pod") or snapshot.pod
-        snapshot.namespace = request.headers.get("X-Frscope-Namespace") or snapshot.namespace
-        if not snapshot.pod or not snapshot.namespace:
+            return web.json_response({"error": f"not a sidecar snapshot: {exc.message}"}, status=400)
+        if not evidence.pod or not evidence.namespace:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": "pod and namespace are required"}, status=400)
-        job = self._on_push(snapshot)
+        job = self._on_push(evidence)
         self._metrics.pushes.labels(result="accepted").inc()
-        log.info("push from %s/%s (%s, %d ranks, job %s)", snapshot.namespace, snapshot.pod, snapshot.reason,
-                 len(snapshot.ranks), job or "unknown")
+        log.info("push from %s/%s (%s, ranks %s, job %s)", evidence.namespace, evidence.pod, evidence.reason,
+                 list(evidence.ranks), job or "unknown")
         return web.json_response({"accepted": True, "job": str(job) if job else None}, status=202)
 
     # -- lifecycle ---------------------------------------------------------------------------------

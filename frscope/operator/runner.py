@@ -128,7 +128,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
                             publisher=Publisher(kube, instance=config.instance), metrics=metrics)
     health = Health()
     http = OperatorHttp(registry=registry, metrics=metrics, health=health, on_push=controller.on_push,
-                        token=token, max_push_bytes=config.max_push_bytes)
+                        token=token, max_push_bytes=config.max_push_bytes, max_entries=config.gather.max_entries)
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
     operator = Operator(config, controller, http, store, poller, metrics, kube)

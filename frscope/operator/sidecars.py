@@ -12,6 +12,8 @@ from typing import Any
 
 import aiohttp
 
+from frscope.operator.bodies import read_capped
+
 STATUS_SCHEMA = "frscope.sidecar.status/v1"
 SNAPSHOT_SCHEMA = "frscope.sidecar.snapshot/v1"
 DEFAULT_MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
@@ -125,7 +127,7 @@ class SidecarClient:
             self._headers["Authorization"] = f"Bearer {token}"
         self._max_snapshot = max_snapshot_bytes
 
-    async def _get_json(self, url: str, endpoint: str, timeout_s: float, limit: int) -> tuple[Any, int]:
+    async def _get_bytes(self, url: str, endpoint: str, timeout_s: float, limit: int) -> bytes:
         try:
             async with self._session.get(url, headers=self._headers,
                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
@@ -133,21 +135,22 @@ class SidecarClient:
                     text = (await resp.content.read(300)).decode("utf-8", "replace")
                     raise SidecarError(endpoint, f"HTTP {resp.status}: {' '.join(text.split())[:200]}",
                                        retryable=resp.status >= 500 or resp.status == 429)
-                raw = await resp.content.read(limit + 1)
+                raw = await read_capped(resp, limit)
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise SidecarError(endpoint, f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
         if len(raw) > limit:
             raise SidecarError(endpoint, f"answer larger than {limit} bytes", retryable=False)
-        try:
-            return json.loads(raw), len(raw)
-        except ValueError as exc:
-            raise SidecarError(endpoint, f"answer is not JSON: {exc}", retryable=False) from exc
+        return raw
 
     async def status(self, endpoint: str, timeout_s: float) -> SidecarStatus:
-        obj, _ = await self._get_json(f"{endpoint}/v1/status", endpoint, timeout_s, MAX_STATUS_BYTES)
+        raw = await self._get_bytes(f"{endpoint}/v1/status", endpoint, timeout_s, MAX_STATUS_BYTES)
+        try:
+            obj = json.loads(raw)
+        except ValueError as exc:
+            raise SidecarError(endpoint, f"answer is not JSON: {exc}", retryable=False) from exc
         return parse_status(obj, endpoint)
 
-    async def snapshot(self, endpoint: str, timeout_s: float, *, refresh: bool = True) -> SidecarSnapshot:
+    async def snapshot_bytes(self, endpoint: str, timeout_s: float, *, refresh: bool = True) -> bytes:
+        """The `/v1/snapshot` body, undecoded (decode it with `evidence.from_bytes`, off the event loop)."""
         url = f"{endpoint}/v1/snapshot" + ("?refresh=1" if refresh else "")
-        obj, size = await self._get_json(url, endpoint, timeout_s, self._max_snapshot)
-        return parse_snapshot(obj, endpoint, size)
+        return await self._get_bytes(url, endpoint, timeout_s, self._max_snapshot)

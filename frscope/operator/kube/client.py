@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from frscope.operator.bodies import read_capped
 from frscope.operator.kube.backoff import Backoff, retrying
 from frscope.operator.kube.errors import (
     AlreadyExists,
@@ -93,7 +94,7 @@ class KubeClient:
         try:
             async with self._session.request(method, self._server + path, data=data, params=params,
                                              headers=headers, timeout=self._timeout) as resp:
-                raw = await resp.content.read(MAX_RESPONSE_BYTES + 1)
+                raw = await read_capped(resp, MAX_RESPONSE_BYTES)
                 if len(raw) > MAX_RESPONSE_BYTES:
                     raise TransportError(f"{method} {path}: answer larger than {MAX_RESPONSE_BYTES} bytes")
                 decoded: Any

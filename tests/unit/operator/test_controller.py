@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 from frscope.operator import names
 from frscope.operator.config import OperatorConfig
 from frscope.operator.controller import Controller
+from frscope.operator.evidence import from_snapshot
 from frscope.operator.gather import GatherOptions
 from frscope.operator.incidents import Ledger
 from frscope.operator.kube import KubeClient
@@ -187,7 +188,8 @@ async def test_push_from_a_deleted_pod_counts(
     stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
     worker = stand_ins[1]
     await controller.on_pod("DELETED", builders.pod(worker.pod, port=worker.port))
-    pushed = parse_snapshot({**worker.snapshot_obj(), "reason": "exit"}, "push", size_bytes=100)
+    pushed = from_snapshot(parse_snapshot({**worker.snapshot_obj(), "reason": "exit"}, "push", size_bytes=100),
+                           origin="push")
     assert controller.on_push(pushed) is not None
     await controller.idle()
     [report] = fake_kube.of("flightrecorderreports")

@@ -13,6 +13,7 @@ import pytest
 
 from frscope.analysis import AnalysisOptions
 from frscope.operator.diagnose import diagnose_sync
+from frscope.operator.evidence import from_snapshot
 from frscope.operator.gather import GatherOptions, Target, gather
 from frscope.operator.push import PushStore
 from frscope.operator.sidecars import SidecarClient, parse_snapshot
@@ -37,7 +38,7 @@ async def test_every_pod_gathered_and_analyzed(sidecars: Make, client: SidecarCl
     a, b = split(hang_ranks)
     s0, s1 = await sidecars("train-master-0", a), await sidecars("train-worker-0", b)
     got = await gather(client, "ml", [Target(s0.pod, s0.endpoint), Target(s1.pod, s1.endpoint)], FAST)
-    assert got.failures == {} and set(got.snapshots) == {"train-master-0", "train-worker-0"}
+    assert got.failures == {} and set(got.pods) == {"train-master-0", "train-worker-0"}
     diagnosis = diagnose_sync(got, 4, AnalysisOptions(stall_after_s=0.5))
     assert diagnosis.report.findings[0].culprit_ranks == (1,)
     assert diagnosis.report.missing_ranks == ()
@@ -52,9 +53,10 @@ async def test_down_garbage_and_no_endpoint_are_named_not_dropped(sidecars: Make
     targets = [Target(ok.pod, ok.endpoint), Target(down.pod, down.endpoint), Target(garbage.pod, garbage.endpoint),
                Target("train-worker-2", None)]
     got = await gather(client, "ml", targets, FAST)
-    assert set(got.snapshots) == {"train-master-0"}
+    assert set(got.pods) == {"train-master-0"}
     assert "HTTP 503" in got.failures["train-worker-0"]
     assert "not JSON" in got.failures["train-worker-1"]
+    assert "train-worker-0" not in got.pods
     assert "no sidecar endpoint" in got.failures["train-worker-2"]
     assert down.snapshot_requests == 3  # retried (5xx), up to the attempts
     assert garbage.snapshot_requests == 1  # garbage is not retried
@@ -76,7 +78,7 @@ async def test_per_pod_and_overall_deadlines(sidecars: Make, client: SidecarClie
     started = time.monotonic()
     got = await gather(client, "ml", [Target("slow", slow.endpoint), Target("fast", fast.endpoint)], options)
     assert time.monotonic() - started < 3
-    assert "TimeoutError" in got.failures["slow"] and "fast" in got.snapshots
+    assert "TimeoutError" in got.failures["slow"] and "fast" in got.pods
     overall = GatherOptions(per_pod_timeout_s=30, overall_timeout_s=0.5, attempts=1)
     started = time.monotonic()
     got = await gather(client, "ml", [Target("slow", slow.endpoint)], overall)
@@ -90,9 +92,9 @@ async def test_pushed_snapshots_stand_in_for_unreachable_and_deleted_pods(
     down = await sidecars("train-worker-0", b, mode="down")
     ok = await sidecars("train-master-0", {0: a[0]})
     pushes = PushStore()
-    pushes.put(parse_snapshot(down.snapshot_obj(), "push", size_bytes=10))
+    pushes.put(from_snapshot(parse_snapshot(down.snapshot_obj(), "push", size_bytes=10), origin="push"))
     gone = parse_snapshot({**ok.snapshot_obj(), "pod": "train-master-1", "ranks": [a[1]]}, "push", size_bytes=10)
-    pushes.put(gone)
+    pushes.put(from_snapshot(gone, origin="push"))
     got = await gather(client, "ml", [Target(ok.pod, ok.endpoint), Target(down.pod, down.endpoint)], FAST,
                        pushes, push_pods={"train-master-1"})
     assert got.failures == {}
@@ -104,7 +106,21 @@ async def test_pushed_snapshots_stand_in_for_unreachable_and_deleted_pods(
 def test_push_store_is_bounded() -> None:
     store = PushStore(max_bytes=100)
     for i in range(5):
-        store.put(parse_snapshot({"schema": "frscope.sidecar.snapshot/v1", "pod": f"p{i}", "namespace": "ml",
-                                  "ranks": []}, "push", size_bytes=40))
+        store.put(from_snapshot(parse_snapshot({"schema": "frscope.sidecar.snapshot/v1", "pod": f"p{i}",
+                                                "namespace": "ml", "ranks": []}, "push", size_bytes=40),
+                                origin="push"))
     assert len(store) == 2 and store.total_bytes == 80
     assert store.get("ml", "p4") is not None and store.get("ml", "p0") is None
+
+
+async def test_only_the_newest_entries_are_kept(sidecars: Make, client: SidecarClient,
+                                                hang_ranks: dict[int, Any]) -> None:
+    s0 = await sidecars("p", hang_ranks)
+    options = GatherOptions(per_pod_timeout_s=2, overall_timeout_s=5, max_entries=3)
+    got = await gather(client, "ml", [Target("p", s0.endpoint)], options)
+    evidence = got.pods["p"]
+    assert all(len(d.entries) <= 3 for d in evidence.dumps) and got.entries_dropped > 0
+    # The newest entries are the ones that tell the hang: the diagnosis is unchanged.
+    diagnosis = diagnose_sync(got, 4, AnalysisOptions(stall_after_s=0.5))
+    assert diagnosis.report.findings[0].culprit_ranks == (1,)
+    assert any("older entries left out" in p.message for p in diagnosis.report.problems)

@@ -12,10 +12,10 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from frscope.operator.evidence import PodEvidence
 from frscope.operator.http import Health, OperatorHttp
 from frscope.operator.metrics import OperatorMetrics
 from frscope.operator.objects import JobKey
-from frscope.operator.sidecars import SidecarSnapshot
 from tests.unit.operator.fakes import StandInSidecar
 
 
@@ -23,12 +23,12 @@ class Server:
     def __init__(self, token: str | None = None, max_push_bytes: int = 1024 * 1024) -> None:
         self.registry = CollectorRegistry()
         self.health = Health(max_silence_s=60)
-        self.pushed: list[SidecarSnapshot] = []
+        self.pushed: list[PodEvidence] = []
         self.http = OperatorHttp(registry=self.registry, metrics=OperatorMetrics(self.registry), health=self.health,
                                  on_push=self.on_push, token=token, max_push_bytes=max_push_bytes)
         self.url = ""
 
-    def on_push(self, snapshot: SidecarSnapshot) -> JobKey | None:
+    def on_push(self, snapshot: PodEvidence) -> JobKey | None:
         self.pushed.append(snapshot)
         return JobKey("ml", "train")
 
@@ -78,7 +78,7 @@ async def test_push_gzip_with_token(server: Server, hang_ranks: dict[int, Any]) 
             assert r.status == 202, await r.text()
             assert (await r.json())["job"] == "ml/train"
     [snap] = server.pushed
-    assert snap.pod == "train-worker-0" and snap.reason == "stall" and len(snap.ranks) == 4
+    assert snap.pod == "train-worker-0" and snap.reason == "stall" and snap.ranks == (0, 1, 2, 3)
     assert server.registry.get_sample_value("frscope_operator_pushes_total", {"result": "accepted"}) == 1
 
 
