@@ -92,9 +92,7 @@ def _scratch_parent() -> str | None:
 
 
 def _openssl(*args: str, cwd: Path) -> None:
-    proc = subprocess.run(
-        ["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=60
-    )
+    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=60)
     if proc.returncode != 0:
         raise ControlPlaneError(f"openssl {' '.join(args)} failed: {proc.stderr.strip()}")
 
@@ -307,8 +305,7 @@ class ControlPlane:
         )
         if check and proc.returncode != 0:
             raise ControlPlaneError(
-                f"kubectl {' '.join(args)} exited {proc.returncode}\n"
-                f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+                f"kubectl {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
             )
         return proc
 
@@ -473,9 +470,7 @@ def start(
     directory, whose path is in the error.
     """
     bin_dir = Path(bin_dir)
-    for exe in ("etcd", "kube-apiserver", "kubectl") + (
-        ("kube-controller-manager",) if controller_manager else ()
-    ):
+    for exe in ("etcd", "kube-apiserver", "kubectl") + (("kube-controller-manager",) if controller_manager else ()):
         if not os.access(bin_dir / exe, os.X_OK):
             raise ControlPlaneError(f"{bin_dir / exe} is missing; run testenv/build")
     if shutil.which("openssl") is None:
@@ -606,18 +601,30 @@ def _start_controller_manager(plane: ControlPlane, timeout: float) -> None:
 
 
 def install_crds(plane: ControlPlane, crds: Sequence[Path], timeout: float = 60) -> list[str]:
-    """Apply CRD manifests (server-side, they are large) and wait until each is Established."""
+    """Apply CRD manifests (server-side, they are large) and wait until each is Established.
+
+    Polls instead of `kubectl wait`, which errors out (instead of waiting) while a brand-new CRD has
+    no status conditions yet.
+    """
     names: list[str] = []
     for crd in crds:
-        applied = plane.kubectl_json(
-            "apply", "--server-side", "--field-manager=frscope-testenv", "-f", str(crd)
-        )
+        applied = plane.kubectl_json("apply", "--server-side", "--field-manager=frscope-testenv", "-f", str(crd))
         items = applied.get("items", [applied])
-        names.extend(f"crd/{item['metadata']['name']}" for item in items)
+        names.extend(item["metadata"]["name"] for item in items)
+
+    def established() -> bool:
+        listed = plane.kubectl_json("get", "crd", *names)
+        items = listed.get("items", [listed])
+        ready = {
+            item["metadata"]["name"]
+            for item in items
+            for c in item.get("status", {}).get("conditions") or []
+            if c.get("type") == "Established" and c.get("status") == "True"
+        }
+        return ready >= set(names)
+
     if names:
-        plane.kubectl(
-            "wait", "--for=condition=Established", f"--timeout={int(timeout)}s", *names, timeout=timeout + 10
-        )
+        _wait_until(f"CRDs Established: {', '.join(names)}", None, established, timeout)
     return names
 
 

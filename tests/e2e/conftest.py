@@ -59,12 +59,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         users[0].add_marker(pytest.mark.timeout(COLD_BUILD_TIMEOUT_S), append=False)
 
 
+# Lines for the end of the run (skip reason, where the logs were kept): output of a session fixture's
+# teardown is captured with the last test's, which hides it when that test passed.
+_SUMMARY: list[str] = []
+
+
 def _report(config: pytest.Config, line: str) -> None:
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-    if reporter is not None:
-        reporter.write_line(line)
-    else:
-        print(line, file=sys.stderr)
+    if line not in _SUMMARY:
+        _SUMMARY.append(line)
+    print(line, file=sys.stderr)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    for line in _SUMMARY:
+        terminalreporter.write_line(line)
 
 
 def build_testenv(config: pytest.Config) -> Path:
