@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import ctypes
 import json
 import os
 import secrets
@@ -71,6 +72,28 @@ basicConstraints = critical,CA:FALSE
 keyUsage = critical,digitalSignature,keyEncipherment
 extendedKeyUsage = clientAuth
 """
+
+
+def _parent_death_signal() -> Any:
+    """On Linux, a function for the child (between fork and exec) that asks the kernel to SIGKILL it
+    when the process that started it dies, so a killed pytest or testenv/up leaves nothing running
+    (SIGTERM is not enough: kube-apiserver waits forever in its graceful shutdown once etcd is gone).
+    Resolved here, in the parent: the child only makes the system call."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def set_pdeathsig() -> None:
+        prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0)
+
+    return set_pdeathsig
+
+
+_PREEXEC = _parent_death_signal()
 
 
 class ControlPlaneError(RuntimeError):
@@ -376,6 +399,7 @@ class ControlPlane:
             stderr=subprocess.STDOUT,
             cwd=self.workdir,
             start_new_session=True,
+            preexec_fn=_PREEXEC,
         )
         proc = _Process(name, popen, log_path, log_file)
         self._processes.append(proc)
