@@ -185,6 +185,8 @@ def normalize_entries(
     dtypes_cache: dict[Any, Any] = {}
     frames_cache: dict[Any, Any] = {}
     small_ints: dict[int, int] = {}
+    last_shapes: dict[str, tuple[Any, Any, Any, Any]] = {}
+    last_frames: dict[str, list[Any]] = {}
     expected = _EXPECTED_SET
     for index, raw in enumerate(raw_entries):
         if not isinstance(raw, dict):
@@ -245,25 +247,43 @@ def normalize_entries(
         input_sizes = get("input_sizes")
         if type(input_sizes) is not list:
             input_sizes = _sizes(input_sizes)
-        input_sizes = _shared(sizes_cache, input_sizes, _sizes_key)
         output_sizes = get("output_sizes")
         if type(output_sizes) is not list:
             output_sizes = _sizes(output_sizes)
-        output_sizes = _shared(sizes_cache, output_sizes, _sizes_key)
         input_dtypes = get("input_dtypes")
         if type(input_dtypes) is not list:
             input_dtypes = _dtypes(input_dtypes)
-        input_dtypes = _shared(dtypes_cache, input_dtypes, tuple)
         output_dtypes = get("output_dtypes")
         if type(output_dtypes) is not list:
             output_dtypes = _dtypes(output_dtypes)
-        output_dtypes = _shared(dtypes_cache, output_dtypes, tuple)
+        # Most ops repeat the shapes they had last time: compare with those (C-level ==) and share
+        # them; only on a change build hashable keys.
+        last = last_shapes.get(profiling_name)
+        if (
+            last is not None
+            and last[0] == input_sizes
+            and last[1] == output_sizes
+            and last[2] == input_dtypes
+            and last[3] == output_dtypes
+        ):
+            input_sizes, output_sizes, input_dtypes, output_dtypes = last
+        else:
+            input_sizes = _shared(sizes_cache, input_sizes, _sizes_key)
+            output_sizes = _shared(sizes_cache, output_sizes, _sizes_key)
+            input_dtypes = _shared(dtypes_cache, input_dtypes, tuple)
+            output_dtypes = _shared(dtypes_cache, output_dtypes, tuple)
+            last_shapes[profiling_name] = (input_sizes, output_sizes, input_dtypes, output_dtypes)
         if lazy_frames is not None:  # frames stay in the file; read again for the entries shown
             frames: Any = lazy_frames
         else:
             frames = get("frames")
             if type(frames) is list and frames:
-                frames = _shared(frames_cache, frames, _frames_key)
+                same = last_frames.get(profiling_name)
+                if same is not None and same == frames:  # same stack as last time: identity checks only
+                    frames = same
+                else:
+                    frames = _shared(frames_cache, frames, _frames_key)
+                    last_frames[profiling_name] = frames
 
         created = get("time_created_ns")
         if created is not None and (type(created) is not int or not created):
