@@ -12,9 +12,12 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -326,7 +329,45 @@ def test_the_whole_rule_set_is_exactly_the_needed_one(kube: ControlPlane, instal
     }
 
 
-def test_namespaced_install_is_limited_to_its_namespaces(helm: Helm, kube: ControlPlane) -> None:
+def _run_operator_until_ready(kube: ControlPlane, install: Install, tmp_path: Path, *args: str) -> str:
+    """`frscope operator` as its own process with a token of the chart's ServiceAccount: until /readyz
+    answers and a few seconds more; returns its log. Ended by PID."""
+    token = kube.kubectl("create", "token", install.service_account, "-n", install.namespace,
+                         "--duration=10m").stdout.strip()
+    kubeconfig = kube.write_token_kubeconfig(tmp_path / "operator.kubeconfig", token, install.user)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log_path = tmp_path / "operator.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "frscope", "operator", "--http-host", "127.0.0.1", "--http-port", str(port),
+             "--log-level", "DEBUG", *args],
+            env={**kube.env(), "KUBECONFIG": str(kubeconfig)}, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+        try:
+            def ready() -> bool:
+                assert proc.poll() is None, log_path.read_text()
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as response:
+                        return bool(response.status == 200)
+                except OSError:
+                    return False
+
+            _wait_for("the operator's /readyz", ready, 60)
+            time.sleep(3)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+    return log_path.read_text()
+
+
+def test_namespaced_install_is_limited_to_its_namespaces(helm: Helm, kube: ControlPlane, tmp_path: Path) -> None:
     team_a, team_b, other = (f"team-{_suffix()}" for _ in range(3))
     _create_namespace(kube, other)
     try:
@@ -352,6 +393,13 @@ def test_namespaced_install_is_limited_to_its_namespaces(helm: Helm, kube: Contr
             # Nothing of the webhook is installed with it off.
             assert kube.kubectl("get", "mutatingwebhookconfiguration", f"{install.release}-frscope",
                                 check=False).returncode != 0
+            # The real operator, with a token of the chart's ServiceAccount, starts and watches the two
+            # namespaces with these rules and no more.
+            log = _run_operator_until_ready(kube, install, tmp_path, "--namespace", team_a, "--namespace", team_b)
+            for ns in (team_a, team_b):
+                assert f"Starting the watch-stream for pytorchjobs.v1.kubeflow.org in '{ns}'" in log, log
+                assert f"Starting the watch-stream for pods.v1 in '{ns}'" in log, log
+            assert not re.search(r"forbidden|403|not enough permissions", log, re.I), log
     finally:
         _delete_namespaces(kube, other)
 
