@@ -1,0 +1,373 @@
+#!/usr/bin/env python3
+"""`frscope operator` at scale: N simulated sidecars on loopback, one pod each, against a real API server.
+
+What runs (each in its own process, all ended by PID):
+- the sidecar farm: this script with `farm`: N aiohttp sites on 127.0.0.1, one per simulated pod, serving
+  the documented sidecar API (/v1/status, /v1/snapshot, gzip) from synthetic NCCL-shaped recorders
+  (frscope.synthetic, scenario `not_joined`: one rank never joins a collective; known answer);
+- the real kube-apiserver + etcd from testenv (no controller manager: nothing here needs it), with the
+  PyTorchJob and FlightRecorderReport CRDs; the job and its N pods are created through the API, each pod's
+  status patched like a kubelet's (podIP 127.0.0.1, its sidecar's port named `frscope`);
+- `frscope operator`, with the defaults except a 5 s status sweep.
+
+Measured: from the moment every simulated sidecar starts reporting the stall to the condition written on
+the job (what a person waits for), the operator's gather duration, its peak RSS (VmHWM) and CPU time, and
+whether the verdict names the planted culprit.
+
+    .venv/bin/python bench/operator_scale.py --ranks 1024              # prints a table, appends it to RESULTS.md
+    .venv/bin/python bench/operator_scale.py --ranks 64 --no-results   # a quick check
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gzip
+import importlib.util
+import json
+import os
+import platform
+import re
+import resource
+import signal
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "RESULTS.md"
+SECTION = "## Operator"
+
+
+# -- the sidecar farm (subprocess) -----------------------------------------------------------------
+def farm(args: argparse.Namespace) -> int:
+    from aiohttp import web
+
+    from frscope.synthetic import make_plan
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    started = time.monotonic()
+    plan = make_plan(args.ranks, entries=args.entries, shape="nccl", scenario="not_joined", seed=args.seed,
+                     hang_age_s=120.0)
+    now = time.time_ns()
+    bodies: dict[int, bytes] = {}
+    for rank in range(args.ranks):
+        snap = {"frscope_snapshot": 1, "rank": rank, "captured_at_ns": now, "source": f"synthetic:{rank}",
+                "stacks": None, "trace": plan.dump(rank, json_shape=True)}
+        body = {"schema": "frscope.sidecar.snapshot/v1", "pod": f"bench-worker-{rank}", "namespace": "bench",
+                "node": "n", "captured_at_ns": now, "reason": "refresh", "ranks": [snap], "errors": []}
+        bodies[rank] = gzip.compress(json.dumps(body).encode(), 1)
+    print(f"farm: {args.ranks} bodies in {time.monotonic() - started:.0f} s, "
+          f"{sum(map(len, bodies.values())) / 2**20:.0f} MiB gzipped", file=sys.stderr, flush=True)
+    state = {"stalled": False}
+    by_port: dict[int, int] = {}
+
+    def rank_of(request: web.Request) -> int:
+        sockname = request.transport.get_extra_info("sockname") if request.transport else None
+        return by_port[int(sockname[1])]
+
+    async def status(request: web.Request) -> web.Response:
+        rank = rank_of(request)
+        group = {"desc": "default_pg", "last_enqueued_seq": 10, "last_completed_seq": 9, "inflight_op": "all_reduce",
+                 "inflight_seq": 10, "inflight_age_s": 90.0 if state["stalled"] else 0.1,
+                 "stalled": state["stalled"], "stalled_since_ns": now}
+        return web.json_response({"schema": "frscope.sidecar.status/v1", "pod": f"bench-worker-{rank}",
+                                  "namespace": "bench", "node": "n", "captured_at_ns": time.time_ns(),
+                                  "stalled": state["stalled"],
+                                  "ranks": {str(rank): {"up": True, "error": None, "last_poll_ns": now,
+                                                        "groups": {"0": group}}}})
+
+    async def snapshot(request: web.Request) -> web.Response:
+        return web.Response(body=bodies[rank_of(request)], content_type="application/json",
+                            headers={"Content-Encoding": "gzip"})
+
+    async def stall(_: web.Request) -> web.Response:
+        state["stalled"] = True
+        return web.json_response({"stalled": True})
+
+    async def main() -> None:
+        app = web.Application()
+        app.add_routes([web.get("/v1/status", status), web.get("/v1/snapshot", snapshot),
+                        web.post("/control/stall", stall)])
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        ports: dict[str, int] = {}
+        for rank in range(args.ranks):
+            site = web.TCPSite(runner, "127.0.0.1", 0, backlog=256)
+            await site.start()
+            port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+            by_port[port] = rank
+            ports[f"bench-worker-{rank}"] = port
+        truth = plan.truth.to_dict()
+        Path(args.port_file).write_text(json.dumps({"ports": ports, "truth": truth}, default=list))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_signal_handler(signal.SIGTERM, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+
+    asyncio.run(main())
+    return 0
+
+
+# -- helpers ---------------------------------------------------------------------------------------
+def load_cluster() -> Any:
+    spec = importlib.util.spec_from_file_location("frscope_testenv_cluster", REPO / "testenv" / "cluster.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def bin_dir() -> Path:
+    proc = subprocess.run([str(REPO / "testenv" / "build"), "--check"], capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit("testenv is not built: run `make testenv` (the bench needs the real API server)")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def rss_kib(pid: int, field: str = "VmRSS") -> int:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    match = re.search(rf"^{field}:\s+(\d+) kB", text, re.M)
+    return int(match.group(1)) if match else 0
+
+
+def cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def metric(text: str, name: str) -> float | None:
+    match = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(match.group(1)) if match else None
+
+
+async def create_objects(server: str, token: str, ca: Path, ports: dict[str, int], ranks: int) -> float:
+    import aiohttp
+
+    started = time.monotonic()
+    headers = {"Authorization": f"Bearer {token}"}
+    ctx = ssl.create_default_context(cafile=str(ca))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ctx, limit=16), headers=headers) as s:
+        async def call(method: str, path: str, body: Any, ctype: str = "application/json") -> Any:
+            for attempt in range(5):
+                async with s.request(method, server + path, data=json.dumps(body),
+                                     headers={"Content-Type": ctype}) as r:
+                    if r.status < 300:
+                        return await r.json()
+                    if r.status in (409, 429) or r.status >= 500:
+                        await asyncio.sleep(0.2 * (attempt + 1))
+                        continue
+                    raise RuntimeError(f"{method} {path}: {r.status} {await r.text()}")
+            raise RuntimeError(f"{method} {path}: gave up")
+
+        await call("POST", "/api/v1/namespaces", {"metadata": {"name": "bench"}})
+        # No controller manager here: make the namespace's default ServiceAccount as it would.
+        await call("POST", "/api/v1/namespaces/bench/serviceaccounts", {"metadata": {"name": "default"}})
+        template = {"spec": {"containers": [{"name": "pytorch", "image": "registry.invalid/train:1"}]}}
+        job = await call("POST", "/apis/kubeflow.org/v1/namespaces/bench/pytorchjobs", {
+            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "bench"},
+            "spec": {"nprocPerNode": "1", "pytorchReplicaSpecs": {
+                "Worker": {"replicas": ranks, "restartPolicy": "OnFailure", "template": template}}}})
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        await call("PATCH", "/apis/kubeflow.org/v1/namespaces/bench/pytorchjobs/bench/status", {"status": {
+            "conditions": [{"type": t, "status": "True", "reason": f"PyTorchJob{t}", "lastTransitionTime": now}
+                           for t in ("Created", "Running")]}}, "application/merge-patch+json")
+
+        async def pod(name: str, port: int, index: int) -> None:
+            await call("POST", "/api/v1/namespaces/bench/pods", {
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "labels": {"training.kubeflow.org/job-name": "bench",
+                                                      "training.kubeflow.org/replica-type": "worker",
+                                                      "training.kubeflow.org/replica-index": str(index)},
+                             "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                                                  "name": "bench", "uid": job["metadata"]["uid"],
+                                                  "controller": True}]},
+                "spec": {"initContainers": [{"name": "frscope-sidecar", "image": "frscope:bench",
+                                             "restartPolicy": "Always",
+                                             "ports": [{"name": "frscope", "containerPort": port}]}],
+                         "containers": [{"name": "pytorch", "image": "registry.invalid/train:1"}]}})
+            await call("PATCH", f"/api/v1/namespaces/bench/pods/{name}/status", {"status": {
+                "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+                "containerStatuses": [{"name": "pytorch", "image": "x", "imageID": "", "ready": True,
+                                       "restartCount": 0, "state": {"running": {"startedAt": now}}}]}},
+                "application/merge-patch+json")
+
+        await asyncio.gather(*(pod(name, port, int(name.rsplit("-", 1)[1])) for name, port in ports.items()))
+    return time.monotonic() - started
+
+
+def write_results(rows: list[dict[str, Any]]) -> None:
+    lines = [
+        SECTION, "",
+        "`bench/operator_scale.py`: `frscope operator` (defaults, 5 s status sweep) against the real kube-apiserver",
+        "and etcd from testenv; one simulated sidecar per pod on loopback (aiohttp, gzip) serving synthetic",
+        "NCCL-shaped recorders of 2,000 entries per rank (`frscope.synthetic`, scenario `not_joined`). Time is",
+        "from every sidecar reporting the stall to frscope's condition on the job; it includes waiting for the",
+        "next status sweep. RSS is the operator process's peak (VmHWM).",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
+        f"shared with other builds while measured.",
+        "",
+        "| ranks (pods) | entries/rank | stall -> condition | gather | operator peak RSS | operator CPU | verdict |",
+        "|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['ranks']} | {r['entries']} | {r['stall_to_condition_s']:.1f} s | {r['gather_s']:.1f} s | "
+                     f"{r['peak_rss_mib']:.0f} MiB | {r['cpu_s']:.0f} s | {r['verdict']} |")
+    lines += ["", "Reproduce: `.venv/bin/python bench/operator_scale.py --ranks 1024`.", ""]
+    section = "\n".join(lines)
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n\n"
+    start = text.find(SECTION + "\n")
+    if start >= 0:
+        end = text.find("\n## ", start + len(SECTION))
+        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    RESULTS.write_text(text)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    cluster = load_cluster()
+    crds = [Path.home() / "go/pkg/mod/github.com/kubeflow/training-operator@v1.8.1/manifests/base/crds/"
+            "kubeflow.org_pytorchjobs.yaml", REPO / "charts/frscope/crds/flightrecorderreport.yaml"]
+    crd_dir = bin_dir().parent / "crds"
+    crds[0] = next(iter(sorted(crd_dir.glob("kubeflow.org_pytorchjobs.yaml"))), crds[0])
+    work = Path(tempfile.mkdtemp(prefix="frscope-opbench-"))
+    port_file = work / "ports.json"
+    procs: list[subprocess.Popen[bytes]] = []
+    plane = None
+    try:
+        farm_log = open(work / "farm.log", "wb")  # noqa: SIM115 - closed with the process
+        procs.append(subprocess.Popen([sys.executable, __file__, "farm", "--ranks", str(args.ranks), "--entries",
+                                       str(args.entries), "--port-file", str(port_file), "--seed", str(args.seed)],
+                                      stdout=farm_log, stderr=subprocess.STDOUT, cwd=REPO))
+        plane = cluster.start(bin_dir(), crds=[], controller_manager=False)
+        for crd in crds:
+            plane.kubectl("apply", "-f", str(crd))
+        time.sleep(3)
+        deadline = time.monotonic() + args.farm_timeout
+        while not port_file.exists():
+            if procs[0].poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"the farm did not start:\n{(work / 'farm.log').read_text()[-3000:]}")
+            time.sleep(1)
+        farm_info = json.loads(port_file.read_text())
+        ports, truth = farm_info["ports"], farm_info["truth"]
+        created_s = asyncio.run(create_objects(plane.server, plane.admin_token, plane.ca_file, ports, args.ranks))
+        print(f"created the job and {len(ports)} pods in {created_s:.0f} s", file=sys.stderr)
+
+        http_port = cluster.free_port()
+        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
+        op_log = open(work / "operator.log", "wb")  # noqa: SIM115 - closed with the process
+        op = subprocess.Popen([sys.executable, "-m", "frscope", "operator", "--http-host", "127.0.0.1",
+                               "--http-port", str(http_port), "--poll-interval", "5", "--namespace", "bench"],
+                              env=env, stdout=op_log, stderr=subprocess.STDOUT, cwd=REPO)
+        procs.append(op)
+        base = f"http://127.0.0.1:{http_port}"
+
+        def get(path: str) -> str:
+            import urllib.request
+
+            with urllib.request.urlopen(base + path, timeout=10) as r:
+                return str(r.read().decode())
+
+        deadline = time.monotonic() + 300
+        while True:
+            if op.poll() is not None:
+                raise SystemExit(f"the operator exited:\n{(work / 'operator.log').read_text()[-3000:]}")
+            try:
+                if metric(get("/metrics"), "frscope_operator_pods_watched") == args.ranks:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("the operator did not see every pod in time")
+            time.sleep(1)
+        time.sleep(6)  # a full healthy sweep first
+        cpu_before = cpu_s(op.pid)
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(
+            f"http://127.0.0.1:{next(iter(ports.values()))}/control/stall", method="POST"), timeout=10).close()
+        t0 = time.monotonic()
+        peak = 0
+        condition = None
+        while time.monotonic() - t0 < args.timeout:
+            peak = max(peak, rss_kib(op.pid))
+            job = plane.kubectl_json("get", "pytorchjob", "bench", "-n", "bench")
+            found = [c for c in job.get("status", {}).get("conditions", [])
+                     if c["type"] == "CollectiveTimeoutDiagnosed"]
+            if found:
+                condition = found[0]
+                break
+            time.sleep(0.5)
+        elapsed = time.monotonic() - t0
+        metrics = get("/metrics")
+        hwm = rss_kib(op.pid, "VmHWM")
+        result = {
+            "ranks": args.ranks, "entries": args.entries,
+            "stall_to_condition_s": elapsed if condition else float("nan"),
+            "gather_s": metric(metrics, "frscope_operator_gather_duration_seconds_sum") or 0.0,
+            "peak_rss_mib": max(hwm, peak) / 1024, "cpu_s": cpu_s(op.pid) - cpu_before,
+            "verdict": "timed out",
+        }
+        if condition:
+            ok = (condition["reason"] == truth["category"]
+                  and f"Rank {truth['culprit_ranks'][0]} " in condition["message"])
+            result["verdict"] = f"{condition['reason']} ({'planted culprit' if ok else 'WRONG: ' + condition['message'][:80]})"
+        print(json.dumps(result), flush=True)
+        return result
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        if plane is not None:
+            plane.stop()
+        print(f"logs in {work}", file=sys.stderr)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="mode")
+    farm_p = sub.add_parser("farm")
+    farm_p.add_argument("--ranks", type=int, required=True)
+    farm_p.add_argument("--entries", type=int, required=True)
+    farm_p.add_argument("--port-file", required=True)
+    farm_p.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1024])
+    parser.add_argument("--entries", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the condition")
+    parser.add_argument("--farm-timeout", type=float, default=900.0, help="seconds to build the synthetic bodies")
+    parser.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
+    args = parser.parse_args()
+    if args.mode == "farm":
+        return farm(args)
+    rows = []
+    for ranks in args.ranks:
+        one = argparse.Namespace(**{**vars(args), "ranks": ranks})
+        rows.append(run(one))
+    if not args.no_results:
+        write_results(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
