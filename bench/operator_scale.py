@@ -250,7 +250,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     procs: list[subprocess.Popen[bytes]] = []
     plane = None
     try:
-        farm_log = open(work / "farm.log", "wb")  # noqa: SIM115 - closed with the process
+        farm_log = open(work / "farm.log", "wb")
         procs.append(subprocess.Popen([sys.executable, __file__, "farm", "--ranks", str(args.ranks), "--entries",
                                        str(args.entries), "--port-file", str(port_file), "--seed", str(args.seed)],
                                       stdout=farm_log, stderr=subprocess.STDOUT, cwd=REPO))
@@ -270,7 +270,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         http_port = cluster.free_port()
         env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
-        op_log = open(work / "operator.log", "wb")  # noqa: SIM115 - closed with the process
+        op_log = open(work / "operator.log", "wb")
         op = subprocess.Popen([sys.executable, "-m", "frscope", "operator", "--http-host", "127.0.0.1",
                                "--http-port", str(http_port), "--poll-interval", "5", "--namespace", "bench"],
                               env=env, stdout=op_log, stderr=subprocess.STDOUT, cwd=REPO)
@@ -326,7 +326,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if condition:
             ok = (condition["reason"] == truth["category"]
                   and f"Rank {truth['culprit_ranks'][0]} " in condition["message"])
-            result["verdict"] = f"{condition['reason']} ({'planted culprit' if ok else 'WRONG: ' + condition['message'][:80]})"
+            said = "planted culprit" if ok else "WRONG: " + condition["message"][:80]
+            result["verdict"] = f"{condition['reason']} ({said})"
         print(json.dumps(result), flush=True)
         return result
     finally:
