@@ -8,8 +8,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from frscope.sidecar.bootstrap import BOOTSTRAP_DIR, install
@@ -19,6 +22,9 @@ if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("frscope.sidecar")
+
+WORKER_THREADS = 4
+BACKGROUND_NICE = 10
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -64,17 +70,32 @@ def main(args: argparse.Namespace) -> int:
             return EXIT_FAILED
     # Parsing threads give the event loop the GIL back within 2 ms (default 5 ms): /metrics stays fast.
     sys.setswitchinterval(0.002)
-    return asyncio.run(serve(config))
+    return asyncio.run(serve(config, own_executor=True))
+
+
+def _background() -> None:
+    try:
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + BACKGROUND_NICE))
+    except (OSError, AttributeError):  # not Linux, or not allowed: run at the normal priority
+        pass
 
 
 async def serve(config: SidecarConfig, registry: CollectorRegistry | None = None,
-                stop: asyncio.Event | None = None) -> int:
-    """Run until `stop` is set, or SIGTERM/SIGINT arrives; then shut down cleanly."""
+                stop: asyncio.Event | None = None, *, own_executor: bool = False) -> int:
+    """Run until `stop` is set, or SIGTERM/SIGINT arrives; then shut down cleanly. `own_executor`:
+    the process is the sidecar's own (`frscope sidecar`), so the loop's thread pool can be set up."""
     from frscope.sidecar.app import Sidecar
 
     sidecar = Sidecar(config, registry)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+    if own_executor:
+        # Parsing and compression run in these threads: few of them (bounded memory), and at a lower
+        # CPU priority than the event loop and the training processes beside the sidecar.
+        loop.set_default_executor(
+            ThreadPoolExecutor(max_workers=WORKER_THREADS, thread_name_prefix="frscope", initializer=_background)
+        )
     handled: list[signal.Signals] = []
     for sig in (signal.SIGTERM, signal.SIGINT):
         try:
