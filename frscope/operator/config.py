@@ -80,10 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll-interval", type=float, default=15.0, help="seconds between sidecar status sweeps")
     parser.add_argument("--poll-timeout", type=float, default=5.0, help="seconds for one /v1/status request")
     parser.add_argument("--poll-max-rps", type=float, default=200.0, help="status requests per second, at most")
+    parser.add_argument("--poll-concurrency", type=int, default=64, help="status requests in flight, at most")
     parser.add_argument("--gather-timeout", type=float, default=45.0, help="seconds for a whole gather (all pods)")
     parser.add_argument("--gather-pod-timeout", type=float, default=20.0, help="seconds for one pod's snapshot")
     parser.add_argument("--gather-attempts", type=int, default=3, help="tries per pod")
-    parser.add_argument("--gather-concurrency", type=int, default=128, help="snapshots fetched at once")
+    parser.add_argument("--gather-concurrency", type=int, default=32,
+                        help="snapshots fetched (and held until decoded) at once")
     parser.add_argument("--max-entries-per-rank", type=int, default=DEFAULT_MAX_ENTRIES,
                         help="newest recorder entries kept per rank (bounds memory at 1,000s of ranks; 0: all)")
     parser.add_argument("--stall-after", type=float, default=DEFAULT_STALL_AFTER_S,
@@ -142,6 +144,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         poll_interval_s=args.poll_interval,
         poll_timeout_s=args.poll_timeout,
         poll_max_rps=args.poll_max_rps,
+        poll_concurrency=args.poll_concurrency,
         gather=GatherOptions(per_pod_timeout_s=args.gather_pod_timeout, overall_timeout_s=args.gather_timeout,
                              attempts=args.gather_attempts, concurrency=args.gather_concurrency,
                              max_entries=args.max_entries_per_rank),

@@ -25,7 +25,7 @@ class GatherOptions:
     overall_timeout_s: float = 45.0
     attempts: int = 3
     backoff_base_s: float = 0.5
-    concurrency: int = 128
+    concurrency: int = 32
     decode_threads: int = 2
     max_entries: int = DEFAULT_MAX_ENTRIES
     refresh: bool = True
@@ -62,13 +62,14 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
     delays = Backoff(attempts=options.attempts, base_s=options.backoff_base_s, cap_s=5.0).delays()
     while True:
         try:
+            # A fetched body is held until it is decoded: at most `concurrency` raw bodies in memory.
             async with fetching:
                 raw = await client.snapshot_bytes(target.endpoint, options.per_pod_timeout_s,
                                                   refresh=options.refresh)
-            async with decoding:
-                return await asyncio.to_thread(from_bytes, raw, target.endpoint, origin="sidecar",
-                                               max_entries=options.max_entries, pod=target.pod,
-                                               namespace=namespace)
+                async with decoding:
+                    return await asyncio.to_thread(from_bytes, raw, target.endpoint, origin="sidecar",
+                                                   max_entries=options.max_entries, pod=target.pod,
+                                                   namespace=namespace)
         except SidecarError as exc:
             delay = next(delays, None) if exc.retryable else None
             if delay is None:
