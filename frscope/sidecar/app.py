@@ -240,8 +240,10 @@ def _assemble(head: dict[str, Any], pieces: list[tuple[int, bytes]], errors: lis
     for rank, piece_z in pieces:
         piece = zlib.decompress(piece_z)
         if used + len(piece) + 1 > max_bytes:
-            errors.append({"rank": rank, "message": f"left out: the snapshot would exceed --max-snapshot-bytes "
-                                                    f"({max_bytes} bytes); rank's piece is {len(piece)} bytes"})
+            error = {"rank": rank, "message": f"left out: the snapshot would exceed --max-snapshot-bytes "
+                                              f"({max_bytes} bytes); rank's piece is {len(piece)} bytes"}
+            errors.append(error)
+            used += len(json.dumps(error)) + 2
             continue
         used += len(piece) + 1
         parts.append(piece)
