@@ -52,6 +52,7 @@ class OperatorConfig:
     clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS
     # After a gather that found nothing to report, the same job attempt is not gathered again for this long.
     cooldown_s: float = 30.0
+    decode_processes: int = 0  # the CLI's default is 2
     sidecar_token_file: Path | None = None  # bearer token for the sidecars' API; pushes must carry it too
     max_push_bytes: int = 256 * 1024 * 1024
     report_limit_bytes: int = 512 * 1024
@@ -81,8 +82,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--poll-timeout", type=float, default=5.0, help="seconds for one /v1/status request")
     parser.add_argument("--poll-max-rps", type=float, default=200.0, help="status requests per second, at most")
     parser.add_argument("--poll-concurrency", type=int, default=64, help="status requests in flight, at most")
-    parser.add_argument("--gather-timeout", type=float, default=45.0, help="seconds for a whole gather (all pods)")
-    parser.add_argument("--gather-pod-timeout", type=float, default=20.0, help="seconds for one pod's snapshot")
+    parser.add_argument("--gather-timeout", type=float, default=120.0, help="seconds for a whole gather (all pods)")
+    parser.add_argument("--gather-pod-timeout", type=float, default=30.0, help="seconds for one pod's snapshot")
+    parser.add_argument("--decode-processes", type=int, default=2,
+                        help="worker processes that decode snapshots in parallel (0: threads in the operator)")
     parser.add_argument("--gather-attempts", type=int, default=3, help="tries per pod")
     parser.add_argument("--gather-concurrency", type=int, default=32,
                         help="snapshots fetched (and held until decoded) at once")
@@ -150,6 +153,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
                              max_entries=args.max_entries_per_rank),
         stall_after_s=args.stall_after,
         cooldown_s=args.cooldown,
+        decode_processes=args.decode_processes,
         sidecar_token_file=args.sidecar_token_file,
         report_limit_bytes=args.report_limit,
         peering=args.peering,

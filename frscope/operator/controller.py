@@ -22,7 +22,7 @@ from frscope.operator import names
 from frscope.operator.config import OperatorConfig
 from frscope.operator.diagnose import Diagnosis, diagnose
 from frscope.operator.evidence import PodEvidence
-from frscope.operator.gather import Gathered, Target, gather
+from frscope.operator.gather import Decoder, Gathered, Target, gather
 from frscope.operator.incidents import Attempt, IncidentKey, IncidentRecord, Ledger
 from frscope.operator.kube import KubeError
 from frscope.operator.metrics import OperatorMetrics
@@ -80,13 +80,14 @@ def attempt_for(view: JobView, sig: Signal) -> Attempt:
 
 class Controller:
     def __init__(self, config: OperatorConfig, *, store: JobStore, pushes: PushStore, sidecars: SidecarClient,
-                 publisher: Publisher, metrics: OperatorMetrics) -> None:
+                 publisher: Publisher, metrics: OperatorMetrics, decoder: Decoder | None = None) -> None:
         self.config = config
         self.store = store
         self.pushes = pushes
         self.sidecars = sidecars
         self.publisher = publisher
         self.metrics = metrics
+        self.decoder = decoder or Decoder()
         self._jobs: dict[JobKey, _JobState] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -256,7 +257,7 @@ class Controller:
     async def _gather(self, view: JobView) -> Gathered:
         targets = [Target(p.name, p.endpoint) for p in view.pods]
         gathered = await gather(self.sidecars, view.ref.namespace, targets, self.config.gather, self.pushes,
-                                push_pods=self.store.gone_pods(view.key))
+                                push_pods=self.store.gone_pods(view.key), decoder=self.decoder)
         self.metrics.gather_duration.observe(gathered.duration_s)
         if gathered.failures:
             self.metrics.sidecars_unreachable.inc(len(gathered.failures))

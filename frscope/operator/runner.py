@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from frscope.operator import names
 from frscope.operator.config import OperatorConfig, WebhookConfig
 from frscope.operator.controller import Controller
+from frscope.operator.gather import Decoder
 from frscope.operator.handlers import register_watchers, register_webhook
 from frscope.operator.http import Health, OperatorHttp
 from frscope.operator.kube import KubeClient
@@ -125,7 +126,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     token = config.token()
     controller = Controller(config, store=store, pushes=pushes,
                             sidecars=SidecarClient(sidecar_session, token=token),
-                            publisher=Publisher(kube, instance=config.instance), metrics=metrics)
+                            publisher=Publisher(kube, instance=config.instance), metrics=metrics,
+                            decoder=Decoder(config.decode_processes))
     health = Health()
     http = OperatorHttp(registry=registry, metrics=metrics, health=health, on_push=controller.on_push,
                         token=token, max_push_bytes=config.max_push_bytes, max_entries=config.gather.max_entries)
@@ -167,6 +169,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         log.info("operator HTTP on %s:%d (/healthz /readyz /metrics /v1/push)", config.http_host, port)
         tasks.append(asyncio.create_task(_heartbeat(health)))
         tasks.append(asyncio.create_task(stopper()))
+        await controller.decoder.warm_up()
 
         async def when_ready() -> None:
             await ready.wait()
@@ -194,6 +197,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await controller.close()
+        await asyncio.to_thread(controller.decoder.close)
         await http.stop()
         await sidecar_session.close()
         await kube.close()

@@ -29,6 +29,14 @@ class SidecarError(Exception):
         self.message = message
         self.retryable = retryable
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Raised in decoder processes too: travel back whole.
+        return (_rebuild_sidecar_error, (self.endpoint, self.message, self.retryable))
+
+
+def _rebuild_sidecar_error(endpoint: str, message: str, retryable: bool) -> SidecarError:
+    return SidecarError(endpoint, message, retryable=retryable)
+
 
 @dataclass(frozen=True, slots=True)
 class GroupStall:

@@ -124,3 +124,24 @@ async def test_only_the_newest_entries_are_kept(sidecars: Make, client: SidecarC
     diagnosis = diagnose_sync(got, 4, AnalysisOptions(stall_after_s=0.5))
     assert diagnosis.report.findings[0].culprit_ranks == (1,)
     assert any("older entries left out" in p.message for p in diagnosis.report.problems)
+
+
+@pytest.mark.timeout(60)
+async def test_decoding_in_worker_processes(sidecars: Make, client: SidecarClient,
+                                            hang_ranks: dict[int, Any]) -> None:
+    from frscope.operator.gather import Decoder
+
+    a, b = split(hang_ranks)
+    ok0, ok1 = await sidecars("p0", a), await sidecars("p1", b)
+    garbage = await sidecars("p2", {}, mode="wrong-schema")
+    decoder = Decoder(processes=1)
+    try:
+        await decoder.warm_up()
+        got = await gather(client, "ml", [Target("p0", ok0.endpoint), Target("p1", ok1.endpoint),
+                                          Target("p2", garbage.endpoint)], FAST, decoder=decoder)
+    finally:
+        decoder.close()
+    assert set(got.pods) == {"p0", "p1"} and "not a frscope.sidecar.snapshot/v1" in got.failures["p2"]
+    assert garbage.snapshot_requests == 1  # the error came back whole: not retryable
+    diagnosis = diagnose_sync(got, 4, AnalysisOptions(stall_after_s=0.5))
+    assert diagnosis.report.findings[0].culprit_ranks == (1,)
