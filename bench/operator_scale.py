@@ -141,6 +141,21 @@ def rss_kib(pid: int, field: str = "VmRSS") -> int:
     return int(match.group(1)) if match else 0
 
 
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            out += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return out
+
+
+def tree_rss_kib(pid: int) -> int:
+    """The operator and its decode worker processes together."""
+    return rss_kib(pid) + sum(rss_kib(c) for c in children(pid))
+
+
 def cpu_s(pid: int) -> float:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -221,12 +236,14 @@ def write_results(rows: list[dict[str, Any]]) -> None:
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
         f"shared with other builds while measured.",
         "",
-        "| ranks (pods) | entries/rank | stall -> condition | gather | operator peak RSS | operator CPU | verdict |",
+        "| ranks (pods) | entries/rank | stall -> condition | gather | operator peak RSS (+ decode workers) "
+        "| operator CPU | verdict |",
         "|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(f"| {r['ranks']} | {r['entries']} | {r['stall_to_condition_s']:.1f} s | {r['gather_s']:.1f} s | "
-                     f"{r['peak_rss_mib']:.0f} MiB | {r['cpu_s']:.0f} s | {r['verdict']} |")
+                     f"{r['peak_rss_mib']:.0f} MiB ({r['tree_peak_rss_mib']:.0f} MiB) | {r['cpu_s']:.0f} s "
+                     f"| {r['verdict']} |")
     lines += ["", "Reproduce: `.venv/bin/python bench/operator_scale.py --ranks 1024`.", ""]
     section = "\n".join(lines)
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n\n"
@@ -296,16 +313,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 raise SystemExit("the operator did not see every pod in time")
             time.sleep(1)
         time.sleep(6)  # a full healthy sweep first
-        cpu_before = cpu_s(op.pid)
+        cpu_before = cpu_s(op.pid) + sum(cpu_s(c) for c in children(op.pid))
         import urllib.request
 
         urllib.request.urlopen(urllib.request.Request(
             f"http://127.0.0.1:{next(iter(ports.values()))}/control/stall", method="POST"), timeout=10).close()
         t0 = time.monotonic()
-        peak = 0
+        peak = tree_peak = 0
         condition = None
         while time.monotonic() - t0 < args.timeout:
             peak = max(peak, rss_kib(op.pid))
+            tree_peak = max(tree_peak, tree_rss_kib(op.pid))
             job = plane.kubectl_json("get", "pytorchjob", "bench", "-n", "bench")
             found = [c for c in job.get("status", {}).get("conditions", [])
                      if c["type"] == "CollectiveTimeoutDiagnosed"]
@@ -320,7 +338,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "ranks": args.ranks, "entries": args.entries,
             "stall_to_condition_s": elapsed if condition else float("nan"),
             "gather_s": metric(metrics, "frscope_operator_gather_duration_seconds_sum") or 0.0,
-            "peak_rss_mib": max(hwm, peak) / 1024, "cpu_s": cpu_s(op.pid) - cpu_before,
+            "peak_rss_mib": max(hwm, peak) / 1024, "tree_peak_rss_mib": tree_peak / 1024,
+            "cpu_s": cpu_s(op.pid) + sum(cpu_s(c) for c in children(op.pid)) - cpu_before,
             "verdict": "timed out",
         }
         if condition:
