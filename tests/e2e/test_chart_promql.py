@@ -57,8 +57,11 @@ JOB = "demo"
 TARGET_LABELS = {"namespace": ML, "pytorchjob": JOB, "pod": "demo-master-0", "replica_type": "master"}
 DOWN_LABELS = {"namespace": ML, "pytorchjob": JOB, "pod": "demo-worker-0", "replica_type": "worker"}
 SCRAPE_S = 1
-# Grafana's $__rate_interval is max($__interval + scrape interval, 4 x scrape interval).
-RATE_INTERVAL = f"{4 * SCRAPE_S}s"
+# Grafana's $__rate_interval is max($__interval + scrape interval, 4 x scrape interval): 4 s at the
+# least here; 10 s (a short dashboard range) keeps a scrape missed on a busy machine from emptying it.
+RATE_INTERVAL = "10s"
+# A query is retried for this long before it counts as returning no data (scrapes can lag on 2 cores).
+DATA_WAIT_S = 20
 DASHBOARD = CHART / "files" / "frscope-dashboard.json"
 # Only NCCL with timing records durations; a gloo job leaves the histogram without series.
 NEEDS_DURATIONS = "frscope_collective_duration_seconds_bucket"
@@ -118,6 +121,15 @@ class Prometheus:
         data = self.get("/api/v1/query", query=expr)
         result = data["result"]
         return result if data["resultType"] == "vector" else [{"metric": {}, "value": result}]
+
+    def query_data(self, expr: str, timeout: float = DATA_WAIT_S) -> list[dict[str, Any]]:
+        """The query's result once it has data, or [] after `timeout` (a PromQL error raises at once)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = self.query(expr)
+            if result or time.monotonic() > deadline:
+                return result
+            time.sleep(1)
 
     def label_values(self, label: str, match: str) -> list[str]:
         values: list[str] = self.get(f"/api/v1/label/{label}/values", **{"match[]": [match]})
@@ -276,20 +288,22 @@ def test_variable_queries_return_the_job(stack: Stack) -> None:
 @pytest.mark.parametrize("variables", [_all_vars(), _selected_vars()], ids=["all", "selected"])
 def test_every_dashboard_query_returns_data(stack: Stack, variables: dict[str, str]) -> None:
     assert stack.phase == ["hung"], "run before test_poll_errors_after_the_ranks_die (file order)"
-    metrics_text = urllib.request.urlopen(f"{stack.sidecar_url}/metrics", timeout=10).read().decode()
+    with urllib.request.urlopen(f"{stack.sidecar_url}/metrics", timeout=10) as response:
+        metrics_text = response.read().decode()
     empty, checked = [], 0
     for title, ref, expr in _dashboard_targets():
         if NEEDS_POLL_ERRORS in expr or (NEEDS_OPERATOR in expr and "or vector(0)" not in expr):
             continue  # phase two, or the operator's test
         promql = _grafana(expr, variables, time.monotonic() - stack.prometheus.started)
-        result = stack.prometheus.query(promql)  # raises on a PromQL error
-        checked += 1
         if NEEDS_DURATIONS in expr:
+            result = stack.prometheus.query(promql)  # raises on a PromQL error
+            checked += 1
             # Evaluated without error; gloo records no durations, so no series. The family is exposed.
             assert "# TYPE frscope_collective_duration_seconds histogram" in metrics_text
             assert result == [], result
             continue
-        if not result:
+        checked += 1
+        if not stack.prometheus.query_data(promql):
             empty.append(f"{title} [{ref}]: {promql}")
     assert not empty, "queries without data:\n" + "\n".join(empty)
     assert checked >= 13
@@ -316,7 +330,7 @@ def test_every_alert_expression_returns_data_and_fires(stack: Stack) -> None:
     sidecar_rules = [r for r in stack.rules if "frscope_operator_" not in r["expr"]]
     assert {r["alert"] for r in sidecar_rules} == {"FrscopeCollectiveStalled", "FrscopeSidecarDown"}
     for rule in sidecar_rules:
-        assert stack.prometheus.query(rule["expr"]), f"{rule['alert']}: {rule['expr']} returned nothing"
+        assert stack.prometheus.query_data(rule["expr"]), f"{rule['alert']}: {rule['expr']} returned nothing"
     alerts = {a["labels"]["alertname"]: a for a in stack.prometheus.get("/api/v1/alerts")["alerts"]
               if a["state"] == "firing"}
     stalled = alerts["FrscopeCollectiveStalled"]
@@ -428,11 +442,11 @@ def test_operator_queries_return_data(stack: Stack, kube: ControlPlane, tmp_path
             for title, ref, expr in _dashboard_targets():
                 if NEEDS_OPERATOR in expr:
                     promql = _grafana(expr, variables, time.monotonic() - prom.started)
-                    if not prom.query(promql):
+                    if not prom.query_data(promql):
                         empty.append(f"{title} [{ref}]: {promql}")
         assert not empty, "queries without data:\n" + "\n".join(empty)
         (rule,) = [r for r in stack.rules if r["alert"] == "FrscopeDiagnosisMade"]
-        (result,) = prom.query(rule["expr"])
+        (result,) = prom.query_data(rule["expr"])
         assert result["metric"] == {"category": "RankNotJoined"}
         (alert,) = [a for a in prom.get("/api/v1/alerts")["alerts"]
                     if a["labels"]["alertname"] == "FrscopeDiagnosisMade"]
@@ -467,4 +481,4 @@ def test_poll_errors_after_the_ranks_die(stack: Stack) -> None:
         assert exprs
         for title, ref, expr in exprs:
             promql = _grafana(expr, variables, time.monotonic() - prom.started)
-            assert prom.query(promql), f"{title} [{ref}]: {promql} returned nothing"
+            assert prom.query_data(promql), f"{title} [{ref}]: {promql} returned nothing"
