@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import tempfile
@@ -12,13 +13,16 @@ from pathlib import Path
 from frscope import __version__
 from frscope.analysis import AnalysisOptions, Report, analyze
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
-from frscope.operator.command import add_parser as add_operator_parser
 from frscope.records import DEFAULT_MAX_BYTES, DumpSet, load_dumps
 from frscope.report import render_markdown, render_text, report_to_dict
 from frscope.report.entries import render_entries
 from frscope.report.filters import Filters
 from frscope.report.html import render_report_html
-from frscope.sidecar.main import add_parser as add_sidecar_parser
+
+_SERVICES = {
+    "sidecar": ("frscope.sidecar.main", "collect local ranks' recorders, detect stalls, serve metrics and the API"),
+    "operator": ("frscope.operator.command", "watch PyTorchJobs, gather from the sidecars, write the diagnosis (kopf)"),
+}
 
 EXIT_HEALTHY = 0
 EXIT_FINDINGS = 1
@@ -128,7 +132,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return EXIT_FINDINGS if report.findings else EXIT_HEALTHY
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="frscope", description=__doc__)
     parser.add_argument("--version", action="version", version=f"frscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -172,14 +176,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo_p.add_argument("--stall-after", type=float, default=1.0)
     demo_p.set_defaults(func=cmd_demo)
 
-    add_sidecar_parser(sub)
-    add_operator_parser(sub)
+    # The sidecar and the operator pull in aiohttp, kopf and their worlds (a second of imports):
+    # only the command that runs loads its module; the others are listed for --help.
+    for name, (module, summary) in _SERVICES.items():
+        if command == name:
+            importlib.import_module(module).add_parser(sub)
+        else:
+            sub.add_parser(name, help=summary, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in args_list if not a.startswith("-")), None)
+    parser = build_parser(command)
+    args = parser.parse_args(args_list)
     code: int = args.func(args)
     return code
 
