@@ -372,7 +372,8 @@ def test_namespaced_install_is_limited_to_its_namespaces(helm: Helm, kube: Contr
     _create_namespace(kube, other)
     try:
         with _install(helm, kube, "monitoring-off", namespaces=(team_a, team_b), sets=(
-                f"operator.watchNamespaces[0]={team_a}", f"operator.watchNamespaces[1]={team_b}")) as install:
+                f"operator.watchNamespaces[0]={team_a}", f"operator.watchNamespaces[1]={team_b}",
+                "networkPolicy.enabled=true")) as install:
             user = install.user
             assert "The webhook is off" in install.notes and "docs/install.md" in install.notes
             assert "grafana_dashboard" not in install.notes
@@ -390,6 +391,11 @@ def test_namespaced_install_is_limited_to_its_namespaces(helm: Helm, kube: Contr
             assert _can_i(kube, user, "watch", "namespaces")
             assert not _can_i(kube, user, "create", "namespaces")
             assert _rules_list(kube, user, other) == {CRDS: {"list", "watch"}, "namespaces": {"list", "watch"}}
+            # The NetworkPolicy (endPort ranges included) is accepted in each training namespace.
+            for ns in (team_a, team_b):
+                policy = _get(kube, "networkpolicy", f"{install.release}-frscope-sidecar", "-n", ns)
+                assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 9402}]
+                assert {"port": 9403, "endPort": 65535, "protocol": "TCP"} in policy["spec"]["ingress"][1]["ports"]
             # Nothing of the webhook is installed with it off.
             assert kube.kubectl("get", "mutatingwebhookconfiguration", f"{install.release}-frscope",
                                 check=False).returncode != 0
