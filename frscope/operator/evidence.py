@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from frscope.operator.sidecars import SidecarError, SidecarSnapshot, parse_snapshot
 from frscope.records import DumpError, LoadProblem, RankDump, normalize_dump
 
-DEFAULT_MAX_ENTRIES = 500
+DEFAULT_MAX_ENTRIES = 200
 
 
 @dataclass(slots=True)
