@@ -234,16 +234,16 @@ def write_results(rows: list[dict[str, Any]]) -> None:
         "next status sweep. RSS is the operator process's peak (VmHWM).",
         "",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"shared with other builds while measured.",
+        f"shared with other engineers' builds and tests while measured (load average in the table).",
         "",
         "| ranks (pods) | entries/rank | stall -> condition | gather | operator peak RSS (+ decode workers) "
-        "| operator CPU | verdict |",
-        "|---:|---:|---:|---:|---:|---:|---|",
+        "| operator CPU | load avg | verdict |",
+        "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         lines.append(f"| {r['ranks']} | {r['entries']} | {r['stall_to_condition_s']:.1f} s | {r['gather_s']:.1f} s | "
                      f"{r['peak_rss_mib']:.0f} MiB ({r['tree_peak_rss_mib']:.0f} MiB) | {r['cpu_s']:.0f} s "
-                     f"| {r['verdict']} |")
+                     f"| {r['load']:.1f} | {r['verdict']} |")
     lines += ["", "Reproduce: `.venv/bin/python bench/operator_scale.py --ranks 1024`.", ""]
     section = "\n".join(lines)
     text = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n\n"
@@ -340,7 +340,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "gather_s": metric(metrics, "frscope_operator_gather_duration_seconds_sum") or 0.0,
             "peak_rss_mib": max(hwm, peak) / 1024, "tree_peak_rss_mib": tree_peak / 1024,
             "cpu_s": cpu_s(op.pid) + sum(cpu_s(c) for c in children(op.pid)) - cpu_before,
-            "verdict": "timed out",
+            "verdict": "timed out", "load": os.getloadavg()[0],
         }
         if condition:
             ok = (condition["reason"] == truth["category"]
