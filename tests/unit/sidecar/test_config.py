@@ -12,7 +12,7 @@ from frscope.sidecar.config import MiB, SidecarConfig, config_from_args, parse_s
 
 
 def parse(argv: list[str]) -> SidecarConfig:
-    args = build_parser().parse_args(["sidecar", *argv])
+    args = build_parser("sidecar").parse_args(["sidecar", *argv])
     return config_from_args(args)
 
 
@@ -52,14 +52,14 @@ def test_bad_values_are_usage_errors(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_print_pythonpath(capsys: pytest.CaptureFixture[str]) -> None:
-    args = build_parser().parse_args(["sidecar", "print-pythonpath"])
+    args = build_parser("sidecar").parse_args(["sidecar", "print-pythonpath"])
     assert args.func(args) == 0
     out = Path(capsys.readouterr().out.strip())
     assert (out / "sitecustomize.py").is_file()
 
 
 def test_usage_error_exit_code(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    args: argparse.Namespace = build_parser().parse_args(["sidecar", "--stall-timeout-fraction", "2"])
+    args: argparse.Namespace = build_parser("sidecar").parse_args(["sidecar", "--stall-timeout-fraction", "2"])
     assert args.func(args) == 2
     assert "stall-timeout-fraction" in capsys.readouterr().err
 
