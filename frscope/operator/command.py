@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from frscope.operator.config import add_arguments, from_args
 
@@ -19,11 +20,17 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
 
 
 def cmd_operator(args: argparse.Namespace) -> int:
+    import kopf
+
     from frscope.operator.runner import run_operator
 
     try:
         config = from_args(args)
     except ValueError as exc:
-        print(f"frscope operator: {exc}")
+        print(f"frscope operator: {exc}", file=sys.stderr)
         return 2
-    return run_operator(config)
+    try:
+        return run_operator(config)
+    except (kopf.LoginError, ValueError, OSError) as exc:
+        print(f"frscope operator: {exc}", file=sys.stderr)
+        return 1
