@@ -34,6 +34,6 @@ def test_demo_hang_through_the_sidecar(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 @pytest.mark.timeout(150)
-def test_demo_healthy_job_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--fault", "none", "--world-size", "2"]) == 0
+def test_demo_healthy_job_exits_0(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--fault", "none", "--world-size", "2", "--keep", str(tmp_path)]) == 0
     assert capsys.readouterr().out.startswith("No problem found: 2 ranks")
