@@ -11,7 +11,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from frscope.operator.sidecars import SidecarError, SidecarSnapshot, parse_snapshot
+from frscope.operator.sidecars import (
+    DEFAULT_MAX_SNAPSHOT_BYTES,
+    SidecarError,
+    SidecarSnapshot,
+    gunzip_capped,
+    parse_snapshot,
+)
 from frscope.records import DumpError, LoadProblem, RankDump, normalize_dump
 
 DEFAULT_MAX_ENTRIES = 200
@@ -56,7 +62,8 @@ def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = 
 
 def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
                pod: str | None = None, namespace: str | None = None) -> PodEvidence:
-    """Decode, validate and normalize one snapshot body (run it in a worker thread)."""
+    """Inflate (if gzip), decode, validate and normalize one snapshot body (in a worker process or thread)."""
+    raw = gunzip_capped(raw, DEFAULT_MAX_SNAPSHOT_BYTES, endpoint)
     try:
         obj = json.loads(raw)
     except ValueError as exc:

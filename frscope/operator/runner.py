@@ -119,7 +119,9 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     configure_kopf(settings, config)
     connection = load_connection(settings)
     kube = kube_client(connection, config.instance)
-    sidecar_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=4))
+    # Snapshot bodies stay gzipped until a decoder process inflates them (SidecarClient).
+    sidecar_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=4),
+                                            auto_decompress=False)
     metrics = OperatorMetrics(registry)
     store = JobStore()
     pushes = PushStore()

@@ -7,6 +7,7 @@ so that a sidecar that is down or answers garbage becomes a missing pod in the r
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,8 +125,27 @@ def parse_snapshot(obj: Any, endpoint: str = "", size_bytes: int = 0) -> Sidecar
     )
 
 
+def gunzip_capped(raw: bytes, limit: int, endpoint: str) -> bytes:
+    """Undo gzip (when the body is gzip), refusing more than `limit` bytes out."""
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise SidecarError(endpoint, f"corrupt gzip: {exc}", retryable=False) from exc
+    if len(out) > limit:
+        raise SidecarError(endpoint, f"answer larger than {limit} bytes once decompressed", retryable=False)
+    if not inflater.eof:
+        raise SidecarError(endpoint, "gzip stream ends early", retryable=False)
+    return out
+
+
 class SidecarClient:
-    """Talks to sidecars over one shared aiohttp session (connection pooling across 1,000s of pods)."""
+    """Talks to sidecars over one shared aiohttp session (connection pooling across 1,000s of pods).
+
+    With a session made with `auto_decompress=False` (the operator's), snapshot bodies stay gzipped
+    until a decoder process inflates them: the event loop's process never inflates ~1 GiB of JSON."""
 
     def __init__(self, session: aiohttp.ClientSession, *, token: str | None = None,
                  max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES) -> None:
@@ -152,6 +172,7 @@ class SidecarClient:
 
     async def status(self, endpoint: str, timeout_s: float) -> SidecarStatus:
         raw = await self._get_bytes(f"{endpoint}/v1/status", endpoint, timeout_s, MAX_STATUS_BYTES)
+        raw = gunzip_capped(raw, MAX_STATUS_BYTES, endpoint)
         try:
             obj = json.loads(raw)
         except ValueError as exc:
@@ -159,6 +180,7 @@ class SidecarClient:
         return parse_status(obj, endpoint)
 
     async def snapshot_bytes(self, endpoint: str, timeout_s: float, *, refresh: bool = True) -> bytes:
-        """The `/v1/snapshot` body, undecoded (decode it with `evidence.from_bytes`, off the event loop)."""
+        """The `/v1/snapshot` body, undecoded and maybe gzipped (`evidence.from_bytes` takes both, off the
+        event loop)."""
         url = f"{endpoint}/v1/snapshot" + ("?refresh=1" if refresh else "")
         return await self._get_bytes(url, endpoint, timeout_s, self._max_snapshot)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gzip
 import itertools
 import json
 import uuid
@@ -310,6 +311,9 @@ class StandInSidecar:
         if self.mode == "flaky" and self.snapshot_requests <= self.flaky_failures:
             return web.Response(status=503, text="warming up")
         bad = await self._misbehave()
+        if bad is None and self.mode == "gzip":
+            body = gzip.compress(json.dumps(self.snapshot_obj()).encode())
+            return web.Response(body=body, content_type="application/json", headers={"Content-Encoding": "gzip"})
         return bad or web.json_response(self.snapshot_obj())
 
     async def start(self) -> StandInSidecar:

@@ -145,3 +145,20 @@ async def test_decoding_in_worker_processes(sidecars: Make, client: SidecarClien
     assert garbage.snapshot_requests == 1  # the error came back whole: not retryable
     diagnosis = diagnose_sync(got, 4, AnalysisOptions(stall_after_s=0.5))
     assert diagnosis.report.findings[0].culprit_ranks == (1,)
+
+
+async def test_gzip_bodies_are_inflated_by_the_decoder_with_a_cap(sidecars: Make, hang_ranks: dict[int, Any]) -> None:
+    import gzip as gz
+
+    from frscope.operator.evidence import from_bytes
+    from frscope.operator.sidecars import SidecarError
+
+    s0 = await sidecars("p0", hang_ranks, mode="gzip")
+    async with aiohttp.ClientSession(auto_decompress=False) as session:  # as the operator's session
+        raw = await SidecarClient(session).snapshot_bytes(s0.endpoint, 5)
+        assert raw[:2] == b"\x1f\x8b"
+        got = await gather(SidecarClient(session), "ml", [Target("p0", s0.endpoint)], FAST)
+    assert got.pods["p0"].ranks == (0, 1, 2, 3)
+    bomb = gz.compress(b"{" + b" " * (300 * 1024 * 1024))
+    with pytest.raises(SidecarError, match="larger than"):
+        from_bytes(bomb, "x", origin="sidecar")
