@@ -46,13 +46,15 @@ SECTION = "## Sidecar overhead"
 KEEP_MARKER = "<!-- notes below are kept across runs -->"
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 HOW_TO_READ = (
-    'How to read this: every poll makes each rank serialize its whole recorder to JSON inside torch (`fr_'
-    'trace_json` takes no filter; about 50 ms of CPU per 2,000-entry recorder on this machine, against ~5'
-    ' ms measured on a quiet one), and with synchronous collectives the slowest rank sets the step. Here '
-    "8 CPU-bound ranks, the sidecar and other engineers' jobs share 2 cores, so that cost shows in the st"
-    "ep time; on a training node the ranks' CPU threads are mostly idle and it does not. The /metrics lat"
-    "ency is bounded by the machine (compare the not-polling row); the sidecar's parsing threads run at n"
-    'ice +10 and hand the event loop the GIL between recorder entries.'
+    "How to read this: `fr_trace_json` takes no filter and makes a rank serialize its whole recorder to "
+    "JSON inside torch (about 50 ms of CPU per 2,000-entry recorder on this machine); with synchronous "
+    "collectives the slowest rank sets the step. The sidecar therefore asks each rank's cheap progress "
+    "probe (`frscope_progress`, registered by the bootstrap: the recorder's pg_status without entries, "
+    "microseconds) every poll and the full recorder only every --full-poll-every polls (default 6), when "
+    "a rank (re)appears, on ?refresh=1, and at once when progress stops with a collective in flight "
+    "(docs/sidecar.md). Here 8 CPU-bound ranks, the sidecar and other engineers' jobs share 2 cores, so "
+    "the noise floor (two windows of the same kind) is of the order of the effect; compare the "
+    "not-polling row for the /metrics latency floor."
 )
 
 

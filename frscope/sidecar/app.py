@@ -29,12 +29,12 @@ from prometheus_client import CollectorRegistry
 
 from frscope.analysis import op_label
 from frscope.records import DumpError, normalize_dump
-from frscope.sidecar.client import WorkerClient, WorkerError
+from frscope.sidecar.client import PROGRESS_PROBES, Fingerprint, WorkerClient, WorkerError
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.dumpdir import DumpDirWatcher, DumpFile, snapshot_piece
 from frscope.sidecar.evidence import Capture, EvidenceStore
 from frscope.sidecar.metrics import SidecarMetrics
-from frscope.sidecar.progress import GroupSample, GroupState, StallTracker, sample_groups
+from frscope.sidecar.progress import GroupSample, GroupState, StallTracker, sample_groups, without_inflight
 from frscope.sidecar.push import Pusher
 
 log = logging.getLogger("frscope.sidecar")
@@ -61,6 +61,7 @@ class RankState:
     reason: str | None = None
     last_poll_ns: int | None = None
     last_ok_ns: int | None = None
+    raw_ns: int | None = None  # when the kept full recorder (raw_z) was fetched
     raw_hash: bytes | None = None
     raw_z: bytes | None = None  # zlib of the last good fr_trace_json answer
     stacks: str | None = None
@@ -70,6 +71,15 @@ class RankState:
     samples: dict[str, GroupSample] = field(default_factory=dict)
     info: dict[str, str] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    # The cheap progress probe (client.PROGRESS_PROBES): which one the rank answers ("" none: full polls only;
+    # None: not asked yet since the rank (re)appeared), and what it showed.
+    probe: tuple[str, str] | None = None
+    probe_fp: Fingerprint | None = None
+    probe_ns: int | None = None  # the latest probe
+    probe_first_ns: int | None = None  # the first probe that showed probe_fp
+    probe_before_ns: int | None = None  # the probe before that one (a change happened after it)
+    full_fp: Fingerprint | None = None  # probe_fp when the kept full recorder was fetched
+    polls_since_full: int = 0
 
 
 @dataclass(slots=True)
@@ -224,10 +234,10 @@ def _read_meta(socket_dir: Path, rank: int) -> dict[str, Any]:
 
 
 def _live_piece(state: RankState) -> bytes | None:
-    if state.raw_z is None or state.last_ok_ns is None:
+    if state.raw_z is None or state.raw_ns is None:
         return None
-    stacks = state.stacks if state.stacks_for_ns == state.last_ok_ns else None
-    piece = snapshot_piece(state.rank, state.last_ok_ns, f"socket:{state.socket_path}", stacks,
+    stacks = state.stacks if state.stacks_for_ns == state.raw_ns else None
+    piece = snapshot_piece(state.rank, state.raw_ns, f"socket:{state.socket_path}", stacks,
                            zlib.decompress(state.raw_z))
     return zlib.compress(piece, 1)
 
@@ -405,12 +415,13 @@ class Sidecar:
 
     # -- polling ------------------------------------------------------------------------------------
 
-    async def poll_once(self, *, stacks: bool = False) -> list[GroupState]:
-        """One round over every local rank; returns the groups that became stalled."""
+    async def poll_once(self, *, stacks: bool = False, full: bool = False) -> list[GroupState]:
+        """One round over every local rank; returns the groups that became stalled. `full`: every
+        rank's full recorder, whatever its progress probe says."""
         async with self._poll_lock:
-            return await self._poll_round(stacks)
+            return await self._poll_round(stacks, full)
 
-    async def _poll_round(self, want_stacks: bool) -> list[GroupState]:
+    async def _poll_round(self, want_stacks: bool, want_full: bool = False) -> list[GroupState]:
         t0 = time.perf_counter()
         now_ns = time.time_ns()
         previous_round = self.last_round_ns
@@ -437,13 +448,26 @@ class Sidecar:
                 if self._mark_down(state, WorkerError("no_socket", f"socket {state.socket_path} is gone"), now_ns):
                     went_down.append(rank)
         results = await asyncio.gather(
-            *(self._poll_rank(self.ranks[rank], now_ns, previous_round) for rank in sorted(found))
+            *(self._poll_rank(self.ranks[rank], now_ns, previous_round, want_full) for rank in sorted(found))
         )
         newly: list[GroupState] = []
         for rank, (stalled, down) in zip(sorted(found), results, strict=True):
             newly.extend(stalled)
             if down:
                 went_down.append(rank)
+        capture = bool(newly) and self.current_capture() is None
+        if capture:
+            # Every live rank's full recorder of this moment (a rank that only answered its probe
+            # this round is fetched now); _capture then takes every rank's stacks.
+            behind = [s for s in self.ranks.values() if s.up and s.raw_ns != now_ns]
+            more = await asyncio.gather(
+                *(self._fetch_full(s, now_ns, previous_round, "stall_capture") for s in behind)
+            )
+            seen = {(g.rank, g.sample.pg) for g in newly}
+            for state, (extra, down) in zip(behind, more, strict=True):
+                newly.extend(g for g in extra if (g.rank, g.sample.pg) not in seen)
+                if down:
+                    went_down.append(state.rank)
         self.last_round_ns = now_ns
         self._update_progress_metrics(now_ns)
         self.polls_done += 1
@@ -461,7 +485,7 @@ class Sidecar:
                 group.sample.inflight_op, group.sample.inflight_seq,
                 f" for {age:.1f} s" if age is not None else "", (now_ns - group.progress_ns) / 1e9, group.threshold_s,
             )
-        if newly and self.current_capture() is None:
+        if capture:
             await self._capture("stall")  # (takes every live rank's stacks too)
         elif want_stacks:
             await self._fetch_stacks()
@@ -472,9 +496,91 @@ class Sidecar:
         return newly
 
     async def _poll_rank(
-        self, state: RankState, now_ns: int, previous_round: int | None
+        self, state: RankState, now_ns: int, previous_round: int | None, force_full: bool = False
     ) -> tuple[list[GroupState], bool]:
+        """Probe the rank's progress; fetch its full recorder only when needed (docs/sidecar.md, "What
+        a poll costs"): no recorder kept yet or the rank (re)appeared, every --full-poll-every polls,
+        ?refresh=1, no probe available, or the probe suggests a stall (a collective in flight and no
+        change since the previous poll) that the kept recorder does not show yet."""
         state.last_poll_ns = now_ns
+        probed = False
+        moved = False
+        inflight = False
+        cause = None
+        try:
+            if state.probe is None or not state.up:
+                state.probe = await self._find_probe(state)
+                state.probe_fp = state.full_fp = None
+            if state.probe[0]:
+                async with self._fetch_slots:
+                    fp, inflight = await state.client.probe(*state.probe)
+                probed = True
+                if fp != state.probe_fp:
+                    moved = state.probe_fp is not None
+                    state.probe_before_ns = state.probe_ns
+                    state.probe_first_ns = now_ns
+                    state.probe_fp = fp
+                state.probe_ns = now_ns
+        except WorkerError as exc:
+            return [], self._mark_down(state, exc, now_ns)
+        stalled_here = any(g.stalled for g in self.tracker.for_rank(state.rank).values())
+        if force_full:
+            cause = "refresh"
+        elif not state.up or state.raw_z is None:
+            cause = "first"
+        elif not probed:
+            cause = "no_probe"
+        elif state.polls_since_full + 1 >= self.config.full_poll_every:
+            cause = "periodic"
+        elif moved and stalled_here:
+            cause = "resumed"
+        elif inflight and not moved and state.probe_fp != state.full_fp:
+            cause = "suspect"
+        if cause is not None:
+            return await self._fetch_full(state, now_ns, previous_round, cause)
+        # The probe is enough: the kept recorder's samples, with what the probe adds.
+        state.polls_since_full += 1
+        self._mark_up(state, now_ns)
+        samples = state.samples
+        if moved or not inflight:
+            samples = without_inflight(samples)
+        return self.tracker.update(state.rank, samples, now_ns, previous_round, moved=moved), False
+
+    async def _find_probe(self, state: RankState) -> tuple[str, str]:
+        """The first probe of client.PROGRESS_PROBES the rank answers with a pg_status; ("", "") if none.
+        A rank that cannot be reached at all raises WorkerError."""
+        if self.config.full_poll_every <= 1:
+            return ("", "")
+        before = state.probe
+        for handler, query in PROGRESS_PROBES:
+            try:
+                async with self._fetch_slots:
+                    fp, _inflight = await state.client.probe(handler, query)
+            except WorkerError as exc:
+                if exc.reason in ("http", "decode"):
+                    continue
+                raise
+            if fp or handler == "frscope_progress":
+                if before != (handler, query):
+                    log.info("rank %d: progress probe %s; full recorder every %d polls or on a suspected stall",
+                             state.rank, handler, self.config.full_poll_every)
+                return (handler, query)
+        if before != ("", ""):
+            log.info("rank %d: no progress probe; the full recorder is fetched at every poll", state.rank)
+        return ("", "")
+
+    def _mark_up(self, state: RankState, now_ns: int) -> None:
+        if not state.up:
+            log.info("rank %d: worker server at %s answers%s", state.rank, state.socket_path,
+                     " again" if state.ever_up else "")
+        state.up, state.ever_up, state.error, state.reason = True, True, None, None
+        state.last_ok_ns = now_ns
+        self.metrics.worker_up.labels(rank=str(state.rank)).set(1)
+
+    async def _fetch_full(self, state: RankState, now_ns: int, previous_round: int | None,
+                          cause: str) -> tuple[list[GroupState], bool]:
+        """fr_trace_json: parse, count, track: (groups that became stalled, whether the rank went down
+        at this fetch)."""
         source = f"socket:{state.socket_path}"
         try:
             async with self._fetch_slots:
@@ -485,13 +591,12 @@ class Sidecar:
                 digest = await asyncio.to_thread(_digest, raw_z, raw_hash, state.rank, source, state)
         except WorkerError as exc:
             return [], self._mark_down(state, exc, now_ns)
+        self.metrics.recorder_fetches.labels(cause=cause).inc()
         rank_label = str(state.rank)
-        if not state.up:
-            log.info("rank %d: worker server at %s answers%s", state.rank, state.socket_path,
-                     " again" if state.ever_up else "")
-        state.up, state.ever_up, state.error, state.reason = True, True, None, None
-        state.last_ok_ns = now_ns
-        self.metrics.worker_up.labels(rank=rank_label).set(1)
+        self._mark_up(state, now_ns)
+        state.raw_ns = now_ns
+        state.full_fp = state.probe_fp
+        state.polls_since_full = 0
         if digest.raw_z is not None:
             state.raw_z = digest.raw_z
             state.raw_hash = digest.raw_hash
@@ -505,6 +610,11 @@ class Sidecar:
             self.metrics.recorder_info.labels(rank=rank_label).info(digest.info)
         samples = digest.samples if digest.samples is not None else state.samples
         state.samples = samples
+        if state.probe_fp is not None and state.probe_first_ns is not None:
+            # A change the recorder cannot date happened after the probe before the current
+            # progress was first seen, and by the probe that first saw it.
+            return self.tracker.update(state.rank, samples, now_ns, state.probe_before_ns,
+                                       changed_by_ns=state.probe_first_ns), False
         return self.tracker.update(state.rank, samples, now_ns, previous_round), False
 
     def _mark_down(self, state: RankState, exc: WorkerError, now_ns: int) -> bool:
@@ -522,7 +632,7 @@ class Sidecar:
 
     async def _fetch_stacks(self) -> list[int]:
         """dump_traceback from every rank that answered the last round; the ranks that gave one."""
-        ranks = [s for s in self.ranks.values() if s.up and s.last_ok_ns is not None]
+        ranks = [s for s in self.ranks.values() if s.up and s.raw_ns is not None]
 
         async def one(state: RankState) -> bool:
             try:
@@ -533,7 +643,7 @@ class Sidecar:
                 self.metrics.poll_errors.labels(rank=str(state.rank), reason=exc.reason).inc()
                 log.warning("rank %d: no stacks: %s", state.rank, exc.message)
                 return False
-            state.stacks, state.stacks_for_ns = text, state.last_ok_ns
+            state.stacks, state.stacks_for_ns = text, state.raw_ns
             return True
 
         got = await asyncio.gather(*(one(s) for s in ranks))
@@ -633,7 +743,7 @@ class Sidecar:
             state = self.ranks.get(rank)
             dump = by_rank.get(rank)
             in_capture = capture is not None and rank in capture.pieces
-            live_ns = state.last_ok_ns if state is not None and state.raw_z is not None else None
+            live_ns = state.raw_ns if state is not None and state.raw_z is not None else None
             best_other_ns = capture.captured_at_ns if in_capture and capture else live_ns
             if dump is not None and dump.piece is not None and (best_other_ns is None or dump.mtime_ns > best_other_ns):
                 chosen.append((rank, dump.piece))
@@ -679,7 +789,7 @@ class Sidecar:
         """?refresh=1: poll every rank now, recorders and stacks (rate-limited)."""
         if time.monotonic() - self._last_refresh < MIN_REFRESH_INTERVAL_S:
             return
-        await self.poll_once(stacks=True)
+        await self.poll_once(stacks=True, full=True)
         self._last_refresh = time.monotonic()
         self.metrics.dumps_collected.labels(kind="refresh").inc(sum(1 for s in self.ranks.values() if s.up))
 
@@ -710,6 +820,8 @@ class Sidecar:
                 "error": state.error,
                 "last_poll_ns": state.last_poll_ns,
                 "last_ok_ns": state.last_ok_ns,
+                "recorder_ns": state.raw_ns,
+                "progress_probe": (state.probe[0] or None) if state.probe is not None else None,
                 "groups": groups,
             }
         capture = self.evidence.latest()

@@ -9,11 +9,46 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import zlib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+
+# The cheap progress probes, tried in this order. `frscope_progress` is registered by the bootstrap
+# (sitecustomize) and answers the pg_status of torch's recorders without their entries
+# (`_dump_fr_trace_json(includeCollectives=False)`, gloo's and every non-NCCL recorder, and the NCCL
+# one where the build has it); `dump_nccl_trace_json` is torch's own and covers ProcessGroupNCCL only
+# (it answers an empty pg_status for gloo).
+PROGRESS_PROBES = (("frscope_progress", ""), ("dump_nccl_trace_json", "?includecollectives=false&onlyactive=true"))
+PROBE_MAX_BYTES = 1024 * 1024
+# One progress fingerprint item: (recorder, pg uid, last enqueued, last started, last completed).
+Fingerprint = tuple[tuple[str, str, int, int, int], ...]
+
+
+def parse_probe(body: bytes) -> tuple[Fingerprint, bool]:
+    """(fingerprint, something in flight) from a probe answer; ValueError if it is not one."""
+    obj = json.loads(body)
+    if not isinstance(obj, dict):
+        raise ValueError("not a JSON object")
+    recorders: Any = obj.get("recorders") if "recorders" in obj else {"": obj}
+    if not isinstance(recorders, dict):
+        raise ValueError("recorders is not an object")
+    items: list[tuple[str, str, int, int, int]] = []
+    for name, recorder in recorders.items():
+        status = recorder.get("pg_status") if isinstance(recorder, dict) else None
+        if not isinstance(status, dict):
+            raise ValueError("no pg_status")
+        for uid, row in status.items():
+            if not isinstance(row, dict):
+                raise ValueError("pg_status row is not an object")
+            items.append((str(name), str(uid), int(row.get("last_enqueued_collective", -1)),
+                          int(row.get("last_started_collective", -1)), int(row.get("last_completed_collective", -1))))
+    items.sort()
+    return tuple(items), any(enq > done for _n, _u, enq, _s, done in items)
+
 
 # Bounded reason set: these become the `reason` label of frscope_poll_errors_total.
 REASONS = ("no_socket", "connect", "timeout", "http", "oversized", "protocol", "decode", "malformed")
@@ -49,14 +84,15 @@ class WorkerClient:
             await self._session.close()
         self._session = None
 
-    async def call(self, handler: str, *, timeout_s: float | None = None, max_bytes: int | None = None) -> bytes:
+    async def call(self, handler: str, *, timeout_s: float | None = None, max_bytes: int | None = None,
+                   query: str = "") -> bytes:
         """POST /handler/<handler>; the body of a 200 answer, at most `max_bytes` long."""
         chunks: list[bytes] = []
 
         async def keep(chunk: bytes) -> None:
             chunks.append(chunk)
 
-        await self._request(handler, keep, timeout_s, max_bytes)
+        await self._request(handler, keep, timeout_s, max_bytes, query)
         return b"".join(chunks)
 
     async def call_compressed(self, handler: str) -> tuple[bytes, bytes, int]:
@@ -82,14 +118,14 @@ class WorkerClient:
         return b"".join(parts), digest.digest(), size
 
     async def _request(self, handler: str, consume: Callable[[bytes], Awaitable[None]],
-                       timeout_s: float | None, max_bytes: int | None) -> None:
+                       timeout_s: float | None, max_bytes: int | None, query: str = "") -> None:
         where = f"{self.socket_path}: {handler}"
         cap = self.max_bytes if max_bytes is None else max_bytes
         limit = self.timeout_s if timeout_s is None else timeout_s
         timeout = aiohttp.ClientTimeout(total=limit, connect=min(limit, 2.0))
         session = self._get_session()
         try:
-            async with session.post(f"http://localhost/handler/{handler}", data=b"", timeout=timeout) as resp:
+            async with session.post(f"http://localhost/handler/{handler}{query}", data=b"", timeout=timeout) as resp:
                 if resp.status != 200:
                     text = (await resp.content.read(200)).decode("utf-8", "replace").strip()
                     raise WorkerError("http", f"{where}: HTTP {resp.status}: {text[:200]}")
@@ -126,6 +162,15 @@ class WorkerClient:
         if len(body) > max_bytes:
             body = body[:max_bytes] + b"\n... (cut by frscope at --max-stacks-bytes)\n"
         return body.decode("utf-8", "replace")
+
+    async def probe(self, handler: str, query: str) -> tuple[Fingerprint, bool]:
+        """One cheap progress probe. WorkerError("http") if the rank lacks the handler,
+        ("decode") if the answer is not a usable probe."""
+        body = await self.call(handler, max_bytes=PROBE_MAX_BYTES, query=query)
+        try:
+            return parse_probe(body)
+        except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as exc:
+            raise WorkerError("decode", f"{self.socket_path}: {handler}: not a progress probe: {exc}") from exc
 
     async def ping(self) -> bool:
         return (await self.call("ping", max_bytes=4096)).strip() == b"pong"

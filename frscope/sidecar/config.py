@@ -35,6 +35,9 @@ class SidecarConfig:
     port_file: Path | None = None
     poll_interval_s: float = 10.0
     stall_after_s: float = 60.0
+    # Full recorder (fr_trace_json) every this many polls; the polls between ask the cheap progress
+    # probe only (and fetch the full recorder when it suggests a stall). 1: every poll.
+    full_poll_every: int = 6
     # The stall threshold never exceeds this fraction of the in-flight entry's timeout_ms.
     stall_timeout_fraction: float = 0.5
     request_timeout_s: float = 5.0
@@ -62,6 +65,8 @@ class SidecarConfig:
     def __post_init__(self) -> None:
         if self.poll_interval_s <= 0:
             raise ValueError("--poll-interval must be > 0")
+        if self.full_poll_every < 1:
+            raise ValueError("--full-poll-every must be >= 1")
         if self.stall_after_s <= 0:
             raise ValueError("--stall-after must be > 0")
         if not 0 < self.stall_timeout_fraction <= 1:
@@ -95,6 +100,9 @@ _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
     ("--port", "port", "FRSCOPE_PORT", "int", DEFAULT_PORT, "TCP port of the API and /metrics (0: any free port)"),
     ("--port-file", "port_file", "FRSCOPE_PORT_FILE", "path", None, "write the bound port here once listening"),
     ("--poll-interval", "poll_interval_s", "FRSCOPE_POLL_INTERVAL", "float", 10.0, "seconds between polls"),
+    ("--full-poll-every", "full_poll_every", "FRSCOPE_FULL_POLL_EVERY", "int", 6,
+     "fetch every rank's full recorder every N polls; between, a cheap progress probe (full recorder "
+     "at once when progress stops with a collective in flight); 1: full recorder at every poll"),
     ("--stall-after", "stall_after_s", "FRSCOPE_STALL_AFTER", "float", 60.0,
      "seconds a collective may be in flight with no progress before it is a stall"),
     ("--stall-timeout-fraction", "stall_timeout_fraction", "FRSCOPE_STALL_TIMEOUT_FRACTION", "float", 0.5,

@@ -13,6 +13,7 @@ from frscope import __version__
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0)
 POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+FETCH_CAUSES = ("first", "periodic", "suspect", "resumed", "stall_capture", "refresh", "no_probe")
 DUMP_KINDS = ("dump_file", "stall_capture", "refresh")
 PUSH_RESULTS = ("ok", "retry", "failed", "dropped")
 
@@ -67,6 +68,13 @@ class SidecarMetrics:
             "frscope_poll_errors", "Failed polls of a rank's worker server", ["rank", "reason"], registry=registry
         )
         self.polls = Counter("frscope_polls", "Poll rounds over every local rank", registry=registry)
+        self.recorder_fetches = Counter(
+            "frscope_recorder_fetches",
+            "Full recorders fetched (fr_trace_json), by cause: first (new or returning rank), periodic "
+            "(--full-poll-every), suspect (progress stopped with a collective in flight), resumed, "
+            "stall_capture, refresh (?refresh=1), no_probe (the rank has no cheap progress probe)",
+            ["cause"], registry=registry,
+        )
         self.poll_duration = Histogram(
             "frscope_poll_duration_seconds", "Wall time of one poll round", buckets=POLL_BUCKETS, registry=registry
         )
@@ -97,5 +105,7 @@ class SidecarMetrics:
         self.sidecar_info.info({"version": __version__})
         for kind in DUMP_KINDS:
             self.dumps_collected.labels(kind=kind)
+        for cause in FETCH_CAUSES:
+            self.recorder_fetches.labels(cause=cause)
         for result in PUSH_RESULTS:
             self.pushes.labels(result=result)

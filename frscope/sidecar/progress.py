@@ -18,7 +18,7 @@ interval.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from frscope.analysis.tracks import build_tracks
 from frscope.records import DumpSet, Entry, RankDump
@@ -48,6 +48,15 @@ class GroupSample:
     @property
     def inflight(self) -> bool:
         return self.inflight_op is not None
+
+
+def without_inflight(samples: dict[str, GroupSample]) -> dict[str, GroupSample]:
+    """The samples with nothing in flight (a probe showed the rank idle or moving on)."""
+    return {
+        pg: s if not s.inflight else replace(s, inflight_op=None, inflight_seq=None, inflight_created_ns=None,
+                                             inflight_timeout_ms=None)
+        for pg, s in samples.items()
+    }
 
 
 def sample_groups(dump: RankDump) -> dict[str, GroupSample]:
@@ -130,9 +139,15 @@ class StallTracker:
         return limit
 
     def update(
-        self, rank: int, samples: dict[str, GroupSample], now_ns: int, previous_poll_ns: int | None
+        self, rank: int, samples: dict[str, GroupSample], now_ns: int, previous_poll_ns: int | None,
+        *, moved: bool = False, changed_by_ns: int | None = None,
     ) -> list[GroupState]:
-        """Fold one poll of one rank in; returns the groups that became stalled at this poll."""
+        """Fold one poll of one rank in; returns the groups that became stalled at this poll.
+
+        `moved`: the rank's cheap progress probe changed since the previous poll although `samples`
+        are the last full recorder's (see app.py): every group counts as progressing now.
+        `changed_by_ns`: the first probe that showed the rank's current progress; a change of key
+        that the recorder cannot date happened by then (default: now)."""
         newly: list[GroupState] = []
         for pg, sample in samples.items():
             state = self.groups.get((rank, pg))
@@ -146,8 +161,10 @@ class StallTracker:
                 self.groups[(rank, pg)] = state
             else:
                 old = state.sample
-                if sample.key != old.key:
+                if moved:
                     state.progress_ns = now_ns
+                elif sample.key != old.key:
+                    state.progress_ns = min(changed_by_ns, now_ns) if changed_by_ns is not None else now_ns
                     if dated is not None and previous_poll_ns is not None and previous_poll_ns < dated <= now_ns:
                         state.progress_ns = dated
                 if sample.inflight and (not old.inflight or sample.inflight_seq != old.inflight_seq

@@ -69,6 +69,7 @@ def _start_server() -> None:
             os.unlink(path)
         from torch._C._distributed_c10d import _WorkerServer
 
+        _register_progress_handler()
         _SERVER = _WorkerServer(path)
         os.environ["FRSCOPE_WORKER_SERVER_PID"] = str(os.getpid())
         _write_meta(socket_dir, rank, path)
@@ -77,6 +78,41 @@ def _start_server() -> None:
         atexit.register(_stop_server, path)
     except Exception as exc:
         _say(f"could not start torch's worker server on {path}: {type(exc).__name__}: {exc}")
+
+
+def _progress(request: Any, response: Any) -> None:
+    """`POST /handler/frscope_progress`: the recorders' pg_status (last enqueued / started / completed
+    collective per group) without their entries, for the sidecar's cheap poll. Microseconds, where
+    fr_trace_json serializes the whole ring (tens of ms of this process's CPU)."""
+    try:
+        from torch._C import _distributed_c10d as c10d
+
+        recorders = {}
+        for name, dump in (("fr", "_dump_fr_trace_json"), ("nccl", "_dump_nccl_trace_json")):
+            fn = getattr(c10d, dump, None)
+            if fn is None:
+                continue
+            try:
+                raw = fn(includeCollectives=False, onlyActive=True)
+            except Exception:
+                continue
+            status = json.loads(raw).get("pg_status") or {}
+            if status or name == "fr":
+                recorders[name] = {"pg_status": status}
+        response.set_content(json.dumps({"frscope_progress": 1, "recorders": recorders}), "application/json")
+        response.set_status(200)
+    except Exception as exc:
+        response.set_content(f"frscope_progress: {type(exc).__name__}: {exc}", "text/plain")
+        response.set_status(500)
+
+
+def _register_progress_handler() -> None:
+    try:
+        from torch._C._distributed_c10d import _register_handler
+
+        _register_handler("frscope_progress", _progress)
+    except Exception as exc:  # an older torch: the sidecar polls fr_trace_json every time
+        _say(f"no frscope_progress handler ({type(exc).__name__}: {exc}); the sidecar polls full recorders")
 
 
 def _write_meta(socket_dir: str, rank: str, path: str) -> None:
