@@ -1,0 +1,160 @@
+"""The cheap progress probe: the full recorder only every --full-poll-every polls, at once when progress
+stops with a collective in flight, and a stall still flagged within --stall-after + one poll interval."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+from prometheus_client import CollectorRegistry
+
+from frscope.sidecar.app import Sidecar
+from frscope.sidecar.client import parse_probe
+from frscope.sidecar.config import SidecarConfig
+from tests.unit.builders import dump, entry
+
+S = 1_000_000_000
+
+
+def test_parse_probe_bootstrap_and_nccl_shapes() -> None:
+    body = {"frscope_progress": 1, "recorders": {"fr": {"pg_status": {
+        "0": {"last_enqueued_collective": "7", "last_started_collective": "-1", "last_completed_collective": "6"},
+        "1": {"last_enqueued_collective": "1", "last_started_collective": "-1", "last_completed_collective": "1"},
+    }}}}
+    fp, inflight = parse_probe(json.dumps(body).encode())
+    assert inflight and fp == (("fr", "0", 7, -1, 6), ("fr", "1", 1, -1, 1))
+    fp, inflight = parse_probe(b'{"pg_status": {}, "version": "2.10"}')
+    assert fp == () and not inflight
+    for bad in (b"[]", b"nope", b'{"recorders": {"fr": {}}}'):
+        with pytest.raises(ValueError):
+            parse_probe(bad)
+
+
+class Worker:
+    """One rank: `done` retired all_reduces, then one in flight if `hung`; counts full fetches."""
+
+    def __init__(self, path: Path, probe: bool = True) -> None:
+        self.path, self.probe = path, probe
+        self.done, self.hung, self.hung_at_ns = 0, False, 0
+        self.full = 0
+        self.runner: web.AppRunner | None = None
+
+    def entries(self) -> list[dict[str, Any]]:
+        now = time.time_ns()
+        out = []
+        for seq in range(1, self.done + (2 if self.hung else 1)):
+            e = entry(seq, backend="gloo", state="scheduled", retired=seq <= self.done,
+                      created_ns=self.hung_at_ns if seq > self.done else now - S)
+            e["timeout_ms"] = 1_800_000
+            out.append(e)
+        return out
+
+    async def fr_trace_json(self, request: web.Request) -> web.Response:
+        self.full += 1
+        return web.json_response(dump(self.entries(), world=1))
+
+    async def progress(self, request: web.Request) -> web.Response:
+        if not self.probe:
+            return web.Response(status=404, text="Handler not found")
+        enq = self.done + (1 if self.hung else 0)
+        status = {"0": {"last_enqueued_collective": str(enq), "last_started_collective": "-1",
+                        "last_completed_collective": str(self.done)}}
+        return web.json_response({"frscope_progress": 1, "recorders": {"fr": {"pg_status": status}}})
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/handler/fr_trace_json", self.fr_trace_json)
+        app.router.add_post("/handler/frscope_progress", self.progress)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.UnixSite(self.runner, str(self.path)).start()
+
+    async def stop(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+@asynccontextmanager
+async def worker(tmp_path: Path, **kw: Any) -> AsyncIterator[Worker]:
+    w = Worker(tmp_path / "rank-0.sock", **kw)
+    await w.start()
+    try:
+        yield w
+    finally:
+        await w.stop()
+
+
+def sidecar(tmp_path: Path, **kw: Any) -> Sidecar:
+    values: dict[str, Any] = {"socket_dir": tmp_path, "evidence_dir": None, "poll_interval_s": 0.2,
+                              "stall_after_s": 1.0, "full_poll_every": 6, **kw}
+    return Sidecar(SidecarConfig(**values), CollectorRegistry())
+
+
+def fetches(sc: Sidecar, cause: str) -> float:
+    value = sc.registry.get_sample_value("frscope_recorder_fetches_total", {"cause": cause})
+    return value or 0.0
+
+
+async def test_progressing_rank_gets_the_full_recorder_every_n_polls(tmp_path: Path) -> None:
+    async with worker(tmp_path) as w:
+        sc = sidecar(tmp_path)
+        for _ in range(13):
+            w.done += 5
+            await sc.poll_once()
+        assert w.full == 3  # the first poll, then every 6th
+        assert (fetches(sc, "first"), fetches(sc, "periodic"), fetches(sc, "suspect")) == (1, 2, 0)
+        st = sc.status()["ranks"]["0"]
+        assert st["progress_probe"] == "frscope_progress" and st["up"]
+        assert st["groups"]["0"]["inflight_op"] is None and not st["groups"]["0"]["stalled"]
+        await sc.poll_once(stacks=False, full=True)
+        assert w.full == 4 and fetches(sc, "refresh") == 1
+        for state in sc.ranks.values():
+            await state.client.close()
+
+
+async def test_stall_found_in_time_with_the_probe(tmp_path: Path) -> None:
+    async with worker(tmp_path) as w:
+        sc = sidecar(tmp_path)
+        w.done = 10
+        await sc.poll_once()
+        await sc.poll_once()
+        w.hung, w.hung_at_ns = True, time.time_ns()
+        first_full = w.full
+        stalled_at = None
+        for _ in range(20):
+            await sc.poll_once()
+            group = sc.tracker.groups[(0, "0")]
+            if group.stalled:
+                stalled_at = group.stalled_since_ns
+                break
+            time.sleep(0.2)
+        assert stalled_at is not None
+        assert (stalled_at - w.hung_at_ns) / S <= 1.0 + 0.2 + 0.3
+        group = sc.tracker.groups[(0, "0")]
+        assert group.sample.inflight_op == "all_reduce" and group.sample.inflight_seq == 11
+        # One suspect fetch while the rank is wedged, not one per poll; the capture has the stall.
+        assert fetches(sc, "suspect") == 1 and w.full - first_full <= 2
+        assert sc.current_capture() is not None
+        # Progress resumes: the stalled group is refetched at once and clears.
+        w.hung, w.done = False, 12
+        await sc.poll_once()
+        assert fetches(sc, "resumed") == 1 and not sc.tracker.groups[(0, "0")].stalled
+        for state in sc.ranks.values():
+            await state.client.close()
+
+
+async def test_rank_without_probe_gets_full_polls(tmp_path: Path) -> None:
+    async with worker(tmp_path, probe=False) as w:
+        sc = sidecar(tmp_path)
+        for _ in range(4):
+            await sc.poll_once()
+        assert w.full == 4 and fetches(sc, "no_probe") == 3
+        assert sc.status()["ranks"]["0"]["progress_probe"] is None
+        for state in sc.ranks.values():
+            await state.client.close()
