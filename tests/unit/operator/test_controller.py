@@ -214,3 +214,23 @@ async def test_condition_rewritten_by_the_training_operator_is_put_back(
     assert job is not None
     assert [c["type"] for c in job["status"]["conditions"]] == [names.CONDITION_TYPE, "Created", "Restarting"]
     assert len(fake_kube.of("flightrecorderreports")) == 1
+
+
+async def test_status_sweep_is_rate_bounded_and_skips_pods_without_endpoints(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    import time
+
+    from frscope.operator.poller import StatusPoller
+
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    for s in stand_ins:
+        s.stalled = False
+    await controller.on_pod("ADDED", builders.pod("train-worker-1", ip=None))  # no IP yet: not polled
+    poller = StatusPoller(controller, interval_s=60, timeout_s=1, max_rps=4, concurrency=1)
+    started = time.monotonic()
+    await poller.sweep()
+    assert time.monotonic() - started >= 0.45  # 2 requests at 4/s
+    assert [s.status_requests for s in stand_ins] == [1, 1]
+    assert not controller.store.jobs()[0].stalled and fake_kube.of("flightrecorderreports") == []
