@@ -42,6 +42,7 @@ from frscope.operator.sidecars import SidecarClient, SidecarStatus
 from frscope.operator.signals import Signal, SignalKind, job_condition_signal, watchdog_signals
 from frscope.operator.store import JobStore, JobView, LatestDiagnosis
 from frscope.report import one_line, report_to_dict
+from frscope.report.timeline import build_timeline
 
 log = logging.getLogger(__name__)
 
@@ -144,7 +145,12 @@ class Controller:
                                pod=evidence.pod))
         return key
 
-    def on_status(self, key: JobKey, statuses: dict[str, SidecarStatus]) -> None:
+    def on_status(self, key: JobKey, statuses: dict[str, SidecarStatus],
+                  unreachable: dict[str, str] | None = None) -> None:
+        """One sweep's answers for a job (pod -> status), and the pods whose sidecar did not answer."""
+        self.store.set_sidecars(key, statuses, unreachable or {})
+        if not statuses:
+            return
         stalls = [(pod, s) for pod, st in statuses.items() for s in st.stalls]
         self.store.set_status(key, stalled=bool(stalls) or any(st.stalled for st in statuses.values()))
         if not stalls:
@@ -294,8 +300,18 @@ class Controller:
         self.store.set_latest(view.key, LatestDiagnosis(
             incident=key.digest, category=finding.category.value, verdict=finding.summary,
             culprit_ranks=tuple(finding.culprit_ranks), report_name=name if done.report else "", at=now,
-            report=report_to_dict(report)))
+            report=report_to_dict(report), timeline=await self._timeline(view.key, diagnosis)))
         log.warning("job %s: %s: %s (report %s)", view.key, finding.category.value, message, name)
+
+    async def _timeline(self, key: JobKey, diagnosis: Diagnosis) -> dict[str, Any] | None:
+        """The web UI's timeline, built once per diagnosis off the event loop (the dumps are then let go)."""
+        try:
+            return await asyncio.to_thread(build_timeline, diagnosis.dumpset, diagnosis.report)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("job %s: building the timeline failed", key)
+            return None
 
     async def _reassert(self, key: JobKey, ours: dict[str, Any]) -> None:
         view = self.store.job(key)

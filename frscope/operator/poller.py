@@ -28,18 +28,18 @@ class StatusPoller:
         self._semaphore = asyncio.Semaphore(max(1, concurrency))
         self.sweeps = 0
 
-    async def _one(self, endpoint: str) -> SidecarStatus | None:
+    async def _one(self, endpoint: str) -> SidecarStatus | str:
         async with self._semaphore:
             try:
                 return await self._controller.sidecars.status(endpoint, self._timeout_s)
             except SidecarError as exc:
                 self._controller.metrics.status_poll_errors.inc()
                 log.debug("status poll failed: %s", exc)
-                return None
+                return exc.message
 
     async def sweep(self) -> None:
         """Poll every pod with a sidecar endpoint once; report per job."""
-        per_job: dict[JobKey, dict[str, asyncio.Task[SidecarStatus | None]]] = {}
+        per_job: dict[JobKey, dict[str, asyncio.Task[SidecarStatus | str]]] = {}
         try:
             for view in self._controller.store.jobs():
                 for pod in view.pods:
@@ -50,9 +50,10 @@ class StatusPoller:
                     await asyncio.sleep(self._spacing_s)
             for key, tasks in per_job.items():
                 await asyncio.gather(*tasks.values())
-                answers = {pod: st for pod, task in tasks.items() if (st := task.result()) is not None}
-                if answers:
-                    self._controller.on_status(key, answers)
+                results = {pod: task.result() for pod, task in tasks.items()}
+                answers = {pod: st for pod, st in results.items() if isinstance(st, SidecarStatus)}
+                failures = {pod: st for pod, st in results.items() if isinstance(st, str)}
+                self._controller.on_status(key, answers, failures)
         finally:
             leftover = [t for tasks in per_job.values() for t in tasks.values() if not t.done()]
             for task in leftover:

@@ -31,6 +31,7 @@ from frscope.operator.publish import Publisher
 from frscope.operator.push import PushStore
 from frscope.operator.sidecars import SidecarClient
 from frscope.operator.store import JobStore
+from frscope.operator.ui import mount_ui
 from frscope.operator.webhook import InjectionConfig, native_sidecars_supported
 
 log = logging.getLogger(__name__)
@@ -168,7 +169,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
 
     try:
         port = await http.start(config.http_host, config.http_port)
-        log.info("operator HTTP on %s:%d (/healthz /readyz /metrics /v1/push)", config.http_host, port)
+        log.info("operator HTTP on %s:%d (/healthz /readyz /metrics /v1/push%s)", config.http_host, port,
+                 " /ui/" if mount is not None else "")
         tasks.append(asyncio.create_task(_heartbeat(health)))
         tasks.append(asyncio.create_task(stopper()))
         await controller.decoder.warm_up()
@@ -205,6 +207,11 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         await kube.close()
 
 
+def mount_default_ui(operator: Operator) -> None:
+    """The web UI at /ui/ (docs/timeline.md): the watched jobs, their verdicts, a live page per job."""
+    mount_ui(operator.http, operator.store)
+
+
 def run_operator(config: OperatorConfig) -> int:
     """`frscope operator`: SIGINT/SIGTERM stop it cleanly (exit 0)."""
     logging.basicConfig(level=getattr(logging, config.log_level),
@@ -219,7 +226,7 @@ def run_operator(config: OperatorConfig) -> int:
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await serve(config, stop_flag=stop)
+        await serve(config, stop_flag=stop, mount=mount_default_ui)
 
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())

@@ -50,6 +50,15 @@ class GroupStall:
 
 
 @dataclass(frozen=True, slots=True)
+class RankUp:
+    """One rank as the sidecar last polled it: `up` (answered), else `error` (why not)."""
+
+    rank: int
+    up: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SidecarStatus:
     pod: str
     namespace: str
@@ -57,6 +66,7 @@ class SidecarStatus:
     stalls: tuple[GroupStall, ...]
     ranks_up: int
     ranks_down: int
+    ranks: tuple[RankUp, ...] = ()  # per rank, by rank (the web UI's per-rank status)
 
 
 @dataclass(slots=True)
@@ -80,6 +90,7 @@ def parse_status(obj: Any, endpoint: str = "") -> SidecarStatus:
     if not isinstance(obj, dict) or obj.get("schema") != STATUS_SCHEMA:
         raise SidecarError(endpoint, f"/v1/status: not a {STATUS_SCHEMA} object", retryable=False)
     stalls: list[GroupStall] = []
+    per_rank: list[RankUp] = []
     up = down = 0
     ranks = obj.get("ranks")
     for rank_text, rank_obj in (ranks.items() if isinstance(ranks, dict) else []):
@@ -93,6 +104,8 @@ def parse_status(obj: Any, endpoint: str = "") -> SidecarStatus:
             rank = int(rank_text)
         except ValueError:
             continue
+        error = rank_obj.get("error")
+        per_rank.append(RankUp(rank, bool(rank_obj.get("up")), str(error)[:200] if error else None))
         groups = rank_obj.get("groups")
         for group, g in (groups.items() if isinstance(groups, dict) else []):
             if isinstance(g, dict) and g.get("stalled"):
@@ -104,6 +117,7 @@ def parse_status(obj: Any, endpoint: str = "") -> SidecarStatus:
     return SidecarStatus(
         pod=str(obj.get("pod") or ""), namespace=str(obj.get("namespace") or ""),
         stalled=bool(obj.get("stalled")) or bool(stalls), stalls=tuple(stalls), ranks_up=up, ranks_down=down,
+        ranks=tuple(sorted(per_rank, key=lambda r: r.rank)),
     )
 
 

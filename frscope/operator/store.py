@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from frscope.operator.objects import JobKey, JobRef, PodInfo
+from frscope.operator.sidecars import SidecarStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,20 @@ class LatestDiagnosis:
     report_name: str
     at: str  # RFC 3339
     report: dict[str, Any]  # frscope.report.report_to_dict shape (treat as read-only)
+    # frscope.report.timeline.build_timeline(dumpset, report), built once per diagnosis (the recorders
+    # themselves are not kept); None when it could not be built
+    timeline: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RankSeen:
+    """One rank as its pod's sidecar last answered `/v1/status`: state 'ok', 'stalled' or 'unreachable'
+    (the sidecar did not answer, or could not reach the rank); `detail` is one short line."""
+
+    rank: int
+    pod: str
+    state: str
+    detail: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +50,8 @@ class JobView:
     stalled: bool
     status_checked_at: float | None  # time.time() of the last sidecar status poll
     latest: LatestDiagnosis | None
+    ranks: tuple[RankSeen, ...] = ()  # by rank, from the last status sweep
+    ranks_changed_at: float | None = None  # time.time() when `ranks` last changed
 
     @property
     def key(self) -> JobKey:
@@ -64,6 +81,18 @@ class _Job:
     stalled: bool = False
     status_checked_at: float | None = None
     latest: LatestDiagnosis | None = None
+    pod_ranks: dict[str, tuple[int, ...]] = field(default_factory=dict)  # pod -> ranks it last reported
+    ranks: tuple[RankSeen, ...] = ()
+    ranks_changed_at: float | None = None
+
+
+def _stall_detail(status: SidecarStatus) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for s in sorted(status.stalls, key=lambda s: (s.seq if s.seq is not None else 1 << 62, s.group)):
+        if s.rank not in out:
+            where = f"{s.op or 'a collective'}" + (f" #{s.seq}" if s.seq is not None else "")
+            out[s.rank] = f"no progress in {where} of group {s.desc or s.group}"
+    return out
 
 
 class JobStore:
@@ -97,6 +126,7 @@ class JobStore:
         if job is None:
             return
         job.pods.pop(pod.name, None)
+        job.pod_ranks.pop(pod.name, None)
         now = time.monotonic()
         job.gone_pods[pod.name] = now
         for name, when in list(job.gone_pods.items()):
@@ -111,6 +141,35 @@ class JobStore:
             job.stalled = stalled
             job.status_checked_at = time.time()
 
+    def set_sidecars(self, key: JobKey, answers: dict[str, SidecarStatus], failures: dict[str, str]) -> None:
+        """Each rank's state from one status sweep: the pods that answered, and those that did not (their
+        ranks are the ones they reported last)."""
+        job = self._jobs.get(key)
+        if job is None:
+            return
+        seen: dict[int, RankSeen] = {}
+        for pod, status in sorted(answers.items()):
+            stalled = _stall_detail(status)
+            job.pod_ranks[pod] = tuple(r.rank for r in status.ranks) or tuple(sorted(stalled))
+            for r in status.ranks:
+                if r.rank in stalled:
+                    seen[r.rank] = RankSeen(r.rank, pod, "stalled", stalled[r.rank])
+                elif not r.up:
+                    seen[r.rank] = RankSeen(r.rank, pod, "unreachable",
+                                            f"the sidecar gets no answer from it: {r.error or 'no reason given'}")
+                else:
+                    seen[r.rank] = RankSeen(r.rank, pod, "ok")
+            for rank, detail in stalled.items():
+                seen.setdefault(rank, RankSeen(rank, pod, "stalled", detail))
+        for pod, why in sorted(failures.items()):
+            for rank in job.pod_ranks.get(pod, ()):
+                detail = f"sidecar of {pod} not answering: {why}"[:200]
+                seen.setdefault(rank, RankSeen(rank, pod, "unreachable", detail))
+        ranks = tuple(v for _, v in sorted(seen.items()))
+        if ranks != job.ranks:
+            job.ranks = ranks
+            job.ranks_changed_at = time.time()
+
     def set_latest(self, key: JobKey, latest: LatestDiagnosis) -> None:
         job = self._jobs.get(key)
         if job is not None:
@@ -123,7 +182,7 @@ class JobStore:
         order = sorted(job.pods.values(), key=lambda p: (p.replica_type != "Master", p.replica_index or 0, p.name))
         pods = tuple(order)
         return JobView(job.ref, job.raw_world_size, job.conditions, pods, job.stalled, job.status_checked_at,
-                       job.latest)
+                       job.latest, job.ranks, job.ranks_changed_at)
 
     def jobs(self) -> list[JobView]:
         views = (self._view(j) for _, j in sorted(self._jobs.items()))
@@ -153,4 +212,4 @@ def without_report(view: JobView) -> JobView:
     """A lighter copy for listings."""
     if view.latest is None:
         return view
-    return replace(view, latest=replace(view.latest, report={}))
+    return replace(view, latest=replace(view.latest, report={}, timeline=None))
