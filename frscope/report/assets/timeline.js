@@ -658,7 +658,7 @@
   function renderFindings() {
     var box = $("fr-findings-body");
     clear(box);
-    if (!R) { box.appendChild(el("div", {class: "hint", text: "No diagnosis yet."})); return; }
+    if (!R) { box.appendChild(el("div", {class: "hint", text: "No diagnosis yet."})); renderStatus(); return; }
     if (!R.findings || !R.findings.length) box.appendChild(el("div", {class: "healthy", text: R.verdict}));
     (R.findings || []).forEach(function (f) { box.appendChild(findingNode(f, false)); });
     if (R.problems && R.problems.length) {
