@@ -103,7 +103,8 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
             # A fetched body is held until it is decoded: at most `concurrency` raw bodies in memory.
             async with fetching:
                 raw = await client.snapshot_bytes(target.endpoint, options.per_pod_timeout_s,
-                                                  refresh=options.refresh)
+                                                  refresh=options.refresh,
+                                                  last_entries=options.max_entries or None)
                 async with decoding:
                     return await decoder.decode(raw, target.endpoint, max_entries=options.max_entries,
                                                 pod=target.pod, namespace=namespace)

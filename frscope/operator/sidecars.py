@@ -193,8 +193,14 @@ class SidecarClient:
             raise SidecarError(endpoint, f"answer is not JSON: {exc}", retryable=False) from exc
         return parse_status(obj, endpoint)
 
-    async def snapshot_bytes(self, endpoint: str, timeout_s: float, *, refresh: bool = True) -> bytes:
+    async def snapshot_bytes(
+        self, endpoint: str, timeout_s: float, *, refresh: bool = True, last_entries: int | None = None
+    ) -> bytes:
         """The `/v1/snapshot` body, undecoded and maybe gzipped (`evidence.from_bytes` takes both, off the
         event loop)."""
-        url = f"{endpoint}/v1/snapshot" + ("?refresh=1" if refresh else "")
+        query = [("refresh", "1")] if refresh else []
+        if last_entries:
+            # Only the newest entries per rank travel: the operator keeps no more than these.
+            query.append(("entries", str(last_entries)))
+        url = f"{endpoint}/v1/snapshot" + ("?" + "&".join(f"{k}={v}" for k, v in query) if query else "")
         return await self._get_bytes(url, endpoint, timeout_s, self._max_snapshot)

@@ -242,6 +242,25 @@ def _live_piece(state: RankState) -> bytes | None:
     return zlib.compress(piece, 1)
 
 
+def _newest_entries(piece_z: bytes, last: int) -> bytes:
+    """`?entries=N`: keep each rank's newest N recorder entries (a hang is decided by the newest ones;
+    the operator keeps no more than that, so sending the whole ring is wasted work at 1,024 ranks)."""
+    piece = zlib.decompress(piece_z)
+    try:
+        obj = json.loads(piece)
+    except ValueError:
+        return piece_z
+    trace = obj.get("trace") if isinstance(obj, dict) else None
+    if not isinstance(trace, dict):
+        return piece_z
+    entries = trace.get("entries")
+    if not isinstance(entries, list) or len(entries) <= last:
+        return piece_z
+    trace["entries"] = entries[-last:]
+    obj["entries_dropped"] = len(entries) - last
+    return zlib.compress(json.dumps(obj, separators=(",", ":")).encode(), 1)
+
+
 def _assemble(head: dict[str, Any], pieces: list[tuple[int, bytes]], errors: list[dict[str, Any]],
               max_bytes: int) -> tuple[bytes, bytes]:
     """The snapshot body (docs/sidecar-api.md) and its gzip, within `max_bytes` (worker thread)."""
@@ -760,7 +779,9 @@ class Sidecar:
                     errors.append({"rank": item.rank, "message": f"{item.path}: {item.error}"})
         return chosen, errors, used_capture
 
-    async def _snapshot(self, reason: str, *, prefer_live: bool = False) -> tuple[bytes, bytes, str]:
+    async def _snapshot(
+        self, reason: str, *, prefer_live: bool = False, last_entries: int | None = None
+    ) -> tuple[bytes, bytes, str]:
         chosen, errors, used_capture = self._choose(prefer_live)
         if used_capture and reason == "poll":
             reason = "stall"
@@ -776,6 +797,8 @@ class Sidecar:
             for rank, item in chosen:
                 piece = item if isinstance(item, bytes) else _live_piece(item)
                 if piece is not None:
+                    if last_entries is not None:
+                        piece = _newest_entries(piece, last_entries)
                     pieces.append((rank, piece))
             return _assemble(head, pieces, errors, self.config.max_snapshot_bytes)
 
@@ -912,9 +935,19 @@ class Sidecar:
 
     async def _snapshot_handler(self, request: web.Request) -> web.Response:
         refresh = request.query.get("refresh", "") in ("1", "true", "yes")
+        last_entries: int | None = None
+        if "entries" in request.query:
+            try:
+                last_entries = int(request.query["entries"])
+                if last_entries < 1:
+                    raise ValueError
+            except ValueError:
+                raise web.HTTPBadRequest(text="entries must be a positive integer") from None
         if refresh:
             await self.refresh()
-        body, body_gz, _reason = await self._snapshot("refresh" if refresh else "poll", prefer_live=refresh)
+        body, body_gz, _reason = await self._snapshot(
+            "refresh" if refresh else "poll", prefer_live=refresh, last_entries=last_entries
+        )
         if "gzip" in request.headers.get("Accept-Encoding", "").lower():
             return web.Response(body=body_gz, content_type="application/json",
                                 headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"})

@@ -25,8 +25,16 @@ from frscope.sidecar.push import Pusher
 
 
 def cfg(tmp_path: Path, **kw: Any) -> SidecarConfig:
-    base: dict[str, Any] = {"socket_dir": tmp_path / "s", "evidence_dir": None, "host": "127.0.0.1", "port": 0,
-                            "poll_interval_s": 0.1, "pod": "p", "namespace": "ns", "node": "n"}
+    base: dict[str, Any] = {
+        "socket_dir": tmp_path / "s",
+        "evidence_dir": None,
+        "host": "127.0.0.1",
+        "port": 0,
+        "poll_interval_s": 0.1,
+        "pod": "p",
+        "namespace": "ns",
+        "node": "n",
+    }
     base.update(kw)
     return SidecarConfig(**base)
 
@@ -133,8 +141,16 @@ async def receiver(answers: list[int]) -> AsyncIterator[tuple[str, list[bytes]]]
 
 
 def pusher(url: str, registry: CollectorRegistry, attempts: int = 3) -> Pusher:
-    return Pusher(url, token=lambda: "tok", pod="p", namespace="ns", timeout_s=5, attempts=attempts,
-                  backoff_s=0.01, metrics=SidecarMetrics(registry))
+    return Pusher(
+        url,
+        token=lambda: "tok",
+        pod="p",
+        namespace="ns",
+        timeout_s=5,
+        attempts=attempts,
+        backoff_s=0.01,
+        metrics=SidecarMetrics(registry),
+    )
 
 
 async def test_push_retries_then_delivers(tmp_path: Path) -> None:
@@ -180,5 +196,34 @@ async def test_gzip_only_when_asked(tmp_path: Path, path: str) -> None:
                 if path == "/v1/snapshot":
                     assert resp.headers["Content-Encoding"] == "gzip"
                     json.loads(gzip.decompress(await resp.read()))
+    finally:
+        await sidecar.stop()
+
+
+def test_snapshot_window_keeps_the_newest_entries() -> None:
+    import zlib
+
+    from frscope.sidecar.app import _newest_entries
+
+    piece = {
+        "frscope_snapshot": 1,
+        "rank": 3,
+        "trace": {"version": "2.10", "entries": [{"record_id": i} for i in range(10)]},
+    }
+    out = json.loads(zlib.decompress(_newest_entries(zlib.compress(json.dumps(piece).encode()), 4)))
+    assert [e["record_id"] for e in out["trace"]["entries"]] == [6, 7, 8, 9]
+    assert out["entries_dropped"] == 6 and out["rank"] == 3
+    short = zlib.compress(json.dumps(piece).encode())
+    assert _newest_entries(short, 50) is short
+
+
+async def test_snapshot_window_must_be_positive(tmp_path: Path) -> None:
+    sidecar = Sidecar(cfg(tmp_path, poll_interval_s=3600))
+    await sidecar.start()
+    try:
+        assert (await fetch(sidecar, "/v1/snapshot?entries=0"))[0] == 400
+        assert (await fetch(sidecar, "/v1/snapshot?entries=x"))[0] == 400
+        status, body, _ = await fetch(sidecar, "/v1/snapshot?entries=200")
+        assert status == 200 and json.loads(body)["ranks"] == []
     finally:
         await sidecar.stop()
