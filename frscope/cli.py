@@ -94,7 +94,9 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     update, close = _progress_bar(not args.no_progress)
     try:
-        dumpset = load_dumps(args.paths, max_bytes=args.max_bytes, world_size=args.world_size, progress=update)
+        dumpset = load_dumps(
+            args.paths, max_bytes=args.max_bytes, world_size=args.world_size, progress=update, jobs=args.jobs
+        )
     finally:
         close()
     if not dumpset.dumps:
@@ -166,6 +168,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="clock skew allowed between hosts before lateness counts (default %(default)s)",
     )
     analyze_p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    analyze_p.add_argument(
+        "--jobs", type=int, help="processes that decode dumps (default: one per core from 32 files on)"
+    )
     analyze_p.set_defaults(func=cmd_analyze)
 
     demo_p = sub.add_parser("demo", help="run a real local gloo job that breaks, and diagnose it (no cluster)")

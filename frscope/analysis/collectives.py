@@ -248,7 +248,7 @@ def _add_views(
             finding.culprit_stacks[rank] = stack
     for rank in others[:3]:
         bucket = buckets.get(rank)
-        finding.ranks[rank] = ctx.rank_view(rank, group, bucket[0] if bucket else None)
+        finding.ranks[rank] = ctx.rank_view(rank, group, bucket[0] if bucket else None, call_site=False)
 
 
 def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
@@ -365,7 +365,7 @@ def hang_finding(
             )
         for rank in point.joined[:3]:
             bucket = buckets.get(rank)
-            finding.ranks[rank] = ctx.rank_view(rank, group.name, bucket[0] if bucket else None)
+            finding.ranks[rank] = ctx.rank_view(rank, group.name, bucket[0] if bucket else None, call_site=False)
         return finding
 
     # Everyone entered it. Which ranks did not finish it, and did their device even start it?

@@ -67,7 +67,8 @@ class Context:
             return f"idle since {last.op} #{_seq(last)} of group {last.pg_name} completed"
         return "recorder empty"
 
-    def rank_view(self, rank: int, group: str, entry: Entry | None) -> RankView:
+    def rank_view(self, rank: int, group: str, entry: Entry | None, *, call_site: bool = True) -> RankView:
+        """`call_site` reads the entry's frames (from the file, for lazily loaded dumps): culprits only."""
         track = self.tracks.get(group, {}).get(rank)
         view = RankView(
             rank=rank,
@@ -84,7 +85,8 @@ class Context:
             view.output_dtypes = entry.output_dtypes
             view.time_created_ns = entry.time_created_ns
             view.duration_ms = entry.duration_ms
-            view.call_site = user_frame(entry.frames)
+            if call_site:
+                view.call_site = user_frame(entry.frames)
         return view
 
 

@@ -7,11 +7,14 @@ file and the reason; it never stops the others from loading.
 
 from __future__ import annotations
 
+import gc
 import json
+import multiprocessing
 import os
 import re
 import zlib
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -120,15 +123,27 @@ def decode_bytes(data: bytes, source: str, max_bytes: int = DEFAULT_MAX_BYTES) -
     )
 
 
+class _EntriesReader:
+    """Reads a dump file's raw entries again (for its frames); picklable, unlike a closure."""
+
+    __slots__ = ("max_bytes", "path")
+
+    def __init__(self, path: Path, max_bytes: int) -> None:
+        self.path = path
+        self.max_bytes = max_bytes
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_EntriesReader, (self.path, self.max_bytes))
+
+    def __call__(self) -> Any:
+        return entries_of(decode_bytes(read_capped(self.path, self.max_bytes), str(self.path), self.max_bytes))
+
+
 def load_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, *, keep_frames: bool = False) -> RankDump:
     """One file -> RankDump. Frames stay in the file (read again on demand) unless `keep_frames`."""
     source = str(path)
     rank = rank_from_name(path)
-
-    def reread_entries() -> Any:
-        return entries_of(decode_bytes(read_capped(path, max_bytes), source, max_bytes))
-
-    lazy = None if keep_frames else LazyFrames(reread_entries)
+    lazy = None if keep_frames else LazyFrames(_EntriesReader(path, max_bytes))
     try:
         raw = decode_bytes(read_capped(path, max_bytes), source, max_bytes)
         dump = normalize_dump(raw, source, rank, lazy)
@@ -170,22 +185,65 @@ def assemble(dumps: Iterable[RankDump], problems: list[LoadProblem], world_size:
     return DumpSet(dumps=by_rank, groups=groups, world_size=world, problems=problems)
 
 
+def _load_one(path: Path, max_bytes: int) -> RankDump | LoadProblem:
+    try:
+        return load_file(path, max_bytes)
+    except DumpError as exc:
+        return LoadProblem(exc.source, exc.message, rank=exc.rank)
+
+
+def _load_chunk(paths: list[Path], max_bytes: int) -> list[RankDump | LoadProblem]:
+    """In a worker process: decode and normalize a few files; results travel back pickled (entries
+    as constructor tuples, frames as a file reference), much smaller than the raw dumps."""
+    gc.disable()
+    return [_load_one(path, max_bytes) for path in paths]
+
+
+# Below this many files a pool costs more than it saves.
+PARALLEL_MIN_FILES = 32
+
+
+def _workers(jobs: int | None, files: int) -> int:
+    if jobs is not None:
+        return max(1, jobs)
+    if files < PARALLEL_MIN_FILES or "fork" not in multiprocessing.get_all_start_methods():
+        return 1
+    return min(os.cpu_count() or 1, 8)
+
+
 def load_dumps(
     paths: Sequence[str | Path],
     *,
     max_bytes: int = DEFAULT_MAX_BYTES,
     world_size: int | None = None,
     progress: ProgressCallback | None = None,
+    jobs: int | None = None,
 ) -> DumpSet:
-    """Load every dump under `paths` (files or directories). Never raises for a bad file."""
+    """Load every dump under `paths` (files or directories). Never raises for a bad file.
+
+    Large sets are decoded by `jobs` worker processes (default: one per core, from 32 files on):
+    unpickling and normalizing are CPU-bound and independent per file."""
     files, problems = expand_paths(paths)
     dumps: list[RankDump] = []
+    workers = _workers(jobs, len(files))
     with gc_paused():
-        for done, path in enumerate(files, 1):
-            try:
-                dumps.append(load_file(path, max_bytes))
-            except DumpError as exc:
-                problems.append(LoadProblem(exc.source, exc.message, rank=exc.rank))
-            if progress is not None:
-                progress(done, len(files))
+        if workers == 1:
+            results: Iterable[RankDump | LoadProblem] = (_load_one(path, max_bytes) for path in files)
+            pool = None
+        else:
+            chunk = max(1, min(16, len(files) // (workers * 4)))
+            chunks = [files[i : i + chunk] for i in range(0, len(files), chunk)]
+            pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
+            results = (item for batch in pool.map(_load_chunk, chunks, [max_bytes] * len(chunks)) for item in batch)
+        try:
+            for done, result in enumerate(results, 1):
+                if isinstance(result, LoadProblem):
+                    problems.append(result)
+                else:
+                    dumps.append(result)
+                if progress is not None:
+                    progress(done, len(files))
+        finally:
+            if pool is not None:
+                pool.shutdown(cancel_futures=True)
         return assemble(dumps, problems, world_size)

@@ -62,6 +62,10 @@ class LazyFrames:
         self._reader = reader
         self._by_record: dict[int, Any] | None = None
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Travels between processes as its reader alone; the cache is rebuilt where it is used.
+        return (LazyFrames, (self._reader,))
+
     def raw_frames(self, record_id: int) -> Any:
         if self._by_record is None:
             self._by_record = {}
@@ -161,6 +165,37 @@ class Entry:
         self.thread_name = thread_name
         # Raw frame dicts as dumped; converted on first use (only culprits' frames are ever read).
         self._frames = frames
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Positional, like the constructor: a loader worker process sends entries back this way.
+        return (
+            Entry,
+            (
+                self.record_id,
+                self.pg_name,
+                self.pg_desc,
+                self.collective_seq_id,
+                self.p2p_seq_id,
+                self.is_p2p,
+                self.op,
+                self.profiling_name,
+                self.peer,
+                self.input_sizes,
+                self.input_dtypes,
+                self.output_sizes,
+                self.output_dtypes,
+                self.state,
+                self.retired,
+                self.time_created_ns,
+                self.time_started_ns,
+                self.time_completed_ns,
+                self.duration_ms,
+                self.timeout_ms,
+                self.thread_id,
+                self.thread_name,
+                self._frames,
+            ),
+        )
 
     @property
     def completed(self) -> bool:
