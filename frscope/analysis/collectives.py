@@ -263,6 +263,7 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
     history: Bucket | None = None
     for seq in range(lo, hi + 1):
         ref_bucket: Bucket | None = None
+        ref_sig: tuple[object, ...] = ()
         differs = False
         for _rank, track in with_entries:
             bucket = track.by_seq.get(seq)
@@ -270,7 +271,16 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
                 continue
             if ref_bucket is None:
                 ref_bucket = bucket
-            elif not _same(ref_bucket, bucket):
+                x = bucket[0]
+                ref_sig = (len(bucket), x.op, x.input_sizes, x.output_sizes, x.input_dtypes, x.output_dtypes)
+                continue
+            # Inlined common case of _same (one entry, identical call): this loop runs ranks x seqs times.
+            y = bucket[0]
+            if ref_sig == (len(bucket), y.op, y.input_sizes, y.output_sizes, y.input_dtypes, y.output_dtypes) and (
+                len(bucket) == 1
+            ):
+                continue
+            if not _same(ref_bucket, bucket):
                 differs = True
                 break
         if ref_bucket is None:
