@@ -5,14 +5,15 @@ One run measures, for every dump set (ranks x entries, scenario `not_joined`, pi
 
 - baseline: a fresh interpreter that only `pickle.loads` every file (and drops it): the floor for any
   Python tool that reads these files;
-- frscope: `frscope analyze DIR --format json` (wall time, CPU time, peak RSS of the process, and
-  whether its first finding names the planted culprit, group and category);
+- frscope: `frscope analyze DIR --format json` (wall time, CPU time, peak memory with its worker
+  processes, and whether its first finding names the planted culprit, group and category);
 - torchfrtrace (the smaller sets only): `torchfrtrace DIR --prefix nccl_trace_rank_`, under a time
   limit; timeouts and crashes are recorded as such, and its first reported problem is parsed.
 
-Every command runs in its own process; wall time is measured around it, peak RSS and CPU time come
-from wait4()'s rusage of that process. The dumps are generated once into --workdir (outside the repo)
-and reused while their ground truth file says they match; the page cache is warmed before timing.
+Every command runs in its own process; wall time is measured around it, CPU time comes from wait4()'s
+rusage (the process and the workers it reaped), peak memory from sampling the PSS of its process tree.
+The dumps are generated once into --workdir (outside the repo) and reused while their ground truth
+file says they match; the page cache is warmed before timing.
 
     .venv/bin/python bench/run_bench.py                       # the full run, writes bench/RESULTS.md
     .venv/bin/python bench/run_bench.py --sizes 64 --frscope-only '' --repeat 1 --results /tmp/r.md
@@ -61,7 +62,8 @@ class Run:
     wall_s: float
     user_s: float
     sys_s: float
-    max_rss_mib: float
+    max_rss_mib: float  # largest single process (wait4 rusage: the child or one of its reaped children)
+    tree_peak_mib: float  # the process and its children together (PSS, sampled every 0.2 s)
     returncode: int | None
     timed_out: bool
     load_before: float
@@ -87,6 +89,56 @@ class SetResult:
     torchfrtrace_verdict: dict[str, Any] = field(default_factory=dict)
 
 
+_PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def tree_memory_kib(root: int) -> int:
+    """PSS (shared pages split between sharers, so forked workers are not counted twice) of a process
+    and all its descendants; RSS where smaps_rollup cannot be read."""
+    total = 0
+    stack, seen = [root], set()
+    while stack:
+        pid = stack.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        try:
+            kib = None
+            try:
+                with open(f"/proc/{pid}/smaps_rollup") as handle:
+                    for line in handle:
+                        if line.startswith("Pss:"):
+                            kib = int(line.split()[1])
+                            break
+            except OSError:
+                pass
+            if kib is None:
+                with open(f"/proc/{pid}/statm") as handle:
+                    kib = int(handle.read().split()[1]) * _PAGE_KIB
+            total += kib
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children") as handle:
+                    stack.extend(int(x) for x in handle.read().split())
+        except (OSError, ValueError):
+            continue
+    return total
+
+
+class TreeSampler(threading.Thread):
+    """Peak memory of a process tree, sampled."""
+
+    def __init__(self, pid: int, interval_s: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.interval_s = pid, interval_s
+        self.peak_kib = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.peak_kib = max(self.peak_kib, tree_memory_kib(self.pid))
+            self.done.wait(self.interval_s)
+
+
 def measure(argv: list[str], out_path: Path, timeout_s: float, env: dict[str, str] | None = None) -> Run:
     """Run argv with stdout+stderr to out_path; wall time, rusage of exactly that process."""
     load_before = os.getloadavg()[0]
@@ -105,11 +157,15 @@ def measure(argv: list[str], out_path: Path, timeout_s: float, env: dict[str, st
 
         timer = threading.Timer(timeout_s, kill)
         timer.start()
+        sampler = TreeSampler(proc.pid)
+        sampler.start()
         try:
             _pid, status, usage = os.wait4(proc.pid, 0)
         finally:
             timer.cancel()
+            sampler.done.set()
         wall = time.perf_counter() - began
+        sampler.join()
     proc.returncode = os.waitstatus_to_exitcode(status)
     return Run(
         argv=argv,
@@ -117,6 +173,7 @@ def measure(argv: list[str], out_path: Path, timeout_s: float, env: dict[str, st
         user_s=usage.ru_utime,
         sys_s=usage.ru_stime,
         max_rss_mib=usage.ru_maxrss / 1024,
+        tree_peak_mib=max(sampler.peak_kib, usage.ru_maxrss) / 1024,
         returncode=None if timed_out.is_set() else proc.returncode,
         timed_out=timed_out.is_set(),
         load_before=load_before,
@@ -309,26 +366,29 @@ def write_results(path: Path, results: list[SetResult], info: dict[str, str], co
     if startup is not None:
         add(f"  Its start-up alone (`import torch.distributed.flight_recorder.fr_trace`) took "
             f"{startup.wall_s:.1f} s wall, {startup.cpu_s:.1f} s CPU here.")
-    add("- Wall times are seconds, median (min-max) over the repeats; CPU = user+sys seconds of that process; "
-        "RSS = peak resident set of the process (wait4 rusage).")
+    add("- Wall times are seconds, median (min-max) over the repeats. CPU = user+sys seconds of the process and "
+        "of the worker processes it waited for (wait4 rusage). Memory = peak of the process and its workers "
+        "together: PSS summed over the process tree, sampled every 0.2 s (never less than the largest single "
+        "process's peak RSS).")
     add("")
     add("## Results")
     add("")
-    add("| ranks | dump MiB | baseline wall s | baseline CPU s | frscope wall s | frscope CPU s | frscope peak RSS MiB"
-        " | frscope / baseline | torchfrtrace wall s | torchfrtrace peak RSS MiB | torchfrtrace / frscope |")
+    add("| ranks | dump MiB | baseline wall s | baseline CPU s | frscope wall s | frscope CPU s "
+        "| frscope peak memory MiB | frscope / baseline | torchfrtrace wall s | torchfrtrace peak memory MiB "
+        "| torchfrtrace / frscope |")
     add("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         base_w, fr_w = median_wall(r.baseline), median_wall(r.frscope)
         base_c, fr_c = median_cpu(r.baseline), median_cpu(r.frscope)
-        fr_rss = max((x.max_rss_mib for x in r.frscope), default=0.0)
+        fr_rss = max((x.tree_peak_mib for x in r.frscope), default=0.0)
         ratio = f"{fr_w / base_w:.2f}x wall, {fr_c / base_c:.2f}x CPU" if fr_w and base_w and fr_c and base_c else "-"
         if r.torchfrtrace is None:
             tft_w, tft_rss, speed = "not run", "-", "-"
         elif r.torchfrtrace.timed_out:
-            tft_w, tft_rss = f"> {tft_timeout:.0f} (killed)", f"{r.torchfrtrace.max_rss_mib:.0f}"
+            tft_w, tft_rss = f"> {tft_timeout:.0f} (killed)", f"{r.torchfrtrace.tree_peak_mib:.0f}"
             speed = f"> {tft_timeout / fr_w:.0f}x" if fr_w else "-"
         else:
-            tft_w, tft_rss = f"{r.torchfrtrace.wall_s:.1f}", f"{r.torchfrtrace.max_rss_mib:.0f}"
+            tft_w, tft_rss = f"{r.torchfrtrace.wall_s:.1f}", f"{r.torchfrtrace.tree_peak_mib:.0f}"
             speed = f"{r.torchfrtrace.wall_s / fr_w:.1f}x" if fr_w else "-"
         add(f"| {r.ranks:,} | {r.files_mib:,.0f} | {fmt_run(r.baseline)} | "
             f"{base_c:.1f} | {fmt_run(r.frscope)} | {fr_c:.1f} | {fr_rss:,.0f} | {ratio} | {tft_w} | {tft_rss} | "
@@ -363,7 +423,7 @@ def write_results(path: Path, results: list[SetResult], info: dict[str, str], co
     r1k = by_ranks.get(1024)
     if r1k:
         w = median_wall(r1k.frscope)
-        rss = max((x.max_rss_mib for x in r1k.frscope), default=0.0)
+        rss = max((x.tree_peak_mib for x in r1k.frscope), default=0.0)
         target("1,024 ranks x 2,000 entries in <= 5 s", None if w is None else w <= 5,
                f"{w:.2f} s wall, {median_cpu(r1k.frscope):.2f} s CPU" if w else "timeout")
         target("1,024 ranks peak memory <= 2 GiB", rss <= 2048, f"{rss:,.0f} MiB")
@@ -372,7 +432,7 @@ def write_results(path: Path, results: list[SetResult], info: dict[str, str], co
         w = median_wall(r8k.frscope)
         target("8,192 ranks in <= 30 s", None if w is None else w <= 30,
                f"{w:.1f} s wall, {median_cpu(r8k.frscope):.1f} s CPU, "
-               f"{max(x.max_rss_mib for x in r8k.frscope):,.0f} MiB peak" if w else "timeout")
+               f"{max(x.tree_peak_mib for x in r8k.frscope):,.0f} MiB peak" if w else "timeout")
     r256 = by_ranks.get(256)
     if r256 and r256.torchfrtrace is not None:
         w = median_wall(r256.frscope)
@@ -403,7 +463,7 @@ def write_results(path: Path, results: list[SetResult], info: dict[str, str], co
         tv = r.torchfrtrace_verdict
         run = r.torchfrtrace
         if run.timed_out:
-            what = f"still running after {tft_timeout:.0f} s; killed (peak RSS {run.max_rss_mib:,.0f} MiB)."
+            what = f"still running after {tft_timeout:.0f} s; killed (peak memory {run.tree_peak_mib:,.0f} MiB)."
         elif tv.get("status") == "crash":
             what = f"crashed after {run.wall_s:.1f} s: `{tv['said']}`."
         else:
@@ -490,8 +550,8 @@ def main(argv: list[str] | None = None) -> int:
             result.frscope.append(run)
             if i == 0:
                 result.frscope_verdict = frscope_verdict(out_json, truth, run)
-            print(f"  baseline {base.wall_s:.2f} s ({base.cpu_s:.2f} CPU, {base.max_rss_mib:.0f} MiB) | "
-                  f"frscope {run.wall_s:.2f} s ({run.cpu_s:.2f} CPU, {run.max_rss_mib:.0f} MiB, "
+            print(f"  baseline {base.wall_s:.2f} s ({base.cpu_s:.2f} CPU, {base.tree_peak_mib:.0f} MiB) | "
+                  f"frscope {run.wall_s:.2f} s ({run.cpu_s:.2f} CPU, {run.tree_peak_mib:.0f} MiB, "
                   f"exit {run.returncode}) load {run.load_after:.1f}", flush=True)
         print(f"  frscope: {result.frscope_verdict}", flush=True)
         if ranks in sizes and not args.skip_torchfrtrace:
@@ -499,7 +559,7 @@ def main(argv: list[str] | None = None) -> int:
             tft = measure([tft_bin, str(directory), "--prefix", PREFIX], log, args.tft_timeout)
             result.torchfrtrace = tft
             result.torchfrtrace_verdict = torchfrtrace_verdict(log, truth, tft, args.tft_timeout)
-            print(f"  torchfrtrace {tft.wall_s:.1f} s ({tft.cpu_s:.1f} CPU, {tft.max_rss_mib:.0f} MiB) "
+            print(f"  torchfrtrace {tft.wall_s:.1f} s ({tft.cpu_s:.1f} CPU, {tft.tree_peak_mib:.0f} MiB) "
                   f"{result.torchfrtrace_verdict}", flush=True)
         results.append(result)
         if args.delete_large and ranks > 1024:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
+from operator import itemgetter
 from typing import Any
 
 from frscope.records.errors import MalformedDump
@@ -140,6 +141,27 @@ _EXPECTED_FIELDS = (
 
 
 _EXPECTED_SET = frozenset(_EXPECTED_FIELDS)
+# Every field a torch 2.x entry carries (all but `duration_ms` and `frames`, which may be absent).
+_FAST_FIELDS = itemgetter(
+    "record_id",
+    "process_group",
+    "collective_seq_id",
+    "p2p_seq_id",
+    "is_p2p",
+    "profiling_name",
+    "time_created_ns",
+    "input_sizes",
+    "input_dtypes",
+    "output_sizes",
+    "output_dtypes",
+    "state",
+    "time_discovered_started_ns",
+    "time_discovered_completed_ns",
+    "retired",
+    "timeout_ms",
+    "thread_id",
+    "thread_name",
+)
 
 
 def _shared(cache: dict[Any, Any], value: list[Any], key_of: Any) -> list[Any]:
@@ -188,17 +210,40 @@ def normalize_entries(
     last_shapes: dict[str, tuple[Any, Any, Any, Any]] = {}
     last_frames: dict[str, list[Any]] = {}
     expected = _EXPECTED_SET
+    fast = _FAST_FIELDS
     for index, raw in enumerate(raw_entries):
         if not isinstance(raw, dict):
             skipped += 1
             continue
         get = raw.get
-        if not expected <= raw.keys():
-            for key in _EXPECTED_FIELDS:
-                if key not in raw:
-                    missing[key] += 1
+        try:  # every field a 2.x entry always has, in one C call
+            (record_id, pg, seq, p2p_seq, is_p2p, profiling_name, created, input_sizes, input_dtypes,
+             output_sizes, output_dtypes, state, started, completed, retired, timeout, thread_id,
+             thread_name) = fast(raw)
+        except KeyError:  # an older or odd entry: field by field, with the defaults
+            if not expected <= raw.keys():
+                for key in _EXPECTED_FIELDS:
+                    if key not in raw:
+                        missing[key] += 1
+            record_id = get("record_id", index)
+            pg = get("process_group")
+            seq = get("collective_seq_id")
+            p2p_seq = get("p2p_seq_id", 0)
+            is_p2p = get("is_p2p")
+            profiling_name = get("profiling_name")
+            created = get("time_created_ns")
+            input_sizes = get("input_sizes")
+            input_dtypes = get("input_dtypes")
+            output_sizes = get("output_sizes")
+            output_dtypes = get("output_dtypes")
+            state = get("state")
+            started = get("time_discovered_started_ns")
+            completed = get("time_discovered_completed_ns")
+            retired = get("retired")
+            timeout = get("timeout_ms")
+            thread_id = get("thread_id")
+            thread_name = get("thread_name")
 
-        profiling_name = get("profiling_name")
         if not isinstance(profiling_name, str):
             profiling_name = "unknown"
         parsed = names.get(profiling_name)
@@ -210,7 +255,6 @@ def normalize_entries(
             name_counts[profiling_name] += 1
         _backend, op, peer = parsed
 
-        pg: Any = get("process_group")
         pg_type = type(pg)
         if (pg_type is tuple or pg_type is list) and len(pg) == 2 and type(pg[0]) is str and type(pg[1]) is str:
             pg_name, pg_desc = pg
@@ -222,38 +266,27 @@ def normalize_entries(
             pg_id = get("pg_id")
             pg_name, pg_desc = (str(pg_id) if pg_id is not None else "0"), ""
 
-        seq = get("collective_seq_id")
         if type(seq) is not int:
             seq = _int_or(seq if seq is not None else get("seq_id"), 0)
-        p2p_seq = get("p2p_seq_id", 0)
         if type(p2p_seq) is not int:
             p2p_seq = _int_or(p2p_seq, 0)
-        is_p2p = get("is_p2p")
         if type(is_p2p) is not bool:
             is_p2p = op in P2P_OPS
-        record_id = get("record_id", index)
         if type(record_id) is not int:
             record_id = _int_or(record_id, index)
-        state = get("state")
         if type(state) is not str and not isinstance(state, str):
             state = SCHEDULED
-        retired = get("retired")
         if type(retired) is not bool:
             retired = None
-        thread_id = get("thread_id")
         if thread_id is not None and type(thread_id) is not str:
             thread_id = str(thread_id)
 
-        input_sizes = get("input_sizes")
         if type(input_sizes) is not list:
             input_sizes = _sizes(input_sizes)
-        output_sizes = get("output_sizes")
         if type(output_sizes) is not list:
             output_sizes = _sizes(output_sizes)
-        input_dtypes = get("input_dtypes")
         if type(input_dtypes) is not list:
             input_dtypes = _dtypes(input_dtypes)
-        output_dtypes = get("output_dtypes")
         if type(output_dtypes) is not list:
             output_dtypes = _dtypes(output_dtypes)
         # Most ops repeat the shapes they had last time: compare with those (C-level ==) and share
@@ -285,19 +318,15 @@ def normalize_entries(
                     frames = _shared(frames_cache, frames, _frames_key)
                     last_frames[profiling_name] = frames
 
-        created = get("time_created_ns")
         if created is not None and (type(created) is not int or not created):
             created = _opt_int(created)
-        started = get("time_discovered_started_ns")
         if started is not None and (type(started) is not int or not started):
             started = _opt_int(started)
-        completed = get("time_discovered_completed_ns")
         if completed is not None and (type(completed) is not int or not completed):
             completed = _opt_int(completed)
         duration = get("duration_ms")
         if duration is not None and type(duration) is not float:
             duration = _opt_float(duration)
-        timeout = get("timeout_ms")
         if type(timeout) is int and timeout:
             timeout = small_ints.setdefault(timeout, timeout)
         elif timeout is not None:
@@ -326,7 +355,7 @@ def normalize_entries(
                 duration,
                 timeout,
                 thread_id,
-                get("thread_name"),
+                thread_name,
                 frames,
             )
         )
