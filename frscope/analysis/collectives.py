@@ -326,6 +326,33 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track]) -> Stu
     return StuckPoint(seq, joined, not_joined, since, age, stalled)
 
 
+def _stuck_finding(
+    category: Category,
+    culprits: list[int],
+    ref: GroupRef,
+    summary: str,
+    seq: int,
+    op: str,
+    sample: Entry | None,
+    point: StuckPoint,
+) -> Finding:
+    """A finding about the collective a group stands still in, with what the ranks passed to it."""
+    return Finding(
+        category=category,
+        culprit_ranks=tuple(culprits),
+        process_group=ref,
+        summary=summary,
+        collective_seq_id=seq,
+        op=op,
+        input_sizes=sample.input_sizes if sample else None,
+        output_sizes=sample.output_sizes if sample else None,
+        input_dtypes=sample.input_dtypes if sample else None,
+        output_dtypes=sample.output_dtypes if sample else None,
+        since_ns=point.since_ns,
+        stalled_for_s=point.age_s,
+    )
+
+
 def hang_finding(
     ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint
 ) -> Finding | None:
@@ -346,20 +373,7 @@ def hang_finding(
             f"{plural(culprits).capitalize()} never joined {op} #{seq} of {ref.label()}, which "
             f"{plural(point.joined)} {'has' if len(point.joined) == 1 else 'have'} been blocked in{since}{doing_text}."
         )
-        finding = Finding(
-            category=Category.RANK_NOT_JOINED,
-            culprit_ranks=tuple(culprits),
-            process_group=ref,
-            summary=summary,
-            collective_seq_id=seq,
-            op=op,
-            input_sizes=sample.input_sizes if sample else None,
-            output_sizes=sample.output_sizes if sample else None,
-            input_dtypes=sample.input_dtypes if sample else None,
-            output_dtypes=sample.output_dtypes if sample else None,
-            since_ns=point.since_ns,
-            stalled_for_s=point.age_s,
-        )
+        finding = _stuck_finding(Category.RANK_NOT_JOINED, culprits, ref, summary, seq, op, sample, point)
         for rank in culprits[: ctx.options.max_rank_views]:
             track = tracks[rank]
             last = track.by_seq.get(track.last_seq)
@@ -401,20 +415,7 @@ def hang_finding(
     summary = (
         f"Every rank of {ref.label()} entered {op} #{seq} and {plural(not_done)} never completed it{since}.{detail}"
     )
-    finding = Finding(
-        category=Category.NOT_COMPLETED,
-        culprit_ranks=tuple(culprits),
-        process_group=ref,
-        summary=summary,
-        collective_seq_id=seq,
-        op=op,
-        input_sizes=sample.input_sizes if sample else None,
-        output_sizes=sample.output_sizes if sample else None,
-        input_dtypes=sample.input_dtypes if sample else None,
-        output_dtypes=sample.output_dtypes if sample else None,
-        since_ns=point.since_ns,
-        stalled_for_s=point.age_s,
-    )
+    finding = _stuck_finding(Category.NOT_COMPLETED, culprits, ref, summary, seq, op, sample, point)
     _add_views(ctx, finding, group.name, buckets, culprits, sorted(set(buckets) - set(culprits)))
     durations = [b[0].duration_ms for b in buckets.values() if b[0].duration_ms]
     if durations:
