@@ -266,6 +266,22 @@ def parse_torchfrtrace(text: str) -> list[dict[str, Any]]:
     return blocks
 
 
+def compact_ranks(ranks: set[int] | list[int], limit: int = 6) -> str:
+    """[8-15, 24-31, ...] (128 ranks): torchfrtrace lists whole groups."""
+    spans: list[str] = []
+    ordered = sorted(ranks)
+    start = prev = None
+    for rank in [*ordered, None]:
+        if rank is not None and prev is not None and rank == prev + 1:
+            prev = rank
+            continue
+        if start is not None:
+            spans.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = rank
+    text = ", ".join(spans[:limit]) + (", ..." if len(spans) > limit else "")
+    return f"[{text}]" + (f" ({len(ordered)} ranks)" if len(ordered) > 1 else "")
+
+
 def torchfrtrace_verdict(output: Path, truth: dict[str, Any], run: Run, timeout_s: float) -> dict[str, Any]:
     if run.timed_out:
         return {"status": "timeout", "right": False, "said": f"killed after {timeout_s:.0f} s"}
@@ -280,7 +296,9 @@ def torchfrtrace_verdict(output: Path, truth: dict[str, Any], run: Run, timeout_
     culprits = set(truth["culprit_ranks"])
     right = first["ranks"] == culprits and first["group"] == truth.get("group_name")
     anywhere = any(b["ranks"] == culprits and b["group"] == truth.get("group_name") for b in blocks)
-    said = f"{first['kind']} ranks {sorted(first['ranks'])} group {first['group']} seq {first['seq']}"
+    said = f"{first['kind']} ranks {compact_ranks(first['ranks'])} group {first['group']} seq {first['seq']}"
+    if first["ranks"] != culprits and culprits <= first["ranks"]:
+        said += " (the culprit among them)"
     if first.get("error"):
         said += f" ({first['error'][:80]})"
     return {"status": "ok", "right": right, "right_anywhere": anywhere, "said": said, "blocks": len(blocks)}
