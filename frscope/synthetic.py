@@ -878,7 +878,9 @@ def make_plan(
         elif scenario == "p2p_mismatch":
             a, b = members[0], members[1]
             faults.skip.add((b, p))
-            truth_kw.update(culprit_ranks=(a, b),
+            # b is the one whose program diverged (it skipped the recv and went on to its own send);
+            # a, blocked in its send, is the victim.
+            truth_kw.update(culprit_ranks=(b,),
                             description=f"rank {a} sends to rank {b} (group {name}), rank {b} never posts "
                                         "the matching recv")
     truth = GroundTruth(
