@@ -13,6 +13,7 @@ from pathlib import Path
 from frscope import __version__
 from frscope.analysis import AnalysisOptions, Report, analyze
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
+from frscope.demo.faults import DEMO_FAULTS
 from frscope.records import DEFAULT_MAX_BYTES, DumpSet, load_dumps
 from frscope.report import render_markdown, render_text, report_to_dict
 from frscope.report.entries import render_entries
@@ -27,8 +28,6 @@ _SERVICES = {
 EXIT_HEALTHY = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
-
-FAULTS = ("none", "hang", "skip", "type", "size", "dtype", "p2p", "straggler")
 
 
 def _size(text: str) -> int:
@@ -174,7 +173,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     analyze_p.set_defaults(func=cmd_analyze)
 
     demo_p = sub.add_parser("demo", help="run a real local gloo job that breaks, and diagnose it (no cluster)")
-    demo_p.add_argument("--fault", choices=FAULTS, default="hang")
+    demo_p.add_argument("--fault", choices=DEMO_FAULTS, default="hang")
     demo_p.add_argument("--world-size", type=int, default=4)
     demo_p.add_argument("--keep", help="keep the collected recorders in this directory")
     demo_p.add_argument("--timeout", type=float, default=90.0, help="hard limit for the job, seconds")

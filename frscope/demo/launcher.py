@@ -20,7 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +91,26 @@ def _tail(path: Path, limit: int = 4000) -> str:
     return data[-limit:].decode("utf-8", "replace")
 
 
+def wait_until_stable(
+    observe: Callable[[], tuple[bool, object]], settle_s: float, deadline: float, interval_s: float
+) -> bool:
+    """Poll `observe` (ready?, signature) until it is ready and its signature has not changed for
+    `settle_s`; False when `deadline` (monotonic) comes first."""
+    previous: object = None
+    stable_since = time.monotonic()
+    while True:
+        now = time.monotonic()
+        ready, current = observe()
+        if not ready or current != previous:
+            stable_since = now
+        elif now - stable_since >= settle_s:
+            return True
+        if now > deadline:
+            return False
+        previous = current
+        time.sleep(interval_s)
+
+
 class LocalJob:
     """The rank processes of one demo job, and their sockets. Use `start_job()`."""
 
@@ -151,10 +171,8 @@ class LocalJob:
 
         Returns False when the deadline came first. A rank that dies meanwhile is left out.
         """
-        previous: dict[int, tuple[int, int, int] | None] = {}
-        stable_since = time.monotonic()
-        while True:
-            now = time.monotonic()
+
+        def observe() -> tuple[bool, object]:
             live = [r for r in self.ranks() if self.alive(r)]
             current: dict[int, tuple[int, int, int] | None] = {}
             for rank in live:
@@ -162,15 +180,10 @@ class LocalJob:
                     current[rank] = progress_signature(fetch_trace(self.socket_path(rank), REQUEST_TIMEOUT_S))
                 except WorkerServerError:
                     current[rank] = None
-            in_final_phase = all(self.phase(r) is not None for r in live)
-            if not in_final_phase or current != previous or None in current.values():
-                stable_since = now
-            elif now - stable_since >= settle_s:
-                return True
-            if now > deadline:
-                return False
-            previous = current
-            time.sleep(POLL_INTERVAL_S)
+            ready = all(self.phase(r) is not None for r in live) and None not in current.values()
+            return ready, current
+
+        return wait_until_stable(observe, settle_s, deadline, POLL_INTERVAL_S)
 
     def collect(self, out_dir: Path, result: CollectedJob) -> None:
         """One snapshot per live rank into `out_dir`; a rank that does not answer is skipped."""

@@ -21,7 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from frscope.demo.faults import FAULTS, culprit_ranks
-from frscope.demo.launcher import POLL_INTERVAL_S, CollectedJob, LaunchError, LocalJob, start_job
+from frscope.demo.launcher import (
+    POLL_INTERVAL_S,
+    CollectedJob,
+    LaunchError,
+    LocalJob,
+    start_job,
+    wait_until_stable,
+)
 
 SIDECAR_POLL_S = 0.25
 SIDECAR_START_S = 30.0
@@ -105,22 +112,14 @@ def _wait_ranks_up(job: LocalJob, sidecar: LocalSidecar, deadline: float) -> dic
 
 def _wait_settled(job: LocalJob, sidecar: LocalSidecar, deadline: float, settle_s: float) -> bool:
     """Until every live rank is in its final phase and the sidecar saw no progress for `settle_s`."""
-    previous: dict[str, Any] | None = None
-    stable_since = time.monotonic()
-    while True:
-        now = time.monotonic()
+
+    def observe() -> tuple[bool, object]:
         status = sidecar.get("/v1/status")
-        current = _signature(status)
         in_final_phase = all(job.phase(r) is not None for r in job.ranks() if job.alive(r))
         all_up = all(r.get("up") for r in status.get("ranks", {}).values())
-        if not in_final_phase or not all_up or current != previous:
-            stable_since = now
-        elif now - stable_since >= settle_s:
-            return True
-        if now > deadline:
-            return False
-        previous = current
-        time.sleep(SIDECAR_POLL_S)
+        return in_final_phase and all_up, _signature(status)
+
+    return wait_until_stable(observe, settle_s, deadline, SIDECAR_POLL_S)
 
 
 def _write_piece(piece: dict[str, Any], out_dir: Path) -> Path:

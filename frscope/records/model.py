@@ -259,7 +259,7 @@ class PgConfig:
 
 @dataclass(frozen=True, slots=True)
 class PgStatus:
-    """A `pg_status` item. Keyed by the rank-local pg uid in gloo, by the group name in NCCL."""
+    """A `pg_status` item, keyed by the rank-local pg id (gloo and NCCL alike), not the group name."""
 
     key: str
     last_enqueued: int | None

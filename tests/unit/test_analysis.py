@@ -115,7 +115,8 @@ def test_not_completed_nccl_states(tmp_path: Path) -> None:
 
     # One rank's device never started it: that rank is the culprit.
     per_rank[1][-1] = b.entry(6, state="scheduled")
-    [finding] = _analyze(tmp_path / "x", per_rank).findings if (tmp_path / "x").mkdir() is None else []
+    (tmp_path / "x").mkdir()
+    [finding] = _analyze(tmp_path / "x", per_rank).findings
     assert finding.category is Category.NOT_COMPLETED and finding.culprit_ranks == (1,)
 
 
