@@ -1,6 +1,6 @@
 """Take one rank's frscope snapshot over its worker-server socket, and write it to disk.
 
-A snapshot file, `rank-<r>.json`, is exactly::
+A snapshot file, `rank-<r>.json`, is exactly frscope.wire's snapshot piece::
 
     {"frscope_snapshot": 1, "rank": r, "captured_at_ns": <time.time_ns()>,
      "source": "socket:<path>", "stacks": "<dump_traceback text>", "trace": <fr_trace_json object>}
@@ -17,8 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from frscope.demo.unix_http import WorkerServerError, call_handler
-
-SNAPSHOT_FORMAT = 1
+from frscope.wire import snapshot_piece
 
 
 @dataclass(frozen=True)
@@ -30,14 +29,7 @@ class Snapshot:
     trace: dict[str, Any]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "frscope_snapshot": SNAPSHOT_FORMAT,
-            "rank": self.rank,
-            "captured_at_ns": self.captured_at_ns,
-            "source": self.source,
-            "stacks": self.stacks,
-            "trace": self.trace,
-        }
+        return snapshot_piece(self.rank, self.captured_at_ns, self.source, self.stacks, self.trace)
 
 
 def fetch_trace(socket_path: Path, timeout: float) -> dict[str, Any]:

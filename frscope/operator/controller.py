@@ -38,11 +38,12 @@ from frscope.operator.publish import (
     report_name,
 )
 from frscope.operator.push import PushStore
-from frscope.operator.sidecars import SidecarClient, SidecarStatus
+from frscope.operator.sidecars import SidecarClient
 from frscope.operator.signals import Signal, SignalKind, job_condition_signal, watchdog_signals
 from frscope.operator.store import JobStore, JobView, LatestDiagnosis
 from frscope.report import one_line, report_to_dict
 from frscope.report.timeline import build_timeline
+from frscope.wire import SidecarStatus
 
 log = logging.getLogger(__name__)
 

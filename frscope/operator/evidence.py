@@ -11,14 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from frscope.operator.sidecars import (
-    DEFAULT_MAX_SNAPSHOT_BYTES,
-    SidecarError,
-    SidecarSnapshot,
-    gunzip_capped,
-    parse_snapshot,
-)
+from frscope.operator.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, gunzip_capped, parse_snapshot
 from frscope.records import DumpError, LoadProblem, RankDump, normalize_dump
+from frscope.wire import SidecarSnapshot
 
 DEFAULT_MAX_ENTRIES = 200
 

@@ -13,7 +13,8 @@ import time
 
 from frscope.operator.controller import Controller
 from frscope.operator.objects import JobKey
-from frscope.operator.sidecars import SidecarError, SidecarStatus
+from frscope.operator.sidecars import SidecarError
+from frscope.wire import SidecarStatus
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,7 @@
 """Client side of the sidecar HTTP API (docs/sidecar-api.md): `/v1/status` and `/v1/snapshot`.
 
+The documents themselves are frscope.wire's; this module is the transport (HTTP, gzip, size caps).
+
 Answers are validated into small typed objects; anything else is a `SidecarError` naming the pod,
 so that a sidecar that is down or answers garbage becomes a missing pod in the report, never a crash.
 """
@@ -8,18 +10,16 @@ from __future__ import annotations
 
 import json
 import zlib
-from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+from frscope import wire
 from frscope.operator.bodies import read_capped
+from frscope.wire import SidecarSnapshot, SidecarStatus
 
-STATUS_SCHEMA = "frscope.sidecar.status/v1"
-SNAPSHOT_SCHEMA = "frscope.sidecar.snapshot/v1"
 DEFAULT_MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
 MAX_STATUS_BYTES = 8 * 1024 * 1024
-
 
 class SidecarError(Exception):
     """A sidecar could not be reached or did not answer as documented."""
@@ -39,104 +39,20 @@ def _rebuild_sidecar_error(endpoint: str, message: str, retryable: bool) -> Side
     return SidecarError(endpoint, message, retryable=retryable)
 
 
-@dataclass(frozen=True, slots=True)
-class GroupStall:
-    rank: int
-    group: str
-    desc: str
-    op: str | None
-    seq: int | None
-    age_s: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class RankUp:
-    """One rank as the sidecar last polled it: `up` (answered), else `error` (why not)."""
-
-    rank: int
-    up: bool
-    error: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class SidecarStatus:
-    pod: str
-    namespace: str
-    stalled: bool
-    stalls: tuple[GroupStall, ...]
-    ranks_up: int
-    ranks_down: int
-    ranks: tuple[RankUp, ...] = ()  # per rank, by rank (the web UI's per-rank status)
-
-
-@dataclass(slots=True)
-class SidecarSnapshot:
-    """One pod's `/v1/snapshot` (or pushed) body. `ranks` are frscope snapshots, undecoded further."""
-
-    pod: str
-    namespace: str
-    captured_at_ns: int | None
-    reason: str
-    ranks: list[dict[str, Any]]
-    errors: list[tuple[int | None, str]] = field(default_factory=list)
-    size_bytes: int = 0
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def parse_status(obj: Any, endpoint: str = "") -> SidecarStatus:
-    if not isinstance(obj, dict) or obj.get("schema") != STATUS_SCHEMA:
-        raise SidecarError(endpoint, f"/v1/status: not a {STATUS_SCHEMA} object", retryable=False)
-    stalls: list[GroupStall] = []
-    per_rank: list[RankUp] = []
-    up = down = 0
-    ranks = obj.get("ranks")
-    for rank_text, rank_obj in (ranks.items() if isinstance(ranks, dict) else []):
-        if not isinstance(rank_obj, dict):
-            continue
-        if rank_obj.get("up"):
-            up += 1
-        else:
-            down += 1
-        try:
-            rank = int(rank_text)
-        except ValueError:
-            continue
-        error = rank_obj.get("error")
-        per_rank.append(RankUp(rank, bool(rank_obj.get("up")), str(error)[:200] if error else None))
-        groups = rank_obj.get("groups")
-        for group, g in (groups.items() if isinstance(groups, dict) else []):
-            if isinstance(g, dict) and g.get("stalled"):
-                age = g.get("inflight_age_s")
-                stalls.append(GroupStall(rank, str(group), str(g.get("desc") or ""),
-                                         str(g["inflight_op"]) if g.get("inflight_op") else None,
-                                         _int(g.get("inflight_seq")),
-                                         float(age) if isinstance(age, (int, float)) else None))
-    return SidecarStatus(
-        pod=str(obj.get("pod") or ""), namespace=str(obj.get("namespace") or ""),
-        stalled=bool(obj.get("stalled")) or bool(stalls), stalls=tuple(stalls), ranks_up=up, ranks_down=down,
-        ranks=tuple(sorted(per_rank, key=lambda r: r.rank)),
-    )
+    """frscope.wire.parse_status, its refusal as a SidecarError naming the sidecar."""
+    try:
+        return wire.parse_status(obj)
+    except wire.WireError as exc:
+        raise SidecarError(endpoint, str(exc), retryable=False) from None
 
 
 def parse_snapshot(obj: Any, endpoint: str = "", size_bytes: int = 0) -> SidecarSnapshot:
-    """Validate the envelope; each rank's snapshot is checked later by frscope.records."""
-    if not isinstance(obj, dict) or obj.get("schema") != SNAPSHOT_SCHEMA:
-        raise SidecarError(endpoint, f"snapshot: not a {SNAPSHOT_SCHEMA} object", retryable=False)
-    ranks = obj.get("ranks")
-    if not isinstance(ranks, list):
-        raise SidecarError(endpoint, "snapshot: 'ranks' is not a list", retryable=False)
-    errors: list[tuple[int | None, str]] = []
-    for err in obj.get("errors") or []:
-        if isinstance(err, dict):
-            errors.append((_int(err.get("rank")), str(err.get("message") or "")[:500]))
-    return SidecarSnapshot(
-        pod=str(obj.get("pod") or ""), namespace=str(obj.get("namespace") or ""),
-        captured_at_ns=_int(obj.get("captured_at_ns")), reason=str(obj.get("reason") or ""),
-        ranks=[r for r in ranks if isinstance(r, dict)], errors=errors, size_bytes=size_bytes,
-    )
+    """frscope.wire.parse_snapshot, its refusal as a SidecarError naming the sidecar."""
+    try:
+        return wire.parse_snapshot(obj, size_bytes)
+    except wire.WireError as exc:
+        raise SidecarError(endpoint, str(exc), retryable=False) from None
 
 
 def gunzip_capped(raw: bytes, limit: int, endpoint: str) -> bytes:

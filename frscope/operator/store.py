@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from frscope.operator.objects import JobKey, JobRef, PodInfo
-from frscope.operator.sidecars import SidecarStatus
+from frscope.wire import SidecarStatus
 
 
 @dataclass(frozen=True, slots=True)

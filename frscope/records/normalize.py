@@ -18,12 +18,11 @@ from typing import Any
 
 from frscope.records.errors import MalformedDump
 from frscope.records.model import P2P_OPS, SCHEDULED, Entry, LazyFrames, PgConfig, PgStatus, RankDump
+from frscope.wire import unwrap_snapshot
 
 # Versions whose fields this reader knows. Newer ones are read with a warning.
 KNOWN_VERSION = (2, 10)
 OLDEST_VERSION = (2, 0)
-
-SNAPSHOT_KEY = "frscope_snapshot"
 
 _P2P_NAME = re.compile(r"^(?P<op>\w+)\s+(?P<a>-?\d+)\s*(?P<arrow>->|<-)\s*(?P<b>-?\d+)$")
 
@@ -444,14 +443,6 @@ def entries_of(raw: Any) -> Any:
     """The raw entry list of a decoded dump or snapshot (for re-reading frames)."""
     trace, _ = unwrap_snapshot(raw)
     return trace.get("entries") if isinstance(trace, dict) else None
-
-
-def unwrap_snapshot(raw: Any) -> tuple[Any, dict[str, Any]]:
-    """frscope's own snapshot files wrap the recorder with capture metadata; torch's do not."""
-    if isinstance(raw, dict) and SNAPSHOT_KEY in raw and "trace" in raw:
-        meta = {k: v for k, v in raw.items() if k != "trace"}
-        return raw["trace"], meta
-    return raw, {}
 
 
 def normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFrames | None = None) -> RankDump:

@@ -21,6 +21,7 @@ from typing import Any
 
 from frscope.records import DumpError, TruncatedDump, decode_bytes, normalize_dump
 from frscope.records.loader import rank_from_name, read_capped
+from frscope.wire import snapshot_piece_bytes, unwrap_snapshot
 
 log = logging.getLogger("frscope.sidecar")
 
@@ -35,18 +36,6 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return sorted(value, key=repr)
     return repr(value)
-
-
-def snapshot_piece(rank: int, captured_at_ns: int, source: str, stacks: str | None, trace_json: bytes) -> bytes:
-    """One frscope snapshot (docs/sidecar-api.md) as JSON bytes; `trace_json` is spliced in as is."""
-    head = {
-        "frscope_snapshot": 1,
-        "rank": rank,
-        "captured_at_ns": captured_at_ns,
-        "source": source,
-        "stacks": stacks,
-    }
-    return json.dumps(head)[:-1].encode() + b', "trace": ' + trace_json + b"}"
 
 
 @dataclass(slots=True)
@@ -179,7 +168,7 @@ class DumpDirWatcher:
             item.state, item.error = "rejected", exc.message
             log.error("dump file %s cannot be used: %s", source, exc.message)
             return exc.kind
-        trace = raw["trace"] if isinstance(raw, dict) and "frscope_snapshot" in raw and "trace" in raw else raw
+        trace, _meta = unwrap_snapshot(raw)
         try:
             trace_json = json.dumps(trace, default=jsonable).encode()
         except (TypeError, ValueError) as exc:
@@ -187,7 +176,7 @@ class DumpDirWatcher:
             log.error("dump file %s: %s", source, item.error)
             return "malformed"
         stacks = raw.get("stacks") if isinstance(raw, dict) and isinstance(raw.get("stacks"), str) else None
-        piece = snapshot_piece(dump.rank, item.mtime_ns, f"file:{source}", stacks, trace_json)
+        piece = snapshot_piece_bytes(dump.rank, item.mtime_ns, f"file:{source}", stacks, trace_json)
         item.piece = zlib.compress(piece, 6)
         item.rank = dump.rank
         item.entries = len(dump.entries)

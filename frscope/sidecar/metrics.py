@@ -10,6 +10,8 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from frscope import __version__
+from frscope.sidecar.evidence import EvidenceStore
+from frscope.sidecar.progress import StallTracker
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0)
 POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -109,3 +111,21 @@ class SidecarMetrics:
             self.recorder_fetches.labels(cause=cause)
         for result in PUSH_RESULTS:
             self.pushes.labels(result=result)
+
+    def show_progress(self, tracker: StallTracker, now_ns: int) -> None:
+        """Every tracked group's progress gauges, after a poll round."""
+        for (rank, pg), group in tracker.groups.items():
+            labels = {"rank": str(rank), "pg": pg}
+            sample = group.sample
+            if sample.last_enqueued_seq is not None:
+                self.last_enqueued.labels(**labels).set(sample.last_enqueued_seq)
+            if sample.last_completed_seq is not None:
+                self.last_completed.labels(**labels).set(sample.last_completed_seq)
+            self.stalled.labels(**labels).set(1 if group.stalled else 0)
+            self.inflight_age.labels(**labels).set(group.inflight_age_s(now_ns) or 0.0)
+            self.stall_threshold.labels(**labels).set(group.threshold_s)
+
+    def show_evidence(self, evidence: EvidenceStore) -> None:
+        """What the evidence dir holds, after a scan or a capture."""
+        self.evidence_files.set(len(evidence.on_disk))
+        self.evidence_bytes.set(evidence.total_bytes)

@@ -200,21 +200,21 @@ async def test_gzip_only_when_asked(tmp_path: Path, path: str) -> None:
         await sidecar.stop()
 
 
-def test_snapshot_window_keeps_the_newest_entries() -> None:
+def test_snapshot_window_keeps_thenewest_entries() -> None:
     import zlib
 
-    from frscope.sidecar.app import _newest_entries
+    from frscope.sidecar.snapshot import newest_entries
 
     piece = {
         "frscope_snapshot": 1,
         "rank": 3,
         "trace": {"version": "2.10", "entries": [{"record_id": i} for i in range(10)]},
     }
-    out = json.loads(zlib.decompress(_newest_entries(zlib.compress(json.dumps(piece).encode()), 4)))
+    out = json.loads(zlib.decompress(newest_entries(zlib.compress(json.dumps(piece).encode()), 4)))
     assert [e["record_id"] for e in out["trace"]["entries"]] == [6, 7, 8, 9]
     assert out["entries_dropped"] == 6 and out["rank"] == 3
     short = zlib.compress(json.dumps(piece).encode())
-    assert _newest_entries(short, 50) is short
+    assert newest_entries(short, 50) is short
 
 
 async def test_snapshot_window_must_be_positive(tmp_path: Path) -> None:

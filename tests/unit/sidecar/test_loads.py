@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from frscope.sidecar.app import loads_in_pieces
+from frscope.sidecar.recorder import loads_in_pieces
 from tests.unit.builders import dump, entry
 
 GOOD = [

@@ -1,0 +1,282 @@
+"""Polling: one round over every local rank's worker server, the probe-or-full decision, and the
+stall tracker's update (docs/sidecar.md, "What a poll costs").
+
+A round finds the rank sockets, probes each rank's progress cheaply and fetches its full recorder
+only when needed, feeds the samples to the `StallTracker`, and reports what happened (groups that
+became stalled, trainers that exited). What to do about it (a stall capture, a push) is the
+composition root's business (`frscope.sidecar.app`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from frscope.sidecar.client import PROGRESS_PROBES, WorkerClient, WorkerError
+from frscope.sidecar.config import SidecarConfig
+from frscope.sidecar.metrics import SidecarMetrics
+from frscope.sidecar.progress import GroupState, StallTracker, without_inflight
+from frscope.sidecar.ranks import RankState, read_meta, scan_sockets
+from frscope.sidecar.recorder import digest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+log = logging.getLogger("frscope.sidecar")
+
+# Trainer exits are these reasons (the socket refuses or is gone); a timeout is a wedged rank.
+EXIT_REASONS = frozenset({"connect", "no_socket"})
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """What one poll round found."""
+
+    newly: list[GroupState]  # groups that became stalled
+    capture: bool  # a stall capture is due (every live rank's full recorder was fetched for it)
+    exits: list[int]  # ranks whose trainer exited (went down with the socket refused or gone)
+
+
+class Poller:
+    def __init__(self, config: SidecarConfig, tracker: StallTracker, metrics: SidecarMetrics) -> None:
+        self.config = config
+        self.tracker = tracker
+        self.metrics = metrics
+        self.ranks: dict[int, RankState] = {}
+        self.ready = False
+        self.polls_done = 0
+        self.last_round_ns: int | None = None
+        self._socket_dir_missing_logged = False
+        self._parse_slot = asyncio.Semaphore(1)
+        self._fetch_slots = asyncio.Semaphore(max(1, config.max_concurrency))
+
+    async def close(self) -> None:
+        for state in self.ranks.values():
+            await state.client.close()
+
+    async def round(self, want_full: bool, capture_wanted: Callable[[], bool]) -> Round:
+        """One round over every local rank. `want_full`: every rank's full recorder, whatever its
+        progress probe says. `capture_wanted` is asked when groups became stalled: if it says yes,
+        every live rank's full recorder of this moment is fetched for the capture."""
+        t0 = time.perf_counter()
+        now_ns = time.time_ns()
+        previous_round = self.last_round_ns
+        found = await asyncio.to_thread(scan_sockets, self.config.socket_dir)
+        if found is None:
+            if not self._socket_dir_missing_logged:
+                log.warning("socket dir %s does not exist (yet); no rank to poll", self.config.socket_dir)
+                self._socket_dir_missing_logged = True
+            found = {}
+        elif self._socket_dir_missing_logged:
+            log.info("socket dir %s is there now", self.config.socket_dir)
+            self._socket_dir_missing_logged = False
+        for rank, path in found.items():
+            if rank not in self.ranks:
+                self.ranks[rank] = RankState(
+                    rank, path,
+                    WorkerClient(path, timeout_s=self.config.request_timeout_s, max_bytes=self.config.max_answer_bytes),
+                )
+                self.metrics.worker_up.labels(rank=str(rank)).set(0)
+                log.info("rank %d: socket %s found", rank, path)
+        went_down: list[int] = []
+        for rank, state in self.ranks.items():
+            if rank not in found:
+                if self._mark_down(state, WorkerError("no_socket", f"socket {state.socket_path} is gone"), now_ns):
+                    went_down.append(rank)
+        results = await asyncio.gather(
+            *(self._poll_rank(self.ranks[rank], now_ns, previous_round, want_full) for rank in sorted(found))
+        )
+        newly: list[GroupState] = []
+        for rank, (stalled, down) in zip(sorted(found), results, strict=True):
+            newly.extend(stalled)
+            if down:
+                went_down.append(rank)
+        capture = bool(newly) and capture_wanted()
+        if capture:
+            # Every live rank's full recorder of this moment (a rank that only answered its probe
+            # this round is fetched now); the capture then takes every rank's stacks.
+            behind = [s for s in self.ranks.values() if s.up and s.raw_ns != now_ns]
+            more = await asyncio.gather(
+                *(self._fetch_full(s, now_ns, previous_round, "stall_capture") for s in behind)
+            )
+            seen = {(g.rank, g.sample.pg) for g in newly}
+            for state, (extra, down) in zip(behind, more, strict=True):
+                newly.extend(g for g in extra if (g.rank, g.sample.pg) not in seen)
+                if down:
+                    went_down.append(state.rank)
+        self.last_round_ns = now_ns
+        self.metrics.show_progress(self.tracker, now_ns)
+        self.polls_done += 1
+        self.metrics.polls.inc()
+        self.metrics.poll_duration.observe(time.perf_counter() - t0)
+        if not self.ready:
+            self.ready = True
+            log.info("first poll done: %d rank socket(s)", len(found))
+        for group in newly:
+            self.metrics.stalls.labels(rank=str(group.rank), pg=group.sample.pg).inc()
+            age = group.inflight_age_s(now_ns)
+            log.warning(
+                "stall: rank %d, group %s%s: %s #%s in flight%s, no progress for %.1f s (threshold %.1f s)",
+                group.rank, group.sample.pg, f" ({group.sample.desc})" if group.sample.desc else "",
+                group.sample.inflight_op, group.sample.inflight_seq,
+                f" for {age:.1f} s" if age is not None else "", (now_ns - group.progress_ns) / 1e9, group.threshold_s,
+            )
+        exits = [r for r in went_down if self.ranks[r].reason in EXIT_REASONS and self.ranks[r].ever_up]
+        return Round(newly, capture, exits)
+
+    async def _poll_rank(
+        self, state: RankState, now_ns: int, previous_round: int | None, force_full: bool = False
+    ) -> tuple[list[GroupState], bool]:
+        """Probe the rank's progress; fetch its full recorder only when needed (docs/sidecar.md, "What
+        a poll costs"): no recorder kept yet or the rank (re)appeared, every --full-poll-every polls,
+        ?refresh=1, no probe available, or the probe suggests a stall (a collective in flight and no
+        change since the previous poll) that the kept recorder does not show yet."""
+        state.last_poll_ns = now_ns
+        probed = False
+        moved = False
+        inflight = False
+        cause = None
+        try:
+            if state.probe is None or not state.up:
+                state.probe = await self._find_probe(state)
+                state.probe_fp = state.full_fp = None
+            if state.probe[0]:
+                async with self._fetch_slots:
+                    fp, inflight = await state.client.probe(*state.probe)
+                probed = True
+                if fp != state.probe_fp:
+                    moved = state.probe_fp is not None
+                    state.probe_before_ns = state.probe_ns
+                    state.probe_first_ns = now_ns
+                    state.probe_fp = fp
+                state.probe_ns = now_ns
+        except WorkerError as exc:
+            return [], self._mark_down(state, exc, now_ns)
+        stalled_here = any(g.stalled for g in self.tracker.for_rank(state.rank).values())
+        if force_full:
+            cause = "refresh"
+        elif not state.up or state.raw_z is None:
+            cause = "first"
+        elif not probed:
+            cause = "no_probe"
+        elif state.polls_since_full + 1 >= self.config.full_poll_every:
+            cause = "periodic"
+        elif moved and stalled_here:
+            cause = "resumed"
+        elif inflight and not moved and state.probe_fp != state.full_fp:
+            cause = "suspect"
+        if cause is not None:
+            return await self._fetch_full(state, now_ns, previous_round, cause)
+        # The probe is enough: the kept recorder's samples, with what the probe adds.
+        state.polls_since_full += 1
+        self._mark_up(state, now_ns)
+        samples = state.samples
+        if moved or not inflight:
+            samples = without_inflight(samples)
+        return self.tracker.update(state.rank, samples, now_ns, previous_round, moved=moved), False
+
+    async def _find_probe(self, state: RankState) -> tuple[str, str]:
+        """The first probe of client.PROGRESS_PROBES the rank answers with a pg_status; ("", "") if none.
+        A rank that cannot be reached at all raises WorkerError."""
+        if self.config.full_poll_every <= 1:
+            return ("", "")
+        before = state.probe
+        for handler, query in PROGRESS_PROBES:
+            try:
+                async with self._fetch_slots:
+                    fp, _inflight = await state.client.probe(handler, query)
+            except WorkerError as exc:
+                if exc.reason in ("http", "decode"):
+                    continue
+                raise
+            if fp or handler == "frscope_progress":
+                if before != (handler, query):
+                    log.info("rank %d: progress probe %s; full recorder every %d polls or on a suspected stall",
+                             state.rank, handler, self.config.full_poll_every)
+                return (handler, query)
+        if before != ("", ""):
+            log.info("rank %d: no progress probe; the full recorder is fetched at every poll", state.rank)
+        return ("", "")
+
+    def _mark_up(self, state: RankState, now_ns: int) -> None:
+        if not state.up:
+            log.info("rank %d: worker server at %s answers%s", state.rank, state.socket_path,
+                     " again" if state.ever_up else "")
+        state.up, state.ever_up, state.error, state.reason = True, True, None, None
+        state.last_ok_ns = now_ns
+        self.metrics.worker_up.labels(rank=str(state.rank)).set(1)
+
+    async def _fetch_full(self, state: RankState, now_ns: int, previous_round: int | None,
+                          cause: str) -> tuple[list[GroupState], bool]:
+        """fr_trace_json: parse, count, track: (groups that became stalled, whether the rank went down
+        at this fetch)."""
+        source = f"socket:{state.socket_path}"
+        try:
+            async with self._fetch_slots:
+                raw_z, raw_hash, _size = await state.client.fr_trace_json()
+            if not state.up:  # (again) answering: perhaps a new process, re-read what the bootstrap wrote
+                state.meta = await asyncio.to_thread(read_meta, self.config.socket_dir, state.rank)
+            async with self._parse_slot:
+                got = await asyncio.to_thread(digest, raw_z, raw_hash, state.rank, source, state)
+        except WorkerError as exc:
+            return [], self._mark_down(state, exc, now_ns)
+        self.metrics.recorder_fetches.labels(cause=cause).inc()
+        rank_label = str(state.rank)
+        self._mark_up(state, now_ns)
+        state.raw_ns = now_ns
+        state.full_fp = state.probe_fp
+        state.polls_since_full = 0
+        if got.raw_z is not None:
+            state.raw_z = got.raw_z
+            state.raw_hash = got.raw_hash
+        state.count_watermark, state.duration_watermark = got.count_watermark, got.duration_watermark
+        for pg, op in got.new_ops:
+            self.metrics.collectives.labels(rank=rank_label, pg=pg, op=op).inc()
+        for op, seconds in got.durations:
+            self.metrics.duration.labels(op=op).observe(seconds)
+        if got.info != state.info:
+            state.info = got.info
+            self.metrics.recorder_info.labels(rank=rank_label).info(got.info)
+        samples = got.samples if got.samples is not None else state.samples
+        state.samples = samples
+        if state.probe_fp is not None and state.probe_first_ns is not None:
+            # A change the recorder cannot date happened after the probe before the current
+            # progress was first seen, and by the probe that first saw it.
+            return self.tracker.update(state.rank, samples, now_ns, state.probe_before_ns,
+                                       changed_by_ns=state.probe_first_ns), False
+        return self.tracker.update(state.rank, samples, now_ns, previous_round), False
+
+    def _mark_down(self, state: RankState, exc: WorkerError, now_ns: int) -> bool:
+        """Record a failed poll; True when the rank was up until now."""
+        self.metrics.poll_errors.labels(rank=str(state.rank), reason=exc.reason).inc()
+        self.metrics.worker_up.labels(rank=str(state.rank)).set(0)
+        was_up = state.up
+        if was_up or state.reason != exc.reason:
+            kept = ""
+            if state.last_ok_ns is not None:
+                kept = f"; its last good recorder ({(now_ns - state.last_ok_ns) / 1e9:.1f} s old) is kept"
+            log.warning("rank %d: %s%s", state.rank, exc.message, kept)
+        state.up, state.error, state.reason = False, exc.message, exc.reason
+        return was_up
+
+    async def fetch_stacks(self) -> list[int]:
+        """dump_traceback from every rank that answered the last round; the ranks that gave one."""
+        ranks = [s for s in self.ranks.values() if s.up and s.raw_ns is not None]
+
+        async def one(state: RankState) -> bool:
+            try:
+                async with self._fetch_slots:
+                    text = await state.client.dump_traceback(self.config.stacks_timeout_s,
+                                                             self.config.max_stacks_bytes)
+            except WorkerError as exc:
+                self.metrics.poll_errors.labels(rank=str(state.rank), reason=exc.reason).inc()
+                log.warning("rank %d: no stacks: %s", state.rank, exc.message)
+                return False
+            state.stacks, state.stacks_for_ns = text, state.raw_ns
+            return True
+
+        got = await asyncio.gather(*(one(s) for s in ranks))
+        return [s.rank for s, ok in zip(ranks, got, strict=True) if ok]

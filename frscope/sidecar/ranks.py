@@ -1,0 +1,81 @@
+"""Which local ranks there are, and what the sidecar keeps about each one between polls.
+
+A rank is a worker-server socket `rank-<r>.sock` in the socket dir (the bootstrap creates it); what the
+bootstrap wrote about the process (torch version, pid) sits beside it in `.rank-<r>.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from frscope.sidecar.client import Fingerprint, WorkerClient
+from frscope.sidecar.progress import GroupSample
+
+_SOCKET = re.compile(r"^rank-(\d+)\.sock$")
+
+
+@dataclass(slots=True)
+class RankState:
+    rank: int
+    socket_path: Path
+    client: WorkerClient
+    up: bool = False
+    ever_up: bool = False
+    error: str | None = None
+    reason: str | None = None
+    last_poll_ns: int | None = None
+    last_ok_ns: int | None = None
+    raw_ns: int | None = None  # when the kept full recorder (raw_z) was fetched
+    raw_hash: bytes | None = None
+    raw_z: bytes | None = None  # zlib of the last good fr_trace_json answer
+    stacks: str | None = None
+    stacks_for_ns: int | None = None  # the last_ok_ns the stacks belong to
+    count_watermark: int = -1
+    duration_watermark: int = -1
+    samples: dict[str, GroupSample] = field(default_factory=dict)
+    info: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+    # The cheap progress probe (client.PROGRESS_PROBES): which one the rank answers ("" none: full polls only;
+    # None: not asked yet since the rank (re)appeared), and what it showed.
+    probe: tuple[str, str] | None = None
+    probe_fp: Fingerprint | None = None
+    probe_ns: int | None = None  # the latest probe
+    probe_first_ns: int | None = None  # the first probe that showed probe_fp
+    probe_before_ns: int | None = None  # the probe before that one (a change happened after it)
+    full_fp: Fingerprint | None = None  # probe_fp when the kept full recorder was fetched
+    polls_since_full: int = 0
+
+
+def scan_sockets(socket_dir: Path) -> dict[int, Path] | None:
+    """rank -> socket path for every rank-<r>.sock that is a socket; None if the dir is missing."""
+    found: dict[int, Path] = {}
+    try:
+        with os.scandir(socket_dir) as it:
+            for item in it:
+                match = _SOCKET.match(item.name)
+                if not match:
+                    continue
+                try:
+                    if stat.S_ISSOCK(item.stat(follow_symlinks=True).st_mode):
+                        found[int(match.group(1))] = Path(item.path)
+                except OSError:
+                    continue
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return found
+
+
+def read_meta(socket_dir: Path, rank: int) -> dict[str, Any]:
+    """What the bootstrap wrote about the rank (torch version, pid), if anything."""
+    path = socket_dir / f".rank-{rank}.json"
+    try:
+        data = json.loads(path.read_bytes()[:65536])
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -1,0 +1,208 @@
+"""Snapshot assembly: which evidence of each rank `/v1/snapshot` serves, and the stall capture.
+
+Per rank the best evidence wins: a dump file newer than anything else, else the current stall
+capture, else the last good poll. Bodies are frscope.wire's snapshot envelope, assembled from
+per-rank pieces kept zlib-compressed, within --max-snapshot-bytes; rendering runs in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import logging
+import time
+import zlib
+from typing import Any
+
+from frscope import wire
+from frscope.sidecar.config import SidecarConfig
+from frscope.sidecar.dumpdir import DumpDirWatcher
+from frscope.sidecar.evidence import Capture, EvidenceStore
+from frscope.sidecar.metrics import SidecarMetrics
+from frscope.sidecar.poller import Poller
+from frscope.sidecar.progress import StallTracker
+from frscope.sidecar.ranks import RankState
+from frscope.wire import SnapshotError
+
+log = logging.getLogger("frscope.sidecar")
+
+
+def live_piece(state: RankState) -> bytes | None:
+    """The rank's last good poll as a snapshot piece (zlib), with its stacks if they are of that poll."""
+    if state.raw_z is None or state.raw_ns is None:
+        return None
+    stacks = state.stacks if state.stacks_for_ns == state.raw_ns else None
+    piece = wire.snapshot_piece_bytes(state.rank, state.raw_ns, f"socket:{state.socket_path}", stacks,
+                                      zlib.decompress(state.raw_z))
+    return zlib.compress(piece, 1)
+
+
+def newest_entries(piece_z: bytes, last: int) -> bytes:
+    """`?entries=N`: keep each rank's newest N recorder entries (a hang is decided by the newest ones;
+    the operator keeps no more than that, so sending the whole ring is wasted work at 1,024 ranks)."""
+    piece = zlib.decompress(piece_z)
+    try:
+        obj = json.loads(piece)
+    except ValueError:
+        return piece_z
+    trace = obj.get("trace") if isinstance(obj, dict) else None
+    if not isinstance(trace, dict):
+        return piece_z
+    entries = trace.get("entries")
+    if not isinstance(entries, list) or len(entries) <= last:
+        return piece_z
+    trace["entries"] = entries[-last:]
+    obj["entries_dropped"] = len(entries) - last
+    return zlib.compress(json.dumps(obj, separators=(",", ":")).encode(), 1)
+
+
+def assemble(head: dict[str, Any], pieces: list[tuple[int, bytes]], errors: list[SnapshotError],
+             max_bytes: int) -> tuple[bytes, bytes]:
+    """The snapshot body (docs/sidecar-api.md) and its gzip, within `max_bytes` (worker thread)."""
+    parts: list[bytes] = []
+    used = 512 + len(json.dumps(errors))
+    for rank, piece_z in pieces:
+        piece = zlib.decompress(piece_z)
+        if used + len(piece) + 1 > max_bytes:
+            error: SnapshotError = {
+                "rank": rank, "message": f"left out: the snapshot would exceed --max-snapshot-bytes "
+                                         f"({max_bytes} bytes); rank's piece is {len(piece)} bytes"}
+            errors.append(error)
+            used += len(json.dumps(error)) + 2
+            continue
+        used += len(piece) + 1
+        parts.append(piece)
+    body = wire.snapshot_envelope_bytes(head, parts, errors)
+    return body, gzip.compress(body, 6)
+
+
+class Snapshots:
+    """Renders the pod's snapshot from what the poller, the dump dir and the evidence store hold."""
+
+    def __init__(self, config: SidecarConfig, poller: Poller, tracker: StallTracker, evidence: EvidenceStore,
+                 dumps: DumpDirWatcher | None, metrics: SidecarMetrics) -> None:
+        self.config = config
+        self.poller = poller
+        self.tracker = tracker
+        self.evidence = evidence
+        self.dumps = dumps
+        self.metrics = metrics
+        self.stale_captures: set[int] = set()  # captured_at_ns of captures no longer current
+
+    def head(self, reason: str, now_ns: int) -> dict[str, Any]:
+        return wire.snapshot_head(pod=self.config.pod, namespace=self.config.namespace, node=self.config.node,
+                                  captured_at_ns=now_ns, reason=reason)
+
+    def current_capture(self) -> Capture | None:
+        """The newest stall capture while it is still the truth: none of the groups stalled at capture
+        time has enqueued a collective since (gloo retires a failed collective, which looks like
+        progress; a new enqueue does not happen after a failure)."""
+        capture = self.evidence.latest()
+        if capture is None or capture.captured_at_ns in self.stale_captures:
+            return None
+        for (rank, pg), seq in capture.stalled_groups.items():
+            state = self.tracker.groups.get((rank, pg))
+            if state is not None and (state.sample.last_enqueued_seq or 0) != seq:
+                self.stale_captures.add(capture.captured_at_ns)
+                return None
+        return capture
+
+    async def capture(self, reason: str, with_stacks: int) -> Capture:
+        """This round's recorders (and the stacks just taken of `with_stacks` ranks) as one capture,
+        kept in memory and on disk."""
+        ranks = self.poller.ranks
+        now_ns = self.poller.last_round_ns or time.time_ns()
+        states = [s for s in ranks.values() if s.raw_z is not None]
+
+        def build() -> dict[int, bytes]:
+            out: dict[int, bytes] = {}
+            for state in states:
+                piece = live_piece(state)
+                if piece is not None:
+                    out[state.rank] = piece
+            return out
+
+        pieces = await asyncio.to_thread(build)
+        errors: list[SnapshotError] = [
+            {"rank": s.rank, "message": s.error} for s in ranks.values() if not s.up and s.error
+        ]
+        head = self.head(reason, now_ns)
+        _body, body_gz = await asyncio.to_thread(
+            assemble, head, sorted(pieces.items()), errors, self.config.max_snapshot_bytes
+        )
+        stalled = {
+            (g.rank, g.sample.pg): g.sample.last_enqueued_seq or 0 for g in self.tracker.stalled
+        }
+        capture = Capture(reason, now_ns, pieces, body_gz, stalled)
+        written = await asyncio.to_thread(self.evidence.write, capture)
+        if not written:
+            self.metrics.evidence_write_errors.inc()
+        self.metrics.show_evidence(self.evidence)
+        self.metrics.dumps_collected.labels(kind="stall_capture").inc(len(pieces))
+        log.warning(
+            "captured recorders of %d rank(s) and stacks of %d at the %s (%d bytes compressed)%s",
+            len(pieces), with_stacks, reason, len(body_gz),
+            f"; kept in {capture.path}" if capture.path else "; kept in memory",
+        )
+        return capture
+
+    def _choose(self, prefer_live: bool) -> tuple[list[tuple[int, bytes | RankState]], list[SnapshotError], bool]:
+        """Per rank, the best evidence: a dump file newer than anything else; else the current stall
+        capture; else the last good poll. Returns (pieces or states to render, errors, from_capture)."""
+        ranks = self.poller.ranks
+        capture = None if prefer_live else self.current_capture()
+        by_rank = self.dumps.by_rank() if self.dumps is not None else {}
+        chosen: list[tuple[int, bytes | RankState]] = []
+        errors: list[SnapshotError] = []
+        used_capture = False
+        for rank in sorted(set(ranks) | set(by_rank) | (set(capture.pieces) if capture else set())):
+            state = ranks.get(rank)
+            dump = by_rank.get(rank)
+            in_capture = capture is not None and rank in capture.pieces
+            live_ns = state.raw_ns if state is not None and state.raw_z is not None else None
+            best_other_ns = capture.captured_at_ns if in_capture and capture else live_ns
+            if dump is not None and dump.piece is not None and (best_other_ns is None or dump.mtime_ns > best_other_ns):
+                chosen.append((rank, dump.piece))
+            elif in_capture and capture is not None:
+                chosen.append((rank, capture.pieces[rank]))
+                used_capture = True
+            elif state is not None and state.raw_z is not None:
+                chosen.append((rank, state))
+            if state is not None and not state.up and state.error:
+                errors.append({"rank": rank, "message": state.error})
+        if self.dumps is not None:
+            for item in self.dumps.files.values():
+                if item.state == "rejected":
+                    errors.append({"rank": item.rank, "message": f"{item.path}: {item.error}"})
+        return chosen, errors, used_capture
+
+    async def render(
+        self, reason: str, *, prefer_live: bool = False, last_entries: int | None = None
+    ) -> tuple[bytes, bytes, str]:
+        """(body, its gzip, the reason it carries): `poll` becomes `stall` when a capture is served."""
+        chosen, errors, used_capture = self._choose(prefer_live)
+        if used_capture and reason == "poll":
+            reason = "stall"
+        head = self.head(reason, self.poller.last_round_ns or time.time_ns())
+        if not chosen and not self.poller.ranks:
+            # A sidecar restarted after the trainer died: serve the newest capture it kept on disk.
+            on_disk = await asyncio.to_thread(self.evidence.read_latest_from_disk)
+            if on_disk is not None:
+                return await asyncio.to_thread(gzip.decompress, on_disk), on_disk, "stall"
+
+        def render() -> tuple[bytes, bytes]:
+            pieces: list[tuple[int, bytes]] = []
+            for rank, item in chosen:
+                piece = item if isinstance(item, bytes) else live_piece(item)
+                if piece is not None:
+                    if last_entries is not None:
+                        piece = newest_entries(piece, last_entries)
+                    pieces.append((rank, piece))
+            return assemble(head, pieces, errors, self.config.max_snapshot_bytes)
+
+        body, body_gz = await asyncio.to_thread(render)
+        return body, body_gz, reason
+
+    async def render_gz(self, reason: str) -> bytes:
+        return (await self.render(reason))[1]

@@ -1,0 +1,72 @@
+"""The `/v1/status` document (frscope.wire.StatusDoc): per rank and group progress, dump files and
+evidence, cheap enough for the operator to poll every pod at a bounded rate."""
+
+from __future__ import annotations
+
+from frscope import wire
+from frscope.sidecar.config import SidecarConfig
+from frscope.sidecar.dumpdir import DumpDirWatcher
+from frscope.sidecar.evidence import EvidenceStore
+from frscope.sidecar.progress import StallTracker
+from frscope.sidecar.ranks import RankState
+from frscope.wire import DumpFileDoc, GroupStatusDoc, RankStatusDoc, StatusDoc
+
+
+def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker: StallTracker,
+                    evidence: EvidenceStore, dumps: DumpDirWatcher | None, last_round_ns: int | None,
+                    now_ns: int) -> StatusDoc:
+    by_rank: dict[str, RankStatusDoc] = {}
+    for rank, state in sorted(ranks.items()):
+        groups: dict[str, GroupStatusDoc] = {}
+        for pg, group in sorted(tracker.for_rank(rank).items()):
+            sample = group.sample
+            age = group.inflight_age_s(now_ns)
+            groups[pg] = {
+                "desc": sample.desc,
+                "last_enqueued_seq": sample.last_enqueued_seq,
+                "last_completed_seq": sample.last_completed_seq,
+                "inflight_op": sample.inflight_op,
+                "inflight_seq": sample.inflight_seq,
+                "inflight_age_s": round(age, 3) if age is not None else None,
+                "stalled": group.stalled,
+                "stalled_since_ns": group.stalled_since_ns,
+                "no_progress_s": round((now_ns - group.progress_ns) / 1e9, 3),
+                "stall_threshold_s": group.threshold_s,
+            }
+        by_rank[str(rank)] = {
+            "up": state.up,
+            "error": state.error,
+            "last_poll_ns": state.last_poll_ns,
+            "last_ok_ns": state.last_ok_ns,
+            "recorder_ns": state.raw_ns,
+            "progress_probe": (state.probe[0] or None) if state.probe is not None else None,
+            "groups": groups,
+        }
+    capture = evidence.latest()
+    dump_files: list[DumpFileDoc] = []
+    if dumps is not None:
+        dump_files = [
+            {"path": str(f.path), "rank": f.rank, "state": f.state, "entries": f.entries, "error": f.error}
+            for f in sorted(dumps.files.values(), key=lambda f: str(f.path))
+        ]
+    return {
+        "schema": wire.STATUS_SCHEMA,
+        "pod": config.pod,
+        "namespace": config.namespace,
+        "node": config.node,
+        "captured_at_ns": last_round_ns or now_ns,
+        "stalled": any(g.stalled for g in tracker.groups.values()),
+        "ranks": by_rank,
+        "dump_dir": {
+            "path": str(config.dump_dir) if config.dump_dir else None,
+            "exists": dumps.exists if dumps is not None else None,
+            "files": dump_files,
+        },
+        "evidence": {
+            "dir": str(config.evidence_dir) if config.evidence_dir else None,
+            "captures_in_memory": len(evidence.memory),
+            "files_on_disk": len(evidence.on_disk),
+            "latest_capture_ns": capture.captured_at_ns if capture else None,
+            "last_error": evidence.last_error,
+        },
+    }

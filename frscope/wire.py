@@ -1,0 +1,263 @@
+"""The sidecar <-> operator wire format (docs/sidecar-api.md), in one place.
+
+Three documents travel between frscope's parts, and this module is the only one that spells them:
+
+- the **snapshot piece**: one rank's recorder with its capture metadata
+  (``{"frscope_snapshot": 1, "rank", "captured_at_ns", "source", "stacks", "trace"}``); the sidecar
+  serves it, the demo writes it as ``rank-<r>.json``, frscope.records reads it like a torch dump;
+- the **snapshot envelope** (``frscope.sidecar.snapshot/v1``): a pod's pieces plus per-rank errors,
+  served at ``/v1/snapshot``, pushed to the operator's ``/v1/push`` and kept on disk by the sidecar;
+- the **status document** (``frscope.sidecar.status/v1``): per rank and group progress, ``/v1/status``.
+
+Writers (the sidecar, the demo) and readers (the operator, the CLI, frscope.records) import the
+names, builders and parsers below, so a field renamed here is renamed for all of them. Pure: no I/O,
+no frscope imports, nothing but the standard library (import-linter keeps it so).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+STATUS_SCHEMA = "frscope.sidecar.status/v1"
+SNAPSHOT_SCHEMA = "frscope.sidecar.snapshot/v1"
+# The key that marks a snapshot piece, and its format number (its value).
+SNAPSHOT_KEY = "frscope_snapshot"
+SNAPSHOT_FORMAT = 1
+SNAPSHOT_PIECE_KEYS = frozenset({SNAPSHOT_KEY, "rank", "captured_at_ns", "source", "stacks", "trace"})
+
+
+class WireError(ValueError):
+    """A document is not what this module's schema says (the message says which part)."""
+
+
+# -- the snapshot piece (one rank) -------------------------------------------------------------------
+
+
+def snapshot_piece(rank: int, captured_at_ns: int, source: str, stacks: str | None, trace: Any) -> dict[str, Any]:
+    """One rank's snapshot piece as a JSON-ready dict; `trace` is the recorder as torch wrote it."""
+    return {
+        SNAPSHOT_KEY: SNAPSHOT_FORMAT,
+        "rank": rank,
+        "captured_at_ns": captured_at_ns,
+        "source": source,
+        "stacks": stacks,
+        "trace": trace,
+    }
+
+
+def snapshot_piece_bytes(rank: int, captured_at_ns: int, source: str, stacks: str | None,
+                         trace_json: bytes) -> bytes:
+    """The same piece as JSON bytes, `trace_json` spliced in as is (never decoded again: the sidecar
+    keeps recorders as the bytes torch answered)."""
+    head = snapshot_piece(rank, captured_at_ns, source, stacks, None)
+    del head["trace"]
+    return json.dumps(head)[:-1].encode() + b', "trace": ' + trace_json + b"}"
+
+
+def is_snapshot_piece(raw: Any) -> bool:
+    return isinstance(raw, dict) and SNAPSHOT_KEY in raw and "trace" in raw
+
+
+def unwrap_snapshot(raw: Any) -> tuple[Any, dict[str, Any]]:
+    """(recorder, capture metadata): frscope's snapshot pieces wrap the recorder; torch's dumps do not."""
+    if is_snapshot_piece(raw):
+        meta = {k: v for k, v in raw.items() if k != "trace"}
+        return raw["trace"], meta
+    return raw, {}
+
+
+# -- the snapshot envelope (one pod) -----------------------------------------------------------------
+
+
+class SnapshotError(TypedDict):
+    """A rank the envelope has no piece for, and why (rank None: not tied to one rank)."""
+
+    rank: int | None
+    message: str
+
+
+def snapshot_head(*, pod: str, namespace: str, node: str, captured_at_ns: int, reason: str) -> dict[str, Any]:
+    """The envelope's fields before `ranks` and `errors` (`reason`: poll, stall, refresh, dump, exit)."""
+    return {
+        "schema": SNAPSHOT_SCHEMA,
+        "pod": pod,
+        "namespace": namespace,
+        "node": node,
+        "captured_at_ns": captured_at_ns,
+        "reason": reason,
+    }
+
+
+def snapshot_envelope_bytes(head: dict[str, Any], pieces: list[bytes], errors: list[SnapshotError]) -> bytes:
+    """The envelope as JSON bytes: `head`, then the pieces (JSON bytes, spliced in), then the errors."""
+    return (
+        json.dumps(head)[:-1].encode()
+        + b', "ranks": [' + b",".join(pieces) + b'], "errors": ' + json.dumps(errors).encode() + b"}"
+    )
+
+
+def is_snapshot_envelope(obj: Any) -> bool:
+    return isinstance(obj, dict) and obj.get("schema") == SNAPSHOT_SCHEMA
+
+
+@dataclass(slots=True)
+class SidecarSnapshot:
+    """One pod's snapshot envelope, read. `ranks` are snapshot pieces, undecoded further."""
+
+    pod: str
+    namespace: str
+    captured_at_ns: int | None
+    reason: str
+    ranks: list[dict[str, Any]]
+    errors: list[tuple[int | None, str]] = field(default_factory=list)
+    size_bytes: int = 0
+
+
+def parse_snapshot(obj: Any, size_bytes: int = 0) -> SidecarSnapshot:
+    """Validate the envelope (each piece is checked later, by frscope.records). WireError if not one."""
+    if not is_snapshot_envelope(obj):
+        raise WireError(f"snapshot: not a {SNAPSHOT_SCHEMA} object")
+    ranks = obj.get("ranks")
+    if not isinstance(ranks, list):
+        raise WireError("snapshot: 'ranks' is not a list")
+    errors: list[tuple[int | None, str]] = []
+    for err in obj.get("errors") or []:
+        if isinstance(err, dict):
+            errors.append((_int(err.get("rank")), str(err.get("message") or "")[:500]))
+    return SidecarSnapshot(
+        pod=str(obj.get("pod") or ""), namespace=str(obj.get("namespace") or ""),
+        captured_at_ns=_int(obj.get("captured_at_ns")), reason=str(obj.get("reason") or ""),
+        ranks=[r for r in ranks if isinstance(r, dict)], errors=errors, size_bytes=size_bytes,
+    )
+
+
+# -- the status document -----------------------------------------------------------------------------
+
+
+class GroupStatusDoc(TypedDict):
+    desc: str
+    last_enqueued_seq: int | None
+    last_completed_seq: int | None
+    inflight_op: str | None
+    inflight_seq: int | None
+    inflight_age_s: float | None
+    stalled: bool
+    stalled_since_ns: int | None
+    no_progress_s: float
+    stall_threshold_s: float
+
+
+class RankStatusDoc(TypedDict):
+    up: bool
+    error: str | None
+    last_poll_ns: int | None
+    last_ok_ns: int | None
+    recorder_ns: int | None
+    progress_probe: str | None
+    groups: dict[str, GroupStatusDoc]
+
+
+class DumpFileDoc(TypedDict):
+    path: str
+    rank: int | None
+    state: str
+    entries: int
+    error: str | None
+
+
+class DumpDirDoc(TypedDict):
+    path: str | None
+    exists: bool | None
+    files: list[DumpFileDoc]
+
+
+class EvidenceDoc(TypedDict):
+    dir: str | None
+    captures_in_memory: int
+    files_on_disk: int
+    latest_capture_ns: int | None
+    last_error: str | None
+
+
+class StatusDoc(TypedDict):
+    schema: str
+    pod: str
+    namespace: str
+    node: str
+    captured_at_ns: int
+    stalled: bool
+    ranks: dict[str, RankStatusDoc]
+    dump_dir: DumpDirDoc
+    evidence: EvidenceDoc
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStall:
+    rank: int
+    group: str
+    desc: str
+    op: str | None
+    seq: int | None
+    age_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class RankUp:
+    """One rank as the sidecar last polled it: `up` (answered), else `error` (why not)."""
+
+    rank: int
+    up: bool
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarStatus:
+    pod: str
+    namespace: str
+    stalled: bool
+    stalls: tuple[GroupStall, ...]
+    ranks_up: int
+    ranks_down: int
+    ranks: tuple[RankUp, ...] = ()  # per rank, by rank (the web UI's per-rank status)
+
+
+def parse_status(obj: Any) -> SidecarStatus:
+    """What the operator needs of a status document (stalled groups, ranks up). WireError if not one."""
+    if not isinstance(obj, dict) or obj.get("schema") != STATUS_SCHEMA:
+        raise WireError(f"/v1/status: not a {STATUS_SCHEMA} object")
+    stalls: list[GroupStall] = []
+    per_rank: list[RankUp] = []
+    up = down = 0
+    ranks = obj.get("ranks")
+    for rank_text, rank_obj in (ranks.items() if isinstance(ranks, dict) else []):
+        if not isinstance(rank_obj, dict):
+            continue
+        if rank_obj.get("up"):
+            up += 1
+        else:
+            down += 1
+        try:
+            rank = int(rank_text)
+        except ValueError:
+            continue
+        error = rank_obj.get("error")
+        per_rank.append(RankUp(rank, bool(rank_obj.get("up")), str(error)[:200] if error else None))
+        groups = rank_obj.get("groups")
+        for group, g in (groups.items() if isinstance(groups, dict) else []):
+            if isinstance(g, dict) and g.get("stalled"):
+                age = g.get("inflight_age_s")
+                stalls.append(GroupStall(rank, str(group), str(g.get("desc") or ""),
+                                         str(g["inflight_op"]) if g.get("inflight_op") else None,
+                                         _int(g.get("inflight_seq")),
+                                         float(age) if isinstance(age, (int, float)) else None))
+    return SidecarStatus(
+        pod=str(obj.get("pod") or ""), namespace=str(obj.get("namespace") or ""),
+        stalled=bool(obj.get("stalled")) or bool(stalls), stalls=tuple(stalls), ranks_up=up, ranks_down=down,
+        ranks=tuple(sorted(per_rank, key=lambda r: r.rank)),
+    )
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

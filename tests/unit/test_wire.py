@@ -1,0 +1,64 @@
+"""frscope.wire: the documents the sidecar writes are the ones the operator and frscope.records read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from frscope import wire
+from frscope.records import normalize_dump
+from tests.unit import builders as b
+
+
+def test_piece_bytes_and_dict_are_the_same_document_and_records_reads_it() -> None:
+    trace = b.dump([b.entry(1), b.entry(2)], world=2)
+    as_dict = wire.snapshot_piece(1, b.T0, "socket:/run/rank-1.sock", "Thread 0x1 (most recent call first):", trace)
+    as_bytes = wire.snapshot_piece_bytes(1, b.T0, "socket:/run/rank-1.sock", "Thread 0x1 (most recent call first):",
+                                         json.dumps(trace).encode())
+    assert json.loads(as_bytes) == json.loads(json.dumps(as_dict))
+    assert set(as_dict) == wire.SNAPSHOT_PIECE_KEYS
+    dump = normalize_dump(json.loads(as_bytes), "piece", None)
+    assert dump.rank == 1 and dump.captured_at_ns == b.T0 and len(dump.entries) == 2 and dump.stacks
+
+
+def test_envelope_round_trip_keeps_pieces_and_errors() -> None:
+    head = wire.snapshot_head(pod="w-0", namespace="ml", node="n1", captured_at_ns=5, reason="stall")
+    piece = wire.snapshot_piece_bytes(0, 5, "file:/d/rank_0", None, b'{"entries": []}')
+    body = wire.snapshot_envelope_bytes(head, [piece], [{"rank": 1, "message": "socket gone"}])
+    snap = wire.parse_snapshot(json.loads(body), size_bytes=len(body))
+    assert (snap.pod, snap.namespace, snap.reason, snap.captured_at_ns) == ("w-0", "ml", "stall", 5)
+    assert snap.ranks[0]["rank"] == 0 and snap.errors == [(1, "socket gone")] and snap.size_bytes == len(body)
+
+
+@pytest.mark.parametrize("obj", [{"schema": "frscope.sidecar.status/v1", "ranks": []}, [], {"ranks": []}])
+def test_a_document_that_is_not_an_envelope_is_refused_by_name(obj: object) -> None:
+    with pytest.raises(wire.WireError, match="not a frscope.sidecar.snapshot/v1 object"):
+        wire.parse_snapshot(obj)
+
+
+def test_status_document_parses_into_stalls_and_ranks() -> None:
+    group: wire.GroupStatusDoc = {
+        "desc": "default_pg", "last_enqueued_seq": 9, "last_completed_seq": 8, "inflight_op": "all_reduce",
+        "inflight_seq": 9, "inflight_age_s": 74.2, "stalled": True, "stalled_since_ns": 1,
+        "no_progress_s": 74.2, "stall_threshold_s": 60.0,
+    }
+    doc: wire.StatusDoc = {
+        "schema": wire.STATUS_SCHEMA, "pod": "w-0", "namespace": "ml", "node": "n1", "captured_at_ns": 2,
+        "stalled": True,
+        "ranks": {
+            "3": {"up": True, "error": None, "last_poll_ns": 2, "last_ok_ns": 2, "recorder_ns": 2,
+                  "progress_probe": None, "groups": {"0": group}},
+            "4": {"up": False, "error": "connect refused", "last_poll_ns": 2, "last_ok_ns": None,
+                  "recorder_ns": None, "progress_probe": None, "groups": {}},
+        },
+        "dump_dir": {"path": None, "exists": None, "files": []},
+        "evidence": {"dir": None, "captures_in_memory": 0, "files_on_disk": 0, "latest_capture_ns": None,
+                     "last_error": None},
+    }
+    status = wire.parse_status(json.loads(json.dumps(doc)))
+    assert status.stalled and (status.ranks_up, status.ranks_down) == (1, 1)
+    assert status.stalls == (wire.GroupStall(3, "0", "default_pg", "all_reduce", 9, 74.2),)
+    assert status.ranks == (wire.RankUp(3, True), wire.RankUp(4, False, "connect refused"))
+    with pytest.raises(wire.WireError, match="not a frscope.sidecar.status/v1 object"):
+        wire.parse_status({"schema": wire.SNAPSHOT_SCHEMA})
