@@ -6,6 +6,7 @@ update handlers, so kopf never patches these objects), a login handler, and the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import kopf
@@ -16,10 +17,10 @@ from frscope.operator.webhook import WEBHOOK_ID, InjectionConfig, mutate
 
 
 def register_watchers(registry: kopf.OperatorRegistry, controller: Controller,
-                      connection: kopf.ConnectionInfo) -> None:
+                      relogin: Callable[[], kopf.ConnectionInfo]) -> None:
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return connection
+        return relogin()
 
     @kopf.on.event(names.JOB_GROUP, names.JOB_VERSION, names.JOB_PLURAL, registry=registry)
     async def job_event(event: kopf.RawEvent, **_: Any) -> None:

@@ -44,6 +44,11 @@ SIDECAR_CONTAINER: Final = "frscope-sidecar"
 SIDECAR_PORT_NAME: Final = "frscope"
 SIDECAR_VOLUME: Final = "frscope"
 
+# Audiences of the service-account tokens between the sidecars and the operator: a token made for one
+# direction is refused in the other, and neither is accepted by the API server itself.
+AUDIENCE_OPERATOR: Final = "frscope.io/operator"  # what a sidecar presents when it pushes
+AUDIENCE_SIDECAR: Final = "frscope.io/sidecar"  # what the operator presents to the sidecars
+
 # Event source and field manager.
 COMPONENT: Final = "frscope-operator"
 
