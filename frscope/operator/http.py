@@ -101,9 +101,18 @@ class OperatorHttp:
             log.warning("push refused (%d): %s", exc.status, exc.message)
             headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
             return web.json_response({"error": exc.message}, status=exc.status, headers=headers)
-        # Authenticated pods speak for themselves only: their token names them, whatever the headers say.
-        pod = caller.pod or request.headers.get("X-Frscope-Pod")
-        namespace = caller.namespace or request.headers.get("X-Frscope-Namespace")
+        # An authenticated pod speaks for itself only: its token names it; headers that name another
+        # pod are refused (and the body's own pod/namespace fields are overridden).
+        claimed = (request.headers.get("X-Frscope-Namespace"), request.headers.get("X-Frscope-Pod"))
+        if caller.pod is not None and any(c and c != t for c, t in zip(claimed, (caller.namespace, caller.pod),
+                                                                       strict=True)):
+            self._metrics.pushes.labels(result="rejected").inc()
+            message = (f"the token is for pod {caller.namespace}/{caller.pod}; a pod may push only its own "
+                       f"evidence (the push names {claimed[0] or '?'}/{claimed[1] or '?'})")
+            log.warning("push refused (403): %s", message)
+            return web.json_response({"error": message}, status=403)
+        namespace = caller.namespace or claimed[0]
+        pod = caller.pod or claimed[1]
         try:
             raw = await request.read()  # aiohttp has already undone Content-Encoding: gzip
         except web.HTTPRequestEntityTooLarge:
@@ -123,7 +132,8 @@ class OperatorHttp:
         self._metrics.pushes.labels(result="accepted").inc()
         log.info("push from %s/%s by %s (%s, ranks %s, job %s)", evidence.namespace, evidence.pod, caller.who,
                  evidence.reason, list(evidence.ranks), job or "unknown")
-        return web.json_response({"accepted": True, "job": str(job) if job else None}, status=202)
+        return web.json_response({"accepted": True, "pod": f"{evidence.namespace}/{evidence.pod}",
+                                  "job": str(job) if job else None}, status=202)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> int:
