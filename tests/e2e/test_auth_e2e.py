@@ -1,0 +1,259 @@
+"""Authentication and least privilege against the real API server (testenv):
+
+- pushes to the operator are let in only with the pushing pod's own projected service-account token
+  for the operator's audience (TokenReview); the pod and namespace come from the token;
+- the web UI needs a token the API server accepts and `get pytorchjobs` in the job's namespace;
+- the operator's API credentials rotate: a token file re-read per request and after a 401, per kopf
+  login;
+- `kubectl auth can-i` as the chart's operator account: no write on PyTorchJobs but their status.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.e2e.sa_tokens import authenticated, mint, request_token
+from tests.e2e.test_operator_e2e import (  # noqa: F401  (fixtures used by name)
+    JOB,
+    OperatorProcess,
+    chart_rbac,
+    namespace,
+    operator_kubeconfig,
+    pytorchjob,
+    report_crd,
+    set_job_conditions,
+    training_conditions,
+    wait_for,
+)
+from tests.unit.operator.fakes import StandInSidecar, real_snapshots
+
+if TYPE_CHECKING:
+    from testenv.cluster import ControlPlane
+
+pytestmark = [pytest.mark.e2e]
+
+OPERATOR_AUDIENCE = "frscope.io/operator"
+ACCOUNT = "system:serviceaccount:{ns}:frscope-operator"
+
+
+def http(method: str, url: str, *, token: str | None = None, body: bytes | None = None,
+         headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    req = urllib.request.Request(url, data=body, method=method, headers=dict(headers or {}))
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            status, raw = r.status, r.read()
+    except urllib.error.HTTPError as e:
+        status, raw = e.code, e.read()
+        e.close()
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, raw.decode(errors="replace")
+
+
+def training_pod(kube: ControlPlane, namespace: str, name: str, account: str) -> None:
+    """A pod object of the job, running as `account` (no kubelet: the token binding only needs the object)."""
+    kube.apply({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": namespace,
+                             "labels": {"training.kubeflow.org/job-name": JOB,
+                                        "training.kubeflow.org/replica-type": "worker"}},
+                "spec": {"serviceAccountName": account,
+                         "containers": [{"name": "pytorch", "image": "registry.invalid/train:1"}]}})
+
+
+@pytest.fixture
+def running_operator(kube: ControlPlane, namespace: str, operator_kubeconfig: Path,
+                     tmp_path: Path) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(kube, operator_kubeconfig, tmp_path / "operator.log",
+                           ["--poll-interval", "30", "--ui-auth", "kubernetes"])
+    try:
+        proc.wait_ready()
+        yield proc
+    finally:
+        proc.stop()
+
+
+# -- least privilege -------------------------------------------------------------------------------
+def test_the_operator_account_may_write_only_the_jobs_status(kube: ControlPlane, report_crd: str, namespace: str,
+                                                               operator_kubeconfig: Path) -> None:
+    who = ACCOUNT.format(ns=namespace)
+
+    def can(*args: str) -> bool:
+        out = kube.kubectl("auth", "can-i", *args, f"--as={who}", check=False)
+        return out.stdout.strip() == "yes"
+
+    assert can("watch", "pytorchjobs.kubeflow.org", "-n", namespace)
+    assert can("get", "pytorchjobs.kubeflow.org", "-n", namespace)
+    assert can("patch", "pytorchjobs.kubeflow.org", "--subresource=status", "-n", namespace)
+    for verb in ("patch", "update", "create", "delete"):
+        assert not can(verb, "pytorchjobs.kubeflow.org", "-n", namespace), verb
+    assert not can("update", "pytorchjobs.kubeflow.org", "--subresource=status", "-n", namespace)
+    assert can("create", "tokenreviews.authentication.k8s.io")
+    assert can("create", "subjectaccessreviews.authorization.k8s.io")
+    assert can("create", "flightrecorderreports.frscope.io", "-n", namespace)
+    assert not can("get", "secrets", "-n", namespace)
+    assert not can("create", "serviceaccounts/token", "-n", namespace)
+    assert not can("patch", "pods", "-n", namespace)
+
+
+# -- pushes ----------------------------------------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_pushes_need_the_pods_own_token(kube: ControlPlane, report_crd: str, namespace: str,
+                                        running_operator: OperatorProcess) -> None:
+    kube.apply(pytorchjob(namespace))
+    kube.kubectl("create", "serviceaccount", "trainer", "-n", namespace)
+    training_pod(kube, namespace, "train-worker-0", "trainer")
+    training_pod(kube, namespace, "train-worker-1", "trainer")
+    ranks = real_snapshots("hang")
+    body = gzip.compress(json.dumps(StandInSidecar("train-worker-0", {0: ranks[0], 1: ranks[1]}).snapshot_obj()
+                                    | {"reason": "stall"}).encode())
+    url = running_operator.url + "/v1/push"
+
+    def push(token: str | None, **claims: str) -> tuple[int, Any]:
+        headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+        headers.update({f"X-Frscope-{k.capitalize()}": v for k, v in claims.items()})
+        return http("POST", url, token=token, body=body, headers=headers)
+
+    right = request_token(kube, namespace, "trainer", audience=OPERATOR_AUDIENCE, pod="train-worker-0")
+    status, answer = push(right)
+    assert status == 202, answer
+    assert answer["pod"] == f"{namespace}/train-worker-0"  # from the token (the headers named nobody)
+
+    # No token; the API server's own audience; no pod binding; another pod's identity; the headers of
+    # kube-system: all refused.
+    assert push(None)[0] == 401
+    api_audience = request_token(kube, namespace, "trainer", pod="train-worker-0")
+    assert authenticated(kube, api_audience) == 200  # a good token, for another audience
+    status, answer = push(api_audience)
+    assert status == 401 and OPERATOR_AUDIENCE in answer["error"], answer
+    unbound = request_token(kube, namespace, "trainer", audience=OPERATOR_AUDIENCE)
+    status, answer = push(unbound)
+    assert status == 403 and "not a pod's service account" in answer["error"], answer
+    status, answer = push(right, pod="train-worker-1", namespace=namespace)
+    assert status == 403 and "may push only its own" in answer["error"], answer
+    assert push(right, pod="kube-apiserver", namespace="kube-system")[0] == 403
+    assert push(right, pod="train-worker-0", namespace=namespace)[0] == 202  # naming itself is fine
+
+    # A token that expires: accepted while it lives, refused once it expired.
+    short = mint(kube, namespace, "trainer", lifetime_s=6, audience=OPERATOR_AUDIENCE, pod="train-worker-1")
+    status, answer = push(short)
+    assert status == 202 and answer["pod"] == f"{namespace}/train-worker-1", answer
+    expired = mint(kube, namespace, "trainer", lifetime_s=60, audience=OPERATOR_AUDIENCE, pod="train-worker-1",
+                   issued_ago_s=120)
+    status, answer = push(expired)
+    assert status == 401 and "expired" in answer["error"], answer
+
+    # The pod goes: its token goes with it.
+    late = mint(kube, namespace, "trainer", lifetime_s=600, audience=OPERATOR_AUDIENCE, pod="train-worker-0")
+    kube.kubectl("delete", "pod", "train-worker-0", "-n", namespace, "--wait=true")
+    status, answer = push(late)
+    assert status == 401, answer
+    metrics = running_operator.metrics()
+    assert 'frscope_operator_pushes_total{result="rejected"}' in metrics
+
+
+# -- the web UI ------------------------------------------------------------------------------------
+@pytest.mark.timeout(180)
+def test_the_web_ui_needs_a_token_with_access_to_the_namespace(kube: ControlPlane, namespace: str,
+                                                               running_operator: OperatorProcess) -> None:
+    kube.apply(pytorchjob(namespace))
+    set_job_conditions(kube, namespace, training_conditions("Created", "Running"))
+    base = running_operator.url
+
+    def listed(token: str | None) -> tuple[int, Any]:
+        return http("GET", base + "/ui/api/jobs", token=token)
+
+    # Probes and metrics stay open.
+    assert http("GET", base + "/healthz")[0] == 200 and http("GET", base + "/metrics")[0] == 200
+    assert listed(None)[0] == 401
+    assert listed("not-a-token")[0] == 401
+    # A reader of the namespace's PyTorchJobs sees the job.
+    kube.kubectl("create", "serviceaccount", "reader", "-n", namespace)
+    kube.kubectl("create", "role", "jobs-reader", "-n", namespace, "--verb=get,list",
+                 "--resource=pytorchjobs.kubeflow.org")
+    kube.kubectl("create", "rolebinding", "jobs-reader", "-n", namespace, "--role=jobs-reader",
+                 f"--serviceaccount={namespace}:reader")
+    reader = request_token(kube, namespace, "reader")
+    wait_for("the job listed for its reader",
+             lambda: [j["name"] for j in listed(reader)[1]["jobs"] if j["namespace"] == namespace] == [JOB], 30)
+    status, _ = http("GET", f"{base}/ui/jobs/{namespace}/{JOB}/summary", token=reader)
+    assert status == 200
+    # A valid token without any permission: the list hides the namespace, the job page is refused.
+    kube.kubectl("create", "serviceaccount", "nobody", "-n", namespace)
+    nobody = request_token(kube, namespace, "nobody")
+    status, answer = listed(nobody)
+    assert status == 200 and answer["jobs"] == [], answer
+    status, answer = http("GET", f"{base}/ui/jobs/{namespace}/{JOB}/summary", token=nobody)
+    assert status == 403 and "may not get pytorchjobs" in answer["error"], answer
+    # A token for another audience (e.g. a sidecar's) is not a user's login.
+    assert listed(request_token(kube, namespace, "reader", audience=OPERATOR_AUDIENCE))[0] == 401
+
+
+# -- credentials that rotate -----------------------------------------------------------------------
+@pytest.mark.timeout(180)
+async def test_the_operators_client_follows_a_rotated_token(kube: ControlPlane, report_crd: str, namespace: str,
+                                                            operator_kubeconfig: Path, tmp_path: Path) -> None:
+    import kopf
+
+    from frscope.operator.kube import PYTORCHJOBS, Unauthorized
+    from frscope.operator.login import login
+    from frscope.operator.runner import kube_client
+
+    kube.apply(pytorchjob(namespace))
+    token_file = tmp_path / "token"
+    first = mint(kube, namespace, "frscope-operator", lifetime_s=5)
+    token_file.write_text(first)
+    # The kubeconfig names a tokenFile, as a projected token's consumer would (client-go re-reads it too).
+    config = json.loads(operator_kubeconfig.read_text())
+    config["users"][0]["user"] = {"tokenFile": str(token_file)}
+    kubeconfig = tmp_path / "rotating.kubeconfig"
+    kubeconfig.write_text(json.dumps(config))
+    os.environ["KUBECONFIG"] = str(kubeconfig)
+    try:
+        credentials = login(kopf.OperatorSettings())
+        client = kube_client(credentials, "e2e")
+    finally:
+        os.environ.pop("KUBECONFIG", None)
+    try:
+        assert (await client.get(PYTORCHJOBS, namespace, JOB))["metadata"]["name"] == JOB
+        wait_for("the first token to expire", lambda: authenticated(kube, first) == 401, 30)
+
+        # The kubelet's rotation: a new token in the same file. The next request carries it.
+        second = mint(kube, namespace, "frscope-operator", lifetime_s=600)
+        token_file.write_text(second)
+        assert (await client.get(PYTORCHJOBS, namespace, JOB))["metadata"]["name"] == JOB
+
+        # A rotation the file's stamp does not show (same inode, size and mtime): the 401 makes the
+        # client read the file again and try once more.
+        expired = mint(kube, namespace, "frscope-operator", lifetime_s=60, issued_ago_s=120)
+        third = mint(kube, namespace, "frscope-operator", lifetime_s=600)
+        assert len(expired) == len(third)
+        token_file.write_text(expired)
+        with pytest.raises(Unauthorized):
+            await client.get(PYTORCHJOBS, namespace, JOB)  # the file itself holds an expired token
+        stamp = token_file.stat()
+        with token_file.open("r+") as f:
+            f.write(third)
+        os.utime(token_file, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+        assert token_file.stat().st_mtime_ns == stamp.st_mtime_ns and token_file.stat().st_ino == stamp.st_ino
+        assert (await client.get(PYTORCHJOBS, namespace, JOB))["metadata"]["name"] == JOB
+
+        # kopf's login handler reads the credentials again at every login (kopf calls it after a 401).
+        os.environ["KUBECONFIG"] = str(kubeconfig)
+        try:
+            assert login(kopf.OperatorSettings()).info.token == third
+        finally:
+            os.environ.pop("KUBECONFIG", None)
+    finally:
+        await client.close()
