@@ -150,6 +150,8 @@ def injection_from_env(env: Mapping[str, str]) -> InjectionConfig:
         operator_url=env.get("FRSCOPE_SIDECAR_OPERATOR_URL") or None,
         resources=resources if isinstance(resources, dict) else {},
         inject_label=(key.strip() or names.INJECT_KEY, value.strip() or "true"),
+        operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
+        token_expiration_s=int(env.get("FRSCOPE_TOKEN_EXPIRATION_SECONDS") or 3600),
     )
 
 

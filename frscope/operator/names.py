@@ -40,6 +40,7 @@ ANN_INJECTED: Final = f"{PREFIX}/injected"
 SIDECAR_CONTAINER: Final = "frscope-sidecar"
 SIDECAR_PORT_NAME: Final = "frscope"
 SIDECAR_VOLUME: Final = "frscope"
+SIDECAR_TOKEN_VOLUME: Final = "frscope-token"
 
 # Audiences of the service-account tokens between the sidecars and the operator: a token made for one
 # direction is refused in the other, and neither is accepted by the API server itself.

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 
 from frscope.analysis import op_label
 from frscope.records import DumpError, normalize_dump
+from frscope.sidecar.auth import IssuerKeys, OperatorVerifier, TokenRejected, default_api_server, push_token
 from frscope.sidecar.client import PROGRESS_PROBES, Fingerprint, WorkerClient, WorkerError
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.dumpdir import DumpDirWatcher, DumpFile, snapshot_piece
@@ -305,6 +306,10 @@ class Sidecar:
         self.port: int | None = None
         self._token: str | None = None
         self._token_mtime: int | None = None
+        self.verifier: OperatorVerifier | None = None
+        if config.operator_identity:
+            keys = IssuerKeys(config.api_server or default_api_server(), config.kube_token_dir)
+            self.verifier = OperatorVerifier(keys, config.operator_identity)
         self._socket_dir_missing_logged = False
         self._poll_lock = asyncio.Lock()
         self._parse_slot = asyncio.Semaphore(1)
@@ -333,6 +338,11 @@ class Sidecar:
     def token(self) -> str | None:
         return self._token
 
+    def _push_token(self) -> str | None:
+        if self.verifier is not None:
+            return push_token(self.config.kube_token_dir)  # the pod's own, renewed by the kubelet
+        return self._token
+
     async def start(self) -> None:
         if self.config.token_file is not None and self._token is None:
             await asyncio.to_thread(self.load_token)
@@ -349,7 +359,7 @@ class Sidecar:
         self.port = int(addresses[0][1]) if addresses else self.config.port
         if self.config.operator_url:
             self.pusher = Pusher(
-                self.config.operator_url, token=self.token, pod=self.config.pod, namespace=self.config.namespace,
+                self.config.operator_url, token=self._push_token, pod=self.config.pod, namespace=self.config.namespace,
                 timeout_s=self.config.push_timeout_s, attempts=self.config.push_attempts,
                 backoff_s=self.config.push_backoff_s, metrics=self.metrics,
             )
@@ -908,7 +918,18 @@ class Sidecar:
     async def _auth_middleware(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if self._token is None or request.path in PROBES:
+        # With Kubernetes identity /metrics stays open too (Prometheus has no operator token; the chart's
+        # NetworkPolicy says who may reach the port); with a shared token it is protected as before.
+        if request.path in PROBES or (self.verifier is not None and request.path == "/metrics"):
+            return await handler(request)
+        if self.verifier is not None:
+            try:
+                await self.verifier.check(request.headers.get("Authorization", ""))
+            except TokenRejected as exc:
+                headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+                return web.json_response({"error": exc.reason}, status=exc.status, headers=headers)
+            return await handler(request)
+        if self._token is None:
             return await handler(request)
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
