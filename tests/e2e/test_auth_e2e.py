@@ -10,9 +10,12 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import json
 import os
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -24,6 +27,7 @@ import pytest
 from tests.e2e.sa_tokens import authenticated, mint, request_token
 from tests.e2e.test_operator_e2e import (  # noqa: F401  (fixtures used by name)
     JOB,
+    ROOT,
     OperatorProcess,
     chart_rbac,
     namespace,
@@ -42,6 +46,7 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.e2e]
 
 OPERATOR_AUDIENCE = "frscope.io/operator"
+SIDECAR_AUDIENCE = "frscope.io/sidecar"
 ACCOUNT = "system:serviceaccount:{ns}:frscope-operator"
 
 
@@ -257,3 +262,88 @@ async def test_the_operators_client_follows_a_rotated_token(kube: ControlPlane, 
             os.environ.pop("KUBECONFIG", None)
     finally:
         await client.close()
+
+
+# -- the sidecar checks the operator's token offline -----------------------------------------------
+@pytest.mark.timeout(120)
+async def test_the_sidecar_accepts_the_operators_token_only(kube: ControlPlane, namespace: str,
+                                                           tmp_path: Path) -> None:
+    import aiohttp
+
+    from frscope.operator.kube import TokenFile
+    from frscope.operator.sidecars import SidecarClient, SidecarError
+
+    for account in ("operator", "trainer"):
+        kube.kubectl("create", "serviceaccount", account, "-n", namespace)
+    # The training pods' account has no permission of its own: no TokenReview for it.
+    trainer = f"system:serviceaccount:{namespace}:trainer"
+    assert kube.kubectl("auth", "can-i", "create", "tokenreviews", f"--as={trainer}",
+                        check=False).stdout.strip() == "no"
+    # What the webhook's projected volume holds (tests/unit/operator/test_webhook.py).
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    (tokens / "api-token").write_text(request_token(kube, namespace, "trainer"))
+    (tokens / "operator-token").write_text(request_token(kube, namespace, "trainer", audience=OPERATOR_AUDIENCE))
+    (tokens / "ca.crt").write_bytes(kube.ca_file.read_bytes())
+    sockets = tmp_path / "sockets"
+    sockets.mkdir()
+    port_file = tmp_path / "port"
+    log = open(tmp_path / "sidecar.log", "wb")  # closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "frscope", "sidecar", "--socket-dir", str(sockets), "--evidence-dir", "none",
+         "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file), "--pod", "train-worker-0",
+         "--namespace", namespace, "--operator-identity", f"system:serviceaccount:{namespace}:operator",
+         "--kube-token-dir", str(tokens), "--api-server", kube.server],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        port = int(wait_for("the sidecar's port", lambda: port_file.exists() and port_file.read_text().strip(), 60))
+        base = f"http://127.0.0.1:{port}"
+
+        def status(token: str | None) -> tuple[int, Any]:
+            return http("GET", base + "/v1/status", token=token)
+
+        operator_token = request_token(kube, namespace, "operator", audience=SIDECAR_AUDIENCE)
+        code, answer = status(operator_token)
+        assert code == 200 and answer["pod"] == "train-worker-0", answer
+        assert http("GET", base + "/healthz")[0] == 200 and http("GET", base + "/metrics")[0] == 200
+        refused = {
+            "no token": (status(None), 401),
+            "the API server's audience": (status(request_token(kube, namespace, "operator")), 401),
+            "the operator's own audience": (status(request_token(kube, namespace, "operator",
+                                                                  audience=OPERATOR_AUDIENCE)), 401),
+            "another account": (status(request_token(kube, namespace, "trainer", audience=SIDECAR_AUDIENCE)), 403),
+            "expired": (status(mint(kube, namespace, "operator", lifetime_s=60, audience=SIDECAR_AUDIENCE,
+                                    issued_ago_s=120)), 401),
+            "forged": (status(forged(operator_token)), 401),
+        }
+        for what, ((code, answer), expected) in refused.items():
+            assert code == expected, (what, answer)
+        # The operator's client, with its projected token file.
+        token_file = tmp_path / "operator-sidecar-token"
+        token_file.write_text(operator_token)
+        async with aiohttp.ClientSession() as session:
+            got = await SidecarClient(session, auth=TokenFile(token_file)).status(base, 10)
+            assert got.pod == "train-worker-0"
+            with pytest.raises(SidecarError, match="HTTP 401"):
+                await SidecarClient(session).status(base, 10)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
+
+
+def forged(token: str) -> str:
+    """The same header and claims, signed with a key of our own (same kid)."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
+
+    header, claims, _ = token.split(".")
+    key = ec.generate_private_key(ec.SECP256R1())
+    r, s = decode_dss_signature(key.sign(f"{header}.{claims}".encode(), ec.ECDSA(hashes.SHA256())))
+    sig = base64.urlsafe_b64encode(r.to_bytes(32, "big") + s.to_bytes(32, "big")).rstrip(b"=").decode()
+    return f"{header}.{claims}.{sig}"
