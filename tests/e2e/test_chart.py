@@ -343,7 +343,8 @@ def test_network_policy_of_the_operator_is_on_by_default(rendered: dict[str, lis
     http_rule, webhook_rule = spec["ingress"]
     assert http_rule["ports"] == [{"protocol": "TCP", "port": 8080}]
     # Pushes only from opted-in pods (of every namespace, as none is named); the webhook from anywhere.
-    assert http_rule["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {"frscope.io/inject": "true"}}}]
+    opted_in = {"matchLabels": {"frscope.io/inject": "true"}}
+    assert http_rule["from"] == [{"namespaceSelector": {}, "podSelector": opted_in}]
     assert webhook_rule == {"ports": [{"protocol": "TCP", "port": 9443}]}
     named = [p for p in of_kind(rendered["all-on"], "NetworkPolicy") if p["metadata"]["name"].endswith("-operator")]
     peers = named[0]["spec"]["ingress"][0]["from"]
