@@ -106,7 +106,7 @@ class Reviewer:
 
     async def allowed(self, who: Identity, *, verb: str, namespace: str, group: str = names.JOB_GROUP,
                       resource: str = names.JOB_PLURAL) -> bool:
-        key = hashlib.sha256(json_key(who, verb, namespace, group, resource).encode()).hexdigest()
+        key = hashlib.sha256(_access_key(who, verb, namespace, group, resource).encode()).hexdigest()
         hit, cached = self._access.get(key)
         if hit:
             return bool(cached)
@@ -125,7 +125,7 @@ class Reviewer:
         return ok
 
 
-def json_key(who: Identity, *parts: str) -> str:
+def _access_key(who: Identity, *parts: str) -> str:
     return "\0".join([who.username, who.uid, ",".join(who.groups), *parts])
 
 

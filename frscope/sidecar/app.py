@@ -364,6 +364,8 @@ class Sidecar:
                 backoff_s=self.config.push_backoff_s, metrics=self.metrics,
             )
             self._spawn(self.pusher.run(), "push")
+        if self.verifier is not None:
+            self._spawn(self.verifier.keys.refresh(), "issuer-keys")  # ready before the operator's first call
         self._spawn(self._poll_loop(), "poll")
         if self.dumps is not None:
             self._spawn(self._dump_loop(), "dump-dir")

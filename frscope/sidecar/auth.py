@@ -191,7 +191,9 @@ class IssuerKeys:
     async def refresh(self, *, force: bool = False) -> None:
         async with self._lock:
             age = time.monotonic() - self._fetched_at
-            if self.keys and (age < REFETCH_MIN_S or (not force and age < KEYS_TTL_S)):
+            if self._fetched_at and age < REFETCH_MIN_S:
+                return  # at most one fetch per REFETCH_MIN_S, whatever the callers send
+            if self.keys and not force and age < KEYS_TTL_S:
                 return
             try:
                 async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self._ssl())) as session:
