@@ -117,7 +117,9 @@ def test_operator_pod_security_is_restricted(rendered: dict[str, list[dict[str, 
         assert sc.get("privileged", False) is False
         assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     for volume in spec["volumes"]:
-        assert set(volume) & {"emptyDir", "secret"}, volume  # no hostPath
+        assert set(volume) & {"emptyDir", "secret", "projected"}, volume  # no hostPath
+        for source in volume.get("projected", {}).get("sources", []):
+            assert source["serviceAccountToken"]["audience"] == "frscope.io/sidecar"  # never the API's
 
 
 def test_webhook_is_opt_in_fails_open_and_skips_system_namespaces(

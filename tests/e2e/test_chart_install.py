@@ -394,7 +394,9 @@ def test_namespaced_install_is_limited_to_its_namespaces(helm: Helm, kube: Contr
             # kopf's namespace observer (watching a list of namespaces): read-only.
             assert _can_i(kube, user, "watch", "namespaces")
             assert not _can_i(kube, user, "create", "namespaces")
-            assert _rules_list(kube, user, other) == {CRDS: {"list", "watch"}, "namespaces": {"list", "watch"}}
+            assert _rules_list(kube, user, other) == {CRDS: {"list", "watch"}, "namespaces": {"list", "watch"},
+                                                      "tokenreviews.authentication.k8s.io": {"create"},
+                                                      "subjectaccessreviews.authorization.k8s.io": {"create"}}
             # The NetworkPolicy (endPort ranges included) is accepted in each training namespace.
             for ns in (team_a, team_b):
                 policy = _get(kube, "networkpolicy", f"{install.release}-frscope-sidecar", "-n", ns)
