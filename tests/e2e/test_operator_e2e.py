@@ -339,7 +339,8 @@ def test_a_real_hang_is_diagnosed_into_the_job(kube: ControlPlane, report_crd: s
         annotations = job["metadata"].get("annotations", {})
         assert not [k for k in annotations if "kopf" in k or k.startswith("frscope.io/")], annotations
         assert not job["metadata"].get("finalizers")
-        ours = [f for f in job["metadata"]["managedFields"] if f["manager"] == "frscope-operator"]
+        managed = kube.kubectl_json("get", "pytorchjob", JOB, "-n", namespace, "--show-managed-fields")
+        ours = [f for f in managed["metadata"]["managedFields"] if f["manager"] == "frscope-operator"]
         assert ours and all(f.get("subresource") == "status" for f in ours), ours
         [listed] = reports()
         report_name = listed["metadata"]["name"]
