@@ -524,7 +524,8 @@ def test_webhook_injects_the_sidecar_through_the_api_server(kube: ControlPlane, 
     ca = make_serving_cert(tmp_path / "tls")
     port = free_port()
     env = {"FRSCOPE_SIDECAR_IMAGE": "registry.invalid/frscope:e2e", "FRSCOPE_SIDECAR_PORT": "9402",
-           "FRSCOPE_RECORDER_BUFFER_SIZE": "3000", "FRSCOPE_SIDECAR_OPERATOR_URL": "http://frscope.frscope-system.svc:80"}
+           "FRSCOPE_RECORDER_BUFFER_SIZE": "3000", "FRSCOPE_SIDECAR_OPERATOR_URL": "http://frscope.frscope-system.svc:80",
+           "FRSCOPE_OPERATOR_IDENTITY": "system:serviceaccount:frscope-system:frscope"}
     args = ["--webhook-port", str(port), "--webhook-host", "127.0.0.1",
             "--webhook-cert-dir", str(tmp_path / "tls")]
     config_name = f"frscope-e2e-{namespace}"
@@ -576,6 +577,14 @@ def test_webhook_injects_the_sidecar_through_the_api_server(kube: ControlPlane, 
             assert trainer["terminationMessagePolicy"] == "FallbackToLogsOnError"
             assert any(v["name"] == "frscope" and "emptyDir" in v for v in created["spec"]["volumes"])
             assert created["metadata"]["annotations"]["frscope.io/injected"] == "native-sidecar"
+            # Kubernetes identity: the projected tokens, in the sidecar only, as the API server stored them.
+            assert "--operator-identity=system:serviceaccount:frscope-system:frscope" in sidecar["args"]
+            [tokens] = [v for v in created["spec"]["volumes"] if v["name"] == "frscope-token"]
+            audiences = [s["serviceAccountToken"].get("audience") for s in tokens["projected"]["sources"]
+                         if "serviceAccountToken" in s]
+            assert audiences == ["frscope.io/operator", None]
+            assert any(m["name"] == "frscope-token" for m in sidecar["volumeMounts"])
+            assert not any(m["name"] == "frscope-token" for m in trainer.get("volumeMounts", []))
 
             plain = kube.kubectl_json("create", "-f", "-", input=json.dumps(pod("not-opted-in", False)))
             assert "initContainers" not in plain["spec"] and "annotations" not in plain["metadata"]
