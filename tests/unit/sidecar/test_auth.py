@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +15,16 @@ from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
 from cryptography.hazmat.primitives.asymmetric.utils import decode_dss_signature
 
 from frscope.operator import names
-from frscope.sidecar.auth import AUDIENCE_SIDECAR, PublicKey, TokenRejected, key_from_jwk, parse_jwt, verify
+from frscope.sidecar.auth import (
+    AUDIENCE_SIDECAR,
+    IssuerKeys,
+    OperatorVerifier,
+    PublicKey,
+    TokenRejected,
+    key_from_jwk,
+    parse_jwt,
+    verify,
+)
 
 ISSUER = "https://kubernetes.default.svc"
 OPERATOR = "system:serviceaccount:frscope:frscope"
@@ -118,3 +128,28 @@ def test_forged_and_malformed_tokens_are_refused(ec_key: ec.EllipticCurvePrivate
     edited = f"{header}.{b64(json.dumps(claims(sub='system:serviceaccount:x:y')).encode())}.{sig}"
     with pytest.raises(TokenRejected):
         check(edited, keys)
+
+
+async def test_the_verifier_remembers_a_passed_token_until_it_expires(
+        ec_key: ec.EllipticCurvePrivateKey, rsa_key: rsa.RSAPrivateKey, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = IssuerKeys("https://127.0.0.1:1", tmp_path)  # nothing listens: keys are set below
+    verifier = OperatorVerifier(keys, OPERATOR)
+    with pytest.raises(TokenRejected) as unavailable:
+        await verifier.check("Bearer " + sign(ec_key, claims(), kid="ec"))
+    assert unavailable.value.status == 503
+    keys.issuer, keys.keys = ISSUER, jwks(rsa_key, ec_key)
+    token = sign(ec_key, claims(exp=int(time.time()) + 60), kid="ec")
+    await verifier.check(f"Bearer {token}")
+    calls: list[int] = []
+    monkeypatch.setattr("frscope.sidecar.auth.verify", lambda *a, **k: calls.append(1))
+    await verifier.check(f"Bearer {token}")  # remembered: no second signature check
+    assert calls == []
+    monkeypatch.undo()  # the real signature check again
+    later = time.time() + 600
+    monkeypatch.setattr("frscope.sidecar.auth.time.time", lambda: later)
+    with pytest.raises(TokenRejected, match="expired"):
+        await verifier.check(f"Bearer {token}")  # past its expiry it is checked again, and refused
+    with pytest.raises(TokenRejected) as missing:
+        await verifier.check("")
+    assert missing.value.status == 401
