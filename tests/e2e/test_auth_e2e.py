@@ -355,3 +355,49 @@ def forged(token: str) -> str:
     r, s = decode_dss_signature(key.sign(f"{header}.{claims}".encode(), ec.ECDSA(hashes.SHA256())))
     sig = base64.urlsafe_b64encode(r.to_bytes(32, "big") + s.to_bytes(32, "big")).rstrip(b"=").decode()
     return f"{header}.{claims}.{sig}"
+
+
+# -- the whole hop: a real sidecar pushes with its pod's token, the real operator takes it -------
+@pytest.mark.timeout(120)
+def test_a_sidecar_pushes_with_its_pods_token(kube: ControlPlane, namespace: str,
+                                              running_operator: OperatorProcess, tmp_path: Path) -> None:
+    import shutil
+
+    kube.kubectl("create", "serviceaccount", "trainer", "-n", namespace)
+    training_pod(kube, namespace, "train-worker-0", "trainer")
+    tokens = tmp_path / "tokens"
+    tokens.mkdir()
+    # What the kubelet projects (the webhook's volume): the pod's token for the operator's audience.
+    (tokens / "operator-token").write_text(
+        request_token(kube, namespace, "trainer", audience=OPERATOR_AUDIENCE, pod="train-worker-0"))
+    (tokens / "api-token").write_text(request_token(kube, namespace, "trainer"))
+    (tokens / "ca.crt").write_bytes(kube.ca_file.read_bytes())
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    port_file = tmp_path / "port"
+    log = open(tmp_path / "sidecar.log", "wb")  # closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "frscope", "sidecar", "--socket-dir", str(tmp_path), "--dump-dir", str(dumps),
+         "--dump-settle", "0.5", "--dump-scan-interval", "0.5", "--evidence-dir", "none", "--host", "127.0.0.1",
+         "--port", "0", "--port-file", str(port_file),
+         "--pod", "train-worker-0", "--namespace", namespace,
+         "--operator-identity", f"system:serviceaccount:{namespace}:frscope-operator",
+         "--kube-token-dir", str(tokens), "--api-server", kube.server, "--operator-url", running_operator.url],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
+    try:
+        wait_for("the sidecar's port", lambda: port_file.exists() and port_file.read_text().strip(), 60)
+        # An on-timeout dump appears: the sidecar parses it and pushes.
+        shutil.copy(ROOT / "tests" / "data" / "real" / "hang-pickle" / "nccl_trace_rank_1", dumps / "nccl_trace_rank_1")
+        wait_for("the push accepted by the operator",
+                 lambda: 'frscope_operator_pushes_total{result="accepted"} 1.0' in running_operator.metrics(), 60,
+                 diagnostics=lambda: (tmp_path / "sidecar.log").read_text(errors="replace")[-3000:])
+        assert f"push from {namespace}/train-worker-0 by system:serviceaccount:{namespace}:trainer" in (
+            running_operator.logs())
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
