@@ -1,9 +1,9 @@
 """`frscope operator` options: flags, with environment variables for what the Helm chart sets.
 
 The chart (charts/frscope/templates/deployment.yaml) passes `--namespace`, `--http-port`,
-`--webhook-port`, `--webhook-cert-dir` (tls.crt, tls.key, ca.crt), `--peering`, `--log-level` as
-flags, and the sidecar injection settings as FRSCOPE_* environment variables (listed in
-docs/operator.md).
+`--webhook-port`, `--webhook-cert-dir` (tls.crt, tls.key, ca.crt), `--peering`, `--log-level`,
+`--sidecar-auth`, `--sidecar-token-file`, `--ui-auth` as flags, and the sidecar injection settings
+as FRSCOPE_* environment variables (listed in docs/operator.md).
 """
 
 from __future__ import annotations
@@ -37,6 +37,10 @@ class WebhookConfig:
     injection: InjectionConfig = field(default_factory=InjectionConfig)
 
 
+SIDECAR_AUTH_MODES = ("kubernetes", "token", "none")
+UI_AUTH_MODES = ("kubernetes", "port-forward", "none")
+
+
 @dataclass(frozen=True, slots=True)
 class OperatorConfig:
     namespaces: tuple[str, ...] = ()  # empty: every namespace
@@ -53,7 +57,16 @@ class OperatorConfig:
     # After a gather that found nothing to report, the same job attempt is not gathered again for this long.
     cooldown_s: float = 30.0
     decode_processes: int = 0  # the CLI's default is 2
-    sidecar_token_file: Path | None = None  # bearer token for the sidecars' API; pushes must carry it too
+    # How the sidecars and the operator prove who they are (docs/operator.md, "Authentication"):
+    # 'kubernetes' (service-account tokens, audience-bound), 'token' (one shared secret), 'none'.
+    sidecar_auth: str = "kubernetes"
+    # The token shown to the sidecars: the projected token (audience frscope.io/sidecar) with
+    # 'kubernetes', the shared secret with 'token'. Re-read whenever the file changes.
+    sidecar_token_file: Path | None = None
+    # Who may use the web UI: 'kubernetes' (a bearer token, TokenReview + SubjectAccessReview `get
+    # pytorchjobs` in the job's namespace), 'port-forward' (that, or a loopback connection, which in a
+    # pod only `kubectl port-forward` can make), 'none'.
+    ui_auth: str = "port-forward"
     max_push_bytes: int = 256 * 1024 * 1024
     report_limit_bytes: int = 512 * 1024
     peering: str | None = None  # kopf peering name; None: standalone (one replica)
@@ -66,11 +79,12 @@ class OperatorConfig:
             raise ValueError("poll interval, timeout and rate must be > 0")
         if self.cooldown_s < 0 or self.stall_after_s < 0:
             raise ValueError("--cooldown and --stall-after must be >= 0")
-
-    def token(self) -> str | None:
-        if self.sidecar_token_file is None:
-            return None
-        return self.sidecar_token_file.read_text().strip() or None
+        if self.sidecar_auth not in SIDECAR_AUTH_MODES:
+            raise ValueError(f"--sidecar-auth must be one of {', '.join(SIDECAR_AUTH_MODES)}")
+        if self.ui_auth not in UI_AUTH_MODES:
+            raise ValueError(f"--ui-auth must be one of {', '.join(UI_AUTH_MODES)}")
+        if self.sidecar_auth == "token" and self.sidecar_token_file is None:
+            raise ValueError("--sidecar-auth token needs --sidecar-token-file (the shared secret)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,7 +109,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="analysis: seconds in flight before a collective counts as stuck")
     parser.add_argument("--cooldown", type=float, default=30.0,
                         help="seconds before a job attempt with nothing to report is gathered again")
-    parser.add_argument("--sidecar-token-file", type=Path, help="bearer token of the sidecars (and of pushes)")
+    parser.add_argument("--sidecar-auth", choices=SIDECAR_AUTH_MODES, default="kubernetes",
+                        help="pushes: the pod's service-account token, reviewed by the API server (kubernetes), "
+                             "the shared secret of --sidecar-token-file (token), or nothing (none)")
+    parser.add_argument("--sidecar-token-file", type=Path,
+                        help="bearer token shown to the sidecars: the projected token (audience "
+                             f"{names.AUDIENCE_SIDECAR}) or the shared secret; re-read when it changes")
+    parser.add_argument("--ui-auth", choices=UI_AUTH_MODES, default="port-forward",
+                        help="web UI: a bearer token with `get pytorchjobs` in the job's namespace (kubernetes), "
+                             "that or kubectl port-forward (port-forward), or nothing (none)")
     parser.add_argument("--report-limit", type=int, default=512 * 1024, help="bytes per FlightRecorderReport")
     parser.add_argument("--peering", help="kopf peering name (several replicas, one active); default standalone")
     parser.add_argument("--webhook-port", type=int, help="serve the sidecar-injection webhook on this port")
@@ -128,6 +150,8 @@ def injection_from_env(env: Mapping[str, str]) -> InjectionConfig:
         operator_url=env.get("FRSCOPE_SIDECAR_OPERATOR_URL") or None,
         resources=resources if isinstance(resources, dict) else {},
         inject_label=(key.strip() or names.INJECT_KEY, value.strip() or "true"),
+        operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
+        token_expiration_s=int(env.get("FRSCOPE_TOKEN_EXPIRATION_SECONDS") or 3600),
     )
 
 
@@ -154,7 +178,9 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         stall_after_s=args.stall_after,
         cooldown_s=args.cooldown,
         decode_processes=args.decode_processes,
+        sidecar_auth=args.sidecar_auth,
         sidecar_token_file=args.sidecar_token_file,
+        ui_auth=args.ui_auth,
         report_limit_bytes=args.report_limit,
         peering=args.peering,
         webhook=webhook,

@@ -1,11 +1,11 @@
 """The operator's logic between kopf's events and the API writes.
 
-kopf handlers call `on_job()`, `on_pod()`; the HTTP push endpoint calls `on_push()`; the status
+kopf handlers call `on_job()`, `on_pod()`, `on_report()`; the HTTP push endpoint calls `on_push()`; the status
 poller calls `on_status()`. Each turns what it sees into `Signal`s; `signal()` returns at once (kopf
 handlers must stay fast) and the job's incident is handled in a background task, one at a time per
 job (signals that arrive meanwhile are folded into the running one):
 
-    dedupe (ledger in the job's annotation) -> gather (sidecars + pushes) -> analyze -> publish
+    dedupe (ledger from the job's reports) -> gather (sidecars + pushes) -> analyze -> publish
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from frscope.operator.config import OperatorConfig
 from frscope.operator.diagnose import Diagnosis, diagnose
 from frscope.operator.evidence import PodEvidence
 from frscope.operator.gather import Decoder, Gathered, Target, gather
-from frscope.operator.incidents import Attempt, IncidentKey, IncidentRecord, Ledger
+from frscope.operator.incidents import Attempt, IncidentKey, IncidentRecord, Ledger, report_facts
 from frscope.operator.kube import KubeError
 from frscope.operator.metrics import OperatorMetrics
 from frscope.operator.objects import JobKey, PodInfo, job_conditions, job_ref, job_world_size, pod_info, pods_digest
@@ -31,9 +31,9 @@ from frscope.operator.publish import (
     JobGone,
     Publication,
     Publisher,
-    asserted_condition,
     build_report_cr,
     clip_line,
+    make_condition,
     needs_write,
     report_name,
 )
@@ -62,6 +62,8 @@ class _JobState:
     first_signal_at: float | None = None
     # attempt -> monotonic time of the last gather that found nothing to publish
     quiet_until: dict[str, float] | None = None
+    # (job uid, condition) of the newest incident: the condition frscope keeps first in the job's list
+    asserted: tuple[str, dict[str, Any]] | None = None
 
 
 def _latest_run(pods: tuple[PodInfo, ...], ended: bool) -> int:
@@ -115,9 +117,8 @@ class Controller:
         conditions = job_conditions(body)
         self.store.upsert_job(ref, world_size=job_world_size(body), conditions=conditions)
         state = self._state(ref.key)
-        state.ledger = Ledger.from_annotations((body.get("metadata") or {}).get("annotations"))
         self._refresh_gauges()
-        ours = asserted_condition(body)
+        ours = state.asserted[1] if state.asserted is not None and state.asserted[0] == ref.uid else None
         if ours is not None and needs_write(conditions, ours):
             # The training operator rewrote the list (or put ours last): put it back, first.
             self._spawn(self._reassert(ref.key, ours))
@@ -137,6 +138,26 @@ class Controller:
         self._refresh_gauges()
         for sig in watchdog_signals(pod):
             self.signal(sig)
+
+    async def on_report(self, event_type: str | None, body: dict[str, Any]) -> None:
+        """A FlightRecorderReport appeared, changed or went: the job's ledger (which incidents are
+        diagnosed, across operator restarts) and the condition to keep asserted follow the reports."""
+        facts = report_facts(body)
+        if facts is None:
+            return
+        key = JobKey(facts.namespace, facts.job)
+        state = self._state(key)
+        if event_type == "DELETED":
+            state.ledger = state.ledger.without(facts.record.id)
+            return
+        state.ledger = state.ledger.with_record(facts.record)
+        newest = state.ledger.records[-1]
+        if facts.condition is not None and newest.id == facts.record.id:
+            ours = make_condition(facts.condition[0], clip_line(facts.condition[1]), facts.record.at)
+            state.asserted = (facts.job_uid, ours)
+            view = self.store.job(key)
+            if view is not None and view.ref.uid == facts.job_uid and needs_write(list(view.conditions), ours):
+                self._spawn(self._reassert(key, ours))
 
     def on_push(self, evidence: PodEvidence) -> JobKey | None:
         self.pushes.put(evidence)
@@ -277,10 +298,11 @@ class Controller:
         now = rfc3339()
         name = report_name(view.ref, key.digest)
         record = IncidentRecord(key.digest, str(attempt), key.group, key.seq, finding.category.value, name, now)
+        message = one_line(finding)
         obj = build_report_cr(view.ref, report, incident=key.digest, attempt=str(attempt),
                               signal=f"{sig.kind.value}: {sig.detail}", missing_pods=diagnosis.missing_pods,
-                              gathered_at=now, limit_bytes=self.config.report_limit_bytes)
-        message = one_line(finding)
+                              gathered_at=now, limit_bytes=self.config.report_limit_bytes,
+                              condition=(finding.category.value, message))
         events: list[tuple[str, str]] = [(finding.category.value, message)]
         if diagnosis.missing_pods:
             listed = ", ".join(f"{pod} ({why})" for pod, why in sorted(diagnosis.missing_pods.items()))
@@ -292,8 +314,9 @@ class Controller:
         for step in done.errors:
             self.metrics.publish_errors.labels(step=step.split(" ")[0]).inc()
         state = self._state(view.key)
-        if done.ledger or done.report:
+        if done.report or done.condition:
             state.ledger = state.ledger.with_record(record)
+            state.asserted = (view.ref.uid, make_condition(finding.category.value, message, now))
             self.metrics.diagnoses.labels(category=finding.category.value).inc()
         if done.condition and state.first_signal_at is not None:
             self.metrics.signal_to_publish.observe(time.monotonic() - state.first_signal_at)

@@ -1,11 +1,12 @@
 """kopf handlers: a few lines each, over the Controller. Registered on an explicit registry.
 
-Only event handlers on PyTorchJobs and their pods (no finalizers, daemons, timers or on.create/
+Only event handlers on PyTorchJobs, their pods and frscope's reports (no finalizers, daemons, timers or on.create/
 update handlers, so kopf never patches these objects), a login handler, and the mutating webhook.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, cast
 
 import kopf
@@ -16,14 +17,19 @@ from frscope.operator.webhook import WEBHOOK_ID, InjectionConfig, mutate
 
 
 def register_watchers(registry: kopf.OperatorRegistry, controller: Controller,
-                      connection: kopf.ConnectionInfo) -> None:
+                      relogin: Callable[[], kopf.ConnectionInfo]) -> None:
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return connection
+        return relogin()
 
     @kopf.on.event(names.JOB_GROUP, names.JOB_VERSION, names.JOB_PLURAL, registry=registry)
     async def job_event(event: kopf.RawEvent, **_: Any) -> None:
         await controller.on_job(event.get("type"), dict(event["object"]))
+
+    # frscope's own reports are its ledger: which incidents are diagnosed, which condition to keep.
+    @kopf.on.event(names.REPORT_GROUP, names.REPORT_VERSION, names.REPORT_PLURAL, registry=registry)
+    async def report_event(event: kopf.RawEvent, **_: Any) -> None:
+        await controller.on_report(event.get("type"), dict(event["object"]))
 
     @kopf.on.event("v1", "pods", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
     async def pod_event(event: kopf.RawEvent, **_: Any) -> None:

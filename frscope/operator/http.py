@@ -4,7 +4,8 @@ web UI.
     GET  /healthz   200 while the event loop turns and kopf's watchers are running (liveness)
     GET  /readyz    200 once kopf has started (readiness)
     GET  /metrics   Prometheus text of the injected registry
-    POST /v1/push   a sidecar's snapshot body (docs/sidecar-api.md), gzip or plain, bearer token if set
+    POST /v1/push   a sidecar's snapshot body (docs/sidecar-api.md), gzip or plain, checked by `push_auth`
+                    (by default the pod's own service-account token: the pod and namespace come from it)
 
 Other components add their routes with `OperatorHttp.add_routes()` (or `add_subapp()`) before
 `start()`; `frscope/webui` mounts itself this way and reads `JobsView`.
@@ -13,7 +14,6 @@ Other components add their routes with `OperatorHttp.add_routes()` (or `add_suba
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from frscope.operator.access import OpenPush, PushAuth, Refused
 from frscope.operator.evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes
 from frscope.operator.metrics import OperatorMetrics
 from frscope.operator.objects import JobKey
@@ -54,13 +55,13 @@ class Health:
 
 class OperatorHttp:
     def __init__(self, *, registry: CollectorRegistry, metrics: OperatorMetrics, health: Health,
-                 on_push: PushHandler, token: str | None = None, max_push_bytes: int = 256 * 1024 * 1024,
-                 max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+                 on_push: PushHandler, push_auth: PushAuth | None = None,
+                 max_push_bytes: int = 256 * 1024 * 1024, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
         self._registry = registry
         self._metrics = metrics
         self._health = health
         self._on_push = on_push
-        self._token = token
+        self._push_auth: PushAuth = push_auth if push_auth is not None else OpenPush()
         self._max_entries = max_entries
         self.app = web.Application(client_max_size=max_push_bytes)
         self.app.add_routes([
@@ -92,16 +93,26 @@ class OperatorHttp:
         body = generate_latest(self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    def _authorized(self, request: web.Request) -> bool:
-        if not self._token:
-            return True
-        given = request.headers.get("Authorization", "")
-        return hmac.compare_digest(given.encode(), f"Bearer {self._token}".encode())
-
     async def _push(self, request: web.Request) -> web.Response:
-        if not self._authorized(request):
+        try:
+            caller = await self._push_auth.caller(request.headers.get("Authorization", ""))
+        except Refused as exc:
             self._metrics.pushes.labels(result="rejected").inc()
-            return web.json_response({"error": "unauthorized"}, status=401)
+            log.warning("push refused (%d): %s", exc.status, exc.message)
+            headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+            return web.json_response({"error": exc.message}, status=exc.status, headers=headers)
+        # An authenticated pod speaks for itself only: its token names it; headers that name another
+        # pod are refused (and the body's own pod/namespace fields are overridden).
+        claimed = (request.headers.get("X-Frscope-Namespace"), request.headers.get("X-Frscope-Pod"))
+        if caller.pod is not None and any(c and c != t for c, t in zip(claimed, (caller.namespace, caller.pod),
+                                                                       strict=True)):
+            self._metrics.pushes.labels(result="rejected").inc()
+            message = (f"the token is for pod {caller.namespace}/{caller.pod}; a pod may push only its own "
+                       f"evidence (the push names {claimed[0] or '?'}/{claimed[1] or '?'})")
+            log.warning("push refused (403): %s", message)
+            return web.json_response({"error": message}, status=403)
+        namespace = caller.namespace or claimed[0]
+        pod = caller.pod or claimed[1]
         try:
             raw = await request.read()  # aiohttp has already undone Content-Encoding: gzip
         except web.HTTPRequestEntityTooLarge:
@@ -110,7 +121,7 @@ class OperatorHttp:
         try:
             evidence = await asyncio.to_thread(
                 from_bytes, raw, "push", origin="push", max_entries=self._max_entries,
-                pod=request.headers.get("X-Frscope-Pod"), namespace=request.headers.get("X-Frscope-Namespace"))
+                pod=pod, namespace=namespace)
         except SidecarError as exc:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": f"not a sidecar snapshot: {exc.message}"}, status=400)
@@ -119,9 +130,10 @@ class OperatorHttp:
             return web.json_response({"error": "pod and namespace are required"}, status=400)
         job = self._on_push(evidence)
         self._metrics.pushes.labels(result="accepted").inc()
-        log.info("push from %s/%s (%s, ranks %s, job %s)", evidence.namespace, evidence.pod, evidence.reason,
-                 list(evidence.ranks), job or "unknown")
-        return web.json_response({"accepted": True, "job": str(job) if job else None}, status=202)
+        log.info("push from %s/%s by %s (%s, ranks %s, job %s)", evidence.namespace, evidence.pod, caller.who,
+                 evidence.reason, list(evidence.ranks), job or "unknown")
+        return web.json_response({"accepted": True, "pod": f"{evidence.namespace}/{evidence.pod}",
+                                  "job": str(job) if job else None}, status=202)
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> int:

@@ -2,20 +2,20 @@
 
 An incident is (job uid, attempt, stuck group, stuck sequence id). The attempt names one run of the
 job's pods: the generation of pods (a digest of their uids: recreated pods are a new attempt) and
-the trainer run inside them (container restarts). The incidents already diagnosed are kept in the
-job's annotation `frscope.io/incidents` (bounded), which is what survives an operator restart; the
-report's object name is derived from the incident, so a half-finished publish that is retried
-after a restart finds its own report instead of making a second one.
+the trainer run inside them (container restarts). The report's object name is derived from the
+incident, so a half-finished publish that is retried after a restart finds its own report instead of
+making a second one.
+
+The incidents already diagnosed are the job's FlightRecorderReports (their `job` section names the
+incident): the operator watches them and rebuilds each job's ledger from them after a restart, so it
+needs no write permission on the job itself.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import asdict, dataclass
 from typing import Any
-
-from frscope.operator import names
 
 MAX_RECORDS = 16
 
@@ -69,23 +69,45 @@ class IncidentRecord:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class ReportFacts:
+    """What a FlightRecorderReport object says about its job and incident (None where unreadable)."""
+
+    namespace: str
+    job: str
+    job_uid: str
+    record: IncidentRecord
+    condition: tuple[str, str] | None  # (reason, message) asserted on the job
+
+
+def report_facts(obj: dict[str, Any]) -> ReportFacts | None:
+    """Read a report object back into the ledger's terms; None for one frscope did not write."""
+    meta = obj.get("metadata") or {}
+    job = obj.get("job") or {}
+    what = (obj.get("diagnosis") or {}).get("what") or {}
+    if not isinstance(job, dict) or not isinstance(what, dict):
+        return None
+    incident, name, uid = job.get("incident"), job.get("name"), job.get("uid")
+    if not all(isinstance(v, str) and v for v in (incident, name, uid, meta.get("namespace"), meta.get("name"))):
+        return None
+    seq = what.get("collectiveSeqId")
+    record = IncidentRecord(
+        id=str(incident), attempt=str(job.get("attempt") or ""), group=str(job.get("processGroupName") or ""),
+        seq=seq if isinstance(seq, int) and not isinstance(seq, bool) else None,
+        category=str(what.get("category") or ""), report=str(meta["name"]), at=str(job.get("gatheredAt") or ""),
+    )
+    cond = job.get("condition")
+    condition = None
+    if isinstance(cond, dict) and cond.get("reason"):
+        condition = (str(cond["reason"]), str(cond.get("message") or ""))
+    return ReportFacts(str(meta["namespace"]), str(name), str(uid), record, condition)
+
+
 class Ledger:
-    """The incidents recorded on one job (read from, and rendered back into, its annotation)."""
+    """The incidents recorded for one job (from its report objects, and what this process published)."""
 
     def __init__(self, records: list[IncidentRecord] | None = None) -> None:
         self.records: list[IncidentRecord] = list(records or [])
-
-    @classmethod
-    def from_annotations(cls, annotations: dict[str, Any] | None) -> Ledger:
-        raw = (annotations or {}).get(names.ANN_INCIDENTS)
-        if not isinstance(raw, str):
-            return cls()
-        try:
-            items = json.loads(raw)
-        except ValueError:
-            return cls()  # someone edited it by hand: start over rather than fail
-        records = [r for r in (IncidentRecord.from_json(i) for i in items if isinstance(items, list)) if r]
-        return cls(records)
 
     def has(self, key: IncidentKey) -> bool:
         return any(r.id == key.digest for r in self.records)
@@ -102,7 +124,7 @@ class Ledger:
 
     def with_record(self, record: IncidentRecord) -> Ledger:
         kept = [r for r in self.records if r.id != record.id]
-        return Ledger((kept + [record])[-MAX_RECORDS:])
+        return Ledger(sorted(kept + [record], key=lambda r: r.at)[-MAX_RECORDS:])
 
-    def render(self) -> str:
-        return json.dumps([r.to_json() for r in self.records], separators=(",", ":"))
+    def without(self, incident: str) -> Ledger:
+        return Ledger([r for r in self.records if r.id != incident])

@@ -25,11 +25,8 @@ LABEL_REPLICA_INDEX: Final = "training.kubeflow.org/replica-index"
 # The training operator requires the trainer container to have this name.
 TRAINER_CONTAINER: Final = "pytorch"
 
-# On the job (annotations): the incidents already diagnosed (dedupe across operator restarts), the
-# latest report's name, and the condition frscope asserts (so it can be put back if rewritten).
-ANN_INCIDENTS: Final = f"{PREFIX}/incidents"
-ANN_REPORT: Final = f"{PREFIX}/report"
-ANN_CONDITION: Final = f"{PREFIX}/condition"
+# frscope writes nothing on the job but its condition (status subresource): the incidents already
+# diagnosed and the condition to keep asserted are read back from the job's reports.
 # On the report: which job and incident it belongs to.
 LABEL_REPORT_JOB: Final = f"{PREFIX}/job"
 LABEL_REPORT_INCIDENT: Final = f"{PREFIX}/incident"
@@ -43,6 +40,12 @@ ANN_INJECTED: Final = f"{PREFIX}/injected"
 SIDECAR_CONTAINER: Final = "frscope-sidecar"
 SIDECAR_PORT_NAME: Final = "frscope"
 SIDECAR_VOLUME: Final = "frscope"
+SIDECAR_TOKEN_VOLUME: Final = "frscope-token"
+
+# Audiences of the service-account tokens between the sidecars and the operator: a token made for one
+# direction is refused in the other, and neither is accepted by the API server itself.
+AUDIENCE_OPERATOR: Final = "frscope.io/operator"  # what a sidecar presents when it pushes
+AUDIENCE_SIDECAR: Final = "frscope.io/sidecar"  # what the operator presents to the sidecars
 
 # Event source and field manager.
 COMPONENT: Final = "frscope-operator"

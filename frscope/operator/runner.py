@@ -19,19 +19,21 @@ import kopf
 from prometheus_client import CollectorRegistry
 
 from frscope.operator import names
+from frscope.operator.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
 from frscope.operator.config import OperatorConfig, WebhookConfig
 from frscope.operator.controller import Controller
 from frscope.operator.gather import Decoder
 from frscope.operator.handlers import register_watchers, register_webhook
 from frscope.operator.http import Health, OperatorHttp
-from frscope.operator.kube import KubeClient
+from frscope.operator.kube import BearerAuth, KubeClient, TokenFile
+from frscope.operator.login import Login, login
 from frscope.operator.metrics import OperatorMetrics
 from frscope.operator.poller import StatusPoller
 from frscope.operator.publish import Publisher
 from frscope.operator.push import PushStore
 from frscope.operator.sidecars import SidecarClient
 from frscope.operator.store import JobStore
-from frscope.operator.ui import mount_ui
+from frscope.operator.ui import mount_ui, ui_guard
 from frscope.operator.webhook import InjectionConfig, native_sidecars_supported
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class Operator:
     poller: StatusPoller
     metrics: OperatorMetrics
     kube: KubeClient
+    reviewer: Reviewer
 
 
 def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -63,20 +66,16 @@ def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     settings.networking.error_backoffs = [1, 2, 3, 5, 8, 13]
 
 
-def load_connection(settings: kopf.OperatorSettings) -> kopf.ConnectionInfo:
-    """In-cluster service account first, then $KUBECONFIG / ~/.kube/config."""
-    info = kopf.login_with_service_account(settings=settings) or kopf.login_with_kubeconfig(settings=settings)
-    if info is None:
-        raise kopf.LoginError("no service account token and no kubeconfig ($KUBECONFIG or ~/.kube/config)")
-    return info
-
-
-def kube_client(info: kopf.ConnectionInfo, instance: str) -> KubeClient:
+def kube_client(credentials: Login, instance: str) -> KubeClient:
+    """The operator's own client. The bearer token is not fixed in the session: the client asks
+    `credentials.auth()` for it per request (rotated service-account tokens)."""
+    info = credentials.info
+    fixed = {k: v for k, v in info.as_http_headers().items() if k.lower() != "authorization" or not info.token}
     session = aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(ssl=info.as_ssl_context(), limit=32),
-        headers={**info.as_http_headers(), "User-Agent": f"{names.COMPONENT}/{instance}"},
+        headers={**fixed, "User-Agent": f"{names.COMPONENT}/{instance}"},
     )
-    return KubeClient(session, info.server, field_manager=names.COMPONENT)
+    return KubeClient(session, info.server, field_manager=names.COMPONENT, auth=credentials.auth())
 
 
 async def injection_for(webhook: WebhookConfig, kube: KubeClient) -> InjectionConfig:
@@ -103,6 +102,17 @@ def webhook_server(webhook: WebhookConfig) -> kopf.WebhookServer:
                               cafile=str(cafile) if cafile else None)
 
 
+def sidecar_auth(config: OperatorConfig, reviewer: Reviewer) -> tuple[BearerAuth | None, PushAuth]:
+    """The token shown to the sidecars, and how pushes are checked (`--sidecar-auth`)."""
+    shown = TokenFile(config.sidecar_token_file) if config.sidecar_token_file is not None else None
+    if config.sidecar_auth == "kubernetes":
+        return shown, KubernetesPush(reviewer)
+    if config.sidecar_auth == "token":
+        assert shown is not None  # OperatorConfig insists
+        return shown, SharedTokenPush(shown)
+    return shown, OpenPush()
+
+
 async def _heartbeat(health: Health) -> None:
     while True:
         health.beat()
@@ -118,28 +128,31 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     registry = registry if registry is not None else CollectorRegistry()
     settings = kopf.OperatorSettings()
     configure_kopf(settings, config)
-    connection = load_connection(settings)
-    kube = kube_client(connection, config.instance)
+    credentials = login(settings)
+    kube = kube_client(credentials, config.instance)
     # Snapshot bodies stay gzipped until a decoder process inflates them (SidecarClient).
     sidecar_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=4),
                                             auto_decompress=False)
     metrics = OperatorMetrics(registry)
     store = JobStore()
     pushes = PushStore()
-    token = config.token()
+    reviewer = Reviewer(kube)
+    shown, push_auth = sidecar_auth(config, reviewer)
     controller = Controller(config, store=store, pushes=pushes,
-                            sidecars=SidecarClient(sidecar_session, token=token),
+                            sidecars=SidecarClient(sidecar_session, auth=shown),
                             publisher=Publisher(kube, instance=config.instance), metrics=metrics,
                             decoder=Decoder(config.decode_processes))
     health = Health()
     http = OperatorHttp(registry=registry, metrics=metrics, health=health, on_push=controller.on_push,
-                        token=token, max_push_bytes=config.max_push_bytes, max_entries=config.gather.max_entries)
+                        push_auth=push_auth, max_push_bytes=config.max_push_bytes,
+                        max_entries=config.gather.max_entries)
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
-    operator = Operator(config, controller, http, store, poller, metrics, kube)
+    operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer)
 
     kopf_registry = kopf.OperatorRegistry()
-    register_watchers(kopf_registry, controller, connection)
+    # Every kopf login reads the credentials again: a rotated token is picked up, never a stale one.
+    register_watchers(kopf_registry, controller, lambda: login(settings).info)
     if config.webhook is not None:
         injection = await injection_for(config.webhook, kube)
         log.info("sidecar injection: %s sidecar, image %s", "native" if injection.native else "plain",
@@ -208,8 +221,9 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
 
 
 def mount_default_ui(operator: Operator) -> None:
-    """The web UI at /ui/ (docs/timeline.md): the watched jobs, their verdicts, a live page per job."""
-    mount_ui(operator.http, operator.store)
+    """The web UI at /ui/ (docs/timeline.md): the watched jobs, their verdicts, a live page per job;
+    behind `--ui-auth`."""
+    mount_ui(operator.http, operator.store, guard=ui_guard(operator.config.ui_auth, operator.reviewer))
 
 
 def run_operator(config: OperatorConfig) -> int:

@@ -16,6 +16,7 @@ import aiohttp
 
 from frscope import wire
 from frscope.operator.bodies import read_capped
+from frscope.operator.kube.credentials import BearerAuth
 from frscope.wire import SidecarSnapshot, SidecarStatus
 
 DEFAULT_MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
@@ -77,17 +78,23 @@ class SidecarClient:
     With a session made with `auto_decompress=False` (the operator's), snapshot bodies stay gzipped
     until a decoder process inflates them: the event loop's process never inflates ~1 GiB of JSON."""
 
-    def __init__(self, session: aiohttp.ClientSession, *, token: str | None = None,
+    def __init__(self, session: aiohttp.ClientSession, *, auth: BearerAuth | None = None,
                  max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES) -> None:
         self._session = session
-        self._headers = {"Accept": "application/json", "Accept-Encoding": "gzip"}
-        if token:
-            self._headers["Authorization"] = f"Bearer {token}"
+        # The operator's token for the sidecars: asked for per request (a projected token rotates).
+        self._auth = auth
         self._max_snapshot = max_snapshot_bytes
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "Accept-Encoding": "gzip"}
+        token = self._auth.token() if self._auth is not None else None
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
 
     async def _get_bytes(self, url: str, endpoint: str, timeout_s: float, limit: int) -> bytes:
         try:
-            async with self._session.get(url, headers=self._headers,
+            async with self._session.get(url, headers=self._headers(),
                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
                 if resp.status != 200:
                     text = (await resp.content.read(300)).decode("utf-8", "replace")

@@ -10,20 +10,32 @@ What a job page shows comes from two places the operator already keeps up to dat
   diagnosis's dumps (no recorders are kept). Before the first diagnosis the page shows the status only.
 
 Everything here reads immutable snapshots; nothing is written.
+
+Access (`ui_guard`, `--ui-auth`): a bearer token the API server accepts (TokenReview), and a
+SubjectAccessReview `get pytorchjobs` in the namespace of the job asked for; the job list shows the
+namespaces the caller may read. With 'port-forward' (the default) a loopback connection is let in
+too: inside the operator's pod only `kubectl port-forward` makes one, and the API server has
+authorized that (`pods/portforward` in the operator's namespace).
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
+import ipaddress
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+from aiohttp import web
+
+from frscope.operator.access import Identity, Reviewer, bearer
 from frscope.operator.http import OperatorHttp
+from frscope.operator.kube import KubeError
 from frscope.operator.objects import JobKey
 from frscope.operator.store import JobsView, JobView
 from frscope.webui import JobDetail, JobSummary, RankStatus, create_app
-from frscope.webui.app import DEFAULT_POLL_S
+from frscope.webui.app import DEFAULT_POLL_S, VISIBLE_NAMESPACE
 
 UI_PREFIX = "/ui"
 MAX_MISSING_RANKS = 65_536  # list ranks nobody reports only for a plausible world size
@@ -112,6 +124,65 @@ class OperatorJobs:
         )
 
 
-def mount_ui(http: OperatorHttp, store: JobsView, *, prefix: str = UI_PREFIX, poll_s: float = DEFAULT_POLL_S) -> None:
-    """Serve the web UI at `{prefix}/` in the operator's HTTP server (call before it starts)."""
-    http.add_subapp(prefix, create_app(OperatorJobs(store), poll_s=poll_s))
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _loopback(request: web.Request) -> bool:
+    try:
+        return request.remote is not None and ipaddress.ip_address(request.remote).is_loopback
+    except ValueError:
+        return False
+
+
+def _refuse(status: int, message: str) -> web.Response:
+    headers = {"WWW-Authenticate": 'Bearer realm="frscope"'} if status == 401 else None
+    return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def ui_guard(mode: str, reviewer: Reviewer | None) -> Any:
+    """The aiohttp middleware of `--ui-auth` (None for 'none')."""
+    if mode == "none":
+        return None
+    if reviewer is None:
+        raise ValueError(f"--ui-auth {mode} needs the API server to review tokens")
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if mode == "port-forward" and _loopback(request):
+            return await handler(request)
+        token = bearer(request.headers.get("Authorization", ""))
+        if token is None:
+            return _refuse(401, "a bearer token is required (or use kubectl port-forward)")
+        try:
+            who = await reviewer.authenticate(token, None)
+        except KubeError as exc:
+            return _refuse(503, f"the token could not be reviewed: {exc}")
+        if who is None:
+            return _refuse(401, "token refused by the API server")
+        namespace = request.match_info.get("namespace")
+        if namespace is not None:
+            if not await _may_read(reviewer, who, namespace):
+                return _refuse(403, f"{who.username} may not get pytorchjobs in namespace {namespace}")
+        else:
+            async def visible(ns: str) -> bool:
+                return await _may_read(reviewer, who, ns)
+
+            request[VISIBLE_NAMESPACE] = visible
+        return await handler(request)
+
+    return guard
+
+
+async def _may_read(reviewer: Reviewer, who: Identity, namespace: str) -> bool:
+    try:
+        return await reviewer.allowed(who, verb="get", namespace=namespace)
+    except KubeError:
+        return False
+
+
+def mount_ui(http: OperatorHttp, store: JobsView, *, prefix: str = UI_PREFIX, poll_s: float = DEFAULT_POLL_S,
+             guard: Any = None) -> None:
+    """Serve the web UI at `{prefix}/` in the operator's HTTP server (call before it starts), behind
+    `guard` (`ui_guard()`) when given."""
+    http.add_subapp(prefix, create_app(OperatorJobs(store), poll_s=poll_s,
+                                       middlewares=[guard] if guard is not None else []))

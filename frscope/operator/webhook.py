@@ -14,6 +14,11 @@ What an opted-in pod gets:
   `PYTHONPATH` for the sidecar's sitecustomize bootstrap (which starts torch's worker server per
   rank), `terminationMessagePolicy: FallbackToLogsOnError` (so the watchdog's message reaches the
   pod status); variables the pod already sets are left as they are;
+- with Kubernetes identity (`operator_identity` set, the chart's default): a projected volume in
+  the sidecar only, with the pod's service-account token for the operator's audience (what pushes
+  carry; bound to the pod, so the operator learns the pod from it), one for the API server's own
+  audience (to read the cluster's issuer keys, which every service account may) and the cluster CA;
+  and `--operator-identity`, so the sidecar accepts the operator's token only;
 - the annotation `frscope.io/injected`, which makes a second pass a no-op.
 """
 
@@ -45,6 +50,11 @@ class InjectionConfig:
     resources: dict[str, Any] = field(default_factory=dict)
     inject_label: tuple[str, str] = (names.INJECT_KEY, "true")
     version: str = "1"
+    # system:serviceaccount:NS:NAME of the operator: the sidecars accept its tokens only. None: the
+    # sidecars are injected without authentication.
+    operator_identity: str | None = None
+    token_expiration_s: int = 3600
+    token_mount: str = "/var/run/secrets/frscope"
 
     @property
     def dump_dir(self) -> str:
@@ -94,6 +104,8 @@ def sidecar_container(cfg: InjectionConfig) -> dict[str, Any]:
         args.append(f"--stall-after={cfg.stall_after_s:g}")
     if cfg.operator_url:
         args.append(f"--operator-url={cfg.operator_url}")
+    if cfg.operator_identity:
+        args += [f"--operator-identity={cfg.operator_identity}", f"--kube-token-dir={cfg.token_mount}"]
     container: dict[str, Any] = {
         "name": names.SIDECAR_CONTAINER,
         "image": cfg.image,
@@ -116,6 +128,9 @@ def sidecar_container(cfg: InjectionConfig) -> dict[str, Any]:
         },
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if cfg.operator_identity:
+        container["volumeMounts"].append({"name": names.SIDECAR_TOKEN_VOLUME, "mountPath": cfg.token_mount,
+                                          "readOnly": True})
     if cfg.resources:
         container["resources"] = copy.deepcopy(cfg.resources)
     if cfg.native:
@@ -124,6 +139,17 @@ def sidecar_container(cfg: InjectionConfig) -> dict[str, Any]:
         container["startupProbe"] = {"httpGet": {"path": "/healthz", "port": names.SIDECAR_PORT_NAME},
                                      "periodSeconds": 1, "failureThreshold": 60}
     return container
+
+
+def token_volume(cfg: InjectionConfig) -> dict[str, Any]:
+    """The sidecar's projected tokens (mounted in the sidecar only, never in the trainer)."""
+    expiry = cfg.token_expiration_s
+    return {"name": names.SIDECAR_TOKEN_VOLUME, "projected": {"defaultMode": 0o440, "sources": [
+        {"serviceAccountToken": {"audience": names.AUDIENCE_OPERATOR, "expirationSeconds": expiry,
+                                 "path": "operator-token"}},
+        {"serviceAccountToken": {"expirationSeconds": expiry, "path": "api-token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+    ]}}
 
 
 def trainer_env(cfg: InjectionConfig) -> list[dict[str, Any]]:
@@ -173,6 +199,9 @@ def inject(pod: dict[str, Any], cfg: InjectionConfig) -> dict[str, Any] | None:
     volumes = spec.setdefault("volumes", [])
     if not any(isinstance(v, dict) and v.get("name") == names.SIDECAR_VOLUME for v in volumes):
         volumes.append({"name": names.SIDECAR_VOLUME, "emptyDir": {}})
+    if cfg.operator_identity and not any(isinstance(v, dict) and v.get("name") == names.SIDECAR_TOKEN_VOLUME
+                                         for v in volumes):
+        volumes.append(token_volume(cfg))
     mount = {"name": names.SIDECAR_VOLUME, "mountPath": cfg.mount_path}
     for trainer in _trainers(containers):
         _add_env(trainer, cfg)

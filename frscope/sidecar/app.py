@@ -29,7 +29,7 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from frscope.sidecar.auth import BearerToken
+from frscope.sidecar.auth import BearerToken, IssuerKeys, OperatorVerifier, default_api_server, push_token
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.dumpdir import DumpDirWatcher, DumpFile
 from frscope.sidecar.evidence import Capture, EvidenceStore
@@ -62,7 +62,11 @@ class Sidecar:
             if config.dump_dir is not None
             else None
         )
-        self.auth = BearerToken(config.token_file)
+        verifier: OperatorVerifier | None = None
+        if config.operator_identity:
+            keys = IssuerKeys(config.api_server or default_api_server(), config.kube_token_dir)
+            verifier = OperatorVerifier(keys, config.operator_identity)
+        self.auth = BearerToken(config.token_file, verifier)
         self.poller = Poller(config, self.tracker, self.metrics)
         self.snapshots = Snapshots(config, self.poller, self.tracker, self.evidence, self.dumps, self.metrics)
         self.pusher: Pusher | None = None
@@ -94,6 +98,11 @@ class Sidecar:
     def token(self) -> str | None:
         return self.auth.token()
 
+    def _push_token(self) -> str | None:
+        if self.auth.verifier is not None:
+            return push_token(self.config.kube_token_dir)  # the pod's own, renewed by the kubelet
+        return self.auth.token()
+
     async def start(self) -> None:
         if self.config.token_file is not None and not self.auth.loaded:
             await asyncio.to_thread(self.auth.load)
@@ -110,11 +119,13 @@ class Sidecar:
         self.port = int(addresses[0][1]) if addresses else self.config.port
         if self.config.operator_url:
             self.pusher = Pusher(
-                self.config.operator_url, token=self.token, pod=self.config.pod, namespace=self.config.namespace,
+                self.config.operator_url, token=self._push_token, pod=self.config.pod, namespace=self.config.namespace,
                 timeout_s=self.config.push_timeout_s, attempts=self.config.push_attempts,
                 backoff_s=self.config.push_backoff_s, metrics=self.metrics,
             )
             self._spawn(self.pusher.run(), "push")
+        if self.auth.verifier is not None:
+            self._spawn(self.auth.verifier.keys.refresh(), "issuer-keys")  # ready before the operator's first call
         self._spawn(self._poll_loop(), "poll")
         if self.dumps is not None:
             self._spawn(self._dump_loop(), "dump-dir")

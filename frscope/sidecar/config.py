@@ -53,6 +53,11 @@ class SidecarConfig:
     memory_captures: int = 2
     max_concurrency: int = 8
     token_file: Path | None = None
+    # Kubernetes identity (frscope.sidecar.auth): accept only this service account's tokens (offline
+    # check against the cluster's issuer keys), and push with the pod's own projected token.
+    operator_identity: str | None = None
+    kube_token_dir: Path = Path("/var/run/secrets/frscope")
+    api_server: str | None = None
     operator_url: str | None = None
     push_timeout_s: float = 10.0
     push_attempts: int = 5
@@ -77,6 +82,16 @@ class SidecarConfig:
             raise ValueError("size caps must be > 0")
         if self.evidence_max_files < 1 or self.memory_captures < 1:
             raise ValueError("--evidence-max-files and --memory-captures must be >= 1")
+        if self.token_file is not None and self.operator_identity:
+            raise ValueError("--token-file (a shared secret) and --operator-identity (Kubernetes identity) "
+                             "exclude each other")
+
+    @property
+    def auth_mode(self) -> str:
+        """'kubernetes' (--operator-identity), 'token' (--token-file) or 'none'."""
+        if self.operator_identity:
+            return "kubernetes"
+        return "token" if self.token_file is not None else "none"
 
 
 def _env(name: str, fallback: str | None = None, *more: str) -> str | None:
@@ -132,6 +147,13 @@ _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
      "ranks polled at the same time"),
     ("--token-file", "token_file", "FRSCOPE_TOKEN_FILE", "path", None,
      "bearer token file (e.g. a mounted Secret); protects everything but /healthz and /readyz"),
+    ("--operator-identity", "operator_identity", "FRSCOPE_OPERATOR_IDENTITY", "str", None,
+     "accept only this service account's tokens (system:serviceaccount:NS:NAME, audience frscope.io/sidecar), "
+     "checked offline against the cluster's issuer keys; push with the pod's own token"),
+    ("--kube-token-dir", "kube_token_dir", "FRSCOPE_KUBE_TOKEN_DIR", "path", "/var/run/secrets/frscope",
+     "with --operator-identity: the projected tokens (operator-token, api-token) and ca.crt"),
+    ("--api-server", "api_server", "FRSCOPE_API_SERVER", "str", None,
+     "with --operator-identity: where the issuer keys are read (default: $KUBERNETES_SERVICE_HOST)"),
     ("--operator-url", "operator_url", "FRSCOPE_OPERATOR_URL", "str", None,
      "push the snapshot to URL/v1/push on a stall, a new dump file and a trainer exit"),
     ("--push-timeout", "push_timeout_s", "FRSCOPE_PUSH_TIMEOUT", "float", 10.0, "seconds for one push"),

@@ -20,7 +20,7 @@ import html
 import inspect
 import json
 import time
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
@@ -34,6 +34,10 @@ T = TypeVar("T")
 DEFAULT_POLL_S = 2.0
 KEEPALIVE_S = 15.0
 UI_KEY: web.AppKey[WebUI] = cast("web.AppKey[WebUI]", web.AppKey("frscope_webui", object))
+# Set on a request by an access-control middleware: may this caller see jobs of that namespace? The
+# job list shows only those (a namespace the caller may not read is left out, not refused).
+VISIBLE_NAMESPACE = "frscope.visible_namespace"
+NamespaceCheck = Callable[[str], Awaitable[bool]]
 
 
 async def _resolve(value: T | Awaitable[T]) -> T:
@@ -63,8 +67,13 @@ class WebUI:
     async def on_shutdown(self, _: web.Application) -> None:
         self.closing.set()
 
-    async def _jobs(self) -> Sequence[JobSummary]:
-        return await _resolve(self.provider.jobs())
+    async def _jobs(self, request: web.Request) -> Sequence[JobSummary]:
+        jobs = await _resolve(self.provider.jobs())
+        visible: NamespaceCheck | None = request.get(VISIBLE_NAMESPACE)
+        if visible is None:
+            return jobs
+        shown = {ns for ns in {j.namespace for j in jobs} if await visible(ns)}
+        return [j for j in jobs if j.namespace in shown]
 
     async def _job(self, request: web.Request) -> tuple[str, str, JobDetail | None]:
         namespace, name = request.match_info["namespace"], request.match_info["name"]
@@ -74,12 +83,12 @@ class WebUI:
     async def index(self, request: web.Request) -> web.Response:
         if not request.path.endswith("/"):
             raise web.HTTPFound(request.path + "/")
-        jobs = await self._jobs()
+        jobs = await self._jobs(request)
         data = {"jobs": [j.to_dict() for j in jobs], "poll_s": max(self.poll_s, 3.0)}
         return web.Response(text=_jobs_page(jobs, data), content_type="text/html", headers=_NO_STORE)
 
-    async def jobs_json(self, _: web.Request) -> web.Response:
-        jobs = await self._jobs()
+    async def jobs_json(self, request: web.Request) -> web.Response:
+        jobs = await self._jobs(request)
         return web.json_response({"jobs": [j.to_dict() for j in jobs]}, headers=_NO_STORE)
 
     # -- one job -----------------------------------------------------------------------------------
@@ -212,11 +221,13 @@ def _jobs_page(jobs: Sequence[JobSummary], data: dict[str, Any]) -> str:
 
 
 def create_app(
-    provider: JobProvider, *, poll_s: float = DEFAULT_POLL_S, keepalive_s: float = KEEPALIVE_S
+    provider: JobProvider, *, poll_s: float = DEFAULT_POLL_S, keepalive_s: float = KEEPALIVE_S,
+    middlewares: Iterable[Any] = (),
 ) -> web.Application:
-    """The web UI as an aiohttp application, to mount with `add_subapp(prefix, app)` (or to run alone)."""
+    """The web UI as an aiohttp application, to mount with `add_subapp(prefix, app)` (or to run alone).
+    `middlewares` run before every route (the operator's access control)."""
     ui = WebUI(provider, poll_s=poll_s, keepalive_s=keepalive_s)
-    app = web.Application()
+    app = web.Application(middlewares=list(middlewares))
     app[UI_KEY] = ui
     app.on_shutdown.append(ui.on_shutdown)
     app.add_routes(

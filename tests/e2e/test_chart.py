@@ -79,7 +79,7 @@ def test_defaults_render_the_operator_webhook_and_dashboard_but_no_monitoring(
     objs = rendered["defaults"]
     assert _kinds(objs) == {
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "Secret",
-        "MutatingWebhookConfiguration", "ConfigMap",
+        "MutatingWebhookConfiguration", "ConfigMap", "NetworkPolicy",
     }
     for obj in objs:
         if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}:
@@ -117,7 +117,9 @@ def test_operator_pod_security_is_restricted(rendered: dict[str, list[dict[str, 
         assert sc.get("privileged", False) is False
         assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
     for volume in spec["volumes"]:
-        assert set(volume) & {"emptyDir", "secret"}, volume  # no hostPath
+        assert set(volume) & {"emptyDir", "secret", "projected"}, volume  # no hostPath
+        for source in volume.get("projected", {}).get("sources", []):
+            assert source["serviceAccountToken"]["audience"] == "frscope.io/sidecar"  # never the API's
 
 
 def test_webhook_is_opt_in_fails_open_and_skips_system_namespaces(
@@ -196,11 +198,13 @@ def test_rbac_is_least_privilege(rendered: dict[str, list[dict[str, Any]]]) -> N
     assert not [rule for rule in _rules(role) if "*" in rule["verbs"] + rule["resources"] + rule["apiGroups"]]
     resources = {r for _, r, _ in granted}
     assert resources == {"customresourcedefinitions", "pytorchjobs", "pytorchjobs/status", "pods", "events",
-                         "flightrecorderreports"}
+                         "flightrecorderreports", "tokenreviews", "subjectaccessreviews"}
     writes = {(g, r, v) for g, r, v in granted if v not in {"get", "list", "watch"}}
     assert writes == {
-        ("kubeflow.org", "pytorchjobs", "patch"),
+        # The job itself is only read; its condition goes through the status subresource.
         ("kubeflow.org", "pytorchjobs/status", "patch"),
+        ("authentication.k8s.io", "tokenreviews", "create"),
+        ("authorization.k8s.io", "subjectaccessreviews", "create"),
         ("", "events", "create"), ("", "events", "patch"),
         ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
         *{("frscope.io", "flightrecorderreports", v) for v in ("create", "update", "patch", "delete")},
@@ -224,8 +228,10 @@ def test_namespaced_install_grants_namespaced_rights_per_namespace(
 ) -> None:
     objs = rendered["namespaced"]
     cluster = one(objs, "ClusterRole")
-    assert {r for rule in _rules(cluster) for r in rule["resources"]} == {"customresourcedefinitions", "namespaces"}
-    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in _rules(cluster))
+    assert {r for rule in _rules(cluster) for r in rule["resources"]} == {
+        "customresourcedefinitions", "namespaces", "tokenreviews", "subjectaccessreviews"}
+    assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in _rules(cluster)
+               if not rule["resources"][0].endswith("reviews"))
     roles = of_kind(objs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
@@ -314,7 +320,7 @@ def test_dashboard_configmap_loads_the_json_file_with_settable_label(
 
 
 def test_network_policy_limits_only_the_sidecar_port(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    policies = of_kind(rendered["all-on"], "NetworkPolicy")
+    policies = [p for p in of_kind(rendered["all-on"], "NetworkPolicy") if p["metadata"]["name"].endswith("-sidecar")]
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
     policy = policies[0]["spec"]
     assert policy["podSelector"] == {"matchLabels": {"frscope.io/inject": "true"}}
@@ -327,8 +333,38 @@ def test_network_policy_limits_only_the_sidecar_port(rendered: dict[str, list[di
     assert "from" not in rest  # every other port: open to all
     tcp = sorted((p["port"], p["endPort"]) for p in rest["ports"] if p["protocol"] == "TCP")
     assert tcp == [(1, 9401), (9403, 65535)]
-    # Namespaces default to watchNamespaces.
-    assert len(of_kind(rendered["namespaced"], "NetworkPolicy")) == 2
+    # Namespaces default to watchNamespaces (and the operator's own policy comes with them).
+    assert len(of_kind(rendered["namespaced"], "NetworkPolicy")) == 3
+
+
+def test_network_policy_of_the_operator_is_on_by_default(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    [policy] = of_kind(rendered["defaults"], "NetworkPolicy")  # no training namespaces known: the operator's only
+    assert policy["metadata"]["namespace"] == "frscope-system"
+    spec = policy["spec"]
+    assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+    http_rule, webhook_rule = spec["ingress"]
+    assert http_rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+    # Pushes only from opted-in pods (of every namespace, as none is named); the webhook from anywhere.
+    opted_in = {"matchLabels": {"frscope.io/inject": "true"}}
+    assert http_rule["from"] == [{"namespaceSelector": {}, "podSelector": opted_in}]
+    assert webhook_rule == {"ports": [{"protocol": "TCP", "port": 9443}]}
+    named = [p for p in of_kind(rendered["all-on"], "NetworkPolicy") if p["metadata"]["name"].endswith("-operator")]
+    peers = named[0]["spec"]["ingress"][0]["from"]
+    assert [p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in peers[:2]] == [
+        "team-a", "team-b"]
+    assert peers[2]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+
+
+def test_auth_defaults_project_the_tokens_and_tell_the_webhook(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    pod = _deployment_pod(rendered["defaults"])["spec"]
+    container = pod["containers"][0]
+    assert "--sidecar-auth=kubernetes" in container["args"] and "--ui-auth=port-forward" in container["args"]
+    assert "--sidecar-token-file=/var/run/secrets/frscope/sidecar/token" in container["args"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "sidecar-token"]
+    [source] = volume["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == "frscope.io/sidecar"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["FRSCOPE_OPERATOR_IDENTITY"] == "system:serviceaccount:frscope-system:frs-frscope"
 
 
 def test_images_tags_digests_and_sidecar_settings(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -371,10 +407,12 @@ def test_schema_rejects_bad_values_with_a_clear_message(helm: Helm, sets: list[s
     assert re.search(message, proc.stderr), proc.stderr
 
 
-def test_network_policy_without_namespaces_fails_with_a_clear_message(helm: Helm) -> None:
-    proc = helm.run("template", "frs", str(CHART), "--set", "networkPolicy.enabled=true", check=False)
-    assert proc.returncode != 0
-    assert "networkPolicy.enabled needs networkPolicy.namespaces or operator.watchNamespaces" in proc.stderr
+def test_auth_none_leaves_out_the_tokens(helm: Helm) -> None:
+    objs = objects(helm, sets=["auth.sidecars=none"])
+    container = _deployment_pod(objs)["spec"]["containers"][0]
+    assert "--sidecar-auth=none" in container["args"]
+    assert not [a for a in container["args"] if a.startswith("--sidecar-token-file")]
+    assert "FRSCOPE_OPERATOR_IDENTITY" not in {e["name"] for e in container["env"]}
 
 
 def test_service_account_name_is_required_when_not_created(helm: Helm) -> None:

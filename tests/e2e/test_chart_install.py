@@ -229,9 +229,10 @@ CRDS = "customresourcedefinitions.apiextensions.k8s.io"
 
 # What the operator needs (docs/install.md, "Permissions"): (verb, resource, extra kubectl args).
 NEEDED = [
-    *[(v, JOBS, ()) for v in ("get", "list", "watch", "patch")],
-    ("get", JOBS, ("--subresource=status",)),
+    *[(v, JOBS, ()) for v in ("get", "list", "watch")],
     ("patch", JOBS, ("--subresource=status",)),
+    ("create", "tokenreviews.authentication.k8s.io", ()),
+    ("create", "subjectaccessreviews.authorization.k8s.io", ()),
     *[(v, "pods", ()) for v in ("get", "list", "watch")],
     ("list", JOBS, ("--all-namespaces",)),
     ("watch", "pods", ("--all-namespaces",)),
@@ -248,7 +249,8 @@ BEYOND = [
     *[(v, "secrets", ()) for v in ("get", "list", "watch")],
     ("list", "secrets", ("--all-namespaces",)),
     ("get", "configmaps", ()),
-    *[(v, JOBS, ()) for v in ("create", "update", "delete", "deletecollection")],
+    # The job itself is only read: frscope's bookkeeping lives in its reports.
+    *[(v, JOBS, ()) for v in ("create", "update", "patch", "delete", "deletecollection")],
     ("update", JOBS, ("--subresource=status",)),
     *[(v, "pods", ()) for v in ("create", "update", "patch", "delete")],
     ("create", "pods", ("--subresource=exec",)),
@@ -319,8 +321,10 @@ def _rules_list(kube: ControlPlane, user: str, namespace: str) -> dict[str, set[
 def test_the_whole_rule_set_is_exactly_the_needed_one(kube: ControlPlane, installed: Install) -> None:
     table = _rules_list(kube, installed.user, "some-team")
     assert table == {
-        JOBS: {"get", "list", "watch", "patch"},
-        f"{JOBS}/status": {"get", "patch"},
+        JOBS: {"get", "list", "watch"},
+        f"{JOBS}/status": {"patch"},
+        "tokenreviews.authentication.k8s.io": {"create"},
+        "subjectaccessreviews.authorization.k8s.io": {"create"},
         "pods": {"get", "list", "watch"},
         "events": {"create", "patch"},
         "events.events.k8s.io": {"create", "patch"},
@@ -390,7 +394,9 @@ def test_namespaced_install_is_limited_to_its_namespaces(helm: Helm, kube: Contr
             # kopf's namespace observer (watching a list of namespaces): read-only.
             assert _can_i(kube, user, "watch", "namespaces")
             assert not _can_i(kube, user, "create", "namespaces")
-            assert _rules_list(kube, user, other) == {CRDS: {"list", "watch"}, "namespaces": {"list", "watch"}}
+            assert _rules_list(kube, user, other) == {CRDS: {"list", "watch"}, "namespaces": {"list", "watch"},
+                                                      "tokenreviews.authentication.k8s.io": {"create"},
+                                                      "subjectaccessreviews.authorization.k8s.io": {"create"}}
             # The NetworkPolicy (endPort ranges included) is accepted in each training namespace.
             for ns in (team_a, team_b):
                 policy = _get(kube, "networkpolicy", f"{install.release}-frscope-sidecar", "-n", ns)

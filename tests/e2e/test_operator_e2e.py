@@ -334,12 +334,17 @@ def test_a_real_hang_is_diagnosed_into_the_job(kube: ControlPlane, report_crd: s
         # Nothing else was written into the status (the API server would prune it anyway).
         assert set(job["status"]) <= {"conditions", "replicaStatuses", "startTime", "completionTime",
                                       "lastReconcileTime"}
-        # frscope's progress lives under its prefix; kopf wrote nothing and added no finalizer.
+        # Nothing of frscope's or kopf's on the job itself (its bookkeeping is the report), no finalizer;
+        # its only write to the job went through the status subresource.
         annotations = job["metadata"].get("annotations", {})
-        assert not [k for k in annotations if "kopf" in k], annotations
+        assert not [k for k in annotations if "kopf" in k or k.startswith("frscope.io/")], annotations
         assert not job["metadata"].get("finalizers")
-        report_name = annotations["frscope.io/report"]
-        assert json.loads(annotations["frscope.io/incidents"])[0]["category"] == "RankNotJoined"
+        managed = kube.kubectl_json("get", "pytorchjob", JOB, "-n", namespace, "--show-managed-fields")
+        ours = [f for f in managed["metadata"]["managedFields"] if f["manager"] == "frscope-operator"]
+        assert ours and all(f.get("subresource") == "status" for f in ours), ours
+        [listed] = reports()
+        report_name = listed["metadata"]["name"]
+        assert listed["job"]["condition"]["reason"] == "RankNotJoined"
         for pod in pods:
             meta = kube.kubectl_json("get", "pod", pod, "-n", namespace)["metadata"]
             assert not meta.get("finalizers") and not [k for k in meta.get("annotations", {}) if "kopf" in k]
@@ -419,8 +424,8 @@ def test_sidecar_down_gives_a_partial_report_and_an_event(kube: ControlPlane, re
 async def test_api_client_against_the_real_server(kube: ControlPlane, report_crd: str, namespace: str,
                                                   operator_kubeconfig: Path) -> None:
     """Typed errors and retries of frscope.operator.kube as the real API server answers: a stale
-    resourceVersion is a Conflict, a second create AlreadyExists, status goes only through the status
-    subresource, unknown status fields are pruned, RBAC denies what the chart does not grant."""
+    resourceVersion is a Conflict, a second create AlreadyExists, unknown status fields are pruned,
+    RBAC denies what the chart does not grant (the job itself, Secrets)."""
     from frscope.operator.kube import (
         EVENTS,
         PYTORCHJOBS,
@@ -432,9 +437,10 @@ async def test_api_client_against_the_real_server(kube: ControlPlane, report_crd
         Resource,
         retry_on_conflict,
     )
+    from frscope.operator.login import login
     from frscope.operator.objects import JobRef
     from frscope.operator.publish import build_event, make_condition
-    from frscope.operator.runner import kube_client, load_connection
+    from frscope.operator.runner import kube_client
 
     kube.apply(pytorchjob(namespace))
     set_job_conditions(kube, namespace, training_conditions("Created", "Running"))
@@ -442,16 +448,20 @@ async def test_api_client_against_the_real_server(kube: ControlPlane, report_crd
     try:
         import kopf
 
-        client: KubeClient = kube_client(load_connection(kopf.OperatorSettings()), "e2e")
+        client: KubeClient = kube_client(login(kopf.OperatorSettings()), "e2e")
     finally:
         os.environ.pop("KUBECONFIG", None)
     try:
         job = await client.get(PYTORCHJOBS, namespace, JOB)
         stale = job["metadata"]["resourceVersion"]
-        await client.merge_patch(PYTORCHJOBS, namespace, JOB, {"metadata": {"annotations": {"frscope.io/x": "1"}}})
+        # The chart grants no write on the job itself (only its status).
+        with pytest.raises(Forbidden):
+            await client.merge_patch(PYTORCHJOBS, namespace, JOB, {"metadata": {"annotations": {"frscope.io/x": "1"}}})
+        await client.merge_patch(PYTORCHJOBS, namespace, JOB, subresource="status",
+                                 patch={"status": {"conditions": training_conditions("Created", "Running")}})
         with pytest.raises(Conflict) as conflict:
-            await client.merge_patch(PYTORCHJOBS, namespace, JOB,
-                                     {"metadata": {"resourceVersion": stale, "annotations": {"frscope.io/x": "2"}}})
+            await client.merge_patch(PYTORCHJOBS, namespace, JOB, subresource="status", patch={
+                "metadata": {"resourceVersion": stale}, "status": {"conditions": []}})
         assert not isinstance(conflict.value, AlreadyExists) and conflict.value.status == 409
 
         attempts = 0
@@ -471,9 +481,6 @@ async def test_api_client_against_the_real_server(kube: ControlPlane, report_crd
         job = await client.get(PYTORCHJOBS, namespace, JOB)
         assert [c["type"] for c in job["status"]["conditions"]] == [CONDITION, "Created", "Running"]
         assert "frscopeExtra" not in job["status"]  # pruned by the API server
-        # Status through the main resource is ignored (status subresource).
-        await client.merge_patch(PYTORCHJOBS, namespace, JOB, {"status": {"conditions": []}})
-        assert len((await client.get(PYTORCHJOBS, namespace, JOB))["status"]["conditions"]) == 3
 
         ref = JobRef(namespace, JOB, job["metadata"]["uid"])
         event = build_event(ref, reason="RankNotJoined", message="x" * 5000, incident="e2e", now=now(), instance="e2e")
@@ -517,7 +524,8 @@ def test_webhook_injects_the_sidecar_through_the_api_server(kube: ControlPlane, 
     ca = make_serving_cert(tmp_path / "tls")
     port = free_port()
     env = {"FRSCOPE_SIDECAR_IMAGE": "registry.invalid/frscope:e2e", "FRSCOPE_SIDECAR_PORT": "9402",
-           "FRSCOPE_RECORDER_BUFFER_SIZE": "3000", "FRSCOPE_SIDECAR_OPERATOR_URL": "http://frscope.frscope-system.svc:80"}
+           "FRSCOPE_RECORDER_BUFFER_SIZE": "3000", "FRSCOPE_SIDECAR_OPERATOR_URL": "http://frscope.frscope-system.svc:80",
+           "FRSCOPE_OPERATOR_IDENTITY": "system:serviceaccount:frscope-system:frscope"}
     args = ["--webhook-port", str(port), "--webhook-host", "127.0.0.1",
             "--webhook-cert-dir", str(tmp_path / "tls")]
     config_name = f"frscope-e2e-{namespace}"
@@ -569,6 +577,14 @@ def test_webhook_injects_the_sidecar_through_the_api_server(kube: ControlPlane, 
             assert trainer["terminationMessagePolicy"] == "FallbackToLogsOnError"
             assert any(v["name"] == "frscope" and "emptyDir" in v for v in created["spec"]["volumes"])
             assert created["metadata"]["annotations"]["frscope.io/injected"] == "native-sidecar"
+            # Kubernetes identity: the projected tokens, in the sidecar only, as the API server stored them.
+            assert "--operator-identity=system:serviceaccount:frscope-system:frscope" in sidecar["args"]
+            [tokens] = [v for v in created["spec"]["volumes"] if v["name"] == "frscope-token"]
+            audiences = [s["serviceAccountToken"].get("audience") for s in tokens["projected"]["sources"]
+                         if "serviceAccountToken" in s]
+            assert audiences == ["frscope.io/operator", None]
+            assert any(m["name"] == "frscope-token" for m in sidecar["volumeMounts"])
+            assert not any(m["name"] == "frscope-token" for m in trainer.get("volumeMounts", []))
 
             plain = kube.kubectl_json("create", "-f", "-", input=json.dumps(pod("not-opted-in", False)))
             assert "initContainers" not in plain["spec"] and "annotations" not in plain["metadata"]

@@ -97,15 +97,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* The operator's namespaced permissions: in its ClusterRole, or in a Role per watched namespace. */}}
 {{- define "frscope.namespacedRules" }}
-  # Watching PyTorchJobs (kopf event handlers and indexes), and writing frscope's own annotations on
-  # them (progress under frscope's prefix, the name of the report). No create, update or delete.
+  # Watching PyTorchJobs (kopf event handlers). Read-only: frscope's bookkeeping (which incidents
+  # are diagnosed) lives in its own FlightRecorderReports, not on the job.
   - apiGroups: ["kubeflow.org"]
     resources: ["pytorchjobs"]
-    verbs: ["get", "list", "watch", "patch"]
-  # The diagnosis condition in the job's status.conditions, through the status subresource.
+    verbs: ["get", "list", "watch"]
+  # The diagnosis condition in the job's status.conditions, through the status subresource: the only
+  # write on the job.
   - apiGroups: ["kubeflow.org"]
     resources: ["pytorchjobs/status"]
-    verbs: ["get", "patch"]
+    verbs: ["patch"]
   # The job's pods: where each rank runs, the sidecar's address (pod IP + named port), container
   # termination messages (the watchdog's timeout message). Read-only; no exec, no logs.
   - apiGroups: [""]

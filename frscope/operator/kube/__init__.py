@@ -1,7 +1,8 @@
-"""The operator's Kubernetes API client: typed resources, typed errors, retries with backoff."""
+"""The operator's Kubernetes API client: typed resources, typed errors, retries with backoff, rotating tokens."""
 
 from frscope.operator.kube.backoff import Backoff, retrying
 from frscope.operator.kube.client import JSON_PATCH, MERGE_PATCH, KubeClient, Resource, retry_on_conflict
+from frscope.operator.kube.credentials import BearerAuth, StaticToken, TokenFile
 from frscope.operator.kube.errors import (
     AlreadyExists,
     ApiError,
@@ -18,7 +19,14 @@ from frscope.operator.kube.errors import (
     Unauthorized,
     error_for,
 )
-from frscope.operator.kube.resources import EVENTS, PODS, PYTORCHJOBS, REPORTS
+from frscope.operator.kube.resources import (
+    EVENTS,
+    PODS,
+    PYTORCHJOBS,
+    REPORTS,
+    SUBJECTACCESSREVIEWS,
+    TOKENREVIEWS,
+)
 
 __all__ = [
     "EVENTS",
@@ -27,9 +35,12 @@ __all__ = [
     "PODS",
     "PYTORCHJOBS",
     "REPORTS",
+    "SUBJECTACCESSREVIEWS",
+    "TOKENREVIEWS",
     "AlreadyExists",
     "ApiError",
     "Backoff",
+    "BearerAuth",
     "BadRequest",
     "Conflict",
     "Forbidden",
@@ -40,6 +51,8 @@ __all__ = [
     "NotFound",
     "Resource",
     "ServerError",
+    "StaticToken",
+    "TokenFile",
     "TooManyRequests",
     "TransportError",
     "Unauthorized",

@@ -1,7 +1,9 @@
 """A small typed Kubernetes API client over aiohttp: the operator's own writes and reads.
 
-kopf watches; this client writes (status, annotations, Events, reports) with retries on transport
-errors, 429 and 5xx (`Backoff`), and maps every error answer to the tree in `errors.py`.
+kopf watches; this client writes (status, Events, reports, token and access reviews) with retries on
+transport errors, 429 and 5xx (`Backoff`), and maps every error answer to the tree in `errors.py`.
+The bearer token is asked of `auth` for every request (a rotated service-account token is picked
+up at once), and a 401 makes it re-read its source and try once more.
 Read-modify-write callers wrap their whole cycle in `retry_on_conflict`.
 """
 
@@ -17,6 +19,7 @@ import aiohttp
 
 from frscope.operator.bodies import read_capped
 from frscope.operator.kube.backoff import Backoff, retrying
+from frscope.operator.kube.credentials import BearerAuth
 from frscope.operator.kube.errors import (
     AlreadyExists,
     ApiError,
@@ -24,6 +27,7 @@ from frscope.operator.kube.errors import (
     KubeError,
     TooManyRequests,
     TransportError,
+    Unauthorized,
     error_for,
 )
 
@@ -66,8 +70,10 @@ class KubeClient:
     """One aiohttp session to one API server. Not bound to kopf: tests give it any session."""
 
     def __init__(self, session: aiohttp.ClientSession, server: str, *, backoff: Backoff | None = None,
-                 timeout_s: float = 30.0, field_manager: str = "frscope-operator") -> None:
+                 timeout_s: float = 30.0, field_manager: str = "frscope-operator",
+                 auth: BearerAuth | None = None) -> None:
         self._session = session
+        self._auth = auth
         self._server = server.rstrip("/")
         self._backoff = backoff or Backoff()
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
@@ -87,6 +93,9 @@ class KubeClient:
     async def _once(self, method: str, path: str, body: Any, params: Mapping[str, str] | None,
                     content_type: str | None) -> Any:
         headers = {"Accept": "application/json"}
+        token = self._auth.token() if self._auth is not None else None
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
         data: bytes | None = None
         if body is not None:
             data = json.dumps(body, separators=(",", ":")).encode()
@@ -119,12 +128,21 @@ class KubeClient:
             result: dict[str, Any] = await self._once(method, path, body, params, content_type)
             return result
 
-        return await retrying(
-            once,
-            self._backoff,
-            retry_if=lambda exc: isinstance(exc, KubeError) and exc.retryable,
-            delay_hint=lambda exc: exc.retry_after_s if isinstance(exc, TooManyRequests) else None,
-        )
+        def again() -> Awaitable[dict[str, Any]]:
+            return retrying(
+                once,
+                self._backoff,
+                retry_if=lambda exc: isinstance(exc, KubeError) and exc.retryable,
+                delay_hint=lambda exc: exc.retry_after_s if isinstance(exc, TooManyRequests) else None,
+            )
+
+        try:
+            return await again()
+        except Unauthorized:
+            # The token expired or was rotated under us: read it again, and try once with the new one.
+            if self._auth is None or not self._auth.reload():
+                raise
+            return await again()
 
     async def get(self, resource: Resource, namespace: str | None, name: str,
                   subresource: str | None = None) -> dict[str, Any]:

@@ -9,3 +9,6 @@ PODS = Resource("", "v1", "pods", "Pod")
 EVENTS = Resource("", "v1", "events", "Event")
 PYTORCHJOBS = Resource(names.JOB_GROUP, names.JOB_VERSION, names.JOB_PLURAL, names.JOB_KIND)
 REPORTS = Resource(names.REPORT_GROUP, names.REPORT_VERSION, names.REPORT_PLURAL, names.REPORT_KIND)
+TOKENREVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False)
+SUBJECTACCESSREVIEWS = Resource("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview",
+                                namespaced=False)

@@ -8,7 +8,6 @@ from frscope.operator.publish.publisher import (
     Publication,
     Published,
     Publisher,
-    asserted_condition,
 )
 from frscope.operator.publish.report_cr import build_report_cr, progress_lines, report_name
 
@@ -17,7 +16,6 @@ __all__ = [
     "Publication",
     "Published",
     "Publisher",
-    "asserted_condition",
     "build_event",
     "build_report_cr",
     "clip_line",

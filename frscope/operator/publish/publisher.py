@@ -1,21 +1,21 @@
-"""Write a diagnosis into the cluster: the report object, the job's annotations, its condition and
-Events. Every write is idempotent (deterministic names, read-modify-write with resourceVersion), so a
-publish cut short by a crash or an API error can simply run again.
+"""Write a diagnosis into the cluster: the report object, the job's condition and Events. Every write
+is idempotent (deterministic names, read-modify-write with resourceVersion), so a publish cut short
+by a crash or an API error can simply run again.
 
 Order matters for "exactly one report": the report is created first under a name derived from the
-incident, then the job's ledger annotation records the incident, then the condition and Events follow.
+incident (it is also the ledger: the operator rebuilds which incidents it diagnosed from the reports
+it watches), then the condition and Events follow. The job itself is only read, and its status
+written through the status subresource: no write permission on PyTorchJobs is needed.
 A job deleted meanwhile ends the publish quietly (`JobGone`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from frscope.operator import names
-from frscope.operator.incidents import IncidentRecord, Ledger
+from frscope.operator.incidents import IncidentRecord
 from frscope.operator.kube import (
     EVENTS,
     PYTORCHJOBS,
@@ -28,7 +28,7 @@ from frscope.operator.kube import (
 )
 from frscope.operator.objects import JobRef, job_conditions
 from frscope.operator.publish.condition import make_condition, needs_write, place_condition
-from frscope.operator.publish.events import build_event, clip_line
+from frscope.operator.publish.events import build_event
 
 log = logging.getLogger(__name__)
 
@@ -52,29 +52,9 @@ class Publication:
 @dataclass(slots=True)
 class Published:
     report: bool = False
-    ledger: bool = False
     condition: bool = False
     events: int = 0
     errors: dict[str, str] = field(default_factory=dict)  # step -> error
-
-
-def condition_annotation(reason: str, message: str, at: str) -> str:
-    return json.dumps({"reason": reason, "message": message, "at": at}, separators=(",", ":"))
-
-
-def asserted_condition(job: dict[str, Any]) -> dict[str, Any] | None:
-    """The condition frscope asserted on this job (from its annotation), if any."""
-    meta = job.get("metadata") or {}
-    raw = (meta.get("annotations") or {}).get(names.ANN_CONDITION)
-    if not isinstance(raw, str):
-        return None
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or not data.get("reason"):
-        return None
-    return make_condition(str(data["reason"]), clip_line(str(data.get("message") or "")), str(data.get("at") or ""))
 
 
 class Publisher:
@@ -104,15 +84,14 @@ class Publisher:
             log.error("job %s: could not create report %s: %s", pub.job.key, pub.record.report, exc)
         if not done.report:
             pub = _without_report(pub)
-        for step, write in (("ledger", self._record), ("condition", self._condition)):
-            try:
-                await write(pub)
-                setattr(done, step, True)
-            except JobGone:
-                raise
-            except KubeError as exc:
-                done.errors[step] = str(exc)
-                log.error("job %s: %s not written: %s", pub.job.key, step, exc)
+        try:
+            await self._condition(pub)
+            done.condition = True
+        except JobGone:
+            raise
+        except KubeError as exc:
+            done.errors["condition"] = str(exc)
+            log.error("job %s: condition not written: %s", pub.job.key, exc)
         for reason, message in pub.events:
             try:
                 await self.post_event(pub.job, reason=reason, message=message, incident=pub.record.id,
@@ -122,23 +101,6 @@ class Publisher:
                 done.errors[f"event {reason}"] = str(exc)
                 log.error("job %s: Event %s not posted: %s", pub.job.key, reason, exc)
         return done
-
-    async def _record(self, pub: Publication) -> None:
-        async def cycle() -> None:
-            job = await self._job(pub.job)
-            meta = job.get("metadata") or {}
-            ledger = Ledger.from_annotations(meta.get("annotations")).with_record(pub.record)
-            annotations = {
-                names.ANN_INCIDENTS: ledger.render(),
-                names.ANN_CONDITION: condition_annotation(pub.condition_reason, pub.condition_message,
-                                                          pub.record.at),
-            }
-            if pub.record.report:
-                annotations[names.ANN_REPORT] = pub.record.report
-            patch = {"metadata": {"resourceVersion": meta.get("resourceVersion"), "annotations": annotations}}
-            await self._kube.merge_patch(PYTORCHJOBS, pub.job.namespace, pub.job.name, patch)
-
-        await retry_on_conflict(cycle)
 
     async def _condition(self, pub: Publication) -> None:
         ours = make_condition(pub.condition_reason, pub.condition_message, pub.record.at)

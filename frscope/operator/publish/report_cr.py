@@ -106,7 +106,10 @@ def _trim_report(full: dict[str, Any], keep_ranks: set[int], limit: int,
 
 def build_report_cr(job: JobRef, report: Report, *, incident: str, attempt: str, signal: str,
                     missing_pods: dict[str, str], gathered_at: str, limit_bytes: int = DEFAULT_LIMIT_BYTES,
-                    ) -> dict[str, Any]:
+                    condition: tuple[str, str] | None = None) -> dict[str, Any]:
+    """The report object. It is also frscope's bookkeeping (the operator writes nothing on the job but
+    its condition): `job.incident/attempt/processGroupName` + `diagnosis.what.collectiveSeqId` say
+    which incident it diagnosed, `job.condition` (reason, message) what the job's condition says."""
     finding = report.findings[0] if report.findings else None
     name = report_name(job, incident)
     culprits = sorted(finding.culprit_ranks) if finding else []
@@ -161,9 +164,12 @@ def build_report_cr(job: JobRef, report: Report, *, incident: str, attempt: str,
             "gatheredAt": gathered_at,
             "ranksGathered": len(report.ranks_loaded),
             "worldSize": report.world_size,
+            "processGroupName": finding.process_group.name if finding else "",
         },
         "progress": progress_lines(report),
     }
+    if condition is not None:
+        obj["job"]["condition"] = {"reason": condition[0], "message": condition[1]}
     full = report_to_dict(report)
     keep = set(culprits) | set(report.missing_ranks[:64])
     trimmed, note = _trim_report(full, keep, limit_bytes, _size(obj) + 200)

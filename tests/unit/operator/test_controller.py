@@ -17,7 +17,6 @@ from frscope.operator.config import OperatorConfig
 from frscope.operator.controller import Controller
 from frscope.operator.evidence import from_snapshot
 from frscope.operator.gather import GatherOptions
-from frscope.operator.incidents import Ledger
 from frscope.operator.kube import KubeClient
 from frscope.operator.metrics import OperatorMetrics
 from frscope.operator.publish import Publisher
@@ -81,7 +80,7 @@ async def test_a_stall_yields_one_diagnosis_however_many_signals(
     gathers = sum(s.snapshot_requests for s in stand_ins)
 
     # More signals about the same incident: the stall again, the watchdog killing the trainer, the job failing.
-    await controller.on_job("MODIFIED", job)  # what the annotation write looks like to the watcher
+    await controller.on_job("MODIFIED", job)  # what the condition write looks like to the watcher
     await poll_once(controller, stand_ins)
     await controller.on_pod("MODIFIED", builders.pod(
         "train-worker-0", port=stand_ins[1].port, state=builders.terminated(builders.WATCHDOG_MESSAGE)))
@@ -103,10 +102,12 @@ async def test_operator_restart_mid_incident_makes_no_second_report(
     await poll_once(first, stand_ins)
     assert len(fake_kube.of("flightrecorderreports")) == 1
 
-    # A new operator process: it relists the job (with frscope's annotations) and the pods.
+    # A new operator process: it relists frscope's reports (its ledger), the job and the pods.
     second = make_controller(kube_client, session)
     job = fake_kube.get("pytorchjobs", "ml", "train")
-    assert job is not None
+    assert job is not None and not job["metadata"]["annotations"]  # nothing of frscope's on the job
+    for report in fake_kube.of("flightrecorderreports"):
+        await second.on_report(None, report)
     await second.on_job(None, job)
     for s in stand_ins:
         kind = "Master" if "master" in s.pod else "Worker"
@@ -115,18 +116,20 @@ async def test_operator_restart_mid_incident_makes_no_second_report(
     assert len(fake_kube.of("flightrecorderreports")) == 1 and len(fake_kube.of("events")) == 1
 
 
-async def test_restart_between_report_and_ledger_finds_its_own_report(
+async def test_restart_between_report_and_condition_finds_its_own_report(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
         hang_ranks: dict[int, Any]) -> None:
     first = make_controller(kube_client, session)
     stand_ins = await setup_job(fake_kube, first, sidecars, hang_ranks)
     # The report is created, then every write to the job fails: as if the operator died right there.
-    fake_kube.fail("PATCH", "/pytorchjobs/train", 500, times=100)
+    fake_kube.fail("PATCH", "/pytorchjobs/train/status", 500, times=100)
     await poll_once(first, stand_ins)
     job = fake_kube.get("pytorchjobs", "ml", "train")
-    assert job is not None and names.ANN_INCIDENTS not in job["metadata"]["annotations"]
+    assert job is not None and not any(c["type"] == names.CONDITION_TYPE for c in job["status"]["conditions"])
     fake_kube.faults.clear()
 
+    # The new process has not seen the report yet (its watch is still listing): it diagnoses again,
+    # finds the report already there under the incident's name, and writes the condition.
     second = make_controller(kube_client, session)
     await second.on_job(None, job)
     for s in stand_ins:
@@ -134,8 +137,31 @@ async def test_restart_between_report_and_ledger_finds_its_own_report(
     await poll_once(second, stand_ins)
     assert len(fake_kube.of("flightrecorderreports")) == 1  # same name: AlreadyExists, reused
     job = fake_kube.get("pytorchjobs", "ml", "train")
-    assert job is not None and len(Ledger.from_annotations(job["metadata"]["annotations"]).records) == 1
-    assert job["status"]["conditions"][0]["type"] == names.CONDITION_TYPE
+    assert job is not None and job["status"]["conditions"][0]["type"] == names.CONDITION_TYPE
+
+
+async def test_the_condition_is_put_back_from_the_report_after_a_restart(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    first = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, first, sidecars, hang_ranks)
+    await poll_once(first, stand_ins)
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["job"]["condition"]["reason"] == "RankNotJoined"
+    # The training operator rewrites the list without frscope's condition while no operator runs.
+    job = fake_kube.get("pytorchjobs", "ml", "train")
+    assert job is not None
+    theirs = [c for c in job["status"]["conditions"] if c["type"] != names.CONDITION_TYPE]
+    job = fake_kube.put("pytorchjobs", dict(job, status={"conditions": theirs}))
+
+    second = make_controller(kube_client, session)
+    await second.on_report(None, report)  # kopf lists the reports ...
+    await second.on_job(None, job)  # ... and the job: the condition goes back, first
+    await second.idle()
+    job = fake_kube.get("pytorchjobs", "ml", "train")
+    assert job is not None
+    assert [c["type"] for c in job["status"]["conditions"]] == [names.CONDITION_TYPE, *[c["type"] for c in theirs]]
+    assert job["status"]["conditions"][0]["message"] == report["job"]["condition"]["message"]
 
 
 async def test_sidecar_down_gives_a_partial_report_naming_missing_ranks(

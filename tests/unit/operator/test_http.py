@@ -12,8 +12,10 @@ import pytest
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from frscope.operator.access import SharedTokenPush
 from frscope.operator.evidence import PodEvidence
 from frscope.operator.http import Health, OperatorHttp
+from frscope.operator.kube import StaticToken
 from frscope.operator.metrics import OperatorMetrics
 from frscope.operator.objects import JobKey
 from tests.unit.operator.fakes import StandInSidecar
@@ -25,7 +27,8 @@ class Server:
         self.health = Health(max_silence_s=60)
         self.pushed: list[PodEvidence] = []
         self.http = OperatorHttp(registry=self.registry, metrics=OperatorMetrics(self.registry), health=self.health,
-                                 on_push=self.on_push, token=token, max_push_bytes=max_push_bytes)
+                                 on_push=self.on_push, push_auth=SharedTokenPush(StaticToken(token)) if token else None,
+                                 max_push_bytes=max_push_bytes)
         self.url = ""
 
     def on_push(self, snapshot: PodEvidence) -> JobKey | None:

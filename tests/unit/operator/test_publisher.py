@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from frscope.operator import names
-from frscope.operator.incidents import IncidentRecord, Ledger
+from frscope.operator.incidents import IncidentRecord, report_facts
 from frscope.operator.kube import KubeClient
 from frscope.operator.objects import JobRef
 from frscope.operator.publish import JobGone, Publication, Publisher, build_report_cr, make_condition
@@ -18,35 +16,37 @@ from tests.unit.operator.test_publish_builders import real_report
 
 def publication(job: JobRef, incident: str = "inc1") -> Publication:
     report = real_report("hang")
+    msg = report.findings[0].summary
     obj = build_report_cr(job, report, incident=incident, attempt="d/r0", signal="SidecarStall: test",
-                          missing_pods={}, gathered_at="2026-01-01T00:00:00Z")
+                          missing_pods={}, gathered_at="2026-01-01T00:00:00Z", condition=("RankNotJoined", msg))
     record = IncidentRecord(incident, "d/r0", "0", 4, "RankNotJoined", obj["metadata"]["name"],
                             "2026-01-01T00:00:00Z")
-    msg = report.findings[0].summary
     return Publication(job, record, obj, "RankNotJoined", msg, (("RankNotJoined", msg),))
 
 
-async def test_publish_writes_report_ledger_condition_and_event(fake_kube: FakeKube, kube_client: KubeClient) -> None:
+async def test_publish_writes_report_condition_and_event(fake_kube: FakeKube, kube_client: KubeClient) -> None:
     stored = fake_kube.put("pytorchjobs", builders.job())
     ref = JobRef("ml", "train", stored["metadata"]["uid"])
-    done = await Publisher(kube_client, instance="op-0").publish(publication(ref))
-    assert (done.report, done.ledger, done.condition, done.events, done.errors) == (True, True, True, 1, {})
+    pub = publication(ref)
+    done = await Publisher(kube_client, instance="op-0").publish(pub)
+    assert (done.report, done.condition, done.events, done.errors) == (True, True, 1, {})
 
     [report] = fake_kube.of("flightrecorderreports")
     assert report["metadata"]["ownerReferences"][0]["uid"] == ref.uid
+    # The report is the ledger: it reads back into the incident that was published.
+    facts = report_facts(report)
+    assert facts is not None and facts.record == pub.record and facts.job_uid == ref.uid
+    assert facts.condition == ("RankNotJoined", pub.condition_message)
     job = fake_kube.get("pytorchjobs", "ml", "train")
-    assert job is not None
-    annotations = job["metadata"]["annotations"]
-    assert annotations[names.ANN_REPORT] == report["metadata"]["name"]
-    assert Ledger.from_annotations(annotations).records[0].id == "inc1"
-    assert json.loads(annotations[names.ANN_CONDITION])["reason"] == "RankNotJoined"
+    assert job is not None and not job["metadata"]["annotations"]  # the job itself is never patched
     conditions = job["status"]["conditions"]
     assert conditions[0]["type"] == names.CONDITION_TYPE and conditions[-1]["type"] == "Running"
     [event] = fake_kube.of("events")
     assert event["type"] == "Warning" and event["involvedObject"]["uid"] == ref.uid
-    # Status went through the status subresource, annotations through the object.
+    # The only write on the job went through the status subresource.
     writes = [(m, p) for m, p, _ in fake_kube.writes()]
-    assert ("PATCH", "/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs/train/status") in writes
+    assert [w for w in writes if "/pytorchjobs/" in w[1]] == [
+        ("PATCH", "/apis/kubeflow.org/v1/namespaces/ml/pytorchjobs/train/status")]
     assert writes[0] == ("POST", "/apis/frscope.io/v1alpha1/namespaces/ml/flightrecorderreports")
 
 
@@ -60,7 +60,7 @@ async def test_publish_again_is_a_no_op(fake_kube: FakeKube, kube_client: KubeCl
     assert done.errors == {}
     assert len(fake_kube.of("flightrecorderreports")) == 1 and len(fake_kube.of("events")) == 1
     after = fake_kube.get("pytorchjobs", "ml", "train")
-    assert after is not None and len(Ledger.from_annotations(after["metadata"]["annotations"]).records) == 1
+    assert after is not None
     assert [c["type"] for c in after["status"]["conditions"]].count(names.CONDITION_TYPE) == 1
     assert fake_kube.of("events") == events_before
 
@@ -69,11 +69,11 @@ async def test_conflicts_and_server_errors_are_retried(fake_kube: FakeKube, kube
     stored = fake_kube.put("pytorchjobs", builders.job())
     ref = JobRef("ml", "train", stored["metadata"]["uid"])
     fake_kube.fail("PATCH", "/pytorchjobs/train/status", 409, reason="Conflict", times=2)
-    fake_kube.fail("PATCH", "/pytorchjobs/train", 500)
+    fake_kube.fail("PATCH", "/pytorchjobs/train/status", 500)
     fake_kube.fail("POST", "/events", 429)
     fake_kube.fail("POST", "/flightrecorderreports", 503)
     done = await Publisher(kube_client, instance="op-0").publish(publication(ref))
-    assert done.errors == {} and done.condition and done.ledger and done.report and done.events == 1
+    assert done.errors == {} and done.condition and done.report and done.events == 1
 
 
 async def test_a_failing_step_does_not_stop_the_others(fake_kube: FakeKube, kube_client: KubeClient) -> None:
@@ -82,9 +82,7 @@ async def test_a_failing_step_does_not_stop_the_others(fake_kube: FakeKube, kube
     fake_kube.fail("POST", "/flightrecorderreports", 403, times=10)
     done = await Publisher(kube_client, instance="op-0").publish(publication(ref))
     assert not done.report and "report" in done.errors
-    assert done.ledger and done.condition and done.events == 1
-    job = fake_kube.get("pytorchjobs", "ml", "train")
-    assert job is not None and names.ANN_REPORT not in job["metadata"]["annotations"]
+    assert done.condition and done.events == 1
 
 
 async def test_job_deleted_or_replaced(fake_kube: FakeKube, kube_client: KubeClient) -> None:

@@ -99,3 +99,28 @@ def test_settings_from_the_charts_environment() -> None:
     out = inject(pod, cfg)
     assert out is not None
     assert out["spec"]["initContainers"][0]["resources"] == {"requests": {"cpu": "20m"}}
+
+
+def test_kubernetes_identity_mounts_the_projected_tokens_in_the_sidecar_only() -> None:
+    cfg = injection_from_env({"FRSCOPE_OPERATOR_IDENTITY": "system:serviceaccount:frscope:frscope",
+                              "FRSCOPE_TOKEN_EXPIRATION_SECONDS": "1800"})
+    out = inject(training_pod(), cfg)
+    assert out is not None
+    [sidecar] = out["spec"]["initContainers"]
+    assert "--operator-identity=system:serviceaccount:frscope:frscope" in sidecar["args"]
+    assert "--kube-token-dir=/var/run/secrets/frscope" in sidecar["args"]
+    assert {"name": names.SIDECAR_TOKEN_VOLUME, "mountPath": "/var/run/secrets/frscope",
+            "readOnly": True} in sidecar["volumeMounts"]
+    [volume] = [v for v in out["spec"]["volumes"] if v["name"] == names.SIDECAR_TOKEN_VOLUME]
+    sources = volume["projected"]["sources"]
+    tokens = {s["serviceAccountToken"]["path"]: s["serviceAccountToken"] for s in sources if "serviceAccountToken" in s}
+    assert tokens["operator-token"]["audience"] == names.AUDIENCE_OPERATOR
+    assert "audience" not in tokens["api-token"]  # the API server's own: reads the issuer keys
+    assert {t["expirationSeconds"] for t in tokens.values()} == {1800}
+    assert {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}} in sources
+    # The trainers never see the tokens.
+    for container in out["spec"]["containers"]:
+        assert all(m["name"] != names.SIDECAR_TOKEN_VOLUME for m in container.get("volumeMounts", []))
+    # Without an operator identity, nothing of it.
+    plain = inject(training_pod(), InjectionConfig())
+    assert plain is not None and all(v["name"] != names.SIDECAR_TOKEN_VOLUME for v in plain["spec"]["volumes"])
