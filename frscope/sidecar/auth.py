@@ -30,8 +30,8 @@ import logging
 import os
 import ssl
 import time
-from dataclasses import dataclass
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
