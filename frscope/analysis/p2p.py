@@ -82,6 +82,7 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
         output_dtypes=entry.output_dtypes,
         since_ns=created or None,
         stalled_for_s=age,
+        age_source=ctx.age_source([rank]) if age is not None else None,
     )
     finding.ranks[rank] = ctx.rank_view(rank, group.name, entry)
     for culprit in culprits:
