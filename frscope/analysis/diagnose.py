@@ -102,6 +102,12 @@ def _missing_dumps(ctx: Context, waiting: list[tuple[GroupRef, int, str, list[in
         finding.stalled_for_s = age
         finding.age_source = ctx.age_source(joined) if age is not None else None
     finding.evidence.append("a missing dump is not proof of guilt: check the missing ranks' pod logs and exit codes")
+    if len(waiting) == 1:
+        finding.evidence.append(
+            f"every rank with a dump stopped at the same collective ({waiting[0][2]} #{waiting[0][1]}): the "
+            f"signature of {plural(missing)} crashing there, unless {'it was' if len(missing) == 1 else 'they were'} "
+            "the victim of an abort"
+        )
     for group_ref, seq, op, joined, _age in waiting[1:]:
         finding.evidence.append(f"{plural(joined)} also wait in {op} #{seq} of {group_ref.label()}")
     return finding

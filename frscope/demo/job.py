@@ -148,11 +148,11 @@ def write_recorder(dump_dir: Path | None, prefix: str, rank: int) -> None:
     tmp.replace(dump_dir / f"{prefix}{rank}")
 
 
-def forward_layers(grads: torch.Tensor, subgroup: dist.ProcessGroup | None, skip_subgroup: bool) -> None:
+def forward_layers(grads: torch.Tensor, layers: int, subgroup: dist.ProcessGroup | None, skip_subgroup: bool) -> None:
     """One step of "steps"/"jitter"/"crossgroup": the layers' all_reduces, in lockstep once every rank is in."""
     if subgroup is not None and not skip_subgroup:
         dist.all_reduce(grads, group=subgroup)  # e.g. a tensor-parallel reduction
-    for _ in range(LAYERS if subgroup is None else 1):
+    for _ in range(layers):
         dist.all_reduce(grads)
 
 
@@ -160,11 +160,11 @@ def train_step(step: int, rank: int, fault: str, culprit: bool, subgroup: dist.P
     grads = load_batch(step, rank, fault, culprit)
     at_fault = step == FAULT_STEP
     if fault in ("steps", "jitter"):
-        forward_layers(grads, None, False)
+        forward_layers(grads, LAYERS, None, False)
         return
     if fault == "crossgroup":
         # The culprit skips the subgroup's all_reduce and goes straight on to the default group's.
-        forward_layers(grads, subgroup, skip_subgroup=culprit and at_fault)
+        forward_layers(grads, 1, subgroup, skip_subgroup=culprit and at_fault)
         return
     if fault == "crash" and culprit and at_fault:
         os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does: no exception, no dump
