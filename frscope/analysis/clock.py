@@ -6,9 +6,9 @@ and a copied dump of a 14-second hang would read 'blocked for 14 h'. So, per ran
 1. `captured`: the collector's own clock when it read the recorder (snapshot metadata);
 2. `mtime`: the file's mtime, but only as a bounded hint. It can be no earlier than the newest entry
    across all ranks (the recorders were read after everything in them happened), and no later than
-   that newest entry plus the longest timeout of a collective still open: by then the watchdog has
-   fired and an on-timeout dump was written. Beyond that the mtime is a copy's, and the age is
-   capped there (`mtime-capped`);
+   the moment the first open collective's timeout ran out (its creation plus its `timeout_ms`): by
+   then the watchdog has fired and an on-timeout dump was written. Beyond that the mtime is a
+   copy's, and the age is capped there (`mtime-capped`);
 3. `entries`: the newest entry across ranks, a lower bound, when there is nothing else.
 
 The report says which one an age came from (`age_source`).
@@ -64,15 +64,16 @@ class Clock:
         if source == MTIME_CAPPED:
             copied = f"{fmt_duration(self.copied_by_s)} " if self.copied_by_s is not None else ""
             return (
-                f"the dump files' modification time, capped at {fmt_duration(self.cap_s)} after the newest entry "
-                f"(the collectives' timeout): the mtimes are {copied}later than that, as after a copy"
+                f"the dump files' modification time, capped where the stuck collective's timeout "
+                f"({fmt_duration(self.cap_s)}) ran out: the mtimes are {copied}later than that, as after a copy"
             )
         return _WORDS.get(source, source)
 
 
 def build_clock(dumpset: DumpSet, now_ns: int | None) -> Clock:
     newest: int | None = None
-    timeout_ms = 0
+    expires: int | None = None  # when the first open collective's timeout ran out
+    cap_s = DEFAULT_TIMEOUT_S
     for dump in dumpset.dumps.values():
         for entry in reversed(dump.entries):
             created = entry.time_created_ns
@@ -80,9 +81,11 @@ def build_clock(dumpset: DumpSet, now_ns: int | None) -> Clock:
                 newest = created if newest is None or created > newest else newest
                 break
         for entry in dump.entries:
-            if not entry.completed and entry.timeout_ms:
-                timeout_ms = max(timeout_ms, entry.timeout_ms)
-    cap_s = timeout_ms / 1000 if timeout_ms else DEFAULT_TIMEOUT_S
+            if not entry.completed and entry.timeout_ms and entry.time_created_ns:
+                end = entry.time_created_ns + entry.timeout_ms * 1_000_000
+                if expires is None or end < expires:
+                    expires, cap_s = end, entry.timeout_ms / 1000
+                break  # a rank's oldest open op is the one its watchdog fires on
     at: dict[int, int] = {}
     source: dict[int, str] = {}
     copied_by: float | None = None
@@ -93,7 +96,7 @@ def build_clock(dumpset: DumpSet, now_ns: int | None) -> Clock:
             at[rank], source[rank] = dump.captured_at_ns, CAPTURED if dump.captured_at_source in (
                 None, CAPTURED_SNAPSHOT) else dump.captured_at_source
         elif dump.captured_at_ns is not None and newest is not None:
-            limit = newest + int(cap_s * 1e9)
+            limit = max(newest, expires) if expires is not None else newest + int(cap_s * 1e9)
             if dump.captured_at_ns > limit:
                 late = (dump.captured_at_ns - limit) / 1e9
                 copied_by = late if copied_by is None else max(copied_by, late)

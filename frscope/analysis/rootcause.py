@@ -148,11 +148,11 @@ def _break_cycles(ctx: Context, findings: list[Finding], parent: dict[int, Findi
         root = breaker[0] if breaker else min(cycle, key=lambda f: (f.since_ns or 2**63, f.process_group.name))
         # Every member's parent link is cut at the root; the others then nest under it.
         del parent[id(root)]
-        if breaker:
-            root.evidence.insert(0, breaker[1])
         labels = ", ".join(f"{f.op} #{f.collective_seq_id} of {f.process_group.label()}" for f in cycle)
         root.evidence.insert(
             0,
             f"cross-group deadlock: {labels} wait for each other; their ranks issued these collectives "
             "in different orders",
         )
+        if breaker:
+            root.evidence.insert(0, breaker[1])
