@@ -23,7 +23,7 @@ def _latest(pod: PodInfo) -> Termination | None:
 
 
 def _node_order(pods: list[PodInfo]) -> dict[str, int]:
-    ordered = sorted(pods, key=lambda p: (p.replica_type != "Master", p.replica_index or 0, p.name))
+    ordered = sorted(pods, key=lambda p: (p.replica_type.lower() != "master", p.replica_index or 0, p.name))
     return {p.name: i for i, p in enumerate(ordered)}
 
 

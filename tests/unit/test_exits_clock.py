@@ -1,0 +1,61 @@
+"""RankExit parsing, and where an age comes from when dump files were copied (fresh mtimes)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from frscope.analysis import AnalysisOptions, Category, analyze
+from frscope.records import RankExit, exits_from_json, load_dumps
+from frscope.report import report_to_dict
+
+REAL = Path(__file__).parent.parent / "data" / "real"
+
+
+def test_exits_from_json_accepts_codes_and_objects() -> None:
+    exits = exits_from_json({"2": -9, "3": {"exit_code": 137, "reason": "OOMKilled", "restart_count": 1}}, "f.json")
+    assert exits[0] == RankExit(2, exit_code=-9, source="f.json")
+    assert exits[0].failed and "SIGKILL" in exits[0].describe()
+    assert exits[1].reason == "OOMKilled" and exits[1].restart_count == 1
+    assert not RankExit(0, exit_code=0).failed
+    with pytest.raises(ValueError, match="not a rank"):
+        exits_from_json({"x": 1}, "f.json")
+
+
+def _copy(tmp_path: Path, name: str, shift_s: float | None) -> Path:
+    target = tmp_path / name
+    shutil.copytree(REAL / name, target)  # copy2 keeps the mtimes, like `cp -p`
+    if shift_s is not None:
+        later = time.time() + shift_s
+        for path in target.iterdir():
+            os.utime(path, (later, later))  # what a plain `cp` or `kubectl cp` does
+    return target
+
+
+def test_copied_dumps_do_not_read_as_a_14_hour_hang(tmp_path: Path) -> None:
+    copied = _copy(tmp_path, "hang-pickle", 14 * 3600)
+    [finding] = analyze(load_dumps([copied]), AnalysisOptions(stall_after_s=1.0)).findings
+    assert finding.category is Category.RANK_NOT_JOINED and finding.culprit_ranks == (1,)
+    timeout_s = 1800  # what the gloo entries record (timeout_ms), the longest the dump can follow the hang
+    assert finding.stalled_for_s is not None and 1 < finding.stalled_for_s <= timeout_s
+    assert finding.age_source is not None and "as after a copy" in finding.age_source
+    assert "14 h" not in finding.summary
+    assert report_to_dict(analyze(load_dumps([copied]), AnalysisOptions(stall_after_s=1.0)))["findings"][0][
+        "age_source"] == finding.age_source
+
+
+def test_preserved_mtimes_and_snapshots_say_where_the_age_came_from(tmp_path: Path) -> None:
+    kept = _copy(tmp_path, "hang-pickle", None)
+    # As if written 20 s after the newest entry (a checkout gives them the checkout's time instead).
+    newest = max(e.time_created_ns or 0 for d in load_dumps([kept]).dumps.values() for e in d.entries)
+    for path in kept.iterdir():
+        os.utime(path, ns=(newest + 20 * 10**9, newest + 20 * 10**9))
+    [finding] = analyze(load_dumps([kept]), AnalysisOptions(stall_after_s=1.0)).findings
+    assert finding.age_source == "the dump files' modification time"
+    assert finding.stalled_for_s is not None and 20 <= finding.stalled_for_s < 25
+    [live] = analyze(load_dumps([REAL / "hang"]), AnalysisOptions(stall_after_s=1.0)).findings
+    assert live.age_source == "the capture time the collector recorded"
