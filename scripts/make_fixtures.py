@@ -35,10 +35,10 @@ OUT = REPO / "tests" / "data" / "real"
 # first half of the ranks: {0, 1} of 4, {0, 1, 2} of 6).
 FIXTURES: dict[str, tuple[str, int]] = {
     name: (name, 3 if name in ("size-bytes", "steps") else 4) for name in FAULTS
-} | {"crossgroup-6": ("crossgroup", 6), "steps-6": ("steps", 6)}
+} | {"crossgroup-6": ("crossgroup", 6), "steps-6": ("steps", 6), "pipeline-6": ("pipeline", 6)}
 # Raw torch pickles next to the JSON snapshots of the same run (torch's own dump format).
 PICKLE_FAULTS = ("none", "hang", "skip", "type", "size", "dtype", "p2p", "straggler", "steps", "jitter",
-                 "crossgroup", "crossgroup-6", "steps-6", "crash")
+                 "crossgroup", "crossgroup-6", "steps-6", "crash", "pipeline", "pipeline-6")
 PICKLE_PREFIX = "nccl_trace_rank_"
 TIMEOUT_S = 180.0  # generous: the fixtures are made on shared, busy machines too
 # Keep the job hung this long before collecting: the blocked collectives are then older than
@@ -85,6 +85,12 @@ EXPLAIN = {
     "param_sync seq 5 (rank 1 broke its own order of groups).",
     "crossgroup-6": "World size 6, subgroup {0, 1, 2}; as `crossgroup`, rank 1 skips param_sync all_reduce seq 5 "
     "at step 3 while ranks 0 and 2 wait in it. Expected: RankNotJoined, culprit 1, param_sync seq 5.",
+    "pipeline": "At step 3 every rank passes a tensor down a pipeline: `recv` from the previous rank, `send` to "
+    "the next (`pipeline_forward`; gloo records neither). Rank 1 is stuck in `load_batch` before its recv, so "
+    "rank 0's small send completes (buffered) and it waits in default_pg all_reduce seq 4; ranks 2 and 3 wait in "
+    "`recv`, each on the rank before it. Expected: culprit 1 (not the ranks waiting in the chain).",
+    "pipeline-6": "World size 6; as `pipeline`: rank 1 stuck in `load_batch`, ranks 2-5 wait in `recv` one "
+    "behind the other, rank 0 in all_reduce seq 4. Expected: culprit 1.",
     "crash": "Every step takes 0.3 s. Rank 2 writes a recorder dump after step 0 (a periodic dump), then is "
     "killed with SIGKILL at step 3 (as the OOM killer would). The survivors' default_pg all_reduce seq 4 fails "
     "('Connection closed/reset by peer'); each survivor writes its recorder as it fails (its entry is then "

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from frscope.analysis.collectives import hang_finding, scan_history, stuck_point
 from frscope.analysis.context import AnalysisOptions, Context
 from frscope.analysis.findings import Category, Finding, GroupProgress, GroupRef, RankProgress, Report
-from frscope.analysis.p2p import recorded_p2p, stack_p2p
+from frscope.analysis.p2p import recorded_p2p
+from frscope.analysis.p2p_stacks import stack_p2p
 from frscope.analysis.rootcause import Causes, link
 from frscope.analysis.stale import crash_signature, stale_ranks, stopped_finding
 from frscope.analysis.straggler import find_straggler

@@ -68,6 +68,10 @@ FAULTS: dict[str, Fault] = {
         Fault("crossgroup", (1,), "settle", 2,
               "every step all_reduces on the param_sync subgroup, then on the default group; the culprit "
               "skips the subgroup's all_reduce at the fault step and waits in the default group's"),
+        Fault("pipeline", (1,), "settle", 4,
+              "at the fault step every rank passes a tensor down a pipeline (recv from the previous rank, send "
+              "to the next); the culprit is stuck in its data loader before its recv, so the ranks after it "
+              "wait in recv, one behind the other"),
         Fault("crash", (2,), "poll", 3,
               "the culprit writes an early recorder dump after step 0 (a periodic dump), then is killed "
               "(SIGKILL) at the fault step; the survivors' all_reduce fails and each writes its recorder "

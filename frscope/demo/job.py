@@ -115,7 +115,7 @@ def start_pickle_dumper(dump_dir: Path, prefix: str, rank: int) -> None:
 
 
 def load_batch(step: int, rank: int, fault: str, culprit: bool) -> torch.Tensor:
-    if fault == "hang" and culprit and step == FAULT_STEP:
+    if fault in ("hang", "pipeline") and culprit and step == FAULT_STEP:
         # A data loader that never returns: the others wait for this rank in the step's all_reduce.
         while True:
             time.sleep(1.0)
@@ -137,6 +137,15 @@ def exchange_halo(rank: int) -> None:
     buf = torch.zeros(4)
     dist.recv(buf, src=peer)
     dist.send(buf, dst=peer)
+
+
+def pipeline_forward(rank: int, world: int) -> None:
+    """Pass activations down the stages: recv from the previous rank, send to the next (unrecorded by gloo)."""
+    activations = torch.zeros(4)
+    if rank > 0:
+        dist.recv(activations, src=rank - 1)
+    if rank < world - 1:
+        dist.send(activations, dst=rank + 1)
 
 
 def write_recorder(dump_dir: Path | None, prefix: str, rank: int) -> None:
@@ -166,6 +175,8 @@ def train_step(step: int, rank: int, fault: str, culprit: bool, subgroup: dist.P
         # The culprit skips the subgroup's all_reduce and goes straight on to the default group's.
         forward_layers(grads, 1, subgroup, skip_subgroup=culprit and at_fault)
         return
+    if fault == "pipeline" and at_fault:
+        pipeline_forward(rank, dist.get_world_size())
     if fault == "crash" and culprit and at_fault:
         os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does: no exception, no dump
     if fault == "p2p" and at_fault and culprit:
@@ -220,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.broadcast(params, src=0, group=subgroup)
 
     steps = {"straggler": STRAGGLER_STEPS, "steps": LAYER_STEPS, "jitter": LAYER_STEPS}.get(fault, STEPS)
-    ends_hung = fault in ("hang", "skip", "type", "p2p", "crossgroup")
+    ends_hung = fault in ("hang", "skip", "type", "p2p", "crossgroup", "pipeline")
     in_subgroup = subgroup if rank in sub_ranks else None
     for step in range(steps):
         if ends_hung and step == FAULT_STEP:
