@@ -2,8 +2,9 @@
 """Score frscope's verdicts on the project's own real-torch fixtures (tests/data/real) and write
 docs/accuracy.md.
 
-    .venv/bin/python scripts/accuracy.py            # writes docs/accuracy.md
-    .venv/bin/python scripts/accuracy.py --print    # only prints the table
+    .venv/bin/python scripts/accuracy.py                          # writes docs/accuracy.md
+    .venv/bin/python scripts/accuracy.py --print                  # only prints it
+    .venv/bin/python scripts/accuracy.py --baseline 9b6204b       # adds a column: frscope at that commit
 
 Each fixture is a real gloo job with one injected fault (scripts/make_fixtures.py; what each one did
 is in tests/data/real/README.md). A verdict is right when the first finding's category is one of
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -27,10 +29,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+# FRSCOPE_SRC: score another checkout's frscope on this corpus (what --baseline runs).
+sys.path.insert(0, os.environ.get("FRSCOPE_SRC") or str(REPO))
 
 from frscope.analysis import AnalysisOptions, analyze  # noqa: E402
-from frscope.records import exits_from_json, load_dumps  # noqa: E402
+from frscope.records import load_dumps  # noqa: E402
 
 REAL = REPO / "tests" / "data" / "real"
 OPTIONS = AnalysisOptions(stall_after_s=1.0)
@@ -60,6 +63,9 @@ CASES = [
         ("dtype", "DtypeMismatch"), ("dtype-pickle", "DtypeMismatch"))),
     *(_c(f, "p2p (stacks)", "P2PMismatch", (0, 1)) for f in ("p2p",)),
     *(_c(f, "p2p (no stacks)", "RankNotJoined", (0, 1)) for f in ("p2p-pickle",)),
+    *(_c(f, "p2p chain (stacks)", "P2PMismatch", (1,)) for f in ("pipeline", "pipeline-6")),
+    *(_c(f, "p2p chain (no stacks)", "P2PMismatch,RankNotJoined", (1,))
+      for f in ("pipeline-pickle", "pipeline-6-pickle")),
     *(_c(f, "straggler (every collective)", "Straggler", (2,)) for f in ("straggler", "straggler-pickle")),
     *(_c(f, "straggler (step boundaries)", "Straggler", (2,))
       for f in ("steps", "steps-pickle", "steps-6", "steps-6-pickle")),
@@ -92,12 +98,13 @@ def run_case(case: Case) -> tuple[bool, str]:
         dumpset = load_dumps([directory])
         kwargs: dict[str, Any] = {}
         if case.exits:
+            try:
+                from frscope.records import exits_from_json
+            except ImportError:  # an older frscope (a baseline) without exit evidence
+                return False, "(exit evidence not supported)"
             obj = json.loads((REAL / "crash-exits.json").read_text())
             kwargs["exits"] = {e.rank: e for e in exits_from_json(obj, "crash-exits.json")}
-        try:
-            report = analyze(dumpset, OPTIONS, **kwargs)
-        except TypeError:  # an older frscope without exit evidence
-            report = analyze(dumpset, OPTIONS)
+        report = analyze(dumpset, OPTIONS, **kwargs)
     if not case.categories:
         got = ", ".join(f"{f.category.value} {list(f.culprit_ranks)}" for f in report.findings) or "no finding"
         return not report.findings, got
@@ -114,30 +121,60 @@ def run_case(case: Case) -> tuple[bool, str]:
     return ok, got
 
 
+def _label(case: Case) -> str:
+    return case.fixture + (" + exits" if case.exits else "") + (" (copied)" if case.copied else "")
+
+
+def baseline(commit: str) -> dict[str, tuple[bool, str]]:
+    """Every case scored with frscope as it was at `commit` (extracted with git archive), in a child process."""
+    with tempfile.TemporaryDirectory() as src:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "frscope"], capture_output=True,
+                                 check=True).stdout
+        subprocess.run(["tar", "-x", "-C", src], input=archive, check=True)
+        out = subprocess.run([sys.executable, __file__, "--json"], env={**os.environ, "FRSCOPE_SRC": src},
+                             capture_output=True, text=True, check=True).stdout
+    return {k: (v[0], v[1]) for k, v in json.loads(out).items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--print", action="store_true", help="print the table, do not write docs/accuracy.md")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", metavar="COMMIT", help="also score frscope as it was at this commit (a column)")
     parser.add_argument("--out", type=Path, default=REPO / "docs" / "accuracy.md")
     args = parser.parse_args(argv)
+    if args.json:
+        print(json.dumps({_label(c): run_case(c) for c in CASES}))
+        return 0
+    before = baseline(args.baseline) if args.baseline else {}
     rows = []
     by_class: dict[tuple[str, str], list[bool]] = defaultdict(list)
+    before_class: dict[tuple[str, str], list[bool]] = defaultdict(list)
     for case in CASES:
         ok, got = run_case(case)
         expected = " or ".join(sorted(case.categories)) + f" {list(case.culprits)}" if case.categories else "no finding"
-        shown = case.fixture + (" + exits" if case.exits else "") + (" (copied)" if case.copied else "")
+        shown = _label(case)
+        was = before.get(shown)
+        then = f" {'yes' if was[0] else '**no**'}: {was[1]} |" if was else ""
         rows.append(f"| `{shown}` | {form(case.fixture)} | {case.fault_class} | {expected} | {got} | "
-                    f"{'yes' if ok else '**no**'} |")
+                    f"{'yes' if ok else '**no**'} |{then}")
         by_class[(case.fault_class, form(case.fixture))].append(ok)
+        if was:
+            before_class[(case.fault_class, form(case.fixture))].append(was[0])
     right = sum(ok for oks in by_class.values() for ok in oks)
     total = sum(len(oks) for oks in by_class.values())
-    summary = [f"| {cls} | {frm} | {sum(oks)} / {len(oks)} |" for (cls, frm), oks in by_class.items()]
+    summary = [f"| {cls} | {frm} | {sum(oks)} / {len(oks)} |"
+               + (f" {sum(before_class[(cls, frm)])} / {len(oks)} |" if before else "")
+               for (cls, frm), oks in by_class.items()]
+    then_right = sum(ok for oks in before_class.values() for ok in oks)
+    command = ".venv/bin/python scripts/accuracy.py" + (f" --baseline {args.baseline}" if args.baseline else "")
     text = "\n".join([
         "# Diagnosis accuracy on the real-torch fixture corpus",
         "",
         "Generated by `scripts/accuracy.py` (do not edit by hand):",
         "",
         "```",
-        ".venv/bin/python scripts/accuracy.py",
+        command,
         "```",
         "",
         "The corpus is `tests/data/real`: real torch gloo jobs on loopback, one injected fault each, made by",
@@ -150,16 +187,17 @@ def main(argv: list[str] | None = None) -> int:
         "files copied and their mtimes set 14 h later (as `cp`/`kubectl cp` do); the age must stay within",
         "the collective's timeout. `+ exits`: the exit codes of the run passed as evidence (`--exits`).",
         "",
-        f"**{right} of {total} right.**",
+        f"**{right} of {total} right**"
+        + (f" ({then_right} of {total} with frscope at `{args.baseline}`, before issue 13)." if before else "."),
         "",
-        "| fault class | input form | right |",
-        "|---|---|---|",
+        "| fault class | input form | right |" + (" baseline |" if before else ""),
+        "|---|---|---|" + ("---|" if before else ""),
         *summary,
         "",
         "## Every case",
         "",
-        "| fixture | input form | class | expected | frscope says | right |",
-        "|---|---|---|---|---|---|",
+        "| fixture | input form | class | expected | frscope says | right |" + (" baseline |" if before else ""),
+        "|---|---|---|---|---|---|" + ("---|" if before else ""),
         *rows,
         "",
     ])

@@ -87,10 +87,10 @@ EXPLAIN = {
     "at step 3 while ranks 0 and 2 wait in it. Expected: RankNotJoined, culprit 1, param_sync seq 5.",
     "pipeline": "At step 3 every rank passes a tensor down a pipeline: `recv` from the previous rank, `send` to "
     "the next (`pipeline_forward`; gloo records neither). Rank 1 is stuck in `load_batch` before its recv, so "
-    "rank 0's small send completes (buffered) and it waits in default_pg all_reduce seq 4; ranks 2 and 3 wait in "
-    "`recv`, each on the rank before it. Expected: culprit 1 (not the ranks waiting in the chain).",
-    "pipeline-6": "World size 6; as `pipeline`: rank 1 stuck in `load_batch`, ranks 2-5 wait in `recv` one "
-    "behind the other, rank 0 in all_reduce seq 4. Expected: culprit 1.",
+    "rank 0 waits in `send` (gloo's send waits for the matching recv) and ranks 2 and 3 wait in `recv`, each on "
+    "the rank before it. Expected: P2PMismatch, culprit 1 (not the ranks waiting on it).",
+    "pipeline-6": "World size 6; as `pipeline`: rank 1 stuck in `load_batch`, rank 0 waits in `send`, ranks 2-5 "
+    "in `recv` one behind the other. Expected: P2PMismatch, culprit 1.",
     "crash": "Every step takes 0.3 s. Rank 2 writes a recorder dump after step 0 (a periodic dump), then is "
     "killed with SIGKILL at step 3 (as the OOM killer would). The survivors' default_pg all_reduce seq 4 fails "
     "('Connection closed/reset by peer'); each survivor writes its recorder as it fails (its entry is then "
