@@ -260,10 +260,10 @@ def fixture_section(fault: str, job: CollectedJob) -> list[str]:
 def update_sections(readme_text: str, jobs: dict[str, CollectedJob]) -> str:
     """Replace (or add, before the facts) the sections of the fixtures just regenerated."""
     head, sep, tail = readme_text.partition(FACTS[0])
-    parts = head.split("\n### `")
-    sections = {p.split("`", 1)[0]: "### `" + p for p in parts[1:]}
+    parts = re.split(r"^(?=### `)", head, flags=re.MULTILINE)
+    sections = {p[len("### `"):].split("`", 1)[0]: p.rstrip("\n") + "\n\n" for p in parts[1:]}
     for fault, job in jobs.items():
-        sections[fault] = "\n".join(fixture_section(fault, job)) + "\n"
+        sections[fault] = "\n".join(fixture_section(fault, job)).rstrip("\n") + "\n\n"
     return parts[0] + "".join(sections.values()) + sep + tail
 
 
