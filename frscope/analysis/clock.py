@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from frscope.analysis.tracks import Track
 from frscope.analysis.wording import fmt_duration
 from frscope.records import CAPTURED_MTIME, CAPTURED_SNAPSHOT, DumpSet
 
@@ -70,22 +71,26 @@ class Clock:
         return _WORDS.get(source, source)
 
 
-def build_clock(dumpset: DumpSet, now_ns: int | None) -> Clock:
+def build_clock(dumpset: DumpSet, tracks: dict[str, dict[int, Track]], now_ns: int | None) -> Clock:
     newest: int | None = None
-    expires: int | None = None  # when the first open collective's timeout ran out
-    cap_s = DEFAULT_TIMEOUT_S
     for dump in dumpset.dumps.values():
         for entry in reversed(dump.entries):
             created = entry.time_created_ns
             if created:
                 newest = created if newest is None or created > newest else newest
                 break
-        for entry in dump.entries:
-            if not entry.completed and entry.timeout_ms and entry.time_created_ns:
-                end = entry.time_created_ns + entry.timeout_ms * 1_000_000
+    expires: int | None = None  # when the first open collective's timeout ran out
+    cap_s = DEFAULT_TIMEOUT_S
+    for by_rank in tracks.values():
+        for track in by_rank.values():
+            bucket = track.by_seq.get(track.next_seq)  # the rank's first open collective of the group
+            if not bucket:
+                continue
+            first = bucket[0]
+            if first.timeout_ms and first.time_created_ns:
+                end = first.time_created_ns + first.timeout_ms * 1_000_000
                 if expires is None or end < expires:
-                    expires, cap_s = end, entry.timeout_ms / 1000
-                break  # a rank's oldest open op is the one its watchdog fires on
+                    expires, cap_s = end, first.timeout_ms / 1000
     at: dict[int, int] = {}
     source: dict[int, str] = {}
     copied_by: float | None = None

@@ -36,7 +36,7 @@ class Context:
     clock: Clock = field(init=False)
 
     def __post_init__(self) -> None:
-        self.clock = build_clock(self.dumpset, self.options.now_ns)
+        self.clock = build_clock(self.dumpset, self.tracks, self.options.now_ns)
 
     def now_for(self, ranks: list[int]) -> int | None:
         """When the recorders of `ranks` were read (the latest of them); see `clock`."""

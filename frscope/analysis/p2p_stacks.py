@@ -4,9 +4,10 @@ A stack says which rank sits in `send`/`recv` and where it was called from, not 
 worker server's traceback carries no arguments). What it does show is enough for the common shapes:
 
 - a *chain*: consecutive ranks waiting in a receive, one behind the other, as pipeline stages do
-  (stage r receives from r - 1). The first of them waits on the rank before it; when that rank is
-  in no torch.distributed call at all (stuck in Python: a data loader, a checkpoint), it is the one
-  that breaks the pairing, and the ranks behind are its victims, not culprits;
+  (stage r receives from r - 1): the first of them waits on the rank before it. Consecutive ranks
+  waiting in a send (gloo's send waits for the matching receive) wait on the rank after the last of
+  them. When that rank is in no torch.distributed call at all (stuck in Python: a data loader, a
+  checkpoint), it is the one that breaks the pairing, and the waiting ranks are its victims;
 - a *closed* pairing: the blocked ranks wait only on each other (both sides receive first, or both
   send first): every one of them is a candidate, and the finding says so.
 """
@@ -26,10 +27,11 @@ def _site(ctx: Context, rank: int) -> str:
     return f" at {site.filename}:{site.line} ({site.name})" if site else ""
 
 
-def _runs(ranks: list[int]) -> list[list[int]]:
+def _runs(blocked: dict[int, str]) -> list[list[int]]:
+    """Consecutive ranks waiting in the same direction (all receiving, or all sending)."""
     runs: list[list[int]] = []
-    for rank in ranks:
-        if runs and rank == runs[-1][-1] + 1:
+    for rank in sorted(blocked):
+        if runs and rank == runs[-1][-1] + 1 and (blocked[rank] in RECEIVES) == (blocked[runs[-1][-1]] in RECEIVES):
             runs[-1].append(rank)
         else:
             runs.append([rank])
@@ -56,16 +58,19 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     culprits: list[int] = []
     pairings: list[str] = []
     closed: list[int] = []
-    for run in _runs(sorted(blocked)):
-        head, upstream = run[0], run[0] - 1
-        receiving = all(blocked[r] in RECEIVES for r in run)
-        if receiving and upstream in ctx.dumpset.dumps and upstream not in blocked and _in_python(ctx, upstream):
-            culprits.append(upstream)
-            behind = (f"; {plural(run[1:])} wait{'s' if len(run) == 2 else ''} behind it in {blocked[run[1]]}, "
-                      "each on the rank before") if len(run) > 1 else ""
+    for run in _runs(blocked):
+        receiving = blocked[run[0]] in RECEIVES
+        # Receivers wait on the stage before the first of them, senders on the stage after the last.
+        waiter, partner = (run[0], run[0] - 1) if receiving else (run[-1], run[-1] + 1)
+        if partner in ctx.dumpset.dumps and partner not in blocked and _in_python(ctx, partner):
+            culprits.append(partner)
+            others = [r for r in run if r != waiter]
+            behind = (f", and {plural(others)} wait{'s' if len(others) == 1 else ''} behind it in "
+                      f"{blocked[others[0]]}, each on the next rank in the chain") if others else ""
             pairings.append(
-                f"rank {head} waits in {blocked[head]}{_site(ctx, head)} for rank {upstream} (the stage before it), "
-                f"which never sends: it is {ctx.activity(upstream)}{behind}"
+                f"rank {waiter} waits in {blocked[waiter]}{_site(ctx, waiter)} for rank {partner} (the stage "
+                f"{'before' if receiving else 'after'} it), which never {'sends' if receiving else 'receives'}: "
+                f"it is {ctx.activity(partner)}{behind}"
             )
         else:
             closed.extend(run)

@@ -16,6 +16,7 @@ together). Uneven but unbiased jitter therefore stays quiet.
 
 from __future__ import annotations
 
+from heapq import nlargest
 from math import comb
 from statistics import median
 
@@ -24,7 +25,7 @@ from frscope.analysis.findings import Category, Finding, GroupRef, LateAt
 from frscope.analysis.tracks import Track
 from frscope.analysis.wording import plural
 
-SAMPLE = 400  # the most recent collectives of a group: steps of tens of collectives fit many times
+SAMPLE = 200  # the most recent collectives of a group, as straggler.py samples
 MIN_WAIT_MS = 50.0
 MIN_EVENTS = 3
 ALPHA = 0.01
@@ -56,22 +57,23 @@ def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -
         return None
     # Each rank's usual offset from the median rank (clock skew, a constant head start): removed.
     offsets: dict[int, list[float]] = {r: [] for r in ranks}
+    mids: list[float] = []
     for _, row in rows:
         mid = median(row.values())
+        mids.append(mid / 1e6)
         for rank, created in row.items():
             offsets[rank].append((created - mid) / 1e6)
     base = {r: median(v) for r, v in offsets.items()}
     threshold = max(MIN_WAIT_MS, ctx.options.clock_skew_ms)
     events: dict[int, list[LateAt]] = {r: [] for r in ranks}
     total = 0
-    for seq, row in rows:
-        mid = median(row.values()) / 1e6
-        adjusted = sorted((created / 1e6 - base[r], r) for r, created in row.items())
-        (second, _), (last, rank) = adjusted[-2], adjusted[-1]
+    for (seq, row), mid_ms in zip(rows, mids, strict=True):
+        # Only the last two arrivals matter: how long the next-latest waited for the latest.
+        (last, rank), (second, _) = nlargest(2, ((created / 1e6 - base[r], r) for r, created in row.items()))
         if last - second >= threshold:
             total += 1
             op = tracks[rank].by_seq[seq][0].op
-            events[rank].append(LateAt(seq, op, last - mid, last - second))
+            events[rank].append(LateAt(seq, op, last - mid_ms, last - second))
     if total < MIN_EVENTS:
         return None
     worst = max(ranks, key=lambda r: len(events[r]))
