@@ -72,6 +72,7 @@ CASES = [
     *(_c(f, "cross-group skip", "RankNotJoined", (1,))
       for f in ("crossgroup", "crossgroup-pickle", "crossgroup-6", "crossgroup-6-pickle")),
     _c("crash", "crash", "RankStopped,RankNotJoined,MissingDumps", (2,)),
+    _c("crash", "crash (+ exit codes)", "RankStopped", (2,), exits=True),
     _c("crash-pickle", "crash", "RankStopped,MissingDumps", (2,)),
     _c("crash-pickle", "crash (+ exit codes)", "RankStopped", (2,), exits=True),
     _c("stale-pickle", "stale dump", "RankStopped", (2,)),

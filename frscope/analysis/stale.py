@@ -6,7 +6,9 @@ rank N never completed". Two facts tell it apart, both from the dumps' contents:
 
 - the rank's recorder stops before sequence numbers that every other member of the group has
   finished: a collective cannot finish without every member, so the rank took part in them and its
-  dump was taken before (its newest entry is also older than the others' newest: `stale_by_s`);
+  dump was taken before; and its newest entry is older than the others' newest by at least
+  `stall_after_s` (`stale_by_s`): recorders read one after another while a job runs also differ by
+  a few collectives, but only by the time between the reads;
 - a rank with no dump at all, beside survivors whose last collective of the group is the same
   sequence number and finished (gloo retires a collective that failed because a peer died): the
   signature of a crash there.
@@ -73,7 +75,17 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     if not out or len(out) == len(with_entries):
         return {}
     others_newest = max((n for r in with_entries if r not in out and (n := _newest(ctx, r))), default=None)
-    return {r: Stale(r, s.last_seq, s.done_seq, _newest(ctx, r), others_newest) for r, s in out.items()}
+    found: dict[int, Stale] = {}
+    for rank, s in out.items():
+        newest = _newest(ctx, rank)
+        exit = exits.get(rank)
+        # Recorders read one after another while a job runs differ by a few collectives: without the
+        # runner's word that the rank failed, its dump must also be much older than the others'.
+        if not (exit is not None and exit.failed) and newest and others_newest:
+            if (others_newest - newest) / 1e9 < ctx.options.stall_after_s:
+                continue
+        found[rank] = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
+    return found
 
 
 def _exit_text(exit: RankExit | None) -> str:

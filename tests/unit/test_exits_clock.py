@@ -12,6 +12,7 @@ import pytest
 from frscope.analysis import AnalysisOptions, Category, analyze
 from frscope.records import RankExit, exits_from_json, load_dumps
 from frscope.report import report_to_dict
+from tests.unit import builders as b
 
 REAL = Path(__file__).parent.parent / "data" / "real"
 
@@ -59,3 +60,27 @@ def test_preserved_mtimes_and_snapshots_say_where_the_age_came_from(tmp_path: Pa
     assert finding.stalled_for_s is not None and 20 <= finding.stalled_for_s < 25
     [live] = analyze(load_dumps([REAL / "hang"]), AnalysisOptions(stall_after_s=1.0)).findings
     assert live.age_source == "the capture time the collector recorded"
+
+
+def test_recorders_read_one_after_another_in_a_running_job_are_not_stale(tmp_path: Path) -> None:
+    """A live gather reads ranks a few ms apart: one rank's recorder lags the others by collectives
+    they finished meanwhile. That is not a stale dump (unless the runner says the rank failed)."""
+    per_rank = {r: [b.entry(s, created_ns=b.T0 + s * 1_000_000) for s in range(1, 21)] for r in range(4)}
+    per_rank[2] = per_rank[2][:16]  # read 4 collectives (4 ms) earlier than the others
+    dumpset = load_dumps([b.job(tmp_path, per_rank, 4)])
+    live = AnalysisOptions(stall_after_s=1.0, now_ns=b.T0 + 21 * 1_000_000)  # read just after the last entry
+    assert analyze(dumpset, live).findings == []
+    [finding] = analyze(dumpset, live, exits={2: RankExit(2, exit_code=137)}).findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (2,)
+    assert finding.exits[2].exit_code == 137 and "SIGKILL" in finding.summary
+
+
+def test_a_dump_much_older_than_the_others_is_stale(tmp_path: Path) -> None:
+    minute = 60 * 10**9
+    per_rank = {r: [b.entry(s, created_ns=b.T0 + s * minute) for s in range(1, 21)] for r in range(4)}
+    per_rank[1] = per_rank[1][:5]  # its last dump is from 15 minutes before the others'
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(stall_after_s=10.0))
+    [finding] = report.findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (1,)
+    assert finding.stale_by_s == 15 * 60 and finding.collective_seq_id == 6
+    assert "#5 of group 0 (default_pg)" in finding.summary and "#6-#20" in finding.summary
