@@ -15,10 +15,13 @@ LAYERS = 5
 OPTIONS = AnalysisOptions(now_ns=b.T0 + 3600 * 10**9)
 
 
-def _job(tmp_path: Path, world: int, steps: int, delay_ms: dict[tuple[int, int], float]) -> dict[int, list[dict[str, object]]]:
+Dumps = dict[int, list[dict[str, object]]]
+
+
+def _job(world: int, steps: int, delay_ms: dict[tuple[int, int], float]) -> Dumps:
     """Steps of LAYERS all_reduces; a step starts when its latest rank arrives, then runs in lockstep.
     `delay_ms[(rank, step)]`: how late that rank's data loader makes it for the step's first collective."""
-    per_rank: dict[int, list[dict[str, object]]] = {r: [] for r in range(world)}
+    per_rank: Dumps = {r: [] for r in range(world)}
     t = b.T0
     seq = 0
     for step in range(steps):
@@ -35,7 +38,7 @@ def _job(tmp_path: Path, world: int, steps: int, delay_ms: dict[tuple[int, int],
 
 
 def test_rank_late_at_every_step_boundary_is_named(tmp_path: Path) -> None:
-    per_rank = _job(tmp_path, 2, 12, {(1, s): 300.0 for s in range(12)})
+    per_rank = _job(2, 12, {(1, s): 300.0 for s in range(12)})
     [finding] = analyze(load_dumps([b.job(tmp_path, per_rank, 2)]), OPTIONS).findings
     assert finding.category is Category.STRAGGLER and finding.culprit_ranks == (1,)
     assert [a.collective_seq_id for a in finding.late_at] == [1 + LAYERS * s for s in range(8)]
@@ -46,11 +49,11 @@ def test_unbiased_jitter_is_healthy(tmp_path: Path) -> None:
     rng = random.Random(7)
     world, steps = 8, 60
     delays = {(r, s): rng.uniform(0, 400) for r in range(world) for s in range(steps)}
-    per_rank = _job(tmp_path, world, steps, delays)
+    per_rank = _job(world, steps, delays)
     assert analyze(load_dumps([b.job(tmp_path, per_rank, world)]), OPTIONS).findings == []
 
 
 def test_a_few_late_steps_are_not_a_straggler(tmp_path: Path) -> None:
     # Late twice in 40 steps (a checkpoint, a GC pause): not a pattern.
-    per_rank = _job(tmp_path, 4, 40, {(3, 5): 500.0, (3, 30): 500.0})
+    per_rank = _job(4, 40, {(3, 5): 500.0, (3, 30): 500.0})
     assert analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), OPTIONS).findings == []
