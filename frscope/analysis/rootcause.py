@@ -92,6 +92,14 @@ def link(ctx: Context, findings: list[Finding], causes: Causes) -> list[Finding]
                 parent[id(finding)] = cause
                 break
 
+    # A rank that stopped early (stale or no dump, or died) explains every group it left waiting.
+    stopped = [f for f in findings if f.category is Category.RANK_STOPPED]
+    for finding in findings:
+        if finding.category in HANGS and id(finding) not in parent:
+            cause = next((s for s in stopped if set(finding.culprit_ranks) <= set(s.culprit_ranks)), None)
+            if cause is not None:
+                parent[id(finding)] = cause
+
     # Culprits stuck outside any collective explain every group they left waiting: keep the earliest.
     free = sorted(
         (f for f in findings if f.category is Category.RANK_NOT_JOINED and id(f) not in parent),

@@ -84,3 +84,28 @@ def test_a_dump_much_older_than_the_others_is_stale(tmp_path: Path) -> None:
     assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (1,)
     assert finding.stale_by_s == 15 * 60 and finding.collective_seq_id == 6
     assert "#5 of group 0 (default_pg)" in finding.summary and "#6-#20" in finding.summary
+
+
+def test_a_stopped_rank_is_the_one_root_across_its_groups(tmp_path: Path) -> None:
+    minute = 60 * 10**9
+    sub = ("1", "tp")
+    per_rank: dict[int, list[dict[str, object]]] = {}
+    for r in range(4):
+        entries: list[dict[str, object]] = []
+        for s in range(1, 21):
+            entries.append(b.entry(s, created_ns=b.T0 + s * minute, record_id=len(entries)))
+            if r in (0, 1):
+                entries.append(b.entry(s, pg=sub, created_ns=b.T0 + s * minute + 1, record_id=len(entries)))
+        per_rank[r] = entries
+    per_rank[1] = per_rank[1][:10]  # rank 1's dump is from step 5; rank 0 then waits for it in tp #21
+    per_rank[0].append(b.entry(21, pg=sub, state="scheduled", created_ns=b.T0 + 21 * minute, record_id=99))
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+              "1": {"name": "1", "desc": "tp", "ranks": "[0, 1]"}}
+    for rank, entries in per_rank.items():
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=4, pg_config=config))
+    dumpset = load_dumps([tmp_path])
+    report = analyze(dumpset, AnalysisOptions(now_ns=b.T0 + 22 * minute))
+    [root] = report.findings
+    assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (1,)
+    # Rank 0 waiting in tp #21 is not "NotCompleted": it waits for the rank that stopped.
+    assert all(c.category is not Category.NOT_COMPLETED for c in root.consequences)
