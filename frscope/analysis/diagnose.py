@@ -138,9 +138,12 @@ def _crashed(ctx: Context, missing: tuple[int, ...], failed: list[int],
             f"{'its process' if len(culprits) == 1 else 'their processes'} failed, "
             f"while {plural(survivors)} wait in {op} #{seq} of {ref.label()}{since}.{how}"
         )
+    entered = [b[0].time_created_ns for r in survivors
+               if (b := ctx.tracks.get(ref.name, {}).get(r, Track(r)).by_seq.get(seq)) and b[0].time_created_ns]
     finding = Finding(category=Category.RANK_STOPPED, culprit_ranks=tuple(culprits), process_group=ref,
                       summary=summary, collective_seq_id=seq, op=op, stalled_for_s=age,
-                      age_source=ctx.age_source(survivors) if age is not None else None)
+                      age_source=ctx.age_source(survivors) if age is not None else None,
+                      since_ns=min(entered) if entered else None)
     others = sorted(set(missing) - set(culprits))
     if others:
         finding.evidence.append(f"{plural(others)} also left no dump")
@@ -156,6 +159,21 @@ def analyze(dumpset: DumpSet, options: AnalysisOptions | None = None, *,
         return _analyze(dumpset, options or AnalysisOptions(), exits or {})
 
 
+def _when(exit: RankExit, finding: Finding) -> str:
+    """', 3 s before the others entered all_reduce #4': a death before the hang is its cause."""
+    if exit.finished_at_ns is None or finding.since_ns is None or finding.collective_seq_id is None:
+        return ""
+    if finding.last_seen_ns is not None:
+        return ""  # a stale dump's finding dates the rank's last entry, not a collective the others entered
+    delta = (finding.since_ns - exit.finished_at_ns) / 1e9
+    what = f"{finding.op or 'collective'} #{finding.collective_seq_id}"
+    if delta >= 1:  # finishedAt has second precision
+        return f", {fmt_duration(delta)} before the first rank entered {what}"
+    if delta <= -1:
+        return f", {fmt_duration(-delta)} after the first rank entered {what}"
+    return f", within a second of the first rank entering {what}"
+
+
 def _attach_exits(findings: list[Finding], exits: Mapping[int, RankExit]) -> None:
     """Every finding names how its culprits (and the ranks it shows) ended, where that is known."""
     for finding in findings:
@@ -164,7 +182,7 @@ def _attach_exits(findings: list[Finding], exits: Mapping[int, RankExit]) -> Non
             if exit is not None and rank not in finding.exits:
                 finding.exits[rank] = exit
                 if exit.failed and rank in finding.culprit_ranks:
-                    finding.evidence.append(f"rank {rank}'s process {exit.describe()}")
+                    finding.evidence.append(f"rank {rank}'s process {exit.describe()}" + _when(exit, finding))
         _attach_exits(finding.consequences, exits)
 
 

@@ -59,6 +59,7 @@ def rank_exits(pods: Iterable[PodInfo], evidence: dict[str, PodEvidence],
                 reason=term.reason,
                 message=one_line(term.message),
                 restart_count=pod.run,
+                finished_at_ns=term.finished_at_ns,
                 source=f"pod {pod.namespace}/{pod.name} container {term.container} (run {term.run})",
             )
     return out

@@ -109,3 +109,14 @@ def test_a_stopped_rank_is_the_one_root_across_its_groups(tmp_path: Path) -> Non
     assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (1,)
     # Rank 0 waiting in tp #21 is not "NotCompleted": it waits for the rank that stopped.
     assert all(c.category is not Category.NOT_COMPLETED for c in root.consequences)
+
+
+def test_a_death_before_the_hang_is_dated_against_it(tmp_path: Path) -> None:
+    per_rank = {r: [b.entry(s) for s in range(1, 6)] + [b.entry(6, state="started")] for r in (0, 1, 3)}
+    dumpset = load_dumps([b.job(tmp_path, per_rank, 4)])  # rank 2 left no dump
+    entered = b.T0 + 6 * 1_000_000
+    died = RankExit(2, exit_code=137, reason="OOMKilled", finished_at_ns=entered - 5 * 10**9)
+    [finding] = analyze(dumpset, AnalysisOptions(now_ns=entered + 3600 * 10**9), exits={2: died}).findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (2,)
+    assert "OOMKilled" in finding.summary
+    assert any("5 s before the first rank entered all_reduce #6" in e for e in finding.evidence)

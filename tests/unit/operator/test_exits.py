@@ -43,3 +43,9 @@ def test_termination_message_is_kept_to_one_line() -> None:
     pods = [pod_info(pod("train-worker-0", index=0, state=terminated("line one\n\nRuntimeError: boom\n", 1)))]
     [exit] = rank_exits(pods, {}, 1).values()
     assert exit.message == "line one | RuntimeError: boom" and exit.exit_code == 1
+
+
+def test_finished_at_is_kept_in_ns() -> None:
+    ended = {"terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": "2026-12-03T09:00:05Z"}}
+    [exit] = rank_exits([pod_info(pod("train-worker-0", index=0, state=ended))], {}, 1).values()
+    assert exit.finished_at_ns == 1796288405 * 10**9
