@@ -93,8 +93,8 @@ EXPLAIN = {
     "in `recv` one behind the other. Expected: P2PMismatch, culprit 1.",
     "crash": "Every step takes 0.3 s. Rank 2 writes a recorder dump after step 0 (a periodic dump), then is "
     "killed with SIGKILL at step 3 (as the OOM killer would). The survivors' default_pg all_reduce seq 4 fails "
-    "('Connection closed/reset by peer'); each survivor writes its recorder as it fails (its entry is then "
-    "retired: it looks finished) and exits 1. `crash/` holds each rank's last snapshot polled every 100 ms; "
+    "('Connection closed/reset by peer'); each survivor writes its recorder in its error handler (the failed "
+    "all_reduce is not retired yet there) and exits 1. `crash/` holds each rank's last snapshot polled every 100 ms; "
     "`crash-pickle/` the survivors' on-failure dumps only (rank 2 left none); `stale-pickle/` the same plus "
     "rank 2's early dump; `crash-exits.json` the exit codes. Expected: RankStopped, culprit 2.",
     "size-bytes": "World size 3. At step 3 rank 2 passes [16, 4] where the others pass [8, 4] "
@@ -259,12 +259,12 @@ def fixture_section(fault: str, job: CollectedJob) -> list[str]:
 
 def update_sections(readme_text: str, jobs: dict[str, CollectedJob]) -> str:
     """Replace (or add, before the facts) the sections of the fixtures just regenerated."""
-    head, sep, tail = readme_text.partition(FACTS[0])
+    head = readme_text.partition(FACTS[0])[0]
     parts = re.split(r"^(?=### `)", head, flags=re.MULTILINE)
     sections = {p[len("### `"):].split("`", 1)[0]: p.rstrip("\n") + "\n\n" for p in parts[1:]}
     for fault, job in jobs.items():
         sections[fault] = "\n".join(fixture_section(fault, job)).rstrip("\n") + "\n\n"
-    return parts[0] + "".join(sections.values()) + sep + tail
+    return parts[0] + "".join(sections.values()) + "\n".join(FACTS)
 
 
 FACTS = [
@@ -280,6 +280,10 @@ FACTS = [
         "  writes `'undefined'`).",
         "- p2p ops are in no entry; `pg_status` does not show them either in these runs (no entry, no",
         "  counter moved for the recv that never completed).",
+        "- A gloo `send` of a 16-byte tensor waits for the matching `recv` (`pipeline`: rank 0 sits in `send`",
+        "  while the next stage is stuck in Python).",
+        "- A recorder dumped in the error handler right after a peer died (`crash`) still shows the failed",
+        "  all_reduce as not retired: gloo retires it only later.",
         "",
 ]
 
