@@ -117,7 +117,8 @@ def run_case(case: Case) -> tuple[bool, str]:
     if case.copied:
         age = top.stalled_for_s
         timeout_s = 1800.0
-        got += f", stalled for {age:.0f} s" if age is not None else ", no age"
+        shown = f"{age / 3600:.0f} h" if age is not None and age >= 7200 else f"{age:.0f} s" if age is not None else ""
+        got += f", stalled for {shown}" if age is not None else ", no age"
         ok = ok and age is not None and age <= timeout_s
     return ok, got
 
