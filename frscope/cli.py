@@ -14,7 +14,7 @@ from frscope import __version__
 from frscope.analysis import AnalysisOptions, Report, analyze
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
 from frscope.demo.faults import DEMO_FAULTS
-from frscope.records import DEFAULT_MAX_BYTES, DumpSet, load_dumps
+from frscope.records import DEFAULT_MAX_BYTES, DumpSet, RankExit, exits_from_json, load_dumps
 from frscope.report import render_markdown, render_text, report_to_dict
 from frscope.report.entries import render_entries
 from frscope.report.filters import Filters
@@ -103,8 +103,26 @@ def cmd_analyze(args: argparse.Namespace) -> int:
         for problem in dumpset.problems:
             print(f"  - {problem}", file=sys.stderr)
         return EXIT_USAGE
-    report = analyze(dumpset, _options(args))
+    try:
+        exits = _exits(args.exits)
+    except ValueError as exc:
+        print(f"frscope analyze: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    report = analyze(dumpset, _options(args), exits=exits)
     return _emit(report, dumpset, args, filters)
+
+
+def _exits(path: str | None) -> dict[int, RankExit]:
+    """`--exits FILE`: how ranks' processes ended ({"2": 137} or {"2": {"exit_code": 137, "reason": ...}})."""
+    if not path:
+        return {}
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read(1 << 20)
+        obj = json.loads(raw)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--exits {path}: {exc}") from exc
+    return {e.rank: e for e in exits_from_json(obj, path)}
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -165,6 +183,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         type=float,
         default=DEFAULT_CLOCK_SKEW_MS,
         help="clock skew allowed between hosts before lateness counts (default %(default)s)",
+    )
+    analyze_p.add_argument(
+        "--exits", metavar="FILE",
+        help='JSON: how ranks\' processes ended, e.g. {"2": 137} or {"2": {"exit_code": 137, "reason": "OOMKilled"}}',
     )
     analyze_p.add_argument("--no-progress", action="store_true", help="no progress bar")
     analyze_p.add_argument(

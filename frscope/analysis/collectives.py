@@ -40,6 +40,7 @@ class StuckPoint:
     since_ns: int | None
     age_s: float | None
     stalled: bool
+    age_source: str | None = None
 
 
 def _same(a: Bucket, b: Bucket) -> bool:
@@ -323,7 +324,7 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track]) -> Stu
     now = ctx.now_for(joined)
     age = (now - since) / 1e9 if (now is not None and since is not None) else None
     stalled = age is None or age >= ctx.options.stall_after_s
-    return StuckPoint(seq, joined, not_joined, since, age, stalled)
+    return StuckPoint(seq, joined, not_joined, since, age, stalled, ctx.age_source(joined) if age is not None else None)
 
 
 def _stuck_finding(
@@ -350,6 +351,7 @@ def _stuck_finding(
         output_dtypes=sample.output_dtypes if sample else None,
         since_ns=point.since_ns,
         stalled_for_s=point.age_s,
+        age_source=point.age_source,
     )
 
 

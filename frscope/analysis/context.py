@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from frscope.analysis.clock import Clock, build_clock
 from frscope.analysis.findings import RankView
 from frscope.analysis.stacks import describe, main_stack, user_frame
 from frscope.analysis.tracks import Track, blocked_entry
@@ -32,12 +33,18 @@ class Context:
     tracks: dict[str, dict[int, Track]]
     options: AnalysisOptions
     _stacks: dict[int, tuple[Frame, ...]] = field(default_factory=dict)
+    clock: Clock = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.clock = build_clock(self.dumpset, self.tracks, self.options.now_ns)
 
     def now_for(self, ranks: list[int]) -> int | None:
-        if self.options.now_ns is not None:
-            return self.options.now_ns
-        times = [t for r in ranks if (d := self.dumpset.dumps.get(r)) and (t := d.captured_at_ns)]
-        return max(times) if times else None
+        """When the recorders of `ranks` were read (the latest of them); see `clock`."""
+        return self.clock.now_for(ranks)[0]
+
+    def age_source(self, ranks: list[int]) -> str | None:
+        """Where `now_for(ranks)` came from, in words for the report."""
+        return self.clock.describe(self.clock.now_for(ranks)[1])
 
     def live_stack(self, rank: int) -> tuple[Frame, ...]:
         cached = self._stacks.get(rank)

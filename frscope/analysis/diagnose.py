@@ -8,15 +8,20 @@ root causes, earliest divergence first.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from frscope.analysis.collectives import hang_finding, scan_history, stuck_point
 from frscope.analysis.context import AnalysisOptions, Context
 from frscope.analysis.findings import Category, Finding, GroupProgress, GroupRef, RankProgress, Report
-from frscope.analysis.p2p import recorded_p2p, stack_p2p
+from frscope.analysis.p2p import recorded_p2p
+from frscope.analysis.p2p_stacks import stack_p2p
 from frscope.analysis.rootcause import Causes, link
+from frscope.analysis.stale import crash_signature, stale_ranks, stopped_finding
 from frscope.analysis.straggler import find_straggler
+from frscope.analysis.stragglers_steps import find_step_straggler
 from frscope.analysis.tracks import Track, build_tracks
 from frscope.analysis.wording import fmt_duration, plural
-from frscope.records import DumpSet
+from frscope.records import DumpSet, RankExit
 from frscope.records.gcpause import gc_paused
 from frscope.records.membership import is_default_group
 
@@ -30,6 +35,7 @@ _PRIORITY = {
     Category.NOT_COMPLETED: 4,
     Category.MISSING_DUMPS: 5,
     Category.STRAGGLER: 6,
+    Category.RANK_STOPPED: 3,
 }
 
 
@@ -59,10 +65,15 @@ def _progress(ref: GroupRef, source: str, tracks: dict[int, Track]) -> GroupProg
     return GroupProgress(ref, source, ranks)
 
 
-def _missing_dumps(ctx: Context, waiting: list[tuple[GroupRef, int, str, list[int], float | None]]) -> Finding | None:
+def _missing_dumps(ctx: Context, waiting: list[tuple[GroupRef, int, str, list[int], float | None]],
+                   exits: Mapping[int, RankExit]) -> Finding | None:
     missing = ctx.dumpset.missing_ranks
     if not missing:
         return None
+    failed = [r for r in missing if (e := exits.get(r)) is not None and e.failed]
+    signature = None if waiting else crash_signature(ctx, missing)
+    if signature is not None or (failed and waiting):
+        return _crashed(ctx, missing, failed, signature, waiting, exits)
     groups = ctx.dumpset.groups
     biggest = max(
         (g for g in groups.values() if set(missing) & set(g.ranks)),
@@ -90,18 +101,92 @@ def _missing_dumps(ctx: Context, waiting: list[tuple[GroupRef, int, str, list[in
         finding.collective_seq_id = seq
         finding.op = op
         finding.stalled_for_s = age
+        finding.age_source = ctx.age_source(joined) if age is not None else None
     finding.evidence.append("a missing dump is not proof of guilt: check the missing ranks' pod logs and exit codes")
+    if len(waiting) == 1:
+        finding.evidence.append(
+            f"every rank with a dump stopped at the same collective ({waiting[0][2]} #{waiting[0][1]}): the "
+            f"signature of {plural(missing)} crashing there, unless {'it was' if len(missing) == 1 else 'they were'} "
+            "the victim of an abort"
+        )
     for group_ref, seq, op, joined, _age in waiting[1:]:
         finding.evidence.append(f"{plural(joined)} also wait in {op} #{seq} of {group_ref.label()}")
     return finding
 
 
-def analyze(dumpset: DumpSet, options: AnalysisOptions | None = None) -> Report:
+def _crashed(ctx: Context, missing: tuple[int, ...], failed: list[int],
+             signature: tuple[GroupRef, int, str, list[int]] | None,
+             waiting: list[tuple[GroupRef, int, str, list[int], float | None]],
+             exits: Mapping[int, RankExit]) -> Finding:
+    """A rank without a dump that crashed: the survivors stopped together, or its exit says it failed."""
+    culprits = failed or list(missing)
+    exit = exits.get(culprits[0])
+    how = f" Its process {exit.describe()}." if exit is not None else ""
+    if signature is not None:
+        ref, seq, op, survivors = signature
+        summary = (
+            f"{plural(culprits).capitalize()} left no dump, and {plural(survivors)} all stopped at {op} #{seq} of "
+            f"{ref.label()}, the last collective each finished (gloo retires a collective that failed because a "
+            f"peer died): the signature of {plural(culprits)} crashing there.{how}"
+        )
+        age = None
+    else:
+        ref, seq, op, survivors, age = waiting[0]
+        since = f" for {fmt_duration(age)}" if age is not None else ""
+        summary = (
+            f"{plural(culprits).capitalize()} left no dump and "
+            f"{'its process' if len(culprits) == 1 else 'their processes'} failed, "
+            f"while {plural(survivors)} wait in {op} #{seq} of {ref.label()}{since}.{how}"
+        )
+    entered = [b[0].time_created_ns for r in survivors
+               if (b := ctx.tracks.get(ref.name, {}).get(r, Track(r)).by_seq.get(seq)) and b[0].time_created_ns]
+    finding = Finding(category=Category.RANK_STOPPED, culprit_ranks=tuple(culprits), process_group=ref,
+                      summary=summary, collective_seq_id=seq, op=op, stalled_for_s=age,
+                      age_source=ctx.age_source(survivors) if age is not None else None,
+                      since_ns=min(entered) if entered else None)
+    others = sorted(set(missing) - set(culprits))
+    if others:
+        finding.evidence.append(f"{plural(others)} also left no dump")
+    finding.evidence.append("a missing dump beside survivors that stopped at one sequence number is a crash's "
+                            "signature; the exit code and termination message say why")
+    return finding
+
+
+def analyze(dumpset: DumpSet, options: AnalysisOptions | None = None, *,
+            exits: Mapping[int, RankExit] | None = None) -> Report:
+    """`exits`: how ranks' processes ended, where the runner knows (Kubernetes container statuses)."""
     with gc_paused():
-        return _analyze(dumpset, options or AnalysisOptions())
+        return _analyze(dumpset, options or AnalysisOptions(), exits or {})
 
 
-def _analyze(dumpset: DumpSet, options: AnalysisOptions) -> Report:
+def _when(exit: RankExit, finding: Finding) -> str:
+    """', 3 s before the others entered all_reduce #4': a death before the hang is its cause."""
+    if exit.finished_at_ns is None or finding.since_ns is None or finding.collective_seq_id is None:
+        return ""
+    if finding.last_seen_ns is not None:
+        return ""  # a stale dump's finding dates the rank's last entry, not a collective the others entered
+    delta = (finding.since_ns - exit.finished_at_ns) / 1e9
+    what = f"{finding.op or 'collective'} #{finding.collective_seq_id}"
+    if delta >= 1:  # finishedAt has second precision
+        return f", {fmt_duration(delta)} before the first rank entered {what}"
+    if delta <= -1:
+        return f", {fmt_duration(-delta)} after the first rank entered {what}"
+    return f", within a second of the first rank entering {what}"
+
+
+def _attach_exits(findings: list[Finding], exits: Mapping[int, RankExit]) -> None:
+    """Every finding names how its culprits (and the ranks it shows) ended, where that is known."""
+    for finding in findings:
+        for rank in sorted(set(finding.culprit_ranks) | set(finding.ranks)):
+            exit = exits.get(rank)
+            if exit is not None and rank not in finding.exits:
+                finding.exits[rank] = exit
+                if exit.failed and rank in finding.culprit_ranks:
+                    finding.evidence.append(f"rank {rank}'s process {exit.describe()}" + _when(exit, finding))
+        _attach_exits(finding.consequences, exits)
+
+
+def _analyze(dumpset: DumpSet, options: AnalysisOptions, exits: Mapping[int, RankExit]) -> Report:
     tracks_by_group = build_tracks(dumpset)
     ctx = Context(dumpset, tracks_by_group, options)
     findings: list[Finding] = []
@@ -112,6 +197,7 @@ def _analyze(dumpset: DumpSet, options: AnalysisOptions) -> Report:
     recorded_p2p_ranks: set[int] = set()
     default_ref: GroupRef | None = None
     any_missing = bool(dumpset.missing_ranks)
+    stopped_ranks: set[int] = set()
 
     for name, group in dumpset.groups.items():
         ref = GroupRef(name, group.desc, group.ranks)
@@ -122,8 +208,20 @@ def _analyze(dumpset: DumpSet, options: AnalysisOptions) -> Report:
         if not tracks:
             continue
         mismatch = scan_history(ctx, group, ref, tracks)
-        point = stuck_point(ctx, group, tracks)
-        hang = hang_finding(ctx, group, ref, tracks, point) if point else None
+        stale = stale_ranks(ctx, group, tracks, exits)
+        live = {r: t for r, t in tracks.items() if r not in stale} if stale else tracks
+        point = stuck_point(ctx, group, live)
+        hang = hang_finding(ctx, group, ref, live, point) if point else None
+        if stale:
+            fresh = {r: s for r, s in stale.items() if r not in stopped_ranks}
+            if fresh:
+                stopped = stopped_finding(ctx, ref, tracks, fresh, point, exits)
+                findings.append(stopped)
+                stopped_ranks.update(fresh)
+                if point is not None:
+                    at_point[(name, point.seq)] = stopped
+            if hang is not None and hang.category is Category.NOT_COMPLETED:
+                hang = None  # the others wait for the rank that stopped, not for the network
         missing_members = [r for r in group.ranks if r not in dumpset.dumps]
         unknown_members = any_missing and group.membership_source == "entries"
         suspects_missing = bool(missing_members or unknown_members)
@@ -150,7 +248,7 @@ def _analyze(dumpset: DumpSet, options: AnalysisOptions) -> Report:
         if p2p is not None:
             findings.append(p2p)
             recorded_p2p_ranks.update(p2p.culprit_ranks)
-        straggler = find_straggler(ctx, ref, tracks)
+        straggler = find_straggler(ctx, ref, tracks) or find_step_straggler(ctx, ref, tracks)
         if straggler is not None and not any(
             f.category is Category.STRAGGLER and f.culprit_ranks == straggler.culprit_ranks for f in findings
         ):
@@ -162,7 +260,7 @@ def _analyze(dumpset: DumpSet, options: AnalysisOptions) -> Report:
         findings.append(unrecorded)
     # The earliest wait first: that is where the missing ranks were last expected.
     order = sorted(range(len(waiting_on_missing)), key=waiting_since.__getitem__)
-    missing = _missing_dumps(ctx, [waiting_on_missing[i] for i in order])
+    missing = _missing_dumps(ctx, [waiting_on_missing[i] for i in order], exits)
     if missing is not None:
         findings.append(missing)
 
@@ -171,6 +269,7 @@ def _analyze(dumpset: DumpSet, options: AnalysisOptions) -> Report:
         for ref, seq, _op, _joined, _age in waiting_on_missing:
             at_point.setdefault((ref.name, seq), missing)
     roots = link(ctx, findings, causes)
+    _attach_exits(roots, exits)
     roots.sort(key=lambda f: (f.category is Category.STRAGGLER, f.since_ns or 2**63, _PRIORITY[f.category]))
     versions = tuple(sorted({d.version for d in dumpset.dumps.values() if d.version}))
     backends = [d.backend for d in dumpset.dumps.values() if d.backend]

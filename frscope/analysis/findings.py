@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from frscope.records import Frame, LoadProblem
+from frscope.records import Frame, LoadProblem, RankExit
 
 
 class Category(StrEnum):
@@ -21,6 +21,7 @@ class Category(StrEnum):
     P2P_MISMATCH = "P2PMismatch"
     NOT_COMPLETED = "NotCompleted"
     STRAGGLER = "Straggler"
+    RANK_STOPPED = "RankStopped"
 
 
 class Bucket(StrEnum):
@@ -41,6 +42,7 @@ BUCKET_OF: dict[Category, Bucket] = {
     Category.P2P_MISMATCH: Bucket.CPU_DIVERGENCE,
     Category.NOT_COMPLETED: Bucket.GPU_NETWORK,
     Category.STRAGGLER: Bucket.CPU_DIVERGENCE,
+    Category.RANK_STOPPED: Bucket.UNKNOWN,
 }
 
 
@@ -75,6 +77,17 @@ class RankView:
     call_site: Frame | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class LateAt:
+    """One collective a straggler reached late: how long after the median rank, and how long the
+    others (the next-latest rank) waited for it there."""
+
+    collective_seq_id: int
+    op: str
+    late_by_ms: float
+    waited_ms: float
+
+
 @dataclass(slots=True)
 class Finding:
     category: Category
@@ -98,6 +111,17 @@ class Finding:
     stalled_for_s: float | None = None
     late_by_ms: float | None = None
     ambiguous: bool = False  # no majority: the culprit ranks are candidates, not a verdict
+    # Where `stalled_for_s` (and other ages) came from: capture time, file mtime (bounded), entries.
+    age_source: str | None = None
+    # Straggler at step boundaries: the collectives where it was late (at most a few), and how often.
+    late_at: list[LateAt] = field(default_factory=list)
+    late_count: int | None = None
+    # RankStopped: when the culprit's recorder last saw anything (its newest entry), and how much older
+    # that is than the other ranks' newest entry.
+    last_seen_ns: int | None = None
+    stale_by_s: float | None = None
+    # How the ranks named here ended, where the runner knew (exit code, OOMKilled, restarts, message).
+    exits: dict[int, RankExit] = field(default_factory=dict)
     consequences: list[Finding] = field(default_factory=list)
 
     @property

@@ -1,16 +1,16 @@
 """Point-to-point ops: pending sends and receives that have no partner.
 
 NCCL records p2p ops ('nccl:send 0->1', 'nccl:recv 1<-0', group-local ranks, their own p2p_seq_id).
-Gloo records none at all, so there the only evidence is a rank's live stack sitting in send/recv.
+Gloo records none at all, so there the only evidence is a rank's live stack sitting in send/recv
+(`p2p_stacks.py`).
 """
 
 from __future__ import annotations
 
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
-from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in, user_frame
 from frscope.analysis.tracks import Track
-from frscope.analysis.wording import fmt_duration, plural
+from frscope.analysis.wording import fmt_duration
 from frscope.records import Entry, GroupInfo
 
 
@@ -82,6 +82,7 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
         output_dtypes=entry.output_dtypes,
         since_ns=created or None,
         stalled_for_s=age,
+        age_source=ctx.age_source([rank]) if age is not None else None,
     )
     finding.ranks[rank] = ctx.rank_view(rank, group.name, entry)
     for culprit in culprits:
@@ -92,50 +93,4 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             finding.culprit_stacks[culprit] = stack
     if entry.frames:
         finding.culprit_frames[rank] = entry.frames
-    return finding
-
-
-def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
-    """Ranks whose live stack sits in send/recv although the recorder shows nothing pending there:
-    the gloo case, where p2p ops are never recorded."""
-    blocked: dict[int, str] = {}
-    for rank in sorted(ctx.dumpset.dumps):
-        if rank in exclude:
-            continue
-        stack = ctx.live_stack(rank)
-        inside = blocked_in(stack)
-        if inside in P2P_FUNCTIONS:
-            blocked[rank] = inside
-    if not blocked:
-        return None
-    ranks = sorted(blocked)
-    parts = []
-    for rank in ranks[:8]:
-        site = user_frame(ctx.live_stack(rank))
-        where = f" at {site.filename}:{site.line} ({site.name})" if site else ""
-        parts.append(f"rank {rank} in {blocked[rank]}{where}")
-    backend = {d.backend for d in ctx.dumpset.dumps.values() if d.backend}
-    unrecorded = (
-        " (this backend does not record point-to-point ops, so only the stacks show them)"
-        if (backend <= {"gloo"})
-        else ""
-    )
-    summary = (
-        f"{plural(ranks).capitalize()} {'are' if len(ranks) > 1 else 'is'} blocked in point-to-point ops with no "
-        f"partner making progress{unrecorded}: " + "; ".join(parts) + "."
-    )
-    finding = Finding(
-        category=Category.P2P_MISMATCH,
-        culprit_ranks=tuple(ranks),
-        process_group=ref,
-        summary=summary,
-        op=blocked[ranks[0]],
-        ambiguous=len(ranks) > 1,
-    )
-    for rank in ranks[: ctx.options.max_rank_views]:
-        finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)
-        finding.culprit_stacks[rank] = ctx.live_stack(rank)
-    finding.evidence.append(
-        "a send/recv pair deadlocks when both sides send (or both receive) first, or when the peer or tag differ"
-    )
     return finding

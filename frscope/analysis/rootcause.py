@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from frscope.analysis.context import Context
+from frscope.analysis.crossgroup import breach_of, describe
 from frscope.analysis.findings import Category, Finding
 from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in
 from frscope.records import Entry
@@ -91,6 +92,14 @@ def link(ctx: Context, findings: list[Finding], causes: Causes) -> list[Finding]
                 parent[id(finding)] = cause
                 break
 
+    # A rank that stopped early (stale or no dump, or died) explains every group it left waiting.
+    stopped = [f for f in findings if f.category is Category.RANK_STOPPED]
+    for finding in findings:
+        if finding.category in HANGS and id(finding) not in parent:
+            cause = next((s for s in stopped if set(finding.culprit_ranks) <= set(s.culprit_ranks)), None)
+            if cause is not None:
+                parent[id(finding)] = cause
+
     # Culprits stuck outside any collective explain every group they left waiting: keep the earliest.
     free = sorted(
         (f for f in findings if f.category is Category.RANK_NOT_JOINED and id(f) not in parent),
@@ -102,7 +111,7 @@ def link(ctx: Context, findings: list[Finding], causes: Causes) -> list[Finding]
                 parent[id(later)] = earlier
                 break
 
-    _break_cycles(findings, parent)
+    _break_cycles(ctx, findings, parent)
 
     def root_of(finding: Finding) -> Finding:
         current = finding
@@ -120,7 +129,19 @@ def link(ctx: Context, findings: list[Finding], causes: Causes) -> list[Finding]
     return roots
 
 
-def _break_cycles(findings: list[Finding], parent: dict[int, Finding]) -> None:
+def _breaker(ctx: Context, cycle: list[Finding]) -> tuple[Finding, str] | None:
+    """The finding of the cycle whose culprit broke its own order of groups, with how it did."""
+    found: list[tuple[Finding, str]] = []
+    for finding in cycle:
+        for rank in finding.culprit_ranks[:MAX_HOPS]:
+            breach = breach_of(ctx, rank)
+            if breach is not None and breach.usual == finding.process_group.name:
+                found.append((finding, describe(ctx, breach)))
+                break
+    return found[0] if len(found) == 1 else None
+
+
+def _break_cycles(ctx: Context, findings: list[Finding], parent: dict[int, Finding]) -> None:
     by_id = {id(f): f for f in findings}
     for finding in findings:
         seen: list[int] = []
@@ -131,7 +152,9 @@ def _break_cycles(findings: list[Finding], parent: dict[int, Finding]) -> None:
         if current not in seen:
             continue  # reached a root: no cycle on this path
         cycle = [by_id[i] for i in seen[seen.index(current) :]]
-        root = min(cycle, key=lambda f: (f.since_ns or 2**63, f.process_group.name))
+        breaker = _breaker(ctx, cycle)
+        root = breaker[0] if breaker else min(cycle, key=lambda f: (f.since_ns or 2**63, f.process_group.name))
+        # Every member's parent link is cut at the root; the others then nest under it.
         del parent[id(root)]
         labels = ", ".join(f"{f.op} #{f.collective_seq_id} of {f.process_group.label()}" for f in cycle)
         root.evidence.insert(
@@ -139,3 +162,5 @@ def _break_cycles(findings: list[Finding], parent: dict[int, Finding]) -> None:
             f"cross-group deadlock: {labels} wait for each other; their ranks issued these collectives "
             "in different orders",
         )
+        if breaker:
+            root.evidence.insert(0, breaker[1])

@@ -16,6 +16,13 @@ STEPS = 6
 FAULT_STEP = 3
 STRAGGLER_STEPS = 20
 STRAGGLER_DELAY_S = 0.15
+# "steps" and "jitter": longer steps of several collectives each (a model's layers), so that
+# lateness at a step's first collective is diluted over the rest of the step.
+LAYER_STEPS = 8
+LAYERS = 4
+STEP_LATE_S = 0.4  # "steps": the culprit's data loader takes this much longer before every step
+JITTER_MAX_S = 0.25  # "jitter": every rank's loader takes a random 0..this before every step
+CRASH_STEP_S = 0.3  # "crash": every step takes this long, so the culprit's early dump is visibly older
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,23 @@ FAULTS: dict[str, Fault] = {
               "wait in the fault step's all_reduce"),
         Fault("straggler", (2,), "settle", 2,
               "the culprit sleeps 150 ms before every all_reduce for 20 steps; then every rank idles"),
+        Fault("steps", (2,), "settle", 2,
+              f"the culprit's data loader takes {STEP_LATE_S:g} s longer before each of {LAYER_STEPS} steps "
+              f"of {LAYERS} all_reduces: late at every step's first collective, in lockstep after it"),
+        Fault("jitter", (), "settle", 2,
+              f"healthy but uneven: every rank's data loader takes a random 0-{JITTER_MAX_S:g} s before each "
+              "step (no rank is late more often than the others)"),
+        Fault("crossgroup", (1,), "settle", 2,
+              "every step all_reduces on the param_sync subgroup, then on the default group; the culprit "
+              "skips the subgroup's all_reduce at the fault step and waits in the default group's"),
+        Fault("pipeline", (1,), "settle", 4,
+              "at the fault step every rank passes a tensor down a pipeline (recv from the previous rank, send "
+              "to the next); the culprit is stuck in its data loader before its recv, so the ranks after it "
+              "wait in recv, one behind the other"),
+        Fault("crash", (2,), "poll", 3,
+              "the culprit writes an early recorder dump after step 0 (a periodic dump), then is killed "
+              "(SIGKILL) at the fault step; the survivors' all_reduce fails and each writes its recorder "
+              "as it fails, then exits 1"),
         Fault("size-bytes", (2,), "poll", 3,
               "the culprit passes twice the bytes to an all_reduce: the rank receiving from it "
               "aborts with no dump, the others fail with 'Connection reset by peer'"),

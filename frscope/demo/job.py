@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
+import signal
 import sys
 import threading
 import time
@@ -30,8 +32,13 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _dump_fr_trace, _WorkerServer  # type: ignore[attr-defined]
 
 from frscope.demo.faults import (
+    CRASH_STEP_S,
     FAULT_STEP,
     FAULTS,
+    JITTER_MAX_S,
+    LAYER_STEPS,
+    LAYERS,
+    STEP_LATE_S,
     STEPS,
     STRAGGLER_DELAY_S,
     STRAGGLER_STEPS,
@@ -108,12 +115,19 @@ def start_pickle_dumper(dump_dir: Path, prefix: str, rank: int) -> None:
 
 
 def load_batch(step: int, rank: int, fault: str, culprit: bool) -> torch.Tensor:
-    if fault == "hang" and culprit and step == FAULT_STEP:
+    if fault in ("hang", "pipeline") and culprit and step == FAULT_STEP:
         # A data loader that never returns: the others wait for this rank in the step's all_reduce.
         while True:
             time.sleep(1.0)
     if fault == "size-bytes" and step == FAULT_STEP:
         time.sleep(SIZE_BYTES_PAUSE_S)
+    if fault == "steps" and culprit:
+        time.sleep(STEP_LATE_S)  # a slow data loader: late at the step's first collective only
+    if fault == "jitter":
+        # Uneven but unbiased: each rank draws its own delay per step; no rank is slow on purpose.
+        time.sleep(random.Random(rank * 1000 + step).uniform(0.0, JITTER_MAX_S))
+    if fault == "crash":
+        time.sleep(CRASH_STEP_S)
     return torch.full(GRAD_SHAPE, float(step + rank + 1))
 
 
@@ -125,9 +139,46 @@ def exchange_halo(rank: int) -> None:
     dist.send(buf, dst=peer)
 
 
-def train_step(step: int, rank: int, fault: str, culprit: bool) -> None:
+def pipeline_forward(rank: int, world: int) -> None:
+    """Pass activations down the stages: recv from the previous rank, send to the next (unrecorded by gloo)."""
+    activations = torch.zeros(4)
+    if rank > 0:
+        dist.recv(activations, src=rank - 1)
+    if rank < world - 1:
+        dist.send(activations, dst=rank + 1)
+
+
+def write_recorder(dump_dir: Path | None, prefix: str, rank: int) -> None:
+    """Write `_dump_fr_trace()` bytes to <dump_dir>/<prefix><rank> (a periodic or an on-failure dump)."""
+    if dump_dir is None:
+        return
+    tmp = dump_dir / f".{prefix}{rank}.partial"
+    tmp.write_bytes(_dump_fr_trace())
+    tmp.replace(dump_dir / f"{prefix}{rank}")
+
+
+def forward_layers(grads: torch.Tensor, layers: int, subgroup: dist.ProcessGroup | None, skip_subgroup: bool) -> None:
+    """One step of "steps"/"jitter"/"crossgroup": the layers' all_reduces, in lockstep once every rank is in."""
+    if subgroup is not None and not skip_subgroup:
+        dist.all_reduce(grads, group=subgroup)  # e.g. a tensor-parallel reduction
+    for _ in range(layers):
+        dist.all_reduce(grads)
+
+
+def train_step(step: int, rank: int, fault: str, culprit: bool, subgroup: dist.ProcessGroup | None = None) -> None:
     grads = load_batch(step, rank, fault, culprit)
     at_fault = step == FAULT_STEP
+    if fault in ("steps", "jitter"):
+        forward_layers(grads, LAYERS, None, False)
+        return
+    if fault == "crossgroup":
+        # The culprit skips the subgroup's all_reduce and goes straight on to the default group's.
+        forward_layers(grads, 1, subgroup, skip_subgroup=culprit and at_fault)
+        return
+    if fault == "pipeline" and at_fault:
+        pipeline_forward(rank, dist.get_world_size())
+    if fault == "crash" and culprit and at_fault:
+        os.kill(os.getpid(), signal.SIGKILL)  # what the OOM killer does: no exception, no dump
     if fault == "p2p" and at_fault and culprit:
         exchange_halo(rank)
     if culprit and at_fault:
@@ -179,14 +230,25 @@ def main(argv: list[str] | None = None) -> int:
         params = torch.arange(16, dtype=torch.float32) if rank == 0 else torch.zeros(16)
         dist.broadcast(params, src=0, group=subgroup)
 
-    steps = STRAGGLER_STEPS if fault == "straggler" else STEPS
-    ends_hung = fault in ("hang", "skip", "type", "p2p")
+    steps = {"straggler": STRAGGLER_STEPS, "steps": LAYER_STEPS, "jitter": LAYER_STEPS}.get(fault, STEPS)
+    ends_hung = fault in ("hang", "skip", "type", "p2p", "crossgroup", "pipeline")
+    in_subgroup = subgroup if rank in sub_ranks else None
     for step in range(steps):
         if ends_hung and step == FAULT_STEP:
             mark_phase(args.socket_dir, rank, f"step-{step}")
         if fault == "straggler" and culprit:
             time.sleep(STRAGGLER_DELAY_S)
-        train_step(step, rank, fault, culprit)
+        try:
+            train_step(step, rank, fault, culprit, in_subgroup)
+        except RuntimeError:
+            if fault != "crash":
+                raise
+            # A survivor: its all_reduce failed when the culprit died. Dump the recorder as it fails
+            # (gloo writes none itself), the way a training script's error handler would.
+            write_recorder(args.pickle_dump_dir, args.pickle_prefix, rank)
+            return 1
+        if fault == "crash" and culprit and step == 0:
+            write_recorder(args.pickle_dump_dir, args.pickle_prefix, rank)  # a periodic dump, soon stale
 
     if fault == "skip" and culprit:
         mark_phase(args.socket_dir, rank, "save_checkpoint")

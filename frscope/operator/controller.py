@@ -22,6 +22,7 @@ from frscope.operator import names
 from frscope.operator.config import OperatorConfig
 from frscope.operator.diagnose import Diagnosis, diagnose
 from frscope.operator.evidence import PodEvidence
+from frscope.operator.exits import rank_exits
 from frscope.operator.gather import Decoder, Gathered, Target, gather
 from frscope.operator.incidents import Attempt, IncidentKey, IncidentRecord, Ledger, report_facts
 from frscope.operator.kube import KubeError
@@ -266,7 +267,8 @@ class Controller:
             return
         diagnosis = await diagnose(gathered, view.world_size,
                                    AnalysisOptions(stall_after_s=self.config.stall_after_s,
-                                                   clock_skew_ms=self.config.clock_skew_ms))
+                                                   clock_skew_ms=self.config.clock_skew_ms),
+                                   exits=rank_exits(view.pods, gathered.pods, view.world_size))
         report = diagnosis.report
         if report.healthy:
             log.info("job %s: %s: no problem found in %d ranks", view.key, sig.kind.value, len(report.ranks_loaded))

@@ -8,11 +8,12 @@ and the ranks the job should have but nobody delivered are the report's missing 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from frscope.analysis import AnalysisOptions, Report, analyze
 from frscope.operator.gather import Gathered
-from frscope.records import DumpSet, LoadProblem, RankDump, assemble
+from frscope.records import DumpSet, LoadProblem, RankDump, RankExit, assemble
 
 
 @dataclass(slots=True)
@@ -36,10 +37,13 @@ def build_dumpset(gathered: Gathered, world_size: int | None) -> DumpSet:
     return assemble(dumps, problems, world_size)
 
 
-def diagnose_sync(gathered: Gathered, world_size: int | None, options: AnalysisOptions) -> Diagnosis:
+def diagnose_sync(gathered: Gathered, world_size: int | None, options: AnalysisOptions,
+                  exits: Mapping[int, RankExit] | None = None) -> Diagnosis:
+    """`exits`: how ranks' containers ended (`frscope.operator.exits.rank_exits`), evidence beside the dumps."""
     dumpset = build_dumpset(gathered, world_size)
-    return Diagnosis(analyze(dumpset, options), dumpset, dict(gathered.failures))
+    return Diagnosis(analyze(dumpset, options, exits=exits), dumpset, dict(gathered.failures))
 
 
-async def diagnose(gathered: Gathered, world_size: int | None, options: AnalysisOptions) -> Diagnosis:
-    return await asyncio.to_thread(diagnose_sync, gathered, world_size, options)
+async def diagnose(gathered: Gathered, world_size: int | None, options: AnalysisOptions,
+                   exits: Mapping[int, RankExit] | None = None) -> Diagnosis:
+    return await asyncio.to_thread(diagnose_sync, gathered, world_size, options, exits)

@@ -5,6 +5,7 @@ Pure functions over the raw dicts kopf hands over; nothing here talks to the API
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import re
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ class Termination:
     exit_code: int | None
     reason: str
     message: str
+    finished_at_ns: int | None = None  # `finishedAt` (RFC 3339, second precision), ns since the epoch
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +155,20 @@ def _termination(container: str, run: int, raw: Any) -> Termination | None:
         exit_code=code if isinstance(code, int) else None,
         reason=str(terminated.get("reason") or ""),
         message=str(terminated.get("message") or ""),
+        finished_at_ns=_rfc3339_ns(terminated.get("finishedAt")),
     )
+
+
+def _rfc3339_ns(value: Any) -> int | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.UTC)
+    return int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000
 
 
 def pod_info(pod: dict[str, Any]) -> PodInfo:

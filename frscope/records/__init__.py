@@ -8,8 +8,11 @@ from frscope.records.errors import (
     UnknownFormat,
     UnsafePickle,
 )
+from frscope.records.exits import RankExit, exits_from_json
 from frscope.records.loader import DEFAULT_MAX_BYTES, assemble, decode_bytes, load_dumps, load_file, rank_from_name
 from frscope.records.model import (
+    CAPTURED_MTIME,
+    CAPTURED_SNAPSHOT,
     COMPLETED,
     P2P_OPS,
     SCHEDULED,
@@ -26,6 +29,8 @@ from frscope.records.model import (
 from frscope.records.normalize import normalize_dump
 
 __all__ = [
+    "CAPTURED_MTIME",
+    "CAPTURED_SNAPSHOT",
     "COMPLETED",
     "DEFAULT_MAX_BYTES",
     "P2P_OPS",
@@ -42,11 +47,13 @@ __all__ = [
     "PgConfig",
     "PgStatus",
     "RankDump",
+    "RankExit",
     "TruncatedDump",
     "UnknownFormat",
     "UnsafePickle",
     "assemble",
     "decode_bytes",
+    "exits_from_json",
     "load_dumps",
     "load_file",
     "normalize_dump",

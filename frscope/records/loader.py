@@ -21,7 +21,7 @@ from typing import Any
 from frscope.records.errors import DumpError, DumpTooLarge, TruncatedDump, UnknownFormat
 from frscope.records.gcpause import gc_paused
 from frscope.records.membership import build_groups
-from frscope.records.model import DumpSet, LazyFrames, LoadProblem, RankDump
+from frscope.records.model import CAPTURED_MTIME, DumpSet, LazyFrames, LoadProblem, RankDump
 from frscope.records.normalize import entries_of, normalize_dump
 from frscope.records.safe_pickle import safe_loads
 
@@ -154,6 +154,7 @@ def load_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, *, keep_frames: bo
     if dump.captured_at_ns is None:
         try:
             dump.captured_at_ns = path.stat().st_mtime_ns
+            dump.captured_at_source = CAPTURED_MTIME
         except OSError:
             pass
     return dump

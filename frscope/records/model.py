@@ -16,6 +16,9 @@ SCHEDULED = "scheduled"
 STARTED = "started"
 COMPLETED = "completed"
 
+CAPTURED_SNAPSHOT = "snapshot"
+CAPTURED_MTIME = "mtime"
+
 # Point-to-point ops: matched by p2p_seq_id and peer, never by collective_seq_id.
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv"})
 
@@ -283,6 +286,9 @@ class RankDump:
     stacks: str | None = None
     # When the recorder was read (ns since the epoch): capture time, or the dump file's mtime.
     captured_at_ns: int | None = None
+    # Where `captured_at_ns` came from: CAPTURED_SNAPSHOT (a collector's own clock when it read the
+    # recorder) or CAPTURED_MTIME (the file's mtime: a copy resets it, so it is only a hint).
+    captured_at_source: str | None = None
     host: str | None = None
     warnings: list[str] = field(default_factory=list)
 

@@ -17,7 +17,7 @@ from operator import itemgetter
 from typing import Any
 
 from frscope.records.errors import MalformedDump
-from frscope.records.model import P2P_OPS, SCHEDULED, Entry, LazyFrames, PgConfig, PgStatus, RankDump
+from frscope.records.model import CAPTURED_SNAPSHOT, P2P_OPS, SCHEDULED, Entry, LazyFrames, PgConfig, PgStatus, RankDump
 from frscope.wire import unwrap_snapshot
 
 # Versions whose fields this reader knows. Newer ones are read with a warning.
@@ -507,6 +507,7 @@ def normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFra
         comm_lib_version=str(trace.get("comm_lib_version") or ""),
         stacks=stacks if isinstance(stacks, str) and stacks else None,
         captured_at_ns=captured,
+        captured_at_source=CAPTURED_SNAPSHOT if captured is not None else None,
         host=str(host) if isinstance(host, str) else None,
         warnings=warnings,
     )

@@ -26,6 +26,13 @@ def _finding(finding: Finding, level: int) -> list[str]:
         out.append(f"| sizes | `{finding.input_sizes}` |")
     if finding.input_dtypes:
         out.append(f"| dtypes | `{finding.input_dtypes}` |")
+    if finding.late_at:
+        shown = ", ".join(f"`{a.op}` #{a.collective_seq_id} (+{a.late_by_ms:.0f} ms)" for a in finding.late_at)
+        out.append(f"| late at | {shown} |")
+    if finding.stalled_for_s is not None and finding.age_source:
+        out.append(f"| age from | {finding.age_source} |")
+    for rank, exit in sorted(finding.exits.items())[:4]:
+        out.append(f"| rank {rank} | {exit.describe()} |")
     out.append("")
     out.extend(f"- {item}" for item in finding.evidence)
     for rank, stack in list(finding.culprit_stacks.items())[:2]:

@@ -55,6 +55,16 @@ def finding_to_dict(finding: Finding) -> dict[str, Any]:
         "since_ns": finding.since_ns,
         "stalled_for_s": finding.stalled_for_s,
         "late_by_ms": finding.late_by_ms,
+        "age_source": finding.age_source,
+        "late_at": [
+            {"collective_seq_id": a.collective_seq_id, "op": a.op, "late_by_ms": round(a.late_by_ms, 1),
+             "waited_ms": round(a.waited_ms, 1)}
+            for a in finding.late_at
+        ],
+        "late_count": finding.late_count,
+        "last_seen_ns": finding.last_seen_ns,
+        "stale_by_s": finding.stale_by_s,
+        "exits": {str(r): e.to_dict() for r, e in sorted(finding.exits.items())},
         "ranks": {str(r): _view(v) for r, v in sorted(finding.ranks.items())},
         "culprit_frames": {str(r): frames_to_list(f) for r, f in sorted(finding.culprit_frames.items())},
         "culprit_stacks": {str(r): frames_to_list(f) for r, f in sorted(finding.culprit_stacks.items())},

@@ -39,6 +39,14 @@ def _finding(finding: Finding, number: str, indent: str = "") -> list[str]:
         lines.append(f"{indent}    collective: {', '.join(what)}")
     for item in finding.evidence:
         lines.append(f"{indent}    - {item}")
+    if finding.late_at:
+        shown = ", ".join(f"{a.op} #{a.collective_seq_id} (+{a.late_by_ms:.0f} ms)" for a in finding.late_at)
+        lines.append(f"{indent}    late at: {shown}")
+    if finding.age_source and finding.stalled_for_s is not None:
+        lines.append(f"{indent}    age from: {finding.age_source}")
+    for rank, exit in sorted(finding.exits.items())[:4]:
+        if rank not in finding.culprit_ranks or not exit.failed:  # failed culprits are in the evidence
+            lines.append(f"{indent}    rank {rank}: {exit.describe()}")
     for rank, stack in list(finding.culprit_stacks.items())[:2]:
         lines.append(f"{indent}    rank {rank} now (most recent call first):")
         lines.extend(_frames(stack, indent + "      "))

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from frscope.demo.faults import FAULT_STEP, FAULTS, STEPS, STRAGGLER_STEPS
+from frscope.demo.faults import FAULT_STEP, FAULTS, LAYER_STEPS, LAYERS, STEP_LATE_S, STEPS, STRAGGLER_STEPS
 from frscope.demo.launcher import CollectedJob, run_fault_job, start_job
 
 WORLD = 4
@@ -216,3 +216,36 @@ def test_a_rank_that_does_not_answer_is_skipped_not_fatal(tmp_path: Path) -> Non
     assert "exited" in result.skipped[1]
     # Leaving the context ended every rank.
     assert all(p.poll() is not None for p in procs)
+
+
+def sub_pg(snapshot: dict[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in snapshot["trace"]["entries"] if e["process_group"][1] == "param_sync"]
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(90)
+def test_crossgroup_skip_makes_a_wait_cycle_between_two_groups(tmp_path: Path) -> None:
+    _, snaps = run("crossgroup", tmp_path)
+    # Rank 0 waits in param_sync's all_reduce of the fault step (its seq: broadcast 1, then one per step).
+    assert (sub_pg(snaps[0])[-1]["collective_seq_id"], sub_pg(snaps[0])[-1]["retired"]) == (FAULT_STEP + 2, False)
+    assert default_pg(snaps[0])[-1]["collective_seq_id"] == FAULT_SEQ - 1
+    # Rank 1 skipped it: its param_sync stops a step earlier, and it waits in default_pg's all_reduce.
+    assert sub_pg(snaps[1])[-1]["collective_seq_id"] == FAULT_STEP + 1
+    for rank in (1, 2, 3):
+        last = default_pg(snaps[rank])[-1]
+        assert (last["collective_seq_id"], last["retired"]) == (FAULT_SEQ, False)
+        assert innermost(snaps[rank]) == "all_reduce"
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(90)
+def test_steps_culprit_is_late_only_at_each_steps_first_collective(tmp_path: Path) -> None:
+    _, snaps = run("steps", tmp_path, world=3)
+    seqs = range(1, LAYER_STEPS * LAYERS + 1)
+    created = {r: {e["collective_seq_id"]: e["time_created_ns"] for e in default_pg(s)} for r, s in snaps.items()}
+    assert all(len(c) == LAYER_STEPS * LAYERS for c in created.values())
+    late = {seq: (created[2][seq] - max(created[0][seq], created[1][seq])) / 1e9 for seq in seqs}
+    first = [late[seq] for seq in seqs if seq % LAYERS == 1]
+    rest = [late[seq] for seq in seqs if seq % LAYERS != 1]
+    assert statistics.median(first) > STEP_LATE_S * 0.75  # the loader's delay, at every step's first all_reduce
+    assert statistics.median(rest) < STEP_LATE_S * 0.25  # lockstep in between

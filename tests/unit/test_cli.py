@@ -81,3 +81,17 @@ def test_bad_usage_and_nothing_loadable(tmp_path: Path, capsys: pytest.CaptureFi
     with pytest.raises(SystemExit) as info:
         main(["analyze"])
     assert info.value.code == 2
+
+
+def test_exits_file_is_evidence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    real = Path(__file__).parent.parent / "data" / "real"
+    exits = tmp_path / "exits.json"
+    exits.write_text(json.dumps({"2": {"exit_code": 137, "reason": "OOMKilled", "message": "Killed"}}))
+    assert main(["analyze", str(real / "crash-pickle"), "--exits", str(exits), "--format", "json",
+                 "--no-progress"]) == 1
+    [finding] = json.loads(capsys.readouterr().out)["findings"]
+    assert finding["category"] == "RankStopped" and finding["culprit_ranks"] == [2]
+    assert finding["exits"]["2"]["reason"] == "OOMKilled" and "OOMKilled" in finding["summary"]
+    exits.write_text("[1, 2")
+    assert main(["analyze", str(real / "crash-pickle"), "--exits", str(exits), "--no-progress"]) == 2
+    assert "--exits" in capsys.readouterr().err

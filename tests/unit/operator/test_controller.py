@@ -260,3 +260,21 @@ async def test_status_sweep_is_rate_bounded_and_skips_pods_without_endpoints(
     assert time.monotonic() - started >= 0.45  # 2 requests at 4/s
     assert [s.status_requests for s in stand_ins] == [1, 1]
     assert not controller.store.jobs()[0].stalled and fake_kube.of("flightrecorderreports") == []
+
+
+async def test_a_dead_pods_exit_reaches_the_report_as_evidence(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks, modes=("ok", "down"))
+    # The worker (ranks 2-3) was OOM-killed: the kubelet's status says so, its sidecar is gone.
+    oom = {"terminated": {"exitCode": 137, "reason": "OOMKilled", "message": "Killed"}}
+    await controller.on_pod("MODIFIED", builders.pod("train-worker-0", port=stand_ins[1].port, state=oom,
+                                                     restarts=0))
+    await poll_once(controller, stand_ins)
+    [report] = fake_kube.of("flightrecorderreports")
+    findings = report["report"]["findings"]
+    flat = [g for f in findings for g in (f, *f["consequences"])]
+    exits = {r: e for f in flat for r, e in f["exits"].items()}
+    assert exits["2"]["reason"] == "OOMKilled" and exits["2"]["exit_code"] == 137 and exits["2"]["signal"] == "SIGKILL"
+    assert "train-worker-0" in exits["3"]["source"]

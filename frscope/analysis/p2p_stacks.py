@@ -1,0 +1,120 @@
+"""Point-to-point deadlocks seen only in live stacks (gloo records no p2p op at all).
+
+A stack says which rank sits in `send`/`recv` and where it was called from, not its peer (the
+worker server's traceback carries no arguments). What it does show is enough for the common shapes:
+
+- a *chain*: consecutive ranks waiting in a receive, one behind the other, as pipeline stages do
+  (stage r receives from r - 1): the first of them waits on the rank before it. Consecutive ranks
+  waiting in a send (gloo's send waits for the matching receive) wait on the rank after the last of
+  them. When that rank is in no torch.distributed call at all (stuck in Python: a data loader, a
+  checkpoint), it is the one that breaks the pairing, and the waiting ranks are its victims;
+- a *closed* pairing: the blocked ranks wait only on each other (both sides receive first, or both
+  send first): every one of them is a candidate, and the finding says so.
+"""
+
+from __future__ import annotations
+
+from frscope.analysis.context import Context
+from frscope.analysis.findings import Category, Finding, GroupRef
+from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in, user_frame
+from frscope.analysis.wording import plural
+
+RECEIVES = frozenset({"recv", "irecv", "recv_object_list"})
+
+
+def _site(ctx: Context, rank: int) -> str:
+    site = user_frame(ctx.live_stack(rank))
+    return f" at {site.filename}:{site.line} ({site.name})" if site else ""
+
+
+def _runs(blocked: dict[int, str]) -> list[list[int]]:
+    """Consecutive ranks waiting in the same direction (all receiving, or all sending)."""
+    runs: list[list[int]] = []
+    for rank in sorted(blocked):
+        if runs and rank == runs[-1][-1] + 1 and (blocked[rank] in RECEIVES) == (blocked[runs[-1][-1]] in RECEIVES):
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    return runs
+
+
+def _in_python(ctx: Context, rank: int) -> bool:
+    """The rank has a live stack and it is in no torch.distributed call: it is not waiting on anyone."""
+    stack = ctx.live_stack(rank)
+    return bool(stack) and blocked_in(stack) is None
+
+
+def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
+    """Ranks whose live stack sits in send/recv although the recorder shows nothing pending there."""
+    blocked: dict[int, str] = {}
+    for rank in sorted(ctx.dumpset.dumps):
+        if rank in exclude:
+            continue
+        inside = blocked_in(ctx.live_stack(rank))
+        if inside in P2P_FUNCTIONS:
+            blocked[rank] = inside
+    if not blocked:
+        return None
+    culprits: list[int] = []
+    pairings: list[str] = []
+    closed: list[int] = []
+    for run in _runs(blocked):
+        receiving = blocked[run[0]] in RECEIVES
+        # Receivers wait on the stage before the first of them, senders on the stage after the last.
+        waiter, partner = (run[0], run[0] - 1) if receiving else (run[-1], run[-1] + 1)
+        if partner in ctx.dumpset.dumps and partner not in blocked and _in_python(ctx, partner):
+            culprits.append(partner)
+            others = [r for r in run if r != waiter]
+            behind = (f", and {plural(others)} wait{'s' if len(others) == 1 else ''} behind it in "
+                      f"{blocked[others[0]]}, each on the next rank in the chain") if others else ""
+            pairings.append(
+                f"rank {waiter} waits in {blocked[waiter]}{_site(ctx, waiter)} for rank {partner} (the stage "
+                f"{'before' if receiving else 'after'} it), which never {'sends' if receiving else 'receives'}: "
+                f"it is {ctx.activity(partner)}{behind}"
+            )
+        else:
+            closed.extend(run)
+    if closed:
+        culprits.extend(closed)
+        ops = sorted({blocked[r] for r in closed})
+        kind = "receive first" if set(ops) <= RECEIVES else "send first" if not set(ops) & RECEIVES else "wait"
+        pairings.append(
+            f"{plural(closed)} wait in {'/'.join(ops)} with no partner making progress: "
+            + "; ".join(f"rank {r} in {blocked[r]}{_site(ctx, r)}" for r in closed[:6])
+            + (f" (they wait on each other: each side tries to {kind})" if len(closed) > 1 and kind != "wait" else "")
+        )
+    culprits = sorted(set(culprits))
+    backend = {d.backend for d in ctx.dumpset.dumps.values() if d.backend}
+    unrecorded = (
+        " (this backend does not record point-to-point ops, so only the stacks show them)"
+        if backend <= {"gloo"}
+        else ""
+    )
+    summary = "; ".join(pairings)
+    summary = summary[0].upper() + summary[1:] + unrecorded + "."
+    first_blocked = min(blocked)
+    finding = Finding(
+        category=Category.P2P_MISMATCH,
+        culprit_ranks=tuple(culprits),
+        process_group=ref,
+        summary=summary,
+        op=blocked[first_blocked],
+        ambiguous=bool(closed) and len(culprits) > 1,
+    )
+    for rank in culprits[: ctx.options.max_rank_views]:
+        finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)
+        stack = ctx.live_stack(rank)
+        if stack:
+            finding.culprit_stacks[rank] = stack
+    for rank in sorted(set(blocked) - set(culprits))[:3]:
+        finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)
+    finding.evidence.append(
+        "blocked in p2p: " + ", ".join(f"rank {r} in {op}" for r, op in sorted(blocked.items())[:16])
+        + ("" if len(blocked) <= 16 else f" and {len(blocked) - 16} more")
+    )
+    finding.evidence.append(
+        "the stacks carry no peer: a chain of receives is read as pipeline stages (each waits on the rank "
+        "before it); a send/recv pair deadlocks when both sides send (or both receive) first, or when the "
+        "peer or tag differ"
+    )
+    return finding

@@ -1,0 +1,183 @@
+"""Ranks that stopped early: a stale dump, or no dump beside survivors that stopped together.
+
+A rank that dies leaves at best an old dump (a periodic one, or the last one a sidecar polled),
+while the survivors' dumps are from the moment they failed. Read naively, that is "everyone joined,
+rank N never completed". Two facts tell it apart, both from the dumps' contents:
+
+- the rank's recorder stops before sequence numbers that every other member of the group has
+  finished: a collective cannot finish without every member, so the rank took part in them and its
+  dump was taken before; and its newest entry is older than the others' newest by at least
+  `stall_after_s` (`stale_by_s`): recorders read one after another while a job runs also differ by
+  a few collectives, but only by the time between the reads;
+- a rank with no dump at all, beside survivors whose last collective of the group is the same
+  sequence number and finished (gloo retires a collective that failed because a peer died): the
+  signature of a crash there.
+
+Where the runner knows how the rank's process ended (`RankExit`: exit code, OOMKilled, restarts,
+the termination message), that is the strongest evidence and goes into the finding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from frscope.analysis.collectives import StuckPoint
+from frscope.analysis.context import Context
+from frscope.analysis.findings import Category, Finding, GroupRef
+from frscope.analysis.tracks import Track
+from frscope.analysis.wording import fmt_duration, plural
+from frscope.records import GroupInfo, RankExit
+
+
+@dataclass(frozen=True, slots=True)
+class Stale:
+    """A member whose recorder ends at `last_seq` while every other member finished `done_seq`."""
+
+    rank: int
+    last_seq: int
+    done_seq: int
+    newest_ns: int | None  # the rank's newest entry, any group
+    others_newest_ns: int | None
+
+
+def _newest(ctx: Context, rank: int) -> int | None:
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None:
+        return None
+    for entry in reversed(dump.entries):
+        if entry.time_created_ns:
+            return entry.time_created_ns
+    return None
+
+
+def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
+                exits: Mapping[int, RankExit]) -> dict[int, Stale]:
+    """Members whose dump ends before collectives all the other members finished; with exit evidence
+    that a rank failed, also before collectives all the others entered."""
+    if group.membership_source == "entries" or len(tracks) < 2:
+        return {}  # membership guessed from the entries: a non-member would look stale
+    with_entries = {r: t for r, t in tracks.items() if t.by_seq}
+    if len(with_entries) < 2:
+        return {}
+    out: dict[int, Stale] = {}
+    # The two lowest 'finished' marks are enough: each rank is compared with the others' minimum.
+    done = sorted((t.last_completed, r) for r, t in with_entries.items())
+    entered = sorted((t.last_seq, r) for r, t in with_entries.items())
+    for rank, track in with_entries.items():
+        others_done = done[1][0] if done[0][1] == rank else done[0][0]
+        others_entered = entered[1][0] if entered[0][1] == rank else entered[0][0]
+        exit = exits.get(rank)
+        if track.last_seq < others_done:
+            out[rank] = Stale(rank, track.last_seq, others_done, None, None)
+        elif exit is not None and exit.failed and track.last_seq < others_entered:
+            out[rank] = Stale(rank, track.last_seq, track.last_seq, None, None)
+    if not out or len(out) == len(with_entries):
+        return {}
+    others_newest = max((n for r in with_entries if r not in out and (n := _newest(ctx, r))), default=None)
+    found: dict[int, Stale] = {}
+    for rank, s in out.items():
+        newest = _newest(ctx, rank)
+        exit = exits.get(rank)
+        # Recorders read one after another while a job runs differ by a few collectives: without the
+        # runner's word that the rank failed, its dump must also be much older than the others'.
+        if not (exit is not None and exit.failed) and newest and others_newest:
+            if (others_newest - newest) / 1e9 < ctx.options.stall_after_s:
+                continue
+        found[rank] = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
+    return found
+
+
+def _exit_text(exit: RankExit | None) -> str:
+    return f"; its process {exit.describe()}" if exit is not None else ""
+
+
+def stopped_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], stale: dict[int, Stale],
+                    point: StuckPoint | None, exits: Mapping[int, RankExit]) -> Finding:
+    """One finding for the group's stale ranks; `point` is where the others stand (stale ranks left out)."""
+    ranks = sorted(stale)
+    first = stale[ranks[0]]
+    others = sorted(set(tracks) - set(ranks))
+    seq = first.last_seq + 1
+    sample = next((b[0] for r in others if (b := tracks[r].by_seq.get(seq))), None)
+    op = sample.op if sample else "collective"
+    older = ""
+    stale_by = None
+    if first.newest_ns and first.others_newest_ns and first.others_newest_ns > first.newest_ns:
+        stale_by = (first.others_newest_ns - first.newest_ns) / 1e9
+        older = f" Its newest entry is {fmt_duration(stale_by)} older than the other ranks' newest."
+    where = ""
+    if point is not None and point.joined:
+        waited = f" for {fmt_duration(point.age_s)}" if point.age_s is not None else ""
+        where = f" The others now stand at #{point.seq}{waited}."
+    exit_text = _exit_text(exits.get(ranks[0]))
+    if first.done_seq >= seq:
+        summary = (
+            f"{plural(ranks).capitalize()} stopped early: {'its' if len(ranks) == 1 else 'their'} recorder ends at "
+            f"#{first.last_seq} of {ref.label()}, yet {plural(others)} finished {op} #{seq}"
+            f"{f'-#{first.done_seq}' if first.done_seq > seq else ''}, which needs every member: the dump is stale "
+            f"(taken before), and the rank stopped after that (crashed, killed, or its dump was never refreshed)"
+            f"{exit_text}.{older}{where}"
+        )
+    else:
+        summary = (
+            f"{plural(ranks).capitalize()} stopped early{exit_text}: {'its' if len(ranks) == 1 else 'their'} "
+            f"recorder ends at #{first.last_seq} of {ref.label()}, and {plural(others)} went on to {op} #{seq} "
+            f"without it.{older}{where}"
+        )
+    finding = Finding(
+        category=Category.RANK_STOPPED,
+        culprit_ranks=tuple(ranks),
+        process_group=ref,
+        summary=summary,
+        collective_seq_id=seq,
+        op=op,
+        input_sizes=sample.input_sizes if sample else None,
+        output_sizes=sample.output_sizes if sample else None,
+        input_dtypes=sample.input_dtypes if sample else None,
+        output_dtypes=sample.output_dtypes if sample else None,
+        since_ns=first.newest_ns,
+        last_seen_ns=first.newest_ns,
+        stale_by_s=stale_by,
+    )
+    if point is not None and point.joined:
+        finding.stalled_for_s = point.age_s
+        finding.age_source = point.age_source
+    for rank in ranks[: ctx.options.max_rank_views]:
+        info = stale[rank]
+        last = tracks[rank].by_seq.get(info.last_seq)
+        finding.ranks[rank] = ctx.rank_view(rank, ref.name, last[0] if last else None)
+        stack = ctx.live_stack(rank)
+        if stack:
+            finding.culprit_stacks[rank] = stack
+        finding.evidence.append(
+            f"rank {rank}: recorder ends at #{info.last_seq} of {ref.label()}; every other member finished "
+            f"up to #{info.done_seq}"
+        )
+    for rank in others[:3]:
+        bucket = tracks[rank].by_seq.get(seq)
+        finding.ranks[rank] = ctx.rank_view(rank, ref.name, bucket[0] if bucket else None, call_site=False)
+    return finding
+
+
+def crash_signature(ctx: Context, missing: tuple[int, ...]) -> tuple[GroupRef, int, str, list[int]] | None:
+    """A group with missing members whose every rank with a dump stopped at the same finished seq:
+    (group, seq, op, survivors). The group with the most survivors wins."""
+    best: tuple[GroupRef, int, str, list[int]] | None = None
+    for name, group in ctx.dumpset.groups.items():
+        if group.membership_source == "entries" or not set(missing) & set(group.ranks):
+            continue
+        tracks = ctx.tracks.get(name, {})
+        survivors = sorted(r for r in group.ranks if r in tracks and tracks[r].by_seq)
+        if not survivors or len(survivors) + len(set(missing) & set(group.ranks)) != len(group.ranks):
+            continue
+        lasts = {tracks[r].last_seq for r in survivors}
+        if len(lasts) != 1:
+            continue
+        seq = lasts.pop()
+        if any(tracks[r].last_completed != seq for r in survivors):
+            continue  # someone still waits there: that is the waiting case, told by MissingDumps
+        op = tracks[survivors[0]].by_seq[seq][0].op
+        if best is None or len(survivors) > len(best[3]):
+            best = (GroupRef(name, group.desc, group.ranks), seq, op, survivors)
+    return best

@@ -1,0 +1,123 @@
+"""Stragglers that are late only at step boundaries.
+
+A rank with a slow data loader reaches the first collective of every step well after the others;
+the rest of the step then runs in lockstep. Averaged over all collectives its lateness is small,
+and gloo records no durations, so `straggler.py` (consistent lateness) does not see it.
+
+Here the question is per collective: where did the others' wait concentrate? For each collective
+seen by every rank, the last rank to create it made the others wait for the gap between it and the
+next-latest rank. Gaps of at least `MIN_WAIT_MS` (and more than the clock skew) are wait events.
+Each rank's own typical offset from the median is subtracted first, so a host whose clock runs
+ahead never looks late at a few collectives only. A rank is a straggler when it caused the wait
+events far more often than chance allows: with n ranks, an unbiased job's events fall on each rank
+with probability 1/n, and the binomial tail of its count must be below `ALPHA` (for all ranks
+together). Uneven but unbiased jitter therefore stays quiet.
+"""
+
+from __future__ import annotations
+
+from heapq import nlargest
+from math import comb
+from statistics import median
+
+from frscope.analysis.context import Context
+from frscope.analysis.findings import Category, Finding, GroupRef, LateAt
+from frscope.analysis.tracks import Track
+from frscope.analysis.wording import plural
+
+SAMPLE = 200  # the most recent collectives of a group, as straggler.py samples
+MIN_WAIT_MS = 50.0
+MIN_EVENTS = 3
+ALPHA = 0.01
+MAX_SHOWN = 8
+
+
+def binomial_tail(k: int, m: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(m, p)."""
+    return sum(comb(m, i) * p**i * (1 - p) ** (m - i) for i in range(k, m + 1))
+
+
+def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
+    ranks = sorted(r for r, t in tracks.items() if t.by_seq)
+    if len(ranks) < 2:
+        return None
+    lo = max(tracks[r].first_seq for r in ranks)
+    hi = min(tracks[r].last_completed for r in ranks)
+    rows: list[tuple[int, dict[int, int]]] = []
+    for seq in range(max(lo, hi - SAMPLE + 1), hi + 1):
+        row: dict[int, int] = {}
+        for rank in ranks:
+            bucket = tracks[rank].by_seq.get(seq)
+            if not bucket or not bucket[0].time_created_ns:
+                break
+            row[rank] = bucket[0].time_created_ns
+        else:
+            rows.append((seq, row))
+    if len(rows) < MIN_EVENTS:
+        return None
+    # Each rank's usual offset from the median rank (clock skew, a constant head start): removed.
+    offsets: dict[int, list[float]] = {r: [] for r in ranks}
+    mids: list[float] = []
+    for _, row in rows:
+        mid = median(row.values())
+        mids.append(mid / 1e6)
+        for rank, created in row.items():
+            offsets[rank].append((created - mid) / 1e6)
+    base = {r: median(v) for r, v in offsets.items()}
+    threshold = max(MIN_WAIT_MS, ctx.options.clock_skew_ms)
+    events: dict[int, list[LateAt]] = {r: [] for r in ranks}
+    total = 0
+    for (seq, row), mid_ms in zip(rows, mids, strict=True):
+        # Only the last two arrivals matter: how long the next-latest waited for the latest.
+        (last, rank), (second, _) = nlargest(2, ((created / 1e6 - base[r], r) for r, created in row.items()))
+        if last - second >= threshold:
+            total += 1
+            op = tracks[rank].by_seq[seq][0].op
+            events[rank].append(LateAt(seq, op, last - mid_ms, last - second))
+    if total < MIN_EVENTS:
+        return None
+    worst = max(ranks, key=lambda r: len(events[r]))
+    mine = events[worst]
+    k = len(mine)
+    if k < MIN_EVENTS or k * 2 < total:
+        return None
+    if binomial_tail(k, total, 1 / len(ranks)) * len(ranks) >= ALPHA:
+        return None
+    late_ms = median(a.late_by_ms for a in mine)
+    waited_ms = median(a.waited_ms for a in mine)
+    seqs = [a.collective_seq_id for a in mine]
+    gaps = {b - a for a, b in zip(seqs, seqs[1:], strict=False)}
+    rhythm = f", every {gaps.pop()} collectives" if len(gaps) == 1 else ""
+    listed = ", ".join(f"#{s}" for s in seqs[:4]) + (", ..." if len(seqs) > 4 else "")
+    ops = sorted({a.op for a in mine})
+    finding = Finding(
+        category=Category.STRAGGLER,
+        culprit_ranks=(worst,),
+        process_group=ref,
+        summary=(
+            f"{plural([worst]).capitalize()} reaches {ref.label()} late at step boundaries: {late_ms:.0f} ms after "
+            f"the median rank at {'/'.join(ops)} {listed} (from #{seqs[0]}{rhythm}; {k} of the {total} collectives "
+            f"where the others waited), in lockstep in between; every other rank waits ~{waited_ms:.0f} ms for it "
+            "there each time."
+        ),
+        collective_seq_id=seqs[0],
+        op=ops[0],
+        late_by_ms=late_ms,
+        late_at=mine[:MAX_SHOWN],
+        late_count=k,
+        since_ns=tracks[worst].by_seq[seqs[0]][0].time_created_ns,
+        evidence=[
+            f"rank {worst} was the last to arrive, by at least {threshold:.0f} ms over the next-latest rank, at {k} "
+            f"of {total} such collectives of {ref.label()} (by chance: p = "
+            f"{binomial_tail(k, total, 1 / len(ranks)):.1g} with {len(ranks)} ranks)",
+            "lateness is measured after removing each rank's usual offset from the median (clock skew)",
+        ],
+    )
+    finding.ranks[worst] = ctx.rank_view(worst, ref.name, tracks[worst].by_seq[seqs[-1]][0])
+    stack = ctx.live_stack(worst)
+    if stack:
+        finding.culprit_stacks[worst] = stack
+    frames = tracks[worst].by_seq[seqs[-1]][0].frames
+    if frames:
+        finding.culprit_frames[worst] = frames
+    return finding

@@ -1,0 +1,65 @@
+"""Pods' container statuses -> `RankExit`s, the analysis' evidence of how ranks' processes ended.
+
+The kubelet reports each ended run of the trainer container (`state.terminated` or, after a
+restart, `lastState.terminated`): exit code, reason (`OOMKilled`, `Error`), the termination message
+(the chart sets `terminationMessagePolicy: FallbackToLogsOnError`, so a crash's last log lines) and
+`restartCount`. A pod's ranks are the ones its sidecar delivered; a pod that delivered nothing (it
+died) gets the ranks of its place in the job: node rank (Master first, then Workers by index) times
+processes per node, as the training operator assigns them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from frscope.operator.evidence import PodEvidence
+from frscope.operator.objects import PodInfo, Termination
+from frscope.records import RankExit
+from frscope.records.exits import one_line
+
+
+def _latest(pod: PodInfo) -> Termination | None:
+    return max(pod.terminations, key=lambda t: t.run, default=None)
+
+
+def _node_order(pods: list[PodInfo]) -> dict[str, int]:
+    ordered = sorted(pods, key=lambda p: (p.replica_type.lower() != "master", p.replica_index or 0, p.name))
+    return {p.name: i for i, p in enumerate(ordered)}
+
+
+def pod_ranks(pods: list[PodInfo], evidence: dict[str, PodEvidence],
+              world_size: int | None) -> dict[str, tuple[int, ...]]:
+    """Each pod's global ranks: what its sidecar delivered, else its node rank's block of ranks."""
+    per_node = world_size // len(pods) if world_size and pods and world_size % len(pods) == 0 else 1
+    order = _node_order(pods)
+    out: dict[str, tuple[int, ...]] = {}
+    for pod in pods:
+        delivered = evidence.get(pod.name)
+        if delivered is not None and delivered.ranks:
+            out[pod.name] = tuple(sorted(delivered.ranks))
+        else:
+            first = order[pod.name] * per_node
+            out[pod.name] = tuple(range(first, first + per_node))
+    return out
+
+
+def rank_exits(pods: Iterable[PodInfo], evidence: dict[str, PodEvidence],
+               world_size: int | None) -> dict[int, RankExit]:
+    pod_list = list(pods)
+    ranks = pod_ranks(pod_list, evidence, world_size)
+    out: dict[int, RankExit] = {}
+    for pod in pod_list:
+        term = _latest(pod)
+        if term is None:
+            continue
+        for rank in ranks[pod.name]:
+            out[rank] = RankExit(
+                rank,
+                exit_code=term.exit_code,
+                reason=term.reason,
+                message=one_line(term.message),
+                restart_count=pod.run,
+                finished_at_ns=term.finished_at_ns,
+                source=f"pod {pod.namespace}/{pod.name} container {term.container} (run {term.run})",
+            )
+    return out

@@ -1,0 +1,116 @@
+"""How a rank's process ended, as whoever ran it knows (Kubernetes, a launcher): evidence beside the dumps.
+
+A rank that crashed (OOM-killed, segfault, an exception) leaves no dump or a stale one; its exit is
+often the only direct evidence. The operator builds these from the trainer container's status
+(`state.terminated` / `lastState.terminated`: exit code, reason such as `OOMKilled`, the
+termination message that `FallbackToLogsOnError` fills from the log tail, `restartCount`); the CLI
+reads them from a JSON file (`frscope analyze --exits`). Pure data: nothing here talks to anything.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+from typing import Any
+
+# The termination message is the tail of a log: keep what a report line can hold.
+MESSAGE_LIMIT = 400
+
+
+@dataclass(frozen=True, slots=True)
+class RankExit:
+    """One rank's process end. `exit_code` as a container runtime reports it (128 + N for signal N)."""
+
+    rank: int
+    exit_code: int | None = None
+    reason: str = ""  # 'OOMKilled', 'Error', 'Completed', ...
+    message: str = ""  # the termination message (last lines of the log), one line
+    restart_count: int = 0
+    finished_at_ns: int | None = None  # when the process ended (ns since the epoch), if known
+    source: str = ""  # where this came from: 'pod ns/name container trainer', a file, ...
+
+    @property
+    def failed(self) -> bool:
+        return self.reason == "OOMKilled" or (self.exit_code is not None and self.exit_code != 0)
+
+    def describe(self) -> str:
+        """'exited with code 137 (SIGKILL), reason OOMKilled, after 2 restarts: <message>'."""
+        parts = []
+        if self.exit_code is not None:
+            sig = signal_name(self.exit_code)
+            parts.append(f"exited with code {self.exit_code}" + (f" ({sig})" if sig else ""))
+        else:
+            parts.append("ended")
+        if self.reason and self.reason not in ("Error", "Completed"):
+            parts.append(f"reason {self.reason}")
+        if self.restart_count:
+            parts.append(f"restarted {self.restart_count} time{'s' if self.restart_count != 1 else ''}")
+        text = ", ".join(parts)
+        if self.message:
+            text += f": {self.message}"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "exit_code": self.exit_code,
+            "signal": signal_name(self.exit_code) if self.exit_code is not None else None,
+            "reason": self.reason or None,
+            "message": self.message or None,
+            "restart_count": self.restart_count,
+            "finished_at_ns": self.finished_at_ns,
+            "source": self.source or None,
+        }
+
+
+def signal_name(exit_code: int) -> str | None:
+    """137 -> 'SIGKILL' (container runtimes), -9 -> 'SIGKILL' (Python's Popen)."""
+    number = exit_code - 128 if exit_code > 128 else -exit_code if exit_code < 0 else 0
+    if number <= 0:
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return None
+
+
+def one_line(text: str, limit: int = MESSAGE_LIMIT) -> str:
+    """A log tail -> its last lines, joined, at most `limit` characters (the end is what matters)."""
+    joined = " | ".join(line.strip() for line in text.splitlines() if line.strip())
+    return joined if len(joined) <= limit else "..." + joined[-(limit - 3) :]
+
+
+def exits_from_json(obj: Any, source: str) -> list[RankExit]:
+    """`{"2": 137}` or `{"2": {"exit_code": 137, "reason": "OOMKilled", ...}}` or a list of such
+    objects with a `rank`: what `frscope analyze --exits FILE` accepts. Bad items raise ValueError."""
+    items: list[tuple[Any, Any]]
+    if isinstance(obj, dict):
+        items = list(obj.items())
+    elif isinstance(obj, list):
+        items = [(item.get("rank") if isinstance(item, dict) else None, item) for item in obj]
+    else:
+        raise ValueError(f"{source}: expected an object keyed by rank, or a list")
+    out: list[RankExit] = []
+    for key, value in items:
+        try:
+            rank = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"{source}: {key!r} is not a rank number") from None
+        if isinstance(value, int) and not isinstance(value, bool):
+            out.append(RankExit(rank, exit_code=value, source=source))
+            continue
+        if not isinstance(value, dict):
+            raise ValueError(f"{source}: rank {rank}: expected an exit code or an object")
+        code = value.get("exit_code")
+        restarts = value.get("restart_count", 0)
+        finished = value.get("finished_at_ns")
+        out.append(RankExit(
+            rank,
+            exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
+            reason=str(value.get("reason") or ""),
+            message=one_line(str(value.get("message") or "")),
+            restart_count=restarts if isinstance(restarts, int) and not isinstance(restarts, bool) else 0,
+            finished_at_ns=finished if isinstance(finished, int) and not isinstance(finished, bool) else None,
+            source=str(value.get("source") or source),
+        ))
+    return out

@@ -1,0 +1,122 @@
+"""RankExit parsing, and where an age comes from when dump files were copied (fresh mtimes)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from frscope.analysis import AnalysisOptions, Category, analyze
+from frscope.records import RankExit, exits_from_json, load_dumps
+from frscope.report import report_to_dict
+from tests.unit import builders as b
+
+REAL = Path(__file__).parent.parent / "data" / "real"
+
+
+def test_exits_from_json_accepts_codes_and_objects() -> None:
+    exits = exits_from_json({"2": -9, "3": {"exit_code": 137, "reason": "OOMKilled", "restart_count": 1}}, "f.json")
+    assert exits[0] == RankExit(2, exit_code=-9, source="f.json")
+    assert exits[0].failed and "SIGKILL" in exits[0].describe()
+    assert exits[1].reason == "OOMKilled" and exits[1].restart_count == 1
+    assert not RankExit(0, exit_code=0).failed
+    with pytest.raises(ValueError, match="not a rank"):
+        exits_from_json({"x": 1}, "f.json")
+
+
+def _copy(tmp_path: Path, name: str, shift_s: float | None) -> Path:
+    target = tmp_path / name
+    shutil.copytree(REAL / name, target)  # copy2 keeps the mtimes, like `cp -p`
+    if shift_s is not None:
+        later = time.time() + shift_s
+        for path in target.iterdir():
+            os.utime(path, (later, later))  # what a plain `cp` or `kubectl cp` does
+    return target
+
+
+def test_copied_dumps_do_not_read_as_a_14_hour_hang(tmp_path: Path) -> None:
+    copied = _copy(tmp_path, "hang-pickle", 14 * 3600)
+    [finding] = analyze(load_dumps([copied]), AnalysisOptions(stall_after_s=1.0)).findings
+    assert finding.category is Category.RANK_NOT_JOINED and finding.culprit_ranks == (1,)
+    timeout_s = 1800  # what the gloo entries record (timeout_ms), the longest the dump can follow the hang
+    assert finding.stalled_for_s is not None and 1 < finding.stalled_for_s <= timeout_s
+    assert finding.age_source is not None and "as after a copy" in finding.age_source
+    assert "14 h" not in finding.summary
+    assert report_to_dict(analyze(load_dumps([copied]), AnalysisOptions(stall_after_s=1.0)))["findings"][0][
+        "age_source"] == finding.age_source
+
+
+def test_preserved_mtimes_and_snapshots_say_where_the_age_came_from(tmp_path: Path) -> None:
+    kept = _copy(tmp_path, "hang-pickle", None)
+    # As if written 20 s after the newest entry (a checkout gives them the checkout's time instead).
+    newest = max(e.time_created_ns or 0 for d in load_dumps([kept]).dumps.values() for e in d.entries)
+    for path in kept.iterdir():
+        os.utime(path, ns=(newest + 20 * 10**9, newest + 20 * 10**9))
+    [finding] = analyze(load_dumps([kept]), AnalysisOptions(stall_after_s=1.0)).findings
+    assert finding.age_source == "the dump files' modification time"
+    assert finding.stalled_for_s is not None and 20 <= finding.stalled_for_s < 25
+    [live] = analyze(load_dumps([REAL / "hang"]), AnalysisOptions(stall_after_s=1.0)).findings
+    assert live.age_source == "the capture time the collector recorded"
+
+
+def test_recorders_read_one_after_another_in_a_running_job_are_not_stale(tmp_path: Path) -> None:
+    """A live gather reads ranks a few ms apart: one rank's recorder lags the others by collectives
+    they finished meanwhile. That is not a stale dump (unless the runner says the rank failed)."""
+    per_rank = {r: [b.entry(s, created_ns=b.T0 + s * 1_000_000) for s in range(1, 21)] for r in range(4)}
+    per_rank[2] = per_rank[2][:16]  # read 4 collectives (4 ms) earlier than the others
+    dumpset = load_dumps([b.job(tmp_path, per_rank, 4)])
+    live = AnalysisOptions(stall_after_s=1.0, now_ns=b.T0 + 21 * 1_000_000)  # read just after the last entry
+    assert analyze(dumpset, live).findings == []
+    [finding] = analyze(dumpset, live, exits={2: RankExit(2, exit_code=137)}).findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (2,)
+    assert finding.exits[2].exit_code == 137 and "SIGKILL" in finding.summary
+
+
+def test_a_dump_much_older_than_the_others_is_stale(tmp_path: Path) -> None:
+    minute = 60 * 10**9
+    per_rank = {r: [b.entry(s, created_ns=b.T0 + s * minute) for s in range(1, 21)] for r in range(4)}
+    per_rank[1] = per_rank[1][:5]  # its last dump is from 15 minutes before the others'
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(stall_after_s=10.0))
+    [finding] = report.findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (1,)
+    assert finding.stale_by_s == 15 * 60 and finding.collective_seq_id == 6
+    assert "#5 of group 0 (default_pg)" in finding.summary and "#6-#20" in finding.summary
+
+
+def test_a_stopped_rank_is_the_one_root_across_its_groups(tmp_path: Path) -> None:
+    minute = 60 * 10**9
+    sub = ("1", "tp")
+    per_rank: dict[int, list[dict[str, object]]] = {}
+    for r in range(4):
+        entries: list[dict[str, object]] = []
+        for s in range(1, 21):
+            entries.append(b.entry(s, created_ns=b.T0 + s * minute, record_id=len(entries)))
+            if r in (0, 1):
+                entries.append(b.entry(s, pg=sub, created_ns=b.T0 + s * minute + 1, record_id=len(entries)))
+        per_rank[r] = entries
+    per_rank[1] = per_rank[1][:10]  # rank 1's dump is from step 5; rank 0 then waits for it in tp #21
+    per_rank[0].append(b.entry(21, pg=sub, state="scheduled", created_ns=b.T0 + 21 * minute, record_id=99))
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+              "1": {"name": "1", "desc": "tp", "ranks": "[0, 1]"}}
+    for rank, entries in per_rank.items():
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=4, pg_config=config))
+    dumpset = load_dumps([tmp_path])
+    report = analyze(dumpset, AnalysisOptions(now_ns=b.T0 + 22 * minute))
+    [root] = report.findings
+    assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (1,)
+    # Rank 0 waiting in tp #21 is not "NotCompleted": it waits for the rank that stopped.
+    assert all(c.category is not Category.NOT_COMPLETED for c in root.consequences)
+
+
+def test_a_death_before_the_hang_is_dated_against_it(tmp_path: Path) -> None:
+    per_rank = {r: [b.entry(s) for s in range(1, 6)] + [b.entry(6, state="started")] for r in (0, 1, 3)}
+    dumpset = load_dumps([b.job(tmp_path, per_rank, 4)])  # rank 2 left no dump
+    entered = b.T0 + 6 * 1_000_000
+    died = RankExit(2, exit_code=137, reason="OOMKilled", finished_at_ns=entered - 5 * 10**9)
+    [finding] = analyze(dumpset, AnalysisOptions(now_ns=entered + 3600 * 10**9), exits={2: died}).findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (2,)
+    assert "OOMKilled" in finding.summary
+    assert any("5 s before the first rank entered all_reduce #6" in e for e in finding.evidence)
