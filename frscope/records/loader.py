@@ -21,7 +21,15 @@ from typing import Any
 from frscope.records.errors import DumpError, DumpTooLarge, TruncatedDump, UnknownFormat
 from frscope.records.gcpause import gc_paused
 from frscope.records.membership import build_groups
-from frscope.records.model import CAPTURED_MTIME, DumpSet, LazyFrames, LoadProblem, RankDump
+from frscope.records.model import (
+    CAPTURED_MTIME,
+    DumpSet,
+    LazyFrames,
+    LoadProblem,
+    RankDump,
+    entries_from_rows,
+    entry_rows,
+)
 from frscope.records.normalize import entries_of, normalize_dump
 from frscope.records.safe_pickle import safe_loads
 
@@ -193,11 +201,31 @@ def _load_one(path: Path, max_bytes: int) -> RankDump | LoadProblem:
         return LoadProblem(exc.source, exc.message, rank=exc.rank)
 
 
-def _load_chunk(paths: list[Path], max_bytes: int) -> list[RankDump | LoadProblem]:
+# What a worker sends back for one file: the dump without its entries plus the entries as rows, or the problem.
+_Shipped = tuple[RankDump, list[tuple[Any, ...]]] | LoadProblem
+
+
+def _ship(result: RankDump | LoadProblem) -> _Shipped:
+    if isinstance(result, LoadProblem):
+        return result
+    rows = entry_rows(result.entries)
+    result.entries = []
+    return result, rows
+
+
+def _unship(shipped: _Shipped) -> RankDump | LoadProblem:
+    if isinstance(shipped, LoadProblem):
+        return shipped
+    dump, rows = shipped
+    dump.entries = entries_from_rows(rows)
+    return dump
+
+
+def _load_chunk(paths: list[Path], max_bytes: int) -> list[_Shipped]:
     """In a worker process: decode and normalize a few files; results travel back pickled (entries
     as constructor tuples, frames as a file reference), much smaller than the raw dumps."""
     gc.disable()
-    return [_load_one(path, max_bytes) for path in paths]
+    return [_ship(_load_one(path, max_bytes)) for path in paths]
 
 
 # Below this many files a pool costs more than it saves.
@@ -235,7 +263,8 @@ def load_dumps(
             chunk = max(1, min(16, len(files) // (workers * 4)))
             chunks = [files[i : i + chunk] for i in range(0, len(files), chunk)]
             pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-            results = (item for batch in pool.map(_load_chunk, chunks, [max_bytes] * len(chunks)) for item in batch)
+            results = (_unship(item) for batch in pool.map(_load_chunk, chunks, [max_bytes] * len(chunks))
+                       for item in batch)
         try:
             for done, result in enumerate(results, 1):
                 if isinstance(result, LoadProblem):
