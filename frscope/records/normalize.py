@@ -118,8 +118,9 @@ def _int_or(value: Any, default: int) -> int:
     return default if got is None else got
 
 
-def _opt_float(value: Any) -> float | None:
-    return finite_float(value)
+def _opt_duration(value: Any) -> float | None:
+    got = finite_float(value)
+    return got if got is not None and 0.0 <= got <= _MAX_MS else None
 
 
 def _name(value: Any, limit: int = 200) -> str | None:
@@ -174,7 +175,8 @@ _EXPECTED_FIELDS = (
 
 
 _EXPECTED_SET = frozenset(_EXPECTED_FIELDS)
-_INF = float("inf")
+# A duration is >= 0 and below ~30 years: sums of larger finite floats overflow to inf.
+_MAX_MS = 1e12
 # Every field a torch 2.x entry carries (all but `duration_ms` and `frames`, which may be absent).
 _FAST_FIELDS = itemgetter(
     "record_id",
@@ -379,8 +381,8 @@ def normalize_entries(
         if completed is not None and (type(completed) is not int or not 0 < completed <= MAX_INT64):
             completed = _opt_int(completed)
         duration = get("duration_ms")
-        if duration is not None and (type(duration) is not float or not -_INF < duration < _INF):
-            duration = _opt_float(duration)  # NaN and inf too (NaN fails every comparison)
+        if duration is not None and (type(duration) is not float or not 0.0 <= duration <= _MAX_MS):
+            duration = _opt_duration(duration)  # NaN and inf too (NaN fails every comparison)
         if type(timeout) is int and 0 < timeout <= MAX_INT64:
             timeout = small_ints.setdefault(timeout, timeout)
         elif timeout is not None:

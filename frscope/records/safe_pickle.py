@@ -144,4 +144,6 @@ def safe_loads(data: bytes, source: str) -> Any:
             source, f"corrupt or truncated pickle ({exc.__class__.__name__}: {str(exc)[:160]})"
         ) from exc
     except MemoryError as exc:
-        raise DumpTooLarge(source, "pickle declares more memory than it contains") from exc
+        raise DumpTooLarge(
+            source, f"decoding needs more memory than {MEMORY_MULTIPLE}x the file's size: not a Flight Recorder dump"
+        ) from exc
