@@ -22,6 +22,7 @@ from typing import Any
 
 from frscope.records.errors import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, UnknownFormat
 from frscope.records.gcpause import gc_paused
+from frscope.records.isolate import call_isolated
 from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, valid_rank
 from frscope.records.membership import build_groups
 from frscope.records.model import CAPTURED_MTIME, DumpSet, LazyFrames, LoadProblem, RankDump
@@ -253,29 +254,12 @@ def _safe_rank_value(rank: int | None) -> int | None:
     return valid_rank(rank)
 
 
-def _child_main(send: Any, path: Path, max_bytes: int) -> None:
-    send.send(_load_one(path, max_bytes))
-    send.close()
-
-
 def _load_in_child(path: Path, max_bytes: int) -> RankDump | LoadProblem:
-    """One file in a process of its own: what kills that process (a pickle whose nesting overflows the
-    C stack while hashing, the kernel's OOM killer) is this file's problem only."""
-    ctx = multiprocessing.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child_main, args=(send, path, max_bytes), daemon=True)
-    proc.start()
-    send.close()
+    """One file in a process of its own (`isolate`): only the file that kills it is lost."""
     try:
-        result: RankDump | LoadProblem = receive.recv()
-    except (EOFError, OSError):
-        proc.join()
-        return LoadProblem(str(path), f"the decoder process died reading this file (exit code {proc.exitcode}): "
-                           "crafted or corrupt input", rank=_safe_rank(path))
-    finally:
-        receive.close()
-    proc.join()
-    return result
+        return call_isolated(str(path), _load_one, path, max_bytes)
+    except DumpError as exc:
+        return LoadProblem(exc.source, exc.message, rank=_safe_rank(path))
 
 
 def _load_chunk(paths: list[Path], max_bytes: int) -> list[RankDump | LoadProblem]:
