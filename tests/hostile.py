@@ -99,11 +99,10 @@ def _deep(rank: int, world: int) -> Iterator[tuple[str, bytes, bool]]:
     dump = _base(rank, world)
     dump["pg_config"]["0"]["ranks"] = "[" * DEEP + "]" * DEEP
     yield "deep-pg-ranks-text", pickle.dumps(dump, protocol=2), False
-    # A list nested DEEP levels as the version: ']' * DEEP then APPEND * (DEEP - 1).
+    # A list nested DEEP levels as the version: ']' * DEEP then APPEND * (DEEP - 1), set last.
     deep_list = b"]" * DEEP + b"a" * (DEEP - 1)
-    body = _pickle_body(dump)
-    assert body[:1] == b"}"
-    yield "deep-list-version-pickle", b"\x80\x02}(X\x07\x00\x00\x00version" + deep_list + b"u" + body + b".", True
+    body = _pickle_body(_base(rank, world))
+    yield "deep-list-version-pickle", b"\x80\x02" + body + b"X\x07\x00\x00\x00version" + deep_list + b"s.", False
     # A tuple nested DEEP levels as a dict key: hashing it recurses in C (a segfault in-process).
     yield "deep-tuple-key-pickle", b"\x80\x02}" + b")" + b"\x85" * DEEP + b"Ns.", True
 

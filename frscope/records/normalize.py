@@ -505,8 +505,8 @@ def normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFra
 
 def _normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFrames | None) -> RankDump:
     if rank is not None and valid_rank(rank) is None:
-        raise MalformedDump(source, f"the file name's rank {describe(rank)} is not in [0, {MAX_RANK})",
-                            field="rank")
+        raise MalformedDump(source, f"{describe(rank)} (from the file name or transport) is not a rank in "
+                            f"[0, {MAX_RANK})", field="rank")
     trace, meta = unwrap_snapshot(raw)
     if not isinstance(trace, dict):
         raise MalformedDump(source, f"top level is {type(trace).__name__}, expected a mapping", rank=rank)

@@ -40,21 +40,40 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
+def _json_size_at_most(trace: Any, limit: int) -> bool:
+    """Whether `trace` written out (shared references repeated, as JSON does) stays within about
+    `limit` characters: a pickle of a list holding the same list twice, 100 levels down, is a few
+    hundred bytes whose JSON is 2**100. One iterative walk that stops at the limit."""
+    total = 0
+    stack = [trace]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            total += 2 + 4 * len(item)
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            total += 2 + 2 * len(item)
+            stack.extend(item)
+        elif isinstance(item, (str, bytes)):
+            total += 2 + len(item)
+        else:
+            total += 8
+        if total > limit:
+            return False
+    return True
+
+
 def _bounded_json(trace: Any, source: str, limit: int) -> bytes:
-    """The decoded trace as JSON, refused past `limit` bytes: a pickle of shared references (a list
-    holding the same list twice, 100 levels down) is a few hundred bytes whose JSON is 2**100."""
-    out: list[str] = []
-    size = 0
+    """The decoded trace as JSON, refused when it would exceed about `limit` bytes."""
+    if not _json_size_at_most(trace, limit):
+        raise DumpTooLarge(source, f"its JSON form would exceed {limit} bytes (shared references repeated)")
     try:
-        for chunk in json.JSONEncoder(default=jsonable, allow_nan=False).iterencode(trace):
-            size += len(chunk)
-            if size > limit:
-                raise DumpTooLarge(source, f"its JSON form exceeds {limit} bytes (shared references?)")
-            out.append(chunk)
-    except (TypeError, ValueError, RecursionError) as exc:  # cycles, NaN, depth
-        raise MalformedDump(source, f"cannot be re-encoded as JSON ({type(exc).__name__}: {describe(str(exc))})") \
-            from exc
-    return "".join(out).encode()
+        return json.dumps(trace, default=jsonable).encode()
+    except (TypeError, ValueError, RecursionError) as exc:  # cycles, depth
+        raise MalformedDump(
+            source, f"cannot be re-encoded as JSON ({type(exc).__name__}: {describe(str(exc))})"
+        ) from exc
 
 
 @dataclass(frozen=True, slots=True)
