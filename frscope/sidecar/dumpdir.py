@@ -93,8 +93,8 @@ def _decode_file(path: Path, max_bytes: int) -> _Parsed:
     dump = normalize_dump(raw, source, rank_from_name(path))
     trace, _meta = unwrap_snapshot(raw)
     stacks = raw.get("stacks") if isinstance(raw, dict) and isinstance(raw.get("stacks"), str) else None
-    # JSON is ~7x a pickle's size; past that it is not a recorder but shared references expanding.
-    trace_json = _bounded_json(trace, source, 8 * max(path.stat().st_size, 1 << 20))
+    # JSON is ~7x a pickle's size; far past that it is not a recorder but shared references expanding.
+    trace_json = _bounded_json(trace, source, 16 * path.stat().st_size + (1 << 20))
     return _Parsed(dump.rank, len(dump.entries), dump.backend, trace_json, stacks)
 
 
