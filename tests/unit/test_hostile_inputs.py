@@ -156,7 +156,7 @@ def test_a_crash_of_frscope_itself_has_its_own_exit_code(tmp_path: Path, monkeyp
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     b.job(tmp_path, {r: [b.entry(1)] for r in range(2)})
 
-    def broken(*_args: object) -> None:
+    def broken(*_args: object, **_kwargs: object) -> None:
         raise KeyError("a bug")
 
     monkeypatch.setattr(cli, "analyze", broken)
