@@ -7,6 +7,7 @@ file and the reason; it never stops the others from loading.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
 import multiprocessing
@@ -266,6 +267,7 @@ def _load_chunk(paths: list[Path], max_bytes: int) -> list[RankDump | LoadProble
     """In a worker process: decode and normalize a few files; results travel back pickled (entries
     as constructor tuples, frames as a file reference), much smaller than the raw dumps."""
     gc.disable()
+    faulthandler.disable()  # a crash on crafted input is reported by the parent, file by file
     return [_load_one(path, max_bytes) for path in paths]
 
 
