@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from frscope.analysis import AnalysisOptions, Report, analyze
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
 from frscope.demo.faults import DEMO_FAULTS
 from frscope.records import DEFAULT_MAX_BYTES, DumpSet, RankExit, exits_from_json, load_dumps
+from frscope.records.limits import MAX_RANK
 from frscope.report import render_markdown, render_text, report_to_dict
 from frscope.report.entries import render_entries
 from frscope.report.filters import Filters
@@ -28,6 +31,14 @@ _SERVICES = {
 EXIT_HEALTHY = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
+# frscope itself failed (a bug, not the dumps): CI can tell this apart from findings and bad usage.
+EXIT_CRASH = 3
+DEBUG_ENV = "FRSCOPE_DEBUG"
+
+_EXIT_CODES = (
+    "Exit codes: 0 healthy, 1 findings, 2 bad usage or nothing loadable, 3 frscope itself failed "
+    f"(a bug; {DEBUG_ENV}=1 prints the traceback). Unreadable dumps are listed as problems, never a crash."
+)
 
 
 def _size(text: str) -> int:
@@ -36,6 +47,13 @@ def _size(text: str) -> int:
     if text and text[-1] in units:
         return int(float(text[:-1]) * units[text[-1]])
     return int(text)
+
+
+def _world_size(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= MAX_RANK:
+        raise argparse.ArgumentTypeError(f"must be between 1 and {MAX_RANK}")
+    return value
 
 
 def _progress_bar(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
@@ -70,7 +88,7 @@ def _emit(report: Report, dumpset: DumpSet, args: argparse.Namespace, filters: F
     if args.entries:
         out = render_entries(dumpset, filters, args.last)
     elif args.format == "json":
-        out = json.dumps(report_to_dict(report, findings=findings), indent=2) + "\n"
+        out = json.dumps(report_to_dict(report, findings=findings), indent=2, allow_nan=False) + "\n"
     elif args.format == "markdown":
         out = render_markdown(report, findings)
     else:
@@ -152,14 +170,14 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="frscope", description=__doc__)
+    parser = argparse.ArgumentParser(prog="frscope", description=__doc__, epilog=_EXIT_CODES)
     parser.add_argument("--version", action="version", version=f"frscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     analyze_p = sub.add_parser(
         "analyze",
         help="diagnose a folder (or list) of per-rank Flight Recorder dumps",
-        description="Exit codes: 0 healthy, 1 findings, 2 bad usage or nothing loadable.",
+        description=_EXIT_CODES,
     )
     analyze_p.add_argument("paths", nargs="+", help="dump files or directories (pickle or JSON, any version)")
     analyze_p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
@@ -171,7 +189,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     analyze_p.add_argument("--entries", action="store_true", help="print collectives side by side across ranks")
     analyze_p.add_argument("--last", type=int, help="with --entries: only the last N collectives per group")
     analyze_p.add_argument("--max-bytes", type=_size, default=DEFAULT_MAX_BYTES, help="size cap per file (e.g. 512M)")
-    analyze_p.add_argument("--world-size", type=int, help="expected world size (to name ranks with no dump)")
+    analyze_p.add_argument("--world-size", type=_world_size, help="expected world size (to name ranks with no dump)")
     analyze_p.add_argument(
         "--stall-after",
         type=float,
@@ -190,7 +208,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     analyze_p.add_argument("--no-progress", action="store_true", help="no progress bar")
     analyze_p.add_argument(
-        "--jobs", type=int, help="processes that decode dumps (default: one per core from 32 files on)"
+        "--jobs",
+        type=int,
+        help="processes that decode dumps (default: one per core from 32 files on, else one; a dump that "
+        "crashes its process is reported, the others load). 1 = decode in this process: faster for a few "
+        "files, not isolated from crafted pickles",
     )
     analyze_p.set_defaults(func=cmd_analyze)
 
@@ -217,7 +239,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = next((a for a in args_list if not a.startswith("-")), None)
     parser = build_parser(command)
     args = parser.parse_args(args_list)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug in frscope, never a bad dump (those are problems in the report)
+        if os.environ.get(DEBUG_ENV):
+            traceback.print_exc()
+        message = " ".join(str(exc).split())[:300]
+        print(f"frscope {args.command}: internal error ({type(exc).__name__}: {message}); exit code {EXIT_CRASH}. "
+              f"Please report it{'' if os.environ.get(DEBUG_ENV) else f'; {DEBUG_ENV}=1 shows the traceback'}.",
+              file=sys.stderr)
+        return EXIT_CRASH
     return code
 
 

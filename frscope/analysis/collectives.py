@@ -262,7 +262,10 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
     first: Finding | None = None
     later = 0
     history: Bucket | None = None
-    for seq in range(lo, hi + 1):
+    # The seqs some rank recorded, not every number between: one crafted seq of 10**15 must not
+    # make this loop that long.
+    recorded = sorted({seq for _, t in with_entries for seq in t.by_seq if lo <= seq <= hi})
+    for seq in recorded:
         ref_bucket: Bucket | None = None
         ref_sig: tuple[object, ...] = ()
         differs = False

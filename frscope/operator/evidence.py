@@ -9,10 +9,13 @@ is decided by the newest collectives of every group; the ring buffer is already 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from frscope.operator.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, gunzip_capped, parse_snapshot
 from frscope.records import DumpError, LoadProblem, RankDump, normalize_dump
+from frscope.records.limits import describe, valid_rank
 from frscope.wire import SidecarSnapshot
 
 DEFAULT_MAX_ENTRIES = 200
@@ -41,12 +44,17 @@ def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = 
     for rank, message in snapshot.errors:
         out.problems.append(LoadProblem(where, message, rank=rank))
     for raw in snapshot.ranks:
+        if isinstance(raw, _Unreadable):
+            out.problems.append(LoadProblem(where, raw.why))
+            continue
         hint = raw.get("rank")
-        source = f"{where} rank {hint}"
+        rank = valid_rank(hint)
+        source = f"{where} rank {rank if rank is not None else describe(hint)}"
         try:
+            # normalize_dump refuses an out-of-range rank itself, naming the field.
             dump = normalize_dump(raw, source, hint if isinstance(hint, int) and not isinstance(hint, bool) else None)
         except DumpError as exc:
-            out.problems.append(LoadProblem(exc.source, exc.message, rank=exc.rank))
+            out.problems.append(LoadProblem(exc.source, exc.message, rank=valid_rank(exc.rank)))
             continue
         if max_entries > 0 and len(dump.entries) > max_entries:
             out.entries_dropped += len(dump.entries) - max_entries
@@ -55,14 +63,88 @@ def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = 
     return out
 
 
+class _Unreadable(dict[str, Any]):
+    """Stands for one rank's piece that could not be decoded (kept in `ranks` so it is reported)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__()
+        self.why = why
+
+
+def _int_or_none(digits: str) -> int | None:
+    # A number past int64 is junk in a recorder; int() of 5,000 digits would fail the whole body.
+    return int(digits) if len(digits) <= 20 else None
+
+
+def _no_constant(_name: str) -> None:
+    return None  # NaN / Infinity: 'not recorded'
+
+
+def _loads(raw: bytes | str) -> Any:
+    return json.loads(raw, parse_int=_int_or_none, parse_constant=_no_constant)
+
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _value_end(text: str, start: int) -> int:
+    """End of the JSON array/object starting at `start`, by bracket matching (strings skipped)."""
+    depth = 0
+    for match in _TOKEN.finditer(text, start):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+        elif token in "]}":
+            depth -= 1
+            if depth == 0:
+                return match.end()
+    raise ValueError("unterminated value")
+
+
+def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
+    """The snapshot envelope with each rank decoded on its own: a rank too deep to decode becomes
+    an `_Unreadable` (reported as that rank's problem); the others are kept."""
+    try:
+        text = raw.decode("utf-8")
+        head = text.find('"ranks"')
+        start = text.index("[", head) if head >= 0 else -1
+        if start < 0:
+            raise ValueError("no 'ranks' array")
+        ranks: list[Any] = []
+        i = start + 1
+        decoder = json.JSONDecoder(parse_int=_int_or_none, parse_constant=_no_constant)
+        ws = re.compile(r"[ \t\n\r,]*")
+        while True:
+            i = ws.match(text, i).end()  # type: ignore[union-attr]
+            if text[i : i + 1] == "]":
+                break
+            try:
+                value, i = decoder.raw_decode(text, i)
+                ranks.append(value)
+            except RecursionError:
+                end = _value_end(text, i)
+                ranks.append(_Unreadable(f"a rank's snapshot ({end - i} bytes) is nested too deeply to decode"))
+                i = end
+        rest = text[:start] + "[]" + text[i + 1 :]
+        obj = _loads(rest)
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
+    if isinstance(obj, dict):
+        obj["ranks"] = ranks
+    return obj
+
+
 def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
                pod: str | None = None, namespace: str | None = None) -> PodEvidence:
     """Inflate (if gzip), decode, validate and normalize one snapshot body (in a worker process or thread)."""
     raw = gunzip_capped(raw, DEFAULT_MAX_SNAPSHOT_BYTES, endpoint)
     try:
-        obj = json.loads(raw)
-    except ValueError as exc:
-        raise SidecarError(endpoint, f"answer is not JSON: {exc}", retryable=False) from exc
+        obj = _loads(raw)
+    except RecursionError:
+        # Some rank's piece is nested too deeply for json: decode the ranks one by one instead.
+        obj = _loads_rank_by_rank(raw, endpoint)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
     snapshot = parse_snapshot(obj, endpoint, size_bytes=len(raw))
     del obj
     if pod:

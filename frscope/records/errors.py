@@ -17,6 +17,14 @@ class DumpError(Exception):
         super().__init__(f"{source}{where}:{what} {message}")
         self.message = message
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Raised in decoder processes too: travel back whole (the keyword-only fields included).
+        return (_rebuild, (type(self), self.source, self.message, self.rank, self.field))
+
+
+def _rebuild(cls: type[DumpError], source: str, message: str, rank: int | None, field: str | None) -> DumpError:
+    return cls(source, message, rank=rank, field=field)
+
 
 class DumpTooLarge(DumpError):
     kind = "too-large"

@@ -7,19 +7,24 @@ file and the reason; it never stops the others from loading.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import json
 import multiprocessing
 import os
 import re
+import stat
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
-from frscope.records.errors import DumpError, DumpTooLarge, TruncatedDump, UnknownFormat
+from frscope.records.errors import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, UnknownFormat
 from frscope.records.gcpause import gc_paused
+from frscope.records.isolate import call_isolated
+from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, valid_rank
 from frscope.records.membership import build_groups
 from frscope.records.model import (
     CAPTURED_MTIME,
@@ -56,7 +61,30 @@ def rank_from_name(path: str | Path) -> int | None:
                 name, lowered = name[: -len(suffix)], lowered[: -len(suffix)]
                 changed = True
     match = _TRAILING_RANK.search(name)
-    return int(match.group(1)) if match else None
+    # More than 18 digits is no rank (and int() of 5,000 digits raises): the contents must say.
+    return int(match.group(1)) if match and len(match.group(1)) <= 18 else None
+
+
+def _not_a_file(path: Path) -> str | None:
+    """Why `path` is not a dump to read, or None for a regular file (symlinks followed). Devices and
+    FIFOs are never opened: a read from /dev/zero never ends, an open of a FIFO blocks."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as exc:
+        if path.is_symlink():
+            return f"broken symlink ({exc.strerror or exc})"
+        return f"cannot be read: {exc.strerror or exc}"
+    if stat.S_ISREG(mode):
+        return None
+    what = (
+        "a FIFO" if stat.S_ISFIFO(mode)
+        else "a character device" if stat.S_ISCHR(mode)
+        else "a block device" if stat.S_ISBLK(mode)
+        else "a socket" if stat.S_ISSOCK(mode)
+        else "not a regular file"
+    )
+    via = " (through a symlink)" if path.is_symlink() else ""
+    return f"{what}{via}, not a dump file; not read"
 
 
 def expand_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[LoadProblem]]:
@@ -71,16 +99,26 @@ def expand_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[LoadProb
                     candidate = Path(root, filename)
                     if filename.startswith(".") or candidate.suffix.lower() in _NOT_DUMPS:
                         continue
-                    if filename.endswith(".stacks") or not candidate.is_file():
+                    if filename.endswith(".stacks"):
                         continue
-                    files.append(candidate)
-        elif path.is_file():
-            files.append(path)
-        elif path.exists():
-            problems.append(LoadProblem(str(path), "not a regular file"))
+                    why = _not_a_file(candidate)
+                    if why is None:
+                        files.append(candidate)
+                    else:
+                        problems.append(LoadProblem(str(candidate), why, rank=_safe_rank(candidate)))
+        elif path.exists() or path.is_symlink():
+            why = _not_a_file(path)
+            if why is None:
+                files.append(path)
+            else:
+                problems.append(LoadProblem(str(path), why, rank=_safe_rank(path)))
         else:
             problems.append(LoadProblem(str(path), "no such file or directory"))
     return files, problems
+
+
+def _safe_rank(path: Path) -> int | None:
+    return valid_rank(rank_from_name(path))
 
 
 def read_capped(path: Path, max_bytes: int) -> bytes:
@@ -116,19 +154,29 @@ def decode_bytes(data: bytes, source: str, max_bytes: int = DEFAULT_MAX_BYTES) -
         return safe_loads(data, source)
     head = data.lstrip()[:1]
     if head in (b"{", b"["):
+        containers = data.count(b"{") + data.count(b"[")
+        if containers * MIN_JSON_BYTES_PER_CONTAINER > len(data):
+            raise MalformedDump(
+                source,
+                f"{containers} JSON objects/arrays in {len(data)} bytes: one per {len(data) // max(1, containers)} "
+                f"bytes where a dump has ~80 (decoding would take ~30x the file's size in memory)",
+            )
         try:
             return json.loads(data)
         except UnicodeDecodeError as exc:
-            raise UnknownFormat(source, f"JSON is not valid UTF-8: {exc}") from exc
+            raise UnknownFormat(source, f"JSON is not valid UTF-8 at byte {exc.start}") from exc
+        except RecursionError as exc:
+            raise MalformedDump(source, "JSON nested too deeply: not a Flight Recorder dump") from exc
         except json.JSONDecodeError as exc:
             if exc.pos >= len(data.rstrip()) - 1 or "Unterminated" in exc.msg or "Expecting" in exc.msg:
                 raise TruncatedDump(
                     source, f"JSON ends early at byte {exc.pos} ({exc.msg}): truncated or still being written"
                 ) from exc
             raise UnknownFormat(source, f"invalid JSON at byte {exc.pos}: {exc.msg}") from exc
-    raise UnknownFormat(
-        source, f"neither a pickle (starts with 0x80) nor JSON (starts with '{{'): begins with {data[:8]!r}"
-    )
+        except ValueError as exc:  # e.g. a number past Python's 4,300-digit limit
+            raise MalformedDump(source, f"JSON value refused: {describe(str(exc), 100)}") from exc
+    # The file's bytes are never printed (they may be anything, terminal escapes included).
+    raise UnknownFormat(source, "neither a pickle (starts with 0x80), JSON (starts with '{' or '[') nor gzip")
 
 
 class _EntriesReader:
@@ -198,7 +246,29 @@ def _load_one(path: Path, max_bytes: int) -> RankDump | LoadProblem:
     try:
         return load_file(path, max_bytes)
     except DumpError as exc:
-        return LoadProblem(exc.source, exc.message, rank=exc.rank)
+        return LoadProblem(exc.source, _with_field(exc), rank=_safe_rank_value(exc.rank))
+    except (RecursionError, MemoryError) as exc:
+        return LoadProblem(str(path), f"too deeply nested or too large to read ({type(exc).__name__})",
+                           rank=_safe_rank(path))
+    except Exception as exc:  # a bug or a shape nobody foresaw: this file's problem, never the others'
+        return LoadProblem(str(path), f"could not be read: {type(exc).__name__}: {describe(str(exc))}",
+                           rank=_safe_rank(path))
+
+
+def _with_field(exc: DumpError) -> str:
+    return f"field {exc.field!r}: {exc.message}" if exc.field else exc.message
+
+
+def _safe_rank_value(rank: int | None) -> int | None:
+    return valid_rank(rank)
+
+
+def _load_in_child(path: Path, max_bytes: int) -> RankDump | LoadProblem:
+    """One file in a process of its own (`isolate`): only the file that kills it is lost."""
+    try:
+        return call_isolated(str(path), _load_one, path, max_bytes)
+    except DumpError as exc:
+        return LoadProblem(exc.source, exc.message, rank=_safe_rank(path))
 
 
 # What a worker sends back for one file: the dump without its entries plus the entries as rows, or the problem.
@@ -225,6 +295,7 @@ def _load_chunk(paths: list[Path], max_bytes: int) -> list[_Shipped]:
     """In a worker process: decode and normalize a few files; results travel back pickled (entries
     as constructor tuples, frames as a file reference), much smaller than the raw dumps."""
     gc.disable()
+    faulthandler.disable()  # a crash on crafted input is reported by the parent, file by file
     return [_ship(_load_one(path, max_bytes)) for path in paths]
 
 
@@ -233,9 +304,16 @@ PARALLEL_MIN_FILES = 32
 
 
 def _workers(jobs: int | None, files: int) -> int:
+    """Decoding processes; 0 = decode in this process (`jobs=1`, or no fork on this platform).
+
+    By default files are never decoded in the caller's process, even a few: a crafted pickle can
+    crash the C unpickler (a tuple nested 10**6 deep overflows the C stack when hashed), and it must
+    take down a worker, never the run."""
+    if "fork" not in multiprocessing.get_all_start_methods() or files == 0:
+        return 0
     if jobs is not None:
-        return max(1, jobs)
-    if files < PARALLEL_MIN_FILES or "fork" not in multiprocessing.get_all_start_methods():
+        return 0 if jobs <= 1 else jobs
+    if files < PARALLEL_MIN_FILES:
         return 1
     return min(os.cpu_count() or 1, 8)
 
@@ -251,12 +329,13 @@ def load_dumps(
     """Load every dump under `paths` (files or directories). Never raises for a bad file.
 
     Large sets are decoded by `jobs` worker processes (default: one per core, from 32 files on):
-    unpickling and normalizing are CPU-bound and independent per file."""
+    unpickling and normalizing are CPU-bound and independent per file. Smaller sets by one worker
+    process; `jobs=1` decodes in this process (fastest for a few files, but not isolated)."""
     files, problems = expand_paths(paths)
     dumps: list[RankDump] = []
     workers = _workers(jobs, len(files))
     with gc_paused():
-        if workers == 1:
+        if workers == 0:
             results: Iterable[RankDump | LoadProblem] = (_load_one(path, max_bytes) for path in files)
             pool = None
         else:
@@ -265,14 +344,27 @@ def load_dumps(
             pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
             results = (_unship(item) for batch in pool.map(_load_chunk, chunks, [max_bytes] * len(chunks))
                        for item in batch)
+        done = 0
+
+        def take(result: RankDump | LoadProblem) -> None:
+            nonlocal done
+            done += 1
+            if isinstance(result, LoadProblem):
+                problems.append(result)
+            else:
+                dumps.append(result)
+            if progress is not None:
+                progress(done, len(files))
+
         try:
-            for done, result in enumerate(results, 1):
-                if isinstance(result, LoadProblem):
-                    problems.append(result)
-                else:
-                    dumps.append(result)
-                if progress is not None:
-                    progress(done, len(files))
+            try:
+                for result in results:
+                    take(result)
+            except BrokenProcessPool:
+                # A worker died (results arrive in file order: the rest are not done). Each remaining
+                # file gets a process of its own, so only the one that kills it is lost.
+                for path in files[done:]:
+                    take(_load_in_child(path, max_bytes))
         finally:
             if pool is not None:
                 pool.shutdown(cancel_futures=True)

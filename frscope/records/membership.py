@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from frscope.records.limits import MAX_RANK
 from frscope.records.model import GroupInfo, RankDump
 
 DEFAULT_GROUP_NAME = "0"
@@ -48,7 +49,9 @@ def build_groups(
             votes.setdefault(cfg.name, Counter())[cfg.ranks] += 1
             config_desc.setdefault(cfg.name, cfg.desc)
 
-    world = max([world_size_hint or 0, *(r + 1 for r in dumps)] or [0])
+    # Every rank here is below limits.MAX_RANK (normalize refuses others), so `range(world)` is bounded.
+    hint = world_size_hint if world_size_hint is not None and 0 < world_size_hint <= MAX_RANK else 0
+    world = max([hint, *(r + 1 for r in dumps)] or [0])
     for name, counter in votes.items():
         ranks = counter.most_common(1)[0][0]
         world = max(world, max(ranks) + 1)

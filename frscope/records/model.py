@@ -43,12 +43,13 @@ def frames_from_raw(raw: Any) -> tuple[Frame, ...]:
     if isinstance(raw, (list, tuple)):
         for item in raw:
             if isinstance(item, dict):
-                line = item.get("line")
+                # Type-checked, capped: a frame is evidence shown to people, never str() of junk.
+                name, filename, line = item.get("name"), item.get("filename"), item.get("line")
                 out.append(
                     Frame(
-                        str(item.get("name", "?")),
-                        str(item.get("filename", "?")),
-                        line if isinstance(line, int) else -1,
+                        name[:200] if isinstance(name, str) else "?",
+                        filename[:500] if isinstance(filename, str) else "?",
+                        line if type(line) is int and 0 <= line < 1 << 31 else -1,
                     )
                 )
     return tuple(out)

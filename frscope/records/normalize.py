@@ -16,7 +16,8 @@ from collections import Counter
 from operator import itemgetter
 from typing import Any
 
-from frscope.records.errors import MalformedDump
+from frscope.records.errors import DumpError, MalformedDump
+from frscope.records.limits import MAX_INT64, MAX_RANK, bounded_int, describe, finite_float, text, valid_rank
 from frscope.records.model import CAPTURED_SNAPSHOT, P2P_OPS, SCHEDULED, Entry, LazyFrames, PgConfig, PgStatus, RankDump
 from frscope.wire import unwrap_snapshot
 
@@ -24,7 +25,9 @@ from frscope.wire import unwrap_snapshot
 KNOWN_VERSION = (2, 10)
 OLDEST_VERSION = (2, 0)
 
-_P2P_NAME = re.compile(r"^(?P<op>\w+)\s+(?P<a>-?\d+)\s*(?P<arrow>->|<-)\s*(?P<b>-?\d+)$")
+# Peers have at most 9 digits: int() of a 5,000-digit peer raises (Python's 4,300-digit limit).
+_P2P_NAME = re.compile(r"^(?P<op>\w+)\s+(?P<a>-?\d{1,9})\s*(?P<arrow>->|<-)\s*(?P<b>-?\d{1,9})$")
+_RANK_TEXT = re.compile(r"-?\d{1,12}")
 
 
 def parse_profiling_name(profiling_name: str) -> tuple[str | None, str, int | None]:
@@ -44,9 +47,23 @@ def parse_profiling_name(profiling_name: str) -> tuple[str | None, str, int | No
     return backend or None, op, None
 
 
+def version_text(version: Any) -> str | None:
+    """The version as text, type-checked first: only a string or a number is a version (str() of an
+    arbitrary decoded object can take exponential time)."""
+    if isinstance(version, str):
+        return text(version.strip(), 40)
+    if isinstance(version, float):
+        return repr(version) if finite_float(version) is not None else None
+    if isinstance(version, int) and not isinstance(version, bool):
+        return str(version) if version.bit_length() <= 64 else None
+    return None
+
+
 def parse_version(version: Any) -> tuple[int, int] | None:
-    text = str(version).strip()
-    match = re.match(r"^(\d+)\.(\d+)", text)
+    shown = version_text(version)
+    if shown is None:
+        return None
+    match = re.match(r"^(\d{1,6})\.(\d{1,6})", shown)
     if not match:
         return None
     return int(match.group(1)), int(match.group(2))
@@ -67,8 +84,8 @@ def _parse_ranks_text(value: str) -> tuple[int, ...] | None:
     once and share the tuple. Without this, N dumps of N ranks cost N^2 int objects (2.4 GB at 8,192)."""
     try:
         items = json.loads(value)
-    except ValueError:
-        found = re.findall(r"-?\d+", value)
+    except (ValueError, RecursionError):  # not JSON, a 5,000-digit number, '[' * 10**6
+        found = _RANK_TEXT.findall(value)
         if not found:
             return None
         items = [int(x) for x in found]
@@ -76,57 +93,46 @@ def _parse_ranks_text(value: str) -> tuple[int, ...] | None:
 
 
 def _rank_tuple(items: Any) -> tuple[int, ...] | None:
+    """Every item a rank in [0, MAX_RANK), else None (the dump's ranks are not used): a group naming
+    rank 10**12 would make the world that large."""
     if not isinstance(items, (list, tuple)):
         return None
     out: list[int] = []
     for item in items:
-        if isinstance(item, bool) or not isinstance(item, int):
-            try:
-                item = int(item)
-            except (TypeError, ValueError):
-                return None
-        out.append(item)
+        rank = valid_rank(item)
+        if rank is None:
+            return None
+        out.append(rank)
     return tuple(out) if out else None
 
 
 def _opt_int(value: Any) -> int | None:
-    """None, '', 0 and junk mean 'not recorded' for times; ints and numeric strings are kept."""
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value or None
-    if isinstance(value, float):
-        return int(value) or None
-    if isinstance(value, str):
-        try:
-            return int(value) or None
-        except ValueError:
-            return None
-    return None
+    """None, '', 0 and junk mean 'not recorded' for times; int64 ints and numeric strings are kept
+    (NaN, inf and out-of-range numbers are junk)."""
+    return bounded_int(value, 1) or None
 
 
 def _int_or(value: Any, default: int) -> int:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if isinstance(value, (str, float)):
-        try:
-            return int(value)
-        except ValueError:
-            return default
-    return default
+    """Sequence numbers and ids: int64 (or -1, torch's 'none yet'), else `default`."""
+    got = bounded_int(value, -1)
+    return default if got is None else got
 
 
-def _opt_float(value: Any) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, (int, float)):
-        return float(value)
+def _opt_duration(value: Any) -> float | None:
+    got = finite_float(value)
+    return got if got is not None and 0.0 <= got <= _MAX_MS else None
+
+
+def _name(value: Any, limit: int = 200) -> str | None:
+    """A group key, name, description or thread id: a string (capped) or a small int; else None."""
     if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
+        return text(value, limit)
+    got = bounded_int(value, -MAX_INT64) if isinstance(value, int) else None
+    return None if got is None else str(got)
+
+
+# Most dims are well below this; anything larger (or a non-int) is not a tensor shape.
+_MAX_DIM = MAX_INT64
 
 
 def _sizes(value: Any) -> list[list[int]]:
@@ -135,6 +141,24 @@ def _sizes(value: Any) -> list[list[int]]:
 
 def _dtypes(value: Any) -> list[str]:
     return value if isinstance(value, list) else (list(value) if isinstance(value, tuple) else [])
+
+
+def _clean_sizes(value: list[Any]) -> list[list[int]]:
+    """A list of shapes, each a list of int64 dims; a malformed shape (nested deeper, a huge or
+    non-int dim) becomes [-1], so that entries still compare (and mismatch) by == and hash."""
+    out: list[list[int]] = []
+    for shape in value[:1024]:
+        if isinstance(shape, (list, tuple)) and len(shape) <= 64 and all(
+            type(d) is int and -1 <= d <= _MAX_DIM for d in shape
+        ):
+            out.append(list(shape))
+        else:
+            out.append([-1])
+    return out
+
+
+def _clean_dtypes(value: list[Any]) -> list[str]:
+    return [text(d, 40) or "?" for d in value[:1024]]
 
 
 # Fields every 2.x entry has; their absence is worth one warning per dump.
@@ -151,6 +175,8 @@ _EXPECTED_FIELDS = (
 
 
 _EXPECTED_SET = frozenset(_EXPECTED_FIELDS)
+# A duration is >= 0 and below ~30 years: sums of larger finite floats overflow to inf.
+_MAX_MS = 1e12
 # Every field a torch 2.x entry carries (all but `duration_ms` and `frames`, which may be absent).
 _FAST_FIELDS = itemgetter(
     "record_id",
@@ -174,17 +200,18 @@ _FAST_FIELDS = itemgetter(
 )
 
 
-def _shared(cache: dict[Any, Any], value: list[Any], key_of: Any) -> list[Any]:
-    """One list object per distinct content (the model's sizes/dtypes/frames are never mutated)."""
+def _shared(cache: dict[Any, Any], value: list[Any], key_of: Any, clean: Any = None) -> list[Any]:
+    """One list object per distinct content (the model's sizes/dtypes/frames are never mutated).
+    `clean` checks each distinct content once: what the model keeps is well-formed and hashable."""
     try:
         key = key_of(value)
-    except TypeError:  # unhashable junk: keep it as it came
-        return value
-    got = cache.get(key)
+        got = cache.get(key)
+    except (TypeError, RecursionError, ValueError):  # unhashable or deep junk: made well-formed
+        return clean(value) if clean is not None else value
     if got is None:
-        cache[key] = value
-        return value
-    return got  # type: ignore[no-any-return]
+        got = clean(value) if clean is not None else value
+        cache[key] = got
+    return got
 
 
 def _sizes_key(value: list[Any]) -> tuple[Any, ...]:
@@ -270,27 +297,31 @@ def normalize_entries(
         if (pg_type is tuple or pg_type is list) and len(pg) == 2 and type(pg[0]) is str and type(pg[1]) is str:
             pg_name, pg_desc = pg
         elif isinstance(pg, (list, tuple)) and len(pg) >= 2:
-            pg_name, pg_desc = str(pg[0]), str(pg[1])
+            pg_name, pg_desc = _name(pg[0]) or "?", _name(pg[1]) or ""
         elif isinstance(pg, (list, tuple)) and len(pg) == 1:
-            pg_name, pg_desc = str(pg[0]), ""
+            pg_name, pg_desc = _name(pg[0]) or "?", ""
         else:
-            pg_id = get("pg_id")
-            pg_name, pg_desc = (str(pg_id) if pg_id is not None else "0"), ""
+            pg_name, pg_desc = _name(get("pg_id")) or "0", ""
+        if len(pg_name) > 200 or len(pg_desc) > 200:
+            pg_name, pg_desc = text(pg_name, 200) or "?", text(pg_desc, 200) or ""
 
-        if type(seq) is not int:
+        # Type and range in one test (ints past int64, floats, NaN go the slow way).
+        if type(seq) is not int or not -1 <= seq <= MAX_INT64:
             seq = _int_or(seq if seq is not None else get("seq_id"), 0)
-        if type(p2p_seq) is not int:
+        if type(p2p_seq) is not int or not -1 <= p2p_seq <= MAX_INT64:
             p2p_seq = _int_or(p2p_seq, 0)
         if type(is_p2p) is not bool:
             is_p2p = op in P2P_OPS
-        if type(record_id) is not int:
+        if type(record_id) is not int or not 0 <= record_id <= MAX_INT64:
             record_id = _int_or(record_id, index)
-        if type(state) is not str and not isinstance(state, str):
+        if type(state) is not str or len(state) > 40:
             state = SCHEDULED
         if type(retired) is not bool:
             retired = None
-        if thread_id is not None and type(thread_id) is not str:
-            thread_id = str(thread_id)
+        if thread_id is not None and (type(thread_id) is not str or len(thread_id) > 200):
+            thread_id = _name(thread_id)
+        if thread_name is not None and (type(thread_name) is not str or len(thread_name) > 200):
+            thread_name = text(thread_name, 200)
 
         if type(input_sizes) is not list:
             input_sizes = _sizes(input_sizes)
@@ -323,10 +354,10 @@ def normalize_entries(
             ):
                 input_sizes, output_sizes, input_dtypes, output_dtypes = other
             else:
-                input_sizes = _shared(sizes_cache, input_sizes, _sizes_key)
-                output_sizes = _shared(sizes_cache, output_sizes, _sizes_key)
-                input_dtypes = _shared(dtypes_cache, input_dtypes, tuple)
-                output_dtypes = _shared(dtypes_cache, output_dtypes, tuple)
+                input_sizes = _shared(sizes_cache, input_sizes, _sizes_key, _clean_sizes)
+                output_sizes = _shared(sizes_cache, output_sizes, _sizes_key, _clean_sizes)
+                input_dtypes = _shared(dtypes_cache, input_dtypes, tuple, _clean_dtypes)
+                output_dtypes = _shared(dtypes_cache, output_dtypes, tuple, _clean_dtypes)
                 other = (input_sizes, output_sizes, input_dtypes, output_dtypes)
             if last is not None:
                 older_shapes[profiling_name] = last
@@ -343,16 +374,16 @@ def normalize_entries(
                     frames = _shared(frames_cache, frames, _frames_key)
                     last_frames[profiling_name] = frames
 
-        if created is not None and (type(created) is not int or not created):
+        if created is not None and (type(created) is not int or not 0 < created <= MAX_INT64):
             created = _opt_int(created)
-        if started is not None and (type(started) is not int or not started):
+        if started is not None and (type(started) is not int or not 0 < started <= MAX_INT64):
             started = _opt_int(started)
-        if completed is not None and (type(completed) is not int or not completed):
+        if completed is not None and (type(completed) is not int or not 0 < completed <= MAX_INT64):
             completed = _opt_int(completed)
         duration = get("duration_ms")
-        if duration is not None and type(duration) is not float:
-            duration = _opt_float(duration)
-        if type(timeout) is int and timeout:
+        if duration is not None and (type(duration) is not float or not 0.0 <= duration <= _MAX_MS):
+            duration = _opt_duration(duration)  # NaN and inf too (NaN fails every comparison)
+        if type(timeout) is int and 0 < timeout <= MAX_INT64:
             timeout = small_ints.setdefault(timeout, timeout)
         elif timeout is not None:
             timeout = _opt_int(timeout)
@@ -406,12 +437,21 @@ def _pg_config(raw: Any, warnings: list[str]) -> dict[str, PgConfig]:
     for key, value in raw.items():
         if not isinstance(value, dict):
             continue
-        name = value.get("name")
-        out[str(key)] = PgConfig(
-            key=str(key),
-            name=str(name) if name is not None else str(key),
-            desc=str(value.get("desc") or ""),
-            ranks=parse_ranks(value.get("ranks")),
+        key_text = _name(key)
+        if key_text is None:
+            warnings.append(f"pg_config key {describe(key)} is not a group key; ignored")
+            continue
+        ranks_raw = value.get("ranks")
+        ranks = parse_ranks(ranks_raw)
+        if ranks is None and ranks_raw not in (None, "", "[]", [], ()):
+            warnings.append(
+                f"pg_config {key_text!r}: field 'ranks' is not a list of ranks in [0, {MAX_RANK}); ignored"
+            )
+        out[key_text] = PgConfig(
+            key=key_text,
+            name=_name(value.get("name")) or key_text,
+            desc=_name(value.get("desc")) or "",
+            ranks=ranks,
         )
     return out
 
@@ -421,7 +461,8 @@ def _pg_status(raw: Any) -> dict[str, PgStatus]:
     if not isinstance(raw, dict):
         return out
     for key, value in raw.items():
-        if not isinstance(value, dict):
+        key_text = _name(key)
+        if not isinstance(value, dict) or key_text is None:
             continue
 
         def seq(field: str, value: dict[str, Any] = value) -> int | None:
@@ -430,8 +471,8 @@ def _pg_status(raw: Any) -> dict[str, PgStatus]:
                 return None
             return _int_or(got, -1)
 
-        out[str(key)] = PgStatus(
-            key=str(key),
+        out[key_text] = PgStatus(
+            key=key_text,
             last_enqueued=seq("last_enqueued_collective"),
             last_started=seq("last_started_collective"),
             last_completed=seq("last_completed_collective"),
@@ -446,7 +487,26 @@ def entries_of(raw: Any) -> Any:
 
 
 def normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFrames | None = None) -> RankDump:
-    """Build a RankDump. `rank` comes from the file name; the contents may correct it."""
+    """Build a RankDump. `rank` comes from the file name; the contents may correct it.
+
+    Raises only DumpError: whatever else a crafted dump provokes (deep nesting, odd types) is
+    reported as that dump's problem, never as a crash of the reader of all the others."""
+    try:
+        return _normalize_dump(raw, source, rank, lazy_frames)
+    except DumpError:
+        raise
+    except (RecursionError, MemoryError) as exc:
+        raise MalformedDump(source, f"too deeply nested or too large to normalize ({type(exc).__name__})",
+                            rank=rank) from exc
+    except Exception as exc:  # a shape this reader did not foresee: that dump's problem only
+        raise MalformedDump(source, f"cannot be normalized: {type(exc).__name__}: {describe(str(exc))}",
+                            rank=rank) from exc
+
+
+def _normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFrames | None) -> RankDump:
+    if rank is not None and valid_rank(rank) is None:
+        raise MalformedDump(source, f"{describe(rank)} (from the file name or transport) is not a rank in "
+                            f"[0, {MAX_RANK})", field="rank")
     trace, meta = unwrap_snapshot(raw)
     if not isinstance(trace, dict):
         raise MalformedDump(source, f"top level is {type(trace).__name__}, expected a mapping", rank=rank)
@@ -459,7 +519,7 @@ def normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFra
     if version is None:
         warnings.append("no 'version' field; read as the newest known format")
     elif parsed is None:
-        warnings.append(f"unparsable version {version!r}; read as the newest known format")
+        warnings.append(f"unparsable version {describe(version)}; read as the newest known format")
     elif parsed > KNOWN_VERSION:
         warnings.append(
             f"format version {version} is newer than {KNOWN_VERSION[0]}.{KNOWN_VERSION[1]}; "
@@ -481,6 +541,9 @@ def normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFra
 
     content_rank = meta.get("rank", trace.get("rank"))
     if isinstance(content_rank, int) and not isinstance(content_rank, bool):
+        if valid_rank(content_rank) is None:
+            raise MalformedDump(source, f"{describe(content_rank)} is not a rank in [0, {MAX_RANK})",
+                                rank=rank, field="rank")
         if rank is not None and rank != content_rank:
             warnings.append(
                 f"file name says rank {rank} but the contents say rank {content_rank}; using {content_rank}"
@@ -499,15 +562,15 @@ def normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFra
     return RankDump(
         rank=rank,
         source=source,
-        version=str(version) if version is not None else "",
+        version=(version_text(version) or "?") if version is not None else "",
         backend=backend,
         entries=entries,
         pg_config=_pg_config(trace.get("pg_config"), warnings),
         pg_status=_pg_status(trace.get("pg_status")),
-        comm_lib_version=str(trace.get("comm_lib_version") or ""),
+        comm_lib_version=version_text(trace.get("comm_lib_version")) or "",
         stacks=stacks if isinstance(stacks, str) and stacks else None,
         captured_at_ns=captured,
         captured_at_source=CAPTURED_SNAPSHOT if captured is not None else None,
-        host=str(host) if isinstance(host, str) else None,
+        host=text(host, 253),
         warnings=warnings,
     )

@@ -32,7 +32,8 @@ def render_entries(dumpset: DumpSet, filters: Filters, last: int | None = None) 
         if last is not None:
             lo = max(lo, hi - last + 1)
         lines.append(f"== group {name} ({group.desc or '-'}) ranks {fmt_ranks(group.ranks)}")
-        for seq in range(lo, hi + 1):
+        # Recorded seqs only (a crafted seq of 10**15 must not make this loop that long).
+        for seq in sorted({s for t in group_tracks.values() for s in t.by_seq if lo <= s <= hi}):
             cells: dict[str, list[int]] = {}
             shown = False
             for rank in members:

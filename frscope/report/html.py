@@ -19,7 +19,7 @@ from typing import Any
 
 from frscope.analysis import Finding, Report
 from frscope.records import DumpSet
-from frscope.report.serialize import report_to_dict
+from frscope.report.serialize import finite, report_to_dict
 from frscope.report.timeline import TimelineOptions, build_timeline
 
 _STATIC_CSP = (
@@ -40,7 +40,7 @@ def asset(name: str) -> str:
 
 def embed_json(obj: Any) -> str:
     """JSON that is safe inside <script type="application/json">: no '</script>', no '<!--'."""
-    text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+    text = json.dumps(finite(obj), separators=(",", ":"), allow_nan=False)
     return (
         text.replace("<", "\\u003c")
         .replace(">", "\\u003e")

@@ -3,6 +3,7 @@ FlightRecorderReport and the sidecar all use this one shape (documented in docs/
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from frscope.analysis import Finding, Report, op_label
@@ -82,7 +83,25 @@ def verdict(report: Report) -> str:
     )
 
 
+def finite(obj: Any) -> Any:
+    """`obj` with every NaN/inf float replaced by None: JSON has no NaN, and a bare `NaN` makes the
+    whole document unreadable to strict parsers. Normalization already drops them from the records;
+    this keeps any derived number (a median, a sum past the float range) from breaking the output."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
+
+
 def report_to_dict(report: Report, *, findings: list[Finding] | None = None) -> dict[str, Any]:
+    """The report as JSON-able data, with no NaN or infinity anywhere (`finite`)."""
+    return finite(_report_dict(report, findings))  # type: ignore[no-any-return]
+
+
+def _report_dict(report: Report, findings: list[Finding] | None) -> dict[str, Any]:
     shown = report.findings if findings is None else findings
     return {
         "schema": SCHEMA,

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from frscope.records import DumpError, TruncatedDump, decode_bytes, normalize_dump
+from frscope.records import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, decode_bytes, normalize_dump
+from frscope.records.isolate import call_isolated, can_isolate
+from frscope.records.limits import describe
 from frscope.records.loader import rank_from_name, read_capped
 from frscope.wire import snapshot_piece_bytes, unwrap_snapshot
 
@@ -36,6 +38,64 @@ def jsonable(value: Any) -> Any:
     if isinstance(value, (set, frozenset)):
         return sorted(value, key=repr)
     return repr(value)
+
+
+def _json_size_at_most(trace: Any, limit: int) -> bool:
+    """Whether `trace` written out (shared references repeated, as JSON does) stays within about
+    `limit` characters: a pickle of a list holding the same list twice, 100 levels down, is a few
+    hundred bytes whose JSON is 2**100. One iterative walk that stops at the limit."""
+    total = 0
+    stack = [trace]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            total += 2 + 4 * len(item)
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            total += 2 + 2 * len(item)
+            stack.extend(item)
+        elif isinstance(item, (str, bytes)):
+            total += 2 + len(item)
+        else:
+            total += 8
+        if total > limit:
+            return False
+    return True
+
+
+def _bounded_json(trace: Any, source: str, limit: int) -> bytes:
+    """The decoded trace as JSON, refused when it would exceed about `limit` bytes."""
+    if not _json_size_at_most(trace, limit):
+        raise DumpTooLarge(source, f"its JSON form would exceed {limit} bytes (shared references repeated)")
+    try:
+        return json.dumps(trace, default=jsonable).encode()
+    except (TypeError, ValueError, RecursionError) as exc:  # cycles, depth
+        raise MalformedDump(
+            source, f"cannot be re-encoded as JSON ({type(exc).__name__}: {describe(str(exc))})"
+        ) from exc
+
+
+@dataclass(frozen=True, slots=True)
+class _Parsed:
+    rank: int
+    entries: int
+    backend: str | None
+    trace_json: bytes
+    stacks: str | None
+
+
+def _decode_file(path: Path, max_bytes: int) -> _Parsed:
+    """Read, decode, normalize and re-encode one dump file. Raises only DumpError (run in a child
+    process where possible: see frscope.records.isolate)."""
+    source = str(path)
+    raw = decode_bytes(read_capped(path, max_bytes), source, max_bytes)
+    dump = normalize_dump(raw, source, rank_from_name(path))
+    trace, _meta = unwrap_snapshot(raw)
+    stacks = raw.get("stacks") if isinstance(raw, dict) and isinstance(raw.get("stacks"), str) else None
+    # JSON is ~7x a pickle's size; far past that it is not a recorder but shared references expanding.
+    trace_json = _bounded_json(trace, source, 16 * path.stat().st_size + (1 << 20))
+    return _Parsed(dump.rank, len(dump.entries), dump.backend, trace_json, stacks)
 
 
 @dataclass(slots=True)
@@ -66,6 +126,8 @@ class DumpDirWatcher:
         # A file still cut short after this long unchanged is rejected (its writer died mid-write).
         self.give_up_after_s = give_up_after_s if give_up_after_s is not None else max(30.0, 10 * settle_s)
         self.files: dict[str, DumpFile] = {}
+        # Decode each file in a child process (a crafted pickle can crash the C unpickler).
+        self.isolate = can_isolate()
         self._missing_logged = False
         self.exists = False
 
@@ -155,8 +217,10 @@ class DumpDirWatcher:
     def _parse(self, item: DumpFile, quiet_for: float) -> str | None:
         source = str(item.path)
         try:
-            raw = decode_bytes(read_capped(item.path, self.max_bytes), source, self.max_bytes)
-            dump = normalize_dump(raw, source, rank_from_name(item.path))
+            if self.isolate:
+                parsed = call_isolated(source, _decode_file, item.path, self.max_bytes)
+            else:
+                parsed = _decode_file(item.path, self.max_bytes)
         except TruncatedDump as exc:
             if quiet_for < self.give_up_after_s:
                 log.debug("dump file %s looks cut short (%s); waiting for it to change", source, exc.message)
@@ -168,22 +232,18 @@ class DumpDirWatcher:
             item.state, item.error = "rejected", exc.message
             log.error("dump file %s cannot be used: %s", source, exc.message)
             return exc.kind
-        trace, _meta = unwrap_snapshot(raw)
-        try:
-            trace_json = json.dumps(trace, default=jsonable).encode()
-        except (TypeError, ValueError) as exc:
-            item.state, item.error = "rejected", f"cannot be re-encoded as JSON: {exc}"
+        except Exception as exc:  # never let one file stop the scan: later files would stay pending forever
+            item.state, item.error = "rejected", f"cannot be read: {type(exc).__name__}: {describe(str(exc))}"
             log.error("dump file %s: %s", source, item.error)
             return "malformed"
-        stacks = raw.get("stacks") if isinstance(raw, dict) and isinstance(raw.get("stacks"), str) else None
-        piece = snapshot_piece_bytes(dump.rank, item.mtime_ns, f"file:{source}", stacks, trace_json)
+        piece = snapshot_piece_bytes(parsed.rank, item.mtime_ns, f"file:{source}", parsed.stacks, parsed.trace_json)
         item.piece = zlib.compress(piece, 6)
-        item.rank = dump.rank
-        item.entries = len(dump.entries)
+        item.rank = parsed.rank
+        item.entries = parsed.entries
         item.state = "parsed"
         item.error = None
         log.warning(
             "dump file %s: rank %d, %d entries (%s); kept for /v1/snapshot",
-            source, dump.rank, len(dump.entries), dump.backend or "unknown backend",
+            source, parsed.rank, parsed.entries, parsed.backend or "unknown backend",
         )
         return None
