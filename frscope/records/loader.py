@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from frscope import wire
 from frscope.records.errors import DumpError, DumpTooLarge, TruncatedDump, UnknownFormat
 from frscope.records.gcpause import gc_paused
 from frscope.records.membership import build_groups
@@ -146,11 +147,15 @@ def load_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, *, keep_frames: bo
     lazy = None if keep_frames else LazyFrames(_EntriesReader(path, max_bytes))
     try:
         raw = decode_bytes(read_capped(path, max_bytes), source, max_bytes)
-        dump = normalize_dump(raw, source, rank, lazy)
+        return _one_rank(path, raw, rank, lazy)
     except DumpError as exc:
         if exc.rank is None:
             exc.rank = rank
         raise
+
+
+def _one_rank(path: Path, raw: Any, rank: int | None, lazy: LazyFrames | None) -> RankDump:
+    dump = normalize_dump(raw, str(path), rank, lazy)
     if dump.captured_at_ns is None:
         try:
             dump.captured_at_ns = path.stat().st_mtime_ns
@@ -158,6 +163,42 @@ def load_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, *, keep_frames: bo
         except OSError:
             pass
     return dump
+
+
+def load_path(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> list[RankDump | LoadProblem]:
+    """One file -> its ranks: a per-rank dump or snapshot piece is one rank; a sidecar's snapshot
+    envelope (`/v1/snapshot`, a push, a sidecar evidence capture: frscope.wire) holds a pod's ranks,
+    each read on its own (one bad piece never sinks the others) and its errors become problems."""
+    source = str(path)
+    rank = rank_from_name(path)
+    try:
+        raw = decode_bytes(read_capped(path, max_bytes), source, max_bytes)
+        if not wire.is_snapshot_envelope(raw):
+            return [_one_rank(path, raw, rank, LazyFrames(_EntriesReader(path, max_bytes)))]
+    except DumpError as exc:
+        return [LoadProblem(exc.source, exc.message, rank=exc.rank if exc.rank is not None else rank)]
+    try:
+        envelope = wire.parse_snapshot(raw)
+    except wire.WireError as exc:
+        return [LoadProblem(source, str(exc))]
+    del raw
+    where = f"{source} (pod {envelope.namespace}/{envelope.pod})" if envelope.pod else source
+    out: list[RankDump | LoadProblem] = [LoadProblem(where, message, rank=r) for r, message in envelope.errors]
+    for index, piece in enumerate(envelope.ranks):
+        hint = piece.get("rank")
+        hint = hint if isinstance(hint, int) and not isinstance(hint, bool) else None
+        piece_source = f"{where} rank {hint}" if hint is not None else f"{where} piece {index}"
+        try:
+            dump = normalize_dump(piece, piece_source, hint)
+        except DumpError as exc:
+            out.append(LoadProblem(exc.source, exc.message, rank=exc.rank))
+            continue
+        if dump.captured_at_ns is None:
+            dump.captured_at_ns = envelope.captured_at_ns
+        out.append(dump)
+    if not envelope.ranks and not envelope.errors:
+        out.append(LoadProblem(where, "a sidecar snapshot with no rank in it (no rank had answered the sidecar)"))
+    return out
 
 
 def assemble(dumps: Iterable[RankDump], problems: list[LoadProblem], world_size: int | None = None) -> DumpSet:
@@ -186,18 +227,11 @@ def assemble(dumps: Iterable[RankDump], problems: list[LoadProblem], world_size:
     return DumpSet(dumps=by_rank, groups=groups, world_size=world, problems=problems)
 
 
-def _load_one(path: Path, max_bytes: int) -> RankDump | LoadProblem:
-    try:
-        return load_file(path, max_bytes)
-    except DumpError as exc:
-        return LoadProblem(exc.source, exc.message, rank=exc.rank)
-
-
-def _load_chunk(paths: list[Path], max_bytes: int) -> list[RankDump | LoadProblem]:
+def _load_chunk(paths: list[Path], max_bytes: int) -> list[list[RankDump | LoadProblem]]:
     """In a worker process: decode and normalize a few files; results travel back pickled (entries
     as constructor tuples, frames as a file reference), much smaller than the raw dumps."""
     gc.disable()
-    return [_load_one(path, max_bytes) for path in paths]
+    return [load_path(path, max_bytes) for path in paths]
 
 
 # Below this many files a pool costs more than it saves.
@@ -229,7 +263,7 @@ def load_dumps(
     workers = _workers(jobs, len(files))
     with gc_paused():
         if workers == 1:
-            results: Iterable[RankDump | LoadProblem] = (_load_one(path, max_bytes) for path in files)
+            results: Iterable[list[RankDump | LoadProblem]] = (load_path(path, max_bytes) for path in files)
             pool = None
         else:
             chunk = max(1, min(16, len(files) // (workers * 4)))
@@ -237,11 +271,12 @@ def load_dumps(
             pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
             results = (item for batch in pool.map(_load_chunk, chunks, [max_bytes] * len(chunks)) for item in batch)
         try:
-            for done, result in enumerate(results, 1):
-                if isinstance(result, LoadProblem):
-                    problems.append(result)
-                else:
-                    dumps.append(result)
+            for done, items in enumerate(results, 1):
+                for result in items:
+                    if isinstance(result, LoadProblem):
+                        problems.append(result)
+                    else:
+                        dumps.append(result)
                 if progress is not None:
                     progress(done, len(files))
         finally:
