@@ -19,6 +19,7 @@ from frscope.report import render_markdown, render_text, report_to_dict
 from frscope.report.entries import render_entries
 from frscope.report.filters import Filters
 from frscope.report.html import render_report_html
+from frscope.report.trace import build_trace
 
 _SERVICES = {
     "sidecar": ("frscope.sidecar.main", "collect local ranks' recorders, detect stalls, serve metrics and the API"),
@@ -28,6 +29,8 @@ _SERVICES = {
 EXIT_HEALTHY = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
+# `frscope demo`: 0 when the diagnosis showed what the fault was meant to show, else this.
+EXIT_DEMO_FAILED = 1
 
 
 def _size(text: str) -> int:
@@ -82,6 +85,11 @@ def _emit(report: Report, dumpset: DumpSet, args: argparse.Namespace, filters: F
     if args.html:
         Path(args.html).write_text(render_report_html(report, dumpset, findings), encoding="utf-8")
         print(f"frscope analyze: timeline written to {args.html} (opens offline in a browser)", file=sys.stderr)
+    if args.trace:
+        with open(args.trace, "w", encoding="utf-8") as handle:
+            json.dump(build_trace(dumpset), handle, separators=(",", ":"))
+        print(f"frscope analyze: trace written to {args.trace} (open it in ui.perfetto.dev or chrome://tracing)",
+              file=sys.stderr)
     return EXIT_FINDINGS if findings else EXIT_HEALTHY
 
 
@@ -125,7 +133,13 @@ def _exits(path: str | None) -> dict[int, RankExit]:
     return {e.rank: e for e in exits_from_json(obj, path)}
 
 
+# The demo captures seconds after its job stops moving (the watchdog would wait minutes): a collective
+# in flight for this long is stuck, in the demo.
+DEMO_STUCK_AFTER_S = 1.0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    from frscope.demo.launcher import LaunchError
     from frscope.demo.live import run_with_sidecar
 
     out_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="frscope-demo-"))
@@ -135,20 +149,33 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "a local frscope sidecar beside it collects every rank's recorder and stack while it is blocked...",
         file=sys.stderr,
     )
-    collected = run_with_sidecar(args.fault, args.world_size, out_dir, timeout_s=args.timeout)
+    try:
+        collected = run_with_sidecar(args.fault, args.world_size, out_dir, timeout_s=args.timeout,
+                                     stall_after_s=DEMO_STUCK_AFTER_S)
+    except LaunchError as exc:
+        print(f"frscope demo: the demo job could not be run: {exc}", file=sys.stderr)
+        return EXIT_DEMO_FAILED
     dumpset = load_dumps([out_dir])
     if not dumpset.dumps:
         print(f"frscope demo: no rank could be collected ({collected})", file=sys.stderr)
-        return EXIT_USAGE
-    # The demo captures seconds after the job stops moving; the watchdog would wait minutes.
-    options = AnalysisOptions(stall_after_s=min(args.stall_after, 1.0))
-    report = analyze(dumpset, options)
+        return EXIT_DEMO_FAILED
+    report = analyze(dumpset, AnalysisOptions(stall_after_s=DEMO_STUCK_AFTER_S))
     sys.stdout.write(render_text(report))
     html_path = out_dir / "report.html"
     html_path.write_text(render_report_html(report, dumpset), encoding="utf-8")
     print(f"\nrecorders and stacks kept in {out_dir} (re-run: frscope analyze {out_dir})", file=sys.stderr)
     print(f"collective timeline: open {html_path.resolve().as_uri()} in a browser", file=sys.stderr)
-    return EXIT_FINDINGS if report.findings else EXIT_HEALTHY
+    expected = set(collected.culprit_ranks)
+    named = {rank for finding in report.findings for rank in finding.culprit_ranks}
+    if (expected <= named) if expected else not report.findings:
+        return EXIT_HEALTHY
+    print(
+        f"frscope demo: the diagnosis did not show what fault {args.fault!r} should: expected "
+        + (f"culprit rank(s) {sorted(expected)}" if expected else "no finding")
+        + (f", got culprit rank(s) {sorted(named)}" if named else ", got no culprit"),
+        file=sys.stderr,
+    )
+    return EXIT_DEMO_FAILED
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -165,6 +192,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     analyze_p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     analyze_p.add_argument("-o", "--output", help="write the report here instead of stdout")
     analyze_p.add_argument("--html", metavar="PATH", help="also write the collective timeline as one HTML file")
+    analyze_p.add_argument(
+        "--trace", metavar="FILE",
+        help="also write a Chrome/Perfetto trace (JSON): a track per rank and process group, a slice per collective",
+    )
     analyze_p.add_argument("--op", help="only these ops, e.g. all_reduce,broadcast (or ALLREDUCE)")
     analyze_p.add_argument("--pg", help="only these process groups (name or description)")
     analyze_p.add_argument("--rank", help="only these ranks, e.g. 0-7,12")
@@ -194,12 +225,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     analyze_p.set_defaults(func=cmd_analyze)
 
-    demo_p = sub.add_parser("demo", help="run a real local gloo job that breaks, and diagnose it (no cluster)")
-    demo_p.add_argument("--fault", choices=DEMO_FAULTS, default="hang")
-    demo_p.add_argument("--world-size", type=int, default=4)
+    demo_p = sub.add_parser(
+        "demo",
+        help="run a real local gloo job that breaks, and diagnose it (no cluster)",
+        description="Exit codes: 0 the diagnosis showed what the fault was meant to show (the culprit "
+                    "ranks; no finding for --fault none), 1 it did not, or the job could not be run.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    demo_p.add_argument("--fault", choices=DEMO_FAULTS, default="hang", help="what goes wrong in the job")
+    demo_p.add_argument("--world-size", type=int, default=4, help="ranks of the job")
     demo_p.add_argument("--keep", help="keep the collected recorders in this directory")
     demo_p.add_argument("--timeout", type=float, default=90.0, help="hard limit for the job, seconds")
-    demo_p.add_argument("--stall-after", type=float, default=1.0)
     demo_p.set_defaults(func=cmd_demo)
 
     # The sidecar and the operator pull in aiohttp, kopf and their worlds (a second of imports):
