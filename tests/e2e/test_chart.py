@@ -21,6 +21,7 @@ except ModuleNotFoundError:
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
+RUNBOOKS = CHART.parents[1] / "docs" / "runbooks.md"
 RENDERED = ["defaults", "all-on", "monitoring-off", "namespaced", "install"]
 STANDARD = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
             "app.kubernetes.io/managed-by", "helm.sh/chart")
@@ -289,6 +290,10 @@ def test_monitoring_objects_carry_extra_labels_and_scrape_the_right_ports(
         assert alert["labels"]["team"] == "ml-infra"
         assert alert["labels"]["severity"]
         assert "{{ $labels." in alert["annotations"]["summary"]
+        # Every alert links to its own section of docs/runbooks.md, and that section exists.
+        url = alert["annotations"]["runbook_url"]
+        assert url == f"https://github.com/frscope/frscope/blob/main/docs/runbooks.md#{alert['alert'].lower()}"
+        assert f"\n## {alert['alert']}\n" in RUNBOOKS.read_text()
     assert 'job="frscope-system/frs-frscope-sidecars"' in alerts["FrscopeSidecarDown"]["expr"]
     namespaced_pm = one(rendered["namespaced"], "PodMonitor")
     assert namespaced_pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
