@@ -152,6 +152,7 @@ def injection_from_env(env: Mapping[str, str]) -> InjectionConfig:
         inject_label=(key.strip() or names.INJECT_KEY, value.strip() or "true"),
         operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
         token_expiration_s=int(env.get("FRSCOPE_TOKEN_EXPIRATION_SECONDS") or 3600),
+        nccl_timing=(env.get("FRSCOPE_NCCL_TIMING") or "true").strip().lower() not in ("0", "false", "no", "off"),
     )
 
 

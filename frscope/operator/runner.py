@@ -157,7 +157,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         injection = await injection_for(config.webhook, kube)
         log.info("sidecar injection: %s sidecar, image %s", "native" if injection.native else "plain",
                  injection.image)
-        register_webhook(kopf_registry, injection)
+        register_webhook(kopf_registry, injection, by_namespace=config.webhook.managed is None)
         settings.admission.server = webhook_server(config.webhook)
         settings.admission.managed = config.webhook.managed
 

@@ -126,7 +126,15 @@ def test_operator_pod_security_is_restricted(rendered: dict[str, list[dict[str, 
 def test_webhook_is_opt_in_fails_open_and_skips_system_namespaces(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    (hook,) = one(rendered["defaults"], "MutatingWebhookConfiguration")["webhooks"]
+    hook, by_namespace = one(rendered["defaults"], "MutatingWebhookConfiguration")["webhooks"]
+    # Opt-in by namespace: PyTorchJob pods of namespaces with the label, unless the pod says =false.
+    assert by_namespace["clientConfig"]["service"]["path"] == "/inject-namespace"
+    assert by_namespace["namespaceSelector"]["matchLabels"] == {"frscope.io/inject": "true"}
+    assert by_namespace["objectSelector"]["matchExpressions"] == [
+        {"key": "training.kubeflow.org/job-name", "operator": "Exists"},
+        {"key": "frscope.io/inject", "operator": "NotIn", "values": ["true", "false"]}]
+    assert by_namespace["failurePolicy"] == "Ignore"
+    assert by_namespace["namespaceSelector"]["matchExpressions"] == hook["namespaceSelector"]["matchExpressions"]
     assert hook["failurePolicy"] == "Ignore"
     assert hook["sideEffects"] == "None"
     assert hook["objectSelector"] == {"matchLabels": {"frscope.io/inject": "true"}}
@@ -138,9 +146,9 @@ def test_webhook_is_opt_in_fails_open_and_skips_system_namespaces(
     service = hook["clientConfig"]["service"]
     assert (service["name"], service["namespace"], service["port"]) == ("frs-frscope", "frscope-system", 443)
     # Watching a list of namespaces: the webhook is limited to them too.
-    (namespaced,) = one(rendered["namespaced"], "MutatingWebhookConfiguration")["webhooks"]
-    exprs = {e["operator"]: e["values"] for e in namespaced["namespaceSelector"]["matchExpressions"]}
-    assert exprs["In"] == ["team-a", "team-b"]
+    for namespaced in one(rendered["namespaced"], "MutatingWebhookConfiguration")["webhooks"]:
+        exprs = {e["operator"]: e["values"] for e in namespaced["namespaceSelector"]["matchExpressions"]}
+        assert exprs["In"] == ["team-a", "team-b"]
     assert "MutatingWebhookConfiguration" not in _kinds(rendered["monitoring-off"])
 
 
@@ -154,8 +162,8 @@ def test_chart_generated_certificate_is_signed_by_the_ca_bundle_for_the_service(
     objs = rendered["defaults"]
     secret = one(objs, "Secret")
     assert secret["type"] == "kubernetes.io/tls"
-    (hook,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
-    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    hooks = one(objs, "MutatingWebhookConfiguration")["webhooks"]
+    assert all(hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"] for hook in hooks)
     (tmp_path / "ca.pem").write_text(_pem(secret["data"]["ca.crt"]))
     (tmp_path / "tls.pem").write_text(_pem(secret["data"]["tls.crt"]))
     (tmp_path / "tls.key").write_text(_pem(secret["data"]["tls.key"]))
