@@ -1,4 +1,14 @@
-"""`frscope analyze | demo | ...`: thin wiring over records -> analysis -> report."""
+"""frscope: why did my distributed PyTorch job hang?
+
+frscope reads PyTorch's Flight Recorder (the ring buffer of collectives every NCCL/Gloo process group
+keeps) from every rank and says which rank, which process group and which collective, and what the
+stuck rank was doing. Offline on a folder of dumps (`frscope analyze`), on a local demo job
+(`frscope demo`), or in a cluster: a sidecar beside each trainer (`frscope sidecar`) and an operator
+that writes the diagnosis into the PyTorchJob (`frscope operator`). Docs: README.md and docs/.
+"""
+
+# (This module is the CLI's thin wiring over records -> analysis -> report; its docstring is the
+# top-level --help.)
 
 from __future__ import annotations
 
@@ -65,7 +75,7 @@ def _progress_bar(enabled: bool) -> tuple[Callable[[int, int], None] | None, Cal
 
 
 def _options(args: argparse.Namespace) -> AnalysisOptions:
-    return AnalysisOptions(stall_after_s=args.stall_after, clock_skew_ms=args.clock_skew_ms)
+    return AnalysisOptions(stall_after_s=args.stuck_after, clock_skew_ms=args.clock_skew_ms)
 
 
 def _emit(report: Report, dumpset: DumpSet, args: argparse.Namespace, filters: Filters) -> int:
@@ -179,7 +189,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="frscope", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="frscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run `frscope COMMAND --help` for a command's options.",
+    )
     parser.add_argument("--version", action="version", version=f"frscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -204,11 +217,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     analyze_p.add_argument("--max-bytes", type=_size, default=DEFAULT_MAX_BYTES, help="size cap per file (e.g. 512M)")
     analyze_p.add_argument("--world-size", type=int, help="expected world size (to name ranks with no dump)")
     analyze_p.add_argument(
-        "--stall-after",
+        "--stuck-after",
         type=float,
         default=DEFAULT_STALL_AFTER_S,
-        help="seconds in flight before a collective counts as stuck (default %(default)s)",
+        metavar="SECONDS",
+        help="a collective in flight at least this long (at the capture) counts as stuck (default %(default)s)",
     )
+    # The name this flag had until the sidecar's "no progress for N s" threshold and this one got a name each.
+    analyze_p.add_argument("--stall-after", dest="stuck_after", type=float, default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS)
     analyze_p.add_argument(
         "--clock-skew-ms",
         type=float,

@@ -18,6 +18,7 @@ import aiohttp
 import kopf
 from prometheus_client import CollectorRegistry
 
+from frscope import logs
 from frscope.operator import names
 from frscope.operator.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
 from frscope.operator.config import OperatorConfig, WebhookConfig
@@ -228,10 +229,9 @@ def mount_default_ui(operator: Operator) -> None:
 
 def run_operator(config: OperatorConfig) -> int:
     """`frscope operator`: SIGINT/SIGTERM stop it cleanly (exit 0)."""
-    logging.basicConfig(level=getattr(logging, config.log_level),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(config.log_level, config.log_format)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    if config.log_level != "DEBUG":
+    if config.log_level != "debug":
         # kopf logs every handled event at INFO ("Handler ... succeeded"): one line per pod change.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 

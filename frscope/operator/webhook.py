@@ -59,6 +59,7 @@ class InjectionConfig:
     # TORCH_NCCL_ENABLE_TIMING=1 in the trainer: NCCL entries then carry `started` and `duration_ms`
     # (one more CUDA event per collective; docs/install.md). A pod that sets the variable keeps its value.
     nccl_timing: bool = True
+    log_format: str = "text"  # the sidecar's --log-format
     version: str = "1"
     # system:serviceaccount:NS:NAME of the operator: the sidecars accept its tokens only. None: the
     # sidecars are injected without authentication.
@@ -125,6 +126,8 @@ def sidecar_container(cfg: InjectionConfig) -> dict[str, Any]:
         args.append(f"--operator-url={cfg.operator_url}")
     if cfg.operator_identity:
         args += [f"--operator-identity={cfg.operator_identity}", f"--kube-token-dir={cfg.token_mount}"]
+    if cfg.log_format != "text":
+        args.append(f"--log-format={cfg.log_format}")
     container: dict[str, Any] = {
         "name": names.SIDECAR_CONTAINER,
         "image": cfg.image,

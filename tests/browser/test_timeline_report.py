@@ -52,7 +52,7 @@ def test_cli_html_opens_offline_with_culprit_highlighted(browser: Any, tmp_path:
         [
             "analyze",
             str(REAL / "hang-pickle"),
-            "--stall-after",
+            "--stuck-after",
             "1",
             "--html",
             str(out),

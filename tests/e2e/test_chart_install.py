@@ -220,7 +220,7 @@ def test_upgrade_keeps_the_webhook_certificate(kube: ControlPlane, installed: In
     assert mwc["webhooks"][0]["clientConfig"]["caBundle"] == before["ca.crt"]
     deploy = _get(kube, "deployment", full, "-n", installed.namespace)
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--log-level=DEBUG" in args
+    assert "--log-level=debug" in args
 
 
 def test_webhook_fails_open_and_ignores_pods_without_the_label(kube: ControlPlane, installed: Install) -> None:

@@ -418,7 +418,7 @@ def test_operator_queries_return_data(stack: Stack, kube: ControlPlane, tmp_path
         env = {**kube.env(), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
         operator = subprocess.Popen(
             [sys.executable, "-m", "frscope", "operator", "--http-host", "127.0.0.1", "--http-port", str(port),
-             "--poll-interval", "1", "--stall-after", "1", "--cooldown", "3", "--log-level", "DEBUG"],
+             "--poll-interval", "1", "--stuck-after", "1", "--cooldown", "3", "--log-level", "DEBUG"],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         stack.operator_targets.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"],

@@ -296,7 +296,7 @@ def test_a_real_hang_is_diagnosed_into_the_job(kube: ControlPlane, report_crd: s
     set_job_conditions(kube, namespace, training_conditions("Created", "Running"))
     # Cluster-wide, as the chart runs it by default (its default RBAC has no namespace list for kopf's
     # namespace observer, which `--namespace` needs; the chart grants that only in namespaced mode).
-    args = ["--poll-interval", "1", "--stall-after", "1", "--gather-timeout", "30", "--cooldown", "3"]
+    args = ["--poll-interval", "1", "--stuck-after", "1", "--gather-timeout", "30", "--cooldown", "3"]
     pods = {"train-master-0": (0, 1), "train-worker-0": (2, 3)}
 
     def get_job() -> dict[str, Any]:
@@ -409,7 +409,7 @@ def test_sidecar_down_gives_a_partial_report_and_an_event(kube: ControlPlane, re
         create_pod(kube, namespace, job["metadata"]["uid"], "train-master-0", "master", 0, ports["train-master-0"])
         # The worker's sidecar port points nowhere: its sidecar is down.
         create_pod(kube, namespace, job["metadata"]["uid"], "train-worker-0", "worker", 0, free_port())
-        args = ["--poll-interval", "1", "--stall-after", "1", "--gather-timeout", "10", "--gather-attempts", "2"]
+        args = ["--poll-interval", "1", "--stuck-after", "1", "--gather-timeout", "10", "--gather-attempts", "2"]
         with operator(kube, operator_kubeconfig, tmp_path / "operator.log", args) as op:
             found = wait_for("the report", lambda: kube.kubectl_json(
                 "get", "flightrecorderreports", "-n", namespace)["items"], 90, diagnostics=op.logs)
