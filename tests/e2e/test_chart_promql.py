@@ -165,7 +165,7 @@ def _dashboard_targets() -> list[tuple[str, str, str]]:
     return [
         (panel["title"], target["refId"], target["expr"])
         for panel in dashboard["panels"]
-        if panel["type"] != "row"
+        if panel["type"] not in ("row", "text")
         for target in panel["targets"]
     ]
 
