@@ -119,6 +119,7 @@ class Controller:
         if event_type == "DELETED":
             self.store.remove_job(ref.key)
             self._jobs.pop(ref.key, None)
+            self.metrics.job_gone(ref.key.namespace, ref.key.name)
             self._refresh_gauges()
             return
         conditions = job_conditions(body)
@@ -329,6 +330,7 @@ class Controller:
             state.ledger = state.ledger.with_record(record)
             state.asserted = (view.ref.uid, make_condition(finding.category.value, message, now))
             self.metrics.diagnoses.labels(category=finding.category.value).inc()
+            self.metrics.job_diagnosed(view.key.namespace, view.key.name, finding.category.value)
         if done.condition and state.first_signal_at is not None:
             self.metrics.signal_to_publish.observe(time.monotonic() - state.first_signal_at)
             state.first_signal_at = None

@@ -292,6 +292,7 @@ def test_monitoring_objects_carry_extra_labels_and_scrape_the_right_ports(
     sm = one(objs, "ServiceMonitor")
     assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["http"]
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # the per-job diagnosis gauge keeps the job's namespace
     alerts = {r["alert"]: r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert set(alerts) == {"FrscopeCollectiveStalled", "FrscopeDiagnosisMade", "FrscopeSidecarDown"}
     for alert in alerts.values():

@@ -222,6 +222,9 @@ def stack(rules: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory)
                     ],
                 }, {
                     "job_name": OPERATOR_JOB,
+                    # As the chart's ServiceMonitor (honorLabels): the job's namespace on
+                    # frscope_operator_job_diagnosis wins over the operator target's.
+                    "honor_labels": True,
                     "file_sd_configs": [{"files": [str(operator_targets)], "refresh_interval": "1s"}],
                 }],
             }

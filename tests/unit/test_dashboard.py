@@ -72,10 +72,11 @@ def test_ranges_use_rate_interval(dashboard: dict[str, Any]) -> None:
 
 def test_sidecar_queries_follow_the_filters(dashboard: dict[str, Any]) -> None:
     """Sidecar metrics get namespace/pod/pytorchjob from the PodMonitor and carry rank/pg/op themselves;
-    the operator's metrics carry no job labels (bounded), so they are not filtered by job."""
+    the operator's metrics carry no job labels (bounded), so they are not filtered by job, except its
+    per-job diagnosis gauge (series removed with the job), which the diagnosis panels filter by."""
     for expr in _exprs(dashboard):
         for metric, selector in re.findall(r"(frscope_\w+)(?:\{([^}]*)\})?", expr):
-            if metric.startswith("frscope_operator_"):
+            if metric.startswith("frscope_operator_") and metric != "frscope_operator_job_diagnosis":
                 assert not selector, expr
                 continue
             assert 'namespace=~"$namespace"' in selector, expr
@@ -94,7 +95,7 @@ def test_sidecar_queries_follow_the_filters(dashboard: dict[str, Any]) -> None:
         ("frscope_collective_stalled", "stalled ranks"),
         ("frscope_collectives_total", "collective rate by op"),
         ("_duration_seconds_bucket", "durations by op"),
-        ("frscope_operator_diagnoses_total", "diagnoses made"),
+        ("frscope_operator_job_diagnosis", "diagnosed jobs, following $namespace/$job"),
     ],
 )
 def test_required_panels_exist(dashboard: dict[str, Any], metric: str, what: str) -> None:
