@@ -175,17 +175,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
     html_path.write_text(render_report_html(report, dumpset), encoding="utf-8")
     print(f"\nrecorders and stacks kept in {out_dir} (re-run: frscope analyze {out_dir})", file=sys.stderr)
     print(f"collective timeline: open {html_path.resolve().as_uri()} in a browser", file=sys.stderr)
-    expected = set(collected.culprit_ranks)
+    missed = demo_missed(args.fault, set(collected.culprit_ranks), report)
+    if missed is None:
+        return EXIT_HEALTHY
+    print(f"frscope demo: {missed}", file=sys.stderr)
+    return EXIT_DEMO_FAILED
+
+
+def demo_missed(fault: str, expected: set[int], report: Report) -> str | None:
+    """None when the diagnosis shows what `fault` is meant to show (its culprit ranks named by the
+    findings; no finding for a healthy job), else what it missed."""
     named = {rank for finding in report.findings for rank in finding.culprit_ranks}
     if (expected <= named) if expected else not report.findings:
-        return EXIT_HEALTHY
-    print(
-        f"frscope demo: the diagnosis did not show what fault {args.fault!r} should: expected "
-        + (f"culprit rank(s) {sorted(expected)}" if expected else "no finding")
-        + (f", got culprit rank(s) {sorted(named)}" if named else ", got no culprit"),
-        file=sys.stderr,
-    )
-    return EXIT_DEMO_FAILED
+        return None
+    return (f"the diagnosis did not show what fault {fault!r} should: expected "
+            + (f"culprit rank(s) {sorted(expected)}" if expected else "no finding")
+            + (f", got culprit rank(s) {sorted(named)}" if named else ", got no culprit"))
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
