@@ -1,4 +1,14 @@
-"""`frscope analyze | demo | ...`: thin wiring over records -> analysis -> report."""
+"""frscope: why did my distributed PyTorch job hang?
+
+frscope reads PyTorch's Flight Recorder (the ring buffer of collectives every NCCL/Gloo process group
+keeps) from every rank and says which rank, which process group and which collective, and what the
+stuck rank was doing. Offline on a folder of dumps (`frscope analyze`), on a local demo job
+(`frscope demo`), or in a cluster: a sidecar beside each trainer (`frscope sidecar`) and an operator
+that writes the diagnosis into the PyTorchJob (`frscope operator`). Docs: README.md and docs/.
+"""
+
+# (This module is the CLI's thin wiring over records -> analysis -> report; its docstring is the
+# top-level --help.)
 
 from __future__ import annotations
 
@@ -22,6 +32,7 @@ from frscope.report import render_markdown, render_text, report_to_dict
 from frscope.report.entries import render_entries
 from frscope.report.filters import Filters
 from frscope.report.html import render_report_html
+from frscope.report.trace import build_trace
 
 _SERVICES = {
     "sidecar": ("frscope.sidecar.main", "collect local ranks' recorders, detect stalls, serve metrics and the API"),
@@ -39,6 +50,8 @@ _EXIT_CODES = (
     "Exit codes: 0 healthy, 1 findings, 2 bad usage or nothing loadable, 3 frscope itself failed "
     f"(a bug; {DEBUG_ENV}=1 prints the traceback). Unreadable dumps are listed as problems, never a crash."
 )
+# `frscope demo`: 0 when the diagnosis showed what the fault was meant to show, else this.
+EXIT_DEMO_FAILED = 1
 
 
 def _size(text: str) -> int:
@@ -80,7 +93,7 @@ def _progress_bar(enabled: bool) -> tuple[Callable[[int, int], None] | None, Cal
 
 
 def _options(args: argparse.Namespace) -> AnalysisOptions:
-    return AnalysisOptions(stall_after_s=args.stall_after, clock_skew_ms=args.clock_skew_ms)
+    return AnalysisOptions(stall_after_s=args.stuck_after, clock_skew_ms=args.clock_skew_ms)
 
 
 def _emit(report: Report, dumpset: DumpSet, args: argparse.Namespace, filters: Filters) -> int:
@@ -100,6 +113,11 @@ def _emit(report: Report, dumpset: DumpSet, args: argparse.Namespace, filters: F
     if args.html:
         Path(args.html).write_text(render_report_html(report, dumpset, findings), encoding="utf-8")
         print(f"frscope analyze: timeline written to {args.html} (opens offline in a browser)", file=sys.stderr)
+    if args.trace:
+        with open(args.trace, "w", encoding="utf-8") as handle:
+            json.dump(build_trace(dumpset), handle, separators=(",", ":"))
+        print(f"frscope analyze: trace written to {args.trace} (open it in ui.perfetto.dev or chrome://tracing)",
+              file=sys.stderr)
     return EXIT_FINDINGS if findings else EXIT_HEALTHY
 
 
@@ -143,7 +161,13 @@ def _exits(path: str | None) -> dict[int, RankExit]:
     return {e.rank: e for e in exits_from_json(obj, path)}
 
 
+# The demo captures seconds after its job stops moving (the watchdog would wait minutes): a collective
+# in flight for this long is stuck, in the demo.
+DEMO_STUCK_AFTER_S = 1.0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    from frscope.demo.launcher import LaunchError
     from frscope.demo.live import run_with_sidecar
 
     out_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="frscope-demo-"))
@@ -153,24 +177,45 @@ def cmd_demo(args: argparse.Namespace) -> int:
         "a local frscope sidecar beside it collects every rank's recorder and stack while it is blocked...",
         file=sys.stderr,
     )
-    collected = run_with_sidecar(args.fault, args.world_size, out_dir, timeout_s=args.timeout)
+    try:
+        collected = run_with_sidecar(args.fault, args.world_size, out_dir, timeout_s=args.timeout,
+                                     stall_after_s=DEMO_STUCK_AFTER_S)
+    except LaunchError as exc:
+        print(f"frscope demo: the demo job could not be run: {exc}", file=sys.stderr)
+        return EXIT_DEMO_FAILED
     dumpset = load_dumps([out_dir])
     if not dumpset.dumps:
         print(f"frscope demo: no rank could be collected ({collected})", file=sys.stderr)
-        return EXIT_USAGE
-    # The demo captures seconds after the job stops moving; the watchdog would wait minutes.
-    options = AnalysisOptions(stall_after_s=min(args.stall_after, 1.0))
-    report = analyze(dumpset, options)
+        return EXIT_DEMO_FAILED
+    report = analyze(dumpset, AnalysisOptions(stall_after_s=DEMO_STUCK_AFTER_S))
     sys.stdout.write(render_text(report))
     html_path = out_dir / "report.html"
     html_path.write_text(render_report_html(report, dumpset), encoding="utf-8")
     print(f"\nrecorders and stacks kept in {out_dir} (re-run: frscope analyze {out_dir})", file=sys.stderr)
     print(f"collective timeline: open {html_path.resolve().as_uri()} in a browser", file=sys.stderr)
-    return EXIT_FINDINGS if report.findings else EXIT_HEALTHY
+    missed = demo_missed(args.fault, set(collected.culprit_ranks), report)
+    if missed is None:
+        return EXIT_HEALTHY
+    print(f"frscope demo: {missed}", file=sys.stderr)
+    return EXIT_DEMO_FAILED
+
+
+def demo_missed(fault: str, expected: set[int], report: Report) -> str | None:
+    """None when the diagnosis shows what `fault` is meant to show (its culprit ranks named by the
+    findings; no finding for a healthy job), else what it missed."""
+    named = {rank for finding in report.findings for rank in finding.culprit_ranks}
+    if (expected <= named) if expected else not report.findings:
+        return None
+    return (f"the diagnosis did not show what fault {fault!r} should: expected "
+            + (f"culprit rank(s) {sorted(expected)}" if expected else "no finding")
+            + (f", got culprit rank(s) {sorted(named)}" if named else ", got no culprit"))
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="frscope", description=__doc__, epilog=_EXIT_CODES)
+    parser = argparse.ArgumentParser(
+        prog="frscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run `frscope COMMAND --help` for a command's options. " + _EXIT_CODES,
+    )
     parser.add_argument("--version", action="version", version=f"frscope {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -183,6 +228,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     analyze_p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
     analyze_p.add_argument("-o", "--output", help="write the report here instead of stdout")
     analyze_p.add_argument("--html", metavar="PATH", help="also write the collective timeline as one HTML file")
+    analyze_p.add_argument(
+        "--trace", metavar="FILE",
+        help="also write a Chrome/Perfetto trace (JSON): a track per rank and process group, a slice per collective",
+    )
     analyze_p.add_argument("--op", help="only these ops, e.g. all_reduce,broadcast (or ALLREDUCE)")
     analyze_p.add_argument("--pg", help="only these process groups (name or description)")
     analyze_p.add_argument("--rank", help="only these ranks, e.g. 0-7,12")
@@ -191,11 +240,15 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     analyze_p.add_argument("--max-bytes", type=_size, default=DEFAULT_MAX_BYTES, help="size cap per file (e.g. 512M)")
     analyze_p.add_argument("--world-size", type=_world_size, help="expected world size (to name ranks with no dump)")
     analyze_p.add_argument(
-        "--stall-after",
+        "--stuck-after",
         type=float,
         default=DEFAULT_STALL_AFTER_S,
-        help="seconds in flight before a collective counts as stuck (default %(default)s)",
+        metavar="SECONDS",
+        help="a collective in flight at least this long (at the capture) counts as stuck (default %(default)s)",
     )
+    # The name this flag had until the sidecar's "no progress for N s" threshold and this one got a name each.
+    analyze_p.add_argument("--stall-after", dest="stuck_after", type=float, default=argparse.SUPPRESS,
+                           help=argparse.SUPPRESS)
     analyze_p.add_argument(
         "--clock-skew-ms",
         type=float,
@@ -216,12 +269,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     )
     analyze_p.set_defaults(func=cmd_analyze)
 
-    demo_p = sub.add_parser("demo", help="run a real local gloo job that breaks, and diagnose it (no cluster)")
-    demo_p.add_argument("--fault", choices=DEMO_FAULTS, default="hang")
-    demo_p.add_argument("--world-size", type=int, default=4)
+    demo_p = sub.add_parser(
+        "demo",
+        help="run a real local gloo job that breaks, and diagnose it (no cluster)",
+        description="Exit codes: 0 the diagnosis showed what the fault was meant to show (the culprit "
+                    "ranks; no finding for --fault none), 1 it did not, or the job could not be run.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    demo_p.add_argument("--fault", choices=DEMO_FAULTS, default="hang", help="what goes wrong in the job")
+    demo_p.add_argument("--world-size", type=int, default=4, help="ranks of the job")
     demo_p.add_argument("--keep", help="keep the collected recorders in this directory")
     demo_p.add_argument("--timeout", type=float, default=90.0, help="hard limit for the job, seconds")
-    demo_p.add_argument("--stall-after", type=float, default=1.0)
     demo_p.set_defaults(func=cmd_demo)
 
     # The sidecar and the operator pull in aiohttp, kopf and their worlds (a second of imports):

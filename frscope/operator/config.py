@@ -1,9 +1,11 @@
 """`frscope operator` options: flags, with environment variables for what the Helm chart sets.
 
-The chart (charts/frscope/templates/deployment.yaml) passes `--namespace`, `--http-port`,
-`--webhook-port`, `--webhook-cert-dir` (tls.crt, tls.key, ca.crt), `--peering`, `--log-level`,
-`--sidecar-auth`, `--sidecar-token-file`, `--ui-auth` as flags, and the sidecar injection settings
-as FRSCOPE_* environment variables (listed in docs/operator.md).
+Every flag also reads an environment variable, FRSCOPE_<FLAG> (a flag wins); `--help` lists them
+with their defaults, which are the dataclasses' below. The chart (charts/frscope/templates/
+deployment.yaml) passes `--namespace`, `--http-port`, `--webhook-port`, `--webhook-cert-dir`,
+`--peering`, `--log-level`, `--log-format`, `--sidecar-auth`, `--sidecar-token-file`, `--ui-auth` as
+flags, and the sidecar injection settings as FRSCOPE_* environment variables (listed in
+docs/operator.md).
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ import argparse
 import json
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from frscope import logs
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
 from frscope.operator import names
-from frscope.operator.evidence import DEFAULT_MAX_ENTRIES
 from frscope.operator.gather import GatherOptions
 from frscope.operator.webhook import InjectionConfig
 
@@ -52,11 +55,13 @@ class OperatorConfig:
     poll_max_rps: float = 200.0
     poll_concurrency: int = 64
     gather: GatherOptions = field(default_factory=GatherOptions)
-    stall_after_s: float = DEFAULT_STALL_AFTER_S
+    # Analysis: a collective in flight at least this long (at the capture) counts as stuck.
+    stuck_after_s: float = DEFAULT_STALL_AFTER_S
     clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS
     # After a gather that found nothing to report, the same job attempt is not gathered again for this long.
     cooldown_s: float = 30.0
-    decode_processes: int = 0  # the CLI's default is 2
+    # Worker processes that decode snapshot bodies (0: threads in the operator's process).
+    decode_processes: int = 2
     # How the sidecars and the operator prove who they are (docs/operator.md, "Authentication"):
     # 'kubernetes' (service-account tokens, audience-bound), 'token' (one shared secret), 'none'.
     sidecar_auth: str = "kubernetes"
@@ -72,13 +77,14 @@ class OperatorConfig:
     peering: str | None = None  # kopf peering name; None: standalone (one replica)
     webhook: WebhookConfig | None = None
     instance: str = field(default_factory=socket.gethostname)
-    log_level: str = "INFO"
+    log_level: str = logs.DEFAULT_LEVEL
+    log_format: str = logs.DEFAULT_FORMAT
 
     def __post_init__(self) -> None:
         if self.poll_interval_s <= 0 or self.poll_timeout_s <= 0 or self.poll_max_rps <= 0:
             raise ValueError("poll interval, timeout and rate must be > 0")
-        if self.cooldown_s < 0 or self.stall_after_s < 0:
-            raise ValueError("--cooldown and --stall-after must be >= 0")
+        if self.cooldown_s < 0 or self.stuck_after_s < 0:
+            raise ValueError("--cooldown and --stuck-after must be >= 0")
         if self.sidecar_auth not in SIDECAR_AUTH_MODES:
             raise ValueError(f"--sidecar-auth must be one of {', '.join(SIDECAR_AUTH_MODES)}")
         if self.ui_auth not in UI_AUTH_MODES:
@@ -87,47 +93,79 @@ class OperatorConfig:
             raise ValueError("--sidecar-auth token needs --sidecar-token-file (the shared secret)")
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--namespace", action="append", default=[], dest="namespaces",
-                        help="watch this namespace (repeat for more; default: every namespace)")
-    parser.add_argument("--http-host", default="0.0.0.0", help="address of /healthz, /readyz, /metrics, /v1/push")
-    parser.add_argument("--http-port", type=int, default=8080)
-    parser.add_argument("--poll-interval", type=float, default=15.0, help="seconds between sidecar status sweeps")
-    parser.add_argument("--poll-timeout", type=float, default=5.0, help="seconds for one /v1/status request")
-    parser.add_argument("--poll-max-rps", type=float, default=200.0, help="status requests per second, at most")
-    parser.add_argument("--poll-concurrency", type=int, default=64, help="status requests in flight, at most")
-    parser.add_argument("--gather-timeout", type=float, default=120.0, help="seconds for a whole gather (all pods)")
-    parser.add_argument("--gather-pod-timeout", type=float, default=30.0, help="seconds for one pod's snapshot")
-    parser.add_argument("--decode-processes", type=int, default=2,
-                        help="worker processes that decode snapshots in parallel (0: threads in the operator)")
-    parser.add_argument("--gather-attempts", type=int, default=3, help="tries per pod")
-    parser.add_argument("--gather-concurrency", type=int, default=32,
-                        help="snapshots fetched (and held until decoded) at once")
-    parser.add_argument("--max-entries-per-rank", type=int, default=DEFAULT_MAX_ENTRIES,
-                        help="newest recorder entries kept per rank (bounds memory at 1,000s of ranks; 0: all)")
-    parser.add_argument("--stall-after", type=float, default=DEFAULT_STALL_AFTER_S,
-                        help="analysis: seconds in flight before a collective counts as stuck")
-    parser.add_argument("--cooldown", type=float, default=30.0,
-                        help="seconds before a job attempt with nothing to report is gathered again")
-    parser.add_argument("--sidecar-auth", choices=SIDECAR_AUTH_MODES, default="kubernetes",
-                        help="pushes: the pod's service-account token, reviewed by the API server (kubernetes), "
-                             "the shared secret of --sidecar-token-file (token), or nothing (none)")
-    parser.add_argument("--sidecar-token-file", type=Path,
-                        help="bearer token shown to the sidecars: the projected token (audience "
-                             f"{names.AUDIENCE_SIDECAR}) or the shared secret; re-read when it changes")
-    parser.add_argument("--ui-auth", choices=UI_AUTH_MODES, default="port-forward",
-                        help="web UI: a bearer token with `get pytorchjobs` in the job's namespace (kubernetes), "
-                             "that or kubectl port-forward (port-forward), or nothing (none)")
-    parser.add_argument("--report-limit", type=int, default=512 * 1024, help="bytes per FlightRecorderReport")
-    parser.add_argument("--peering", help="kopf peering name (several replicas, one active); default standalone")
-    parser.add_argument("--webhook-port", type=int, help="serve the sidecar-injection webhook on this port")
-    parser.add_argument("--webhook-host", default="0.0.0.0", help="address the webhook listens on")
-    parser.add_argument("--webhook-cert-dir", type=Path, help="tls.crt, tls.key (and ca.crt) of the webhook")
-    parser.add_argument("--webhook-managed", help="create/patch a MutatingWebhookConfiguration of this name")
-    parser.add_argument("--webhook-public-host", help="host name the API server uses (managed configuration)")
-    parser.add_argument("--sidecar-mode", choices=("auto", "native", "container"), default="auto",
-                        help="native sidecar (init container, restartPolicy Always) or a plain container")
-    parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+_DEFAULTS = OperatorConfig(instance="-")
+_GATHER = GatherOptions()
+_WEBHOOK = WebhookConfig()
+
+
+def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
+    """Every flag with its FRSCOPE_* variable (a flag wins) and its default, which is the config
+    dataclasses' (declared there once)."""
+    env = os.environ if env is None else env
+
+    def add(flag: str, default: object, text: str, kind: Callable[[str], Any] = str, **more: Any) -> None:
+        var = "FRSCOPE_" + flag.lstrip("-").upper().replace("-", "_")
+        raw = env.get(var)
+        value = default
+        if raw:
+            try:
+                value = kind(raw)
+            except ValueError as exc:
+                parser.error(f"{var}={raw!r}: {exc}")
+        shown = "unset" if default is None else default
+        parser.add_argument(flag, type=kind, default=value, help=f"{text} [env {var}; default {shown}]", **more)
+
+    raw_namespaces = env.get("FRSCOPE_WATCH_NAMESPACES", "")
+    parser.add_argument(
+        "--namespace", action="append", dest="namespaces", metavar="NAMESPACE",
+        default=[n.strip() for n in raw_namespaces.split(",") if n.strip()],
+        help="watch this namespace (repeat for more) [env FRSCOPE_WATCH_NAMESPACES, comma-separated; "
+             "default: every namespace]")
+    add("--http-host", _DEFAULTS.http_host, "address of /healthz, /readyz, /metrics, /v1/push and the web UI")
+    add("--http-port", _DEFAULTS.http_port, "port of the same", int)
+    add("--poll-interval", _DEFAULTS.poll_interval_s, "seconds between sweeps over every sidecar's /v1/status", float)
+    add("--poll-timeout", _DEFAULTS.poll_timeout_s, "seconds for one /v1/status request", float)
+    add("--poll-max-rps", _DEFAULTS.poll_max_rps, "status requests per second, at most", float)
+    add("--poll-concurrency", _DEFAULTS.poll_concurrency, "status requests in flight, at most", int)
+    add("--gather-timeout", _GATHER.overall_timeout_s, "seconds for a whole gather (every pod of a job)", float)
+    add("--gather-pod-timeout", _GATHER.per_pod_timeout_s, "seconds for one pod's snapshot", float)
+    add("--gather-attempts", _GATHER.attempts, "tries per pod", int)
+    add("--gather-concurrency", _GATHER.concurrency, "snapshots fetched (and held until decoded) at once", int)
+    add("--decode-processes", _DEFAULTS.decode_processes,
+        "worker processes that decode snapshots in parallel (0: threads in the operator)", int)
+    add("--max-entries-per-rank", _GATHER.max_entries,
+        "newest recorder entries kept per rank (bounds memory at 1,000s of ranks; 0: all)", int)
+    add("--stuck-after", _DEFAULTS.stuck_after_s,
+        "analysis: a collective in flight at least this many seconds (at the capture) counts as stuck "
+        "(the sidecar's --stall-after is another threshold: no progress for that long)", float)
+    # The name this flag had until the two thresholds got a name each.
+    parser.add_argument("--stall-after", dest="stuck_after", type=float, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
+    add("--clock-skew-ms", _DEFAULTS.clock_skew_ms,
+        "analysis: clock skew allowed between hosts before lateness counts", float)
+    add("--cooldown", _DEFAULTS.cooldown_s,
+        "seconds before a job attempt with nothing to report is gathered again", float)
+    add("--sidecar-auth", _DEFAULTS.sidecar_auth,
+        "pushes: the pod's service-account token, reviewed by the API server (kubernetes), the shared "
+        "secret of --sidecar-token-file (token), or nothing (none)", choices=SIDECAR_AUTH_MODES)
+    add("--sidecar-token-file", _DEFAULTS.sidecar_token_file,
+        f"bearer token shown to the sidecars: the projected token (audience {names.AUDIENCE_SIDECAR}) or "
+        "the shared secret; re-read when it changes", Path)
+    add("--ui-auth", _DEFAULTS.ui_auth,
+        "web UI: a bearer token with `get pytorchjobs` in the job's namespace (kubernetes), that or "
+        "kubectl port-forward (port-forward), or nothing (none)", choices=UI_AUTH_MODES)
+    add("--report-limit", _DEFAULTS.report_limit_bytes, "bytes per FlightRecorderReport object", int)
+    add("--peering", _DEFAULTS.peering, "kopf peering name (several replicas, one active); unset: standalone")
+    add("--webhook-port", None, "serve the sidecar-injection webhook on this port; unset: no webhook", int)
+    add("--webhook-host", _WEBHOOK.host, "address the webhook listens on")
+    add("--webhook-cert-dir", _WEBHOOK.cert_dir, "directory with tls.crt, tls.key (and ca.crt) of the webhook", Path)
+    add("--webhook-managed", _WEBHOOK.managed, "create/patch a MutatingWebhookConfiguration of this name")
+    add("--webhook-public-host", _WEBHOOK.public_host, "host name the API server uses (managed configuration)")
+    add("--sidecar-mode", _WEBHOOK.sidecar_mode,
+        "native sidecar (init container, restartPolicy Always), a plain container, or auto (from the "
+        "server version)", choices=("auto", "native", "container"))
+    logs.add_arguments(parser, env)
 
 
 def _env_float(env: Mapping[str, str], key: str) -> float | None:
@@ -152,6 +190,8 @@ def injection_from_env(env: Mapping[str, str]) -> InjectionConfig:
         inject_label=(key.strip() or names.INJECT_KEY, value.strip() or "true"),
         operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
         token_expiration_s=int(env.get("FRSCOPE_TOKEN_EXPIRATION_SECONDS") or 3600),
+        log_format=(env.get("FRSCOPE_SIDECAR_LOG_FORMAT") or "text").strip().lower(),
+        nccl_timing=(env.get("FRSCOPE_NCCL_TIMING") or "true").strip().lower() not in ("0", "false", "no", "off"),
     )
 
 
@@ -175,7 +215,8 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         gather=GatherOptions(per_pod_timeout_s=args.gather_pod_timeout, overall_timeout_s=args.gather_timeout,
                              attempts=args.gather_attempts, concurrency=args.gather_concurrency,
                              max_entries=args.max_entries_per_rank),
-        stall_after_s=args.stall_after,
+        stuck_after_s=args.stuck_after,
+        clock_skew_ms=args.clock_skew_ms,
         cooldown_s=args.cooldown,
         decode_processes=args.decode_processes,
         sidecar_auth=args.sidecar_auth,
@@ -186,4 +227,5 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         webhook=webhook,
         instance=env.get("POD_NAME") or socket.gethostname(),
         log_level=args.log_level,
+        log_format=args.log_format,
     )

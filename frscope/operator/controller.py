@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from frscope import logs
 from frscope.analysis import AnalysisOptions
 from frscope.operator import names
 from frscope.operator.config import OperatorConfig
@@ -52,6 +53,11 @@ log = logging.getLogger(__name__)
 def rfc3339(now: float | None = None) -> str:
     moment = datetime.datetime.fromtimestamp(time.time() if now is None else now, tz=datetime.UTC)
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _job(key: JobKey, incident: str | None = None) -> dict[str, object]:
+    """The job (and incident) as fields of the log record (`--log-format json` lifts them out)."""
+    return logs.fields(job=key.name, namespace=key.namespace, incident=incident)
 
 
 @dataclass(slots=True)
@@ -113,6 +119,7 @@ class Controller:
         if event_type == "DELETED":
             self.store.remove_job(ref.key)
             self._jobs.pop(ref.key, None)
+            self.metrics.job_gone(ref.key.namespace, ref.key.name)
             self._refresh_gauges()
             return
         conditions = job_conditions(body)
@@ -223,7 +230,7 @@ class Controller:
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    log.exception("job %s: handling %s failed", key, sig.kind.value)
+                    log.exception("job %s: handling %s failed", key, sig.kind.value, extra=_job(key))
                 if state.pending is None:
                     return
                 sig, state.pending = state.pending, None
@@ -256,22 +263,25 @@ class Controller:
         attempt = attempt_for(view, sig)
         skip = self._skip_reason(view, sig, attempt)
         if skip:
-            log.debug("job %s: %s: %s", view.key, sig.kind.value, skip)
+            log.debug("job %s: %s: %s", view.key, sig.kind.value, skip, extra=_job(view.key))
             return
-        log.info("job %s: %s (%s); gathering from %d pods", view.key, sig.kind.value, sig.detail, len(view.pods))
+        log.info("job %s: %s (%s); gathering from %d pods", view.key, sig.kind.value, sig.detail, len(view.pods),
+                 extra=_job(view.key))
         gathered = await self._gather(view)
         state = self._state(view.key)
         if not gathered.anything:
-            log.warning("job %s: nothing could be gathered (%d pods failed)", view.key, len(gathered.failures))
+            log.warning("job %s: nothing could be gathered (%d pods failed)", view.key, len(gathered.failures),
+                        extra=_job(view.key))
             self._quiet(state, attempt)
             return
         diagnosis = await diagnose(gathered, view.world_size,
-                                   AnalysisOptions(stall_after_s=self.config.stall_after_s,
+                                   AnalysisOptions(stall_after_s=self.config.stuck_after_s,
                                                    clock_skew_ms=self.config.clock_skew_ms),
                                    exits=rank_exits(view.pods, gathered.pods, view.world_size))
         report = diagnosis.report
         if report.healthy:
-            log.info("job %s: %s: no problem found in %d ranks", view.key, sig.kind.value, len(report.ranks_loaded))
+            log.info("job %s: %s: no problem found in %d ranks", view.key, sig.kind.value, len(report.ranks_loaded),
+                     extra=_job(view.key))
             self._quiet(state, attempt)
             return
         finding = report.findings[0]
@@ -320,6 +330,7 @@ class Controller:
             state.ledger = state.ledger.with_record(record)
             state.asserted = (view.ref.uid, make_condition(finding.category.value, message, now))
             self.metrics.diagnoses.labels(category=finding.category.value).inc()
+            self.metrics.job_diagnosed(view.key.namespace, view.key.name, finding.category.value)
         if done.condition and state.first_signal_at is not None:
             self.metrics.signal_to_publish.observe(time.monotonic() - state.first_signal_at)
             state.first_signal_at = None
@@ -327,7 +338,8 @@ class Controller:
             incident=key.digest, category=finding.category.value, verdict=finding.summary,
             culprit_ranks=tuple(finding.culprit_ranks), report_name=name if done.report else "", at=now,
             report=report_to_dict(report), timeline=await self._timeline(view.key, diagnosis)))
-        log.warning("job %s: %s: %s (report %s)", view.key, finding.category.value, message, name)
+        log.warning("job %s: %s: %s (report %s)", view.key, finding.category.value, message, name,
+                    extra=_job(view.key, key.digest))
 
     async def _timeline(self, key: JobKey, diagnosis: Diagnosis) -> dict[str, Any] | None:
         """The web UI's timeline, built once per diagnosis off the event loop (the dumps are then let go)."""
@@ -336,7 +348,7 @@ class Controller:
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("job %s: building the timeline failed", key)
+            log.exception("job %s: building the timeline failed", key, extra=_job(key))
             return None
 
     async def _reassert(self, key: JobKey, ours: dict[str, Any]) -> None:
@@ -345,9 +357,10 @@ class Controller:
             return
         try:
             if await self.publisher.assert_condition(view.ref, ours):
-                log.info("job %s: condition %s put back first in status.conditions", key, names.CONDITION_TYPE)
+                log.info("job %s: condition %s put back first in status.conditions", key, names.CONDITION_TYPE,
+                         extra=_job(key))
         except JobGone:
             pass
         except KubeError as exc:
             self.metrics.publish_errors.labels(step="condition").inc()
-            log.error("job %s: could not re-assert the condition: %s", key, exc)
+            log.error("job %s: could not re-assert the condition: %s", key, exc, extra=_job(key))

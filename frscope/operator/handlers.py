@@ -13,7 +13,7 @@ import kopf
 
 from frscope.operator import names
 from frscope.operator.controller import Controller
-from frscope.operator.webhook import WEBHOOK_ID, InjectionConfig, mutate
+from frscope.operator.webhook import NAMESPACE_WEBHOOK_ID, WEBHOOK_ID, InjectionConfig, mutate
 
 
 def register_watchers(registry: kopf.OperatorRegistry, controller: Controller,
@@ -36,11 +36,25 @@ def register_watchers(registry: kopf.OperatorRegistry, controller: Controller,
         await controller.on_pod(event.get("type"), dict(event["object"]))
 
 
-def register_webhook(registry: kopf.OperatorRegistry, injection: InjectionConfig) -> None:
+def register_webhook(registry: kopf.OperatorRegistry, injection: InjectionConfig, *, by_namespace: bool = True) -> None:
+    """The pod-label webhook, and (`by_namespace`) the namespace one. Only a configuration whose
+    namespaceSelector picks the opted-in namespaces may call the latter: the chart's. A kopf-managed
+    configuration (--webhook-managed) has no such selector, so it gets the pod-label webhook only."""
     @kopf.on.mutate("v1", "pods", id=WEBHOOK_ID, operations=["CREATE"], ignore_failures=True,
                     side_effects=False, registry=registry)
     def inject_sidecar(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         injected = mutate(dict(body), injection)
+        if injected is not None:
+            patch.fns.append(lambda raw: _replace(raw, injected))
+
+    if not by_namespace:
+        return
+
+    # Pods of an opted-in namespace (the webhook configuration's namespaceSelector chose them).
+    @kopf.on.mutate("v1", "pods", id=NAMESPACE_WEBHOOK_ID, operations=["CREATE"], ignore_failures=True,
+                    side_effects=False, registry=registry)
+    def inject_sidecar_by_namespace(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        injected = mutate(dict(body), injection, namespace_opted_in=True)
         if injected is not None:
             patch.fns.append(lambda raw: _replace(raw, injected))
 

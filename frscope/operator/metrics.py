@@ -1,6 +1,8 @@
 """The operator's Prometheus metrics, on an injected CollectorRegistry (tests make their own).
 
-Labels stay bounded: categories and signal kinds are closed sets; no job names, pods or ranks.
+Labels stay bounded: categories and signal kinds are closed sets; no pods or ranks. Job names appear
+in one gauge only, `frscope_operator_job_diagnosis`, whose series exist while the job does (removed
+when it is deleted), so the dashboard's diagnosis panels follow $namespace/$job.
 """
 
 from __future__ import annotations
@@ -36,6 +38,13 @@ class OperatorMetrics:
         self.status_poll_errors = Counter(
             "frscope_operator_status_poll_errors", "Failed /v1/status polls of sidecars.", registry=registry,
         )
+        self.job_diagnosis = Gauge(
+            "frscope_operator_job_diagnosis",
+            "1 for each watched PyTorchJob with a published diagnosis, by its latest top finding's category "
+            "(removed when the job is deleted)",
+            ["namespace", "pytorchjob", "category"], registry=registry,
+        )
+        self._diagnosed: dict[tuple[str, str], str] = {}
         self.jobs_watched = Gauge("frscope_operator_jobs_watched", "PyTorchJobs being watched.", registry=registry)
         self.pods_watched = Gauge("frscope_operator_pods_watched", "Pods of watched jobs.", registry=registry)
         self.signals = Counter(
@@ -54,3 +63,16 @@ class OperatorMetrics:
             self.signals.labels(kind=kind.value)
         for result in ("accepted", "rejected"):
             self.pushes.labels(result=result)
+
+    def job_diagnosed(self, namespace: str, job: str, category: str) -> None:
+        """The job's latest diagnosis is of `category` (one series per job)."""
+        old = self._diagnosed.get((namespace, job))
+        if old is not None and old != category:
+            self.job_diagnosis.remove(namespace, job, old)
+        self._diagnosed[(namespace, job)] = category
+        self.job_diagnosis.labels(namespace=namespace, pytorchjob=job, category=category).set(1)
+
+    def job_gone(self, namespace: str, job: str) -> None:
+        old = self._diagnosed.pop((namespace, job), None)
+        if old is not None:
+            self.job_diagnosis.remove(namespace, job, old)

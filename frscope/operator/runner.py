@@ -18,6 +18,7 @@ import aiohttp
 import kopf
 from prometheus_client import CollectorRegistry
 
+from frscope import logs
 from frscope.operator import names
 from frscope.operator.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
 from frscope.operator.config import OperatorConfig, WebhookConfig
@@ -157,7 +158,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         injection = await injection_for(config.webhook, kube)
         log.info("sidecar injection: %s sidecar, image %s", "native" if injection.native else "plain",
                  injection.image)
-        register_webhook(kopf_registry, injection)
+        register_webhook(kopf_registry, injection, by_namespace=config.webhook.managed is None)
         settings.admission.server = webhook_server(config.webhook)
         settings.admission.managed = config.webhook.managed
 
@@ -228,10 +229,9 @@ def mount_default_ui(operator: Operator) -> None:
 
 def run_operator(config: OperatorConfig) -> int:
     """`frscope operator`: SIGINT/SIGTERM stop it cleanly (exit 0)."""
-    logging.basicConfig(level=getattr(logging, config.log_level),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.setup(config.log_level, config.log_format)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    if config.log_level != "DEBUG":
+    if config.log_level != "debug":
         # kopf logs every handled event at INFO ("Handler ... succeeded"): one line per pod change.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 

@@ -19,7 +19,11 @@ What an opted-in pod gets:
   carry; bound to the pod, so the operator learns the pod from it), one for the API server's own
   audience (to read the cluster's issuer keys, which every service account may) and the cluster CA;
   and `--operator-identity`, so the sidecar accepts the operator's token only;
+- `TORCH_NCCL_ENABLE_TIMING=1` in the trainer unless turned off (`nccl_timing`);
 - the annotation `frscope.io/injected`, which makes a second pass a no-op.
+
+Opt-in: the pod label (`inject_label`), or the same label on the pod's namespace (a second webhook,
+`NAMESPACE_WEBHOOK_ID`, whose namespaceSelector picks those namespaces; a pod label `=false` opts out).
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ from frscope.operator import names
 log = logging.getLogger(__name__)
 
 WEBHOOK_ID = "inject"
+# Served at /inject-namespace: pods the API server sends because their *namespace* carries the opt-in
+# label (the webhook configuration's namespaceSelector decided; a pod can opt out with label=false).
+NAMESPACE_WEBHOOK_ID = "inject-namespace"
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +56,10 @@ class InjectionConfig:
     operator_url: str | None = None
     resources: dict[str, Any] = field(default_factory=dict)
     inject_label: tuple[str, str] = (names.INJECT_KEY, "true")
+    # TORCH_NCCL_ENABLE_TIMING=1 in the trainer: NCCL entries then carry `started` and `duration_ms`
+    # (one more CUDA event per collective; docs/install.md). A pod that sets the variable keeps its value.
+    nccl_timing: bool = True
+    log_format: str = "text"  # the sidecar's --log-format
     version: str = "1"
     # system:serviceaccount:NS:NAME of the operator: the sidecars accept its tokens only. None: the
     # sidecars are injected without authentication.
@@ -70,12 +81,21 @@ def native_sidecars_supported(major: int, minor: int) -> bool:
     return (major, minor) >= (1, 29)
 
 
+def _label(pod: dict[str, Any], key: str) -> str:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(key, "")).lower()
+
+
 def opted_in(pod: dict[str, Any], cfg: InjectionConfig) -> bool:
-    meta = pod.get("metadata") or {}
+    """The pod carries the opt-in label. (A label, not an annotation: the webhook configuration's
+    objectSelector only sees labels, so an annotation-only pod would never reach the webhook.)"""
     key, value = cfg.inject_label
-    labels = meta.get("labels") or {}
-    annotations = meta.get("annotations") or {}
-    return str(labels.get(key, "")).lower() == value.lower() or str(annotations.get(key, "")).lower() == value.lower()
+    return _label(pod, key) == value.lower()
+
+
+def opted_out(pod: dict[str, Any], cfg: InjectionConfig) -> bool:
+    """The pod says `<inject label>=false`: no sidecar, even in an opted-in namespace."""
+    return _label(pod, cfg.inject_label[0]) == "false"
 
 
 def already_injected(pod: dict[str, Any]) -> bool:
@@ -106,6 +126,8 @@ def sidecar_container(cfg: InjectionConfig) -> dict[str, Any]:
         args.append(f"--operator-url={cfg.operator_url}")
     if cfg.operator_identity:
         args += [f"--operator-identity={cfg.operator_identity}", f"--kube-token-dir={cfg.token_mount}"]
+    if cfg.log_format != "text":
+        args.append(f"--log-format={cfg.log_format}")
     container: dict[str, Any] = {
         "name": names.SIDECAR_CONTAINER,
         "image": cfg.image,
@@ -161,6 +183,7 @@ def trainer_env(cfg: InjectionConfig) -> list[dict[str, Any]]:
         {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": prefix},
         {"name": "TORCH_NCCL_DUMP_ON_TIMEOUT", "value": "1"},
         {"name": "FRSCOPE_SOCKET_DIR", "value": cfg.mount_path},
+        *([{"name": "TORCH_NCCL_ENABLE_TIMING", "value": "1"}] if cfg.nccl_timing else []),
     ]
 
 
@@ -187,9 +210,12 @@ def _add_env(container: dict[str, Any], cfg: InjectionConfig) -> None:
             env.append({"name": "PYTHONPATH", "value": cfg.bootstrap_dir})
 
 
-def inject(pod: dict[str, Any], cfg: InjectionConfig) -> dict[str, Any] | None:
-    """The pod with the sidecar added, or None: not opted in, already injected, or nothing to inject into."""
-    if not opted_in(pod, cfg) or already_injected(pod):
+def inject(pod: dict[str, Any], cfg: InjectionConfig, *, namespace_opted_in: bool = False) -> dict[str, Any] | None:
+    """The pod with the sidecar added, or None: not opted in, already injected, or nothing to inject into.
+    `namespace_opted_in`: the pod's namespace carries the opt-in label (then only a pod label
+    `=false` keeps the sidecar out)."""
+    wanted = opted_in(pod, cfg) or (namespace_opted_in and not opted_out(pod, cfg))
+    if not wanted or already_injected(pod):
         return None
     out = copy.deepcopy(pod)
     spec = out.setdefault("spec", {})
@@ -214,15 +240,19 @@ def inject(pod: dict[str, Any], cfg: InjectionConfig) -> dict[str, Any] | None:
         spec.setdefault("initContainers", []).append(sidecar)
     else:
         spec["containers"].append(sidecar)
-    annotations = out.setdefault("metadata", {}).setdefault("annotations", {})
+    meta = out.setdefault("metadata", {})
+    annotations = meta.setdefault("annotations", {})
     annotations[names.ANN_INJECTED] = "native-sidecar" if cfg.native else "container"
+    if namespace_opted_in:
+        # The pod then carries the label like a pod opted in by hand: the PodMonitor scrapes it.
+        meta.setdefault("labels", {})[cfg.inject_label[0]] = cfg.inject_label[1]
     return out
 
 
-def mutate(body: dict[str, Any], cfg: InjectionConfig) -> dict[str, Any] | None:
+def mutate(body: dict[str, Any], cfg: InjectionConfig, *, namespace_opted_in: bool = False) -> dict[str, Any] | None:
     """`inject()` that never raises (the webhook fails open)."""
     try:
-        return inject(body, cfg)
+        return inject(body, cfg, namespace_opted_in=namespace_opted_in)
     except Exception:
         meta = body.get("metadata") or {}
         log.exception("sidecar injection failed for pod %s/%s; admitting it unchanged",

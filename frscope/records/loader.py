@@ -21,10 +21,11 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
+from frscope import wire
 from frscope.records.errors import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, UnknownFormat
 from frscope.records.gcpause import gc_paused
 from frscope.records.isolate import call_isolated
-from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, valid_rank
+from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, printable, valid_rank
 from frscope.records.membership import build_groups
 from frscope.records.model import (
     CAPTURED_MTIME,
@@ -202,11 +203,15 @@ def load_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, *, keep_frames: bo
     lazy = None if keep_frames else LazyFrames(_EntriesReader(path, max_bytes))
     try:
         raw = decode_bytes(read_capped(path, max_bytes), source, max_bytes)
-        dump = normalize_dump(raw, source, rank, lazy)
+        return _one_rank(path, raw, rank, lazy)
     except DumpError as exc:
         if exc.rank is None:
             exc.rank = rank
         raise
+
+
+def _one_rank(path: Path, raw: Any, rank: int | None, lazy: LazyFrames | None) -> RankDump:
+    dump = normalize_dump(raw, str(path), rank, lazy)
     if dump.captured_at_ns is None:
         try:
             dump.captured_at_ns = path.stat().st_mtime_ns
@@ -214,6 +219,45 @@ def load_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, *, keep_frames: bo
         except OSError:
             pass
     return dump
+
+
+def load_path(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> list[RankDump | LoadProblem]:
+    """One file -> its ranks: a per-rank dump or snapshot piece is one rank; a sidecar's snapshot
+    envelope (`/v1/snapshot`, a push, a sidecar evidence capture: frscope.wire) holds a pod's ranks,
+    each read on its own (one bad piece never sinks the others) and its errors become problems."""
+    source = str(path)
+    rank = rank_from_name(path)
+    try:
+        raw = decode_bytes(read_capped(path, max_bytes), source, max_bytes)
+        if not wire.is_snapshot_envelope(raw):
+            return [_one_rank(path, raw, rank, LazyFrames(_EntriesReader(path, max_bytes)))]
+    except DumpError as exc:
+        return [LoadProblem(exc.source, _with_field(exc), rank=valid_rank(exc.rank if exc.rank is not None else rank))]
+    try:
+        envelope = wire.parse_snapshot(raw)
+    except wire.WireError as exc:
+        return [LoadProblem(source, printable(str(exc)))]
+    del raw
+    pod = f"{printable(str(envelope.namespace))}/{printable(str(envelope.pod))}"
+    where = f"{source} (pod {pod})" if envelope.pod else source
+    out: list[RankDump | LoadProblem] = [
+        LoadProblem(where, printable(str(message)), rank=valid_rank(r)) for r, message in envelope.errors
+    ]
+    for index, piece in enumerate(envelope.ranks):
+        hint = piece.get("rank")
+        hint = valid_rank(hint) if isinstance(hint, int) and not isinstance(hint, bool) else None
+        piece_source = f"{where} rank {hint}" if hint is not None else f"{where} piece {index}"
+        try:
+            dump = normalize_dump(piece, piece_source, hint)
+        except DumpError as exc:
+            out.append(LoadProblem(exc.source, _with_field(exc), rank=valid_rank(exc.rank)))
+            continue
+        if dump.captured_at_ns is None:
+            dump.captured_at_ns = envelope.captured_at_ns
+        out.append(dump)
+    if not envelope.ranks and not envelope.errors:
+        out.append(LoadProblem(where, "a sidecar snapshot with no rank in it (no rank had answered the sidecar)"))
+    return out
 
 
 def assemble(dumps: Iterable[RankDump], problems: list[LoadProblem], world_size: int | None = None) -> DumpSet:
@@ -242,17 +286,18 @@ def assemble(dumps: Iterable[RankDump], problems: list[LoadProblem], world_size:
     return DumpSet(dumps=by_rank, groups=groups, world_size=world, problems=problems)
 
 
-def _load_one(path: Path, max_bytes: int) -> RankDump | LoadProblem:
+def _load_one(path: Path, max_bytes: int) -> list[RankDump | LoadProblem]:
+    """One file -> its ranks (`load_path`); whatever goes wrong is this file's problem, never the others'."""
     try:
-        return load_file(path, max_bytes)
+        return load_path(path, max_bytes)
     except DumpError as exc:
-        return LoadProblem(exc.source, _with_field(exc), rank=_safe_rank_value(exc.rank))
+        return [LoadProblem(exc.source, _with_field(exc), rank=_safe_rank_value(exc.rank))]
     except (RecursionError, MemoryError) as exc:
-        return LoadProblem(str(path), f"too deeply nested or too large to read ({type(exc).__name__})",
-                           rank=_safe_rank(path))
-    except Exception as exc:  # a bug or a shape nobody foresaw: this file's problem, never the others'
-        return LoadProblem(str(path), f"could not be read: {type(exc).__name__}: {describe(str(exc))}",
-                           rank=_safe_rank(path))
+        return [LoadProblem(str(path), f"too deeply nested or too large to read ({type(exc).__name__})",
+                            rank=_safe_rank(path))]
+    except Exception as exc:  # a bug or a shape nobody foresaw
+        return [LoadProblem(str(path), f"could not be read: {type(exc).__name__}: {describe(str(exc))}",
+                            rank=_safe_rank(path))]
 
 
 def _with_field(exc: DumpError) -> str:
@@ -263,12 +308,12 @@ def _safe_rank_value(rank: int | None) -> int | None:
     return valid_rank(rank)
 
 
-def _load_in_child(path: Path, max_bytes: int) -> RankDump | LoadProblem:
+def _load_in_child(path: Path, max_bytes: int) -> list[RankDump | LoadProblem]:
     """One file in a process of its own (`isolate`): only the file that kills it is lost."""
     try:
         return call_isolated(str(path), _load_one, path, max_bytes)
     except DumpError as exc:
-        return LoadProblem(exc.source, exc.message, rank=_safe_rank(path))
+        return [LoadProblem(exc.source, exc.message, rank=_safe_rank(path))]
 
 
 # What a worker sends back for one file: the dump without its entries plus the entries as rows, or the problem.
@@ -291,12 +336,12 @@ def _unship(shipped: _Shipped) -> RankDump | LoadProblem:
     return dump
 
 
-def _load_chunk(paths: list[Path], max_bytes: int) -> list[_Shipped]:
+def _load_chunk(paths: list[Path], max_bytes: int) -> list[list[_Shipped]]:
     """In a worker process: decode and normalize a few files; results travel back pickled (entries
     as constructor tuples, frames as a file reference), much smaller than the raw dumps."""
     gc.disable()
     faulthandler.disable()  # a crash on crafted input is reported by the parent, file by file
-    return [_ship(_load_one(path, max_bytes)) for path in paths]
+    return [[_ship(result) for result in _load_one(path, max_bytes)] for path in paths]
 
 
 # Below this many files a pool costs more than it saves.
@@ -336,30 +381,31 @@ def load_dumps(
     workers = _workers(jobs, len(files))
     with gc_paused():
         if workers == 0:
-            results: Iterable[RankDump | LoadProblem] = (_load_one(path, max_bytes) for path in files)
+            results: Iterable[list[RankDump | LoadProblem]] = (_load_one(path, max_bytes) for path in files)
             pool = None
         else:
             chunk = max(1, min(16, len(files) // (workers * 4)))
             chunks = [files[i : i + chunk] for i in range(0, len(files), chunk)]
             pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-            results = (_unship(item) for batch in pool.map(_load_chunk, chunks, [max_bytes] * len(chunks))
-                       for item in batch)
+            results = ([_unship(item) for item in items]
+                       for batch in pool.map(_load_chunk, chunks, [max_bytes] * len(chunks)) for items in batch)
         done = 0
 
-        def take(result: RankDump | LoadProblem) -> None:
+        def take(items: list[RankDump | LoadProblem]) -> None:
             nonlocal done
             done += 1
-            if isinstance(result, LoadProblem):
-                problems.append(result)
-            else:
-                dumps.append(result)
+            for result in items:
+                if isinstance(result, LoadProblem):
+                    problems.append(result)
+                else:
+                    dumps.append(result)
             if progress is not None:
                 progress(done, len(files))
 
         try:
             try:
-                for result in results:
-                    take(result)
+                for items in results:
+                    take(items)
             except BrokenProcessPool:
                 # A worker died (results arrive in file order: the rest are not done). Each remaining
                 # file gets a process of its own, so only the one that kills it is lost.

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from frscope import logs
+
 DEFAULT_PORT = 9402
 DEFAULT_SOCKET_DIR = "/run/frscope"
 MiB = 1024 * 1024
@@ -185,11 +187,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar=_METAVARS[kind],
             help=f"{text} [env {env}; default {shown}]",
         )
-    parser.add_argument("--log-level", default=None, help="debug, info, warning [env FRSCOPE_LOG_LEVEL; default info]")
-
-
-def log_level(args: argparse.Namespace) -> str:
-    return str(args.log_level or _env("FRSCOPE_LOG_LEVEL", "info")).upper()
+    logs.add_arguments(parser)
 
 
 def config_from_args(args: argparse.Namespace) -> SidecarConfig:

@@ -15,8 +15,9 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from frscope import logs
 from frscope.sidecar.bootstrap import BOOTSTRAP_DIR, install
-from frscope.sidecar.config import SidecarConfig, add_arguments, config_from_args, log_level
+from frscope.sidecar.config import SidecarConfig, add_arguments, config_from_args
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
@@ -52,15 +53,13 @@ def main(args: argparse.Namespace) -> int:
     if args.action == "print-pythonpath":
         print(BOOTSTRAP_DIR)
         return EXIT_OK
-    logging.basicConfig(
-        level=log_level(args), stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
     try:
         config = config_from_args(args)
     except ValueError as exc:
         print(f"frscope sidecar: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    # JSON lines name the sidecar's pod and namespace (the ones it was given or found).
+    logs.setup(args.log_level, args.log_format, {"pod": config.pod, "namespace": config.namespace})
     if config.install_bootstrap is not None:
         try:
             for path in install(config.install_bootstrap):

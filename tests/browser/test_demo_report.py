@@ -22,7 +22,7 @@ def test_demo_prints_where_to_open_the_timeline(
     keep = tmp_path / "demo"
     code = main(["demo", "--fault", "hang", "--world-size", "4", "--keep", str(keep)])
     out, err = capsys.readouterr()
-    assert code == 1, out + err
+    assert code == 0, out + err  # the demo showed the culprit: a clean exit (make demo succeeds)
     match = re.search(r"collective timeline: open (file://\S+report\.html)", err)
     assert match, err
     assert (keep / "report.html").exists() and match.group(1) == (keep / "report.html").resolve().as_uri()

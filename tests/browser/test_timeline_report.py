@@ -52,7 +52,7 @@ def test_cli_html_opens_offline_with_culprit_highlighted(browser: Any, tmp_path:
         [
             "analyze",
             str(REAL / "hang-pickle"),
-            "--stall-after",
+            "--stuck-after",
             "1",
             "--html",
             str(out),
@@ -152,5 +152,25 @@ def test_every_real_fixture_draws_without_errors(browser: Any, tmp_path: Path, f
         for i in range(len(page.query_selector_all("#fr-group option"))):
             page.select_option("#fr-group", str(i))
         assert errors.items == [] and blocked == []
+    finally:
+        context.close()
+
+
+def test_time_mode_shows_the_wait_on_the_axis_and_stacks_wrap(browser: Any, tmp_path: Path) -> None:
+    """A real gloo hang: the waiting ranks' all_reduce was in flight for seconds when the recorders were
+    read, after a history of milliseconds. Time mode opens on an axis that holds the whole wait (and
+    names its length); a culprit stack line longer than its panel wraps instead of hiding its end."""
+    out = _write_report(tmp_path, "hang", AnalysisOptions(stall_after_s=1.0))
+    context, page, errors, _ = _offline_page(browser, out, 1100, 800)
+    try:
+        page.evaluate("() => window.frscope.setMode('time')")
+        s = state(page)
+        assert s["waitMs"] is not None and s["waitMs"] > 1000, s
+        assert s["axisSpanMs"] >= s["waitMs"], s
+        overflowing = page.eval_on_selector_all(
+            ".stack", "els => els.filter(e => e.scrollWidth > e.clientWidth + 1).length")
+        wrapping = page.eval_on_selector_all(".stack", "els => els.map(e => getComputedStyle(e).whiteSpace)")
+        assert wrapping and set(wrapping) == {"pre-wrap"} and overflowing == 0
+        assert errors.items == []
     finally:
         context.close()

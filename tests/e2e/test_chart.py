@@ -21,6 +21,7 @@ except ModuleNotFoundError:
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
+RUNBOOKS = CHART.parents[1] / "docs" / "runbooks.md"
 RENDERED = ["defaults", "all-on", "monitoring-off", "namespaced", "install"]
 STANDARD = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
             "app.kubernetes.io/managed-by", "helm.sh/chart")
@@ -125,7 +126,15 @@ def test_operator_pod_security_is_restricted(rendered: dict[str, list[dict[str, 
 def test_webhook_is_opt_in_fails_open_and_skips_system_namespaces(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    (hook,) = one(rendered["defaults"], "MutatingWebhookConfiguration")["webhooks"]
+    hook, by_namespace = one(rendered["defaults"], "MutatingWebhookConfiguration")["webhooks"]
+    # Opt-in by namespace: PyTorchJob pods of namespaces with the label, unless the pod says =false.
+    assert by_namespace["clientConfig"]["service"]["path"] == "/inject-namespace"
+    assert by_namespace["namespaceSelector"]["matchLabels"] == {"frscope.io/inject": "true"}
+    assert by_namespace["objectSelector"]["matchExpressions"] == [
+        {"key": "training.kubeflow.org/job-name", "operator": "Exists"},
+        {"key": "frscope.io/inject", "operator": "NotIn", "values": ["true", "false"]}]
+    assert by_namespace["failurePolicy"] == "Ignore"
+    assert by_namespace["namespaceSelector"]["matchExpressions"] == hook["namespaceSelector"]["matchExpressions"]
     assert hook["failurePolicy"] == "Ignore"
     assert hook["sideEffects"] == "None"
     assert hook["objectSelector"] == {"matchLabels": {"frscope.io/inject": "true"}}
@@ -137,9 +146,9 @@ def test_webhook_is_opt_in_fails_open_and_skips_system_namespaces(
     service = hook["clientConfig"]["service"]
     assert (service["name"], service["namespace"], service["port"]) == ("frs-frscope", "frscope-system", 443)
     # Watching a list of namespaces: the webhook is limited to them too.
-    (namespaced,) = one(rendered["namespaced"], "MutatingWebhookConfiguration")["webhooks"]
-    exprs = {e["operator"]: e["values"] for e in namespaced["namespaceSelector"]["matchExpressions"]}
-    assert exprs["In"] == ["team-a", "team-b"]
+    for namespaced in one(rendered["namespaced"], "MutatingWebhookConfiguration")["webhooks"]:
+        exprs = {e["operator"]: e["values"] for e in namespaced["namespaceSelector"]["matchExpressions"]}
+        assert exprs["In"] == ["team-a", "team-b"]
     assert "MutatingWebhookConfiguration" not in _kinds(rendered["monitoring-off"])
 
 
@@ -153,8 +162,8 @@ def test_chart_generated_certificate_is_signed_by_the_ca_bundle_for_the_service(
     objs = rendered["defaults"]
     secret = one(objs, "Secret")
     assert secret["type"] == "kubernetes.io/tls"
-    (hook,) = one(objs, "MutatingWebhookConfiguration")["webhooks"]
-    assert hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    hooks = one(objs, "MutatingWebhookConfiguration")["webhooks"]
+    assert all(hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"] for hook in hooks)
     (tmp_path / "ca.pem").write_text(_pem(secret["data"]["ca.crt"]))
     (tmp_path / "tls.pem").write_text(_pem(secret["data"]["tls.crt"]))
     (tmp_path / "tls.key").write_text(_pem(secret["data"]["tls.key"]))
@@ -283,12 +292,17 @@ def test_monitoring_objects_carry_extra_labels_and_scrape_the_right_ports(
     sm = one(objs, "ServiceMonitor")
     assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["http"]
+    assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # the per-job diagnosis gauge keeps the job's namespace
     alerts = {r["alert"]: r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert set(alerts) == {"FrscopeCollectiveStalled", "FrscopeDiagnosisMade", "FrscopeSidecarDown"}
     for alert in alerts.values():
         assert alert["labels"]["team"] == "ml-infra"
         assert alert["labels"]["severity"]
         assert "{{ $labels." in alert["annotations"]["summary"]
+        # Every alert links to its own section of docs/runbooks.md, and that section exists.
+        url = alert["annotations"]["runbook_url"]
+        assert url == f"https://github.com/frscope/frscope/blob/main/docs/runbooks.md#{alert['alert'].lower()}"
+        assert f"\n## {alert['alert']}\n" in RUNBOOKS.read_text()
     assert 'job="frscope-system/frs-frscope-sidecars"' in alerts["FrscopeSidecarDown"]["expr"]
     namespaced_pm = one(rendered["namespaced"], "PodMonitor")
     assert namespaced_pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,6 +137,33 @@ def test_report_crd_registers(kube: ControlPlane, installed: Install) -> None:
     assert listed["kind"] == "List"
 
 
+def test_describe_prints_each_culprit_frame_on_its_own_line(kube: ControlPlane, installed: Install,
+                                                              tmp_path: Path) -> None:
+    """A report built from a real hang, stored through the chart's CRD: `kubectl describe` keeps each
+    frame of the culprit's stack on its own, indented line."""
+    from frscope.analysis import AnalysisOptions, analyze
+    from frscope.operator.objects import JobRef
+    from frscope.operator.publish import build_report_cr
+    from frscope.records import load_dumps
+
+    report = analyze(load_dumps([Path(__file__).parents[1] / "data" / "real" / "hang"]),
+                     AnalysisOptions(stall_after_s=0.5))
+    obj = build_report_cr(JobRef(installed.namespace, "train", str(uuid.uuid4())), report, incident="abc123",
+                          attempt="x/r0", signal="SidecarStall: x", missing_pods={},
+                          gathered_at="2026-01-01T00:00:00Z")
+    obj["metadata"].pop("ownerReferences", None)  # no such job here; the object stands alone
+    path = tmp_path / "frr.json"
+    path.write_text(json.dumps(obj))
+    kube.kubectl("create", "-f", str(path))
+    described = kube.kubectl("describe", "frr", obj["metadata"]["name"], "-n", installed.namespace).stdout
+    lines = described.split("Culprit Stacks:", 1)[1].splitlines()
+    frames = [line for line in lines if line.strip().startswith("load_batch (")]
+    assert frames, described
+    label = next(i for i, line in enumerate(lines) if "(live stack" in line or "(stack when" in line)
+    # The label and the frames start at the same column, one per line.
+    assert all(len(f) - len(f.lstrip()) == len(lines[label]) - len(lines[label].lstrip()) for f in frames)
+
+
 def test_every_object_is_stored(kube: ControlPlane, installed: Install) -> None:
     ns, rel = installed.namespace, installed.release
     full = f"{rel}-frscope"
@@ -192,7 +220,7 @@ def test_upgrade_keeps_the_webhook_certificate(kube: ControlPlane, installed: In
     assert mwc["webhooks"][0]["clientConfig"]["caBundle"] == before["ca.crt"]
     deploy = _get(kube, "deployment", full, "-n", installed.namespace)
     args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert "--log-level=DEBUG" in args
+    assert "--log-level=debug" in args
 
 
 def test_webhook_fails_open_and_ignores_pods_without_the_label(kube: ControlPlane, installed: Install) -> None:

@@ -165,7 +165,7 @@ def _dashboard_targets() -> list[tuple[str, str, str]]:
     return [
         (panel["title"], target["refId"], target["expr"])
         for panel in dashboard["panels"]
-        if panel["type"] != "row"
+        if panel["type"] not in ("row", "text")
         for target in panel["targets"]
     ]
 
@@ -222,6 +222,9 @@ def stack(rules: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory)
                     ],
                 }, {
                     "job_name": OPERATOR_JOB,
+                    # As the chart's ServiceMonitor (honorLabels): the job's namespace on
+                    # frscope_operator_job_diagnosis wins over the operator target's.
+                    "honor_labels": True,
                     "file_sd_configs": [{"files": [str(operator_targets)], "refresh_interval": "1s"}],
                 }],
             }
@@ -418,7 +421,7 @@ def test_operator_queries_return_data(stack: Stack, kube: ControlPlane, tmp_path
         env = {**kube.env(), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
         operator = subprocess.Popen(
             [sys.executable, "-m", "frscope", "operator", "--http-host", "127.0.0.1", "--http-port", str(port),
-             "--poll-interval", "1", "--stall-after", "1", "--cooldown", "3", "--log-level", "DEBUG"],
+             "--poll-interval", "1", "--stuck-after", "1", "--cooldown", "3", "--log-level", "DEBUG"],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         stack.operator_targets.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"],

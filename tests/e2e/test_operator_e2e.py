@@ -296,7 +296,7 @@ def test_a_real_hang_is_diagnosed_into_the_job(kube: ControlPlane, report_crd: s
     set_job_conditions(kube, namespace, training_conditions("Created", "Running"))
     # Cluster-wide, as the chart runs it by default (its default RBAC has no namespace list for kopf's
     # namespace observer, which `--namespace` needs; the chart grants that only in namespaced mode).
-    args = ["--poll-interval", "1", "--stall-after", "1", "--gather-timeout", "30", "--cooldown", "3"]
+    args = ["--poll-interval", "1", "--stuck-after", "1", "--gather-timeout", "30", "--cooldown", "3"]
     pods = {"train-master-0": (0, 1), "train-worker-0": (2, 3)}
 
     def get_job() -> dict[str, Any]:
@@ -369,7 +369,9 @@ def test_a_real_hang_is_diagnosed_into_the_job(kube: ControlPlane, report_crd: s
         assert len(body) == 2, described
         verdict_at = described.index("Verdict:")
         assert verdict_at < described.index("Evidence:") < described.index("Progress:"), described
-        assert "load_batch" in described.split("Culprit Stacks:")[1], described  # the stuck rank's live stack
+        # The stuck rank's live stack, one frame per line.
+        stack_lines = [line.strip() for line in described.split("Culprit Stacks:")[1].splitlines()]
+        assert any(line.startswith("load_batch (") for line in stack_lines), described
         assert "ranks 0, 2-3" in described.split("Progress:")[1], described
 
         # --- operator restart mid-incident: no second report, no second Event ---
@@ -407,7 +409,7 @@ def test_sidecar_down_gives_a_partial_report_and_an_event(kube: ControlPlane, re
         create_pod(kube, namespace, job["metadata"]["uid"], "train-master-0", "master", 0, ports["train-master-0"])
         # The worker's sidecar port points nowhere: its sidecar is down.
         create_pod(kube, namespace, job["metadata"]["uid"], "train-worker-0", "worker", 0, free_port())
-        args = ["--poll-interval", "1", "--stall-after", "1", "--gather-timeout", "10", "--gather-attempts", "2"]
+        args = ["--poll-interval", "1", "--stuck-after", "1", "--gather-timeout", "10", "--gather-attempts", "2"]
         with operator(kube, operator_kubeconfig, tmp_path / "operator.log", args) as op:
             found = wait_for("the report", lambda: kube.kubectl_json(
                 "get", "flightrecorderreports", "-n", namespace)["items"], 90, diagnostics=op.logs)
@@ -603,3 +605,62 @@ def test_webhook_injects_the_sidecar_through_the_api_server(kube: ControlPlane, 
         assert time.monotonic() - started < 30
     finally:
         kube.kubectl("delete", "mutatingwebhookconfiguration", config_name, "--ignore-not-found")
+
+
+@pytest.mark.timeout(180)
+def test_namespace_opt_in_through_the_charts_webhook_entries(kube: ControlPlane, namespace: str,
+                                                             operator_kubeconfig: Path, tmp_path: Path) -> None:
+    """The chart's own two webhook entries (helm template), pointed at a local operator: in a namespace
+    labelled frscope.io/inject=true, PyTorchJob pods get the sidecar without a pod label (and are then
+    labelled, so the PodMonitor scrapes them); a pod labelled =false and a pod of no job do not."""
+    import base64
+
+    ca = make_serving_cert(tmp_path / "tls")
+    port = free_port()
+    kube.kubectl("label", "namespace", namespace, "frscope.io/inject=true")
+    rendered = subprocess.run(
+        [str(kube.bin_dir / "helm"), "template", "e2e", str(ROOT / "charts" / "frscope"),
+         "--show-only", "templates/webhook.yaml"],
+        check=True, capture_output=True, text=True, timeout=60).stdout
+    [config] = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "MutatingWebhookConfiguration"]
+    config["metadata"] = {"name": f"frscope-e2e-ns-{namespace}"}
+    assert [w["name"] for w in config["webhooks"]] == ["inject.frscope.io", "inject-namespace.frscope.io"]
+    for hook in config["webhooks"]:
+        path = hook["clientConfig"]["service"]["path"]
+        hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": base64.b64encode(ca).decode()}
+        # Only this test's namespace: other tests' pods never meet this configuration.
+        selector = hook.setdefault("namespaceSelector", {})
+        selector.setdefault("matchExpressions", []).append(
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [namespace]})
+
+    def pod(name: str, label: str | None, job: bool = True) -> dict[str, Any]:
+        labels = {"training.kubeflow.org/job-name": JOB} if job else {"app": "other"}
+        if label is not None:
+            labels["frscope.io/inject"] = label
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": labels},
+                "spec": {"containers": [{"name": "pytorch", "image": "registry.invalid/train:1"}]}}
+
+    def create(body: dict[str, Any]) -> Any:
+        return kube.kubectl_json("create", "-f", "-", input=json.dumps(body))
+
+    kube.apply(config)
+    args = ["--webhook-port", str(port), "--webhook-host", "127.0.0.1", "--webhook-cert-dir", str(tmp_path / "tls")]
+    try:
+        with operator(kube, operator_kubeconfig, tmp_path / "operator.log", args,
+                      {"FRSCOPE_SIDECAR_IMAGE": "registry.invalid/frscope:e2e"}) as op:
+            def injected_now() -> Any:
+                created = create(pod(f"by-namespace-{time.time_ns()}", None))
+                return created if created["spec"].get("initContainers") else None
+
+            created = wait_for("a pod injected by namespace", injected_now, 30, interval=1, diagnostics=op.logs)
+            assert [c["name"] for c in created["spec"]["initContainers"]] == ["frscope-sidecar"]
+            assert created["metadata"]["labels"]["frscope.io/inject"] == "true"
+            env = {e["name"]: e.get("value") for e in created["spec"]["containers"][0]["env"]}
+            assert env["TORCH_NCCL_ENABLE_TIMING"] == "1"
+            # Labelled by hand too: one sidecar, not two.
+            both = create(pod("labelled-too", "true"))
+            assert [c["name"] for c in both["spec"]["initContainers"]] == ["frscope-sidecar"]
+            assert "initContainers" not in create(pod("opted-out", "false"))["spec"]
+            assert "initContainers" not in create(pod("not-a-trainer", None, job=False))["spec"]
+    finally:
+        kube.kubectl("delete", "mutatingwebhookconfiguration", config["metadata"]["name"], "--ignore-not-found")

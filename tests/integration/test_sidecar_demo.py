@@ -1,5 +1,6 @@
 """`frscope demo` on its live path: the demo job with a local `frscope sidecar` process beside it.
-Same output and exit codes as before (1: findings, 0: healthy), with the stuck rank's stack."""
+Exit 0 when the diagnosis showed what the fault was meant to show (make demo ends cleanly), with the
+stuck rank's stack."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.torch
 @pytest.mark.timeout(150)
 def test_demo_hang_through_the_sidecar(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     keep = tmp_path / "kept"
-    assert main(["demo", "--fault", "hang", "--world-size", "3", "--keep", str(keep)]) == 1
+    assert main(["demo", "--fault", "hang", "--world-size", "3", "--keep", str(keep)]) == 0
     captured = capsys.readouterr()
     lines = captured.out.splitlines()
     assert lines[0].startswith("Rank 1 never joined all_reduce #4 of group 0 (default_pg)")

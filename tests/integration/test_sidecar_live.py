@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from frscope.analysis import AnalysisOptions, Category, analyze
 from frscope.demo.faults import FAULT_STEP
 from frscope.demo.launcher import LocalJob, start_job
-from frscope.records import assemble
+from frscope.records import assemble, load_dumps
 from tests.integration.test_sidecar_support import (
     POLL_S,
     STALL_S,
@@ -99,6 +99,15 @@ async def test_stall_flagged_in_time_and_stack_of_the_stuck_rank_captured(hung: 
         root = report.findings[0]
         assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (1,)
         assert any(f.name == "load_batch" for f in root.culprit_stacks[1])
+        # What frscope serves, frscope reads as it is: the body as served (gzip) and the capture the
+        # sidecar kept on disk load like a folder of dumps (`frscope analyze snap.json.gz`).
+        served = tmp_path / "snap.json.gz"
+        served.write_bytes(body)
+        for path in (served, capture.path):
+            loaded = load_dumps([path])
+            assert sorted(loaded.dumps) == [0, 1, 2] and not [p for p in loaded.problems if p.kind == "error"], path
+            again = analyze(loaded, AnalysisOptions(stall_after_s=1.0)).findings[0]
+            assert again.category is Category.RANK_NOT_JOINED and again.culprit_ranks == (1,)
 
         # Metrics, read from the injected registry.
         assert sample(registry, "frscope_collective_stalled", rank="0", pg="0") == 1

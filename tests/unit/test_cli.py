@@ -95,3 +95,22 @@ def test_exits_file_is_evidence(tmp_path: Path, capsys: pytest.CaptureFixture[st
     exits.write_text("[1, 2")
     assert main(["analyze", str(real / "crash-pickle"), "--exits", str(exits), "--no-progress"]) == 2
     assert "--exits" in capsys.readouterr().err
+
+
+def test_demo_succeeds_only_when_the_diagnosis_shows_the_fault(hung: Path) -> None:
+    """`frscope demo` (and `make demo`) exits 0 when the findings name the fault's culprits, else 1."""
+    from frscope.analysis import AnalysisOptions, analyze
+    from frscope.cli import demo_missed
+    from frscope.records import load_dumps
+
+    report = analyze(load_dumps([hung]), AnalysisOptions())
+    assert demo_missed("hang", {2}, report) is None
+    assert demo_missed("hang", {1}, report) == (
+        "the diagnosis did not show what fault 'hang' should: expected culprit rank(s) [1], got culprit rank(s) [2]")
+    assert "expected no finding" in (demo_missed("none", set(), report) or "")
+
+
+def test_demo_has_no_stall_after_flag_any_more(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", "--stall-after", "5"])
+    assert exited.value.code == 2 and "--stall-after" in capsys.readouterr().err

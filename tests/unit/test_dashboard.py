@@ -24,7 +24,8 @@ def dashboard() -> dict[str, Any]:
 
 
 def _panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
-    return [p for p in dashboard["panels"] if p["type"] != "row"]
+    """Panels that query Prometheus (not rows, not text)."""
+    return [p for p in dashboard["panels"] if p["type"] not in ("row", "text")]
 
 
 def _exprs(dashboard: dict[str, Any]) -> list[str]:
@@ -41,7 +42,7 @@ def test_stable_uid_and_datasource_variable(dashboard: dict[str, Any]) -> None:
 
 def test_filter_variables(dashboard: dict[str, Any]) -> None:
     variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-    assert list(variables) == ["datasource", "namespace", "job", "pg", "op"]
+    assert list(variables) == ["datasource", "namespace", "job", "pg", "op", "operator_url"]
     for name in ("namespace", "job", "pg", "op"):
         var = variables[name]
         assert var["type"] == "query"
@@ -71,10 +72,11 @@ def test_ranges_use_rate_interval(dashboard: dict[str, Any]) -> None:
 
 def test_sidecar_queries_follow_the_filters(dashboard: dict[str, Any]) -> None:
     """Sidecar metrics get namespace/pod/pytorchjob from the PodMonitor and carry rank/pg/op themselves;
-    the operator's metrics carry no job labels (bounded), so they are not filtered by job."""
+    the operator's metrics carry no job labels (bounded), so they are not filtered by job, except its
+    per-job diagnosis gauge (series removed with the job), which the diagnosis panels filter by."""
     for expr in _exprs(dashboard):
         for metric, selector in re.findall(r"(frscope_\w+)(?:\{([^}]*)\})?", expr):
-            if metric.startswith("frscope_operator_"):
+            if metric.startswith("frscope_operator_") and metric != "frscope_operator_job_diagnosis":
                 assert not selector, expr
                 continue
             assert 'namespace=~"$namespace"' in selector, expr
@@ -93,7 +95,7 @@ def test_sidecar_queries_follow_the_filters(dashboard: dict[str, Any]) -> None:
         ("frscope_collective_stalled", "stalled ranks"),
         ("frscope_collectives_total", "collective rate by op"),
         ("_duration_seconds_bucket", "durations by op"),
-        ("frscope_operator_diagnoses_total", "diagnoses made"),
+        ("frscope_operator_job_diagnosis", "diagnosed jobs, following $namespace/$job"),
     ],
 )
 def test_required_panels_exist(dashboard: dict[str, Any], metric: str, what: str) -> None:
@@ -113,3 +115,19 @@ def test_layout(dashboard: dict[str, Any]) -> None:
     for panel in _panels(dashboard):
         assert panel["description"], panel["title"]
         assert {t["refId"] for t in panel["targets"]} == {chr(65 + n) for n in range(len(panel["targets"]))}
+
+
+def test_links_to_the_operator_ui_and_kubectl_for_the_selected_job(dashboard: dict[str, Any]) -> None:
+    variables = {v["name"]: v for v in dashboard["templating"]["list"]}
+    assert variables["operator_url"]["type"] == "textbox"
+    urls = [link["url"] for link in dashboard["links"]]
+    assert "${operator_url}/ui/jobs/${namespace}/${job}" in urls and "${operator_url}/ui/" in urls
+    [text] = [p for p in dashboard["panels"] if p["type"] == "text"]
+    assert "kubectl get frr -n $namespace -l frscope.io/job=$job" in text["options"]["content"]
+    assert text["description"]
+
+
+def test_durations_panel_says_why_it_is_empty(dashboard: dict[str, Any]) -> None:
+    [panel] = [p for p in _panels(dashboard) if any("_duration_seconds_bucket" in t["expr"] for t in p["targets"])]
+    assert "TORCH_NCCL_ENABLE_TIMING=1" in panel["fieldConfig"]["defaults"]["noValue"]
+    assert "TORCH_NCCL_ENABLE_TIMING=1" in panel["description"]

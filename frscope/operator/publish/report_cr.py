@@ -40,18 +40,20 @@ def _group_label(finding: Finding) -> str:
     return f"{g.name} ({g.desc})" if g.desc and g.desc != "undefined" else g.name
 
 
-def _stacks(finding: Finding) -> dict[str, str]:
-    out: dict[str, str] = {}
+def _stacks(finding: Finding) -> dict[str, list[str]]:
+    """Rank -> its stack, one frame per list item: `kubectl describe` prints each item on its own
+    line, indented, where one multi-line string would break its layout."""
+    out: dict[str, list[str]] = {}
     ranks = sorted(set(finding.culprit_stacks) | set(finding.culprit_frames))[:MAX_CULPRIT_STACKS]
     for rank in ranks:
         live = finding.culprit_stacks.get(rank) or ()
         frames = live or finding.culprit_frames.get(rank) or ()
         label = "live stack" if live else "stack when the collective was enqueued"
         lines = [f"({label}, most recent call first)"]
-        lines += [str(f) for f in frames[:MAX_STACK_FRAMES]]
+        lines += [_clip(str(f)) for f in frames[:MAX_STACK_FRAMES]]
         if len(frames) > MAX_STACK_FRAMES:
             lines.append(f"... {len(frames) - MAX_STACK_FRAMES} more frames")
-        out[str(rank)] = "\n".join(lines)
+        out[str(rank)] = lines
     return out
 
 

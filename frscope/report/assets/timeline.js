@@ -28,7 +28,8 @@
   var R = null, T = null, LIVE = null, STATUS = {}, REVISION = null;
   var S = {group: 0, ops: null, rankLo: null, rankHi: null, mode: "seq", view: null, hover: null, pinned: null};
   var D = null; // derived data for the shown group
-  var LAST = {drawnCells: 0, drawnByOp: {}, renderMs: 0, highlighted: [], stuckVisible: false, cols: 0, rows: 0};
+  var LAST = {drawnCells: 0, drawnByOp: {}, renderMs: 0, highlighted: [], stuckVisible: false, cols: 0, rows: 0,
+    axisSpanMs: null, waitMs: null};
   var colOfX = null, rowOfY = null, geo = null;
 
   function $(id) { return document.getElementById(id); }
@@ -110,17 +111,11 @@
       else e = s0 + 1;
       ends[col] = Math.max(e, s0 + 0.001);
     }
-    var tMin = order.length ? starts[order[0]] : 0, tMax = tMin + 1, tActive = tMin;
-    order.forEach(function (c2) {
-      tMax = Math.max(tMax, ends[c2]);
-      var cc = g.col_cell[c2], waiting = cc >= 0 && T.cells[cc][1] === ST_IN_FLIGHT;
-      tActive = Math.max(tActive, waiting ? starts[c2] : ends[c2]);
-    });
-    // An in-flight collective stretches to when the recorders were read (seconds or minutes later);
-    // the first view ends a little after the last activity so the history stays readable.
-    var tView = Math.min(tMax, tActive + Math.max((tActive - tMin) * 0.25, 1));
+    // An in-flight collective stretches to when the recorders were read (seconds or minutes later).
+    var tMin = order.length ? starts[order[0]] : 0, tMax = tMin + 1;
+    order.forEach(function (c2) { tMax = Math.max(tMax, ends[c2]); });
     D = {g: g, ncols: ncols, dense: dense, rows: rows, posOf: posOf, culpritRows: culpritRows, lags: lags, findingCols: findingCols,
-      starts: starts, ends: ends, order: order, tMin: tMin, tMax: tMax, tView: tView,
+      starts: starts, ends: ends, order: order, tMin: tMin, tMax: tMax,
       hasTime: order.length > 0};
     buildColors();
   }
@@ -167,9 +162,9 @@
     return {x0: 0, x1: Math.max(D.ncols, 1), r0: 0, r1: D.rows.length};
   }
   function defaultView() {
-    var f = fullView();
-    if (S.mode === "time" && D.hasTime) f.x1 = D.tView;
-    return f;
+    // Time mode opens on everything, up to when the recorders were read: a 14 s wait is 14 s of the
+    // axis (labelled with its length), and the history before it is a zoom away.
+    return fullView();
   }
   function clampView(v) {
     var f = fullView(), minX = S.mode === "time" ? (f.x1 - f.x0) / 5000 : Math.min(3, f.x1);
@@ -387,6 +382,20 @@
       ctx.fillText(t.text, t.x, GUTTER_T - 8);
       ctx.beginPath(); ctx.moveTo(t.x + 0.5, GUTTER_T - 5); ctx.lineTo(t.x + 0.5, GUTTER_T); ctx.stroke();
     });
+    LAST.axisSpanMs = S.mode === "time" && D.hasTime ? view.x1 - view.x0 : null;
+    LAST.waitMs = null;
+    var flagCell = flagCol >= 0 ? D.g.col_cell[flagCol] : -1;
+    if (S.mode === "time" && D.hasTime && flagCell >= 0 && T.cells[flagCell][1] === ST_IN_FLIGHT) {
+      // The stuck collective's wait, written over its span on the axis.
+      var waitMs = D.ends[flagCol] - D.starts[flagCol], wx = xOfCol(flagCol, view);
+      var left = Math.max(wx[0], GUTTER_L), right = Math.min(wx[1], GUTTER_L + plotW);
+      LAST.waitMs = waitMs;
+      if (right - left > 80) {
+        ctx.fillStyle = "#c62828";
+        ctx.fillText("in flight " + fmtMs(waitMs) + " until the capture", (left + right) / 2, GUTTER_T - 22);
+        ctx.fillStyle = "#5b6475";
+      }
+    }
     ctx.textAlign = "left";
     ctx.fillText(S.mode === "time" ? "time" : "rank \\ #", 4, GUTTER_T - 8);
     // late marks
@@ -852,7 +861,7 @@
         group: D ? D.g.name : null, mode: S.mode, ops: S.ops ? Array.from(S.ops).sort() : null,
         rankRange: [S.rankLo, S.rankHi], view: S.view, drawnCells: LAST.drawnCells, drawnByOp: LAST.drawnByOp,
         culpritRanks: T ? (T.culprit_ranks || []) : [], highlightedRanks: LAST.highlighted, stuckVisible: LAST.stuckVisible,
-        stuck: T ? T.primary : null, renderMs: LAST.renderMs, rows: LAST.rows, cols: LAST.cols, revision: REVISION,
+        stuck: T ? T.primary : null, axisSpanMs: LAST.axisSpanMs, waitMs: LAST.waitMs, renderMs: LAST.renderMs, rows: LAST.rows, cols: LAST.cols, revision: REVISION,
         verdict: R ? R.verdict : null, status: STATUS
       };
     },

@@ -27,7 +27,7 @@ from tests.unit.operator import builders
 from tests.unit.operator.fakes import FakeKube, StandInSidecar
 
 Make = Callable[..., Awaitable[StandInSidecar]]
-CONFIG = OperatorConfig(stall_after_s=0.5, cooldown_s=60,
+CONFIG = OperatorConfig(decode_processes=0, stuck_after_s=0.5, cooldown_s=60,
                         gather=GatherOptions(per_pod_timeout_s=1, overall_timeout_s=3, attempts=2,
                                              backoff_base_s=0.01))
 
@@ -92,6 +92,11 @@ async def test_a_stall_yields_one_diagnosis_however_many_signals(
     metrics = controller.metrics.registry
     assert metrics.get_sample_value("frscope_operator_diagnoses_total", {"category": "RankNotJoined"}) == 1
     assert metrics.get_sample_value("frscope_operator_signal_to_condition_seconds_count") == 1
+    # The per-job gauge the dashboard filters by $namespace/$job: there while the job is, gone with it.
+    labels = {"namespace": "ml", "pytorchjob": "train", "category": "RankNotJoined"}
+    assert metrics.get_sample_value("frscope_operator_job_diagnosis", labels) == 1
+    await controller.on_job("DELETED", failed)
+    assert metrics.get_sample_value("frscope_operator_job_diagnosis", labels) is None
 
 
 async def test_operator_restart_mid_incident_makes_no_second_report(

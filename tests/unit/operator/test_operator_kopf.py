@@ -61,7 +61,8 @@ async def test_kopf_watches_route_a_stall_into_a_published_diagnosis(
     del other["metadata"]["labels"][names.LABEL_JOB_NAME]
     fake_kube.put("pods", other)
 
-    config = OperatorConfig(http_host="127.0.0.1", http_port=0, poll_interval_s=0.2, stall_after_s=0.5,
+    config = OperatorConfig(http_host="127.0.0.1", http_port=0, poll_interval_s=0.2, stuck_after_s=0.5,
+                            decode_processes=0,
                             gather=GatherOptions(per_pod_timeout_s=2, overall_timeout_s=5, attempts=2))
     stop = asyncio.Event()
     started: list[Operator] = []

@@ -66,7 +66,10 @@ def test_report_object_from_a_real_hang() -> None:
     assert diag["verdict"].startswith("Rank 1 never joined all_reduce #4")
     assert diag["what"]["category"] == "RankNotJoined" and diag["what"]["collectiveSeqId"] == 4
     assert diag["who"]["culprits"] == "1" and diag["who"]["culpritRanks"] == [1]
-    assert "load_batch" in obj["evidence"]["culpritStacks"]["1"]
+    stack = obj["evidence"]["culpritStacks"]["1"]
+    # One frame per item: `kubectl describe` prints each on its own line.
+    assert isinstance(stack, list) and all("\n" not in line for line in stack)
+    assert stack[0].startswith("(live stack") and any(line.startswith("load_batch (") for line in stack)
     assert any("ranks 0, 2-3" in line and "all_reduce #4" in line
                for line in obj["progress"]["group 0 (default_pg)"])
     assert obj["report"]["schema"] == "frscope.report/v1"

@@ -26,7 +26,7 @@ from frscope.operator.ui import OperatorJobs, mount_ui
 from tests.unit.operator import builders
 from tests.unit.operator.fakes import FakeKube, StandInSidecar, real_snapshots
 
-CONFIG = OperatorConfig(stall_after_s=0.5, cooldown_s=60,
+CONFIG = OperatorConfig(decode_processes=0, stuck_after_s=0.5, cooldown_s=60,
                         gather=GatherOptions(per_pod_timeout_s=1, overall_timeout_s=3, attempts=2,
                                              backoff_base_s=0.01))
 

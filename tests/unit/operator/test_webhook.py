@@ -64,7 +64,28 @@ def test_idempotent_and_opt_in_only() -> None:
     assert once is not None
     assert inject(once, cfg) is None  # never twice
     assert inject(training_pod(opt_in=None), cfg) is None
-    assert inject(training_pod(opt_in="annotation"), cfg) is not None
+    # An annotation alone is no opt-in: the webhook configuration's objectSelector sees labels only,
+    # so such a pod would never reach the webhook in a cluster.
+    assert inject(training_pod(opt_in="annotation"), cfg) is None
+
+
+def test_namespace_opt_in_with_a_pod_opt_out() -> None:
+    cfg = InjectionConfig()
+    out = inject(training_pod(opt_in=None), cfg, namespace_opted_in=True)
+    assert out is not None and out["spec"]["initContainers"][0]["name"] == names.SIDECAR_CONTAINER
+    assert out["metadata"]["labels"][names.INJECT_KEY] == "true"  # so the PodMonitor scrapes it
+    refused = training_pod(opt_in=None)
+    refused["metadata"]["labels"][names.INJECT_KEY] = "false"
+    assert inject(refused, cfg, namespace_opted_in=True) is None
+
+
+def test_nccl_timing_by_default_off_by_setting_or_by_the_pod() -> None:
+    on = inject(training_pod(), InjectionConfig())
+    assert on is not None and env_of(on["spec"]["containers"][0])["TORCH_NCCL_ENABLE_TIMING"] == "1"
+    off = inject(training_pod(), injection_from_env({"FRSCOPE_NCCL_TIMING": "false"}))
+    assert off is not None and "TORCH_NCCL_ENABLE_TIMING" not in env_of(off["spec"]["containers"][0])
+    mine = inject(training_pod(env=[{"name": "TORCH_NCCL_ENABLE_TIMING", "value": "0"}]), InjectionConfig())
+    assert mine is not None and env_of(mine["spec"]["containers"][0])["TORCH_NCCL_ENABLE_TIMING"] == "0"
 
 
 def test_existing_env_is_kept_and_pythonpath_extended() -> None:
