@@ -18,6 +18,7 @@ from pathlib import Path
 
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
 from frscope.operator import names
+from frscope.operator.actions import ActionOptions, CordonOptions, Policy, parse_allowed, parse_policy
 from frscope.operator.evidence import DEFAULT_MAX_ENTRIES
 from frscope.operator.gather import GatherOptions
 from frscope.operator.webhook import InjectionConfig
@@ -71,6 +72,10 @@ class OperatorConfig:
     report_limit_bytes: int = 512 * 1024
     peering: str | None = None  # kopf peering name; None: standalone (one replica)
     webhook: WebhookConfig | None = None
+    # Acting on a diagnosis (docs/actions.md): what is allowed, the default policy, limits.
+    actions: ActionOptions = field(default_factory=ActionOptions)
+    # The watchdog timeout assumed when neither the recorder nor the pods' env states it (None: torch's).
+    default_watchdog_timeout_s: float | None = None
     instance: str = field(default_factory=socket.gethostname)
     log_level: str = "INFO"
 
@@ -127,6 +132,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--webhook-public-host", help="host name the API server uses (managed configuration)")
     parser.add_argument("--sidecar-mode", choices=("auto", "native", "container"), default="auto",
                         help="native sidecar (init container, restartPolicy Always) or a plain container")
+    parser.add_argument("--allow-actions", default="",
+                        help="what the operator may do on a diagnosis: any of restart,stop,cordon (default: none; "
+                             "anything else a job asks for is a dry run)")
+    parser.add_argument("--default-policy", default="none", choices=[p.value for p in Policy],
+                        help=f"policy of jobs whose {names.ANN_ON_DIAGNOSIS} annotation (and namespace's) is unset")
+    parser.add_argument("--action-rate", type=int, default=3,
+                        help="actions (restart, stop, cordon) per namespace in any hour, at most")
+    parser.add_argument("--cordon-min-jobs", type=int, default=2,
+                        help="cordon a node only when this many jobs' reports blame it within --cordon-window")
+    parser.add_argument("--cordon-window", type=float, default=3600.0, help="seconds (see --cordon-min-jobs)")
+    parser.add_argument("--cordon-max-nodes", type=int, default=1,
+                        help="nodes carrying frscope's taint at once, at most (cluster-wide)")
+    parser.add_argument("--default-watchdog-timeout", type=float,
+                        help="seconds, for the GPU time saved when the recorder and the pods' env say nothing "
+                             "(default: torch's, 600 for NCCL, 1800 otherwise)")
     parser.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
 
@@ -184,6 +204,12 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         report_limit_bytes=args.report_limit,
         peering=args.peering,
         webhook=webhook,
+        actions=ActionOptions(
+            allowed=parse_allowed(args.allow_actions), default_policy=parse_policy(args.default_policy) or Policy.NONE,
+            rate_per_hour=args.action_rate, namespaces=tuple(args.namespaces),
+            cordon=CordonOptions(min_jobs=args.cordon_min_jobs, window_s=args.cordon_window,
+                                 max_nodes=args.cordon_max_nodes)),
+        default_watchdog_timeout_s=args.default_watchdog_timeout,
         instance=env.get("POD_NAME") or socket.gethostname(),
         log_level=args.log_level,
     )
