@@ -185,12 +185,8 @@ class Actor:
 
     async def _targets(self, kind: JobKind, inc: _Incident, act: Policy, job: dict[str, Any], now: float
                        ) -> tuple[str | None, tuple[str, ...]]:
-        """(why not, None) or (None, what the action will change); checks the rate limit first."""
-        reports = await self._kube.list(REPORTS, inc.ref.namespace)
-        recent = record.actions_since(reports, now - RATE_WINDOW_S)
-        if recent >= self.options.rate_per_hour:
-            return (f"rate limit: {recent} action(s) in namespace {inc.ref.namespace} in the last hour "
-                    f"(--action-rate={self.options.rate_per_hour})"), ()
+        """(why not, ()) or (None, what the action will change). What the job's kind refuses is said
+        first; the rate limit is checked last, so a refusal is never reported as a rate limit."""
         if act is Policy.RESTART:
             refusal = kind.restart_refusal(job)
             if refusal:
@@ -198,11 +194,22 @@ class Actor:
             pods = await job_pods(self._kube, kind, inc.ref)
             if not pods:
                 return "not restarting: the job has no pods", ()
-            return None, tuple(f"pod/{name}/{uid}" for name, uid in pods)
-        if act is Policy.STOP:
+            refused, targets = None, tuple(f"pod/{name}/{uid}" for name, uid in pods)
+        elif act is Policy.STOP:
             refusal = kind.stop_refusal(job)
-            return (f"not stopping: {refusal}", ()) if refusal else (None, (f"job/{inc.ref.name}",))
-        return await self._cordon_target(inc, now)
+            if refusal:
+                return f"not stopping: {refusal}", ()
+            refused, targets = None, (f"job/{inc.ref.name}",)
+        else:
+            refused, targets = await self._cordon_target(inc, now)
+        if refused is not None:
+            return refused, ()
+        reports = await self._kube.list(REPORTS, inc.ref.namespace)
+        recent = record.actions_since(reports, now - RATE_WINDOW_S)
+        if recent >= self.options.rate_per_hour:
+            return (f"rate limit: {recent} action(s) in namespace {inc.ref.namespace} in the last hour "
+                    f"(--action-rate={self.options.rate_per_hour})"), ()
+        return None, targets
 
     async def _cordon_target(self, inc: _Incident, now: float) -> tuple[str | None, tuple[str, ...]]:
         opts = self.options.cordon
