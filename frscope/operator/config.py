@@ -22,6 +22,7 @@ from typing import Any
 from frscope import logs
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
 from frscope.operator import names
+from frscope.operator.actions import ActionOptions, CordonOptions, Policy, parse_allowed, parse_policy
 from frscope.operator.gather import GatherOptions
 from frscope.operator.webhook import InjectionConfig
 
@@ -76,6 +77,10 @@ class OperatorConfig:
     report_limit_bytes: int = 512 * 1024
     peering: str | None = None  # kopf peering name; None: standalone (one replica)
     webhook: WebhookConfig | None = None
+    # Acting on a diagnosis (docs/actions.md): what is allowed, the default policy, limits.
+    actions: ActionOptions = field(default_factory=ActionOptions)
+    # The watchdog timeout assumed when neither the recorder nor the pods' env states it (None: torch's).
+    default_watchdog_timeout_s: float | None = None
     instance: str = field(default_factory=socket.gethostname)
     log_level: str = logs.DEFAULT_LEVEL
     log_format: str = logs.DEFAULT_FORMAT
@@ -97,6 +102,7 @@ class OperatorConfig:
 _DEFAULTS = OperatorConfig(instance="-")
 _GATHER = GatherOptions()
 _WEBHOOK = WebhookConfig()
+_ACTIONS = ActionOptions()
 
 
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
@@ -165,6 +171,20 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add("--sidecar-mode", _WEBHOOK.sidecar_mode,
         "native sidecar (init container, restartPolicy Always), a plain container, or auto (from the "
         "server version)", choices=("auto", "native", "container"))
+    add("--allow-actions", "", "what the operator may do on a diagnosis: any of restart,stop,cordon (empty: "
+        "nothing; anything else a job asks for is a dry run)")
+    add("--default-policy", _ACTIONS.default_policy.value,
+        f"policy of jobs whose {names.ANN_ON_DIAGNOSIS} annotation (and namespace's) is unset",
+        choices=[p.value for p in Policy])
+    add("--action-rate", _ACTIONS.rate_per_hour, "actions (restart, stop, cordon) per namespace in any hour, at most",
+        int)
+    add("--cordon-min-jobs", _ACTIONS.cordon.min_jobs,
+        "cordon a node only when this many jobs' reports blame it within --cordon-window", int)
+    add("--cordon-window", _ACTIONS.cordon.window_s, "seconds (see --cordon-min-jobs)", float)
+    add("--cordon-max-nodes", _ACTIONS.cordon.max_nodes, "nodes carrying frscope's taint at once, at most", int)
+    add("--default-watchdog-timeout", _DEFAULTS.default_watchdog_timeout_s,
+        "seconds, for the GPU time saved when the recorder and the pods' env say nothing (unset: torch's, "
+        "600 for NCCL, 1800 otherwise)", float)
     logs.add_arguments(parser, env)
 
 
@@ -225,6 +245,12 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         report_limit_bytes=args.report_limit,
         peering=args.peering,
         webhook=webhook,
+        actions=ActionOptions(
+            allowed=parse_allowed(args.allow_actions), default_policy=parse_policy(args.default_policy) or Policy.NONE,
+            rate_per_hour=args.action_rate, namespaces=tuple(args.namespaces),
+            cordon=CordonOptions(min_jobs=args.cordon_min_jobs, window_s=args.cordon_window,
+                                 max_nodes=args.cordon_max_nodes)),
+        default_watchdog_timeout_s=args.default_watchdog_timeout,
         instance=env.get("POD_NAME") or socket.gethostname(),
         log_level=args.log_level,
         log_format=args.log_format,

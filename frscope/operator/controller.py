@@ -20,6 +20,7 @@ from typing import Any
 from frscope import logs
 from frscope.analysis import AnalysisOptions
 from frscope.operator import names
+from frscope.operator.actions import Actor, Impact, culprit_placement, job_timeout
 from frscope.operator.config import OperatorConfig
 from frscope.operator.diagnose import Diagnosis, diagnose
 from frscope.operator.evidence import PodEvidence
@@ -91,7 +92,8 @@ def attempt_for(view: JobView, sig: Signal) -> Attempt:
 
 class Controller:
     def __init__(self, config: OperatorConfig, *, store: JobStore, pushes: PushStore, sidecars: SidecarClient,
-                 publisher: Publisher, metrics: OperatorMetrics, decoder: Decoder | None = None) -> None:
+                 publisher: Publisher, metrics: OperatorMetrics, decoder: Decoder | None = None,
+                 actor: Actor | None = None) -> None:
         self.config = config
         self.store = store
         self.pushes = pushes
@@ -99,6 +101,7 @@ class Controller:
         self.publisher = publisher
         self.metrics = metrics
         self.decoder = decoder or Decoder()
+        self.actor = actor
         self._jobs: dict[JobKey, _JobState] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -264,6 +267,7 @@ class Controller:
         skip = self._skip_reason(view, sig, attempt)
         if skip:
             log.debug("job %s: %s: %s", view.key, sig.kind.value, skip, extra=_job(view.key))
+            await self._act(view, self._state(view.key).ledger.reports_of(attempt))
             return
         log.info("job %s: %s (%s); gathering from %d pods", view.key, sig.kind.value, sig.detail, len(view.pods),
                  extra=_job(view.key))
@@ -288,7 +292,8 @@ class Controller:
         key = IncidentKey(view.ref.uid, attempt, finding.process_group.name, finding.collective_seq_id)
         if state.ledger.has(key):
             return
-        await self._publish(view, sig, attempt, key, diagnosis)
+        rank_pods = {d.rank: pod for pod, evidence in gathered.pods.items() for d in evidence.dumps}
+        await self._publish(view, sig, attempt, key, diagnosis, rank_pods)
 
     def _quiet(self, state: _JobState, attempt: Attempt) -> None:
         if state.quiet_until is not None:
@@ -303,8 +308,23 @@ class Controller:
             self.metrics.sidecars_unreachable.inc(len(gathered.failures))
         return gathered
 
+    async def _act(self, view: JobView, reports: list[str]) -> None:
+        """The action policy on these incidents' reports (a no-op for those already acted on)."""
+        if self.actor is None:
+            return
+        for report in reports:
+            await self.actor.on_incident(view.ref, report)
+
+    def _impact(self, view: JobView, diagnosis: Diagnosis, rank_pods: dict[int, str]) -> Impact:
+        finding = diagnosis.report.findings[0]
+        timeout_s, source = job_timeout(diagnosis.dumpset, finding, view.pods, diagnosis.report.backend,
+                                        self.config.default_watchdog_timeout_s)
+        culprit_pods, culprit_nodes = culprit_placement(finding, rank_pods, view.pods)
+        ranks = view.world_size or diagnosis.report.world_size
+        return Impact(timeout_s, source, sum(p.gpus for p in view.pods), ranks, culprit_pods, culprit_nodes)
+
     async def _publish(self, view: JobView, sig: Signal, attempt: Attempt, key: IncidentKey,
-                       diagnosis: Diagnosis) -> None:
+                       diagnosis: Diagnosis, rank_pods: dict[int, str]) -> None:
         report = diagnosis.report
         finding = report.findings[0]
         now = rfc3339()
@@ -314,7 +334,8 @@ class Controller:
         obj = build_report_cr(view.ref, report, incident=key.digest, attempt=str(attempt),
                               signal=f"{sig.kind.value}: {sig.detail}", missing_pods=diagnosis.missing_pods,
                               gathered_at=now, limit_bytes=self.config.report_limit_bytes,
-                              condition=(finding.category.value, message))
+                              condition=(finding.category.value, message),
+                              impact=self._impact(view, diagnosis, rank_pods).to_json())
         events: list[tuple[str, str]] = [(finding.category.value, message)]
         if diagnosis.missing_pods:
             listed = ", ".join(f"{pod} ({why})" for pod, why in sorted(diagnosis.missing_pods.items()))
@@ -340,6 +361,8 @@ class Controller:
             report=report_to_dict(report), timeline=await self._timeline(view.key, diagnosis)))
         log.warning("job %s: %s: %s (report %s)", view.key, finding.category.value, message, name,
                     extra=_job(view.key, key.digest))
+        if done.report:
+            await self._act(view, [name])  # only once the evidence is written
 
     async def _timeline(self, key: JobKey, diagnosis: Diagnosis) -> dict[str, Any] | None:
         """The web UI's timeline, built once per diagnosis off the event loop (the dumps are then let go)."""

@@ -122,6 +122,10 @@ class Ledger:
             for r in self.records
         )
 
+    def reports_of(self, attempt: Attempt) -> list[str]:
+        """The reports of this attempt's diagnosed incidents (where their action records live)."""
+        return [r.report for r in self.records if r.attempt == str(attempt) and r.report]
+
     def with_record(self, record: IncidentRecord) -> Ledger:
         kept = [r for r in self.records if r.id != record.id]
         return Ledger(sorted(kept + [record], key=lambda r: r.at)[-MAX_RECORDS:])

@@ -16,6 +16,8 @@ GATHER_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120)
 
 
 class OperatorMetrics:
+    ACTION_LABELS = ("restart", "stop", "cordon", "dry-run")
+
     def __init__(self, registry: CollectorRegistry) -> None:
         self.registry = registry
         self.diagnoses = Counter(
@@ -57,6 +59,22 @@ class OperatorMetrics:
             "frscope_operator_publish_errors", "Writes to the API server that failed after retries, by step.",
             ["step"], registry=registry,
         )
+        self.actions = Counter(
+            "frscope_operator_actions",
+            "Actions on diagnosed jobs (docs/actions.md), by action (restart, stop, cordon, dry-run) and outcome "
+            "(done, failed, skipped).",
+            ["action", "outcome"], registry=registry,
+        )
+        self.action_saved_gpu_seconds = Counter(
+            "frscope_operator_action_saved_gpu_seconds",
+            "GPU-seconds saved by ending hung jobs before their watchdog timeout, by action (restart, stop).",
+            ["action"], registry=registry,
+        )
+        for action in self.ACTION_LABELS:
+            for outcome in ("done", "failed", "skipped"):
+                self.actions.labels(action=action, outcome=outcome)
+        for action in ("restart", "stop"):
+            self.action_saved_gpu_seconds.labels(action=action)
         for category in Category:
             self.diagnoses.labels(category=category.value)
         for kind in SignalKind:

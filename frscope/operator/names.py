@@ -53,3 +53,21 @@ COMPONENT: Final = "frscope-operator"
 # Event reasons of frscope's own (the diagnosis Events use the finding's category).
 REASON_SIDECARS_UNREACHABLE: Final = "SidecarsUnreachable"
 REASON_DIAGNOSIS_INCOMPLETE: Final = "DiagnosisIncomplete"
+
+# Acting on a diagnosis (frscope/operator/actions, docs/actions.md). The policy annotation, on the job
+# or on its Namespace (the namespace's default); the value is one of actions.policy.Policy.
+ANN_ON_DIAGNOSIS: Final = f"{PREFIX}/on-diagnosis"
+# On a job frscope stopped: the verdict that stopped it (one line).
+ANN_STOPPED: Final = f"{PREFIX}/stopped-by-diagnosis"
+# The taint frscope puts on a suspect node (effect NoSchedule only; the value is the finding's category).
+TAINT_SUSPECT: Final = f"{PREFIX}/suspect-node"
+# Kueue owns `runPolicy.suspend` of the jobs it queues (it un-suspends an admitted job).
+LABEL_KUEUE_QUEUE: Final = "kueue.x-k8s.io/queue-name"
+
+# Event reasons of the actions (job Events, and the node Event of a cordon).
+REASON_RESTARTED: Final = "HungJobRestarted"
+REASON_STOPPED: Final = "HungJobStopped"
+REASON_CORDONED: Final = "SuspectNodeCordoned"
+REASON_DRY_RUN: Final = "DiagnosisActionDryRun"
+REASON_ACTION_SKIPPED: Final = "DiagnosisActionSkipped"
+REASON_ACTION_FAILED: Final = "DiagnosisActionFailed"

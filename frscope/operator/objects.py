@@ -64,6 +64,10 @@ class PodInfo:
     run: int  # the trainer's current run (its restartCount)
     terminations: tuple[Termination, ...]
     deleting: bool
+    node: str = ""  # spec.nodeName ('' until scheduled)
+    gpus: int = 0  # accelerators the pod asks for (GPU_RESOURCES), all containers
+    # The trainer's collective timeout as its env states it (WATCHDOG_TIMEOUT_ENV), seconds.
+    env_timeout_s: float | None = None
 
     @property
     def endpoint(self) -> str | None:
@@ -171,6 +175,53 @@ def _rfc3339_ns(value: Any) -> int | None:
     return int(moment.timestamp()) * 1_000_000_000 + moment.microsecond * 1000
 
 
+# Extended resources that are accelerators a training rank holds: counted as the job's GPUs.
+GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu", "gpu.intel.com/i915", "gpu.intel.com/xe", "habana.ai/gaudi")
+# Torch reads the collective timeout from code only (init_process_group(timeout=...)); a job that takes it
+# from the environment can name it here so that frscope knows it too (docs/actions.md).
+WATCHDOG_TIMEOUT_ENV = "FRSCOPE_WATCHDOG_TIMEOUT_SECONDS"
+
+
+def _quantity(value: Any) -> int:
+    try:
+        return max(int(str(value)), 0)
+    except ValueError:
+        return 0
+
+
+def _pod_gpus(spec: dict[str, Any]) -> int:
+    """Accelerators of the pod: its app containers' sum, or the largest init container's (as the scheduler counts)."""
+    def count(container: Any) -> int:
+        if not isinstance(container, dict):
+            return 0
+        resources = container.get("resources") if isinstance(container.get("resources"), dict) else {}
+        assert isinstance(resources, dict)
+        total = 0
+        for name in GPU_RESOURCES:
+            per = [_quantity((resources.get(kind) or {}).get(name, 0)) for kind in ("limits", "requests")
+                   if isinstance(resources.get(kind), dict)]
+            total += max(per, default=0)
+        return total
+
+    app = sum(count(c) for c in spec.get("containers") or [])
+    init = max((count(c) for c in spec.get("initContainers") or []), default=0)
+    return max(app, init)
+
+
+def _env_timeout(spec: dict[str, Any]) -> float | None:
+    for container in spec.get("containers") or []:
+        if not isinstance(container, dict) or container.get("name") == names.SIDECAR_CONTAINER:
+            continue
+        for env in container.get("env") or []:
+            if isinstance(env, dict) and env.get("name") == WATCHDOG_TIMEOUT_ENV:
+                try:
+                    value = float(str(env.get("value")))
+                except ValueError:
+                    return None
+                return value if value > 0 else None
+    return None
+
+
 def pod_info(pod: dict[str, Any]) -> PodInfo:
     meta = _meta(pod)
     labels = meta.get("labels") if isinstance(meta.get("labels"), dict) else {}
@@ -204,6 +255,9 @@ def pod_info(pod: dict[str, Any]) -> PodInfo:
         run=run,
         terminations=tuple(terminations),
         deleting=bool(meta.get("deletionTimestamp")),
+        node=str(spec.get("nodeName") or ""),
+        gpus=_pod_gpus(spec),
+        env_timeout_s=_env_timeout(spec),
     )
 
 

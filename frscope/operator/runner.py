@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from frscope import logs
 from frscope.operator import names
 from frscope.operator.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
+from frscope.operator.actions import Actor
 from frscope.operator.config import OperatorConfig, WebhookConfig
 from frscope.operator.controller import Controller
 from frscope.operator.gather import Decoder
@@ -138,11 +139,13 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     store = JobStore()
     pushes = PushStore()
     reviewer = Reviewer(kube)
+    publisher = Publisher(kube, instance=config.instance)
     shown, push_auth = sidecar_auth(config, reviewer)
     controller = Controller(config, store=store, pushes=pushes,
                             sidecars=SidecarClient(sidecar_session, auth=shown),
-                            publisher=Publisher(kube, instance=config.instance), metrics=metrics,
-                            decoder=Decoder(config.decode_processes))
+                            publisher=publisher, metrics=metrics,
+                            decoder=Decoder(config.decode_processes),
+                            actor=Actor(kube, publisher, metrics, config.actions, instance=config.instance))
     health = Health()
     http = OperatorHttp(registry=registry, metrics=metrics, health=health, on_push=controller.on_push,
                         push_auth=push_auth, max_push_bytes=config.max_push_bytes,

@@ -125,3 +125,19 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     resources: ["flightrecorderreports"]
     verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
 {{- end }}
+
+{{- /* The action policy's namespaced rules (templates/rbac-actions.yaml): only what each allowed action uses. */}}
+{{- define "frscope.actionRules" }}
+  {{- if has "restart" .Values.actions.allow }}
+  # restart: delete every pod of a hung job (each by uid); the training operator recreates them.
+  - apiGroups: [""]
+    resources: ["pods"]
+    verbs: ["delete"]
+  {{- end }}
+  {{- if has "stop" .Values.actions.allow }}
+  # stop: spec.runPolicy.suspend of a hung job, with the verdict as an annotation beside it.
+  - apiGroups: ["kubeflow.org"]
+    resources: ["pytorchjobs"]
+    verbs: ["patch"]
+  {{- end }}
+{{- end }}

@@ -21,6 +21,8 @@ from frscope.operator.kube.errors import (
 )
 from frscope.operator.kube.resources import (
     EVENTS,
+    NAMESPACES,
+    NODES,
     PODS,
     PYTORCHJOBS,
     REPORTS,
@@ -32,6 +34,8 @@ __all__ = [
     "EVENTS",
     "JSON_PATCH",
     "MERGE_PATCH",
+    "NAMESPACES",
+    "NODES",
     "PODS",
     "PYTORCHJOBS",
     "REPORTS",

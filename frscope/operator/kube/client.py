@@ -168,8 +168,11 @@ class KubeClient:
         return await self.request("PATCH", resource.path(namespace, name, subresource), body=patch,
                                   params={"fieldManager": self._field_manager}, content_type=MERGE_PATCH)
 
-    async def delete(self, resource: Resource, namespace: str | None, name: str) -> dict[str, Any]:
-        return await self.request("DELETE", resource.path(namespace, name))
+    async def delete(self, resource: Resource, namespace: str | None, name: str, *,
+                     uid: str | None = None) -> dict[str, Any]:
+        """Delete one object; with `uid`, only that object (a newer one of the same name: 409 Conflict)."""
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "preconditions": {"uid": uid}} if uid else None
+        return await self.request("DELETE", resource.path(namespace, name), body=body)
 
     async def server_version(self) -> tuple[int, int]:
         """(major, minor) of the API server, e.g. (1, 31) for 'v1.31.2' or minor '31+'."""

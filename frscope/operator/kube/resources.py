@@ -12,3 +12,5 @@ REPORTS = Resource(names.REPORT_GROUP, names.REPORT_VERSION, names.REPORT_PLURAL
 TOKENREVIEWS = Resource("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", namespaced=False)
 SUBJECTACCESSREVIEWS = Resource("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview",
                                 namespaced=False)
+NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
+NODES = Resource("", "v1", "nodes", "Node", namespaced=False)

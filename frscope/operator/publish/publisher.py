@@ -123,8 +123,10 @@ class Publisher:
 
         return await retry_on_conflict(cycle)
 
-    async def post_event(self, ref: JobRef, *, reason: str, message: str, incident: str, now: str) -> None:
-        body = build_event(ref, reason=reason, message=message, incident=incident, now=now, instance=self._instance)
+    async def post_event(self, ref: JobRef, *, reason: str, message: str, incident: str, now: str,
+                         event_type: str = "Warning") -> None:
+        body = build_event(ref, reason=reason, message=message, incident=incident, now=now, instance=self._instance,
+                           event_type=event_type)
         try:
             await self._kube.create(EVENTS, ref.namespace, body)
         except AlreadyExists:

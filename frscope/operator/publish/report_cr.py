@@ -108,10 +108,13 @@ def _trim_report(full: dict[str, Any], keep_ranks: set[int], limit: int,
 
 def build_report_cr(job: JobRef, report: Report, *, incident: str, attempt: str, signal: str,
                     missing_pods: dict[str, str], gathered_at: str, limit_bytes: int = DEFAULT_LIMIT_BYTES,
-                    condition: tuple[str, str] | None = None) -> dict[str, Any]:
+                    condition: tuple[str, str] | None = None, impact: dict[str, Any] | None = None,
+                    ) -> dict[str, Any]:
     """The report object. It is also frscope's bookkeeping (the operator writes nothing on the job but
     its condition): `job.incident/attempt/processGroupName` + `diagnosis.what.collectiveSeqId` say
-    which incident it diagnosed, `job.condition` (reason, message) what the job's condition says."""
+    which incident it diagnosed, `job.condition` (reason, message) what the job's condition says.
+    `impact` (actions.Impact.to_json: watchdog timeout, GPUs, culprit pods and nodes) is what acting on
+    the report reads later (docs/actions.md); the `action` field is written by the actor, not here."""
     finding = report.findings[0] if report.findings else None
     name = report_name(job, incident)
     culprits = sorted(finding.culprit_ranks) if finding else []
@@ -172,6 +175,8 @@ def build_report_cr(job: JobRef, report: Report, *, incident: str, attempt: str,
     }
     if condition is not None:
         obj["job"]["condition"] = {"reason": condition[0], "message": condition[1]}
+    if impact is not None:
+        obj["impact"] = impact
     full = report_to_dict(report)
     keep = set(culprits) | set(report.missing_ranks[:64])
     trimmed, note = _trim_report(full, keep, limit_bytes, _size(obj) + 200)
