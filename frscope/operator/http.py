@@ -25,6 +25,7 @@ from frscope.operator.access import OpenPush, PushAuth, Refused
 from frscope.operator.evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes
 from frscope.operator.metrics import OperatorMetrics
 from frscope.operator.objects import JobKey
+from frscope.operator.push import Full
 from frscope.operator.sidecars import SidecarError
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,14 @@ class OperatorHttp:
         if not evidence.pod or not evidence.namespace:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": "pod and namespace are required"}, status=400)
-        job = self._on_push(evidence)
+        try:
+            job = self._on_push(evidence)
+        except Full as exc:
+            self._metrics.pushes.labels(result="throttled").inc()
+            log.warning("push from %s/%s refused (429, retry after %d s): %s", evidence.namespace, evidence.pod,
+                        exc.retry_after_s, exc.message)
+            return web.json_response({"error": exc.message, "retry_after_s": exc.retry_after_s}, status=429,
+                                     headers={"Retry-After": str(exc.retry_after_s)})
         self._metrics.pushes.labels(result="accepted").inc()
         log.info("push from %s/%s by %s (%s, ranks %s, job %s)", evidence.namespace, evidence.pod, caller.who,
                  evidence.reason, list(evidence.ranks), job or "unknown")
