@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from frscope.operator.evidence import PodEvidence
@@ -42,7 +43,8 @@ class PushStore:
     may hold at most `job_max_bytes`, so one job's storm cannot push out every other job's evidence."""
 
     def __init__(self, *, max_bytes: int = 512 * 1024 * 1024, ttl_s: float = 6 * 3600.0,
-                 hold_s: float = 300.0, job_max_bytes: int | None = None) -> None:
+                 hold_s: float = 300.0, job_max_bytes: int | None = None,
+                 on_drop: Callable[[str, str], None] | None = None) -> None:
         self._items: OrderedDict[tuple[str, str], Pushed] = OrderedDict()
         self._jobs: dict[tuple[str, str], str] = {}  # (namespace, pod) -> its job's name, when known
         self._bytes = 0
@@ -50,9 +52,14 @@ class PushStore:
         self._ttl_s = ttl_s
         self._hold_s = hold_s
         self._job_max_bytes = job_max_bytes if job_max_bytes is not None else max_bytes // 4
+        self._on_drop = on_drop  # (namespace, pod) of each evicted push: its copy on disk goes too
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @property
+    def ttl_s(self) -> float:
+        return self._ttl_s
 
     @property
     def total_bytes(self) -> int:
@@ -111,3 +118,5 @@ class PushStore:
             self._items.pop(key)
             self._jobs.pop(key, None)
             self._bytes -= first.evidence.size_bytes
+            if self._on_drop is not None:
+                self._on_drop(*key)
