@@ -74,6 +74,9 @@ class OperatorConfig:
     # pod only `kubectl port-forward` can make), 'none'.
     ui_auth: str = "port-forward"
     max_push_bytes: int = 256 * 1024 * 1024
+    # Where accepted pushes are also kept, so that a restart does not lose them (the chart mounts a
+    # volume there); None: in memory only.
+    evidence_dir: Path | None = None
     report_limit_bytes: int = 512 * 1024
     peering: str | None = None  # kopf peering name; None: standalone (one replica)
     webhook: WebhookConfig | None = None
@@ -158,6 +161,8 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add("--sidecar-token-file", _DEFAULTS.sidecar_token_file,
         f"bearer token shown to the sidecars: the projected token (audience {names.AUDIENCE_SIDECAR}) or "
         "the shared secret; re-read when it changes", Path)
+    add("--evidence-dir", _DEFAULTS.evidence_dir,
+        "directory where accepted pushes are also kept, so that a restart keeps them; unset: in memory only", Path)
     add("--ui-auth", _DEFAULTS.ui_auth,
         "web UI: a bearer token with `get pytorchjobs` in the job's namespace (kubernetes), that or "
         "kubectl port-forward (port-forward), or nothing (none)", choices=UI_AUTH_MODES)
@@ -241,6 +246,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         decode_processes=args.decode_processes,
         sidecar_auth=args.sidecar_auth,
         sidecar_token_file=args.sidecar_token_file,
+        evidence_dir=args.evidence_dir,
         ui_auth=args.ui_auth,
         report_limit_bytes=args.report_limit,
         peering=args.peering,

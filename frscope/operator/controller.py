@@ -171,8 +171,9 @@ class Controller:
                 self._spawn(self._reassert(key, ours))
 
     def on_push(self, evidence: PodEvidence) -> JobKey | None:
-        self.pushes.put(evidence)
+        """Keep a pushed snapshot; raises `push.Full` when there is no room now (the caller answers 429)."""
         key = self.store.job_of_pod(evidence.namespace, evidence.pod)
+        self.pushes.put(evidence, job=key.name if key is not None else None)
         if key is not None and evidence.reason in ("stall", "exit"):
             self.signal(Signal(SignalKind.SIDECAR_PUSH, key, f"pod {evidence.pod} pushed ({evidence.reason})",
                                pod=evidence.pod))

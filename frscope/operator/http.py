@@ -25,7 +25,9 @@ from frscope.operator.access import OpenPush, PushAuth, Refused
 from frscope.operator.evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes
 from frscope.operator.metrics import OperatorMetrics
 from frscope.operator.objects import JobKey
+from frscope.operator.push import Full
 from frscope.operator.sidecars import SidecarError
+from frscope.operator.spill import EvidenceDir
 
 log = logging.getLogger(__name__)
 
@@ -56,11 +58,13 @@ class Health:
 class OperatorHttp:
     def __init__(self, *, registry: CollectorRegistry, metrics: OperatorMetrics, health: Health,
                  on_push: PushHandler, push_auth: PushAuth | None = None,
-                 max_push_bytes: int = 256 * 1024 * 1024, max_entries: int = DEFAULT_MAX_ENTRIES) -> None:
+                 max_push_bytes: int = 256 * 1024 * 1024, max_entries: int = DEFAULT_MAX_ENTRIES,
+                 spill: EvidenceDir | None = None) -> None:
         self._registry = registry
         self._metrics = metrics
         self._health = health
         self._on_push = on_push
+        self._spill = spill  # accepted bodies are kept there too (--evidence-dir): a restart keeps them
         self._push_auth: PushAuth = push_auth if push_auth is not None else OpenPush()
         self._max_entries = max_entries
         self.app = web.Application(client_max_size=max_push_bytes)
@@ -128,7 +132,16 @@ class OperatorHttp:
         if not evidence.pod or not evidence.namespace:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": "pod and namespace are required"}, status=400)
-        job = self._on_push(evidence)
+        try:
+            job = self._on_push(evidence)
+        except Full as exc:
+            self._metrics.pushes.labels(result="throttled").inc()
+            log.warning("push from %s/%s refused (429, retry after %d s): %s", evidence.namespace, evidence.pod,
+                        exc.retry_after_s, exc.message)
+            return web.json_response({"error": exc.message, "retry_after_s": exc.retry_after_s}, status=429,
+                                     headers={"Retry-After": str(exc.retry_after_s)})
+        if self._spill is not None:
+            await asyncio.to_thread(self._spill.save, evidence.namespace, evidence.pod, raw)
         self._metrics.pushes.labels(result="accepted").inc()
         log.info("push from %s/%s by %s (%s, ranks %s, job %s)", evidence.namespace, evidence.pod, caller.who,
                  evidence.reason, list(evidence.ranks), job or "unknown")

@@ -79,7 +79,7 @@ class OperatorMetrics:
             self.diagnoses.labels(category=category.value)
         for kind in SignalKind:
             self.signals.labels(kind=kind.value)
-        for result in ("accepted", "rejected"):
+        for result in ("accepted", "rejected", "throttled"):
             self.pushes.labels(result=result)
 
     def job_diagnosed(self, namespace: str, job: str, category: str) -> None:

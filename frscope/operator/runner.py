@@ -32,8 +32,9 @@ from frscope.operator.login import Login, login
 from frscope.operator.metrics import OperatorMetrics
 from frscope.operator.poller import StatusPoller
 from frscope.operator.publish import Publisher
-from frscope.operator.push import PushStore
+from frscope.operator.push import Full, PushStore
 from frscope.operator.sidecars import SidecarClient
+from frscope.operator.spill import EvidenceDir
 from frscope.operator.store import JobStore
 from frscope.operator.ui import mount_ui, ui_guard
 from frscope.operator.webhook import InjectionConfig, native_sidecars_supported
@@ -66,6 +67,10 @@ def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.error_backoffs = [1, 2, 3, 5, 8, 13]
+    # Only training jobs' pods are streamed: the API server filters (labelSelector on the list and the
+    # watch), instead of kopf receiving every change of every pod in the cluster and dropping most of
+    # them against the handler's `labels=` (which stays, as a second check).
+    settings.watching.label_selectors["v1", "pods"] = names.LABEL_JOB_NAME
 
 
 def kube_client(credentials: Login, instance: str) -> KubeClient:
@@ -137,7 +142,14 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
                                             auto_decompress=False)
     metrics = OperatorMetrics(registry)
     store = JobStore()
-    pushes = PushStore()
+    spill = EvidenceDir(config.evidence_dir) if config.evidence_dir is not None else None
+    pushes = PushStore(on_drop=spill.remove if spill is not None else None)
+    if spill is not None:
+        for kept in await asyncio.to_thread(lambda: list(spill.load(max_entries=config.gather.max_entries,
+                                                                    ttl_s=pushes.ttl_s))):
+            with contextlib.suppress(Full):
+                pushes.put(kept)
+        log.info("evidence dir %s: %d push(es) kept from before", config.evidence_dir, len(pushes))
     reviewer = Reviewer(kube)
     publisher = Publisher(kube, instance=config.instance)
     shown, push_auth = sidecar_auth(config, reviewer)
@@ -149,7 +161,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     health = Health()
     http = OperatorHttp(registry=registry, metrics=metrics, health=health, on_push=controller.on_push,
                         push_auth=push_auth, max_push_bytes=config.max_push_bytes,
-                        max_entries=config.gather.max_entries)
+                        max_entries=config.gather.max_entries, spill=spill)
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
     operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer)

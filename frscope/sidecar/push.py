@@ -19,6 +19,7 @@ from frscope.sidecar.metrics import SidecarMetrics
 log = logging.getLogger("frscope.sidecar")
 
 QUEUE_SIZE = 4
+MAX_RETRY_AFTER_S = 120.0  # a Retry-After longer than this is capped: the evidence must get out while it matters
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,6 +82,7 @@ class Pusher:
         delay = self.backoff_s
         for attempt in range(1, self.attempts + 1):
             problem: str
+            wait = delay
             try:
                 async with session.post(
                     self.url, data=item.body_gz, headers=headers,
@@ -94,6 +96,8 @@ class Pusher:
                                  len(item.body_gz))
                         return
                     problem = f"HTTP {resp.status}"
+                    if resp.status == 429:  # the operator is full for now: wait as long as it asks
+                        wait = max(delay, retry_after(resp.headers.get("Retry-After")))
                     if 400 <= resp.status < 500 and resp.status not in (408, 429):
                         break  # the operator refused it: retrying the same body will not help
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
@@ -101,8 +105,8 @@ class Pusher:
             if attempt < self.attempts:
                 self.metrics.pushes.labels(result="retry").inc()
                 log.warning("push: %s snapshot to %s failed (%s); retry %d/%d in %.1f s",
-                            item.reason, self.url, problem, attempt, self.attempts - 1, delay)
-                await asyncio.sleep(delay)
+                            item.reason, self.url, problem, attempt, self.attempts - 1, wait)
+                await asyncio.sleep(wait)
                 delay *= 2
         self.metrics.pushes.labels(result="failed").inc()
         log.error("push: %s snapshot to %s failed for good (%s); it stays available at /v1/snapshot",
@@ -114,3 +118,13 @@ class Pusher:
             await asyncio.wait_for(self.queue.join(), timeout_s)
         except TimeoutError:
             log.warning("push: %d push(es) not delivered before shutdown", self.queue.qsize())
+
+
+def retry_after(value: str | None) -> float:
+    """Seconds from a Retry-After header (delta-seconds only; an HTTP date or garbage counts as 0),
+    capped at MAX_RETRY_AFTER_S."""
+    try:
+        seconds = float(value or "0")
+    except ValueError:
+        return 0.0
+    return min(max(seconds, 0.0), MAX_RETRY_AFTER_S) if seconds == seconds else 0.0

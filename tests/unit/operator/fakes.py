@@ -99,6 +99,7 @@ class FakeKube:
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.requests: list[tuple[str, str, Any]] = []
+        self.selectors: list[tuple[str, str]] = []  # (plural, labelSelector) of every list and watch
         self.faults: list[Fault] = []
         self._rv = itertools.count(100)
         self.server: TestServer | None = None
@@ -132,6 +133,7 @@ class FakeKube:
 
     async def _list_or_watch(self, request: web.Request, plural: str, namespace: str | None) -> web.StreamResponse:
         selector = request.query.get("labelSelector", "")
+        self.selectors.append((plural, selector))
         required = [s for s in selector.split(",") if s and "=" not in s and not s.startswith("!")]
 
         def selected(obj: dict[str, Any]) -> bool:

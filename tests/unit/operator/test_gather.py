@@ -103,16 +103,6 @@ async def test_pushed_snapshots_stand_in_for_unreachable_and_deleted_pods(
     assert diagnosis.report.missing_ranks == () and diagnosis.report.findings[0].culprit_ranks == (1,)
 
 
-def test_push_store_is_bounded() -> None:
-    store = PushStore(max_bytes=100)
-    for i in range(5):
-        store.put(from_snapshot(parse_snapshot({"schema": "frscope.sidecar.snapshot/v1", "pod": f"p{i}",
-                                                "namespace": "ml", "ranks": []}, "push", size_bytes=40),
-                                origin="push"))
-    assert len(store) == 2 and store.total_bytes == 80
-    assert store.get("ml", "p4") is not None and store.get("ml", "p0") is None
-
-
 async def test_only_the_newest_entries_are_kept(sidecars: Make, client: SidecarClient,
                                                 hang_ranks: dict[int, Any]) -> None:
     s0 = await sidecars("p", hang_ranks)

@@ -18,6 +18,7 @@ from frscope.operator.http import Health, OperatorHttp
 from frscope.operator.kube import StaticToken
 from frscope.operator.metrics import OperatorMetrics
 from frscope.operator.objects import JobKey
+from frscope.operator.push import Full
 from tests.unit.operator.fakes import StandInSidecar
 
 
@@ -99,3 +100,15 @@ async def test_push_rejections(server: Server, hang_ranks: dict[int, Any]) -> No
             assert r.status == 413
     assert server.pushed == []
     assert server.registry.get_sample_value("frscope_operator_pushes_total", {"result": "rejected"}) == 4
+
+
+async def test_a_full_store_answers_429_with_retry_after(server: Server) -> None:
+    def full(_: PodEvidence) -> JobKey | None:
+        raise Full("pushed evidence holds 100 bytes (budget 100)", 42)
+
+    server.http._on_push = full
+    async with aiohttp.ClientSession() as s:
+        async with s.post(server.url + "/v1/push", data=body({}), headers={"Authorization": "Bearer s3cret"}) as r:
+            assert r.status == 429 and r.headers["Retry-After"] == "42"
+            assert (await r.json())["retry_after_s"] == 42
+    assert server.registry.get_sample_value("frscope_operator_pushes_total", {"result": "throttled"}) == 1

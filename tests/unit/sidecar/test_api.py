@@ -21,7 +21,7 @@ from frscope.sidecar.app import Sidecar
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.main import serve
 from frscope.sidecar.metrics import SidecarMetrics
-from frscope.sidecar.push import Pusher
+from frscope.sidecar.push import MAX_RETRY_AFTER_S, Pusher, retry_after
 
 
 def cfg(tmp_path: Path, **kw: Any) -> SidecarConfig:
@@ -121,12 +121,14 @@ async def test_serve_stops_on_the_event(tmp_path: Path) -> None:
 
 
 @asynccontextmanager
-async def receiver(answers: list[int]) -> AsyncIterator[tuple[str, list[bytes]]]:
+async def receiver(answers: list[int], headers: dict[str, str] | None = None,
+                   ) -> AsyncIterator[tuple[str, list[bytes]]]:
     got: list[bytes] = []
 
     async def push(request: web.Request) -> web.Response:
         got.append(await request.read())
-        return web.Response(status=answers.pop(0) if answers else 200)
+        status = answers.pop(0) if answers else 200
+        return web.Response(status=status, headers=headers if status >= 400 else None)
 
     app = web.Application()
     app.router.add_post("/v1/push", push)
@@ -227,3 +229,22 @@ async def test_snapshot_window_must_be_positive(tmp_path: Path) -> None:
         assert status == 200 and json.loads(body)["ranks"] == []
     finally:
         await sidecar.stop()
+
+
+@pytest.mark.parametrize(("header", "seconds"), [("3", 3.0), ("0.5", 0.5), ("-4", 0.0), ("nan", 0.0),
+                                                 ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0), (None, 0.0),
+                                                 ("100000", MAX_RETRY_AFTER_S)])
+def test_retry_after_header_is_read_bounded(header: str | None, seconds: float) -> None:
+    assert retry_after(header) == seconds
+
+
+async def test_a_429_is_retried_after_the_delay_the_operator_asks(caplog: pytest.LogCaptureFixture) -> None:
+    registry = CollectorRegistry()
+    async with receiver([429], headers={"Retry-After": "1"}) as (url, got):
+        p = pusher(url, registry)  # its own backoff is 0.01 s
+        task = asyncio.create_task(p.run())
+        p.submit("stall", gzip.compress(b'{"reason": "stall"}'))
+        await p.drain(10)
+        task.cancel()
+    assert len(got) == 2 and p.delivered == ["stall"]
+    assert "failed (HTTP 429); retry 1/2 in 1.0 s" in caplog.text
