@@ -149,14 +149,25 @@ def _watch() -> None:
     threading.Thread(target=_wait_for_group, name="frscope-bootstrap", daemon=True).start()
 
 
+def _has_group() -> bool:
+    dist = sys.modules.get(_TARGET)
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:
+        return False
+
+
 def _after_fork_in_child() -> None:
-    """A forked child has no server and no waiting thread. The child of a serving process (a forked
-    DataLoader worker) must never serve; any other child (ranks forked by a launcher) waits for its
-    own process group."""
+    """A forked child has no server and no waiting thread, but a copy of its parent's process group.
+    The child of a rank (a forked DataLoader worker: the parent serves, or has a group and is about to)
+    never serves, nor do its children; any other child (ranks forked by a launcher before they join a
+    group) waits for a group of its own."""
     global _LOCK
     _LOCK = threading.Lock()  # the parent's lock may have been held by a thread that is gone
-    if _SERVER is None and not _inherited():
-        _watch()
+    if _SERVER is not None or _inherited() or _has_group():
+        os.environ.setdefault(_OWNER_VAR, str(os.getppid()))
+        return
+    _watch()
 
 
 def _on_loaded() -> None:
