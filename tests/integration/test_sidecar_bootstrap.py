@@ -200,3 +200,22 @@ def test_print_pythonpath_is_the_bootstrap_dir() -> None:
     # It never needs frscope (or anything but the standard library) in the trainer's image.
     source = (BOOTSTRAP_DIR / "sitecustomize.py").read_text()
     assert "import frscope" not in source and "from frscope" not in source
+
+
+DEBIAN_PYTHON = Path("/usr/bin/python3")
+
+
+@pytest.mark.skipif(not any(Path("/usr/lib").glob("python3*/sitecustomize.py")) or not DEBIAN_PYTHON.exists(),
+                    reason="no distribution Python with its own sitecustomize here")
+def test_chains_to_the_distributions_own_sitecustomize(tmp_path: Path) -> None:
+    """Debian's python3 ships /usr/lib/python3.X/sitecustomize.py; with the bootstrap first on
+    PYTHONPATH, Python imports ours, and ours runs Debian's too (`-v` names every module it executes)."""
+    sockets = tmp_path / "run"
+    sockets.mkdir()
+    done = subprocess.run([str(DEBIAN_PYTHON), "-v", "-c", "pass"], env=env_with_bootstrap(sockets),
+                          capture_output=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    executed = [line for line in done.stderr.decode().splitlines()
+                if line.startswith("# code object from") and "sitecustomize" in line]
+    assert len(executed) == 2, executed
+    assert str(BOOTSTRAP_DIR) in executed[0] and "/usr/lib/python3" in executed[1], executed
