@@ -156,6 +156,7 @@ class RankStatusDoc(TypedDict):
     last_ok_ns: int | None
     recorder_ns: int | None
     progress_probe: str | None
+    restart_count: int | None  # torchrun's TORCHELASTIC_RESTART_COUNT of the serving process (bootstrap)
     groups: dict[str, GroupStatusDoc]
 
 
@@ -201,6 +202,7 @@ class GroupStall:
     op: str | None
     seq: int | None
     age_s: float | None
+    restarts: int | None = None  # torchrun restarted the rank's worker group this many times
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,6 +212,7 @@ class RankUp:
     rank: int
     up: bool
     error: str | None = None
+    restarts: int | None = None  # torchrun's restart count of the serving process, when the bootstrap knows it
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,7 +246,8 @@ def parse_status(obj: Any) -> SidecarStatus:
         except ValueError:
             continue
         error = rank_obj.get("error")
-        per_rank.append(RankUp(rank, bool(rank_obj.get("up")), str(error)[:200] if error else None))
+        restarts = _int(rank_obj.get("restart_count"))
+        per_rank.append(RankUp(rank, bool(rank_obj.get("up")), str(error)[:200] if error else None, restarts))
         groups = rank_obj.get("groups")
         for group, g in (groups.items() if isinstance(groups, dict) else []):
             if isinstance(g, dict) and g.get("stalled"):
@@ -251,7 +255,7 @@ def parse_status(obj: Any) -> SidecarStatus:
                 stalls.append(GroupStall(rank, str(group), str(g.get("desc") or ""),
                                          str(g["inflight_op"]) if g.get("inflight_op") else None,
                                          _int(g.get("inflight_seq")),
-                                         float(age) if isinstance(age, (int, float)) else None))
+                                         float(age) if isinstance(age, (int, float)) else None, restarts))
     return SidecarStatus(
         pod=str(obj.get("pod") or ""), namespace=str(obj.get("namespace") or ""),
         stalled=bool(obj.get("stalled")) or bool(stalls), stalls=tuple(stalls), ranks_up=up, ranks_down=down,

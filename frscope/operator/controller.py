@@ -72,6 +72,7 @@ class _JobState:
     quiet_until: dict[str, float] | None = None
     # (job uid, condition) of the newest incident: the condition frscope keeps first in the job's list
     asserted: tuple[str, dict[str, Any]] | None = None
+    restarts: int = 0  # torchrun's restart count the sidecars reported last (for signals that carry none)
 
 
 def _latest_run(pods: tuple[PodInfo, ...], ended: bool) -> int:
@@ -82,12 +83,13 @@ def _latest_run(pods: tuple[PodInfo, ...], ended: bool) -> int:
     return max((p.run for p in pods), default=0)
 
 
-def attempt_for(view: JobView, sig: Signal) -> Attempt:
+def attempt_for(view: JobView, sig: Signal, restarts: int = 0) -> Attempt:
+    """`restarts`: torchrun's restart count last reported for the job, for a signal that names none."""
     if sig.run is not None:
         run = sig.run
     else:
         run = _latest_run(view.pods, ended=sig.kind in (SignalKind.JOB_FAILED, SignalKind.JOB_RESTARTING))
-    return Attempt(pods_digest(view.pods), run)
+    return Attempt(pods_digest(view.pods), run, sig.restarts if sig.restarts is not None else restarts)
 
 
 class Controller:
@@ -185,6 +187,9 @@ class Controller:
         self.store.set_sidecars(key, statuses, unreachable or {})
         if not statuses:
             return
+        restarts = [r.restarts for st in statuses.values() for r in st.ranks if r.restarts is not None]
+        if restarts:
+            self._state(key).restarts = max(restarts)
         stalls = [(pod, s) for pod, st in statuses.items() for s in st.stalls]
         self.store.set_status(key, stalled=bool(stalls) or any(st.stalled for st in statuses.values()))
         if not stalls:
@@ -192,7 +197,8 @@ class Controller:
         pod, first = min(stalls, key=lambda ps: (ps[1].seq if ps[1].seq is not None else 1 << 62, ps[1].rank))
         self.signal(Signal(SignalKind.SIDECAR_STALL, key,
                            f"sidecar of pod {pod}: rank {first.rank} stalled in {first.op} #{first.seq} "
-                           f"of group {first.group}", pod=pod, group=first.group, seq=first.seq))
+                           f"of group {first.group}", pod=pod, group=first.group, seq=first.seq,
+                           restarts=first.restarts))
 
     # -- incident handling -------------------------------------------------------------------------
     def signal(self, sig: Signal) -> None:
@@ -264,7 +270,7 @@ class Controller:
         if view is None:
             log.debug("signal %s for unknown job %s: ignored", sig.kind.value, sig.job)
             return
-        attempt = attempt_for(view, sig)
+        attempt = attempt_for(view, sig, self._state(view.key).restarts)
         skip = self._skip_reason(view, sig, attempt)
         if skip:
             log.debug("job %s: %s: %s", view.key, sig.kind.value, skip, extra=_job(view.key))

@@ -1,10 +1,11 @@
 """One incident, one diagnosis: however many signals arrive, and across operator restarts.
 
 An incident is (job uid, attempt, stuck group, stuck sequence id). The attempt names one run of the
-job's pods: the generation of pods (a digest of their uids: recreated pods are a new attempt) and
-the trainer run inside them (container restarts). The report's object name is derived from the
-incident, so a half-finished publish that is retried after a restart finds its own report instead of
-making a second one.
+job's pods: the generation of pods (a digest of their uids: recreated pods are a new attempt), the
+trainer run inside them (container restarts) and torchrun's restarts of its workers inside that run
+(`--max-restarts`: the same group and sequence id hang again in new processes). The report's object
+name is derived from the incident, so a half-finished publish that is retried after a restart finds
+its own report instead of making a second one.
 
 The incidents already diagnosed are the job's FlightRecorderReports (their `job` section names the
 incident): the operator watches them and rebuilds each job's ledger from them after a restart, so it
@@ -24,9 +25,10 @@ MAX_RECORDS = 16
 class Attempt:
     pods: str  # digest of the pods' uids
     run: int  # trainer run inside those pods (restartCount)
+    restarts: int = 0  # torchrun's worker-group restarts inside that run (TORCHELASTIC_RESTART_COUNT)
 
     def __str__(self) -> str:
-        return f"{self.pods}/r{self.run}"
+        return f"{self.pods}/r{self.run}" + (f"t{self.restarts}" if self.restarts else "")
 
 
 @dataclass(frozen=True, slots=True)

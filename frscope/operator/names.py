@@ -37,6 +37,9 @@ CONDITION_TYPE: Final = "CollectiveTimeoutDiagnosed"
 # Sidecar injection: opt in with this label (or annotation) set to "true" on the pod template.
 INJECT_KEY: Final = f"{PREFIX}/inject"
 ANN_INJECTED: Final = f"{PREFIX}/injected"
+# The image's own PYTHONPATH (from its ENV), which a container env PYTHONPATH would replace: the webhook
+# cannot read images, so the pod template says it, and the bootstrap dir goes in front of it.
+ANN_PYTHONPATH: Final = f"{PREFIX}/pythonpath"
 SIDECAR_CONTAINER: Final = "frscope-sidecar"
 SIDECAR_PORT_NAME: Final = "frscope"
 SIDECAR_VOLUME: Final = "frscope"

@@ -34,6 +34,7 @@ class Signal:
     run: int | None = None  # the trainer run the signal is about (None: the latest one)
     group: str | None = None
     seq: int | None = None
+    restarts: int | None = None  # torchrun's restart count of the stalled ranks (None: not known)
 
 
 # The watchdog's words, NCCL and gloo, as they reach a termination message (FallbackToLogsOnError).

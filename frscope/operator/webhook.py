@@ -12,8 +12,9 @@ What an opted-in pod gets:
 - in the trainer container(s): `TORCH_FR_BUFFER_SIZE` (and the old name), the on-timeout dump prefix
   `TORCH_FR_DUMP_TEMP_FILE` in the shared volume (and the old name), `FRSCOPE_SOCKET_DIR` and
   `PYTHONPATH` for the sidecar's sitecustomize bootstrap (which starts torch's worker server per
-  rank), `terminationMessagePolicy: FallbackToLogsOnError` (so the watchdog's message reaches the
-  pod status); variables the pod already sets are left as they are;
+  rank; the image's own PYTHONPATH, which the container env replaces, is appended from the
+  annotation `frscope.io/pythonpath`), `terminationMessagePolicy: FallbackToLogsOnError` (so the
+  watchdog's message reaches the pod status); variables the pod already sets are left as they are;
 - with Kubernetes identity (`operator_identity` set, the chart's default): a projected volume in
   the sidecar only, with the pod's service-account token for the operator's audience (what pushes
   carry; bound to the pod, so the operator learns the pod from it), one for the API server's own
@@ -192,7 +193,7 @@ def _trainers(containers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return named or [c for c in containers if c.get("name") != names.SIDECAR_CONTAINER]
 
 
-def _add_env(container: dict[str, Any], cfg: InjectionConfig) -> None:
+def _add_env(container: dict[str, Any], cfg: InjectionConfig, image_pythonpath: str) -> None:
     env = container.setdefault("env", [])
     present = {e.get("name") for e in env if isinstance(e, dict)}
     for var in trainer_env(cfg):
@@ -207,7 +208,8 @@ def _add_env(container: dict[str, Any], cfg: InjectionConfig) -> None:
             break
     else:
         if "PYTHONPATH" not in present:
-            env.append({"name": "PYTHONPATH", "value": cfg.bootstrap_dir})
+            parts = [cfg.bootstrap_dir, *[p for p in image_pythonpath.split(":") if p and p != cfg.bootstrap_dir]]
+            env.append({"name": "PYTHONPATH", "value": ":".join(parts)})
 
 
 def inject(pod: dict[str, Any], cfg: InjectionConfig, *, namespace_opted_in: bool = False) -> dict[str, Any] | None:
@@ -229,8 +231,9 @@ def inject(pod: dict[str, Any], cfg: InjectionConfig, *, namespace_opted_in: boo
                                          for v in volumes):
         volumes.append(token_volume(cfg))
     mount = {"name": names.SIDECAR_VOLUME, "mountPath": cfg.mount_path}
+    image_pythonpath = str(((out.get("metadata") or {}).get("annotations") or {}).get(names.ANN_PYTHONPATH) or "")
     for trainer in _trainers(containers):
-        _add_env(trainer, cfg)
+        _add_env(trainer, cfg, image_pythonpath)
         mounts = trainer.setdefault("volumeMounts", [])
         if not any(isinstance(m, dict) and m.get("name") == names.SIDECAR_VOLUME for m in mounts):
             mounts.append(dict(mount))

@@ -217,8 +217,9 @@ class Poller:
         try:
             async with self._fetch_slots:
                 raw_z, raw_hash, _size = await state.client.fr_trace_json()
-            if not state.up:  # (again) answering: perhaps a new process, re-read what the bootstrap wrote
-                state.meta = await asyncio.to_thread(read_meta, self.config.socket_dir, state.rank)
+            # What the bootstrap wrote, at every full fetch: torchrun restarts a worker in place (same
+            # socket name, new process and restart count) faster than a rank is seen down.
+            state.meta = await asyncio.to_thread(read_meta, self.config.socket_dir, state.rank)
             async with self._parse_slot:
                 got = await asyncio.to_thread(digest, raw_z, raw_hash, state.rank, source, state)
         except WorkerError as exc:

@@ -40,6 +40,7 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
             "last_ok_ns": state.last_ok_ns,
             "recorder_ns": state.raw_ns,
             "progress_probe": (state.probe[0] or None) if state.probe is not None else None,
+            "restart_count": restarts if isinstance(restarts := state.meta.get("restart_count"), int) else None,
             "groups": groups,
         }
     capture = evidence.latest()

@@ -102,7 +102,7 @@ async def test_torchrun_unmodified_script_served_and_diagnosed(tmp_path: Path) -
                 return hung and sidecar.current_capture() is not None
 
             await wait_until(stalled, 150, "a stall capture")
-            # One socket per rank, none for torchrun's agent (it has no RANK).
+            # One socket per rank, none for torchrun's agent.
             assert sorted(p.name for p in sockets.glob("*.sock")) == ["rank-0.sock", "rank-1.sock"]
             meta = json.loads((sockets / ".rank-1.json").read_text())
             assert meta["rank"] == 1 and meta["torch_version"].startswith("2.")
@@ -136,9 +136,17 @@ def test_clean_exit_removes_the_socket(tmp_path: Path) -> None:
     stale.close()
     code = textwrap.dedent(
         """
-        import os, torch, torch.distributed as dist
+        import os, socket, time, torch, torch.distributed as dist
         dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:PORT")
-        assert os.path.exists(os.path.join(os.environ["FRSCOPE_SOCKET_DIR"], "rank-0.sock"))
+        sock = os.path.join(os.environ["FRSCOPE_SOCKET_DIR"], "rank-0.sock")
+        for _ in range(600):  # the bootstrap serves once it sees the process group
+            try:
+                socket.socket(socket.AF_UNIX).connect(sock)
+                break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("never served")
         dist.all_reduce(torch.ones(2))
         dist.destroy_process_group()
         print("trained")
@@ -160,7 +168,10 @@ def _finder_installed(env: dict[str, str], tmp_path: Path) -> bool:
     return done.stdout.strip() == b"True"
 
 
-def test_acts_only_in_ranks_and_keeps_a_shadowed_sitecustomize(tmp_path: Path) -> None:
+def test_hook_only_where_switched_on_and_keeps_a_shadowed_sitecustomize(tmp_path: Path) -> None:
+    """The import hook goes in wherever the socket dir exists (which process is a rank is decided once
+    torch.distributed is loaded: tests/integration/test_bootstrap_launchers.py); never when switched off,
+    never in a child of a serving process; a shadowed sitecustomize still runs."""
     sockets = tmp_path / "run"
     sockets.mkdir()
     theirs = tmp_path / "theirs"
@@ -169,10 +180,11 @@ def test_acts_only_in_ranks_and_keeps_a_shadowed_sitecustomize(tmp_path: Path) -
     (theirs / "sitecustomize.py").write_text(f"open({str(marker)!r}, 'w').write('yes')\n")
     env = env_with_bootstrap(sockets, BOOTSTRAP_DIR)
     env["PYTHONPATH"] = f"{BOOTSTRAP_DIR}{os.pathsep}{theirs}"
-    assert not _finder_installed(env, tmp_path)  # no RANK: torchrun's agent, tools, anything else
-    assert marker.read_text() == "yes"
-    env["RANK"] = "3"
     assert _finder_installed(env, tmp_path)
+    assert marker.read_text() == "yes"
+    env["FRSCOPE_WORKER_SERVER_PID"] = "1"  # inherited from a serving parent
+    assert not _finder_installed(env, tmp_path)
+    del env["FRSCOPE_WORKER_SERVER_PID"]
     env["FRSCOPE_BOOTSTRAP"] = "0"
     assert not _finder_installed(env, tmp_path)
     env["FRSCOPE_BOOTSTRAP"] = "1"
@@ -188,3 +200,22 @@ def test_print_pythonpath_is_the_bootstrap_dir() -> None:
     # It never needs frscope (or anything but the standard library) in the trainer's image.
     source = (BOOTSTRAP_DIR / "sitecustomize.py").read_text()
     assert "import frscope" not in source and "from frscope" not in source
+
+
+DEBIAN_PYTHON = Path("/usr/bin/python3")
+
+
+@pytest.mark.skipif(not any(Path("/usr/lib").glob("python3*/sitecustomize.py")) or not DEBIAN_PYTHON.exists(),
+                    reason="no distribution Python with its own sitecustomize here")
+def test_chains_to_the_distributions_own_sitecustomize(tmp_path: Path) -> None:
+    """Debian's python3 ships /usr/lib/python3.X/sitecustomize.py; with the bootstrap first on
+    PYTHONPATH, Python imports ours, and ours runs Debian's too (`-v` names every module it executes)."""
+    sockets = tmp_path / "run"
+    sockets.mkdir()
+    done = subprocess.run([str(DEBIAN_PYTHON), "-v", "-c", "pass"], env=env_with_bootstrap(sockets),
+                          capture_output=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    executed = [line for line in done.stderr.decode().splitlines()
+                if line.startswith("# code object from") and "sitecustomize" in line]
+    assert len(executed) == 2, executed
+    assert str(BOOTSTRAP_DIR) in executed[0] and "/usr/lib/python3" in executed[1], executed

@@ -1,19 +1,29 @@
-"""frscope bootstrap: serve torch's worker server on `<FRSCOPE_SOCKET_DIR>/rank-<RANK>.sock` in every
+"""frscope bootstrap: serve torch's worker server on `<FRSCOPE_SOCKET_DIR>/rank-<rank>.sock` in every
 training process, with no change to the training code.
 
 Put this file's directory on the trainer's PYTHONPATH (`frscope sidecar print-pythonpath`, or the
 volume that `frscope sidecar --install-bootstrap DIR` fills). Python imports `sitecustomize` at
-startup; this one acts only in a process that has RANK set (torchrun's workers, not its agent) and
-whose socket dir exists. It installs a meta-path finder for `torch.distributed` whose loader first
-runs the real module and then starts `_WorkerServer` (starting it while torch.distributed is still
-importing fails: `cannot import name '_WorkerServer'`). Nothing happens in a process that never
-imports torch.distributed.
+startup; this one installs a meta-path finder for `torch.distributed` whose loader first runs the
+real module and then decides whether this process is a rank (starting the server while
+torch.distributed is still importing fails: `cannot import name '_WorkerServer'`). Nothing happens
+in a process that never imports torch.distributed or whose socket dir does not exist.
 
-Environment: FRSCOPE_SOCKET_DIR (default /run/frscope), FRSCOPE_BOOTSTRAP=0 to switch it off.
-A child that inherits RANK (a spawned DataLoader worker) does not start a second server: the
-serving process leaves its pid in FRSCOPE_WORKER_SERVER_PID. Any other `sitecustomize` that this
-file shadows on sys.path is still run. The bootstrap never raises into the training process; a
-failure is one line on stderr.
+Which process is a rank is decided from what only ranks have, never from RANK alone (a PyTorchJob
+puts RANK = the pod's index on the container, so torchrun's agent has it too):
+- a worker that torchrun's elastic agent started: the agent gives its workers, and only them,
+  TORCHELASTIC_RUN_ID, TORCHELASTIC_RESTART_COUNT and LOCAL_RANK (torch/distributed/elastic/agent/
+  server/local_elastic_agent.py, `_start_workers`). The server starts at once, as rank RANK, so a
+  rank stuck in rendezvous already answers `dump_traceback`;
+- any other process (plain `python` per rank, torch.multiprocessing.spawn, launchers of one's own):
+  a daemon thread waits until the default process group exists and serves as
+  `torch.distributed.get_rank()`. torchrun's agent never makes a process group, so it never serves.
+A process that inherited FRSCOPE_WORKER_SERVER_PID of another process (a spawned DataLoader worker)
+and a forked child of a serving process (a forked DataLoader worker) never serve.
+
+Environment: FRSCOPE_SOCKET_DIR (default /run/frscope), FRSCOPE_BOOTSTRAP=0 to switch it off. Any
+other `sitecustomize` that this file shadows on sys.path (Debian's, a venv's) is still run. The
+bootstrap never raises into the training process; a failure, or a torch without the worker server,
+is one line on stderr and no live collection.
 
 Standard library only (plus torch, once the training code imports it). Keep it that way: this file
 runs inside the user's training image, where frscope is not installed.
@@ -28,12 +38,20 @@ import json
 import os
 import socket
 import sys
+import threading
 import time
 from types import ModuleType
 from typing import Any
 
 _TARGET = "torch.distributed"
 _SERVER: Any = None  # kept referenced for the life of the process: torch stops the server on collection
+_SERVER_PID = 0  # the process that started _SERVER (a forked child inherits the variable, not the server)
+_LOCK = threading.Lock()
+_OWNER_VAR = "FRSCOPE_WORKER_SERVER_PID"
+# Set by torchrun's elastic agent in the environment of each worker it starts, never in its own.
+_ELASTIC_WORKER_VARS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "LOCAL_RANK", "RANK")
+_WAIT_MAX_S = 1.0  # the waiting thread's longest sleep between looks for a process group
+_KEPT: list[Any] = []  # where _keep_forever keeps what it cannot leak through ctypes
 
 
 def _say(message: str) -> None:
@@ -43,8 +61,27 @@ def _say(message: str) -> None:
         pass
 
 
+def _socket_dir() -> str:
+    return os.environ.get("FRSCOPE_SOCKET_DIR", "/run/frscope")
+
+
+def _inherited() -> bool:
+    """True in a child of a serving process (it inherited the server's pid in the environment)."""
+    owner = os.environ.get(_OWNER_VAR)
+    return bool(owner) and owner != str(os.getpid())
+
+
+def _elastic_rank() -> int | None:
+    """RANK of a worker that torchrun's agent started, or None for any other process."""
+    env = os.environ
+    if not all(env.get(name) for name in _ELASTIC_WORKER_VARS):
+        return None
+    rank = env["RANK"]
+    return int(rank) if rank.isdigit() and env["LOCAL_RANK"].isdigit() else None
+
+
 def _stale(path: str) -> bool:
-    """A socket file nobody listens on (left by an earlier process of this container)."""
+    """A socket file nobody listens on (left by an earlier process: a restarted worker or container)."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:
@@ -56,28 +93,93 @@ def _stale(path: str) -> bool:
     return False
 
 
-def _start_server() -> None:
-    global _SERVER
-    rank = os.environ.get("RANK", "")
-    socket_dir = os.environ.get("FRSCOPE_SOCKET_DIR", "/run/frscope")
-    path = os.path.join(socket_dir, f"rank-{rank}.sock")
-    try:
-        if os.path.exists(path):
-            if not _stale(path):
-                _say(f"{path} is already served by another process; not starting a second server")
+def _start_server(rank: int) -> None:
+    global _SERVER, _SERVER_PID
+    with _LOCK:
+        if _SERVER is not None or _inherited():
+            return
+        socket_dir = _socket_dir()
+        path = os.path.join(socket_dir, f"rank-{rank}.sock")
+        try:
+            from torch._C import _distributed_c10d as c10d
+
+            server_type = getattr(c10d, "_WorkerServer", None)
+            if server_type is None:
+                torch = sys.modules.get("torch")
+                _say(f"no live collection: torch {getattr(torch, '__version__', '?')} has no worker server "
+                     "(torch._C._distributed_c10d._WorkerServer)")
                 return
-            os.unlink(path)
-        from torch._C._distributed_c10d import _WorkerServer
+            if os.path.exists(path):
+                if not _stale(path):
+                    _say(f"{path} is already served by another process; not starting a second server")
+                    return
+                os.unlink(path)
+            _register_progress_handler()
+            import atexit
 
-        _register_progress_handler()
-        _SERVER = _WorkerServer(path)
-        os.environ["FRSCOPE_WORKER_SERVER_PID"] = str(os.getpid())
-        _write_meta(socket_dir, rank, path)
-        import atexit
+            # Registered before the socket exists: a short program may be exiting while this runs.
+            _SERVER_PID = os.getpid()
+            atexit.register(_remove_socket, path)
+            _SERVER = server_type(path)
+            _keep_forever(_SERVER)
+            os.environ[_OWNER_VAR] = str(_SERVER_PID)
+            _write_meta(socket_dir, rank, path)
+        except Exception as exc:
+            _SERVER_PID = 0
+            _say(f"no live collection: could not start torch's worker server on {path}: {type(exc).__name__}: {exc}")
 
-        atexit.register(_stop_server, path)
-    except Exception as exc:
-        _say(f"could not start torch's worker server on {path}: {type(exc).__name__}: {exc}")
+
+def _wait_for_group() -> None:
+    """Serve as soon as this process has a default process group (it is a rank then), however late."""
+    delay = 0.05
+    while _SERVER is None and not _inherited():
+        try:
+            dist = sys.modules[_TARGET]
+            if dist.is_available() and dist.is_initialized():
+                _start_server(int(dist.get_rank()))
+                return
+        except Exception as exc:
+            _say(f"no live collection: {type(exc).__name__}: {exc}")
+            return
+        time.sleep(delay)
+        delay = min(delay * 2, _WAIT_MAX_S)
+
+
+def _watch() -> None:
+    threading.Thread(target=_wait_for_group, name="frscope-bootstrap", daemon=True).start()
+
+
+def _has_group() -> bool:
+    dist = sys.modules.get(_TARGET)
+    try:
+        return bool(dist is not None and dist.is_available() and dist.is_initialized())
+    except Exception:
+        return False
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has no server and no waiting thread, but a copy of its parent's process group.
+    The child of a rank (a forked DataLoader worker: the parent serves, or has a group and is about to)
+    never serves, nor do its children; any other child (ranks forked by a launcher before they join a
+    group) waits for a group of its own."""
+    global _LOCK
+    _LOCK = threading.Lock()  # the parent's lock may have been held by a thread that is gone
+    if _SERVER is not None or _inherited() or _has_group():
+        os.environ.setdefault(_OWNER_VAR, str(os.getppid()))
+        return
+    _watch()
+
+
+def _on_loaded() -> None:
+    """torch.distributed has finished importing: decide whether this process serves."""
+    if _inherited():
+        return  # a spawned child of a serving rank
+    rank = _elastic_rank()
+    if rank is not None:
+        _start_server(rank)
+    else:
+        _watch()
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _progress(request: Any, response: Any) -> None:
@@ -110,21 +212,25 @@ def _register_progress_handler() -> None:
     try:
         from torch._C._distributed_c10d import _register_handler
 
+        _keep_forever(_progress)
         _register_handler("frscope_progress", _progress)
     except Exception as exc:  # an older torch: the sidecar polls fr_trace_json every time
         _say(f"no frscope_progress handler ({type(exc).__name__}: {exc}); the sidecar polls full recorders")
 
 
-def _write_meta(socket_dir: str, rank: str, path: str) -> None:
+def _write_meta(socket_dir: str, rank: int, path: str) -> None:
     torch = sys.modules.get("torch")
-    meta = {
-        "rank": int(rank),
+    restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    meta: dict[str, Any] = {
+        "rank": rank,
         "pid": os.getpid(),
         "socket": path,
         "torch_version": str(getattr(torch, "__version__", "")),
         "hostname": socket.gethostname(),
         "started_at_ns": time.time_ns(),
     }
+    if restarts.isdigit():  # torchrun restarted its workers this many times (--max-restarts)
+        meta["restart_count"] = int(restarts)
     target = os.path.join(socket_dir, f".rank-{rank}.json")
     tmp = f"{target}.{os.getpid()}.tmp"
     try:
@@ -135,19 +241,33 @@ def _write_meta(socket_dir: str, rank: str, path: str) -> None:
         pass
 
 
-def _stop_server(path: str) -> None:
-    global _SERVER
-    server, _SERVER = _SERVER, None
+def _keep_forever(obj: Any) -> None:
+    """Never free `obj`, not even at exit. The progress handler: torch's handler table is a C++ static
+    that drops its reference after the interpreter is gone, and freeing the function then aborts the
+    process (exit status 134, seen with torch 2.13). The server: its destructor calls shutdown(),
+    which never returns when it comes right after the start (seen with torch 2.13) and holds the GIL
+    while it waits for a handler that may be waiting for the GIL. The process's exit ends it anyway."""
     try:
-        if server is not None:
-            server.shutdown()
-        os.unlink(path)  # a clean exit removes the socket: the sidecar sees the trainer is gone
+        import ctypes
+
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(obj))
     except Exception:
+        _KEPT.append(obj)
+
+
+def _remove_socket(path: str) -> None:
+    """At a clean exit: the sidecar sees the trainer is gone. Not in a forked child (the socket is its
+    parent's), and the server is not shut down (see _keep_forever)."""
+    if os.getpid() != _SERVER_PID:
+        return
+    try:
+        os.unlink(path)
+    except OSError:
         pass
 
 
 class _Loader:
-    """Runs the real loader, then starts the server. Everything else is the real loader's."""
+    """Runs the real loader, then decides about the server. Everything else is the real loader's."""
 
     def __init__(self, real: Any) -> None:
         self._real = real
@@ -158,7 +278,10 @@ class _Loader:
 
     def exec_module(self, module: ModuleType) -> None:
         self._real.exec_module(module)
-        _start_server()
+        try:
+            _on_loaded()
+        except Exception as exc:
+            _say(f"no live collection: {type(exc).__name__}: {exc}")
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._real, name)
@@ -187,15 +310,11 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def _wanted() -> bool:
-    rank = os.environ.get("RANK", "")
-    if not rank.isdigit():
-        return False
     if os.environ.get("FRSCOPE_BOOTSTRAP", "1").strip().lower() in ("0", "false", "no", "off"):
         return False
-    owner = os.environ.get("FRSCOPE_WORKER_SERVER_PID")
-    if owner and owner != str(os.getpid()):
+    if _inherited():
         return False  # a child of the rank that serves (spawned DataLoader worker and the like)
-    return os.path.isdir(os.environ.get("FRSCOPE_SOCKET_DIR", "/run/frscope"))
+    return os.path.isdir(_socket_dir())
 
 
 def _chain() -> None:

@@ -267,6 +267,7 @@ class StandInSidecar:
         self.flaky_failures = flaky_failures
         self.snapshot_requests = 0
         self.status_requests = 0
+        self.restart_count: int | None = None  # what the bootstrap tells of torchrun's restarts
         self.server: TestServer | None = None
 
     @property
@@ -284,8 +285,8 @@ class StandInSidecar:
                         "stalled": self.stalled, "stalled_since_ns": 1}}
         return {"schema": "frscope.sidecar.status/v1", "pod": self.pod, "namespace": self.namespace,
                 "node": "n1", "captured_at_ns": 1, "stalled": self.stalled,
-                "ranks": {str(r): {"up": True, "error": None, "last_poll_ns": 1, "groups": groups}
-                          for r in self.ranks}}
+                "ranks": {str(r): {"up": True, "error": None, "last_poll_ns": 1, "groups": groups,
+                                   "restart_count": self.restart_count} for r in self.ranks}}
 
     def snapshot_obj(self) -> dict[str, Any]:
         return {"schema": "frscope.sidecar.snapshot/v1", "pod": self.pod, "namespace": self.namespace,

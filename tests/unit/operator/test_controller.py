@@ -121,6 +121,41 @@ async def test_operator_restart_mid_incident_makes_no_second_report(
     assert len(fake_kube.of("flightrecorderreports")) == 1 and len(fake_kube.of("events")) == 1
 
 
+async def test_the_same_hang_after_a_torchrun_restart_is_a_new_incident(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    """torchrun --max-restarts restarts its workers inside the same pods and container run; they hang at
+    the same group and sequence id again. The sidecars report the new restart count (the bootstrap's
+    TORCHELASTIC_RESTART_COUNT), and that is a new attempt: a second report, not 'already diagnosed'."""
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    for s in stand_ins:
+        s.restart_count = 0
+    await poll_once(controller, stand_ins)
+    assert len(fake_kube.of("flightrecorderreports")) == 1
+    job = fake_kube.get("pytorchjobs", "ml", "train")
+    assert job is not None
+    await controller.on_job("MODIFIED", job)
+    await poll_once(controller, stand_ins)  # the same hang, seen again: nothing new
+    assert len(fake_kube.of("flightrecorderreports")) == 1
+
+    for s in stand_ins:
+        s.restart_count = 1
+    await poll_once(controller, stand_ins)
+    reports = fake_kube.of("flightrecorderreports")
+    assert len(reports) == 2
+    attempts = sorted(r["job"]["attempt"] for r in reports)
+    assert attempts[0].endswith("/r0") and attempts[1] == attempts[0] + "t1"
+    job = fake_kube.get("pytorchjobs", "ml", "train")
+    assert job is not None
+    await controller.on_job("MODIFIED", job)
+    # The watchdog ending the restarted workers' container names no restart count: it belongs to the latest.
+    await controller.on_pod("MODIFIED", builders.pod(
+        "train-worker-0", port=stand_ins[1].port, state=builders.terminated(builders.WATCHDOG_MESSAGE)))
+    await poll_once(controller, stand_ins)
+    assert len(fake_kube.of("flightrecorderreports")) == 2
+
+
 async def test_restart_between_report_and_condition_finds_its_own_report(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
         hang_ranks: dict[int, Any]) -> None:

@@ -98,6 +98,18 @@ def test_existing_env_is_kept_and_pythonpath_extended() -> None:
     assert env["PYTHONPATH"] == "/run/frscope/python:/app/src"
 
 
+def test_the_images_pythonpath_from_the_annotation_follows_the_bootstrap() -> None:
+    """Kubernetes' container env replaces an image's ENV PYTHONPATH; the pod template passes the image's
+    value in frscope.io/pythonpath and keeps it (a PYTHONPATH the pod sets itself wins, as above)."""
+    pod = training_pod()
+    pod["metadata"].setdefault("annotations", {})["frscope.io/pythonpath"] = "/opt/app/lib:/opt/app/src"
+    out = inject(pod, InjectionConfig())
+    assert out is not None
+    assert env_of(out["spec"]["containers"][0])["PYTHONPATH"] == "/run/frscope/python:/opt/app/lib:/opt/app/src"
+    plain = inject(training_pod(), InjectionConfig())
+    assert plain is not None and env_of(plain["spec"]["containers"][0])["PYTHONPATH"] == "/run/frscope/python"
+
+
 def test_input_is_not_mutated_and_errors_fail_open() -> None:
     pod = training_pod()
     before = copy.deepcopy(pod)
