@@ -112,11 +112,20 @@ class JobStore:
         job.raw_world_size = world_size
         job.conditions = tuple(dict(c) for c in conditions)
 
+    def accepts(self, ref: JobRef) -> bool:
+        """False for a job whose key (namespace/name) is taken by a watched job of another kind: a
+        PyTorchJob and a TrainJob (or JobSet) of one name share the key, and the first one keeps it."""
+        job = self._jobs.get(ref.key)
+        return job is None or job.ref is None or job.ref.kind == ref.kind
+
     def remove_job(self, key: JobKey) -> None:
         self._jobs.pop(key, None)
 
     def upsert_pod(self, pod: PodInfo) -> None:
         key = JobKey(pod.namespace, pod.job_name)
+        known = self._jobs.get(key)
+        if known is not None and known.ref is not None and known.ref.job_kind.family != pod.family:
+            return  # a pod of another kind's job that happens to share the name
         job = self._jobs.setdefault(key, _Job())
         job.pods[pod.name] = pod
         job.gone_pods.pop(pod.name, None)
