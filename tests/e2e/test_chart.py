@@ -288,7 +288,7 @@ def test_monitoring_objects_carry_extra_labels_and_scrape_the_right_ports(
     assert pm["spec"]["namespaceSelector"] == {"any": True}
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "frscope" and endpoint["path"] == "/metrics"
-    assert {r["targetLabel"] for r in endpoint["relabelings"]} >= {"pytorchjob"}
+    assert {r["targetLabel"] for r in endpoint["relabelings"]} >= {"training_job", "job_kind", "pytorchjob"}
     sm = one(objs, "ServiceMonitor")
     assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["http"]
