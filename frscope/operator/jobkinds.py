@@ -79,7 +79,7 @@ TRAINJOB: Final = JobKind(
     metav1_conditions=True,
     failed_types=frozenset({"Failed"}),
     restarting_types=frozenset(),
-    state_types=frozenset({"Failed", "Complete", "Suspended", "Created"}),
+    state_types=frozenset({"Failed", "Complete", "Suspended"}),  # Trainer v2.0.0 writes these three
 )
 JOBSET: Final = JobKind(
     key="jobset",
