@@ -375,7 +375,7 @@ def test_every_alert_expression_returns_data_and_fires(stack: Stack) -> None:
     (legacy,) = stack.prometheus.query(f'up{{pod="{DOWN_LABELS["pod"]}"}}')
     assert {k: legacy["metric"].get(k) for k in ("training_job", "job_kind", "pytorchjob", "replica_type")} == {
         "training_job": LEGACY_JOB, "job_kind": "pytorchjob", "pytorchjob": LEGACY_JOB, "replica_type": "worker"}
-    assert not [k for k in legacy["metric"] if k.startswith("__")]
+    assert not [k for k in legacy["metric"] if k.startswith("__meta")]
     (live,) = stack.prometheus.query(f'up{{pod="{TARGET_LABELS["pod"]}"}}')
     assert "pytorchjob" not in live["metric"] and live["metric"]["replica_type"] == "node"
     assert down["annotations"]["summary"] == f"frscope sidecar of pod {ML}/{DOWN_LABELS['pod']} is down"

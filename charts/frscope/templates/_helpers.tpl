@@ -97,16 +97,16 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* The operator's namespaced permissions: in its ClusterRole, or in a Role per watched namespace. */}}
 {{- define "frscope.namespacedRules" }}
-  # Watching the job kinds switched on in operator.jobKinds (kopf event handlers). Read-only:
-  # frscope's bookkeeping (which incidents are diagnosed) lives in its own FlightRecorderReports.
-  # The diagnosis condition in the job's status.conditions, through the status subresource: the only
-  # write on the job.
   {{- range $kind := list "pytorchjob" "trainjob" "jobset" }}
   {{- if index $.Values.operator.jobKinds $kind }}
   {{- $group := get (dict "pytorchjob" "kubeflow.org" "trainjob" "trainer.kubeflow.org" "jobset" "jobset.x-k8s.io") $kind }}
+  # Watching {{ $kind }}s (operator.jobKinds.{{ $kind }}; kopf event handlers). Read-only: frscope's
+  # bookkeeping (which incidents are diagnosed) lives in its own FlightRecorderReports.
   - apiGroups: [{{ $group | quote }}]
     resources: [{{ printf "%ss" $kind | quote }}]
     verbs: ["get", "list", "watch"]
+  # The diagnosis condition in the {{ $kind }}'s status.conditions, through the status subresource:
+  # the only write on the job.
   - apiGroups: [{{ $group | quote }}]
     resources: [{{ printf "%ss/status" $kind | quote }}]
     verbs: ["patch"]
