@@ -40,12 +40,14 @@ class OperatorMetrics:
         )
         self.job_diagnosis = Gauge(
             "frscope_operator_job_diagnosis",
-            "1 for each watched job (any kind) with a published diagnosis, by its latest top finding's category "
+            "1 for each watched job (any kind) with a published diagnosis, by its latest top finding's "
+            "category "
             "(removed when the job is deleted)",
             ["namespace", "training_job", "category"], registry=registry,
         )
         self._diagnosed: dict[tuple[str, str], str] = {}
-        self.jobs_watched = Gauge("frscope_operator_jobs_watched", "PyTorchJobs being watched.", registry=registry)
+        self.jobs_watched = Gauge("frscope_operator_jobs_watched", "Training jobs being watched (any kind).",
+                                  registry=registry)
         self.pods_watched = Gauge("frscope_operator_pods_watched", "Pods of watched jobs.", registry=registry)
         self.signals = Counter(
             "frscope_operator_signals", "Signals received, by kind.", ["kind"], registry=registry,
