@@ -177,6 +177,24 @@ def _nproc_from_env(containers: Iterable[Any]) -> int | None:
     return None
 
 
+def _env_int(container: Mapping[str, Any], name: str) -> int | None:
+    for env in container.get("env") or []:
+        if isinstance(env, dict) and env.get("name") == name:
+            return _int(env.get("value"))
+    return None
+
+
+def pod_world_size(containers: Iterable[Any]) -> int | None:
+    """PET_NNODES x PET_NPROC_PER_NODE of a pod's torchrun container (Trainer sets both as values;
+    'auto' or a value from elsewhere: None). What a TrainJob whose runtime holds numNodes does not say."""
+    for container in containers:
+        if isinstance(container, dict):
+            nodes, nproc = _env_int(container, "PET_NNODES"), _env_int(container, "PET_NPROC_PER_NODE")
+            if nodes and nproc:
+                return nodes * nproc
+    return None
+
+
 def world_size(kind: JobKind, job: Mapping[str, Any]) -> int | None:
     """How many ranks the spec says, when it says it as numbers; else None (the sidecars then tell)."""
     spec = job.get("spec")

@@ -70,6 +70,7 @@ class PodInfo:
     terminations: tuple[Termination, ...]
     deleting: bool
     family: str = jobkinds.FAMILY_KUBEFLOW_V1  # which labels named the job (jobkinds.FAMILY_*)
+    world_size_hint: int | None = None  # PET_NNODES x PET_NPROC_PER_NODE in the pod's env, when numbers
 
     @property
     def endpoint(self) -> str | None:
@@ -190,6 +191,7 @@ def pod_info(pod: dict[str, Any]) -> PodInfo:
         terminations=tuple(terminations),
         deleting=bool(meta.get("deletionTimestamp")),
         family=owner.family if owner else jobkinds.FAMILY_KUBEFLOW_V1,
+        world_size_hint=jobkinds.pod_world_size(spec.get("containers") or []),
     )
 
 

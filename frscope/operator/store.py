@@ -190,7 +190,11 @@ class JobStore:
             return None
         order = sorted(job.pods.values(), key=lambda p: (p.replica_type != "Master", p.replica_index or 0, p.name))
         pods = tuple(order)
-        return JobView(job.ref, job.raw_world_size, job.conditions, pods, job.stalled, job.status_checked_at,
+        # The spec's ranks, else what torchrun's env in the pods says (a TrainJob whose runtime holds
+        # numNodes/numProcPerNode); else the analysis goes by the dumps alone.
+        hints = [p.world_size_hint for p in pods if p.world_size_hint]
+        world_size = job.raw_world_size or (max(hints) if hints else None)
+        return JobView(job.ref, world_size, job.conditions, pods, job.stalled, job.status_checked_at,
                        job.latest, job.ranks, job.ranks_changed_at)
 
     def jobs(self) -> list[JobView]:

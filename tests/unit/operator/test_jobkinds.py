@@ -63,6 +63,25 @@ def test_world_size_per_kind() -> None:
         "Master": {"replicas": 1}, "Worker": {"replicas": 3}}}}) == 8
 
 
+def test_a_pod_s_torchrun_env_gives_the_world_size_the_trainjob_does_not_say() -> None:
+    pod = trainjob_pod("t-node-0-0-a", "t", 0)
+    pod["spec"]["containers"][0]["env"] = [{"name": "PET_NNODES", "value": "4"},
+                                           {"name": "PET_NPROC_PER_NODE", "value": "8"},
+                                           {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {"fieldPath": "x"}}}]
+    assert pod_info(pod).world_size_hint == 32
+    store = JobStore()
+    ref = JobRef("ml", "t", "u", "trainer.kubeflow.org/v1alpha1", "TrainJob")
+    store.upsert_job(ref, world_size=None, conditions=[])
+    store.upsert_pod(pod_info(pod))
+    view = store.job(ref.key)
+    assert view is not None and view.world_size == 32
+    store.upsert_job(ref, world_size=16, conditions=[])  # the spec says it: the spec wins
+    view = store.job(ref.key)
+    assert view is not None and view.world_size == 16
+    pod["spec"]["containers"][0]["env"][1]["value"] = "auto"
+    assert pod_info(pod).world_size_hint is None
+
+
 def test_parse_keys() -> None:
     assert jobkinds.parse_keys(["trainjob,pytorchjob"]) == (jobkinds.PYTORCHJOB, jobkinds.TRAINJOB)
     assert jobkinds.parse_keys(["jobset", " JobSet "]) == (jobkinds.JOBSET,)
