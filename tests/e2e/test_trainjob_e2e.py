@@ -5,12 +5,13 @@ CRDs from Trainer v2.0.0 and JobSet v0.8.2, read from their Go modules by `teste
 with exactly the chart's RBAC (default values: every job kind on).
 
 What stands in for components that do not run here, and why:
-- The Trainer and JobSet controllers are not running (building them is `testenv/build-controllers`;
-  running them needs their webhooks' certificates, see docs/install.md). The test creates the pods with
-  the labels the JobSet controller v0.8.2 puts on a TrainJob's pods (read from its source: jobset-name
-  = the TrainJob's name, replicatedjob-name, job-index, and the batch Job's completion index), and
-  writes Trainer's conditions (types and reasons of Trainer v2.0.0) through the status subresource,
-  as Trainer does.
+- The Trainer controller does not run (see docs/testenv.md). In the two hang tests the JobSet
+  controller does not run either: they create the pods with the labels the real JobSet v0.8.2 and Job
+  controllers put on them (what test_the_real_jobset_controller_s_pods_map_to_their_jobset checks
+  with the real JobSet controller: jobset-name = the TrainJob's name, replicatedjob-name, job-index,
+  the batch Job's completion index), so that each pod can point at its own sidecar's port, and write
+  Trainer's conditions (types and reasons of Trainer v2.0.0) through the status subresource, as
+  Trainer does.
 - There is no kubelet: the test patches each pod's status (Running, loopback IP) the way
   test_operator_e2e.py does; the ranks are a real 4-rank gloo job on loopback that hangs, with one
   real `frscope sidecar` per pod.
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +33,7 @@ from tests.e2e.test_operator_e2e import (  # noqa: F401  (fixtures used by name)
     CONDITION,
     ROOT,
     chart_rbac,
+    free_port,
     hung_job_with_sidecars,
     namespace,
     now,
@@ -227,3 +229,85 @@ def test_the_chart_grants_each_kind_only_when_on(kube: ControlPlane, chart_rbac:
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert [a for a in args if a.startswith("--job-kind")] == ["--job-kind=trainjob"]
     assert yaml.safe_dump(role)  # a plain object, as helm rendered it
+
+
+@pytest.fixture(scope="module")
+def jobset_controller(kube: ControlPlane, kinds_crds: Path,
+                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen[bytes]]:
+    """The real JobSet controller (v0.8.2, built by testenv/build-controllers) out of cluster, against
+    the test API server. Its webhooks serve on loopback with a throwaway certificate but are not
+    registered with the API server (so JobSets are created with the fields its defaulting webhook
+    would fill in); the batch Job controller of kube-controller-manager makes the pods."""
+    proc = subprocess.run([str(ROOT / "testenv" / "build-controllers")], capture_output=True, text=True,
+                          timeout=3600, check=False)
+    if proc.returncode == 3:
+        pytest.skip(f"Go is not installed: {proc.stderr.strip()}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    binary = Path(proc.stdout.strip().splitlines()[-1]) / "bin" / "jobset"
+    work = tmp_path_factory.mktemp("jobset-controller")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(work / "tls.key"),
+                    "-out", str(work / "tls.crt"), "-days", "1", "-subj", "/CN=127.0.0.1"],
+                   check=True, capture_output=True, timeout=60)
+    config = {"apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
+              "internalCertManagement": {"enable": False},
+              "webhook": {"port": free_port(), "host": "127.0.0.1", "certDir": str(work)},
+              "metrics": {"bindAddress": "0"},
+              "health": {"healthProbeBindAddress": f"127.0.0.1:{free_port()}"},
+              "leaderElection": {"leaderElect": False}}
+    (work / "config.yaml").write_text(yaml.safe_dump(config))
+    log = open(work / "jobset.log", "wb")  # closed below
+    controller = subprocess.Popen([str(binary), "--config", str(work / "config.yaml")],
+                                  env={**kube.env(), "KUBECONFIG": str(kube.kubeconfig)},
+                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        yield controller
+    finally:
+        controller.terminate()
+        try:
+            controller.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            controller.kill()
+            controller.wait(timeout=10)
+        log.close()
+
+
+@pytest.mark.controllers
+@pytest.mark.timeout(3900)  # a cold build of the controllers, once
+def test_the_real_jobset_controller_s_pods_map_to_their_jobset(kube: ControlPlane, namespace: str,
+                                                              jobset_controller: subprocess.Popen[bytes]) -> None:
+    """Which fields reach the pods, as the real JobSet and Job controllers make them: the JobSet's own
+    labels do not, a replicated job's pod-template labels do (how a TrainJob runtime opts its pods in);
+    frscope's pod view maps each pod to the JobSet with its job index."""
+    pod_template = {"metadata": {"labels": {"frscope.io/inject": "true"}}, "spec": {
+        "restartPolicy": "Never", "containers": [{"name": "node", "image": "registry.invalid/train:1"}]}}
+    kube.apply({
+        "apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
+        "metadata": {"name": JOB, "namespace": namespace, "labels": {"team": "llm"}},
+        "spec": {
+            # What JobSet's defaulting webhook would fill in (it is not registered here).
+            "successPolicy": {"operator": "All"}, "startupPolicy": {"startupPolicyOrder": "AnyOrder"},
+            "network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
+            "replicatedJobs": [{"name": "node", "replicas": 2, "template": {"spec": {
+                "parallelism": 1, "completions": 1, "completionMode": "Indexed", "backoffLimit": 0,
+                "template": pod_template}}}]},
+    })
+
+    def pods() -> list[dict[str, Any]] | None:
+        items = kube.kubectl_json("get", "pods", "-n", namespace)["items"]
+        return list(items) if len(items) == 2 else None
+
+    created = wait_for("the JobSet's pods", pods, 120,
+                       diagnostics=lambda: f"controller exit code {jobset_controller.poll()}")
+    from frscope.operator import jobkinds
+    from frscope.operator.objects import pod_info
+
+    views = sorted((pod_info(p) for p in created), key=lambda v: v.replica_index or 0)
+    assert [(v.job_name, v.family, v.replica_type, v.replica_index) for v in views] == [
+        (JOB, jobkinds.FAMILY_JOBSET, "node", 0), (JOB, jobkinds.FAMILY_JOBSET, "node", 1)]
+    for pod in created:
+        labels = pod["metadata"]["labels"]
+        assert labels["frscope.io/inject"] == "true"  # the pod template's labels reach the pods
+        assert "team" not in labels  # the JobSet's own labels do not
+        assert labels["batch.kubernetes.io/job-completion-index"] == "0"
+        [owner] = pod["metadata"]["ownerReferences"]
+        assert owner["kind"] == "Job"  # the pod's owner is a batch Job, whose owner is the JobSet
