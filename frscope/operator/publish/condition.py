@@ -3,9 +3,8 @@
 The training operator's CRD (and Trainer v2's TrainJob CRD) shows `.status.conditions[-1:].type` as
 the job's STATE, and appends its own conditions at the end. frscope's condition therefore goes first
 in the list: never the last element while the training operator has written any condition of its own,
-and kept first when the
-training operator appends. When the list holds frscope's condition alone, nothing better is possible
-(it is the last element until the training operator writes one).
+and kept first when the training operator appends. When the list holds frscope's condition alone,
+nothing better is possible (it is the last element until the training operator writes one).
 
 TrainJob and JobSet conditions are `metav1.Condition` (a map list keyed by `type`): the API server
 requires `lastTransitionTime`, a CamelCase `reason`, a message of at most 32,768 bytes, and the
