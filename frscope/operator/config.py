@@ -21,7 +21,7 @@ from typing import Any
 
 from frscope import logs
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
-from frscope.operator import names
+from frscope.operator import jobkinds, names
 from frscope.operator.actions import ActionOptions, CordonOptions, Policy, parse_allowed, parse_policy
 from frscope.operator.gather import GatherOptions
 from frscope.operator.webhook import InjectionConfig
@@ -48,6 +48,8 @@ UI_AUTH_MODES = ("kubernetes", "port-forward", "none")
 @dataclass(frozen=True, slots=True)
 class OperatorConfig:
     namespaces: tuple[str, ...] = ()  # empty: every namespace
+    # The job kinds watched (jobkinds.ALL: PyTorchJob, TrainJob, JobSet); the chart's RBAC follows them.
+    job_kinds: tuple[jobkinds.JobKind, ...] = jobkinds.ALL
     http_host: str = "0.0.0.0"
     http_port: int = 8080
     # Bounded-rate status polling of every watched pod's sidecar.
@@ -131,6 +133,12 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         default=[n.strip() for n in raw_namespaces.split(",") if n.strip()],
         help="watch this namespace (repeat for more) [env FRSCOPE_WATCH_NAMESPACES, comma-separated; "
              "default: every namespace]")
+    raw_kinds = env.get("FRSCOPE_JOB_KINDS", "")
+    parser.add_argument(
+        "--job-kind", action="append", dest="job_kinds", metavar="KIND",
+        default=[k.strip() for k in raw_kinds.split(",") if k.strip()],
+        help=f"watch this job kind (repeat, or comma-separated: {', '.join(jobkinds.KEYS)}) "
+             "[env FRSCOPE_JOB_KINDS, comma-separated; default: every kind]")
     add("--http-host", _DEFAULTS.http_host, "address of /healthz, /readyz, /metrics, /v1/push and the web UI")
     add("--http-port", _DEFAULTS.http_port, "port of the same", int)
     add("--poll-interval", _DEFAULTS.poll_interval_s, "seconds between sweeps over every sidecar's /v1/status", float)
@@ -231,6 +239,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         )
     return OperatorConfig(
         namespaces=tuple(args.namespaces),
+        job_kinds=jobkinds.parse_keys(args.job_kinds) if args.job_kinds else jobkinds.ALL,
         http_host=args.http_host,
         http_port=args.http_port,
         poll_interval_s=args.poll_interval,

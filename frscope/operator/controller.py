@@ -19,7 +19,7 @@ from typing import Any
 
 from frscope import logs
 from frscope.analysis import AnalysisOptions
-from frscope.operator import names
+from frscope.operator import jobkinds, names
 from frscope.operator.actions import Actor, Impact, culprit_placement, job_timeout
 from frscope.operator.config import OperatorConfig
 from frscope.operator.diagnose import Diagnosis, diagnose
@@ -121,6 +121,12 @@ class Controller:
 
     async def on_job(self, event_type: str | None, body: dict[str, Any]) -> None:
         ref = job_ref(body)
+        if ref.job_kind is jobkinds.JOBSET and jobkinds.owned_by_trainjob(body):
+            return  # Trainer's JobSet: its pods are the TrainJob's, diagnosed as the TrainJob
+        if not self.store.accepts(ref):
+            log.warning("%s %s ignored: a job of another kind with this name is already watched",
+                        ref.kind, ref.key)
+            return
         if event_type == "DELETED":
             self.store.remove_job(ref.key)
             self._jobs.pop(ref.key, None)
@@ -135,7 +141,7 @@ class Controller:
         if ours is not None and needs_write(conditions, ours):
             # The training operator rewrote the list (or put ours last): put it back, first.
             self._spawn(self._reassert(ref.key, ours))
-        sig = job_condition_signal(ref.key, conditions)
+        sig = job_condition_signal(ref.key, conditions, ref.job_kind)
         if sig is not None:
             self.signal(sig)
 

@@ -1,7 +1,8 @@
 """kopf handlers: a few lines each, over the Controller. Registered on an explicit registry.
 
-Only event handlers on PyTorchJobs, their pods and frscope's reports (no finalizers, daemons, timers or on.create/
-update handlers, so kopf never patches these objects), a login handler, and the mutating webhook.
+Only event handlers on the enabled job kinds (jobkinds: PyTorchJob, TrainJob, JobSet), their pods and
+frscope's reports (no finalizers, daemons, timers or on.create/update handlers, so kopf never patches
+these objects), a login handler, and the mutating webhook.
 """
 
 from __future__ import annotations
@@ -11,29 +12,39 @@ from typing import Any, cast
 
 import kopf
 
-from frscope.operator import names
+from frscope.operator import jobkinds, names
 from frscope.operator.controller import Controller
 from frscope.operator.webhook import NAMESPACE_WEBHOOK_ID, WEBHOOK_ID, InjectionConfig, mutate
 
 
 def register_watchers(registry: kopf.OperatorRegistry, controller: Controller,
-                      relogin: Callable[[], kopf.ConnectionInfo]) -> None:
+                      relogin: Callable[[], kopf.ConnectionInfo],
+                      kinds: tuple[jobkinds.JobKind, ...] = (jobkinds.PYTORCHJOB,)) -> None:
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
         return relogin()
 
-    @kopf.on.event(names.JOB_GROUP, names.JOB_VERSION, names.JOB_PLURAL, registry=registry)
-    async def job_event(event: kopf.RawEvent, **_: Any) -> None:
-        await controller.on_job(event.get("type"), dict(event["object"]))
+    for kind in kinds:
+        res = kind.resource
+
+        @kopf.on.event(res.group, res.version, res.plural, id=f"{kind.key}_event", registry=registry)
+        async def job_event(event: kopf.RawEvent, **_: Any) -> None:
+            await controller.on_job(event.get("type"), dict(event["object"]))
 
     # frscope's own reports are its ledger: which incidents are diagnosed, which condition to keep.
     @kopf.on.event(names.REPORT_GROUP, names.REPORT_VERSION, names.REPORT_PLURAL, registry=registry)
     async def report_event(event: kopf.RawEvent, **_: Any) -> None:
         await controller.on_report(event.get("type"), dict(event["object"]))
 
-    @kopf.on.event("v1", "pods", labels={names.LABEL_JOB_NAME: kopf.PRESENT}, registry=registry)
-    async def pod_event(event: kopf.RawEvent, **_: Any) -> None:
-        await controller.on_pod(event.get("type"), dict(event["object"]))
+    # One pod watch per label family of the enabled kinds (TrainJob and JobSet pods share JobSet's).
+    pod_labels = {jobkinds.FAMILY_KUBEFLOW_V1: jobkinds.LABEL_PYTORCHJOB_NAME,
+                  jobkinds.FAMILY_JOBSET: jobkinds.LABEL_JOBSET_NAME}
+    for family in sorted({k.family for k in kinds}):
+
+        @kopf.on.event("v1", "pods", id=f"pod_event_{family}", labels={pod_labels[family]: kopf.PRESENT},
+                       registry=registry)
+        async def pod_event(event: kopf.RawEvent, **_: Any) -> None:
+            await controller.on_pod(event.get("type"), dict(event["object"]))
 
 
 def register_webhook(registry: kopf.OperatorRegistry, injection: InjectionConfig, *, by_namespace: bool = True) -> None:

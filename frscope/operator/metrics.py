@@ -42,12 +42,14 @@ class OperatorMetrics:
         )
         self.job_diagnosis = Gauge(
             "frscope_operator_job_diagnosis",
-            "1 for each watched PyTorchJob with a published diagnosis, by its latest top finding's category "
+            "1 for each watched job (any kind) with a published diagnosis, by its latest top finding's "
+            "category "
             "(removed when the job is deleted)",
-            ["namespace", "pytorchjob", "category"], registry=registry,
+            ["namespace", "training_job", "category"], registry=registry,
         )
         self._diagnosed: dict[tuple[str, str], str] = {}
-        self.jobs_watched = Gauge("frscope_operator_jobs_watched", "PyTorchJobs being watched.", registry=registry)
+        self.jobs_watched = Gauge("frscope_operator_jobs_watched", "Training jobs being watched (any kind).",
+                                  registry=registry)
         self.pods_watched = Gauge("frscope_operator_pods_watched", "Pods of watched jobs.", registry=registry)
         self.signals = Counter(
             "frscope_operator_signals", "Signals received, by kind.", ["kind"], registry=registry,
@@ -88,7 +90,7 @@ class OperatorMetrics:
         if old is not None and old != category:
             self.job_diagnosis.remove(namespace, job, old)
         self._diagnosed[(namespace, job)] = category
-        self.job_diagnosis.labels(namespace=namespace, pytorchjob=job, category=category).set(1)
+        self.job_diagnosis.labels(namespace=namespace, training_job=job, category=category).set(1)
 
     def job_gone(self, namespace: str, job: str) -> None:
         old = self._diagnosed.pop((namespace, job), None)

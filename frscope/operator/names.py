@@ -14,7 +14,7 @@ REPORT_VERSION: Final = "v1alpha1"
 REPORT_KIND: Final = "FlightRecorderReport"
 REPORT_PLURAL: Final = "flightrecorderreports"
 
-# Kubeflow training operator (v1): what is watched.
+# Kubeflow training operator (v1); the other kinds watched are in jobkinds.py.
 JOB_GROUP: Final = "kubeflow.org"
 JOB_VERSION: Final = "v1"
 JOB_KIND: Final = "PyTorchJob"
@@ -24,6 +24,9 @@ LABEL_REPLICA_TYPE: Final = "training.kubeflow.org/replica-type"
 LABEL_REPLICA_INDEX: Final = "training.kubeflow.org/replica-index"
 # The training operator requires the trainer container to have this name.
 TRAINER_CONTAINER: Final = "pytorch"
+# Trainer containers by name: the training operator's, and Trainer v2's torch runtime's ("node").
+# Pods with neither: every container but frscope's sidecar.
+TRAINER_CONTAINERS: Final = frozenset({TRAINER_CONTAINER, "node"})
 
 # frscope writes nothing on the job but its condition (status subresource): the incidents already
 # diagnosed and the condition to keep asserted are read back from the job's reports.

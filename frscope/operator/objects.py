@@ -1,4 +1,4 @@
-"""Typed views of the Kubernetes objects the operator watches (PyTorchJobs and their pods).
+"""Typed views of the Kubernetes objects the operator watches (the jobs of `jobkinds` and their pods).
 
 Pure functions over the raw dicts kopf hands over; nothing here talks to the API server.
 """
@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from frscope.operator import names
+from frscope.operator import jobkinds, names
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -32,10 +32,15 @@ class JobRef:
     uid: str
     api_version: str = f"{names.JOB_GROUP}/{names.JOB_VERSION}"
     kind: str = names.JOB_KIND
+    generation: int | None = None  # metadata.generation (a metav1.Condition's observedGeneration)
 
     @property
     def key(self) -> JobKey:
         return JobKey(self.namespace, self.name)
+
+    @property
+    def job_kind(self) -> jobkinds.JobKind:
+        return jobkinds.by_kind(self.kind)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +73,8 @@ class PodInfo:
     gpus: int = 0  # accelerators the pod asks for (GPU_RESOURCES), all containers
     # The trainer's collective timeout as its env states it (WATCHDOG_TIMEOUT_ENV), seconds.
     env_timeout_s: float | None = None
+    family: str = jobkinds.FAMILY_KUBEFLOW_V1  # which labels named the job (jobkinds.FAMILY_*)
+    world_size_hint: int | None = None  # PET_NNODES x PET_NPROC_PER_NODE in the pod's env, when numbers
 
     @property
     def endpoint(self) -> str | None:
@@ -91,6 +98,7 @@ def job_ref(job: dict[str, Any]) -> JobRef:
         uid=str(meta.get("uid") or ""),
         api_version=str(job.get("apiVersion") or f"{names.JOB_GROUP}/{names.JOB_VERSION}"),
         kind=str(job.get("kind") or names.JOB_KIND),
+        generation=meta.get("generation") if isinstance(meta.get("generation"), int) else None,
     )
 
 
@@ -101,30 +109,8 @@ def job_conditions(job: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def job_world_size(job: dict[str, Any]) -> int | None:
-    """Replicas x processes per node, when the spec says both as numbers; else None."""
-    spec = job.get("spec")
-    if not isinstance(spec, dict):
-        return None
-    replica_specs = spec.get("pytorchReplicaSpecs")
-    if not isinstance(replica_specs, dict):
-        return None
-    replicas = 0
-    for rs in replica_specs.values():
-        count = rs.get("replicas", 1) if isinstance(rs, dict) else None
-        if not isinstance(count, int):
-            return None
-        replicas += count
-    nproc: Any = spec.get("nprocPerNode")
-    elastic = spec.get("elasticPolicy")
-    if nproc is None and isinstance(elastic, dict):
-        nproc = elastic.get("nProcPerNode")
-    if nproc is None:
-        nproc = 1
-    try:
-        per_node = int(str(nproc))
-    except ValueError:
-        return None  # 'auto', 'gpu', 'cpu': known only inside the pod
-    return replicas * per_node if replicas and per_node > 0 else None
+    """The ranks the job's spec says, when it says them as numbers; else None."""
+    return jobkinds.world_size(jobkinds.by_kind(str(job.get("kind") or names.JOB_KIND)), job)
 
 
 def _sidecar_port(spec: dict[str, Any]) -> int | None:
@@ -142,7 +128,7 @@ def _sidecar_port(spec: dict[str, Any]) -> int | None:
 
 def _trainer_statuses(status: dict[str, Any]) -> list[dict[str, Any]]:
     statuses = [s for s in status.get("containerStatuses") or [] if isinstance(s, dict)]
-    trainers = [s for s in statuses if s.get("name") == names.TRAINER_CONTAINER]
+    trainers = [s for s in statuses if s.get("name") in names.TRAINER_CONTAINERS]
     return trainers or [s for s in statuses if s.get("name") != names.SIDECAR_CONTAINER]
 
 
@@ -229,7 +215,7 @@ def pod_info(pod: dict[str, Any]) -> PodInfo:
     spec = pod.get("spec") if isinstance(pod.get("spec"), dict) else {}
     status = pod.get("status") if isinstance(pod.get("status"), dict) else {}
     assert isinstance(spec, dict) and isinstance(status, dict)
-    index_text = str(labels.get(names.LABEL_REPLICA_INDEX, ""))
+    owner = jobkinds.pod_job(labels)
     run = 0
     terminations: list[Termination] = []
     for cs in _trainer_statuses(status):
@@ -246,9 +232,9 @@ def pod_info(pod: dict[str, Any]) -> PodInfo:
         namespace=str(meta.get("namespace") or "default"),
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
-        job_name=str(labels.get(names.LABEL_JOB_NAME) or _owner_job(meta) or ""),
-        replica_type=str(labels.get(names.LABEL_REPLICA_TYPE) or ""),
-        replica_index=int(index_text) if index_text.isdigit() else None,
+        job_name=owner.job_name if owner else (_owner_job(meta) or ""),
+        replica_type=owner.replica_type if owner else "",
+        replica_index=owner.replica_index if owner else None,
         ip=str(status.get("podIP")) if status.get("podIP") else None,
         sidecar_port=_sidecar_port(spec),
         phase=str(status.get("phase") or "Unknown"),
@@ -258,6 +244,8 @@ def pod_info(pod: dict[str, Any]) -> PodInfo:
         node=str(spec.get("nodeName") or ""),
         gpus=_pod_gpus(spec),
         env_timeout_s=_env_timeout(spec),
+        family=owner.family if owner else jobkinds.FAMILY_KUBEFLOW_V1,
+        world_size_hint=jobkinds.pod_world_size(spec.get("containers") or []),
     )
 
 

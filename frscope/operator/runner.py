@@ -168,7 +168,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
 
     kopf_registry = kopf.OperatorRegistry()
     # Every kopf login reads the credentials again: a rotated token is picked up, never a stale one.
-    register_watchers(kopf_registry, controller, lambda: login(settings).info)
+    register_watchers(kopf_registry, controller, lambda: login(settings).info, config.job_kinds)
     if config.webhook is not None:
         injection = await injection_for(config.webhook, kube)
         log.info("sidecar injection: %s sidecar, image %s", "native" if injection.native else "plain",

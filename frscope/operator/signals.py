@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from frscope.operator.jobkinds import PYTORCHJOB, JobKind
 from frscope.operator.objects import JobKey, PodInfo
 
 
@@ -78,15 +79,16 @@ def watchdog_signals(pod: PodInfo) -> list[Signal]:
     return out
 
 
-def job_condition_signal(key: JobKey, conditions: list[dict[str, object]]) -> Signal | None:
-    """Failed or Restarting as the job's state (its latest True condition of the training operator)."""
+def job_condition_signal(key: JobKey, conditions: list[dict[str, object]],
+                         job_kind: JobKind = PYTORCHJOB) -> Signal | None:
+    """Failed or Restarting as the job's state (its latest True condition of its own controller)."""
     for cond in reversed(conditions):
         kind = cond.get("type")
-        if cond.get("status") != "True" or kind not in {"Failed", "Restarting", "Running", "Succeeded", "Created"}:
+        if cond.get("status") != "True" or kind not in job_kind.state_types:
             continue
-        if kind == "Failed":
+        if kind in job_kind.failed_types:
             return Signal(SignalKind.JOB_FAILED, key, f"job {key} Failed: {cond.get('reason', '')}")
-        if kind == "Restarting":
+        if kind in job_kind.restarting_types:
             return Signal(SignalKind.JOB_RESTARTING, key, f"job {key} Restarting: {cond.get('reason', '')}")
         return None
     return None

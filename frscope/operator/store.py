@@ -112,11 +112,20 @@ class JobStore:
         job.raw_world_size = world_size
         job.conditions = tuple(dict(c) for c in conditions)
 
+    def accepts(self, ref: JobRef) -> bool:
+        """False for a job whose key (namespace/name) is taken by a watched job of another kind: a
+        PyTorchJob and a TrainJob (or JobSet) of one name share the key, and the first one keeps it."""
+        job = self._jobs.get(ref.key)
+        return job is None or job.ref is None or job.ref.kind == ref.kind
+
     def remove_job(self, key: JobKey) -> None:
         self._jobs.pop(key, None)
 
     def upsert_pod(self, pod: PodInfo) -> None:
         key = JobKey(pod.namespace, pod.job_name)
+        known = self._jobs.get(key)
+        if known is not None and known.ref is not None and known.ref.job_kind.family != pod.family:
+            return  # a pod of another kind's job that happens to share the name
         job = self._jobs.setdefault(key, _Job())
         job.pods[pod.name] = pod
         job.gone_pods.pop(pod.name, None)
@@ -181,7 +190,11 @@ class JobStore:
             return None
         order = sorted(job.pods.values(), key=lambda p: (p.replica_type != "Master", p.replica_index or 0, p.name))
         pods = tuple(order)
-        return JobView(job.ref, job.raw_world_size, job.conditions, pods, job.stalled, job.status_checked_at,
+        # The spec's ranks, else what torchrun's env in the pods says (a TrainJob whose runtime holds
+        # numNodes/numProcPerNode); else the analysis goes by the dumps alone.
+        hints = [p.world_size_hint for p in pods if p.world_size_hint]
+        world_size = job.raw_world_size or (max(hints) if hints else None)
+        return JobView(job.ref, world_size, job.conditions, pods, job.stalled, job.status_checked_at,
                        job.latest, job.ranks, job.ranks_changed_at)
 
     def jobs(self) -> list[JobView]:

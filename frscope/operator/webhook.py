@@ -189,7 +189,7 @@ def trainer_env(cfg: InjectionConfig) -> list[dict[str, Any]]:
 
 
 def _trainers(containers: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    named = [c for c in containers if c.get("name") == names.TRAINER_CONTAINER]
+    named = [c for c in containers if c.get("name") in names.TRAINER_CONTAINERS]
     return named or [c for c in containers if c.get("name") != names.SIDECAR_CONTAINER]
 
 

@@ -206,12 +206,15 @@ def test_rbac_is_least_privilege(rendered: dict[str, list[dict[str, Any]]]) -> N
                for v in rule["verbs"]}
     assert not [rule for rule in _rules(role) if "*" in rule["verbs"] + rule["resources"] + rule["apiGroups"]]
     resources = {r for _, r, _ in granted}
-    assert resources == {"customresourcedefinitions", "pytorchjobs", "pytorchjobs/status", "pods", "events",
+    kinds = {"pytorchjobs", "trainjobs", "jobsets"}  # operator.jobKinds: all on by default
+    assert resources == {"customresourcedefinitions", *kinds, *{f"{k}/status" for k in kinds}, "pods", "events",
                          "flightrecorderreports", "tokenreviews", "subjectaccessreviews"}
     writes = {(g, r, v) for g, r, v in granted if v not in {"get", "list", "watch"}}
     assert writes == {
         # The job itself is only read; its condition goes through the status subresource.
         ("kubeflow.org", "pytorchjobs/status", "patch"),
+        ("trainer.kubeflow.org", "trainjobs/status", "patch"),
+        ("jobset.x-k8s.io", "jobsets/status", "patch"),
         ("authentication.k8s.io", "tokenreviews", "create"),
         ("authorization.k8s.io", "subjectaccessreviews", "create"),
         ("", "events", "create"), ("", "events", "patch"),
@@ -288,7 +291,7 @@ def test_monitoring_objects_carry_extra_labels_and_scrape_the_right_ports(
     assert pm["spec"]["namespaceSelector"] == {"any": True}
     (endpoint,) = pm["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] == "frscope" and endpoint["path"] == "/metrics"
-    assert {r["targetLabel"] for r in endpoint["relabelings"]} >= {"pytorchjob"}
+    assert {r["targetLabel"] for r in endpoint["relabelings"]} >= {"training_job", "job_kind", "pytorchjob"}
     sm = one(objs, "ServiceMonitor")
     assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["http"]

@@ -3,9 +3,11 @@
 frscope/demo's `hang` fault: rank 1 never joins the 4th all_reduce, rank 0 waits in it).
 
 The alert rules are the ones helm renders into the PrometheusRule (same expressions; `for:` shortened).
-Prometheus gets the labels a PodMonitor would give a sidecar's target (`namespace`, `pod`,
-`pytorchjob`, job `<release namespace>/<release>-frscope-sidecars`) from a static scrape config, and
-a second target of that job that nobody serves: a sidecar that is down.
+Prometheus gets what Kubernetes service discovery would give a sidecar's target (`namespace`, `pod`,
+the pod's labels as `__meta_kubernetes_pod_label_*`, job `<release namespace>/<release>-frscope-sidecars`)
+from a static scrape config, with the PodMonitor's own relabelings (as helm renders them) as its
+relabel_configs: the live sidecar's pod carries the labels JobSet puts on a TrainJob's pods, the
+second target (nobody serves it: a sidecar that is down) a PyTorchJob pod's labels.
 
 The operator's metrics (diagnoses) come from a real `frscope operator` that diagnoses that same hang:
 the chart installed by helm into the API server from testenv, the operator run with a token of the
@@ -54,8 +56,14 @@ OPERATOR_JOB = f"{RELEASE}-frscope"  # what the ServiceMonitor's target gets (th
 # The job's namespace: a real one in the API server for the operator's part.
 ML = f"ml-{secrets.token_hex(3)}"
 JOB = "demo"
-TARGET_LABELS = {"namespace": ML, "pytorchjob": JOB, "pod": "demo-master-0", "replica_type": "master"}
-DOWN_LABELS = {"namespace": ML, "pytorchjob": JOB, "pod": "demo-worker-0", "replica_type": "worker"}
+POD_LABEL = "__meta_kubernetes_pod_label_"
+# A TrainJob's pod (created by the JobSet controller: JobSet's labels only) ...
+TARGET_LABELS = {"namespace": ML, "pod": "demo-node-0-0-x7k2p", f"{POD_LABEL}jobset_sigs_k8s_io_jobset_name": JOB,
+                 f"{POD_LABEL}jobset_sigs_k8s_io_replicatedjob_name": "node"}
+# ... and a PyTorchJob's (the training operator's labels).
+LEGACY_JOB = "legacy"
+DOWN_LABELS = {"namespace": ML, "pod": "legacy-worker-0", f"{POD_LABEL}training_kubeflow_org_job_name": LEGACY_JOB,
+               f"{POD_LABEL}training_kubeflow_org_replica_type": "worker"}
 SCRAPE_S = 1
 # Grafana's $__rate_interval is max($__interval + scrape interval, 4 x scrape interval): 4 s at the
 # least here; 10 s (a short dashboard range) keeps a scrape missed on a busy machine from emptying it.
@@ -176,16 +184,34 @@ def _variables() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def rules(testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
+def rendered(testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, Any]]:
     helm = Helm(testenv_bin_dir / "helm", tmp_path_factory.mktemp("helm-home"))
-    objs = objects(helm, "install", release=RELEASE, namespace=RELEASE_NAMESPACE,
-                   sets=["prometheusRule.stalledFor=2s", "prometheusRule.sidecarDownFor=2s"])
-    groups: list[dict[str, Any]] = yaml.safe_load(rules_file(objs))["groups"]
-    return [rule for group in groups for rule in group["rules"]]
+    return objects(helm, "install", release=RELEASE, namespace=RELEASE_NAMESPACE,
+                   sets=["prometheusRule.stalledFor=2s", "prometheusRule.sidecarDownFor=2s",
+                         "podMonitor.enabled=true"])
 
 
 @pytest.fixture(scope="module")
-def stack(rules: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def rules(rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    groups: list[dict[str, Any]] = yaml.safe_load(rules_file(rendered))["groups"]
+    return [rule for group in groups for rule in group["rules"]]
+
+
+_RELABEL_KEYS = {"sourceLabels": "source_labels", "targetLabel": "target_label", "regex": "regex",
+                 "replacement": "replacement", "action": "action", "separator": "separator"}
+
+
+@pytest.fixture(scope="module")
+def relabel_configs(rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The PodMonitor's relabelings as Prometheus' relabel_configs (what the Prometheus operator does)."""
+    [monitor] = [o for o in rendered if o["kind"] == "PodMonitor"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    return [{_RELABEL_KEYS[k]: v for k, v in r.items()} for r in endpoint["relabelings"]]
+
+
+@pytest.fixture(scope="module")
+def stack(rules: list[dict[str, Any]], relabel_configs: list[dict[str, Any]],
+          tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     binary = shutil.which("prometheus")
     if binary is None:
         pytest.fail("prometheus is missing: `make deps-apt` installs Debian's prometheus package", pytrace=False)
@@ -220,6 +246,7 @@ def stack(rules: list[dict[str, Any]], tmp_path_factory: pytest.TempPathFactory)
                         {"targets": [f"127.0.0.1:{sidecar_port}"], "labels": TARGET_LABELS},
                         {"targets": [f"127.0.0.1:{_free_port()}"], "labels": DOWN_LABELS},
                     ],
+                    "relabel_configs": relabel_configs,
                 }, {
                     "job_name": OPERATOR_JOB,
                     # As the chart's ServiceMonitor (honorLabels): the job's namespace on
@@ -315,8 +342,8 @@ def test_every_dashboard_query_returns_data(stack: Stack, variables: dict[str, s
 def test_panels_show_the_hang(stack: Stack) -> None:
     prom = stack.prometheus
     by = {(r["metric"]["rank"], r["metric"]["pg"]): float(r["value"][1]) for r in prom.query(_grafana(
-        'max by (namespace, pytorchjob, rank, pg) (frscope_collective_stalled{namespace=~"$namespace", '
-        'pytorchjob=~"$job", pg=~"$pg"})', _all_vars(), 60))}
+        'max by (namespace, job_kind, training_job, rank, pg) (frscope_collective_stalled{namespace=~"$namespace", '
+        'training_job=~"$job", pg=~"$pg"})', _all_vars(), 60))}
     assert by[("0", "0")] == 1.0 and by[("1", "0")] == 0.0
     completed = {r["metric"]["rank"]: float(r["value"][1]) for r in prom.query(
         'frscope_collective_last_completed_seq{pg="0"}')}
@@ -324,8 +351,8 @@ def test_panels_show_the_hang(stack: Stack) -> None:
     (age,) = prom.query('frscope_collective_inflight_age_seconds{rank="0", pg="0"}')
     assert float(age["value"][1]) >= 3.0
     (stalled,) = prom.query(_grafana(
-        'count(max by (namespace, pytorchjob, rank) (frscope_collective_stalled{namespace=~"$namespace", '
-        'pytorchjob=~"$job", pg=~"$pg"}) == 1) or vector(0)', _all_vars(), 60))
+        'count(max by (namespace, job_kind, training_job, rank) (frscope_collective_stalled{namespace=~"$namespace", '
+        'training_job=~"$job", pg=~"$pg"}) == 1) or vector(0)', _all_vars(), 60))
     assert float(stalled["value"][1]) == 1.0
 
 
@@ -337,12 +364,20 @@ def test_every_alert_expression_returns_data_and_fires(stack: Stack) -> None:
     alerts = {a["labels"]["alertname"]: a for a in stack.prometheus.get("/api/v1/alerts")["alerts"]
               if a["state"] == "firing"}
     stalled = alerts["FrscopeCollectiveStalled"]
-    assert (stalled["labels"]["namespace"], stalled["labels"]["pytorchjob"], stalled["labels"]["pg"]) == (
-        ML, JOB, "0")
-    assert stalled["annotations"]["summary"] == f"PyTorchJob {ML}/{JOB}: collectives stalled in process group 0"
-    assert f"kubectl describe pytorchjob -n {ML} {JOB}" in stalled["annotations"]["description"]
+    labels = stalled["labels"]
+    assert (labels["namespace"], labels["training_job"], labels["job_kind"], labels["pg"]) == (ML, JOB, "jobset", "0")
+    assert stalled["annotations"]["summary"] == (
+        f"Training job {ML}/{JOB} (jobset): collectives stalled in process group 0")
+    assert f"-n {ML} {JOB} shows the diagnosis" in stalled["annotations"]["description"]
     down = alerts["FrscopeSidecarDown"]
     assert down["labels"]["pod"] == DOWN_LABELS["pod"]
+    # The PodMonitor's relabelling: a PyTorchJob pod keeps `pytorchjob` and gets the kind-neutral labels.
+    (legacy,) = stack.prometheus.query(f'up{{pod="{DOWN_LABELS["pod"]}"}}')
+    assert {k: legacy["metric"].get(k) for k in ("training_job", "job_kind", "pytorchjob", "replica_type")} == {
+        "training_job": LEGACY_JOB, "job_kind": "pytorchjob", "pytorchjob": LEGACY_JOB, "replica_type": "worker"}
+    assert not [k for k in legacy["metric"] if k.startswith("__meta")]
+    (live,) = stack.prometheus.query(f'up{{pod="{TARGET_LABELS["pod"]}"}}')
+    assert "pytorchjob" not in live["metric"] and live["metric"]["replica_type"] == "node"
     assert down["annotations"]["summary"] == f"frscope sidecar of pod {ML}/{DOWN_LABELS['pod']} is down"
     # The rule Prometheus loaded is the one helm rendered.
     loaded = {r["name"]: r["query"] for g in stack.prometheus.get("/api/v1/rules")["groups"] for r in g["rules"]}

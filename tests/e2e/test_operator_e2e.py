@@ -459,8 +459,10 @@ async def test_api_client_against_the_real_server(kube: ControlPlane, report_crd
         # The chart grants no write on the job itself (only its status).
         with pytest.raises(Forbidden):
             await client.merge_patch(PYTORCHJOBS, namespace, JOB, {"metadata": {"annotations": {"frscope.io/x": "1"}}})
+        # A list that differs from the one set above: an identical one (same second) would be a no-op
+        # that leaves the resourceVersion, and so `stale`, current.
         await client.merge_patch(PYTORCHJOBS, namespace, JOB, subresource="status",
-                                 patch={"status": {"conditions": training_conditions("Created", "Running")}})
+                                 patch={"status": {"conditions": training_conditions("Created")}})
         with pytest.raises(Conflict) as conflict:
             await client.merge_patch(PYTORCHJOBS, namespace, JOB, subresource="status", patch={
                 "metadata": {"resourceVersion": stale}, "status": {"conditions": []}})

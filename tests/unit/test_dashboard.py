@@ -50,7 +50,7 @@ def test_filter_variables(dashboard: dict[str, Any]) -> None:
         assert var["multi"] and var["includeAll"] and var["allValue"] == ".*"
         assert var["query"]["query"].startswith("label_values(")
     assert variables["op"]["query"]["query"].endswith(", op)")
-    assert variables["job"]["query"]["query"].endswith(", pytorchjob)")
+    assert variables["job"]["query"]["query"].endswith(", training_job)")
     assert variables["pg"]["query"]["query"].endswith(", pg)")
 
 
@@ -71,7 +71,7 @@ def test_ranges_use_rate_interval(dashboard: dict[str, Any]) -> None:
 
 
 def test_sidecar_queries_follow_the_filters(dashboard: dict[str, Any]) -> None:
-    """Sidecar metrics get namespace/pod/pytorchjob from the PodMonitor and carry rank/pg/op themselves;
+    """Sidecar metrics get namespace/pod/training_job from the PodMonitor and carry rank/pg/op themselves;
     the operator's metrics carry no job labels (bounded), so they are not filtered by job, except its
     per-job diagnosis gauge (series removed with the job), which the diagnosis panels filter by."""
     for expr in _exprs(dashboard):
@@ -80,7 +80,7 @@ def test_sidecar_queries_follow_the_filters(dashboard: dict[str, Any]) -> None:
                 assert not selector, expr
                 continue
             assert 'namespace=~"$namespace"' in selector, expr
-            assert 'pytorchjob=~"$job"' in selector, expr
+            assert 'training_job=~"$job"' in selector, expr
             if metric.startswith("frscope_collective_") and not metric.endswith("_bucket"):
                 assert 'pg=~"$pg"' in selector, expr
         if "frscope_collectives_total" in expr or "_duration_seconds_bucket" in expr:

@@ -97,16 +97,21 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/* The operator's namespaced permissions: in its ClusterRole, or in a Role per watched namespace. */}}
 {{- define "frscope.namespacedRules" }}
-  # Watching PyTorchJobs (kopf event handlers). Read-only: frscope's bookkeeping (which incidents
-  # are diagnosed) lives in its own FlightRecorderReports, not on the job.
-  - apiGroups: ["kubeflow.org"]
-    resources: ["pytorchjobs"]
+  {{- range $kind := list "pytorchjob" "trainjob" "jobset" }}
+  {{- if index $.Values.operator.jobKinds $kind }}
+  {{- $group := get (dict "pytorchjob" "kubeflow.org" "trainjob" "trainer.kubeflow.org" "jobset" "jobset.x-k8s.io") $kind }}
+  # Watching {{ $kind }}s (operator.jobKinds.{{ $kind }}; kopf event handlers). Read-only: frscope's
+  # bookkeeping (which incidents are diagnosed) lives in its own FlightRecorderReports.
+  - apiGroups: [{{ $group | quote }}]
+    resources: [{{ printf "%ss" $kind | quote }}]
     verbs: ["get", "list", "watch"]
-  # The diagnosis condition in the job's status.conditions, through the status subresource: the only
-  # write on the job.
-  - apiGroups: ["kubeflow.org"]
-    resources: ["pytorchjobs/status"]
+  # The diagnosis condition in the {{ $kind }}'s status.conditions, through the status subresource:
+  # the only write on the job.
+  - apiGroups: [{{ $group | quote }}]
+    resources: [{{ printf "%ss/status" $kind | quote }}]
     verbs: ["patch"]
+  {{- end }}
+  {{- end }}
   # The job's pods: where each rank runs, the sidecar's address (pod IP + named port), container
   # termination messages (the watchdog's timeout message). Read-only; no exec, no logs.
   - apiGroups: [""]

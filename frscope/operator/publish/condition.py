@@ -1,10 +1,14 @@
-"""frscope's condition in a PyTorchJob's `status.conditions`.
+"""frscope's condition in a job's `status.conditions` (PyTorchJob, TrainJob, JobSet).
 
-The training operator's CRD shows `.status.conditions[-1:].type` as the job's STATE, and appends its
-own conditions at the end. frscope's condition therefore goes first in the list: never the last
-element while the training operator has written any condition of its own, and kept first when the
-training operator appends. When the list holds frscope's condition alone, nothing better is possible
-(it is the last element until the training operator writes one).
+The training operator's CRD (and Trainer v2's TrainJob CRD) shows `.status.conditions[-1:].type` as
+the job's STATE, and appends its own conditions at the end. frscope's condition therefore goes first
+in the list: never the last element while the training operator has written any condition of its own,
+and kept first when the training operator appends. When the list holds frscope's condition alone,
+nothing better is possible (it is the last element until the training operator writes one).
+
+TrainJob and JobSet conditions are `metav1.Condition` (a map list keyed by `type`): the API server
+requires `lastTransitionTime`, a CamelCase `reason`, a message of at most 32,768 bytes, and the
+schema has `observedGeneration` but no `lastUpdateTime`; `for_kind` shapes the condition so.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from frscope.operator import names
+from frscope.operator.jobkinds import CONDITION_MESSAGE_MAX, JobKind
 
 
 def make_condition(reason: str, message: str, now: str) -> dict[str, Any]:
@@ -23,6 +28,19 @@ def make_condition(reason: str, message: str, now: str) -> dict[str, Any]:
         "lastUpdateTime": now,
         "lastTransitionTime": now,
     }
+
+
+def for_kind(ours: dict[str, Any], kind: JobKind, generation: int | None) -> dict[str, Any]:
+    """`ours` in the shape of `kind`'s conditions (metav1.Condition for TrainJob and JobSet)."""
+    if not kind.metav1_conditions:
+        return ours
+    shaped = {k: v for k, v in ours.items() if k != "lastUpdateTime"}
+    message = str(shaped.get("message") or "")
+    if len(message.encode()) > CONDITION_MESSAGE_MAX:
+        shaped["message"] = message.encode()[: CONDITION_MESSAGE_MAX - 3].decode(errors="ignore") + "..."
+    if generation is not None:
+        shaped["observedGeneration"] = generation
+    return shaped
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:

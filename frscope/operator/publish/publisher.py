@@ -5,7 +5,9 @@ by a crash or an API error can simply run again.
 Order matters for "exactly one report": the report is created first under a name derived from the
 incident (it is also the ledger: the operator rebuilds which incidents it diagnosed from the reports
 it watches), then the condition and Events follow. The job itself is only read, and its status
-written through the status subresource: no write permission on PyTorchJobs is needed.
+written through the status subresource: no write permission on the jobs themselves is needed. The
+kind of the job (`JobRef.kind`: PyTorchJob, TrainJob, JobSet) says which resource and which
+condition shape (jobkinds, condition.for_kind).
 A job deleted meanwhile ends the publish quietly (`JobGone`).
 """
 
@@ -18,7 +20,6 @@ from typing import Any
 from frscope.operator.incidents import IncidentRecord
 from frscope.operator.kube import (
     EVENTS,
-    PYTORCHJOBS,
     REPORTS,
     AlreadyExists,
     KubeClient,
@@ -27,7 +28,7 @@ from frscope.operator.kube import (
     retry_on_conflict,
 )
 from frscope.operator.objects import JobRef, job_conditions
-from frscope.operator.publish.condition import make_condition, needs_write, place_condition
+from frscope.operator.publish.condition import for_kind, make_condition, needs_write, place_condition
 from frscope.operator.publish.events import build_event
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,7 @@ class Publisher:
 
     async def _job(self, ref: JobRef) -> dict[str, Any]:
         try:
-            job = await self._kube.get(PYTORCHJOBS, ref.namespace, ref.name)
+            job = await self._kube.get(ref.job_kind.resource, ref.namespace, ref.name)
         except NotFound as exc:
             raise JobGone(f"job {ref.key} was deleted") from exc
         if ref.uid and (job.get("metadata") or {}).get("uid") != ref.uid:
@@ -112,13 +113,15 @@ class Publisher:
         async def cycle() -> bool:
             job = await self._job(ref)
             conditions = job_conditions(job)
-            if not needs_write(conditions, ours):
+            generation = (job.get("metadata") or {}).get("generation")
+            shaped = for_kind(ours, ref.job_kind, generation if isinstance(generation, int) else None)
+            if not needs_write(conditions, shaped):
                 return False
             patch = {
                 "metadata": {"resourceVersion": (job.get("metadata") or {}).get("resourceVersion")},
-                "status": {"conditions": place_condition(conditions, ours)},
+                "status": {"conditions": place_condition(conditions, shaped)},
             }
-            await self._kube.merge_patch(PYTORCHJOBS, ref.namespace, ref.name, patch, subresource="status")
+            await self._kube.merge_patch(ref.job_kind.resource, ref.namespace, ref.name, patch, subresource="status")
             return True
 
         return await retry_on_conflict(cycle)

@@ -93,7 +93,7 @@ async def test_a_stall_yields_one_diagnosis_however_many_signals(
     assert metrics.get_sample_value("frscope_operator_diagnoses_total", {"category": "RankNotJoined"}) == 1
     assert metrics.get_sample_value("frscope_operator_signal_to_condition_seconds_count") == 1
     # The per-job gauge the dashboard filters by $namespace/$job: there while the job is, gone with it.
-    labels = {"namespace": "ml", "pytorchjob": "train", "category": "RankNotJoined"}
+    labels = {"namespace": "ml", "training_job": "train", "category": "RankNotJoined"}
     assert metrics.get_sample_value("frscope_operator_job_diagnosis", labels) == 1
     await controller.on_job("DELETED", failed)
     assert metrics.get_sample_value("frscope_operator_job_diagnosis", labels) is None
