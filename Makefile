@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.frscope-installed
 
-.PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster
+.PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster cluster-node cluster-node-down
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +38,11 @@ check: lint typecheck importlint
 APT_PACKAGES += chromium chromium-driver fonts-dejavu-core
 # promtool and a real Prometheus server for the sidecar's metrics tests (tests/integration/test_sidecar_live.py).
 APT_PACKAGES += prometheus
+# The real node (testenv/node.py, tests/node): containerd, runc and the CNI plugins; buildah and debootstrap
+# build its images; busybox-static is the training operator's init container; a C compiler builds the
+# sandbox ("pause") binary; iptables and conntrack for kube-proxy.
+APT_PACKAGES += containerd runc containernetworking-plugins buildah debootstrap busybox-static gcc libc6-dev \
+	iptables conntrack
 deps-apt:
 	@missing=""; for p in $(sort $(APT_PACKAGES)); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
@@ -56,6 +61,16 @@ testenv:
 # etcd + kube-apiserver + kube-controller-manager in the foreground; prints the KUBECONFIG to export.
 cluster:
 	testenv/up
+
+# A real one-node cluster in the background (docs/testenv.md): builds what is missing (testenv/build,
+# testenv/build-images), starts the control plane, containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS
+# and the Kubeflow training operator; the last line of stdout is `export KUBECONFIG=...`. Needs root.
+cluster-node: deps-apt
+	@PIP=$(abspath $(BIN))/pip $(PY) testenv/node.py up --background
+
+# Stops everything cluster-node started (by PID), unmounts what it mounted, removes its network.
+cluster-node-down:
+	@$(PY) testenv/node.py down
 
 test: check deps-apt testenv
 	$(BIN)/pytest $(PYTEST_ARGS)
