@@ -39,9 +39,9 @@ APT_PACKAGES += chromium chromium-driver fonts-dejavu-core
 # promtool and a real Prometheus server for the sidecar's metrics tests (tests/integration/test_sidecar_live.py).
 APT_PACKAGES += prometheus
 # The real node (testenv/node.py, tests/node): containerd, runc and the CNI plugins; buildah and debootstrap
-# build its images; busybox-static is the training operator's init container; a C compiler builds the
+# build its images; a C compiler builds the
 # sandbox ("pause") binary; iptables and conntrack for kube-proxy.
-APT_PACKAGES += containerd runc containernetworking-plugins buildah debootstrap busybox-static gcc libc6-dev \
+APT_PACKAGES += containerd runc containernetworking-plugins buildah debootstrap gcc libc6-dev \
 	iptables conntrack
 deps-apt:
 	@missing=""; for p in $(sort $(APT_PACKAGES)); do \

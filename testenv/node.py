@@ -75,7 +75,7 @@ SYSCTLS = (
 )
 # Image names as the kubelet asks for them (short names are docker.io/...).
 PAUSE_IMAGE = "docker.io/frscope-testenv/pause:3.10.2"
-INIT_IMAGE = "docker.io/frscope-testenv/busybox:dev"
+INIT_IMAGE = "docker.io/frscope-testenv/init:dev"
 TRAINING_OPERATOR_IMAGE = "docker.io/frscope-testenv/training-operator:v1.8.1"
 STATE_FILE = "node-up.json"
 
@@ -779,7 +779,7 @@ def _start_coredns(node: Node, bin_dir: Path, timeout: float) -> None:
 def _deploy_training_operator(node: Node, bin_dir: Path, timeout: float) -> None:
     """The Kubeflow training operator's own standalone kustomize overlay (from its Go module, copied
     into testenv's cache by testenv/build), with the image built here and the init container image
-    (upstream: alpine) pointed at the busybox image built here."""
+    (upstream: alpine) pointed at the init image built here."""
     manifests = bin_dir.parent / "manifests" / "training-operator"
     if not (manifests / "overlays" / "standalone").is_dir():
         raise NodeError(f"{manifests} has no overlays/standalone; testenv/build did not finish")
