@@ -339,6 +339,15 @@ def test_the_journey(node: Any, installed: Path, prometheus: Prometheus) -> None
     report_text = node.kubectl("-n", ns, "describe", "flightrecorderreport", reports[0]["metadata"]["name"]).stdout
     assert STUCK_FUNCTION in report_text, report_text
     print(f"journey: diagnosed {took:.0f}s after the pods ran")
+    # In every rank the bootstrap ran (it starts torch's worker server and says so in the environment)
+    # and so did the image's own sitecustomize, which the bootstrap shadows.
+    for pod in job_pods(node, ns, name):
+        logs = node.kubectl("-n", ns, "logs", pod["metadata"]["name"], "-c", "pytorch").stdout
+        ups = [line for line in logs.splitlines() if " up; " in line]
+        assert len(ups) == 2, logs
+        for line in ups:
+            assert "TRAINER_SITECUSTOMIZE=ran" in line, line
+            assert "FRSCOPE_WORKER_SERVER_PID=None" not in line, line
 
     # Step 5: Prometheus scraped every sidecar at its pod IP; the stall panel shows the waiting ranks.
     def stalled() -> set[str]:
