@@ -71,6 +71,9 @@ def _start_server() -> None:
 
         _register_progress_handler()
         _SERVER = _WorkerServer(path)
+        # The sidecar runs as its own user (the chart's 65532), the trainer often as root: connecting to
+        # a unix socket needs write permission on it. The directory is the pod's own shared volume.
+        os.chmod(path, 0o666)
         os.environ["FRSCOPE_WORKER_SERVER_PID"] = str(os.getpid())
         _write_meta(socket_dir, rank, path)
         import atexit
