@@ -184,7 +184,7 @@ def _pids_with_arg(arg: str) -> set[int]:
         if not entry.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if arg in (entry / "cmdline").read_bytes().split(b"\0"):
+            if arg.encode() in (entry / "cmdline").read_bytes().split(b"\0"):
                 found.add(int(entry.name))
     return found
 
@@ -254,8 +254,16 @@ class Cleanup:
             if _run("ip", "link", "delete", BRIDGE, check=False).returncode != 0:
                 problems.append(f"could not delete the bridge {BRIDGE}")
         for tool, saved in self.iptables_save.items():
+            # Tables that were empty before are not in the snapshot: emptied; the others restored.
+            before = {line[1:].strip() for line in saved.splitlines() if line.startswith("*")}
+            for table in ("filter", "nat", "mangle", "raw"):
+                if table not in before:
+                    _run(tool, "-t", table, "-F", check=False)
+                    _run(tool, "-t", table, "-X", check=False)
             if saved and _run(f"{tool}-restore", input=saved, check=False).returncode != 0:
                 problems.append(f"{tool}-restore failed")
+        if _run("iptables-save", check=False).stdout.count(":KUBE-") > self.iptables_save["iptables"].count(":KUBE-"):
+            problems.append("kube-proxy's or the kubelet's iptables chains are left")
         for name, value in self.sysctls.items():
             try:
                 if _sysctl_path(name).read_text().strip() != value:

@@ -347,7 +347,15 @@ def stall_query() -> str:
     "python",
 ])
 def test_the_journey(node: Any, installed: Path, prometheus: Prometheus, launcher: str) -> None:
-    ns, name = f"journey-{launcher}", "train"
+    ns = f"journey-{launcher}"
+    try:
+        journey(node, prometheus, launcher, ns)
+    finally:  # a stuck job left running would eat the CPU of every test after it
+        node.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
+
+
+def journey(node: Any, prometheus: Prometheus, launcher: str, ns: str) -> None:
+    name = "train"
     nproc = int(LAUNCHERS[launcher]["nproc"])
     world = 2 * nproc
     stuck = world - 1
@@ -425,4 +433,3 @@ def test_the_journey(node: Any, installed: Path, prometheus: Prometheus, launche
     node.kubectl("-n", ns, "delete", "pytorchjob", name, "--wait=true", "--timeout=60s")
     wait_for("the pods and the report to go", lambda: not job_pods(node, ns, name) and not node.plane.kubectl_json(
         "-n", ns, "get", "flightrecorderreports")["items"], 120, diagnostics=dump)
-    node.kubectl("delete", "namespace", ns, "--wait=false")
