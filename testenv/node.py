@@ -219,7 +219,8 @@ def _unmount_under(prefixes: Sequence[str]) -> None:
 
 
 def _netns_files() -> set[str]:
-    netns = Path("/var/run/netns")
+    # Resolved: /var/run is a link to /run, and /proc/self/mountinfo names the real paths.
+    netns = Path("/var/run/netns").resolve()
     return {str(p) for p in netns.iterdir()} if netns.is_dir() else set()
 
 
