@@ -57,7 +57,7 @@ def test_node_is_ready_with_the_release_version(node: Any) -> None:
     assert info["containerRuntimeVersion"].startswith("containerd://1.")
     addresses = {a["type"]: a["address"] for a in got["status"]["addresses"]}
     assert addresses["InternalIP"] == "10.213.0.1"
-    images = {n for i in got["status"]["images"] for n in i.get("names", [])}
+    images = {n for i in got["status"]["images"] for n in i.get("names") or []}
     assert "docker.io/library/frscope:dev" in images
     assert "docker.io/frscope-test/trainer:dev" in images
 
