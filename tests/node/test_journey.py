@@ -375,9 +375,17 @@ def journey(node: Any, prometheus: Prometheus, launcher: str, ns: str) -> None:
         assert pod["metadata"]["annotations"].get("frscope.io/injected"), pod["metadata"]
         env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
         assert env["PET_NPROC_PER_NODE"] == str(nproc) and env["WORLD_SIZE"] == str(world), env
+
+    # The hang starts once every rank is up (torchrun's agent and each rank import torch first: that
+    # alone takes tens of seconds on a busy machine).
+    def ranks_up() -> bool:
+        return sum(node.kubectl("-n", ns, "logs", p["metadata"]["name"], "-c", "pytorch", check=False)
+                   .stdout.count(" up; ") for p in job_pods(node, ns, name)) == world
+
+    wait_for("every rank up", ranks_up, 240, 2, diagnostics=dump)
     started = time.monotonic()
 
-    # Step 4: within 90 s of the pods running, the diagnosis is on the job.
+    # Step 4: within 90 s of the hang, the diagnosis is on the job.
     def condition() -> dict[str, Any] | None:
         got = node.plane.kubectl_json("-n", ns, "get", "pytorchjob", name)
         return next((c for c in got.get("status", {}).get("conditions", []) if c["type"] == CONDITION), None)
@@ -402,7 +410,7 @@ def journey(node: Any, prometheus: Prometheus, launcher: str, ns: str) -> None:
     assert reports[0]["metadata"]["ownerReferences"][0]["uid"] == uid
     report_text = node.kubectl("-n", ns, "describe", "flightrecorderreport", reports[0]["metadata"]["name"]).stdout
     assert STUCK_FUNCTION in report_text, report_text
-    print(f"journey: diagnosed {took:.0f}s after the pods ran")
+    print(f"journey: diagnosed {took:.0f}s after every rank was up")
     # In every rank the bootstrap ran (it starts torch's worker server and says so in the environment)
     # and so did the image's own sitecustomize, which the bootstrap shadows.
     for pod in job_pods(node, ns, name):
