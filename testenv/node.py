@@ -841,7 +841,7 @@ def _state_path() -> Path:
 
 
 def _build_outputs() -> tuple[Path, list[Path], list[Path]]:
-    """bin dir, image archives, CRDs: testenv/build and testenv/images (each builds what is missing)."""
+    """bin dir, image archives, CRDs: testenv/build and testenv/build-images (each builds what is missing)."""
 
     def last_line(cmd: list[str]) -> str:
         proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
@@ -850,7 +850,7 @@ def _build_outputs() -> tuple[Path, list[Path], list[Path]]:
         return proc.stdout.strip().splitlines()[-1]
 
     bin_dir = Path(last_line([str(HERE / "build")]))
-    images_dir = Path(last_line([str(HERE / "images"), str(bin_dir)]))
+    images_dir = Path(last_line([str(HERE / "build-images"), str(bin_dir)]))
     archives = sorted(images_dir.glob("*.tar"))
     crds = sorted((bin_dir.parent / "crds").glob("*.yaml"))
     return bin_dir, archives, crds
