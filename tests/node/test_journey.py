@@ -431,8 +431,9 @@ def journey(node: Any, prometheus: Prometheus, launcher: str, ns: str) -> None:
     waiters = {str(r) for r in range(world) if r != stuck}
     wait_for("the stall panel to show the waiting ranks", lambda: stalled() >= waiters, 90, 2, diagnostics=dump)
     assert str(stuck) not in stalled()  # the stuck rank has no collective in flight: it is not "stalled"
-    up = prometheus.query(f'up{{job="frscope-system/frscope-sidecars", namespace="{ns}"}}')
-    assert len(up) == 2 and all(r["value"][1] == "1" for r in up), up
+    up_query = f'up{{job="frscope-system/frscope-sidecars", namespace="{ns}"}} == 1'
+    up = wait_for("both sidecars scraped", lambda: len(prometheus.query(up_query)) == 2 and prometheus.query(up_query),
+                  30, 1, diagnostics=dump)
     pod_ips = {p["status"]["podIP"] for p in job_pods(node, ns, name)}
     assert {r["metric"]["instance"].split(":")[0] for r in up} == pod_ips
     assert {r["metric"]["pytorchjob"] for r in up} == {name}
