@@ -5,7 +5,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.frscope-installed
 
-.PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster torch-venvs
+.PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster cluster-node \
+	cluster-node-down torch-venvs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -38,6 +39,11 @@ check: lint typecheck importlint
 APT_PACKAGES += chromium chromium-driver fonts-dejavu-core
 # promtool and a real Prometheus server for the sidecar's metrics tests (tests/integration/test_sidecar_live.py).
 APT_PACKAGES += prometheus
+# The real node (testenv/node.py, tests/node): containerd, runc and the CNI plugins; buildah and debootstrap
+# build its images; a C compiler builds the
+# sandbox ("pause") binary; iptables and conntrack for kube-proxy.
+APT_PACKAGES += containerd runc containernetworking-plugins buildah debootstrap gcc libc6-dev \
+	iptables conntrack
 deps-apt:
 	@missing=""; for p in $(sort $(APT_PACKAGES)); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
@@ -63,6 +69,17 @@ cluster:
 TORCH_VERSIONS ?= 2.15.0
 torch-venvs:
 	PY=$(PY) scripts/torch-venv $(TORCH_VERSIONS) >/dev/null
+
+
+# A real one-node cluster in the background (docs/testenv.md): builds what is missing (testenv/build,
+# testenv/build-images), starts the control plane, containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS
+# and the Kubeflow training operator; the last line of stdout is `export KUBECONFIG=...`. Needs root.
+cluster-node: deps-apt
+	@PIP=$(abspath $(BIN))/pip $(PY) testenv/node.py up --background
+
+# Stops everything cluster-node started (by PID), unmounts what it mounted, removes its network.
+cluster-node-down:
+	@$(PY) testenv/node.py down
 
 test: check deps-apt testenv torch-venvs
 	$(BIN)/pytest $(PYTEST_ARGS)

@@ -66,7 +66,7 @@ subjectKeyIdentifier = hash
 basicConstraints = critical,CA:FALSE
 keyUsage = critical,digitalSignature,keyEncipherment
 extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1,DNS:localhost
+subjectAltName = ${ENV::FRSCOPE_SANS}
 [client]
 basicConstraints = critical,CA:FALSE
 keyUsage = critical,digitalSignature,keyEncipherment
@@ -114,8 +114,13 @@ def _scratch_parent() -> str | None:
     return str(shm) if shm.is_dir() and os.access(shm, os.W_OK) else None
 
 
-def _openssl(*args: str, cwd: Path) -> None:
-    proc = subprocess.run(["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=60)
+def _openssl(*args: str, cwd: Path, sans: str = "IP:127.0.0.1,DNS:localhost") -> None:
+    # The serving certificates' subjectAltName comes from the environment (openssl.cnf reads it), so
+    # one config serves the API server on loopback and a node's kubelet on its own address.
+    env = {**os.environ, "FRSCOPE_SANS": sans}
+    proc = subprocess.run(
+        ["openssl", *args], cwd=cwd, capture_output=True, text=True, check=False, timeout=60, env=env
+    )
     if proc.returncode != 0:
         raise ControlPlaneError(f"openssl {' '.join(args)} failed: {proc.stderr.strip()}")
 
@@ -130,7 +135,9 @@ class Pki:
         return self.dir / name
 
     @classmethod
-    def create(cls, directory: Path) -> Pki:
+    def create(cls, directory: Path, apiserver_sans: Sequence[str] = ()) -> Pki:
+        """A CA, the API server's serving certificate (loopback plus `apiserver_sans`, e.g. "IP:10.0.0.1"),
+        the admin's and the controller manager's client certificates, a service-account key pair."""
         directory.mkdir(parents=True)
         cnf = directory / "openssl.cnf"
         cnf.write_text(_OPENSSL_CNF)
@@ -153,47 +160,10 @@ class Pki:
             "/CN=frscope-testenv-ca",
             cwd=directory,
         )
-        leaves = [
-            ("apiserver", "/CN=kube-apiserver", "server"),
-            ("admin", f"/O=system:masters/CN={ADMIN_USER}", "client"),
-            ("controller-manager", f"/CN={CONTROLLER_MANAGER_USER}", "client"),
-        ]
-        for name, subject, extensions in leaves:
-            _openssl(
-                "req",
-                "-new",
-                "-config",
-                "openssl.cnf",
-                *ec,
-                "-keyout",
-                f"{name}.key",
-                "-out",
-                f"{name}.csr",
-                "-subj",
-                subject,
-                cwd=directory,
-            )
-            _openssl(
-                "x509",
-                "-req",
-                "-in",
-                f"{name}.csr",
-                "-CA",
-                "ca.crt",
-                "-CAkey",
-                "ca.key",
-                "-set_serial",
-                str(secrets.randbits(63)),
-                "-days",
-                "30",
-                "-extfile",
-                "openssl.cnf",
-                "-extensions",
-                extensions,
-                "-out",
-                f"{name}.crt",
-                cwd=directory,
-            )
+        pki = cls(directory)
+        pki.leaf("apiserver", "/CN=kube-apiserver", server_sans=("IP:127.0.0.1", "DNS:localhost", *apiserver_sans))
+        pki.leaf("admin", f"/O=system:masters/CN={ADMIN_USER}")
+        pki.leaf("controller-manager", f"/CN={CONTROLLER_MANAGER_USER}")
         _openssl(
             "genpkey",
             "-algorithm",
@@ -208,10 +178,27 @@ class Pki:
         token = secrets.token_hex(24)
         (directory / "admin.token").write_text(token + "\n")
         (directory / "tokens.csv").write_text(f'{token},{ADMIN_USER},{ADMIN_USER},"system:masters"\n')
-        return cls(directory)
+        return pki
 
     def admin_token(self) -> str:
         return self.path("admin.token").read_text().strip()
+
+    def leaf(self, name: str, subject: str, server_sans: Sequence[str] = ()) -> None:
+        """`name`.key + `name`.crt signed by the CA: a client certificate for `subject` (its O= is the
+        group Kubernetes sees), or a serving certificate for `server_sans` when any are given."""
+        ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+        sans = ",".join(server_sans) or "DNS:localhost"
+        directory = self.dir
+        _openssl(
+            "req", "-new", "-config", "openssl.cnf", *ec, "-keyout", f"{name}.key", "-out", f"{name}.csr",
+            "-subj", subject, cwd=directory,
+        )  # fmt: skip
+        _openssl(
+            "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-set_serial", str(secrets.randbits(63)), "-days", "30", "-extfile", "openssl.cnf",
+            "-extensions", "server" if server_sans else "client", "-out", f"{name}.crt",
+            cwd=directory, sans=sans,
+        )  # fmt: skip
 
 
 def write_kubeconfig(path: Path, server: str, pki: Pki, user: str, cert: str, context: str) -> None:
@@ -487,8 +474,18 @@ def start(
     controller_manager: bool = True,
     workdir: Path | None = None,
     timeout: float = 90,
+    address: str = "127.0.0.1",
+    service_cidr: str = "10.0.0.0/24",
+    apiserver_sans: Sequence[str] = (),
+    apiserver_args: Sequence[str] = (),
+    pki_leaves: Sequence[tuple[str, str, Sequence[str]]] = (),
 ) -> ControlPlane:
     """Start etcd, kube-apiserver and (by default) kube-controller-manager; returns when all are ready.
+
+    `address`: where the API server listens and what it advertises (the `kubernetes` Service's
+    endpoint, which may not be loopback once pods use it; testenv/node.py passes the node's address).
+    `apiserver_sans` and `apiserver_args` add to its certificate and command line; `pki_leaves` are
+    more certificates signed by the CA, (name, subject, serving SANs) as Pki.leaf takes them.
 
     On any failure everything started so far is stopped and the logs are left in the work
     directory, whose path is in the error.
@@ -503,10 +500,12 @@ def start(
         workdir = Path(tempfile.mkdtemp(prefix="frscope-testenv-", dir=_scratch_parent()))
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "logs").mkdir(exist_ok=True)
-    pki = Pki.create(workdir / "pki")
+    pki = Pki.create(workdir / "pki", apiserver_sans=apiserver_sans)
+    for name, subject, sans in pki_leaves:
+        pki.leaf(name, subject, server_sans=sans)
 
     etcd_client, etcd_peer, apiserver_port = free_port(), free_port(), free_port()
-    server = f"https://127.0.0.1:{apiserver_port}"
+    server = f"https://{address}:{apiserver_port}"
     plane = ControlPlane(
         bin_dir=bin_dir,
         workdir=workdir,
@@ -517,7 +516,7 @@ def start(
     )
     try:
         _start_etcd(plane, etcd_client, etcd_peer, timeout)
-        _start_apiserver(plane, apiserver_port, timeout)
+        _start_apiserver(plane, address, apiserver_port, service_cidr, apiserver_args, timeout)
         write_kubeconfig(plane.kubeconfig, server, pki, ADMIN_USER, "admin", "frscope-testenv")
         if crds:
             install_crds(plane, crds)
@@ -559,15 +558,17 @@ def _start_etcd(plane: ControlPlane, client_port: int, peer_port: int, timeout: 
     _wait_until("etcd /health", proc, healthy, timeout)
 
 
-def _start_apiserver(plane: ControlPlane, port: int, timeout: float) -> None:
+def _start_apiserver(
+    plane: ControlPlane, address: str, port: int, service_cidr: str, extra: Sequence[str], timeout: float
+) -> None:
     pki = plane.pki
     proc = plane._spawn(
         "kube-apiserver",
         [
             str(plane.bin_dir / "kube-apiserver"),
             f"--etcd-servers={plane.etcd_url}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={address}",
+            f"--advertise-address={address}",
             f"--secure-port={port}",
             f"--cert-dir={pki.dir}",
             f"--tls-cert-file={pki.path('apiserver.crt')}",
@@ -578,10 +579,11 @@ def _start_apiserver(plane: ControlPlane, port: int, timeout: float) -> None:
             f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
             f"--service-account-key-file={pki.path('sa.pub')}",
             f"--service-account-signing-key-file={pki.path('sa.key')}",
-            "--service-cluster-ip-range=10.0.0.0/24",
+            f"--service-cluster-ip-range={service_cidr}",
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
+            *extra,
         ],
     )
 

@@ -165,9 +165,14 @@ def sidecar_container(cfg: InjectionConfig) -> dict[str, Any]:
 
 
 def token_volume(cfg: InjectionConfig) -> dict[str, Any]:
-    """The sidecar's projected tokens (mounted in the sidecar only, never in the trainer)."""
+    """The sidecar's projected tokens (mounted in the sidecar only, never in the trainer).
+
+    Readable by every user (0444): the kubelet writes them as root and hands them to the container's
+    user only when every container of the pod names the same runAsUser, which a trainer running as
+    root does not; with 0440 the sidecar (65532) could not read them (found on a real node). Only the
+    sidecar mounts the volume."""
     expiry = cfg.token_expiration_s
-    return {"name": names.SIDECAR_TOKEN_VOLUME, "projected": {"defaultMode": 0o440, "sources": [
+    return {"name": names.SIDECAR_TOKEN_VOLUME, "projected": {"defaultMode": 0o444, "sources": [
         {"serviceAccountToken": {"audience": names.AUDIENCE_OPERATOR, "expirationSeconds": expiry,
                                  "path": "operator-token"}},
         {"serviceAccountToken": {"expirationSeconds": expiry, "path": "api-token"}},

@@ -145,7 +145,10 @@ class DumpDirWatcher:
         """Create the dump dir when its parent exists (torch does not create it; the shared volume is
         there before the trainer starts). A missing parent is left to `scan()` to report."""
         try:
-            self.directory.mkdir(exist_ok=True)
+            self.directory.mkdir()
+            # Made by the sidecar's user, written by the trainer's (another uid, often not root): the
+            # same rights as the shared volume itself (an emptyDir is world-writable).
+            self.directory.chmod(0o1777)
         except OSError:
             pass
 

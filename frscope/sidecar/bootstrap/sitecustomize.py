@@ -121,6 +121,9 @@ def _start_server(rank: int) -> None:
             _SERVER_PID = os.getpid()
             atexit.register(_remove_socket, path)
             _SERVER = server_type(path)
+            # The sidecar runs as its own user (the chart's 65532), the trainer often as root: connecting to
+            # a unix socket needs write permission on it. The directory is the pod's own shared volume.
+            os.chmod(path, 0o666)
             _keep_forever(_SERVER)
             os.environ[_OWNER_VAR] = str(_SERVER_PID)
             _write_meta(socket_dir, rank, path)

@@ -1,0 +1,94 @@
+"""The `node` fixture: a real one-node cluster (testenv/node.py) that runs pods.
+
+testenv/build (binaries, cached by hash) and testenv/build-images (images, cached by hash) run first;
+the first test that uses the fixture gets their cold-build timeout. Tests are skipped only where the
+machine cannot run a node (not root, no cgroups) or Go is absent with nothing cached; any other build
+or start failure fails them, with the components' logs kept under test-artifacts/node/.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+TESTENV = ROOT / "testenv"
+ARTIFACTS = ROOT / "test-artifacts" / "node"
+BUILD_NO_GO = 3
+# testenv/build (cold: control plane + node binaries) and testenv/build-images (cold: debootstrap, the
+# trainer's torch layer) on 2 cores, with room to spare.
+COLD_BUILD_TIMEOUT_S = 80 * 60
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+node_module = _load("frscope_testenv_node", TESTENV / "node.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    users = [item for item in items if "node" in getattr(item, "fixturenames", ())]
+    if users:
+        users[0].add_marker(pytest.mark.timeout(COLD_BUILD_TIMEOUT_S), append=False)
+
+
+def _last_line(cmd: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=COLD_BUILD_TIMEOUT_S, env=env)
+    lines = proc.stdout.strip().splitlines()
+    return proc.returncode, (lines[-1] if lines else ""), proc.stderr
+
+
+@pytest.fixture(scope="session")
+def node(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A running cluster with one node (testenv/node.py's Node): `.kubectl(*args)`, `.kubeconfig`,
+    `.plane` (the control plane: `.apply(obj)`, `.kubectl_json(*args)`, `.bin_dir`, `.env()`),
+    `.images` and `.ctr(*args)`; images imported: frscope:dev, frscope-test/trainer:dev, ..."""
+    reason = node_module.cannot_run_reason()
+    if reason:
+        pytest.skip(f"node: {reason}")
+    started = time.monotonic()
+    code, bin_dir, err = _last_line([str(TESTENV / "build")])
+    if code == BUILD_NO_GO:
+        pytest.skip(f"node: testenv/build cannot run: {err.strip()}")
+    if code != 0 or not bin_dir:
+        pytest.fail(f"testenv/build failed ({code}):\n{err[-4000:]}", pytrace=False)
+    env = dict(os.environ)
+    venv_pip = Path(sys.executable).parent / "pip"
+    if "PIP" not in env and venv_pip.exists():
+        env["PIP"] = str(venv_pip)
+    code, images_dir, err = _last_line([str(TESTENV / "build-images"), bin_dir], env=env)
+    if code != 0 or not images_dir:
+        pytest.fail(f"testenv/build-images failed ({code}):\n{err[-4000:]}", pytrace=False)
+    built = time.monotonic() - started
+    archives = sorted(Path(images_dir).glob("*.tar"))
+    crds = sorted((Path(bin_dir).parent / "crds").glob("*.yaml"))
+    try:
+        cluster = node_module.start(Path(bin_dir), archives, crds=crds)
+    except node_module.NodeError as e:
+        pytest.fail(f"the node did not start: {e}", pytrace=False)
+    print(f"node: built in {built:.0f}s, started in {time.monotonic() - started - built:.0f}s", file=sys.stderr)
+    try:
+        yield cluster
+    finally:
+        if request.session.testsfailed > 0:
+            kept = cluster.keep_logs(ARTIFACTS)
+            print(f"node: logs kept in {kept}", file=sys.stderr)
+        problems = cluster.stop()
+        assert not problems, f"the node was not cleaned up: {problems}"
