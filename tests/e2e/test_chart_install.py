@@ -351,6 +351,11 @@ def test_the_whole_rule_set_is_exactly_the_needed_one(kube: ControlPlane, instal
     assert table == {
         JOBS: {"get", "list", "watch"},
         f"{JOBS}/status": {"patch"},
+        # TrainJob and JobSet are watched by default (operator.jobKinds): read, and the status condition.
+        "trainjobs.trainer.kubeflow.org": {"get", "list", "watch"},
+        "trainjobs.trainer.kubeflow.org/status": {"patch"},
+        "jobsets.jobset.x-k8s.io": {"get", "list", "watch"},
+        "jobsets.jobset.x-k8s.io/status": {"patch"},
         "tokenreviews.authentication.k8s.io": {"create"},
         "subjectaccessreviews.authorization.k8s.io": {"create"},
         "pods": {"get", "list", "watch"},
