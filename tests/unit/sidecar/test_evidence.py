@@ -12,7 +12,8 @@ from frscope.sidecar.evidence import Capture, EvidenceStore
 
 
 def capture(ns: int, size: int = 100) -> Capture:
-    return Capture("stall", ns, {0: b"x"}, gzip.compress(b"y" * size))
+    # mtime=0: the same capture compresses to the same bytes whenever it is made
+    return Capture("stall", ns, {0: b"x"}, gzip.compress(b"y" * size, mtime=0))
 
 
 def test_bounded_by_count_and_bytes(tmp_path: Path) -> None:
