@@ -320,14 +320,14 @@ def served_by(path: Path) -> int | None:
         return None
 
 
-@pytest.mark.torch
-@pytest.mark.slow
-@pytest.mark.timeout(200)
 # A torchrun restart under load: the restarted worker's gloo connection was refused once (open in issue 10).
 _FLAKY = pytest.mark.xfail(reason="torchrun --max-restarts flaked on a clean-clone CI run; open in issue 10",
                            strict=False)
 
 
+@pytest.mark.torch
+@pytest.mark.slow
+@pytest.mark.timeout(200)
 @pytest.mark.parametrize("case", [pytest.param(c, marks=_FLAKY) if c.restart else c for c in CASES],
                          ids=[c.id for c in CASES])
 def test_one_socket_per_rank_served_by_the_rank(case: Case, tmp_path: Path) -> None:
