@@ -50,6 +50,10 @@ class OperatorConfig:
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     # The job kinds watched (jobkinds.ALL: PyTorchJob, TrainJob, JobSet); the chart's RBAC follows them.
     job_kinds: tuple[jobkinds.JobKind, ...] = jobkinds.ALL
+    # The opt-in label (FRSCOPE_INJECT_LABEL, the chart's webhook.injectLabel): every pod frscope serves
+    # carries it (the webhook puts it on pods of opted-in namespaces too), so it is also the server-side
+    # selector of the operator's pod watch, whatever the job kinds.
+    inject_label: tuple[str, str] = (names.INJECT_KEY, "true")
     http_host: str = "0.0.0.0"
     http_port: int = 8080
     # Bounded-rate status polling of every watched pod's sidecar.
@@ -206,9 +210,13 @@ def _env_float(env: Mapping[str, str], key: str) -> float | None:
     return float(value) if value else None
 
 
+def inject_label_from_env(env: Mapping[str, str]) -> tuple[str, str]:
+    """FRSCOPE_INJECT_LABEL `key=value` (default `frscope.io/inject=true`)."""
+    key, _, value = (env.get("FRSCOPE_INJECT_LABEL") or "").partition("=")
+    return key.strip() or names.INJECT_KEY, value.strip() or "true"
+
+
 def injection_from_env(env: Mapping[str, str]) -> InjectionConfig:
-    label = env.get("FRSCOPE_INJECT_LABEL") or f"{names.INJECT_KEY}=true"
-    key, _, value = label.partition("=")
     resources_text = env.get("FRSCOPE_SIDECAR_RESOURCES")
     resources = json.loads(resources_text) if resources_text else {}
     return InjectionConfig(
@@ -220,7 +228,7 @@ def injection_from_env(env: Mapping[str, str]) -> InjectionConfig:
         stall_after_s=_env_float(env, "FRSCOPE_SIDECAR_STALL_AFTER"),
         operator_url=env.get("FRSCOPE_SIDECAR_OPERATOR_URL") or None,
         resources=resources if isinstance(resources, dict) else {},
-        inject_label=(key.strip() or names.INJECT_KEY, value.strip() or "true"),
+        inject_label=inject_label_from_env(env),
         operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
         token_expiration_s=int(env.get("FRSCOPE_TOKEN_EXPIRATION_SECONDS") or 3600),
         log_format=(env.get("FRSCOPE_SIDECAR_LOG_FORMAT") or "text").strip().lower(),
@@ -240,6 +248,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
     return OperatorConfig(
         namespaces=tuple(args.namespaces),
         job_kinds=jobkinds.parse_keys(args.job_kinds) if args.job_kinds else jobkinds.ALL,
+        inject_label=inject_label_from_env(env),
         http_host=args.http_host,
         http_port=args.http_port,
         poll_interval_s=args.poll_interval,

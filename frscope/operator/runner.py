@@ -67,10 +67,13 @@ def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.networking.error_backoffs = [1, 2, 3, 5, 8, 13]
-    # Only training jobs' pods are streamed: the API server filters (labelSelector on the list and the
-    # watch), instead of kopf receiving every change of every pod in the cluster and dropping most of
-    # them against the handler's `labels=` (which stays, as a second check).
-    settings.watching.label_selectors["v1", "pods"] = names.LABEL_JOB_NAME
+    # Only opted-in pods are streamed: the API server filters (labelSelector on the list and the watch),
+    # instead of kopf receiving every change of every pod in the cluster and dropping most of them
+    # against the handlers' `labels=` (the job-name label of each kind's family, which stays as a
+    # second check). One selector for every job kind: label selectors only AND, and PyTorchJob and
+    # JobSet pods are named by different labels, but every pod frscope serves carries the opt-in label.
+    key, value = config.inject_label
+    settings.watching.label_selectors["v1", "pods"] = f"{key}={value}"
 
 
 def kube_client(credentials: Login, instance: str) -> KubeClient:

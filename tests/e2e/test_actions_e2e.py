@@ -107,7 +107,7 @@ def make_pods(kube: ControlPlane, job: dict[str, Any], ports: dict[str, int],
         kube.apply({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": f"{name}-{pod}", "namespace": namespace,
-                         "labels": {"training.kubeflow.org/job-name": name,
+                         "labels": {"frscope.io/inject": "true", "training.kubeflow.org/job-name": name,
                                     "training.kubeflow.org/replica-type": replica,
                                     "training.kubeflow.org/replica-index": index},
                          "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name,

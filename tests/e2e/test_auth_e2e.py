@@ -71,7 +71,7 @@ def training_pod(kube: ControlPlane, namespace: str, name: str, account: str) ->
     """A pod object of the job, running as `account` (no kubelet: the token binding only needs the object)."""
     kube.apply({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": namespace,
-                             "labels": {"training.kubeflow.org/job-name": JOB,
+                             "labels": {"frscope.io/inject": "true", "training.kubeflow.org/job-name": JOB,
                                         "training.kubeflow.org/replica-type": "worker"}},
                 "spec": {"serviceAccountName": account,
                          "containers": [{"name": "pytorch", "image": "registry.invalid/train:1"}]}})

@@ -407,7 +407,8 @@ def _job_and_pod(kube: ControlPlane, sidecar_port: int) -> None:
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": pod, "namespace": ML,
-            "labels": {"training.kubeflow.org/job-name": JOB, "training.kubeflow.org/replica-type": "master",
+            "labels": {"frscope.io/inject": "true",
+                       "training.kubeflow.org/job-name": JOB, "training.kubeflow.org/replica-type": "master",
                        "training.kubeflow.org/replica-index": "0"},
             "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": JOB,
                                  "uid": job["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}],

@@ -199,7 +199,8 @@ def create_pod(kube: ControlPlane, namespace: str, job_uid: str, name: str, repl
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
             "name": name, "namespace": namespace,
-            "labels": {"training.kubeflow.org/job-name": JOB, "training.kubeflow.org/replica-type": replica,
+            "labels": {"frscope.io/inject": "true",
+                       "training.kubeflow.org/job-name": JOB, "training.kubeflow.org/replica-type": replica,
                        "training.kubeflow.org/replica-index": str(index),
                        "training.kubeflow.org/operator-name": "pytorchjob-controller"},
             "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": JOB,

@@ -78,7 +78,7 @@ def jobset_pod(kube: ControlPlane, namespace: str, job: str, index: int, sidecar
     kube.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": {
-            "jobset.sigs.k8s.io/jobset-name": job, "jobset.sigs.k8s.io/replicatedjob-name": "node",
+            "frscope.io/inject": "true", "jobset.sigs.k8s.io/jobset-name": job, "jobset.sigs.k8s.io/replicatedjob-name": "node",
             "jobset.sigs.k8s.io/replicatedjob-replicas": "2", "jobset.sigs.k8s.io/job-index": str(index),
             "jobset.sigs.k8s.io/job-key": f"{index:040x}", "batch.kubernetes.io/job-completion-index": "0",
             "job-name": f"{job}-node-{index}"}},

@@ -134,11 +134,12 @@ class FakeKube:
     async def _list_or_watch(self, request: web.Request, plural: str, namespace: str | None) -> web.StreamResponse:
         selector = request.query.get("labelSelector", "")
         self.selectors.append((plural, selector))
-        required = [s for s in selector.split(",") if s and "=" not in s and not s.startswith("!")]
+        # The API server's equality and existence terms (`key=value`, `key`), ANDed.
+        terms = [term.partition("=") for term in selector.split(",") if term and not term.startswith("!")]
 
         def selected(obj: dict[str, Any]) -> bool:
             labels = obj.get("metadata", {}).get("labels") or {}
-            return all(k in labels for k in required)
+            return all(k in labels and (not eq or labels[k] == v) for k, eq, v in terms)
 
         if request.query.get("watch") != "true":
             items = [o for (p, ns, _), o in self.objects.items()

@@ -98,7 +98,7 @@ async def test_kopf_watches_route_a_stall_into_a_published_diagnosis(
                 assert r.status == 200
         # Pods are listed and watched with a server-side selector: other workloads' pods never arrive.
         pod_selectors = {sel for plural, sel in fake_kube.selectors if plural == "pods"}
-        assert pod_selectors == {names.LABEL_JOB_NAME}
+        assert pod_selectors == {f"{names.INJECT_KEY}=true"}
         await asyncio.sleep(1)  # more sweeps of the same stall
         assert len(fake_kube.of("flightrecorderreports")) == 1 and len(fake_kube.of("events")) == 1
         # kopf itself wrote nothing: every write is frscope's, to the job, its status, Events and reports.
