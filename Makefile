@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.frscope-installed
 
 .PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster cluster-node \
-	cluster-node-down torch-venvs
+	cluster-node-down torch-venvs node-images controllers
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -81,7 +81,20 @@ cluster-node: deps-apt
 cluster-node-down:
 	@$(PY) testenv/node.py down
 
-test: check deps-apt testenv torch-venvs
+# The node's images (tests/node) and the Trainer/JobSet controllers (tests marked `controllers`): the
+# tests build what is missing themselves; built here beforehand so that a cold run overlaps them with
+# the rest. Root only (buildah, debootstrap); elsewhere the node tests skip and so does this.
+node-images: $(STAMP) deps-apt testenv
+	@if [ "$$(id -u)" = 0 ] && bin="$$(testenv/build --check)"; then \
+	  PIP=$(abspath $(BIN))/pip testenv/build-images "$$bin" >/dev/null; fi
+
+controllers:
+	testenv/build-controllers >/dev/null || [ $$? -eq 3 ]
+
+# What the suite needs, built side by side on a cold machine (the Go builds are CPU-bound, the torch
+# venvs and images mostly download and unpack): then the suite.
+test:
+	$(MAKE) -j3 check deps-apt testenv torch-venvs node-images controllers
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 clean:
