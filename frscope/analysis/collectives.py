@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from frscope.analysis.context import Context
-from frscope.analysis.findings import Category, Finding, GroupRef
+from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
 from frscope.analysis.ops import (
     ROOTED_OPS,
     VARIABLE_SIZE_OPS,
@@ -169,10 +169,7 @@ def classify_mismatch(
             summary=summary,
             collective_seq_id=seq,
             op=good[0].op,
-            input_sizes=good[0].input_sizes,
-            output_sizes=good[0].output_sizes,
-            input_dtypes=good[0].input_dtypes,
-            output_dtypes=good[0].output_dtypes,
+            **sizes_of(good[0]),
             ambiguous=ambiguous,
             since_ns=min((b[0].time_created_ns for b in buckets.values() if b[0].time_created_ns), default=None),
         )
@@ -348,10 +345,7 @@ def _stuck_finding(
         summary=summary,
         collective_seq_id=seq,
         op=op,
-        input_sizes=sample.input_sizes if sample else None,
-        output_sizes=sample.output_sizes if sample else None,
-        input_dtypes=sample.input_dtypes if sample else None,
-        output_dtypes=sample.output_dtypes if sample else None,
+        **sizes_of(sample),
         since_ns=point.since_ns,
         stalled_for_s=point.age_s,
         age_source=point.age_source,

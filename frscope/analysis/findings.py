@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import TypedDict
 
-from frscope.records import Frame, LoadProblem, RankExit
+from frscope.records import Entry, Frame, LoadProblem, RankExit
 
 
 class Category(StrEnum):
@@ -86,6 +87,23 @@ class LateAt:
     op: str
     late_by_ms: float
     waited_ms: float
+
+
+class Sizes(TypedDict):
+    """What a rank passed to a collective, as a Finding carries it (`Finding(**sizes_of(entry))`)."""
+
+    input_sizes: list[list[int]] | None
+    output_sizes: list[list[int]] | None
+    input_dtypes: list[str] | None
+    output_dtypes: list[str] | None
+
+
+def sizes_of(sample: Entry | None) -> Sizes:
+    """The sizes and dtypes of `sample` (one rank's entry at the finding's collective); all None without one."""
+    if sample is None:
+        return Sizes(input_sizes=None, output_sizes=None, input_dtypes=None, output_dtypes=None)
+    return Sizes(input_sizes=sample.input_sizes, output_sizes=sample.output_sizes,
+                 input_dtypes=sample.input_dtypes, output_dtypes=sample.output_dtypes)
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from frscope.analysis.collectives import StuckPoint
 from frscope.analysis.context import Context
-from frscope.analysis.findings import Category, Finding, GroupRef
+from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
 from frscope.analysis.tracks import Track
 from frscope.analysis.wording import fmt_duration, plural
 from frscope.records import GroupInfo, RankExit
@@ -132,10 +132,7 @@ def stopped_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], stale
         summary=summary,
         collective_seq_id=seq,
         op=op,
-        input_sizes=sample.input_sizes if sample else None,
-        output_sizes=sample.output_sizes if sample else None,
-        input_dtypes=sample.input_dtypes if sample else None,
-        output_dtypes=sample.output_dtypes if sample else None,
+        **sizes_of(sample),
         since_ns=first.newest_ns,
         last_seen_ns=first.newest_ns,
         stale_by_s=stale_by,

@@ -10,46 +10,31 @@ from __future__ import annotations
 
 from statistics import median
 
+from frscope.analysis.arrivals import arrival_rows, lateness_ms, upper_middle
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.tracks import Track
 from frscope.analysis.wording import plural
 
-SAMPLE = 200  # the most recent collectives per group are enough, and keep this linear and cheap
 MIN_SAMPLES = 5
 LAST_SHARE = 0.6  # last to arrive in at least this share of the sampled collectives
 
 
 def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
-    ranks = sorted(r for r, t in tracks.items() if t.by_seq)
-    if len(ranks) < 2:
-        return None
-    lo = max(tracks[r].first_seq for r in ranks)
-    hi = min(tracks[r].last_completed for r in ranks)
-    if hi - lo + 1 < MIN_SAMPLES:
-        return None
-    last_count = dict.fromkeys(ranks, 0)
-    lateness: dict[int, list[float]] = {r: [] for r in ranks}
-    waited: dict[int, list[float]] = {r: [] for r in ranks}
-    samples = 0
-    for seq in range(max(lo, hi - SAMPLE + 1), hi + 1):
-        times: list[tuple[int, int]] = []
-        for rank in ranks:
-            bucket = tracks[rank].by_seq.get(seq)
-            if not bucket or not bucket[0].time_created_ns:
-                break
-            times.append((bucket[0].time_created_ns, rank))
-            if bucket[0].duration_ms is not None:
-                waited[rank].append(bucket[0].duration_ms)
-        else:
-            samples += 1
-            times.sort()
-            mid = times[len(times) // 2][0]
-            last_count[times[-1][1]] += 1
-            for created, rank in times:
-                lateness[rank].append((created - mid) / 1e6)
+    ranks, rows = arrival_rows(tracks)
+    samples = len(rows)
     if samples < MIN_SAMPLES:
         return None
+    hi = min(tracks[r].last_completed for r in ranks)
+    last_count = dict.fromkeys(ranks, 0)
+    waited: dict[int, list[float]] = {r: [] for r in ranks}
+    for row in rows:
+        last_count[max((row.created(r), r) for r in ranks)[1]] += 1  # the last to arrive (a tie: the higher rank)
+        for rank in ranks:
+            duration = row.entries[rank].duration_ms
+            if duration is not None:
+                waited[rank].append(duration)
+    _mids, lateness = lateness_ms(ranks, rows, upper_middle)
     worst = max(ranks, key=lambda r: (last_count[r], median(lateness[r])))
     late_ms = median(lateness[worst])
     share = last_count[worst] / samples

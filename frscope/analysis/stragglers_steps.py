@@ -20,12 +20,12 @@ from heapq import nlargest
 from math import comb
 from statistics import median
 
+from frscope.analysis.arrivals import arrival_rows, lateness_ms
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, LateAt
 from frscope.analysis.tracks import Track
 from frscope.analysis.wording import plural
 
-SAMPLE = 200  # the most recent collectives of a group, as straggler.py samples
 MIN_WAIT_MS = 50.0
 MIN_EVENTS = 3
 ALPHA = 0.01
@@ -38,38 +38,20 @@ def binomial_tail(k: int, m: int, p: float) -> float:
 
 
 def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
-    ranks = sorted(r for r, t in tracks.items() if t.by_seq)
-    if len(ranks) < 2:
-        return None
-    lo = max(tracks[r].first_seq for r in ranks)
-    hi = min(tracks[r].last_completed for r in ranks)
-    rows: list[tuple[int, dict[int, int]]] = []
-    for seq in range(max(lo, hi - SAMPLE + 1), hi + 1):
-        row: dict[int, int] = {}
-        for rank in ranks:
-            bucket = tracks[rank].by_seq.get(seq)
-            if not bucket or not bucket[0].time_created_ns:
-                break
-            row[rank] = bucket[0].time_created_ns
-        else:
-            rows.append((seq, row))
+    ranks, rows = arrival_rows(tracks)
     if len(rows) < MIN_EVENTS:
         return None
     # Each rank's usual offset from the median rank (clock skew, a constant head start): removed.
-    offsets: dict[int, list[float]] = {r: [] for r in ranks}
-    mids: list[float] = []
-    for _, row in rows:
-        mid = median(row.values())
-        mids.append(mid / 1e6)
-        for rank, created in row.items():
-            offsets[rank].append((created - mid) / 1e6)
+    mids_ns, offsets = lateness_ms(ranks, rows)
+    mids = [mid / 1e6 for mid in mids_ns]
     base = {r: median(v) for r, v in offsets.items()}
     threshold = max(MIN_WAIT_MS, ctx.options.clock_skew_ms)
     events: dict[int, list[LateAt]] = {r: [] for r in ranks}
     total = 0
-    for (seq, row), mid_ms in zip(rows, mids, strict=True):
+    for row, mid_ms in zip(rows, mids, strict=True):
+        seq = row.seq
         # Only the last two arrivals matter: how long the next-latest waited for the latest.
-        (last, rank), (second, _) = nlargest(2, ((created / 1e6 - base[r], r) for r, created in row.items()))
+        (last, rank), (second, _) = nlargest(2, ((row.created(r) / 1e6 - base[r], r) for r in ranks))
         if last - second >= threshold:
             total += 1
             op = tracks[rank].by_seq[seq][0].op
