@@ -1,6 +1,6 @@
 """The sidecar's Prometheus metrics, all on an injected CollectorRegistry (never the global one).
 
-Labels are bounded: `rank` (local ranks of one pod), `pg` (process group names, a handful), `op`
+Labels are bounded: `rank` (the ranks of one pod, so at most its processes), `pg` (process group names, a handful), `op`
 (frscope.analysis.op_label's fixed set), `reason`/`kind`/`result` (fixed sets below). No sequence
 ids, shapes or job ids in labels: those are values or live in /v1/status.
 """
@@ -61,6 +61,15 @@ class SidecarMetrics:
             "frscope_collective_duration_seconds",
             "Duration of completed collectives, where the recorder has durations (NCCL with timing)",
             ["op"], buckets=DURATION_BUCKETS, registry=registry,
+        )
+        self.wait = Counter(
+            "frscope_collective_wait_seconds",
+            "Seconds the rank spent inside collectives, waiting for its peers and then transferring: the "
+            "recorded durations of completed collectives where its recorder has them (NCCL with "
+            "TORCH_NCCL_ENABLE_TIMING=1), else sampled at every poll (a collective in flight counts the time "
+            "since the rank's previous poll). The rank that arrives late waits least: the job's highest rate "
+            "minus a rank's rate is how long the others wait for it (docs/sidecar.md)",
+            ["rank"], registry=registry,
         )
         self.worker_up = Gauge(
             "frscope_worker_up", "1 when the rank's worker server answered the last poll", ["rank"],

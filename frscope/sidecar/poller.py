@@ -80,6 +80,7 @@ class Poller:
                     WorkerClient(path, timeout_s=self.config.request_timeout_s, max_bytes=self.config.max_answer_bytes),
                 )
                 self.metrics.worker_up.labels(rank=str(rank)).set(0)
+                self.metrics.wait.labels(rank=str(rank))  # a series from the start: 0 s until it waits
                 log.info("rank %d: socket %s found", rank, path)
         went_down: list[int] = []
         for rank, state in self.ranks.items():
@@ -169,14 +170,31 @@ class Poller:
         elif inflight and not moved and state.probe_fp != state.full_fp:
             cause = "suspect"
         if cause is not None:
-            return await self._fetch_full(state, now_ns, previous_round, cause)
+            found = await self._fetch_full(state, now_ns, previous_round, cause)
+            self._sample_wait(state, now_ns, inflight if probed else None)
+            return found
         # The probe is enough: the kept recorder's samples, with what the probe adds.
         state.polls_since_full += 1
         self._mark_up(state, now_ns)
+        self._sample_wait(state, now_ns, inflight)
         samples = state.samples
         if moved or not inflight:
             samples = without_inflight(samples)
         return self.tracker.update(state.rank, samples, now_ns, previous_round, moved=moved), False
+
+    def _sample_wait(self, state: RankState, now_ns: int, inflight: bool | None) -> None:
+        """frscope_collective_wait_seconds for a rank whose recorder dates no durations (gloo; NCCL
+        without timing): a poll that finds a collective in flight (`inflight`: the probe's answer; None:
+        the fresh recorder's) counts the time since the rank's previous poll, at most two poll
+        intervals. Sampled at the poll rhythm, so the sum is exact only over many polls."""
+        before, state.wait_sampled_ns = state.wait_sampled_ns, (now_ns if state.up else None)
+        if not state.up or state.timed or before is None:
+            return
+        if inflight is None:
+            inflight = any(sample.inflight for sample in state.samples.values())
+        if inflight:
+            seconds = min((now_ns - before) / 1e9, 2 * self.config.poll_interval_s)
+            self.metrics.wait.labels(rank=str(state.rank)).inc(max(seconds, 0.0))
 
     async def _find_probe(self, state: RankState) -> tuple[str, str]:
         """The first probe of client.PROGRESS_PROBES the rank answers with a pg_status; ("", "") if none.
@@ -226,6 +244,7 @@ class Poller:
             return [], self._mark_down(state, exc, now_ns)
         self.metrics.recorder_fetches.labels(cause=cause).inc()
         rank_label = str(state.rank)
+        first_sight = state.raw_ns is None  # no full recorder of this rank fetched before
         self._mark_up(state, now_ns)
         state.raw_ns = now_ns
         state.full_fp = state.probe_fp
@@ -238,6 +257,11 @@ class Poller:
             self.metrics.collectives.labels(rank=rank_label, pg=pg, op=op).inc()
         for op, seconds in got.durations:
             self.metrics.duration.labels(op=op).observe(seconds)
+        state.timed = got.timed
+        if got.durations and not first_sight:
+            # (The history a first fetch finds happened before this sidecar watched: a restarted
+            # sidecar would count it twice, and ranks on pods whose sidecars started at other times not.)
+            self.metrics.wait.labels(rank=rank_label).inc(sum(seconds for _op, seconds in got.durations))
         if got.info != state.info:
             state.info = got.info
             self.metrics.recorder_info.labels(rank=rank_label).info(got.info)
@@ -261,6 +285,7 @@ class Poller:
                 kept = f"; its last good recorder ({(now_ns - state.last_ok_ns) / 1e9:.1f} s old) is kept"
             log.warning("rank %d: %s%s", state.rank, exc.message, kept)
         state.up, state.error, state.reason = False, exc.message, exc.reason
+        state.wait_sampled_ns = None  # what it did while unreachable is unknown: not a wait
         return was_up
 
     async def fetch_stacks(self) -> list[int]:

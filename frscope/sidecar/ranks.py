@@ -38,6 +38,10 @@ class RankState:
     stacks_for_ns: int | None = None  # the last_ok_ns the stacks belong to
     count_watermark: int = -1
     duration_watermark: int = -1
+    # Its recorder dates durations (NCCL with timing): frscope_collective_wait_seconds adds those and
+    # stops sampling. Sampling: when the previous poll that saw the rank up was (None: no such poll).
+    timed: bool = False
+    wait_sampled_ns: int | None = None
     samples: dict[str, GroupSample] = field(default_factory=dict)
     info: dict[str, str] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)

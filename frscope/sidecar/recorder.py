@@ -32,6 +32,7 @@ class Digest:
     count_watermark: int
     duration_watermark: int
     info: dict[str, str]
+    timed: bool  # the recorder dates collectives' durations (NCCL with timing)
 
 
 _DECODER = json.JSONDecoder()
@@ -100,7 +101,7 @@ def digest(raw_z: bytes, raw_hash: bytes, rank: int, source: str, previous: Rank
     """Parse and normalize one fr_trace_json answer, given compressed (worker thread). Raises WorkerError."""
     if raw_hash == previous.raw_hash:
         return Digest(raw_hash, None, None, [], [], previous.count_watermark, previous.duration_watermark,
-                      previous.info)
+                      previous.info, previous.timed)
     raw = zlib.decompress(raw_z)
     try:
         obj = loads_in_pieces(raw) if raw.lstrip()[:1] == b"{" else json.loads(raw)
@@ -122,8 +123,10 @@ def digest(raw_z: bytes, raw_hash: bytes, rank: int, source: str, previous: Rank
     new_ops: list[tuple[str, str]] = []
     durations: list[tuple[str, float]] = []
     advancing = True
+    timed = False
     for entry in entries:
         rid = entry.record_id
+        timed = timed or entry.duration_ms is not None
         if rid > count_wm:
             new_ops.append((entry.pg_name, op_label(entry.op)))
         if advancing and rid > duration_wm:
@@ -139,4 +142,4 @@ def digest(raw_z: bytes, raw_hash: bytes, rank: int, source: str, previous: Rank
         "comm_lib_version": dump.comm_lib_version or "unknown",
         "torch_version": str(previous.meta.get("torch_version") or "unknown"),
     }
-    return Digest(raw_hash, raw_z, samples, new_ops, durations, max(count_wm, top), duration_wm, info)
+    return Digest(raw_hash, raw_z, samples, new_ops, durations, max(count_wm, top), duration_wm, info, timed)

@@ -15,6 +15,8 @@ pytestmark = pytest.mark.timeout(30)
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "frscope" / "files" / "frscope-dashboard.json"
 DS = {"type": "prometheus", "uid": "${datasource}"}
+# Collective metrics without a `pg` label (docs/sidecar.md): durations by op, time in collectives by rank.
+PER_RANK_ONLY = ("frscope_collective_duration_seconds_bucket", "frscope_collective_wait_seconds_total")
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +83,7 @@ def test_sidecar_queries_follow_the_filters(dashboard: dict[str, Any]) -> None:
                 continue
             assert 'namespace=~"$namespace"' in selector, expr
             assert 'training_job=~"$job"' in selector, expr
-            if metric.startswith("frscope_collective_") and not metric.endswith("_bucket"):
+            if metric.startswith("frscope_collective_") and metric not in PER_RANK_ONLY:
                 assert 'pg=~"$pg"' in selector, expr
         if "frscope_collectives_total" in expr or "_duration_seconds_bucket" in expr:
             assert 'op=~"$op"' in expr, expr
@@ -96,6 +98,7 @@ def test_sidecar_queries_follow_the_filters(dashboard: dict[str, Any]) -> None:
         ("frscope_collectives_total", "collective rate by op"),
         ("_duration_seconds_bucket", "durations by op"),
         ("frscope_operator_job_diagnosis", "diagnosed jobs, following $namespace/$job"),
+        ("frscope_collective_wait_seconds_total", "step-boundary lateness per rank"),
     ],
 )
 def test_required_panels_exist(dashboard: dict[str, Any], metric: str, what: str) -> None:
@@ -131,3 +134,18 @@ def test_durations_panel_says_why_it_is_empty(dashboard: dict[str, Any]) -> None
     [panel] = [p for p in _panels(dashboard) if any("_duration_seconds_bucket" in t["expr"] for t in p["targets"])]
     assert "TORCH_NCCL_ENABLE_TIMING=1" in panel["fieldConfig"]["defaults"]["noValue"]
     assert "TORCH_NCCL_ENABLE_TIMING=1" in panel["description"]
+
+
+def test_lateness_panel_compares_ranks_across_pods_in_promql(dashboard: dict[str, Any]) -> None:
+    """Each sidecar counts only its own ranks' time in collectives; the comparison with the job's other
+    ranks (on other pods) is the query's: the job's highest minus each rank's, per job, one bar per rank."""
+    [panel] = [p for p in _panels(dashboard) if any("frscope_collective_wait_seconds_total" in t["expr"]
+                                                    for t in p["targets"])]
+    [target] = panel["targets"]
+    expr = re.sub(r"\s+", " ", target["expr"])
+    job = "namespace, job_kind, training_job"
+    assert f"max by ({job}) (increase(" in expr
+    assert f"- on ({job}) group_right () max by ({job}, rank) (increase(" in expr
+    assert expr.count("[$__range]") == 2 and target["instant"] and not target["range"]
+    assert panel["fieldConfig"]["defaults"]["unit"] == "s"
+    assert "TORCH_NCCL_ENABLE_TIMING=1" in panel["description"] and "gloo" in panel["description"]
