@@ -21,7 +21,6 @@ from typing import Any
 
 import aiohttp
 import pytest
-import yaml
 
 from frscope.demo.faults import LAYER_STEPS, STEP_LATE_S, culprit_ranks
 from frscope.demo.launcher import start_job
@@ -40,7 +39,7 @@ def lateness_query(range_s: int) -> str:
     dashboard = json.loads(DASHBOARD.read_text())
     [expr] = [t["expr"] for p in dashboard["panels"] if p["type"] not in ("row", "text") for t in p["targets"]
               if "frscope_collective_wait_seconds_total" in t["expr"]]
-    out = expr.replace("$__range", f"{range_s}s").replace("$namespace", "ml").replace("$job", "demo")
+    out = str(expr).replace("$__range", f"{range_s}s").replace("$namespace", "ml").replace("$job", "demo")
     assert "$" not in out, out
     return out
 
@@ -74,7 +73,7 @@ async def test_panel_names_the_rank_late_at_step_boundaries(tmp_path: Path) -> N
                 for pod in PODS]
         async with running(cfgs[0]) as first, running(cfgs[1]) as second:
             prom_port = free_port()
-            (tmp_path / "prometheus.yml").write_text(yaml.safe_dump({
+            (tmp_path / "prometheus.yml").write_text(json.dumps({  # (YAML reads JSON)
                 "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
                 "scrape_configs": [{
                     "job_name": "frscope-sidecars",
