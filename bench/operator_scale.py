@@ -215,7 +215,8 @@ async def create_objects(server: str, token: str, ca: Path, ports: dict[str, int
         async def pod(name: str, port: int, index: int) -> None:
             await call("POST", "/api/v1/namespaces/bench/pods", {
                 "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "labels": {"frscope.io/inject": "true", "training.kubeflow.org/job-name": "bench",
+                "metadata": {"name": name, "labels": {"frscope.io/inject": "true",
+                                                      "training.kubeflow.org/job-name": "bench",
                                                       "training.kubeflow.org/replica-type": "worker",
                                                       "training.kubeflow.org/replica-index": str(index)},
                              "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",

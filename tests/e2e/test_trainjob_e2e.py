@@ -78,7 +78,8 @@ def jobset_pod(kube: ControlPlane, namespace: str, job: str, index: int, sidecar
     kube.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "labels": {
-            "frscope.io/inject": "true", "jobset.sigs.k8s.io/jobset-name": job, "jobset.sigs.k8s.io/replicatedjob-name": "node",
+            "frscope.io/inject": "true",
+            "jobset.sigs.k8s.io/jobset-name": job, "jobset.sigs.k8s.io/replicatedjob-name": "node",
             "jobset.sigs.k8s.io/replicatedjob-replicas": "2", "jobset.sigs.k8s.io/job-index": str(index),
             "jobset.sigs.k8s.io/job-key": f"{index:040x}", "batch.kubernetes.io/job-completion-index": "0",
             "job-name": f"{job}-node-{index}"}},
@@ -144,8 +145,6 @@ def diagnose_hang(kube: ControlPlane, namespace: str, kubeconfig: Path, tmp_path
 
 
 @pytest.mark.timeout(360)
-@pytest.mark.xfail(reason="known regression after merging TrainJob kinds with the report-CR ledger and actions: "
-                   "the condition never reaches the TrainJob/JobSet (open in issue 14)", strict=False)
 def test_a_hang_in_a_trainjob_is_diagnosed_into_the_trainjob(kube: ControlPlane, report_crd: str, kinds_crds: Path,
                                                             namespace: str, operator_kubeconfig: Path,
                                                             tmp_path: Path) -> None:
@@ -184,8 +183,6 @@ def test_a_hang_in_a_trainjob_is_diagnosed_into_the_trainjob(kube: ControlPlane,
 
 
 @pytest.mark.timeout(360)
-@pytest.mark.xfail(reason="known regression after merging TrainJob kinds with the report-CR ledger and actions: "
-                   "the condition never reaches the TrainJob/JobSet (open in issue 14)", strict=False)
 def test_a_hang_in_a_bare_jobset_is_diagnosed_into_the_jobset(kube: ControlPlane, report_crd: str, kinds_crds: Path,
                                                              namespace: str, operator_kubeconfig: Path,
                                                              tmp_path: Path) -> None:

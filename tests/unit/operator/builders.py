@@ -45,7 +45,8 @@ def pod(name: str, *, job_name: str = "train", namespace: str = "ml", uid: str |
         "kind": "Pod",
         "metadata": {
             "name": name, "namespace": namespace, "uid": uid or f"uid-{name}",
-            "labels": {names.INJECT_KEY: "true", names.LABEL_JOB_NAME: job_name, names.LABEL_REPLICA_TYPE: replica_type.lower(),
+            "labels": {names.INJECT_KEY: "true", names.LABEL_JOB_NAME: job_name,
+                       names.LABEL_REPLICA_TYPE: replica_type.lower(),
                        names.LABEL_REPLICA_INDEX: str(index)},
             "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job_name,
                                  "uid": "job-uid-1", "controller": True}],
