@@ -18,6 +18,28 @@ PET_NODE_RANK = the Job's completion index for Trainer). Labels only find the po
 
 A PyTorchJob and a JobSet/TrainJob of the same name in one namespace would share a key in the
 operator; the first one seen is kept and the other ignored with a warning (store.JobStore).
+
+Each kind also says how it is acted on (docs/actions.md), through what its own controller honours:
+`inactive` (finished, suspended, being deleted), `restart_refusal` (why deleting every pod of the job
+would not bring it back), `stop_patch` (the merge patch that suspends it). The I/O of acting (the
+pods, a TrainJob's JobSet, a Kueue Workload) is in actions/jobs.py.
+
+- PyTorchJob (training operator v1.8.1, pkg/controller.v1/common/pod.go ReconcilePods, job.go
+  ReconcileJobs): a replica index with no pod gets a new pod; a pod seen Failed first (the kubelet
+  gives a deleted pod a terminal phase) is restarted for OnFailure/Always, for ExitCode when the exit
+  code is >= 128 (SIGTERM: 143), and with Never the job fails. Stop: `spec.runPolicy.suspend` (the
+  operator deletes the pods and services, condition Suspended; set back to false to resume).
+- JobSet (v0.8.2, pkg/controllers/jobset_controller.go, failure_policy.go) runs one batch Job per
+  replica of each replicated job. The Job controller counts a deleted pod that had not succeeded as a
+  failure: within the Job's backoffLimit (default 6) it makes a new pod; past it the Job fails, and the
+  JobSet then applies its failurePolicy: RestartJobSet (the default action of a policy) while
+  restartsCountTowardsMax < maxRestarts recreates every Job, RestartJobSetAndIgnoreMaxRestarts always
+  does, FailJobSet (or no failurePolicy at all) fails the JobSet. Stop: `spec.suspend` (the JobSet
+  suspends its Jobs, whose controller deletes their pods; condition Suspended).
+- TrainJob (Trainer v2.0.0, pkg/controller/trainjob_controller.go, runtime/framework/plugins/jobset):
+  Trainer builds the JobSet once and does not restart anything itself; restarting is the JobSet's (as
+  above, read from the JobSet it owns; Trainer's torch runtime sets no failurePolicy and one Job with
+  parallelism = numNodes). Stop: the TrainJob's `spec.suspend`, which Trainer copies to its JobSet.
 """
 
 from __future__ import annotations
@@ -26,6 +48,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
+from frscope.operator import names
 from frscope.operator.kube.client import Resource
 
 # A pod's job, by family: the label that names it.
@@ -53,6 +76,9 @@ class JobKind:
     failed_types: frozenset[str]  # condition types that mean the job failed
     restarting_types: frozenset[str]
     state_types: frozenset[str]  # the controller's own condition types (the last True one is the state)
+    finished_types: frozenset[str]  # condition types that, True, mean the job has ended
+    suspend_path: tuple[str, ...]  # the spec field that suspends the job (stop)
+    controller: str  # who brings deleted pods back, as the Events name it
 
     @property
     def api_version(self) -> str:
@@ -61,6 +87,55 @@ class JobKind:
     @property
     def kind(self) -> str:
         return self.resource.kind
+
+    @property
+    def runs_on_jobset(self) -> bool:
+        """The job's pods are a JobSet's: restarting is the JobSet controller's (the job itself, or the
+        JobSet a TrainJob owns)."""
+        return self.family == FAMILY_JOBSET
+
+    @property
+    def suspend_field(self) -> str:
+        return ".".join(self.suspend_path)
+
+    def pod_selector(self, job_name: str) -> str:
+        """The label selector of the job's pods."""
+        label = LABEL_PYTORCHJOB_NAME if self.family == FAMILY_KUBEFLOW_V1 else LABEL_JOBSET_NAME
+        return f"{label}={job_name}"
+
+    def suspended(self, job: Mapping[str, Any]) -> bool:
+        value: Any = job
+        for key in self.suspend_path:
+            value = value.get(key) if isinstance(value, dict) else None
+        return value is True
+
+    def inactive(self, job: Mapping[str, Any]) -> str | None:
+        """Why the job cannot be acted on any more (finished, suspended, being deleted), else None."""
+        meta = job.get("metadata")
+        if isinstance(meta, dict) and meta.get("deletionTimestamp"):
+            return "the job is being deleted"
+        if self.suspended(job):
+            return f"the job is suspended ({self.suspend_field})"
+        for c in _conditions(job):
+            if c.get("type") in self.finished_types and c.get("status") == "True":
+                return f"the job has {str(c.get('type')).lower()}"
+        return None
+
+    def restart_refusal(self, job: Mapping[str, Any], jobset: Mapping[str, Any] | None = None) -> str | None:
+        """Why deleting every pod of the job would not bring it back, else None. For a kind that runs
+        on a JobSet, `jobset` is that JobSet (the job itself for a bare JobSet)."""
+        if not self.runs_on_jobset:
+            return _pytorchjob_restart_refusal(job)
+        if jobset is None:
+            return "no JobSet runs the job (Trainer has not made it)"
+        return jobset_restart_refusal(jobset)
+
+    def stop_patch(self, uid: str, reason: str) -> dict[str, Any]:
+        """The merge patch that stops the job for good (uid as a precondition), the verdict beside it."""
+        value: dict[str, Any] = {self.suspend_path[-1]: True}
+        for key in reversed(self.suspend_path[1:-1]):
+            value = {key: value}
+        return {"metadata": {"uid": uid, "annotations": {names.ANN_STOPPED: reason}}, self.suspend_path[0]: value}
 
 
 PYTORCHJOB: Final = JobKind(
@@ -71,6 +146,9 @@ PYTORCHJOB: Final = JobKind(
     failed_types=frozenset({"Failed"}),
     restarting_types=frozenset({"Restarting"}),
     state_types=frozenset({"Failed", "Restarting", "Running", "Succeeded", "Created"}),
+    finished_types=frozenset({"Succeeded", "Failed"}),
+    suspend_path=("spec", "runPolicy", "suspend"),
+    controller="the training operator",
 )
 TRAINJOB: Final = JobKind(
     key="trainjob",
@@ -80,6 +158,9 @@ TRAINJOB: Final = JobKind(
     failed_types=frozenset({"Failed"}),
     restarting_types=frozenset(),
     state_types=frozenset({"Failed", "Complete", "Suspended"}),  # Trainer v2.0.0 writes these three
+    finished_types=frozenset({"Complete", "Failed"}),
+    suspend_path=("spec", "suspend"),
+    controller="the JobSet and Job controllers",
 )
 JOBSET: Final = JobKind(
     key="jobset",
@@ -89,6 +170,9 @@ JOBSET: Final = JobKind(
     failed_types=frozenset({"Failed"}),
     restarting_types=frozenset(),
     state_types=frozenset({"Failed", "Completed", "Suspended", "StartupPolicyCompleted", "StartupPolicyInProgress"}),
+    finished_types=frozenset({"Completed", "Failed"}),
+    suspend_path=("spec", "suspend"),
+    controller="the JobSet and Job controllers",
 )
 
 ALL: Final = (PYTORCHJOB, TRAINJOB, JOBSET)
@@ -100,6 +184,36 @@ _BY_KEY: Final = {k.key: k for k in ALL}
 def by_kind(kind: str) -> JobKind:
     """The JobKind of an object's `kind` (PyTorchJob when unknown: the operator's original kind)."""
     return _BY_KIND.get(kind, PYTORCHJOB)
+
+
+def find(kind: str) -> JobKind | None:
+    """The JobKind of an object's `kind`, None when it is none of them."""
+    return _BY_KIND.get(kind)
+
+
+def kueue_queue(job: Mapping[str, Any]) -> str | None:
+    """The Kueue LocalQueue that admits the job (label kueue.x-k8s.io/queue-name), if any."""
+    meta = job.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, dict) else None
+    queue = labels.get(names.LABEL_KUEUE_QUEUE) if isinstance(labels, dict) else None
+    return str(queue) if queue else None
+
+
+def _conditions(job: Mapping[str, Any]) -> list[dict[str, Any]]:
+    status = job.get("status")
+    conditions = status.get("conditions") if isinstance(status, dict) else None
+    return [c for c in conditions or [] if isinstance(c, dict)]
+
+
+def _pytorchjob_restart_refusal(job: Mapping[str, Any]) -> str | None:
+    spec = job.get("spec")
+    replicas = spec.get("pytorchReplicaSpecs") if isinstance(spec, dict) else None
+    never = sorted(str(rtype) for rtype, rs in (replicas.items() if isinstance(replicas, dict) else [])
+                   if isinstance(rs, dict) and rs.get("restartPolicy") == "Never")
+    if never:
+        return (f"replica type(s) {', '.join(never)} have restartPolicy Never: the training operator would "
+                "mark the job Failed instead of recreating its pods")
+    return None
 
 
 def parse_keys(values: Iterable[str]) -> tuple[JobKind, ...]:
@@ -116,6 +230,82 @@ def parse_keys(values: Iterable[str]) -> tuple[JobKind, ...]:
     if not wanted:
         raise ValueError(f"no job kind enabled; known: {', '.join(KEYS)}")
     return tuple(k for k in ALL if k.key in wanted)
+
+
+# batch/v1 Job: the default backoffLimit; the reasons of a Job's Failed condition a JobSet rule can name.
+JOB_DEFAULT_BACKOFF_LIMIT: Final = 6
+JOBSET_RESTART_ACTIONS: Final = frozenset({"RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts"})
+
+
+def _job_fails_without_its_pods(job_spec: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(the Job's failure reason, why) when deleting every running pod of a Job of this template fails
+    the Job, None when the Job controller makes new pods instead. Failures the Job had before are not
+    seen here (they are in the Job's status, which frscope does not read)."""
+    parallelism = _int(job_spec.get("parallelism", 1))
+    per_index = job_spec.get("backoffLimitPerIndex")
+    if per_index is not None:
+        if _int(per_index) == 0:
+            return "FailedIndexes", "backoffLimitPerIndex is 0"
+    else:
+        backoff = _int(job_spec.get("backoffLimit", JOB_DEFAULT_BACKOFF_LIMIT))
+        if parallelism is None or backoff is None:
+            return "BackoffLimitExceeded", "its parallelism or backoffLimit is not a number"
+        if parallelism > backoff:
+            return "BackoffLimitExceeded", f"{parallelism} pod(s) deleted at once > backoffLimit {backoff}"
+    policy = job_spec.get("podFailurePolicy")
+    rules = policy.get("rules") if isinstance(policy, dict) else None
+    if any(isinstance(r, dict) and r.get("action") in ("FailJob", "FailIndex") for r in rules or []):
+        return "PodFailurePolicy", "its podFailurePolicy may fail it"
+    return None
+
+
+def _failure_policy_action(rules: Any, replicated_job: str, reason: str) -> str:
+    """The action of the JobSet's first failurePolicy rule that applies (JobSet v0.8.2 ruleIsApplicable:
+    no reasons or this reason, no target or this replicated job); RestartJobSet when none does."""
+    for rule in rules if isinstance(rules, list) else []:
+        if not isinstance(rule, dict):
+            continue
+        reasons = rule.get("onJobFailureReasons") or []
+        targets = rule.get("targetReplicatedJobs") or []
+        if (not reasons or reason in reasons) and (not targets or replicated_job in targets):
+            return str(rule.get("action") or "")
+    return "RestartJobSet"
+
+
+def jobset_restart_refusal(jobset: Mapping[str, Any]) -> str | None:
+    """Why deleting every pod of this JobSet would end it instead of bringing it back, else None."""
+    spec = jobset.get("spec")
+    if not isinstance(spec, dict):
+        return "the JobSet has no spec"
+    failing: list[tuple[str, str, str]] = []
+    for rjob in spec.get("replicatedJobs") or []:
+        if not isinstance(rjob, dict):
+            continue
+        template = rjob.get("template")
+        job_spec = template.get("spec") if isinstance(template, dict) else None
+        fails = _job_fails_without_its_pods(job_spec if isinstance(job_spec, dict) else {})
+        if fails is not None:
+            failing.append((str(rjob.get("name") or ""), *fails))
+    if not failing:
+        return None
+    name, reason, why = failing[0]
+    policy = spec.get("failurePolicy")
+    if not isinstance(policy, dict):
+        return (f"deleting its pods fails the Job(s) of replicated job {name} ({why}) and the JobSet has no "
+                "failurePolicy: the JobSet would fail instead of restarting")
+    status = jobset.get("status")
+    status = status if isinstance(status, dict) else {}
+    counted = _int(status.get("restartsCountTowardsMax", status.get("restarts", 0))) or 0
+    max_restarts = _int(policy.get("maxRestarts", 0)) or 0
+    for name, reason, why in failing:
+        action = _failure_policy_action(policy.get("rules"), name, reason)
+        if action not in JOBSET_RESTART_ACTIONS:
+            return (f"deleting its pods fails the Job(s) of replicated job {name} ({why}) and the JobSet's "
+                    f"failurePolicy answers {action or 'nothing'}: the JobSet would fail")
+        if action == "RestartJobSet" and counted >= max_restarts:
+            return (f"deleting its pods fails the Job(s) of replicated job {name} ({why}) and the JobSet has "
+                    f"used {counted} of its failurePolicy.maxRestarts={max_restarts}: it would fail")
+    return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@ what would be done, once per incident, with the GPU time it saves.
     policy   what a job asks for, gated by the verdict and by --allow-actions (pure)
     impact   the watchdog timeout, the job's GPUs, the time saved (pure)
     record   the action record kept in the incident's FlightRecorderReport (the once-only memory)
-    kinds    how a job kind is restarted and stopped (PyTorchJob; TrainJob and JobSet later)
+    jobs     the I/O of restarting and stopping a job as its kind says (jobkinds.JobKind): its pods,
+             a TrainJob's JobSet, a Kueue Workload
     cordon   the node taint, its evidence (reports blaming the node) and its budget
     actor    the sequence: read the report, decide, claim, act, record, Event, metrics
 """

@@ -1,6 +1,7 @@
 """Acting on a published diagnosis, once: read the incident's report (the evidence is written first),
 decide (policy.decide), claim the action in the report (resourceVersion precondition), act through the
-job's kind (kinds) or on the node (cordon), then record the outcome, post the Event, count it.
+job's kind (jobkinds.JobKind, with the I/O in jobs) or on the node (cordon), then record the outcome,
+post the Event, count it.
 
 Called by the Controller right after a publish, and again for a diagnosed incident whose action is
 not final (the operator restarted mid-incident): the report's action record decides what is left.
@@ -14,13 +15,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from frscope.operator import names
-from frscope.operator.actions import cordon, record
+from frscope.operator import jobkinds, names
+from frscope.operator.actions import cordon, jobs, record
 from frscope.operator.actions.cordon import CordonOptions
 from frscope.operator.actions.impact import Saving, saving
-from frscope.operator.actions.kinds import JobKind, delete_pods, job_pods, kind_of
 from frscope.operator.actions.policy import Decision, Policy, decide, requested_policy
 from frscope.operator.actions.record import ActionRecord
+from frscope.operator.jobkinds import JobKind
 from frscope.operator.kube import NAMESPACES, REPORTS, Conflict, Forbidden, KubeClient, KubeError, NotFound
 from frscope.operator.metrics import OperatorMetrics
 from frscope.operator.objects import JobRef
@@ -101,7 +102,7 @@ class Actor:
         key = (ref.namespace, report_name)
         if not report_name or key in self._settled:
             return None
-        kind = kind_of(ref)
+        kind = jobkinds.find(ref.kind)
         if kind is None:
             self._settled.add(key)
             return None
@@ -188,18 +189,11 @@ class Actor:
         """(why not, ()) or (None, what the action will change). What the job's kind refuses is said
         first; the rate limit is checked last, so a refusal is never reported as a rate limit."""
         if act is Policy.RESTART:
-            refusal = kind.restart_refusal(job)
-            if refusal:
-                return f"not restarting: {refusal}", ()
-            pods = await job_pods(self._kube, kind, inc.ref)
-            if not pods:
-                return "not restarting: the job has no pods", ()
-            refused, targets = None, tuple(f"pod/{name}/{uid}" for name, uid in pods)
+            refused, targets = await jobs.restart_plan(self._kube, kind, inc.ref, job)
+            refused = f"not restarting: {refused}" if refused else None
         elif act is Policy.STOP:
-            refusal = kind.stop_refusal(job)
-            if refusal:
-                return f"not stopping: {refusal}", ()
-            refused, targets = None, (f"job/{inc.ref.name}",)
+            refused, targets = await jobs.stop_plan(self._kube, kind, inc.ref, job)
+            refused = f"not stopping: {refused}" if refused else None
         else:
             refused, targets = await self._cordon_target(inc, now)
         if refused is not None:
@@ -236,12 +230,11 @@ class Actor:
         try:
             if action is Policy.RESTART:
                 pods = [tuple(t.split("/", 2)[1:]) for t in claim.targets if t.startswith("pod/")]
-                await delete_pods(self._kube, inc.ref.namespace, [(p[0], p[1]) for p in pods if len(p) == 2])
-                what = (f"Restarted the hung job: deleted its {len(pods)} pod(s) so that the training operator "
-                        f"recreates them")
+                await jobs.delete_pods(self._kube, inc.ref.namespace, [(p[0], p[1]) for p in pods if len(p) == 2])
+                what = f"Restarted the hung job: deleted its {len(pods)} pod(s) so that {kind.controller} recreate them"
             elif action is Policy.STOP:
-                await kind.stop(self._kube, inc.ref, clip_line(f"{inc.category}: {inc.verdict}", 1024))
-                what = "Stopped the hung job (runPolicy.suspend: true; resume by setting it back to false)"
+                what = await jobs.stop(self._kube, kind, inc.ref, claim.targets,
+                                       clip_line(f"{inc.category}: {inc.verdict}", 1024))
             else:
                 node = claim.targets[0].split("/", 1)[1]
                 await cordon.taint_node(self._kube, node, inc.category, stamp)
@@ -264,8 +257,11 @@ class Actor:
     async def _dry_run(self, kind: JobKind, inc: _Incident, decision: Decision, would: Policy,
                        job: dict[str, Any], now: float) -> ActionRecord:
         save = inc.saving(now) if would is not Policy.CORDON else Saving(0.0, 0.0, 0.0)
-        refusal = kind.restart_refusal(job) if would is Policy.RESTART else (
-            kind.stop_refusal(job) if would is Policy.STOP else None)
+        refusal = None
+        if would is Policy.RESTART:
+            refusal, _ = await jobs.restart_plan(self._kube, kind, inc.ref, job)
+        elif would is Policy.STOP:
+            refusal, _ = await jobs.stop_plan(self._kube, kind, inc.ref, job)
         if would is Policy.CORDON:
             nodes = ", ".join(str(n) for n in (inc.report.get("impact") or {}).get("culpritNodes") or []) or "unknown"
             what = (f"Dry run: would cordon the culprit's node ({nodes}) once {self.options.cordon.min_jobs} jobs "
