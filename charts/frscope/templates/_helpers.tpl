@@ -133,16 +133,35 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{- /* The action policy's namespaced rules (templates/rbac-actions.yaml): only what each allowed action uses. */}}
 {{- define "frscope.actionRules" }}
+  {{- $kinds := .Values.operator.jobKinds }}
   {{- if has "restart" .Values.actions.allow }}
-  # restart: delete every pod of a hung job (each by uid); the training operator recreates them.
+  # restart: delete every pod of a hung job (each by uid); its controller recreates them (the training
+  # operator; for a TrainJob or JobSet the Job controller, or the JobSet's failurePolicy).
   - apiGroups: [""]
     resources: ["pods"]
     verbs: ["delete"]
+  {{- if $kinds.trainjob }}
+  # restart of a TrainJob: read the JobSet it owns (whose failurePolicy decides if the pods come back).
+  - apiGroups: ["jobset.x-k8s.io"]
+    resources: ["jobsets"]
+    verbs: ["get"]
+  {{- end }}
   {{- end }}
   {{- if has "stop" .Values.actions.allow }}
-  # stop: spec.runPolicy.suspend of a hung job, with the verdict as an annotation beside it.
-  - apiGroups: ["kubeflow.org"]
-    resources: ["pytorchjobs"]
+  {{- range $kind := list "pytorchjob" "trainjob" "jobset" }}
+  {{- if index $kinds $kind }}
+  {{- $group := get (dict "pytorchjob" "kubeflow.org" "trainjob" "trainer.kubeflow.org" "jobset" "jobset.x-k8s.io") $kind }}
+  {{- $field := get (dict "pytorchjob" "spec.runPolicy.suspend" "trainjob" "spec.suspend" "jobset" "spec.suspend") $kind }}
+  # stop: {{ $field }} of a hung {{ $kind }}, with the verdict as an annotation beside it.
+  - apiGroups: [{{ $group | quote }}]
+    resources: [{{ printf "%ss" $kind | quote }}]
     verbs: ["patch"]
+  {{- end }}
+  {{- end }}
+  # stop of a job Kueue queues (label kueue.x-k8s.io/queue-name): spec.active false on its Workload
+  # (found by its ownerReference to the job); Kueue then suspends the job and does not re-admit it.
+  - apiGroups: ["kueue.x-k8s.io"]
+    resources: ["workloads"]
+    verbs: ["list", "patch"]
   {{- end }}
 {{- end }}
