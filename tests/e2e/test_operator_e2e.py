@@ -128,16 +128,21 @@ def operator(kube: ControlPlane, kubeconfig: Path, log: Path, args: list[str],
 
 
 @contextmanager
-def hung_job_with_sidecars(tmp: Path, pods: dict[str, tuple[int, ...]]) -> Iterator[dict[str, int]]:
+def hung_job_with_sidecars(tmp: Path, pods: dict[str, tuple[int, ...]],
+                           hosts: dict[str, str] | None = None, port: int | None = None) -> Iterator[dict[str, int]]:
     """A real 4-rank gloo job that hangs (rank 1 never joins all_reduce #4), and one real `frscope
     sidecar` per pod watching that pod's ranks (their worker-server sockets, linked into a per-pod
-    directory). Yields pod -> the sidecar's port. Everything is ended by PID on exit."""
+    directory). Yields pod -> the sidecar's port. Everything is ended by PID on exit.
+    With `hosts` (pod -> a loopback address, each pod its own) every sidecar listens on one port (`port`,
+    or a free one), on its pod's address: pods made from one pod template (one containerPort) then reach
+    their own sidecar."""
     from frscope.demo.launcher import start_job
 
     sidecars: list[tuple[subprocess.Popen[bytes], Any]] = []
     with start_job("hang", sum(len(r) for r in pods.values()), lifetime_s=240) as job:
         job.wait_for_sockets(time.monotonic() + 90)
         ports: dict[str, int] = {}
+        shared_port = (port or free_port()) if hosts else 0
         try:
             for pod, ranks in pods.items():
                 directory = tmp / pod
@@ -148,7 +153,8 @@ def hung_job_with_sidecars(tmp: Path, pods: dict[str, tuple[int, ...]]) -> Itera
                 log = open(directory / "sidecar.log", "wb")  # closed below
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "frscope", "sidecar", "--socket-dir", str(directory),
-                     "--evidence-dir", "none", "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
+                     "--evidence-dir", "none", "--host", (hosts or {}).get(pod, "127.0.0.1"),
+                     "--port", str(shared_port), "--port-file", str(port_file),
                      "--poll-interval", "1", "--stall-after", "2", "--pod", pod, "--namespace", "ml"],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
                 )
