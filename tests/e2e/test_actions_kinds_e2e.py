@@ -322,7 +322,7 @@ def test_each_action_on_a_hung_trainjob_and_jobset(kube: ControlPlane, accounts:
     assert {p["metadata"]["labels"]["jobset.sigs.k8s.io/restart-attempt"] for p in js_restarted} == {"1"}
     [event] = events(kube, ns["js-restart"], "HungJobRestarted")
     assert event["involvedObject"]["kind"] == "JobSet" and "4 GPUs x" in event["message"], event
-    assert "the JobSet and Job controllers recreate them" in event["message"]
+    assert "for the JobSet and Job controllers to recreate" in event["message"]
 
     # Bare JobSet without a failurePolicy: not restarted, and the record says why; its pods are untouched.
     refused = action_of(kube, ns["js-refused"], "js")

@@ -231,7 +231,7 @@ class Actor:
             if action is Policy.RESTART:
                 pods = [tuple(t.split("/", 2)[1:]) for t in claim.targets if t.startswith("pod/")]
                 await jobs.delete_pods(self._kube, inc.ref.namespace, [(p[0], p[1]) for p in pods if len(p) == 2])
-                what = f"Restarted the hung job: deleted its {len(pods)} pod(s) so that {kind.controller} recreate them"
+                what = f"Restarted the hung job: deleted its {len(pods)} pod(s) for {kind.controller} to recreate"
             elif action is Policy.STOP:
                 what = await jobs.stop(self._kube, kind, inc.ref, claim.targets,
                                        clip_line(f"{inc.category}: {inc.verdict}", 1024))

@@ -128,8 +128,7 @@ async def stop(kube: KubeClient, kind: JobKind, ref: JobRef, targets: tuple[str,
     workload = next((t.split("/", 1)[1] for t in targets if t.startswith("workload/")), None)
     if workload is None:
         await kube.merge_patch(kind.resource, ref.namespace, ref.name, kind.stop_patch(ref.uid, reason))
-        return (f"Stopped the hung job ({kind.suspend_field}: true, which {kind.controller} honour; resume by "
-                "setting it back to false)")
+        return f"Stopped the hung job ({kind.suspend_field}: true; resume by setting it back to false)"
     patch = {"metadata": {"annotations": {names.ANN_STOPPED: reason}}, "spec": {"active": False}}
     last: NotFound | None = None
     for resource in WORKLOAD_VERSIONS:
