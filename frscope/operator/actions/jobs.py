@@ -17,7 +17,7 @@ from typing import Any, Final
 from frscope.operator import jobkinds, names
 from frscope.operator.actions.impact import parse_time
 from frscope.operator.jobkinds import JobKind
-from frscope.operator.kube import PODS, Conflict, KubeClient, NotFound, Resource
+from frscope.operator.kube import PODS, Conflict, Forbidden, KubeClient, NotFound, Resource
 from frscope.operator.objects import JobRef
 
 # Kueue's Workload: v1beta2 since Kueue v0.15 (the storage version of v0.17), v1beta1 before (still
@@ -76,7 +76,10 @@ async def job_pods(kube: KubeClient, kind: JobKind, ref: JobRef, jobset: dict[st
 
 
 async def restart_plan(kube: KubeClient, kind: JobKind, ref: JobRef, job: dict[str, Any]) -> Plan:
-    jobset = await running_jobset(kube, kind, ref, job) if kind.runs_on_jobset else None
+    try:
+        jobset = await running_jobset(kube, kind, ref, job) if kind.runs_on_jobset else None
+    except Forbidden:  # a dry run without restart allowed: the chart grants `jobsets get` with restart
+        return "frscope may not read the JobSet that runs the job (jobsets get comes with restart allowed)", ()
     refusal = kind.restart_refusal(job, jobset)
     if refusal:
         return refusal, ()
@@ -116,7 +119,11 @@ async def stop_plan(kube: KubeClient, kind: JobKind, ref: JobRef, job: dict[str,
     queue = jobkinds.kueue_queue(job)
     if queue is None:
         return None, (f"job/{ref.name}",)
-    found = await kueue_workload(kube, ref)
+    try:
+        found = await kueue_workload(kube, ref)
+    except Forbidden:  # a dry run without stop allowed: the chart grants `workloads` list with stop
+        return (f"the job is queued by Kueue ({names.LABEL_KUEUE_QUEUE}={queue}) and frscope may not read its "
+                "Workload (workloads list comes with stop allowed)"), ()
     if found is None:
         return (f"the job is queued by Kueue ({names.LABEL_KUEUE_QUEUE}={queue}), which owns "
                 f"{kind.suspend_field}, and no Workload of it was found to deactivate"), ()

@@ -185,3 +185,13 @@ async def test_a_kueue_job_without_a_workload_is_not_stopped(fake_kube: FakeKube
     assert "queued by Kueue (kueue.x-k8s.io/queue-name=q), which owns spec.runPolicy.suspend" in done.message
     job = fake_kube.get("pytorchjobs", "ml", "llm")
     assert job is not None and job["spec"] == {}
+
+
+async def test_a_dry_run_that_may_not_read_the_workload_says_so(fake_kube: FakeKube, kube_client: KubeClient) -> None:
+    # stop asked for but not allowed: a dry run, and the chart grants no `workloads` list then.
+    fake_kube.fail("GET", "/workloads", 403, times=5, reason="Forbidden")
+    ref = put_job(fake_kube, "jobsets", jobkinds.JOBSET, "stop", labels={"kueue.x-k8s.io/queue-name": "q"})
+    done = await actor(kube_client, Policy.RESTART).on_incident(ref, "llm-abc")
+    assert done is not None and done.state == "dry-run", done
+    assert "would stop the job (but the job is queued by Kueue" in done.message
+    assert "may not read its Workload (workloads list comes with stop allowed)" in done.message
