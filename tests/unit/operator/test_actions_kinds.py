@@ -130,7 +130,8 @@ async def test_a_trainjob_restart_deletes_the_pods_of_the_jobset_it_owns(fake_ku
     assert done.targets == ("pod/llm-node-0-0/uid-llm-node-0-0", "pod/llm-node-0-1/uid-llm-node-0-1")
     assert [p["metadata"]["name"] for p in fake_kube.of("pods")] == ["llm-old"]
     [event] = fake_kube.of("events")
-    assert event["reason"] == "HungJobRestarted" and "for the JobSet and Job controllers to recreate" in event["message"]
+    assert event["reason"] == "HungJobRestarted"
+    assert "for the JobSet and Job controllers to recreate" in event["message"]
     assert event["involvedObject"]["kind"] == "TrainJob"
 
 
