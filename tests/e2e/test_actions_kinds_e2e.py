@@ -167,7 +167,10 @@ def kueue_crds(kube: ControlPlane) -> Path:
     directory = Path(proc.stdout.strip().splitlines()[-1])
     for crd in sorted(directory.glob("kueue.x-k8s.io_*.yaml")):
         kube.kubectl("apply", "--server-side", "--field-manager=frscope-testenv", "-f", str(crd))
-    kube.kubectl("wait", "--for=condition=Established", "crd/workloads.kueue.x-k8s.io", "--timeout=60s")
+    wait_for("the Kueue CRDs established", lambda: all(
+        any(c["type"] == "Established" and c["status"] == "True"
+            for c in kube.kubectl_json("get", "crd", f"{plural}.kueue.x-k8s.io").get("status", {}).get("conditions") or [])
+        for plural in ("workloads", "clusterqueues", "localqueues", "resourceflavors")), 60)
     return directory
 
 
