@@ -63,9 +63,9 @@ KUEUE_WORKLOADS = "workloads.kueue.x-k8s.io"
 
 # -- objects ---------------------------------------------------------------------------------------
 def pod_template(port: int, *, cpu_only: bool = False) -> dict[str, Any]:
-    """Trainer's torch pod (container `node`, torchrun's env) with frscope's sidecar, as injected."""
+    """Trainer's torch pod (container `node`, torchrun's env), opted in, with frscope's sidecar as injected."""
     resources = {"requests": {"cpu": "100m"}} if cpu_only else {"limits": {"nvidia.com/gpu": str(GPUS_PER_POD)}}
-    return {"spec": {
+    return {"metadata": {"labels": {"frscope.io/inject": "true"}}, "spec": {
         "restartPolicy": "Never",
         "initContainers": [{"name": "frscope-sidecar", "image": "frscope:e2e", "restartPolicy": "Always",
                             "ports": [{"name": "frscope", "containerPort": port}]}],
@@ -167,10 +167,13 @@ def kueue_crds(kube: ControlPlane) -> Path:
     directory = Path(proc.stdout.strip().splitlines()[-1])
     for crd in sorted(directory.glob("kueue.x-k8s.io_*.yaml")):
         kube.kubectl("apply", "--server-side", "--field-manager=frscope-testenv", "-f", str(crd))
-    wait_for("the Kueue CRDs established", lambda: all(
-        any(c["type"] == "Established" and c["status"] == "True"
-            for c in kube.kubectl_json("get", "crd", f"{plural}.kueue.x-k8s.io").get("status", {}).get("conditions") or [])
-        for plural in ("workloads", "clusterqueues", "localqueues", "resourceflavors")), 60)
+    def established(plural: str) -> bool:
+        crd = kube.kubectl_json("get", "crd", f"{plural}.kueue.x-k8s.io")
+        return any(c["type"] == "Established" and c["status"] == "True"
+                   for c in crd.get("status", {}).get("conditions") or [])
+
+    wait_for("the Kueue CRDs established",
+             lambda: all(established(p) for p in ("workloads", "clusterqueues", "localqueues", "resourceflavors")), 60)
     return directory
 
 
