@@ -81,7 +81,7 @@ cluster-node: deps-apt
 cluster-node-down:
 	@$(PY) testenv/node.py down
 
-# The node's images (tests/node) and the Trainer/JobSet controllers (tests marked `controllers`): the
+# The node's images (tests/node) and the Trainer/JobSet and Kueue controllers (tests marked `controllers`): the
 # tests build what is missing themselves; built here beforehand so that a cold run overlaps them with
 # the rest. Root only (buildah, debootstrap); elsewhere the node tests skip and so does this.
 node-images: $(STAMP) deps-apt testenv
@@ -90,6 +90,7 @@ node-images: $(STAMP) deps-apt testenv
 
 controllers:
 	testenv/build-controllers >/dev/null || [ $$? -eq 3 ]
+	testenv/build-kueue >/dev/null || [ $$? -eq 3 ]
 
 # What the suite needs, built side by side on a cold machine (the Go builds are CPU-bound, the torch
 # venvs and images mostly download and unpack): then the suite.
