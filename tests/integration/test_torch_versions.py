@@ -26,29 +26,17 @@ from tests.integration.test_bootstrap_launchers import (
     wait_for,
     workers,
 )
+from tests.integration.torch_venvs import MINORS, python_for
 
-REPO = Path(__file__).resolve().parents[2]
 # The recorder format each torch writes (the dump's top-level `version`), as measured.
 FORMAT = {"2.13": "2.10", "2.14": "2.10", "2.15": "2.10"}
-OTHER_VERSIONS = {"2.14": "2.14.1", "2.15": "2.15.0"}  # minor -> the release its venv holds
 HANDLERS = {"fr_trace_json", "dump_traceback", "ping"}  # what the sidecar calls
-
-
-def python_for(minor: str) -> str:
-    if minor == "2.13":
-        return sys.executable
-    done = subprocess.run([str(REPO / "scripts" / "torch-venv"), "--check", OTHER_VERSIONS[minor]],
-                          capture_output=True, text=True, timeout=30)
-    if done.returncode == 3:
-        pytest.skip(f"no venv for torch {OTHER_VERSIONS[minor]}: scripts/torch-venv {OTHER_VERSIONS[minor]}")
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
 
 
 @pytest.mark.torch
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("minor", ["2.13", "2.14", "2.15"])
+@pytest.mark.parametrize("minor", MINORS)
 def test_torch_version_served_and_understood(minor: str, tmp_path: Path) -> None:
     python = python_for(minor)
     probe = subprocess.run(

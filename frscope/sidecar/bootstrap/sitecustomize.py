@@ -37,6 +37,7 @@ import importlib.util
 import json
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -46,6 +47,7 @@ from typing import Any
 _TARGET = "torch.distributed"
 _SERVER: Any = None  # kept referenced for the life of the process: torch stops the server on collection
 _SERVER_PID = 0  # the process that started _SERVER (a forked child inherits the variable, not the server)
+_SERVER_PATH = ""  # the socket _SERVER listens on
 _LOCK = threading.Lock()
 _OWNER_VAR = "FRSCOPE_WORKER_SERVER_PID"
 # Set by torchrun's elastic agent in the environment of each worker it starts, never in its own.
@@ -81,20 +83,33 @@ def _elastic_rank() -> int | None:
 
 
 def _stale(path: str) -> bool:
-    """A socket file nobody listens on (left by an earlier process: a restarted worker or container)."""
+    """A socket file that no live process serves: nobody listens on it (left by an earlier process: a
+    restarted worker or container), or the process that listens is gone and only something that inherited
+    the socket keeps it open (a forked child of a crashed rank that is not a Python child of ours)."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(1.0)
     try:
         probe.connect(path)
+        creds = probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     except OSError:
         return True
     finally:
         probe.close()
-    return False
+    listener = struct.unpack("3i", creds)[0]  # the pid that called listen(); 0 if not visible from here
+    return listener > 0 and not _alive(listener)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return not os.path.isdir("/proc/self")  # no /proc to ask: assume alive
+    return state not in (b"Z", b"X")  # a zombie does not serve
 
 
 def _start_server(rank: int) -> None:
-    global _SERVER, _SERVER_PID
+    global _SERVER, _SERVER_PID, _SERVER_PATH
     with _LOCK:
         if _SERVER is not None or _inherited():
             return
@@ -121,6 +136,7 @@ def _start_server(rank: int) -> None:
             _SERVER_PID = os.getpid()
             atexit.register(_remove_socket, path)
             _SERVER = server_type(path)
+            _SERVER_PATH = path
             # The sidecar runs as its own user (the chart's 65532), the trainer often as root: connecting to
             # a unix socket needs write permission on it. The directory is the pod's own shared volume.
             os.chmod(path, 0o666)
@@ -167,10 +183,37 @@ def _after_fork_in_child() -> None:
     group) waits for a group of its own."""
     global _LOCK
     _LOCK = threading.Lock()  # the parent's lock may have been held by a thread that is gone
+    if _SERVER is not None:
+        _close_inherited_listener(_SERVER_PATH)
     if _SERVER is not None or _inherited() or _has_group():
         os.environ.setdefault(_OWNER_VAR, str(os.getppid()))
         return
     _watch()
+
+
+def _close_inherited_listener(path: str) -> None:
+    """A forked child holds a copy of its parent's listening socket. Were the parent to die first (a
+    crashed rank, its DataLoader workers still up for a few seconds), the socket would go on taking
+    connections that nobody answers: the sidecar would wait on a dead rank, and a restarted rank would
+    take the socket for served. The child never uses it (fork copies only the forking thread)."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except (OSError, ValueError):
+        return
+    for fd in fds:
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:
+            continue  # not a socket (or gone: listdir's own descriptor)
+        try:
+            ours = (sock.family == socket.AF_UNIX and sock.getsockname() == path
+                    and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1)
+        except OSError:
+            ours = False
+        if ours:
+            sock.close()
+            return
+        sock.detach()
 
 
 def _on_loaded() -> None:
