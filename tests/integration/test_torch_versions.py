@@ -10,6 +10,7 @@ the command that builds it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from frscope.records import normalize_dump
+from frscope.records.loader import load_file
 from tests.integration.test_bootstrap_launchers import (
     RANK_SCRIPT,
     Pod,
@@ -26,6 +28,7 @@ from tests.integration.test_bootstrap_launchers import (
     wait_for,
     workers,
 )
+from tests.integration.test_sidecar_support import free_port
 from tests.integration.torch_venvs import MINORS, python_for
 
 # The recorder format each torch writes (the dump's top-level `version`), as measured.
@@ -47,6 +50,23 @@ def test_torch_version_served_and_understood(minor: str, tmp_path: Path) -> None
     version, handlers = json.loads(probe.stdout.splitlines()[-1])
     assert version.startswith(minor + "."), version
     assert HANDLERS <= set(handlers), handlers
+
+    # The pickle form (what a program or the on-timeout dump writes), read through frscope's allow-listed
+    # unpickler: a format it knows, every field where it looks.
+    pickled = tmp_path / "nccl_trace_rank_0"
+    code = ("import sys, torch, torch.distributed as dist\n"
+            f"dist.init_process_group('gloo', rank=0, world_size=1, init_method='tcp://127.0.0.1:{free_port()}')\n"
+            "dist.all_reduce(torch.ones(4))\n"
+            "open(sys.argv[1], 'wb').write(torch._C._distributed_c10d._dump_fr_trace())\n"
+            "dist.destroy_process_group()\n")
+    wrote = subprocess.run([python, "-W", "ignore", "-c", code, str(pickled)], capture_output=True, text=True,
+                           timeout=120, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+                           | {"TORCH_FR_BUFFER_SIZE": "2000", "OMP_NUM_THREADS": "1"})
+    assert wrote.returncode == 0, wrote.stderr[-2000:]
+    dump = load_file(pickled, keep_frames=True)
+    assert dump.version == FORMAT[minor] and dump.warnings == [], (dump.version, dump.warnings)
+    [entry] = [e for e in dump.entries if e.op == "all_reduce"]
+    assert entry.input_sizes == [[4]] and entry.frames, entry
 
     out = tmp_path / "out"
     out.mkdir()
