@@ -177,7 +177,7 @@ def torchrun_c10d_pytorchjob(out: Path, ports: list[int], python: str) -> list[P
 # restarted rank can read the dead attempt's gloo address and fail with "Connection refused" (or hang on
 # a reused port). Seen here without frscope too: a plain torchrun --max-restarts 1 job whose rank 1 dies
 # failed 3 of 6 runs, 0 of 6 with torch's opt-out TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (a fresh store per
-# attempt). pytorch/pytorch#135712 (fixed in 2.5, back since), #167288. The restart cases take the opt-out
+# attempt); pytorch/pytorch#135712 and #167288 describe it. The restart cases take the opt-out
 # so that they test the bootstrap's part: a restarted worker serves again, with its restart count.
 _FRESH_STORE_PER_ATTEMPT = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 

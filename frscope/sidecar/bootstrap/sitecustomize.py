@@ -18,7 +18,9 @@ puts RANK = the pod's index on the container, so torchrun's agent has it too):
   a daemon thread waits until the default process group exists and serves as
   `torch.distributed.get_rank()`. torchrun's agent never makes a process group, so it never serves.
 A process that inherited FRSCOPE_WORKER_SERVER_PID of another process (a spawned DataLoader worker)
-and a forked child of a serving process (a forked DataLoader worker) never serve.
+and a forked child of a serving process (a forked DataLoader worker) never serve; a forked child closes
+its copy of the server's listening socket, which would outlive a crashed rank. A socket file is taken
+over only when no live process listens on it.
 
 Environment: FRSCOPE_SOCKET_DIR (default /run/frscope), FRSCOPE_BOOTSTRAP=0 to switch it off. Any
 other `sitecustomize` that this file shadows on sys.path (Debian's, a venv's) is still run. The
@@ -203,12 +205,12 @@ def _close_inherited_listener(path: str) -> None:
     for fd in fds:
         try:
             sock = socket.socket(fileno=fd)
-        except OSError:
+        except Exception:
             continue  # not a socket (or gone: listdir's own descriptor)
         try:
             ours = (sock.family == socket.AF_UNIX and sock.getsockname() == path
                     and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1)
-        except OSError:
+        except Exception:
             ours = False
         if ours:
             sock.close()
