@@ -67,7 +67,8 @@ cluster:
 # tests/integration/test_torch_versions.py and the launcher matrix; a version not built here is skipped
 # there. The CUDA wheels that .venv (torch 2.13.0) or an earlier venv here already holds at the same
 # version are hard-linked, not downloaded: 2.14.1 then fetches only torch and cuDNN. Cold, measured on
-# 2 loaded cores: 2.15.0 5.1 min and 4.4 GB, then 2.14.1 3.3 min and 2.1 GB more; warm: nothing to do.
+# the 2 shared cores (load 5-10): 2.15.0 4.0-5.1 min and 4.0 GB, then 2.14.1 2.1-3.4 min and 2.1 GB more
+# (3.2-3.8 min and 4.5 GB without the links); warm: nothing to do. It waits for .venv, the main donor.
 TORCH_VERSIONS ?= 2.15.0 2.14.1
 torch-venvs: $(STAMP)
 	PY=$(PY) FRSCOPE_TORCH_DONORS=$(abspath $(VENV)) scripts/torch-venv $(TORCH_VERSIONS) >/dev/null
