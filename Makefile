@@ -74,8 +74,9 @@ torch-venvs:
 # A real one-node cluster in the background (docs/testenv.md): builds what is missing (testenv/build,
 # testenv/build-images), starts the control plane, containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS
 # and the Kubeflow training operator; the last line of stdout is `export KUBECONFIG=...`. Needs root.
+# TRAINER=1: also Kubeflow Trainer v2 and JobSet, each in a pod (testenv/build-controllers builds them).
 cluster-node: deps-apt
-	@PIP=$(abspath $(BIN))/pip $(PY) testenv/node.py up --background
+	@PIP=$(abspath $(BIN))/pip $(PY) testenv/node.py up --background $(if $(TRAINER),--trainer)
 
 # Stops everything cluster-node started (by PID), unmounts what it mounted, removes its network.
 cluster-node-down:

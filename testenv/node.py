@@ -936,15 +936,32 @@ def _state_path() -> Path:
     return cache_root() / "node" / STATE_FILE
 
 
+def _last_line(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise NodeError(f"{' '.join(cmd)} failed with exit status {proc.returncode}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@dataclass(frozen=True)
+class TrainerBuild:
+    """What deploy_trainer needs: testenv/build-controllers' output and manifests, the images' archives."""
+
+    controllers: Path
+    manifests: Path
+    archives: list[Path]
+
+
+def _trainer_outputs() -> TrainerBuild:
+    controllers = Path(_last_line([str(HERE / "build-controllers")]))
+    manifests = Path(_last_line([str(HERE / "build-controllers"), "--manifests"]))
+    images = Path(_last_line([str(HERE / "build-images"), "--controllers", str(controllers)]))
+    return TrainerBuild(controllers, manifests, sorted(images.glob("*.tar")))
+
+
 def _build_outputs() -> tuple[Path, list[Path], list[Path]]:
     """bin dir, image archives, CRDs: testenv/build and testenv/build-images (each builds what is missing)."""
-
-    def last_line(cmd: list[str]) -> str:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
-        if proc.returncode != 0 or not proc.stdout.strip():
-            raise NodeError(f"{' '.join(cmd)} failed with exit status {proc.returncode}")
-        return proc.stdout.strip().splitlines()[-1]
-
+    last_line = _last_line
     bin_dir = Path(last_line([str(HERE / "build")]))
     images_dir = Path(last_line([str(HERE / "build-images"), str(bin_dir)]))
     archives = sorted(images_dir.glob("*.tar"))
@@ -958,8 +975,9 @@ def _up(args: argparse.Namespace) -> int:
     if state.exists():
         print(f"testenv/node: {state} exists: a node is running (make cluster-node-down first)", file=sys.stderr)
         return 1
+    with_trainer = _trainer_outputs() if args.trainer else None
     if not args.background:
-        return _supervise(bin_dir, archives, crds, None)
+        return _supervise(bin_dir, archives, crds, None, with_trainer)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -972,7 +990,7 @@ def _up(args: argparse.Namespace) -> int:
         os.dup2(log, 2)
         code = 1
         try:
-            code = _supervise(bin_dir, archives, crds, write_fd)
+            code = _supervise(bin_dir, archives, crds, write_fd, with_trainer)
         finally:
             os._exit(code)
     os.close(write_fd)
@@ -986,7 +1004,8 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _supervise(bin_dir: Path, archives: list[Path], crds: list[Path], notify_fd: int | None) -> int:
+def _supervise(bin_dir: Path, archives: list[Path], crds: list[Path], notify_fd: int | None,
+               with_trainer: TrainerBuild | None = None) -> int:
     stop = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -998,6 +1017,15 @@ def _supervise(bin_dir: Path, archives: list[Path], crds: list[Path], notify_fd:
     print("testenv/node: starting the control plane and the node ...", file=sys.stderr, flush=True)
     try:
         node = start(bin_dir, archives, crds=crds)
+        if with_trainer is not None:
+            print("testenv/node: deploying JobSet and Kubeflow Trainer ...", file=sys.stderr, flush=True)
+            try:
+                node.import_images(with_trainer.archives)
+                versions = deploy_trainer(node, with_trainer.controllers, with_trainer.manifests)
+            except BaseException:
+                node.stop(keep_logs_in=cache_root() / "node" / "failed-logs")
+                raise
+            print(f"testenv/node: {versions} running", file=sys.stderr, flush=True)
     except NodeError as e:
         if notify_fd is not None:
             os.write(notify_fd, str(e).encode())
@@ -1063,6 +1091,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build what is missing, start the cluster with its node")
     up.add_argument("--background", action="store_true", help="return once it runs (make cluster-node)")
+    up.add_argument("--trainer", action="store_true",
+                    help="also Kubeflow Trainer v2 and JobSet, in pods (make cluster-node TRAINER=1)")
     sub.add_parser("down", help="stop the cluster `up --background` started")
     args = parser.parse_args(argv)
     (cache_root() / "node").mkdir(parents=True, exist_ok=True)
