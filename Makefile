@@ -89,8 +89,11 @@ node-images: $(STAMP) deps-apt testenv
 	@if [ "$$(id -u)" = 0 ] && bin="$$(testenv/build --check)"; then \
 	  PIP=$(abspath $(BIN))/pip testenv/build-images "$$bin" >/dev/null; fi
 
-controllers:
+controllers: deps-apt
 	testenv/build-controllers >/dev/null || [ $$? -eq 3 ]
+	@# their images, for the node tests that deploy Trainer and JobSet in pods (seconds; root only)
+	@if [ "$$(id -u)" = 0 ] && dir="$$(testenv/build-controllers --check)"; then \
+	  testenv/build-images --controllers "$$dir" >/dev/null; fi
 	testenv/build-kueue >/dev/null || [ $$? -eq 3 ]
 
 # What the suite needs, built side by side on a cold machine (the Go builds are CPU-bound, the torch
