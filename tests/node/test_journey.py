@@ -143,8 +143,13 @@ def podmonitor_scrape_config(node: Any, home: Path, sd_file: Path) -> dict[str, 
         {"target_label": "job", "replacement": f"{pm['metadata']['namespace']}/{pm['metadata']['name']}"},
         {"target_label": "endpoint", "replacement": endpoint["port"]},
     ]
+    # The PodMonitor's own relabelings, field for field as the Prometheus Operator writes them.
+    fields = {"sourceLabels": "source_labels", "targetLabel": "target_label", "regex": "regex",
+              "replacement": "replacement", "action": "action", "separator": "separator"}
     for r in endpoint.get("relabelings", []):
-        relabel.append({"source_labels": r["sourceLabels"], "target_label": r["targetLabel"]})
+        unknown = set(r) - set(fields)
+        assert not unknown, f"relabeling field(s) this test does not translate: {unknown}"
+        relabel.append({fields[k]: v for k, v in r.items()})
     return {
         "job_name": f"podMonitor/{pm['metadata']['namespace']}/{pm['metadata']['name']}/0",
         "metrics_path": endpoint["path"],
@@ -218,10 +223,11 @@ def node_free_port() -> int:
 
 
 def stall_query() -> str:
-    """The dashboard's per-rank stall panel, with Grafana's variables set to "all"."""
+    """The dashboard's per-rank stall panel (one series per rank and group), with Grafana's variables
+    set to "all"."""
     dashboard = json.loads(DASHBOARD.read_text())
     [expr] = [t["expr"] for p in dashboard["panels"] if p.get("type") != "row" for t in p.get("targets", [])
-              if t["expr"].startswith("max by (namespace, pytorchjob, rank, pg) (frscope_collective_stalled")]
+              if t["expr"].startswith("max by (") and "(frscope_collective_stalled{" in t["expr"]]
     for var in ("namespace", "job", "pg"):
         expr = expr.replace(f"${var}", ".*")
     return str(expr)
@@ -324,7 +330,8 @@ def journey(node: Any, prometheus: Prometheus, launcher: str, ns: str) -> None:
                   30, 1, diagnostics=dump)
     pod_ips = {p["status"]["podIP"] for p in job_pods(node, ns, name)}
     assert {r["metric"]["instance"].split(":")[0] for r in up} == pod_ips
-    assert {r["metric"]["pytorchjob"] for r in up} == {name}
+    assert {(r["metric"]["training_job"], r["metric"]["job_kind"]) for r in up} == {(name, "pytorchjob")}
+    assert {r["metric"]["pytorchjob"] for r in up} == {name}  # the label queries before TrainJobs used
 
     # Step 6: deleting the job removes its pods and the report.
     node.kubectl("-n", ns, "delete", "pytorchjob", name, "--wait=true", "--timeout=60s")
