@@ -77,8 +77,9 @@ torch-venvs: $(STAMP)
 # A real one-node cluster in the background (docs/testenv.md): builds what is missing (testenv/build,
 # testenv/build-images), starts the control plane, containerd, kubelet, kube-scheduler, kube-proxy, CoreDNS
 # and the Kubeflow training operator; the last line of stdout is `export KUBECONFIG=...`. Needs root.
+# TRAINER=1: also Kubeflow Trainer v2 and JobSet, each in a pod (testenv/build-controllers builds them).
 cluster-node: deps-apt
-	@PIP=$(abspath $(BIN))/pip $(PY) testenv/node.py up --background
+	@PIP=$(abspath $(BIN))/pip $(PY) testenv/node.py up --background $(if $(TRAINER),--trainer)
 
 # Stops everything cluster-node started (by PID), unmounts what it mounted, removes its network.
 cluster-node-down:
@@ -91,8 +92,11 @@ node-images: $(STAMP) deps-apt testenv
 	@if [ "$$(id -u)" = 0 ] && bin="$$(testenv/build --check)"; then \
 	  PIP=$(abspath $(BIN))/pip testenv/build-images "$$bin" >/dev/null; fi
 
-controllers:
+controllers: deps-apt
 	testenv/build-controllers >/dev/null || [ $$? -eq 3 ]
+	@# their images, for the node tests that deploy Trainer and JobSet in pods (seconds; root only)
+	@if [ "$$(id -u)" = 0 ] && dir="$$(testenv/build-controllers --check)"; then \
+	  testenv/build-images --controllers "$$dir" >/dev/null; fi
 	testenv/build-kueue >/dev/null || [ $$? -eq 3 ]
 
 # What the suite needs, built side by side on a cold machine (the Go builds are CPU-bound, the torch

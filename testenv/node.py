@@ -299,6 +299,11 @@ class Node:
     def ctr(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         return _run("ctr", f"--address={self.containerd_socket}", "--namespace=k8s.io", *args, timeout=timeout)
 
+    def import_images(self, archives: Sequence[Path]) -> list[str]:
+        """Import image archives made after the start (once per containerd root); returns the images."""
+        self.images = _import_images(self, Path(self.cleanup.containerd_root), archives)
+        return self.images
+
     def pids(self) -> dict[str, int]:
         return {**self.plane.pids(), **{p.name: p.popen.pid for p in self._processes}}
 
@@ -824,6 +829,97 @@ def _deploy_training_operator(node: Node, bin_dir: Path, timeout: float) -> None
     )  # fmt: skip
 
 
+# Kubeflow Trainer v2 and JobSet: deployed only when asked for (deploy_trainer), each in a pod from its
+# own kustomize manifests with the image built here, like the training operator above.
+TRAINER_IMAGE = "docker.io/frscope-testenv/trainer-controller-manager"
+JOBSET_IMAGE = "docker.io/frscope-testenv/jobset"
+TRAINER_NAMESPACE = "kubeflow-system"
+JOBSET_NAMESPACE = "jobset-system"
+TORCH_RUNTIME = "torch-distributed"
+TRAINER_POD_IMAGE = "frscope-test/trainer:dev"
+
+
+def _versions(controllers_dir: Path) -> dict[str, str]:
+    words = (controllers_dir / "VERSIONS").read_text().split()  # "jobset v0.8.2 trainer v2.0.0"
+    return dict(zip(words[::2], words[1::2], strict=True))
+
+
+def _never_pull(deployment: str) -> dict[str, Any]:
+    # Images are imported, never pulled (nothing can be reached).
+    patch = [{"op": "add", "path": "/spec/template/spec/containers/0/imagePullPolicy", "value": "Never"}]
+    return {"target": {"kind": "Deployment", "name": deployment}, "patch": json.dumps(patch)}
+
+
+def _apply_kustomization(node: Node, name: str, upstream: Path, kustomization: dict[str, Any]) -> None:
+    overlay = node.workdir / name
+    shutil.copytree(upstream, overlay / "upstream")
+    (overlay / "kustomization.yaml").write_text(_yaml(kustomization))
+    rendered = node.kubectl("kustomize", str(overlay)).stdout
+    node.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=rendered, timeout=120)
+
+
+def _wait_available(node: Node, namespace: str, deployment: str, timeout: float) -> None:
+    proc = node.kubectl("-n", namespace, "wait", "--for=condition=Available", f"deployment/{deployment}",
+                        f"--timeout={int(timeout)}s", timeout=timeout + 30, check=False)
+    if proc.returncode != 0:
+        pods = node.kubectl("-n", namespace, "describe", "pods", check=False).stdout
+        logs = node.kubectl("-n", namespace, "logs", f"deployment/{deployment}", "--tail=40", check=False).stdout
+        raise NodeError(f"{namespace}/{deployment} not Available: {proc.stderr.strip()}\n{pods[-4000:]}\n{logs}")
+
+
+def deploy_trainer(node: Node, controllers_dir: Path, manifests_dir: Path, timeout: float = 300) -> dict[str, str]:
+    """JobSet and the Kubeflow Trainer v2 controller, each in a pod deployed from its own manifests (CRDs,
+    RBAC, Service, webhook configurations, a Deployment; each makes its own webhook certificate with its
+    cert rotator and patches it into its webhook configurations), with the images testenv/build-images
+    --controllers built (imported beforehand: Node.import_images); then Trainer's own `torch-distributed`
+    ClusterTrainingRuntime with its image pointed at the trainer image built here. Returns the versions.
+
+    JobSet comes from its module's config/default (what its release manifests are built from). Trainer's
+    overlays/manager is its base with the namespace, the image and the webhook Secret, plus JobSet from a
+    release URL: the overlay here is the same without that URL."""
+    versions = _versions(controllers_dir)
+    _apply_kustomization(node, "jobset", manifests_dir / "jobset", {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["upstream/default"],
+        # config/components/manager names its image us-central1-docker.pkg.dev/.../jobset:main.
+        "images": [{"name": "us-central1-docker.pkg.dev/k8s-staging-images/jobset/jobset",
+                    "newName": JOBSET_IMAGE, "newTag": versions["jobset"]}],
+        "patches": [_never_pull("jobset-controller-manager")],
+    })
+    trainer_upstream = manifests_dir / "trainer"
+    _apply_kustomization(node, "trainer", trainer_upstream, {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": TRAINER_NAMESPACE,
+        "resources": ["upstream/overlays/manager/namespace.yaml", "upstream/base/crds", "upstream/base/manager",
+                      "upstream/base/rbac", "upstream/base/webhook"],
+        "images": [{"name": "ghcr.io/kubeflow/trainer/trainer-controller-manager", "newName": TRAINER_IMAGE,
+                    "newTag": versions["trainer"]}],
+        "secretGenerator": [{"name": "kubeflow-trainer-webhook-cert", "namespace": TRAINER_NAMESPACE,
+                             "options": {"disableNameSuffixHash": True}}],
+        "patches": [_never_pull("kubeflow-trainer-controller-manager")],
+    })
+    _wait_available(node, JOBSET_NAMESPACE, "jobset-controller-manager", timeout)
+    _wait_available(node, TRAINER_NAMESPACE, "kubeflow-trainer-controller-manager", timeout)
+    runtime = (trainer_upstream / "base" / "runtimes" / "torch_distributed.yaml").read_text()
+    upstream_image = "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime"
+    if upstream_image not in runtime:
+        raise NodeError(f"Trainer's torch runtime does not name {upstream_image} any more: update testenv/node.py")
+    runtime = runtime.replace(upstream_image, TRAINER_POD_IMAGE)
+    # Trainer's validating webhook checks the runtime: its configuration gets the CA bundle from the
+    # rotator a moment after the Deployment is Available.
+    deadline = time.monotonic() + 60
+    while True:
+        applied = node.kubectl("apply", "--server-side", "-f", "-", input=runtime, check=False)
+        if applied.returncode == 0:
+            break
+        if time.monotonic() > deadline:
+            raise NodeError(f"the {TORCH_RUNTIME} ClusterTrainingRuntime was refused: {applied.stderr.strip()}")
+        time.sleep(2)
+    return versions
+
+
 @contextlib.contextmanager
 def running(bin_dir: Path, image_archives: Sequence[Path], **kwargs: Any) -> Iterator[Node]:
     node = start(bin_dir, image_archives, **kwargs)
@@ -840,15 +936,32 @@ def _state_path() -> Path:
     return cache_root() / "node" / STATE_FILE
 
 
+def _last_line(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise NodeError(f"{' '.join(cmd)} failed with exit status {proc.returncode}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@dataclass(frozen=True)
+class TrainerBuild:
+    """What deploy_trainer needs: testenv/build-controllers' output and manifests, the images' archives."""
+
+    controllers: Path
+    manifests: Path
+    archives: list[Path]
+
+
+def _trainer_outputs() -> TrainerBuild:
+    controllers = Path(_last_line([str(HERE / "build-controllers")]))
+    manifests = Path(_last_line([str(HERE / "build-controllers"), "--manifests"]))
+    images = Path(_last_line([str(HERE / "build-images"), "--controllers", str(controllers)]))
+    return TrainerBuild(controllers, manifests, sorted(images.glob("*.tar")))
+
+
 def _build_outputs() -> tuple[Path, list[Path], list[Path]]:
     """bin dir, image archives, CRDs: testenv/build and testenv/build-images (each builds what is missing)."""
-
-    def last_line(cmd: list[str]) -> str:
-        proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=False)
-        if proc.returncode != 0 or not proc.stdout.strip():
-            raise NodeError(f"{' '.join(cmd)} failed with exit status {proc.returncode}")
-        return proc.stdout.strip().splitlines()[-1]
-
+    last_line = _last_line
     bin_dir = Path(last_line([str(HERE / "build")]))
     images_dir = Path(last_line([str(HERE / "build-images"), str(bin_dir)]))
     archives = sorted(images_dir.glob("*.tar"))
@@ -862,8 +975,9 @@ def _up(args: argparse.Namespace) -> int:
     if state.exists():
         print(f"testenv/node: {state} exists: a node is running (make cluster-node-down first)", file=sys.stderr)
         return 1
+    with_trainer = _trainer_outputs() if args.trainer else None
     if not args.background:
-        return _supervise(bin_dir, archives, crds, None)
+        return _supervise(bin_dir, archives, crds, None, with_trainer)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -876,7 +990,7 @@ def _up(args: argparse.Namespace) -> int:
         os.dup2(log, 2)
         code = 1
         try:
-            code = _supervise(bin_dir, archives, crds, write_fd)
+            code = _supervise(bin_dir, archives, crds, write_fd, with_trainer)
         finally:
             os._exit(code)
     os.close(write_fd)
@@ -890,7 +1004,8 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _supervise(bin_dir: Path, archives: list[Path], crds: list[Path], notify_fd: int | None) -> int:
+def _supervise(bin_dir: Path, archives: list[Path], crds: list[Path], notify_fd: int | None,
+               with_trainer: TrainerBuild | None = None) -> int:
     stop = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -902,6 +1017,15 @@ def _supervise(bin_dir: Path, archives: list[Path], crds: list[Path], notify_fd:
     print("testenv/node: starting the control plane and the node ...", file=sys.stderr, flush=True)
     try:
         node = start(bin_dir, archives, crds=crds)
+        if with_trainer is not None:
+            print("testenv/node: deploying JobSet and Kubeflow Trainer ...", file=sys.stderr, flush=True)
+            try:
+                node.import_images(with_trainer.archives)
+                versions = deploy_trainer(node, with_trainer.controllers, with_trainer.manifests)
+            except BaseException:
+                node.stop(keep_logs_in=cache_root() / "node" / "failed-logs")
+                raise
+            print(f"testenv/node: {versions} running", file=sys.stderr, flush=True)
     except NodeError as e:
         if notify_fd is not None:
             os.write(notify_fd, str(e).encode())
@@ -967,6 +1091,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="build what is missing, start the cluster with its node")
     up.add_argument("--background", action="store_true", help="return once it runs (make cluster-node)")
+    up.add_argument("--trainer", action="store_true",
+                    help="also Kubeflow Trainer v2 and JobSet, in pods (make cluster-node TRAINER=1)")
     sub.add_parser("down", help="stop the cluster `up --background` started")
     args = parser.parse_args(argv)
     (cache_root() / "node").mkdir(parents=True, exist_ok=True)

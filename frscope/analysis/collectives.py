@@ -311,7 +311,11 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
     return first
 
 
-def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track]) -> StuckPoint | None:
+def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
+                failed: frozenset[int] = frozenset()) -> StuckPoint | None:
+    """`failed`: ranks whose process the runner says failed. One of them in the collective means it can
+    never complete, however young it is (a rank its collective timeout ended seconds after it entered:
+    the gather that follows the exit must not call the group merely busy; seen on a real node)."""
     if not tracks:
         return None
     seq = min(t.next_seq for t in tracks.values())
@@ -323,7 +327,7 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track]) -> Stu
     since = min(created) if created else None
     now = ctx.now_for(joined)
     age = (now - since) / 1e9 if (now is not None and since is not None) else None
-    stalled = age is None or age >= ctx.options.stall_after_s
+    stalled = age is None or age >= ctx.options.stall_after_s or bool(failed & set(joined))
     return StuckPoint(seq, joined, not_joined, since, age, stalled, ctx.age_source(joined) if age is not None else None)
 
 

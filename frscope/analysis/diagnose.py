@@ -197,6 +197,7 @@ def _analyze(dumpset: DumpSet, options: AnalysisOptions, exits: Mapping[int, Ran
     recorded_p2p_ranks: set[int] = set()
     default_ref: GroupRef | None = None
     any_missing = bool(dumpset.missing_ranks)
+    failed = frozenset(r for r, e in exits.items() if e.failed)
     stopped_ranks: set[int] = set()
 
     for name, group in dumpset.groups.items():
@@ -210,7 +211,7 @@ def _analyze(dumpset: DumpSet, options: AnalysisOptions, exits: Mapping[int, Ran
         mismatch = scan_history(ctx, group, ref, tracks)
         stale = stale_ranks(ctx, group, tracks, exits)
         live = {r: t for r, t in tracks.items() if r not in stale} if stale else tracks
-        point = stuck_point(ctx, group, live)
+        point = stuck_point(ctx, group, live, failed)
         hang = hang_finding(ctx, group, ref, live, point) if point else None
         if stale:
             fresh = {r: s for r, s in stale.items() if r not in stopped_ranks}

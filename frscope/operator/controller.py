@@ -42,7 +42,7 @@ from frscope.operator.publish import (
 )
 from frscope.operator.push import PushStore
 from frscope.operator.sidecars import SidecarClient
-from frscope.operator.signals import Signal, SignalKind, job_condition_signal, watchdog_signals
+from frscope.operator.signals import Signal, SignalKind, exit_signals, job_condition_signal, watchdog_signals
 from frscope.operator.store import JobStore, JobView, LatestDiagnosis
 from frscope.report import one_line, report_to_dict
 from frscope.report.timeline import build_timeline
@@ -68,8 +68,9 @@ class _JobState:
     pending: Signal | None = None
     running: bool = False
     first_signal_at: float | None = None
-    # attempt -> monotonic time of the last gather that found nothing to publish
-    quiet_until: dict[str, float] | None = None
+    # attempt -> (monotonic time until which, the pods' ended runs then) of the last gather that found
+    # nothing to publish: quiet only while no trainer run has ended since (an exit is new evidence)
+    quiet_until: dict[str, tuple[float, str]] | None = None
     # (job uid, condition) of the newest incident: the condition frscope keeps first in the job's list
     asserted: tuple[str, dict[str, Any]] | None = None
     restarts: int = 0  # torchrun's restart count the sidecars reported last (for signals that carry none)
@@ -81,6 +82,11 @@ def _latest_run(pods: tuple[PodInfo, ...], ended: bool) -> int:
         if runs:
             return max(runs)
     return max((p.run for p in pods), default=0)
+
+
+def ended_runs(pods: tuple[PodInfo, ...]) -> str:
+    """The trainer runs that have ended, as known now (pod, container, run, exit code)."""
+    return ",".join(sorted(f"{p.uid}/{t.container}/{t.run}/{t.exit_code}" for p in pods for t in p.terminations))
 
 
 def attempt_for(view: JobView, sig: Signal, restarts: int = 0) -> Attempt:
@@ -155,7 +161,7 @@ class Controller:
             return
         self.store.upsert_pod(pod)
         self._refresh_gauges()
-        for sig in watchdog_signals(pod):
+        for sig in (*watchdog_signals(pod), *exit_signals(pod)):
             self.signal(sig)
 
     async def on_report(self, event_type: str | None, body: dict[str, Any]) -> None:
@@ -266,7 +272,7 @@ class Controller:
             if not new_stall:
                 return f"attempt {attempt} already diagnosed"
         quiet = (state.quiet_until or {}).get(str(attempt))
-        if quiet is not None and time.monotonic() < quiet:
+        if quiet is not None and time.monotonic() < quiet[0] and quiet[1] == ended_runs(view.pods):
             return f"attempt {attempt} gathered recently with nothing to report"
         return None
 
@@ -289,7 +295,7 @@ class Controller:
         if not gathered.anything:
             log.warning("job %s: nothing could be gathered (%d pods failed)", view.key, len(gathered.failures),
                         extra=_job(view.key))
-            self._quiet(state, attempt)
+            self._quiet(state, attempt, view)
             return
         diagnosis = await diagnose(gathered, view.world_size,
                                    AnalysisOptions(stall_after_s=self.config.stuck_after_s,
@@ -299,7 +305,7 @@ class Controller:
         if report.healthy:
             log.info("job %s: %s: no problem found in %d ranks", view.key, sig.kind.value, len(report.ranks_loaded),
                      extra=_job(view.key))
-            self._quiet(state, attempt)
+            self._quiet(state, attempt, view)
             return
         finding = report.findings[0]
         key = IncidentKey(view.ref.uid, attempt, finding.process_group.name, finding.collective_seq_id)
@@ -308,9 +314,9 @@ class Controller:
         rank_pods = {d.rank: pod for pod, evidence in gathered.pods.items() for d in evidence.dumps}
         await self._publish(view, sig, attempt, key, diagnosis, rank_pods)
 
-    def _quiet(self, state: _JobState, attempt: Attempt) -> None:
+    def _quiet(self, state: _JobState, attempt: Attempt, view: JobView) -> None:
         if state.quiet_until is not None:
-            state.quiet_until[str(attempt)] = time.monotonic() + self.config.cooldown_s
+            state.quiet_until[str(attempt)] = (time.monotonic() + self.config.cooldown_s, ended_runs(view.pods))
 
     async def _gather(self, view: JobView) -> Gathered:
         targets = [Target(p.name, p.endpoint) for p in view.pods]

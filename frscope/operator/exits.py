@@ -6,6 +6,10 @@ restart, `lastState.terminated`): exit code, reason (`OOMKilled`, `Error`), the 
 `restartCount`. A pod's ranks are the ones its sidecar delivered; a pod that delivered nothing (it
 died) gets the ranks of its place in the job: node rank (Master first, then Workers by index) times
 processes per node, as the training operator assigns them.
+
+Under torchrun the container's exit is the agent's: when its message holds the agent's failure summary
+(`frscope.records.torchrun_exits`), each rank it lists gets the worker's own exit code and error line
+instead, and the pod's other ranks the container's exit.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from frscope.operator.evidence import PodEvidence
 from frscope.operator.objects import PodInfo, Termination
 from frscope.records import RankExit
 from frscope.records.exits import one_line
+from frscope.records.torchrun_exits import torchrun_failures
 
 
 def _latest(pod: PodInfo) -> Termination | None:
@@ -52,7 +57,23 @@ def rank_exits(pods: Iterable[PodInfo], evidence: dict[str, PodEvidence],
         term = _latest(pod)
         if term is None:
             continue
-        for rank in ranks[pod.name]:
+        source = f"pod {pod.namespace}/{pod.name} container {term.container} (run {term.run})"
+        workers = {f.rank: f for f in torchrun_failures(term.message)}
+        for rank in sorted(set(ranks[pod.name]) | set(workers)):
+            worker = workers.get(rank)
+            if worker is not None:
+                out[rank] = RankExit(
+                    rank,
+                    exit_code=worker.exit_code,
+                    reason=term.reason,
+                    message=one_line(worker.line or term.message),
+                    restart_count=pod.run,
+                    finished_at_ns=term.finished_at_ns,
+                    source=f"{source}: torchrun's summary, local rank {worker.local_rank}"
+                           f"{', the first failure' if worker.root_cause else ''}; container exit code "
+                           f"{term.exit_code}",
+                )
+                continue
             out[rank] = RankExit(
                 rank,
                 exit_code=term.exit_code,
@@ -60,6 +81,6 @@ def rank_exits(pods: Iterable[PodInfo], evidence: dict[str, PodEvidence],
                 message=one_line(term.message),
                 restart_count=pod.run,
                 finished_at_ns=term.finished_at_ns,
-                source=f"pod {pod.namespace}/{pod.name} container {term.container} (run {term.run})",
+                source=source,
             )
     return out

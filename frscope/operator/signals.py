@@ -2,6 +2,7 @@
 
 - a sidecar reports a stall (`/v1/status` polled at a bounded rate, or a push);
 - a trainer container ended with the collective watchdog's message in its termination message;
+- a trainer container ended otherwise in failure (exit code != 0, OOMKilled): a crashed rank;
 - the job's latest condition turned Failed or Restarting.
 
 A signal names the job and the trainer run it is about; a stall also names the group and sequence
@@ -22,6 +23,7 @@ class SignalKind(StrEnum):
     SIDECAR_STALL = "SidecarStall"
     SIDECAR_PUSH = "SidecarPush"
     WATCHDOG_TIMEOUT = "WatchdogTimeout"
+    TRAINER_EXIT = "TrainerExit"
     JOB_FAILED = "JobFailed"
     JOB_RESTARTING = "JobRestarting"
 
@@ -76,6 +78,21 @@ def watchdog_signals(pod: PodInfo) -> list[Signal]:
                        f"pod {pod.name} container {term.container} (run {term.run}) ended: {line}",
                        pod=pod.name, run=term.run, group=group, seq=seq)
             )
+    return out
+
+
+def exit_signals(pod: PodInfo) -> list[Signal]:
+    """A trainer run that ended in failure without the watchdog's words (those are `watchdog_signals`):
+    a rank crashed or was killed. Its exit is evidence the gather before it did not have (seen on a
+    real node: the sidecar's exit push arrives before the kubelet reports the container's end)."""
+    out: list[Signal] = []
+    for term in pod.terminations:
+        failed = term.reason == "OOMKilled" or (term.exit_code is not None and term.exit_code != 0)
+        if failed and not watchdog_match(term.message)[0]:
+            out.append(Signal(SignalKind.TRAINER_EXIT, JobKey(pod.namespace, pod.job_name),
+                              f"pod {pod.name} container {term.container} (run {term.run}) exited with code "
+                              f"{term.exit_code}{f' ({term.reason})' if term.reason else ''}",
+                              pod=pod.name, run=term.run))
     return out
 
 

@@ -126,15 +126,20 @@ def test_operator_pod_security_is_restricted(rendered: dict[str, list[dict[str, 
 def test_webhook_is_opt_in_fails_open_and_skips_system_namespaces(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
-    hook, by_namespace = one(rendered["defaults"], "MutatingWebhookConfiguration")["webhooks"]
-    # Opt-in by namespace: PyTorchJob pods of namespaces with the label, unless the pod says =false.
-    assert by_namespace["clientConfig"]["service"]["path"] == "/inject-namespace"
-    assert by_namespace["namespaceSelector"]["matchLabels"] == {"frscope.io/inject": "true"}
-    assert by_namespace["objectSelector"]["matchExpressions"] == [
-        {"key": "training.kubeflow.org/job-name", "operator": "Exists"},
-        {"key": "frscope.io/inject", "operator": "NotIn", "values": ["true", "false"]}]
-    assert by_namespace["failurePolicy"] == "Ignore"
-    assert by_namespace["namespaceSelector"]["matchExpressions"] == hook["namespaceSelector"]["matchExpressions"]
+    hook, by_namespace, jobset_by_namespace = one(rendered["defaults"], "MutatingWebhookConfiguration")["webhooks"]
+    # Opt-in by namespace: the job pods of namespaces with the label, unless the pod says =false; one
+    # entry per family of job pods (PyTorchJob; TrainJob and JobSet), a selector cannot OR two labels.
+    for entry, job_label in ((by_namespace, "training.kubeflow.org/job-name"),
+                             (jobset_by_namespace, "jobset.sigs.k8s.io/jobset-name")):
+        assert entry["clientConfig"]["service"]["path"] == "/inject-namespace"
+        assert entry["namespaceSelector"]["matchLabels"] == {"frscope.io/inject": "true"}
+        assert entry["objectSelector"]["matchExpressions"] == [
+            {"key": job_label, "operator": "Exists"},
+            {"key": "frscope.io/inject", "operator": "NotIn", "values": ["true", "false"]}]
+        assert entry["failurePolicy"] == "Ignore"
+        assert entry["namespaceSelector"]["matchExpressions"] == hook["namespaceSelector"]["matchExpressions"]
+    assert [by_namespace["name"], jobset_by_namespace["name"]] == ["inject-namespace.frscope.io",
+                                                                   "inject-namespace-jobset.frscope.io"]
     assert hook["failurePolicy"] == "Ignore"
     assert hook["sideEffects"] == "None"
     assert hook["objectSelector"] == {"matchLabels": {"frscope.io/inject": "true"}}

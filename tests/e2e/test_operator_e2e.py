@@ -620,8 +620,9 @@ def test_webhook_injects_the_sidecar_through_the_api_server(kube: ControlPlane, 
 def test_namespace_opt_in_through_the_charts_webhook_entries(kube: ControlPlane, namespace: str,
                                                              operator_kubeconfig: Path, tmp_path: Path) -> None:
     """The chart's own two webhook entries (helm template), pointed at a local operator: in a namespace
-    labelled frscope.io/inject=true, PyTorchJob pods get the sidecar without a pod label (and are then
-    labelled, so the PodMonitor scrapes them); a pod labelled =false and a pod of no job do not."""
+    labelled frscope.io/inject=true, PyTorchJob pods and TrainJob/JobSet pods get the sidecar without a
+    pod label (and are then labelled, so the PodMonitor scrapes them); a pod labelled =false and a pod
+    of no job do not."""
     import base64
 
     ca = make_serving_cert(tmp_path / "tls")
@@ -633,7 +634,8 @@ def test_namespace_opt_in_through_the_charts_webhook_entries(kube: ControlPlane,
         check=True, capture_output=True, text=True, timeout=60).stdout
     [config] = [d for d in yaml.safe_load_all(rendered) if d and d["kind"] == "MutatingWebhookConfiguration"]
     config["metadata"] = {"name": f"frscope-e2e-ns-{namespace}"}
-    assert [w["name"] for w in config["webhooks"]] == ["inject.frscope.io", "inject-namespace.frscope.io"]
+    assert [w["name"] for w in config["webhooks"]] == ["inject.frscope.io", "inject-namespace.frscope.io",
+                                                       "inject-namespace-jobset.frscope.io"]
     for hook in config["webhooks"]:
         path = hook["clientConfig"]["service"]["path"]
         hook["clientConfig"] = {"url": f"https://127.0.0.1:{port}{path}", "caBundle": base64.b64encode(ca).decode()}
@@ -642,8 +644,10 @@ def test_namespace_opt_in_through_the_charts_webhook_entries(kube: ControlPlane,
         selector.setdefault("matchExpressions", []).append(
             {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [namespace]})
 
-    def pod(name: str, label: str | None, job: bool = True) -> dict[str, Any]:
+    def pod(name: str, label: str | None, job: bool = True, jobset: bool = False) -> dict[str, Any]:
         labels = {"training.kubeflow.org/job-name": JOB} if job else {"app": "other"}
+        if jobset:  # a pod as JobSet's Job makes it for a TrainJob or a JobSet
+            labels = {"jobset.sigs.k8s.io/jobset-name": JOB, "jobset.sigs.k8s.io/replicatedjob-name": "node"}
         if label is not None:
             labels["frscope.io/inject"] = label
         return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace, "labels": labels},
@@ -670,6 +674,10 @@ def test_namespace_opt_in_through_the_charts_webhook_entries(kube: ControlPlane,
             both = create(pod("labelled-too", "true"))
             assert [c["name"] for c in both["spec"]["initContainers"]] == ["frscope-sidecar"]
             assert "initContainers" not in create(pod("opted-out", "false"))["spec"]
+            # A TrainJob's or JobSet's pod: its own entry (found on a real node: only PyTorchJob pods were sent).
+            of_jobset = create(pod("of-a-jobset", None, job=False, jobset=True))
+            assert [c["name"] for c in of_jobset["spec"]["initContainers"]] == ["frscope-sidecar"]
+            assert "initContainers" not in create(pod("jobset-opted-out", "false", job=False, jobset=True))["spec"]
             assert "initContainers" not in create(pod("not-a-trainer", None, job=False))["spec"]
     finally:
         kube.kubectl("delete", "mutatingwebhookconfiguration", config["metadata"]["name"], "--ignore-not-found")

@@ -20,6 +20,8 @@ from typing import Any
 
 import pytest
 
+from tests.node.support import CHART, CHART_SETS, RELEASE, SYSTEM_NS, helm
+
 ROOT = Path(__file__).resolve().parents[2]
 TESTENV = ROOT / "testenv"
 ARTIFACTS = ROOT / "test-artifacts" / "node"
@@ -44,9 +46,11 @@ node_module = _load("frscope_testenv_node", TESTENV / "node.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    users = [item for item in items if "node" in getattr(item, "fixturenames", ())]
-    if users:
-        users[0].add_marker(pytest.mark.timeout(COLD_BUILD_TIMEOUT_S), append=False)
+    # The first user of each building fixture gets the cold build's time.
+    for fixture in ("node", "trainer"):
+        users = [item for item in items if fixture in getattr(item, "fixturenames", ())]
+        if users:
+            users[0].add_marker(pytest.mark.timeout(COLD_BUILD_TIMEOUT_S), append=False)
 
 
 def _last_line(cmd: list[str], env: dict[str, str] | None = None) -> tuple[int, str, str]:
@@ -92,3 +96,52 @@ def node(request: pytest.FixtureRequest) -> Iterator[Any]:
             print(f"node: logs kept in {kept}", file=sys.stderr)
         problems = cluster.stop()
         assert not problems, f"the node was not cleaned up: {problems}"
+
+
+@pytest.fixture(scope="session")
+def installed(node: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """README's step 1: the chart installed from the image built here, its operator Ready; yields helm's
+    home. Once per session: every test that runs jobs shares it (uninstalled at the end)."""
+    home = tmp_path_factory.mktemp("helm-home")
+    args = ["upgrade", "--install", RELEASE, str(CHART), "--namespace", SYSTEM_NS, "--create-namespace",
+            "--wait", "--timeout", "4m"]
+    for s in CHART_SETS:
+        args += ["--set", s]
+    try:
+        helm(node, home, *args, timeout=330)
+    except AssertionError:
+        print(node.kubectl("-n", SYSTEM_NS, "describe", "pods", check=False).stdout)
+        print(node.kubectl("-n", SYSTEM_NS, "logs", "deploy/frscope", "--tail=80", check=False).stdout)
+        raise
+    yield home
+    helm(node, home, "uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait")
+
+
+@pytest.fixture(scope="session")
+def trainer(node: Any) -> dict[str, str]:
+    """Kubeflow Trainer v2 and JobSet running on the node, each in a pod from its own manifests, and
+    Trainer's torch-distributed ClusterTrainingRuntime (image: the trainer image built here). Only for
+    the tests that ask: building the two controllers is minutes of CPU when Go's cache is cold (the
+    e2e `controllers` test builds the same, cached), deploying them about a minute. Returns their
+    versions ({"trainer": "v2.0.0", "jobset": "v0.8.2"})."""
+    started = time.monotonic()
+    code, controllers, err = _last_line([str(TESTENV / "build-controllers")])
+    if code == BUILD_NO_GO:
+        pytest.skip(f"node: testenv/build-controllers cannot run: {err.strip()}")
+    if code != 0 or not controllers:
+        pytest.fail(f"testenv/build-controllers failed ({code}):\n{err[-4000:]}", pytrace=False)
+    code, manifests, err = _last_line([str(TESTENV / "build-controllers"), "--manifests"])
+    if code != 0 or not manifests:
+        pytest.fail(f"testenv/build-controllers --manifests failed ({code}):\n{err[-4000:]}", pytrace=False)
+    code, images, err = _last_line([str(TESTENV / "build-images"), "--controllers", controllers])
+    if code != 0 or not images:
+        pytest.fail(f"testenv/build-images --controllers failed ({code}):\n{err[-4000:]}", pytrace=False)
+    built = time.monotonic() - started
+    node.import_images(sorted(Path(images).glob("*.tar")))
+    try:
+        versions: dict[str, str] = node_module.deploy_trainer(node, Path(controllers), Path(manifests))
+    except node_module.NodeError as e:
+        pytest.fail(f"Trainer and JobSet did not start: {e}", pytrace=False)
+    print(f"node: Trainer and JobSet built in {built:.0f}s, deployed in {time.monotonic() - started - built:.0f}s",
+          file=sys.stderr)
+    return versions

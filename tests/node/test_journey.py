@@ -24,28 +24,31 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.node.support import (
+    CHART,
+    CHART_SETS,
+    CONDITION,
+    LAUNCHERS,
+    RELEASE,
+    SYSTEM_NS,
+    all_running,
+    diagnostics,
+    helm,
+    job_pods,
+    start_job,
+    wait_for,
+)
+
 pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[2]
-CHART = ROOT / "charts" / "frscope"
 DASHBOARD = CHART / "files" / "frscope-dashboard.json"
-RELEASE = "frscope"
-SYSTEM_NS = "frscope-system"
-CONDITION = "CollectiveTimeoutDiagnosed"
-TRAINER = "frscope-test/trainer:dev"
-# How each pod starts its ranks: torchrun with 2 processes a pod (the issue's journey; the last rank,
-# the worker pod's second process, gets stuck), or plain `python`, one rank a pod.
-LAUNCHERS = {
-    "torchrun": {"nproc": 2, "command": ["torchrun", "/scripts/train.py"]},
-    "python": {"nproc": 1, "command": ["python", "/scripts/train.py"]},
-}
 STUCK_FUNCTION = "load_batch"
 
 # The training script: plain torch, no frscope. Every rank does three all_reduces; then the stuck rank
@@ -84,120 +87,6 @@ def main():
 if __name__ == "__main__":
     sys.exit(main())
 """
-
-
-def wait_for(what: str, probe: Callable[[], Any], timeout: float, interval: float = 1.0,
-             diagnostics: Callable[[], str] = lambda: "") -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = probe()
-        if last:
-            return last
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})\n{diagnostics()}")
-
-
-def helm(node: Any, home: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**node.plane.env(), "HOME": str(home), "HELM_CACHE_HOME": str(home / "cache"),
-           "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
-    proc = subprocess.run([str(node.plane.bin_dir / "helm"), *args], capture_output=True, text=True, env=env,
-                          timeout=timeout, check=False)
-    assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stdout}\n{proc.stderr}"
-    return proc
-
-
-# The chart's values for the journey: the image built here, and a short stall threshold so the test
-# does not wait the default minute.
-CHART_SETS = ["image.repository=frscope", "image.tag=dev", "image.pullPolicy=Never",
-              "sidecar.pollIntervalSeconds=2", "sidecar.stallAfterSeconds=10"]
-
-
-@pytest.fixture(scope="module")
-def installed(node: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Step 1: the chart installed and its operator Ready; yields helm's home."""
-    home = tmp_path_factory.mktemp("helm-home")
-    args = ["upgrade", "--install", RELEASE, str(CHART), "--namespace", SYSTEM_NS, "--create-namespace",
-            "--wait", "--timeout", "4m"]
-    for s in CHART_SETS:
-        args += ["--set", s]
-    try:
-        helm(node, home, *args, timeout=330)
-    except AssertionError:
-        print(node.kubectl("-n", SYSTEM_NS, "describe", "pods", check=False).stdout)
-        print(node.kubectl("-n", SYSTEM_NS, "logs", "deploy/frscope", "--tail=80", check=False).stdout)
-        raise
-    yield home
-    helm(node, home, "uninstall", RELEASE, "--namespace", SYSTEM_NS, "--wait")
-
-
-def pytorchjob(name: str, namespace: str, launcher: str, image: str = TRAINER) -> dict[str, Any]:
-    def replica() -> dict[str, Any]:
-        return {
-            "replicas": 1,
-            "restartPolicy": "Never",
-            "template": {
-                "metadata": {"labels": {"frscope.io/inject": "true"}},
-                "spec": {
-                    "terminationGracePeriodSeconds": 2,
-                    "containers": [{
-                        "name": "pytorch",
-                        "image": image,
-                        "imagePullPolicy": "Never",
-                        # torchrun takes --nnodes, --node-rank, --nproc-per-node and the rendezvous
-                        # endpoint from the PET_* variables the training operator sets; plain python
-                        # gets MASTER_ADDR, RANK and WORLD_SIZE from it.
-                        "command": LAUNCHERS[launcher]["command"],
-                        "volumeMounts": [{"name": "scripts", "mountPath": "/scripts"}],
-                    }],
-                    "volumes": [{"name": "scripts", "configMap": {"name": f"{name}-script"}}],
-                },
-            },
-        }
-
-    return {
-        "apiVersion": "kubeflow.org/v1",
-        "kind": "PyTorchJob",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "nprocPerNode": str(LAUNCHERS[launcher]["nproc"]),
-            "pytorchReplicaSpecs": {"Master": replica(), "Worker": replica()},
-        },
-    }
-
-
-def start_job(node: Any, namespace: str, name: str, launcher: str, image: str = TRAINER) -> dict[str, Any]:
-    node.kubectl("create", "namespace", namespace)
-    wait_for("the default ServiceAccount", lambda: node.kubectl(
-        "-n", namespace, "get", "serviceaccount", "default", check=False).returncode == 0, 60)
-    node.plane.apply({"apiVersion": "v1", "kind": "ConfigMap",
-                      "metadata": {"name": f"{name}-script", "namespace": namespace},
-                      "data": {"train.py": TRAIN_PY}})
-    return dict(node.plane.apply(pytorchjob(name, namespace, launcher, image)))
-
-
-def job_pods(node: Any, namespace: str, name: str) -> list[dict[str, Any]]:
-    got = node.plane.kubectl_json("-n", namespace, "get", "pods", "-l", f"training.kubeflow.org/job-name={name}")
-    return list(got["items"])
-
-
-def all_running(node: Any, namespace: str, name: str) -> bool:
-    pods = job_pods(node, namespace, name)
-    return len(pods) == 2 and all(p.get("status", {}).get("phase") == "Running" for p in pods)
-
-
-def diagnostics(node: Any, namespace: str, name: str) -> Callable[[], str]:
-    def dump() -> str:
-        parts = [node.kubectl("-n", namespace, "describe", "pytorchjob", name, check=False).stdout,
-                 node.kubectl("-n", namespace, "describe", "pods", check=False).stdout]
-        for pod in job_pods(node, namespace, name):
-            for c in ("pytorch", "frscope-sidecar"):
-                parts.append(f"--- {pod['metadata']['name']}/{c}\n" + node.kubectl(
-                    "-n", namespace, "logs", pod["metadata"]["name"], "-c", c, "--tail=40", check=False).stdout)
-        parts.append(node.kubectl("-n", SYSTEM_NS, "logs", "deploy/frscope", "--tail=60", check=False).stdout)
-        return "\n".join(parts)[-20000:]
-
-    return dump
 
 
 # ---- Prometheus with the chart's PodMonitor, as the Prometheus Operator turns it into a scrape job ----
@@ -254,8 +143,13 @@ def podmonitor_scrape_config(node: Any, home: Path, sd_file: Path) -> dict[str, 
         {"target_label": "job", "replacement": f"{pm['metadata']['namespace']}/{pm['metadata']['name']}"},
         {"target_label": "endpoint", "replacement": endpoint["port"]},
     ]
+    # The PodMonitor's own relabelings, field for field as the Prometheus Operator writes them.
+    fields = {"sourceLabels": "source_labels", "targetLabel": "target_label", "regex": "regex",
+              "replacement": "replacement", "action": "action", "separator": "separator"}
     for r in endpoint.get("relabelings", []):
-        relabel.append({"source_labels": r["sourceLabels"], "target_label": r["targetLabel"]})
+        unknown = set(r) - set(fields)
+        assert not unknown, f"relabeling field(s) this test does not translate: {unknown}"
+        relabel.append({fields[k]: v for k, v in r.items()})
     return {
         "job_name": f"podMonitor/{pm['metadata']['namespace']}/{pm['metadata']['name']}/0",
         "metrics_path": endpoint["path"],
@@ -329,10 +223,11 @@ def node_free_port() -> int:
 
 
 def stall_query() -> str:
-    """The dashboard's per-rank stall panel, with Grafana's variables set to "all"."""
+    """The dashboard's per-rank stall panel (one series per rank and group), with Grafana's variables
+    set to "all"."""
     dashboard = json.loads(DASHBOARD.read_text())
     [expr] = [t["expr"] for p in dashboard["panels"] if p.get("type") != "row" for t in p.get("targets", [])
-              if t["expr"].startswith("max by (namespace, pytorchjob, rank, pg) (frscope_collective_stalled")]
+              if t["expr"].startswith("max by (") and "(frscope_collective_stalled{" in t["expr"]]
     for var in ("namespace", "job", "pg"):
         expr = expr.replace(f"${var}", ".*")
     return str(expr)
@@ -356,7 +251,7 @@ def journey(node: Any, prometheus: Prometheus, launcher: str, ns: str) -> None:
     # Step 1 (the fixture): the operator is Ready behind its Service.
     deploy = node.plane.kubectl_json("-n", SYSTEM_NS, "get", "deployment", RELEASE)
     assert deploy["status"].get("readyReplicas") == 1
-    job = start_job(node, ns, name, launcher)
+    job = start_job(node, ns, name, launcher, TRAIN_PY)
     uid = job["metadata"]["uid"]
     dump = diagnostics(node, ns, name)
 
@@ -435,7 +330,8 @@ def journey(node: Any, prometheus: Prometheus, launcher: str, ns: str) -> None:
                   30, 1, diagnostics=dump)
     pod_ips = {p["status"]["podIP"] for p in job_pods(node, ns, name)}
     assert {r["metric"]["instance"].split(":")[0] for r in up} == pod_ips
-    assert {r["metric"]["pytorchjob"] for r in up} == {name}
+    assert {(r["metric"]["training_job"], r["metric"]["job_kind"]) for r in up} == {(name, "pytorchjob")}
+    assert {r["metric"]["pytorchjob"] for r in up} == {name}  # the label queries before TrainJobs used
 
     # Step 6: deleting the job removes its pods and the report.
     node.kubectl("-n", ns, "delete", "pytorchjob", name, "--wait=true", "--timeout=60s")

@@ -120,3 +120,18 @@ def test_a_death_before_the_hang_is_dated_against_it(tmp_path: Path) -> None:
     assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (2,)
     assert "OOMKilled" in finding.summary
     assert any("5 s before the first rank entered all_reduce #6" in e for e in finding.evidence)
+
+
+def test_a_rank_that_failed_inside_a_young_collective_makes_it_stuck(tmp_path: Path) -> None:
+    """Rank 0's collective timeout ended it 3 s into all_reduce #4, while rank 1 never came (it is busy
+    elsewhere): the group is no longer merely busy, whatever the stall threshold (seen on a real node,
+    where a 5 s gloo timeout is shorter than the operator's 10 s)."""
+    per_rank = {0: [b.entry(s) for s in range(1, 4)] + [b.entry(4, state="started")],
+                1: [b.entry(s) for s in range(1, 4)]}
+    dumpset = load_dumps([b.job(tmp_path, per_rank, 2)])
+    young = AnalysisOptions(stall_after_s=10.0, now_ns=b.T0 + 4 * 1_000_000 + 3 * 10**9)
+    assert analyze(dumpset, young).findings == []  # no exit known: still within the threshold
+    timed_out = RankExit(0, exit_code=1, message="RuntimeError: Timed out waiting 5000ms for recv operation")
+    [finding] = analyze(dumpset, young, exits={0: timed_out}).findings
+    assert finding.category is Category.RANK_NOT_JOINED and finding.culprit_ranks == (1,)
+    assert finding.collective_seq_id == 4 and finding.exits[0].exit_code == 1

@@ -247,6 +247,29 @@ async def test_healthy_job_is_not_reported_and_not_regathered_at_once(
     assert sum(s.snapshot_requests for s in stand_ins) == 2  # one gather, then the cooldown
 
 
+async def test_a_trainer_run_that_ends_in_failure_is_gathered_again_within_the_cooldown(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make) -> None:
+    """The sidecar's exit push arrives before the kubelet reports the container's end (seen on a real
+    node): that gather finds nothing, and the exit that follows is new evidence, not a repeat."""
+    from tests.unit.operator.fakes import real_snapshots
+
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, real_snapshots("none"))
+    await poll_once(controller, stand_ins)
+    once = sum(s.snapshot_requests for s in stand_ins)  # one gather: a snapshot from each sidecar
+    assert once == 2
+    crashed = builders.pod("train-worker-0", port=stand_ins[1].port,
+                           state=builders.terminated("RuntimeError: boom", 1))
+    await controller.on_pod("MODIFIED", crashed)
+    await controller.idle()
+    assert sum(s.snapshot_requests for s in stand_ins) == 2 * once  # the exit: gathered again
+    await controller.on_pod("MODIFIED", crashed)  # the same end, seen again: the cooldown holds
+    await controller.idle()
+    assert sum(s.snapshot_requests for s in stand_ins) == 2 * once
+    kinds = controller.metrics.registry.get_sample_value("frscope_operator_signals_total", {"kind": "TrainerExit"})
+    assert kinds == 2
+
+
 async def test_push_from_a_deleted_pod_counts(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
         hang_ranks: dict[int, Any]) -> None:

@@ -49,3 +49,16 @@ def test_finished_at_is_kept_in_ns() -> None:
     ended = {"terminated": {"exitCode": 137, "reason": "OOMKilled", "finishedAt": "2026-12-03T09:00:05Z"}}
     [exit] = rank_exits([pod_info(pod("train-worker-0", index=0, state=ended))], {}, 1).values()
     assert exit.finished_at_ns == 1796288405 * 10**9
+
+
+def test_torchrun_summary_gives_each_rank_its_own_exit() -> None:
+    from tests.unit.test_torchrun_exits import TAIL
+
+    pods = [pod_info(pod("train-master-0", replica_type="Master", index=0)),
+            pod_info(pod("train-worker-0", index=0, state=terminated(TAIL, 1)))]
+    exits = rank_exits(pods, {"train-master-0": _evidence("train-master-0", [0, 1])}, 4)
+    assert sorted(exits) == [2, 3]
+    root, stopped = exits[2], exits[3]
+    assert root.exit_code == 1 and "Timed out waiting 5000ms" in root.message and "first failure" in root.source
+    assert stopped.exit_code == 143 and "SIGTERM" in stopped.describe() and "Signal 15" in stopped.message
+    assert "container exit code 1" in stopped.source
