@@ -138,6 +138,9 @@ class Actor:
             return None  # no evidence written: nothing is done without it
         existing = ActionRecord.from_json(report.get("action"))
         if existing is not None and existing.state in record.FINAL:
+            # An operator killed between writing the outcome and posting its Event left it unsaid: post
+            # it again (its name is derived from the incident and reason, so a second post is a no-op).
+            await self._post_outcome(_Incident.of(ref, report), existing, existing.message)
             return existing
         try:
             job = await self._kube.get(kind.resource, ref.namespace, ref.name)
@@ -245,14 +248,12 @@ class Actor:
                             f"{inc.category}: {inc.verdict}")
         except KubeError as exc:
             done = claim.finished(record.FAILED, stamp, clip_line(f"{claim.action} failed: {exc}"))
-            return await self._conclude(inc, done, done.message, reason=names.REASON_ACTION_FAILED)
+            return await self._conclude(inc, done, done.message)
         message = clip_line(f"{what}. {inc.category}: {inc.verdict} {save.describe(inc.gpus)}. {claim.why}.")
         done = claim.finished(record.DONE, stamp, message, saved_seconds=save.seconds,
                               saved_gpu_seconds=save.gpu_seconds)
-        reason = {Policy.RESTART: names.REASON_RESTARTED, Policy.STOP: names.REASON_STOPPED,
-                  Policy.CORDON: names.REASON_CORDONED}[action]
         self._metrics.action_saved_gpu_seconds.labels(action=action.value).inc(save.gpu_seconds)
-        return await self._conclude(inc, done, message, reason=reason)
+        return await self._conclude(inc, done, message)
 
     async def _dry_run(self, kind: JobKind, inc: _Incident, decision: Decision, would: Policy,
                        job: dict[str, Any], now: float) -> ActionRecord:
@@ -274,10 +275,9 @@ class Actor:
         dry = self._record(decision, record.DRY_RUN, now).finished(record.DRY_RUN, _rfc3339(now), message,
                                                                     saved_seconds=save.seconds,
                                                                     saved_gpu_seconds=save.gpu_seconds)
-        return await self._conclude(inc, dry, message, reason=names.REASON_DRY_RUN)
+        return await self._conclude(inc, dry, message)
 
-    async def _conclude(self, inc: _Incident, rec: ActionRecord, message: str, *, skip: bool = False,
-                        reason: str = names.REASON_ACTION_SKIPPED) -> ActionRecord:
+    async def _conclude(self, inc: _Incident, rec: ActionRecord, message: str, *, skip: bool = False) -> ActionRecord:
         if skip:
             rec = rec.finished(record.SKIPPED, rec.at, clip_line(message if message == rec.why else
                                                                  f"{message} ({rec.why})"))
@@ -287,17 +287,32 @@ class Actor:
         action = rec.action if rec.action != Policy.NONE.value else rec.requested
         if action in self._metrics.ACTION_LABELS:
             self._metrics.actions.labels(action=action, outcome=outcome).inc()
-        warning = rec.state in (record.DONE, record.FAILED)
-        try:
-            await self._publisher.post_event(inc.ref, reason=reason, message=message, incident=inc.incident,
-                                             now=rec.done_at or rec.at, event_type="Warning" if warning else "Normal")
-        except KubeError as exc:
-            log.error("job %s: Event %s not posted: %s", inc.ref.key, reason, exc)
+        await self._post_outcome(inc, rec, message)
         log.warning("job %s: %s", inc.ref.key, message)
         return rec
+
+    async def _post_outcome(self, inc: _Incident, rec: ActionRecord, message: str) -> None:
+        """The Event that says what became of the incident's action (a Warning when something was done
+        or failed). Never raises: the outcome is in the report either way."""
+        reason = _outcome_reason(rec)
+        warning = rec.state in (record.DONE, record.FAILED)
+        try:
+            await self._publisher.post_event(inc.ref, reason=reason, message=message or rec.why,
+                                             incident=inc.incident, now=rec.done_at or rec.at,
+                                             event_type="Warning" if warning else "Normal")
+        except KubeError as exc:
+            log.error("job %s: Event %s not posted: %s", inc.ref.key, reason, exc)
 
     async def _write(self, inc: _Incident, rec: ActionRecord, resource_version: str | None = None) -> None:
         patch: dict[str, Any] = {"action": rec.to_json()}
         if resource_version:
             patch["metadata"] = {"resourceVersion": resource_version}
         await self._kube.merge_patch(REPORTS, inc.ref.namespace, inc.name, patch)
+
+
+def _outcome_reason(rec: ActionRecord) -> str:
+    if rec.state == record.DONE:
+        return {Policy.RESTART.value: names.REASON_RESTARTED, Policy.STOP.value: names.REASON_STOPPED,
+                Policy.CORDON.value: names.REASON_CORDONED}.get(rec.action, names.REASON_ACTION_SKIPPED)
+    return {record.FAILED: names.REASON_ACTION_FAILED,
+            record.DRY_RUN: names.REASON_DRY_RUN}.get(rec.state, names.REASON_ACTION_SKIPPED)

@@ -64,7 +64,26 @@ async def test_a_claimed_restart_is_finished_on_its_own_targets_once(fake_kube: 
     writes = len(fake_kube.writes())
     fresh, _ = _actor(kube_client)  # another operator, later: the record is final
     again = await fresh.on_incident(ref, "train-abc")
-    assert again is not None and again.state == "done" and len(fake_kube.writes()) == writes
+    assert again is not None and again.state == "done"
+    # Nothing is acted on again; only the outcome's Event is posted again, under the same name (a no-op).
+    extra = fake_kube.writes()[writes:]
+    assert [(method, path.rsplit("/", 1)[-1]) for method, path, _ in extra] == [("POST", "events")]
+    assert len(fake_kube.of("events")) == 1
+
+
+async def test_an_outcome_whose_event_was_lost_is_said_by_the_next_operator(fake_kube: FakeKube,
+                                                                           kube_client: KubeClient) -> None:
+    # The operator that restarted the job was killed after writing the outcome, before its Event.
+    done = {"requested": "restart", "source": "job annotation", "action": "restart", "state": "done",
+            "why": "policy restart", "at": "2026-01-01T00:00:05Z", "doneAt": "2026-01-01T00:00:06Z",
+            "targets": ["pod/train-worker-0/u0"], "message": "Restarted the hung job: deleted its 1 pod(s)"}
+    ref = _setup(fake_kube, done)
+    actor, _ = _actor(kube_client)
+    again = await actor.on_incident(ref, "train-abc")
+    assert again is not None and again.state == "done"
+    assert fake_kube.get("pods", "ml", "train-worker-0") is not None  # not restarted twice
+    [event] = fake_kube.of("events")
+    assert event["reason"] == "HungJobRestarted" and event["message"].startswith("Restarted the hung job")
 
 
 async def test_no_report_no_action(fake_kube: FakeKube, kube_client: KubeClient) -> None:
