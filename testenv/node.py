@@ -855,7 +855,16 @@ def _apply_kustomization(node: Node, name: str, upstream: Path, kustomization: d
     shutil.copytree(upstream, overlay / "upstream")
     (overlay / "kustomization.yaml").write_text(_yaml(kustomization))
     rendered = node.kubectl("kustomize", str(overlay)).stdout
-    node.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=rendered, timeout=120)
+    # The CRDs first, Established before the manager starts: applied together, Trainer's manager came up
+    # before its TrainingRuntime kind was served and exited once ("no matches for kind").
+    docs = [d for d in rendered.split("\n---\n") if d.strip()]
+    crds = [d for d in docs if "\nkind: CustomResourceDefinition\n" in f"\n{d}\n"]
+    rest = [d for d in docs if d not in crds]
+    if crds:
+        applied = node.kubectl("apply", "--server-side", "--force-conflicts", "-o", "name", "-f", "-",
+                               input="\n---\n".join(crds), timeout=120).stdout.split()
+        node.kubectl("wait", "--for=condition=Established", "--timeout=60s", *applied, timeout=90)
+    node.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input="\n---\n".join(rest), timeout=120)
 
 
 def _wait_available(node: Node, namespace: str, deployment: str, timeout: float) -> None:

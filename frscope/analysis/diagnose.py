@@ -16,7 +16,7 @@ from frscope.analysis.findings import Category, Finding, GroupProgress, GroupRef
 from frscope.analysis.p2p import recorded_p2p
 from frscope.analysis.p2p_stacks import stack_p2p
 from frscope.analysis.rootcause import Causes, link
-from frscope.analysis.stale import crash_signature, stale_ranks, stopped_finding
+from frscope.analysis.stale import crash_signature, left_after_finishing, stale_ranks, stopped_finding
 from frscope.analysis.straggler import find_straggler
 from frscope.analysis.stragglers_steps import find_step_straggler
 from frscope.analysis.tracks import Track, build_tracks
@@ -223,6 +223,11 @@ def _analyze(dumpset: DumpSet, options: AnalysisOptions, exits: Mapping[int, Ran
                     at_point[(name, point.seq)] = stopped
             if hang is not None and hang.category is Category.NOT_COMPLETED:
                 hang = None  # the others wait for the rank that stopped, not for the network
+        if hang is not None and hang.category is Category.NOT_COMPLETED and point is not None:
+            left = left_after_finishing(ctx, ref, live, point, hang.culprit_ranks, exits)
+            if left is not None:
+                left.consequences.append(hang)  # the others wait for the rank that left, not for the network
+                hang = left
         missing_members = [r for r in group.ranks if r not in dumpset.dumps]
         unknown_members = any_missing and group.membership_source == "entries"
         suspects_missing = bool(missing_members or unknown_members)

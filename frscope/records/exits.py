@@ -28,6 +28,7 @@ class RankExit:
     restart_count: int = 0
     finished_at_ns: int | None = None  # when the process ended (ns since the epoch), if known
     source: str = ""  # where this came from: 'pod ns/name container trainer', a file, ...
+    first_failure: bool = False  # the launcher named it the first failure (torchrun's "Root Cause")
 
     @property
     def failed(self) -> bool:
@@ -60,6 +61,7 @@ class RankExit:
             "restart_count": self.restart_count,
             "finished_at_ns": self.finished_at_ns,
             "source": self.source or None,
+            "first_failure": self.first_failure,
         }
 
 
@@ -112,5 +114,6 @@ def exits_from_json(obj: Any, source: str) -> list[RankExit]:
             restart_count=restarts if isinstance(restarts, int) and not isinstance(restarts, bool) else 0,
             finished_at_ns=finished if isinstance(finished, int) and not isinstance(finished, bool) else None,
             source=str(value.get("source") or source),
+            first_failure=value.get("first_failure") is True,
         ))
     return out
