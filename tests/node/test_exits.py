@@ -35,6 +35,8 @@ pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(600)]
 CRASH_MESSAGE = "frscope-test: this rank lost its data shard"
 CRASH_PY = f"""\
 import datetime
+import sys
+
 import torch
 import torch.distributed as dist
 
@@ -42,7 +44,8 @@ import torch.distributed as dist
 def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rank {{rank}} of {{world}} up;", flush=True)
+    sys.stdout.write(f"rank {{rank}} of {{world}} up;\\n")  # one write: the pod's ranks share stdout
+    sys.stdout.flush()
     t = torch.ones(8)
     for _ in range(3):
         dist.all_reduce(t)
@@ -57,7 +60,9 @@ if __name__ == "__main__":
 
 TIMEOUT_PY = """\
 import datetime
+import sys
 import time
+
 import torch
 import torch.distributed as dist
 
@@ -73,7 +78,8 @@ def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(timeout=datetime.timedelta(seconds=5))
-    print(f"rank {rank} of {world} up;", flush=True)
+    sys.stdout.write(f"rank {rank} of {world} up;\\n")  # one write: the pod's ranks share stdout
+    sys.stdout.flush()
     t = torch.ones(8)
     for _ in range(3):
         dist.all_reduce(t, group=group)

@@ -43,6 +43,7 @@ INJECT = {"frscope.io/inject": "true"}
 # others wait in the fourth all_reduce.
 TRAIN_PY = """\
 import datetime
+import sys
 import time
 
 import torch
@@ -57,7 +58,8 @@ def load_batch():
 def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rank {rank} of {world} up;", flush=True)
+    sys.stdout.write(f"rank {rank} of {world} up;\\n")  # one write: the pod's ranks share stdout
+    sys.stdout.flush()
     t = torch.ones(8)
     for _ in range(3):
         dist.all_reduce(t)
