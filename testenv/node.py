@@ -863,8 +863,23 @@ def _apply_kustomization(node: Node, name: str, upstream: Path, kustomization: d
     if crds:
         applied = node.kubectl("apply", "--server-side", "--force-conflicts", "-o", "name", "-f", "-",
                                input="\n---\n".join(crds), timeout=120).stdout.split()
-        node.kubectl("wait", "--for=condition=Established", "--timeout=60s", *applied, timeout=90)
+        _wait_established(node, applied, 60)
     node.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input="\n---\n".join(rest), timeout=120)
+
+
+def _wait_established(node: Node, crds: Sequence[str], timeout: float) -> None:
+    # Polled: `kubectl wait --for=condition=Established` fails at once on a CRD so new that it has no
+    # status.conditions yet (".status.conditions accessor error: <nil>").
+    deadline = time.monotonic() + timeout
+    for crd in crds:
+        while True:
+            got = node.kubectl("get", crd, "-o", 'jsonpath={.status.conditions[?(@.type=="Established")].status}',
+                               check=False)
+            if got.stdout.strip() == "True":
+                break
+            if time.monotonic() > deadline:
+                raise NodeError(f"{crd} not Established after {timeout:.0f}s")
+            time.sleep(0.5)
 
 
 def _wait_available(node: Node, namespace: str, deployment: str, timeout: float) -> None:

@@ -28,6 +28,7 @@ from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
 from frscope.analysis.tracks import Track
 from frscope.analysis.wording import fmt_duration, plural
 from frscope.records import GroupInfo, RankExit
+from frscope.records.exits import most_likely_first
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,7 +193,7 @@ def left_after_finishing(ctx: Context, ref: GroupRef, tracks: dict[int, Track], 
                   and (e := exits.get(r)) is not None and e.failed)
     if not gone:
         return None
-    culprits = [r for r in gone if exits[r].first_failure] or gone
+    culprits = most_likely_first(gone, exits)
     sample = next((b[0] for r in waiting if (b := tracks[r].by_seq.get(seq))), None)
     op = sample.op if sample else "collective"
     since = f" for {fmt_duration(point.age_s)}" if point.age_s is not None else ""

@@ -9,12 +9,16 @@ reads them from a JSON file (`frscope analyze --exits`). Pure data: nothing here
 
 from __future__ import annotations
 
+import re
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 # The termination message is the tail of a log: keep what a report line can hold.
 MESSAGE_LIMIT = 400
+_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|remote worker crash"
+                        r"|remote process exited", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +37,12 @@ class RankExit:
     @property
     def failed(self) -> bool:
         return self.reason == "OOMKilled" or (self.exit_code is not None and self.exit_code != 0)
+
+    @property
+    def peer_gone(self) -> bool:
+        """Its own error says a peer went away first (gloo's "Connection closed by peer ... caused by a
+        remote worker crashing", a reset connection, NCCL's "remote process exited"): a victim."""
+        return bool(_PEER_GONE.search(self.message))
 
     def describe(self) -> str:
         """'exited with code 137 (SIGKILL), reason OOMKilled, after 2 restarts: <message>'."""
@@ -63,6 +73,16 @@ class RankExit:
             "source": self.source or None,
             "first_failure": self.first_failure,
         }
+
+
+def most_likely_first(ranks: list[int], exits: Mapping[int, RankExit]) -> list[int]:
+    """Of failed ranks, the ones whose failure most likely came first: those the launcher named its first
+    failure and whose own error does not blame a peer; else those not blaming a peer; else all."""
+    def known(rank: int) -> RankExit:
+        return exits.get(rank) or RankExit(rank)
+
+    first = [r for r in ranks if known(r).first_failure and not known(r).peer_gone]
+    return first or [r for r in ranks if not known(r).peer_gone] or list(ranks)
 
 
 def signal_name(exit_code: int) -> str | None:

@@ -159,3 +159,28 @@ def test_a_rank_that_finished_the_collective_and_then_failed_is_the_culprit(tmp_
     plain = {r: RankExit(r, exit_code=1) for r in (2, 3)}
     [both] = analyze(dumpset, late, exits=plain).findings
     assert both.culprit_ranks == (2, 3)
+
+
+NODE = Path(__file__).resolve().parents[1] / "data" / "node"
+
+
+def test_a_quick_crash_on_the_real_node_is_blamed_on_the_rank_that_raised() -> None:
+    """The sidecars' exit pushes of a real torchrun crash: rank 3's (and rank 0's) last recorder is
+    empty, ranks 1-2 wait in all_reduce #4. Without exits it reads as the network; with the exits the
+    kubelet and torchrun's summary gave (rank 3 raised, rank 2 lost its peer), rank 3 is the culprit."""
+    dumpset = load_dumps([NODE / "torchrun-crash"])
+    assert analyze(dumpset).findings == []  # 819 ms into #4 when read: young, without exits
+    assert analyze(dumpset, AnalysisOptions(stall_after_s=0.5)).findings[0].category is Category.NOT_COMPLETED
+    exits = {2: RankExit(2, exit_code=1, message="RuntimeError: [pair.cc:553] Connection closed by peer "
+                         "[10.213.0.12]:41234. This is typically caused by a remote worker crashing."),
+             3: RankExit(3, exit_code=1, message="RuntimeError: frscope-test: this rank lost its data shard",
+                         first_failure=True)}
+    report = analyze(load_dumps([NODE / "torchrun-crash"]), exits=exits)
+    [finding] = report.findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (3,)
+    assert "lost its data shard" in finding.summary and finding.collective_seq_id == 4
+    assert 3 in report.missing_ranks  # its empty recorder counts as no dump
+    # rank 0 failed too, blaming its peer, and torchrun named it its pod's first failure: still rank 3.
+    exits[0] = RankExit(0, exit_code=1, first_failure=True, message=exits[2].message)
+    [finding] = analyze(load_dumps([NODE / "torchrun-crash"]), exits=exits).findings
+    assert finding.culprit_ranks == (3,)
