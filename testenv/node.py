@@ -855,7 +855,31 @@ def _apply_kustomization(node: Node, name: str, upstream: Path, kustomization: d
     shutil.copytree(upstream, overlay / "upstream")
     (overlay / "kustomization.yaml").write_text(_yaml(kustomization))
     rendered = node.kubectl("kustomize", str(overlay)).stdout
-    node.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=rendered, timeout=120)
+    # The CRDs first, Established before the manager starts: applied together, Trainer's manager came up
+    # before its TrainingRuntime kind was served and exited once ("no matches for kind").
+    docs = [d for d in rendered.split("\n---\n") if d.strip()]
+    crds = [d for d in docs if "\nkind: CustomResourceDefinition\n" in f"\n{d}\n"]
+    rest = [d for d in docs if d not in crds]
+    if crds:
+        applied = node.kubectl("apply", "--server-side", "--force-conflicts", "-o", "name", "-f", "-",
+                               input="\n---\n".join(crds), timeout=120).stdout.split()
+        _wait_established(node, applied, 60)
+    node.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input="\n---\n".join(rest), timeout=120)
+
+
+def _wait_established(node: Node, crds: Sequence[str], timeout: float) -> None:
+    # Polled: `kubectl wait --for=condition=Established` fails at once on a CRD so new that it has no
+    # status.conditions yet (".status.conditions accessor error: <nil>").
+    deadline = time.monotonic() + timeout
+    for crd in crds:
+        while True:
+            got = node.kubectl("get", crd, "-o", 'jsonpath={.status.conditions[?(@.type=="Established")].status}',
+                               check=False)
+            if got.stdout.strip() == "True":
+                break
+            if time.monotonic() > deadline:
+                raise NodeError(f"{crd} not Established after {timeout:.0f}s")
+            time.sleep(0.5)
 
 
 def _wait_available(node: Node, namespace: str, deployment: str, timeout: float) -> None:

@@ -8,6 +8,7 @@ root causes, earliest divergence first.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from frscope.analysis.collectives import hang_finding, scan_history, stuck_point
@@ -16,12 +17,13 @@ from frscope.analysis.findings import Category, Finding, GroupProgress, GroupRef
 from frscope.analysis.p2p import recorded_p2p
 from frscope.analysis.p2p_stacks import stack_p2p
 from frscope.analysis.rootcause import Causes, link
-from frscope.analysis.stale import crash_signature, stale_ranks, stopped_finding
+from frscope.analysis.stale import crash_signature, left_after_finishing, stale_ranks, stopped_finding
 from frscope.analysis.straggler import find_straggler
 from frscope.analysis.stragglers_steps import find_step_straggler
 from frscope.analysis.tracks import Track, build_tracks
 from frscope.analysis.wording import fmt_duration, plural
-from frscope.records import DumpSet, RankExit
+from frscope.records import DumpSet, LoadProblem, RankExit
+from frscope.records.exits import most_likely_first
 from frscope.records.gcpause import gc_paused
 from frscope.records.membership import is_default_group
 
@@ -119,7 +121,7 @@ def _crashed(ctx: Context, missing: tuple[int, ...], failed: list[int],
              waiting: list[tuple[GroupRef, int, str, list[int], float | None]],
              exits: Mapping[int, RankExit]) -> Finding:
     """A rank without a dump that crashed: the survivors stopped together, or its exit says it failed."""
-    culprits = failed or list(missing)
+    culprits = most_likely_first(failed, exits) if failed else list(missing)
     exit = exits.get(culprits[0])
     how = f" Its process {exit.describe()}." if exit is not None else ""
     if signature is not None:
@@ -156,7 +158,24 @@ def analyze(dumpset: DumpSet, options: AnalysisOptions | None = None, *,
             exits: Mapping[int, RankExit] | None = None) -> Report:
     """`exits`: how ranks' processes ended, where the runner knows (Kubernetes container statuses)."""
     with gc_paused():
-        return _analyze(dumpset, options or AnalysisOptions(), exits or {})
+        return _analyze(_emptied_failed_as_missing(dumpset, exits or {}), options or AnalysisOptions(), exits or {})
+
+
+def _emptied_failed_as_missing(dumpset: DumpSet, exits: Mapping[int, RankExit]) -> DumpSet:
+    """A rank whose recorder is empty while others' hold entries, and whose process failed, counts as
+    missing: the empty recorder was read before its first collective (a collector polls a cheap probe
+    between full reads, and a quick crash falls between two), so its exit is the only evidence (seen on
+    a real node: a rank raised three collectives in, its last full read was from before the first)."""
+    if not exits or not any(d.entries for d in dumpset.dumps.values()):
+        return dumpset
+    empty = {r for r, d in dumpset.dumps.items() if not d.entries and (e := exits.get(r)) is not None and e.failed}
+    if not empty:
+        return dumpset
+    problems = [*dumpset.problems, *(LoadProblem(dumpset.dumps[r].source, "empty recorder of a rank whose process "
+                                                 "failed: counted as missing", rank=r, kind="warning")
+                                     for r in sorted(empty))]
+    return dataclasses.replace(dumpset, dumps={r: d for r, d in dumpset.dumps.items() if r not in empty},
+                               problems=problems)
 
 
 def _when(exit: RankExit, finding: Finding) -> str:
@@ -223,6 +242,11 @@ def _analyze(dumpset: DumpSet, options: AnalysisOptions, exits: Mapping[int, Ran
                     at_point[(name, point.seq)] = stopped
             if hang is not None and hang.category is Category.NOT_COMPLETED:
                 hang = None  # the others wait for the rank that stopped, not for the network
+        if hang is not None and hang.category is Category.NOT_COMPLETED and point is not None:
+            left = left_after_finishing(ctx, ref, live, point, hang.culprit_ranks, exits)
+            if left is not None:
+                left.consequences.append(hang)  # the others wait for the rank that left, not for the network
+                hang = left
         missing_members = [r for r in group.ranks if r not in dumpset.dumps]
         unknown_members = any_missing and group.membership_source == "entries"
         suspects_missing = bool(missing_members or unknown_members)

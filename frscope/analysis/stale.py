@@ -28,6 +28,7 @@ from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
 from frscope.analysis.tracks import Track
 from frscope.analysis.wording import fmt_duration, plural
 from frscope.records import GroupInfo, RankExit
+from frscope.records.exits import most_likely_first
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,3 +179,41 @@ def crash_signature(ctx: Context, missing: tuple[int, ...]) -> tuple[GroupRef, i
         if best is None or len(survivors) > len(best[3]):
             best = (GroupRef(name, group.desc, group.ranks), seq, op, survivors)
     return best
+
+
+def left_after_finishing(ctx: Context, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint,
+                         waiting: tuple[int, ...], exits: Mapping[int, RankExit]) -> Finding | None:
+    """Ranks that finished the collective the others still wait in, and whose process then failed (the
+    runner's word): the others wait for a peer that is gone, not for the network. With gloo, a rank that
+    completes an all_reduce and dies cuts the ring before its last sends reach the others (seen on a
+    real node: the crashed rank's recorder showed the collective completed, its peers' did not). The
+    launcher's first failure (torchrun's root cause) is the culprit when it names one."""
+    seq = point.seq
+    gone = sorted(r for r, t in tracks.items() if r not in waiting and t.last_completed >= seq
+                  and (e := exits.get(r)) is not None and e.failed)
+    if not gone:
+        return None
+    culprits = most_likely_first(gone, exits)
+    sample = next((b[0] for r in waiting if (b := tracks[r].by_seq.get(seq))), None)
+    op = sample.op if sample else "collective"
+    since = f" for {fmt_duration(point.age_s)}" if point.age_s is not None else ""
+    summary = (
+        f"{plural(culprits).capitalize()} finished {op} #{seq} of {ref.label()} and then "
+        f"{'its process' if len(culprits) == 1 else 'their processes'} failed, while {plural(waiting)} never "
+        f"completed it{since}: they wait for a peer that is gone{_exit_text(exits.get(culprits[0]))}."
+    )
+    finding = Finding(category=Category.RANK_STOPPED, culprit_ranks=tuple(culprits), process_group=ref,
+                      summary=summary, collective_seq_id=seq, op=op, **sizes_of(sample), since_ns=point.since_ns,
+                      stalled_for_s=point.age_s, age_source=point.age_source)
+    for rank in culprits[: ctx.options.max_rank_views]:
+        last = tracks[rank].by_seq.get(tracks[rank].last_seq)
+        finding.ranks[rank] = ctx.rank_view(rank, ref.name, last[0] if last else None)
+        finding.evidence.append(f"rank {rank}: finished #{seq} of {ref.label()}; last entered "
+                                f"#{tracks[rank].last_seq}; its process {exits[rank].describe()}")
+    others = [r for r in gone if r not in culprits]
+    if others:
+        finding.evidence.append(f"{plural(others)} also finished #{seq} and failed after the first failure")
+    for rank in waiting[:3]:
+        bucket = tracks[rank].by_seq.get(seq)
+        finding.ranks[rank] = ctx.rank_view(rank, ref.name, bucket[0] if bucket else None, call_site=False)
+    return finding

@@ -89,6 +89,18 @@ def ended_runs(pods: tuple[PodInfo, ...]) -> str:
     return ",".join(sorted(f"{p.uid}/{t.container}/{t.run}/{t.exit_code}" for p in pods for t in p.terminations))
 
 
+def _ended(pod: PodInfo, push: PodEvidence | None) -> str | None:
+    """Why a pod's sidecar is not asked: the pod has ended, and its native sidecar stopped with it (its
+    address may stay in the status while nothing answers there: each try would wait out its timeout,
+    40 s on a real node); or its trainer's current run has ended and the sidecar pushed what it had at
+    the exit (it is being stopped: 30 s on a real node). Its pushes are the evidence then."""
+    if pod.phase in ("Succeeded", "Failed"):
+        return f"the pod has ended (phase {pod.phase}); its sidecar stopped with it"
+    if push is not None and push.reason == "exit" and any(t.run == pod.run for t in pod.terminations):
+        return "its trainer has ended and its sidecar pushed what it had at the exit"
+    return None
+
+
 def attempt_for(view: JobView, sig: Signal, restarts: int = 0) -> Attempt:
     """`restarts`: torchrun's restart count last reported for the job, for a signal that names none."""
     if sig.run is not None:
@@ -319,7 +331,8 @@ class Controller:
             state.quiet_until[str(attempt)] = (time.monotonic() + self.config.cooldown_s, ended_runs(view.pods))
 
     async def _gather(self, view: JobView) -> Gathered:
-        targets = [Target(p.name, p.endpoint) for p in view.pods]
+        pushed = self.pushes.for_namespace_pods(view.ref.namespace, {p.name for p in view.pods})
+        targets = [Target(p.name, p.endpoint, _ended(p, pushed.get(p.name))) for p in view.pods]
         gathered = await gather(self.sidecars, view.ref.namespace, targets, self.config.gather, self.pushes,
                                 push_pods=self.store.gone_pods(view.key), decoder=self.decoder)
         self.metrics.gather_duration.observe(gathered.duration_s)

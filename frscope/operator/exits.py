@@ -69,6 +69,7 @@ def rank_exits(pods: Iterable[PodInfo], evidence: dict[str, PodEvidence],
                     message=one_line(worker.line or term.message),
                     restart_count=pod.run,
                     finished_at_ns=term.finished_at_ns,
+                    first_failure=worker.root_cause,
                     source=f"{source}: torchrun's summary, local rank {worker.local_rank}"
                            f"{', the first failure' if worker.root_cause else ''}; container exit code "
                            f"{term.exit_code}",

@@ -71,10 +71,12 @@ def _noop() -> None:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One pod to gather from. `endpoint` is None when the pod has no IP or no sidecar port."""
+    """One pod to gather from. `endpoint` is None when the pod has no IP or no sidecar port, or when
+    `ended` says why it is not asked (its pushes still count)."""
 
     pod: str
     endpoint: str | None
+    ended: str | None = None
 
 
 @dataclass(slots=True)
@@ -126,6 +128,9 @@ async def gather(client: SidecarClient, namespace: str, targets: list[Target], o
     decoding = asyncio.Semaphore(max(1, decoder.processes or options.decode_threads))
     tasks: dict[asyncio.Task[PodEvidence], Target] = {}
     for target in targets:
+        if target.ended is not None:
+            result.failures[target.pod] = target.ended
+            continue
         if target.endpoint is None:
             result.failures[target.pod] = "no sidecar endpoint (no pod IP yet, or no container port named 'frscope')"
             continue

@@ -9,12 +9,16 @@ reads them from a JSON file (`frscope analyze --exits`). Pure data: nothing here
 
 from __future__ import annotations
 
+import re
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 # The termination message is the tail of a log: keep what a report line can hold.
 MESSAGE_LIMIT = 400
+_PEER_GONE = re.compile(r"Connection closed by peer|Connection reset by peer|remote worker crash"
+                        r"|remote process exited", re.IGNORECASE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,10 +32,17 @@ class RankExit:
     restart_count: int = 0
     finished_at_ns: int | None = None  # when the process ended (ns since the epoch), if known
     source: str = ""  # where this came from: 'pod ns/name container trainer', a file, ...
+    first_failure: bool = False  # the launcher named it the first failure (torchrun's "Root Cause")
 
     @property
     def failed(self) -> bool:
         return self.reason == "OOMKilled" or (self.exit_code is not None and self.exit_code != 0)
+
+    @property
+    def peer_gone(self) -> bool:
+        """Its own error says a peer went away first (gloo's "Connection closed by peer ... caused by a
+        remote worker crashing", a reset connection, NCCL's "remote process exited"): a victim."""
+        return bool(_PEER_GONE.search(self.message))
 
     def describe(self) -> str:
         """'exited with code 137 (SIGKILL), reason OOMKilled, after 2 restarts: <message>'."""
@@ -60,7 +71,18 @@ class RankExit:
             "restart_count": self.restart_count,
             "finished_at_ns": self.finished_at_ns,
             "source": self.source or None,
+            "first_failure": self.first_failure,
         }
+
+
+def most_likely_first(ranks: list[int], exits: Mapping[int, RankExit]) -> list[int]:
+    """Of failed ranks, the ones whose failure most likely came first: those the launcher named its first
+    failure and whose own error does not blame a peer; else those not blaming a peer; else all."""
+    def known(rank: int) -> RankExit:
+        return exits.get(rank) or RankExit(rank)
+
+    first = [r for r in ranks if known(r).first_failure and not known(r).peer_gone]
+    return first or [r for r in ranks if not known(r).peer_gone] or list(ranks)
 
 
 def signal_name(exit_code: int) -> str | None:
@@ -112,5 +134,6 @@ def exits_from_json(obj: Any, source: str) -> list[RankExit]:
             restart_count=restarts if isinstance(restarts, int) and not isinstance(restarts, bool) else 0,
             finished_at_ns=finished if isinstance(finished, int) and not isinstance(finished, bool) else None,
             source=str(value.get("source") or source),
+            first_failure=value.get("first_failure") is True,
         ))
     return out

@@ -17,18 +17,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# torch/distributed/elastic/multiprocessing/errors/__init__.py (ChildFailedError.format_msg): the block
-# of one failure. `exitcode` is Popen's: -N for signal N.
-_BLOCK = re.compile(
-    r"^\[\d+\]:\s*\n"
-    r"(?:[ \t]+time\s*:[^\n]*\n)?"
-    r"(?:[ \t]+host\s*:[^\n]*\n)?"
-    r"[ \t]+rank\s*:\s*(?P<rank>\d{1,7})\s*\(local_rank:\s*(?P<local>\d{1,7})\)[^\n]*\n"
-    r"[ \t]+exitcode\s*:\s*(?P<code>-?\d{1,4})[^\n]*\n"
-    r"(?:[ \t]+error_file\s*:[^\n]*\n)?"
-    r"(?:[ \t]+traceback\s*:[ \t]*(?P<traceback>[^\n]*))?",
-    re.MULTILINE,
-)
+# torch/distributed/elastic/multiprocessing/errors/__init__.py (ChildFailedError.format_msg): one block
+# per failure, "[<i>]:" then "  <key> : <value>" lines; the traceback (a worker's error file's
+# py_callstack, indented) runs on to the next rule line. `exitcode` is Popen's: -N for signal N.
+_BLOCK_START = re.compile(r"^\[\d{1,6}\]:\s*$")
+_FIELD = re.compile(r"^\s+(time|host|rank|exitcode|error_file|traceback)\s*:\s?(.*)$")
+_RULE = re.compile(r"^(?:-{20,}|={20,})\s*$")
+_RANK = re.compile(r"^(\d{1,7})\s*\(local_rank:\s*(\d{1,7})\)")
+_CODE = re.compile(r"^(-?\d{1,4})\b")
 _ROOT_CAUSE = "Root Cause (first observed failure):"
 _NO_TRACEBACK = "To enable traceback see"
 MAX_MESSAGE = 16384  # far above the kubelet's 4096 bytes: a longer text is not a termination message
@@ -57,20 +53,56 @@ def _rank_line(message: str, rank: int) -> str:
     return lines[-1] if lines else ""
 
 
+def _blocks(message: str) -> list[tuple[int, list[str]]]:
+    """(line index, lines) of each "[<i>]:" block, up to the next block or rule line."""
+    lines = message.splitlines()
+    out: list[tuple[int, list[str]]] = []
+    current: list[str] | None = None
+    for index, line in enumerate(lines):
+        if _BLOCK_START.match(line):
+            current = []
+            out.append((index, current))
+        elif _RULE.match(line):
+            current = None
+        elif current is not None:
+            current.append(line)
+    return out
+
+
+def _failure(lines: list[str], root: bool, message: str) -> WorkerFailure | None:
+    fields: dict[str, str] = {}
+    traceback: list[str] = []
+    for line in lines:
+        match = _FIELD.match(line)
+        if match and match[1] not in fields and not traceback:
+            fields[match[1]] = match[2].strip()
+            if match[1] == "traceback":
+                traceback.append(match[2].strip())
+        elif traceback:
+            traceback.append(line.strip())
+    rank = _RANK.match(fields.get("rank", ""))
+    code = _CODE.match(fields.get("exitcode", ""))
+    if rank is None or code is None:
+        return None
+    told = [t for t in traceback if t]
+    last = told[-1] if told else ""
+    if last.startswith(_NO_TRACEBACK):
+        last = ""
+    line = last if len(told) > 1 else (_rank_line(message, int(rank[1])) or last)
+    return WorkerFailure(int(rank[1]), int(rank[2]), _container_code(int(code[1])), root, line)
+
+
 def torchrun_failures(message: str) -> list[WorkerFailure]:
-    """The failed workers torchrun's summary lists in `message` (empty when there is no summary)."""
+    """The failed workers torchrun's summary lists in `message` (empty when there is no summary). A
+    block whose traceback is a worker's error file (several lines) gives that traceback's last line,
+    the exception; else the `[rank<N>]:` line of the log, else the one-line traceback."""
     if not message or len(message) > MAX_MESSAGE or "FAILED" not in message:
         return []
-    root_at = message.find(_ROOT_CAUSE)
+    lines = message.splitlines()
+    root_at = next((i for i, line in enumerate(lines) if line.strip() == _ROOT_CAUSE), None)
     found: dict[int, WorkerFailure] = {}
-    for match in _BLOCK.finditer(message):
-        rank = int(match["rank"])
-        traceback = (match["traceback"] or "").strip()
-        if traceback.startswith(_NO_TRACEBACK):
-            traceback = ""
-        line = _rank_line(message, rank) or traceback
-        root = root_at >= 0 and match.start() > root_at
-        failure = WorkerFailure(rank, int(match["local"]), _container_code(int(match["code"])), root, line)
-        if rank not in found or root:
-            found[rank] = failure
+    for index, block in _blocks(message):
+        failure = _failure(block, root_at is not None and index > root_at, message)
+        if failure is not None and (failure.rank not in found or failure.root_cause):
+            found[failure.rank] = failure
     return sorted(found.values(), key=lambda f: f.rank)

@@ -73,8 +73,11 @@ def main():
     rank = dist.get_rank()
     stuck = dist.get_world_size() - 1
     env = os.environ
-    print(f"rank {rank} of {dist.get_world_size()} up;",
-          f"TRAINER_SITECUSTOMIZE={env.get('TRAINER_SITECUSTOMIZE')}", flush=True)
+    # One write: under torchrun the ranks of a pod share its stdout, and print() writes its arguments
+    # and the newline one by one, which interleaves between the ranks.
+    sys.stdout.write(f"rank {rank} of {dist.get_world_size()} up; "
+                     f"TRAINER_SITECUSTOMIZE={env.get('TRAINER_SITECUSTOMIZE')}\\n")
+    sys.stdout.flush()
     t = torch.ones(8)
     for _ in range(3):
         dist.all_reduce(t)

@@ -43,6 +43,7 @@ INJECT = {"frscope.io/inject": "true"}
 # others wait in the fourth all_reduce.
 TRAIN_PY = """\
 import datetime
+import sys
 import time
 
 import torch
@@ -57,7 +58,8 @@ def load_batch():
 def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rank {rank} of {world} up;", flush=True)
+    sys.stdout.write(f"rank {rank} of {world} up;\\n")  # one write: the pod's ranks share stdout
+    sys.stdout.flush()
     t = torch.ones(8)
     for _ in range(3):
         dist.all_reduce(t)
@@ -139,14 +141,17 @@ def test_which_trainjob_and_runtime_fields_reach_the_pods(node: Any, trainer: di
         [job] = node.plane.kubectl_json("-n", ns, "get", "jobs", "-l", f"jobset.sigs.k8s.io/jobset-name={name}")[
             "items"]
         seen = {"jobset": probes(jobset), "job": probes(job), "pod": probes(pod),
+                "jobset annotations": probes(jobset, "annotations"), "job annotations": probes(job, "annotations"),
                 "pod annotations": probes(pod, "annotations")}
         print("probe labels by object:", seen)
-        # Trainer v2.0.0 copies spec.labels (over the runtime's JobSet-template labels) to the JobSet;
+        # Trainer v2.0.0 puts spec.labels (over the runtime's JobSet-template labels) on the JobSet only;
         # JobSet v0.8.2 gives the Jobs their replicated job's template labels and the pods the pod
-        # template's labels; nothing of the TrainJob's own metadata goes down.
+        # template's labels; nothing of the TrainJob's own metadata goes down, nor its annotations.
         assert seen["jobset"] == {"probe/trainjob-spec-labels", "probe/runtime-jobset-template"}, seen
-        assert "probe/runtime-job-template" in seen["job"], seen
+        assert seen["job"] == {"probe/runtime-job-template"}, seen
         assert seen["pod"] == {"probe/runtime-pod-template"}, seen
+        assert seen["jobset annotations"] == {"probe/trainjob-spec-annotations"}, seen
+        assert not seen["job annotations"] and not seen["pod annotations"], seen
         assert "probe/trainjob-metadata" not in seen["pod"] | seen["job"] | seen["jobset"], seen
         # The runtime's pod-template label is an opt-in that works: the webhook injected the sidecar.
         assert pod["metadata"]["annotations"].get("frscope.io/injected"), pod["metadata"]

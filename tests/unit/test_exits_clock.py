@@ -135,3 +135,52 @@ def test_a_rank_that_failed_inside_a_young_collective_makes_it_stuck(tmp_path: P
     [finding] = analyze(dumpset, young, exits={0: timed_out}).findings
     assert finding.category is Category.RANK_NOT_JOINED and finding.culprit_ranks == (1,)
     assert finding.collective_seq_id == 4 and finding.exits[0].exit_code == 1
+
+
+def test_a_rank_that_finished_the_collective_and_then_failed_is_the_culprit(tmp_path: Path) -> None:
+    """Under gloo, rank 3 finished all_reduce #4 and raised; the ranks still in #4 lost their peer (its
+    pod's other rank 2 was stopped by torchrun after finishing #4 too). Without exits it reads as #4
+    never completing on ranks 0-1 (the network); with them, the rank that left is the culprit, and
+    torchrun's first failure among the two (seen on a real node)."""
+    done = [b.entry(s, backend="gloo") for s in range(1, 5)]
+    stuck = [*done[:3], b.entry(4, backend="gloo", state="started")]
+    dumpset = load_dumps([b.job(tmp_path, {0: stuck, 1: stuck, 2: done, 3: done}, 4)])
+    late = AnalysisOptions(stall_after_s=1.0, now_ns=b.T0 + 60 * 10**9)
+    [network] = analyze(dumpset, late).findings
+    assert network.category is Category.NOT_COMPLETED and network.culprit_ranks == (0, 1)
+    exits = {2: RankExit(2, exit_code=1, message="RuntimeError: Connection closed by peer"),
+             3: RankExit(3, exit_code=1, message="RuntimeError: lost its shard", first_failure=True)}
+    [finding] = analyze(dumpset, late, exits=exits).findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (3,)
+    assert "finished all_reduce #4" in finding.summary and "lost its shard" in finding.summary
+    assert [c.category for c in finding.consequences] == [Category.NOT_COMPLETED]
+    assert finding.exits[3].first_failure and any("rank 2 also finished #4" in e for e in finding.evidence)
+    # Without the launcher's word on which failed first, both that left are named.
+    plain = {r: RankExit(r, exit_code=1) for r in (2, 3)}
+    [both] = analyze(dumpset, late, exits=plain).findings
+    assert both.culprit_ranks == (2, 3)
+
+
+NODE = Path(__file__).resolve().parents[1] / "data" / "node"
+
+
+def test_a_quick_crash_on_the_real_node_is_blamed_on_the_rank_that_raised() -> None:
+    """The sidecars' exit pushes of a real torchrun crash: rank 3's (and rank 0's) last recorder is
+    empty, ranks 1-2 wait in all_reduce #4. Without exits it reads as the network; with the exits the
+    kubelet and torchrun's summary gave (rank 3 raised, rank 2 lost its peer), rank 3 is the culprit."""
+    dumpset = load_dumps([NODE / "torchrun-crash"])
+    assert analyze(dumpset).findings == []  # 819 ms into #4 when read: young, without exits
+    assert analyze(dumpset, AnalysisOptions(stall_after_s=0.5)).findings[0].category is Category.NOT_COMPLETED
+    exits = {2: RankExit(2, exit_code=1, message="RuntimeError: [pair.cc:553] Connection closed by peer "
+                         "[10.213.0.12]:41234. This is typically caused by a remote worker crashing."),
+             3: RankExit(3, exit_code=1, message="RuntimeError: frscope-test: this rank lost its data shard",
+                         first_failure=True)}
+    report = analyze(load_dumps([NODE / "torchrun-crash"]), exits=exits)
+    [finding] = report.findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (3,)
+    assert "lost its data shard" in finding.summary and finding.collective_seq_id == 4
+    assert 3 in report.missing_ranks  # its empty recorder counts as no dump
+    # rank 0 failed too, blaming its peer, and torchrun named it its pod's first failure: still rank 3.
+    exits[0] = RankExit(0, exit_code=1, first_failure=True, message=exits[2].message)
+    [finding] = analyze(load_dumps([NODE / "torchrun-crash"]), exits=exits).findings
+    assert finding.culprit_ranks == (3,)

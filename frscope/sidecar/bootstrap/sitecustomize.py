@@ -22,6 +22,12 @@ and a forked child of a serving process (a forked DataLoader worker) never serve
 its copy of the server's listening socket, which would outlive a crashed rank. A socket file is taken
 over only when no live process listens on it.
 
+In a worker of torchrun's agent, an uncaught exception is also written to the error file the agent
+names (TORCHELASTIC_ERROR_FILE), as torch's own `@record` does, unless something wrote it already. The
+agent then prints the exception in its failure summary, the end of the container's log: the part that
+Kubernetes keeps as the termination message (its last 2 KiB). Without it the summary says only "To
+enable traceback see ...", and the rank's own error scrolled out of those 2 KiB (seen on a real node).
+
 Environment: FRSCOPE_SOCKET_DIR (default /run/frscope), FRSCOPE_BOOTSTRAP=0 to switch it off. Any
 other `sitecustomize` that this file shadows on sys.path (Debian's, a venv's) is still run. The
 bootstrap never raises into the training process; a failure, or a torch without the worker server,
@@ -218,12 +224,41 @@ def _close_inherited_listener(path: str) -> None:
         sock.detach()
 
 
+def _record_uncaught_for_torchrun() -> None:
+    """Chain a sys.excepthook that writes the exception to TORCHELASTIC_ERROR_FILE (torch's `@record`
+    format) in this process only, when the file is not there yet; the previous hook then runs as ever."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE", "")
+    if not path:
+        return
+    previous = sys.excepthook
+    me = os.getpid()
+
+    def hook(exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            if os.getpid() == me and not os.path.exists(path):
+                import traceback
+
+                data = {"message": {"message": f"{exc_type.__name__}: {exc}", "extraInfo": {
+                    "py_callstack": "".join(traceback.format_exception(exc_type, exc, tb)),
+                    "timestamp": str(int(time.time()))}}}
+                tmp = f"{path}.{me}.tmp"
+                with open(tmp, "w") as handle:
+                    json.dump(data, handle)
+                os.replace(tmp, path)
+        except Exception:
+            pass
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = hook
+
+
 def _on_loaded() -> None:
     """torch.distributed has finished importing: decide whether this process serves."""
     if _inherited():
         return  # a spawned child of a serving rank
     rank = _elastic_rank()
     if rank is not None:
+        _record_uncaught_for_torchrun()
         _start_server(rank)
     else:
         _watch()

@@ -286,6 +286,25 @@ async def test_push_from_a_deleted_pod_counts(
     assert report["job"]["signal"].startswith("SidecarPush")
 
 
+async def test_a_pod_whose_trainer_ended_is_not_asked_its_exit_push_counts(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    """Its sidecar is being stopped with the pod: asking it would wait out the gather's timeouts (30-40 s
+    on a real node); what it pushed at the exit is its evidence."""
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    worker = stand_ins[1]
+    pushed = from_snapshot(parse_snapshot({**worker.snapshot_obj(), "reason": "exit"}, "push", size_bytes=100),
+                           origin="push")
+    controller.pushes.put(pushed, job="train")
+    await controller.on_pod("MODIFIED", builders.pod(worker.pod, port=worker.port, phase="Failed",
+                                                     state=builders.terminated("RuntimeError: boom", 1)))
+    await controller.idle()
+    assert worker.snapshot_requests == 0 and stand_ins[0].snapshot_requests == 1
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["diagnosis"]["who"]["missingRanks"] == "none"  # the push stood in for the sidecar
+
+
 async def test_condition_rewritten_by_the_training_operator_is_put_back(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
         hang_ranks: dict[int, Any]) -> None:
