@@ -189,6 +189,10 @@ def left_after_finishing(ctx: Context, ref: GroupRef, tracks: dict[int, Track], 
     real node: the crashed rank's recorder showed the collective completed, its peers' did not). The
     launcher's first failure (torchrun's root cause) is the culprit when it names one."""
     seq = point.seq
+    if any(r not in tracks or not tracks[r].by_seq for r in ref.ranks):
+        # A member left no record at all (killed before any dump): that peer is the one gone, and the
+        # ranks that finished and then failed are the aftermath (their watchdog), not the cause.
+        return None
     gone = sorted(r for r, t in tracks.items() if r not in waiting and t.last_completed >= seq
                   and (e := exits.get(r)) is not None and e.failed)
     if not gone:
