@@ -138,7 +138,8 @@ def _crashed(ctx: Context, missing: tuple[int, ...], failed: list[int],
         summary = (
             f"{plural(culprits).capitalize()} left no dump and "
             f"{'its process' if len(culprits) == 1 else 'their processes'} failed, "
-            f"while {plural(survivors)} wait in {op} #{seq} of {ref.label()}{since}.{how}"
+            f"while {plural(survivors)} wait{'s' if len(survivors) == 1 else ''} in {op} #{seq} of "
+            f"{ref.label()}{since}.{how}"
         )
     entered = [b[0].time_created_ns for r in survivors
                if (b := ctx.tracks.get(ref.name, {}).get(r, Track(r)).by_seq.get(seq)) and b[0].time_created_ns]

@@ -184,3 +184,15 @@ def test_a_quick_crash_on_the_real_node_is_blamed_on_the_rank_that_raised() -> N
     exits[0] = RankExit(0, exit_code=1, first_failure=True, message=exits[2].message)
     [finding] = analyze(load_dumps([NODE / "torchrun-crash"]), exits=exits).findings
     assert finding.culprit_ranks == (3,)
+
+
+def test_a_crash_whose_pod_was_never_read_in_full_is_still_blamed_on_the_rank_that_raised() -> None:
+    """Another real run: the crashed pod's recorders are both empty, the survivor with entries is 0.9 s
+    into #4. Its group has members whose processes failed: #4 can never complete, however young."""
+    exits = {2: RankExit(2, exit_code=1, message="RuntimeError: [pair.cc:553] Connection closed by peer. "
+                         "This is typically caused by a remote worker crashing."),
+             3: RankExit(3, exit_code=1, message="RuntimeError: frscope-test: this rank lost its data shard",
+                         first_failure=True)}
+    [finding] = analyze(load_dumps([NODE / "torchrun-crash-unread"]), exits=exits).findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (3,)
+    assert "rank 1 waits in all_reduce #4" in finding.summary
