@@ -313,9 +313,10 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
 
 def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
                 failed: frozenset[int] = frozenset()) -> StuckPoint | None:
-    """`failed`: ranks whose process the runner says failed. One of them in the collective means it can
-    never complete, however young it is (a rank its collective timeout ended seconds after it entered:
-    the gather that follows the exit must not call the group merely busy; seen on a real node)."""
+    """`failed`: ranks whose process the runner says failed. A member of the group among them means its
+    collective can never complete, however young it is: the gather that follows an exit must not call
+    the group merely busy (seen on a real node: a rank its 5 s collective timeout ended, and a crash
+    whose peers were a second into the next collective when their exits were read)."""
     if not tracks:
         return None
     seq = min(t.next_seq for t in tracks.values())
@@ -327,7 +328,7 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     since = min(created) if created else None
     now = ctx.now_for(joined)
     age = (now - since) / 1e9 if (now is not None and since is not None) else None
-    stalled = age is None or age >= ctx.options.stall_after_s or bool(failed & set(joined))
+    stalled = age is None or age >= ctx.options.stall_after_s or bool(failed & (set(group.ranks) | set(tracks)))
     return StuckPoint(seq, joined, not_joined, since, age, stalled, ctx.age_source(joined) if age is not None else None)
 
 

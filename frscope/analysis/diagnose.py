@@ -73,6 +73,8 @@ def _missing_dumps(ctx: Context, waiting: list[tuple[GroupRef, int, str, list[in
     if not missing:
         return None
     failed = [r for r in missing if (e := exits.get(r)) is not None and e.failed]
+    if failed and not waiting and not any(d.entries for d in ctx.dumpset.dumps.values()):
+        return _died_unrecorded(ctx, missing, failed, exits)
     signature = None if waiting else crash_signature(ctx, missing)
     if signature is not None or (failed and waiting):
         return _crashed(ctx, missing, failed, signature, waiting, exits)
@@ -116,6 +118,26 @@ def _missing_dumps(ctx: Context, waiting: list[tuple[GroupRef, int, str, list[in
     return finding
 
 
+def _died_unrecorded(ctx: Context, missing: tuple[int, ...], failed: list[int],
+                     exits: Mapping[int, RankExit]) -> Finding:
+    """Not one recorder could be read (the job ended before any collector read a rank: a crash within a
+    second or two of the start, seen on a real node), but the runner says which processes failed: the
+    first failure that blames no peer is the culprit, its exit the evidence."""
+    culprits = most_likely_first(failed, exits)
+    exit = exits.get(culprits[0])
+    how = f" Rank {culprits[0]}'s process {exit.describe()}." if exit is not None else ""
+    summary = (f"No recorder of the job could be read (it ended before the collectors read one); "
+               f"{plural(culprits)} failed{' first' if len(failed) > len(culprits) else ''}.{how}")
+    ref = GroupRef("world", "", tuple(range(ctx.dumpset.world_size)))
+    finding = Finding(category=Category.RANK_STOPPED, culprit_ranks=tuple(culprits), process_group=ref,
+                      summary=summary)
+    others = sorted(set(failed) - set(culprits))
+    if others:
+        finding.evidence.append(f"{plural(others)} also failed, blaming a peer or after the first failure")
+    finding.evidence.append("no recorder evidence: the exit codes and termination messages are all there is")
+    return finding
+
+
 def _crashed(ctx: Context, missing: tuple[int, ...], failed: list[int],
              signature: tuple[GroupRef, int, str, list[int]] | None,
              waiting: list[tuple[GroupRef, int, str, list[int], float | None]],
@@ -138,7 +160,8 @@ def _crashed(ctx: Context, missing: tuple[int, ...], failed: list[int],
         summary = (
             f"{plural(culprits).capitalize()} left no dump and "
             f"{'its process' if len(culprits) == 1 else 'their processes'} failed, "
-            f"while {plural(survivors)} wait in {op} #{seq} of {ref.label()}{since}.{how}"
+            f"while {plural(survivors)} wait{'s' if len(survivors) == 1 else ''} in {op} #{seq} of "
+            f"{ref.label()}{since}.{how}"
         )
     entered = [b[0].time_created_ns for r in survivors
                if (b := ctx.tracks.get(ref.name, {}).get(r, Track(r)).by_seq.get(seq)) and b[0].time_created_ns]
@@ -243,7 +266,8 @@ def _analyze(dumpset: DumpSet, options: AnalysisOptions, exits: Mapping[int, Ran
             if hang is not None and hang.category is Category.NOT_COMPLETED:
                 hang = None  # the others wait for the rank that stopped, not for the network
         if hang is not None and hang.category is Category.NOT_COMPLETED and point is not None:
-            left = left_after_finishing(ctx, ref, live, point, hang.culprit_ranks, exits)
+            without_dump = tuple(r for r in group.ranks if r not in dumpset.dumps and r in failed)
+            left = left_after_finishing(ctx, ref, live, point, hang.culprit_ranks, exits, without_dump)
             if left is not None:
                 left.consequences.append(hang)  # the others wait for the rank that left, not for the network
                 hang = left
@@ -253,7 +277,7 @@ def _analyze(dumpset: DumpSet, options: AnalysisOptions, exits: Mapping[int, Ran
         if hang is not None and hang.category is Category.NOT_COMPLETED and point and suspects_missing:
             # Everyone with a dump entered it; those without one are the first suspects (also when the
             # membership is only known from the entries, which cannot show a member without a dump).
-            waiting_on_missing.append((ref, point.seq, hang.op or "collective", point.joined, point.age_s))
+            waiting_on_missing.append((ref, point.seq, hang.op or "collective", list(hang.culprit_ranks), point.age_s))
             waiting_since.append(point.since_ns or 2**63)
             hang = None
         if mismatch is not None:

@@ -182,12 +182,16 @@ def crash_signature(ctx: Context, missing: tuple[int, ...]) -> tuple[GroupRef, i
 
 
 def left_after_finishing(ctx: Context, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint,
-                         waiting: tuple[int, ...], exits: Mapping[int, RankExit]) -> Finding | None:
+                         waiting: tuple[int, ...], exits: Mapping[int, RankExit],
+                         failed_without_dump: tuple[int, ...] = ()) -> Finding | None:
     """Ranks that finished the collective the others still wait in, and whose process then failed (the
     runner's word): the others wait for a peer that is gone, not for the network. With gloo, a rank that
     completes an all_reduce and dies cuts the ring before its last sends reach the others (seen on a
     real node: the crashed rank's recorder showed the collective completed, its peers' did not). The
-    launcher's first failure (torchrun's root cause) is the culprit when it names one."""
+    launcher's first failure (torchrun's root cause) is the culprit when it names one. None when the
+    likeliest first failure is a member without a dump (`failed_without_dump`): the missing-dump
+    reasoning names that one (seen on a real node: the rank that finished and failed was a victim whose
+    error blamed its peer, the one that raised left an empty recorder)."""
     seq = point.seq
     if any(r not in tracks or not tracks[r].by_seq for r in ref.ranks):
         # A member left no record at all (killed before any dump): that peer is the one gone, and the
@@ -197,7 +201,9 @@ def left_after_finishing(ctx: Context, ref: GroupRef, tracks: dict[int, Track], 
                   and (e := exits.get(r)) is not None and e.failed)
     if not gone:
         return None
-    culprits = most_likely_first(gone, exits)
+    culprits = most_likely_first([*gone, *failed_without_dump], exits)
+    if not set(culprits) <= set(gone):
+        return None
     sample = next((b[0] for r in waiting if (b := tracks[r].by_seq.get(seq))), None)
     op = sample.op if sample else "collective"
     since = f" for {fmt_duration(point.age_s)}" if point.age_s is not None else ""

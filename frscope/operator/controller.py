@@ -304,15 +304,17 @@ class Controller:
                  extra=_job(view.key))
         gathered = await self._gather(view)
         state = self._state(view.key)
-        if not gathered.anything:
+        exits = rank_exits(view.pods, gathered.pods, view.world_size)
+        if not gathered.anything and not any(e.failed for e in exits.values()):
             log.warning("job %s: nothing could be gathered (%d pods failed)", view.key, len(gathered.failures),
                         extra=_job(view.key))
             self._quiet(state, attempt, view)
             return
+        # Nothing gathered but a failed rank: its exit alone is evidence (a crash before any read).
         diagnosis = await diagnose(gathered, view.world_size,
                                    AnalysisOptions(stall_after_s=self.config.stuck_after_s,
                                                    clock_skew_ms=self.config.clock_skew_ms),
-                                   exits=rank_exits(view.pods, gathered.pods, view.world_size))
+                                   exits=exits)
         report = diagnosis.report
         if report.healthy:
             log.info("job %s: %s: no problem found in %d ranks", view.key, sig.kind.value, len(report.ranks_loaded),

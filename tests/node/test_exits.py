@@ -7,6 +7,8 @@ operator writes on the PyTorchJob names each rank's exit with them. Nothing is p
   the other process of its pod and exits 1, the other pod's ranks fail in the collective the crashed
   rank left. The kubelet keeps only the log's last 2 KiB: torchrun's failure summary, where the
   bootstrap's error file puts the rank's exception (without it: "To enable traceback see ...").
+- exit code (python, one rank a pod): after three all_reduces the last rank writes a line and calls
+  os._exit(3); the container's exit code is the rank's.
 - collective timeout (python, one rank a pod): the ranks' group has a 5 s timeout (shorter than the
   sidecar's stall threshold, so the timeout ends the rank before a stall is seen); the last rank sleeps
   in load_batch, rank 0's fourth all_reduce times out in gloo and rank 0 exits 1 with gloo's message,
@@ -51,6 +53,35 @@ def main():
         dist.all_reduce(t)
     if rank == world - 1:
         raise RuntimeError("{CRASH_MESSAGE}")
+    dist.all_reduce(t)
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+EXIT_CODE = 3
+EXIT_PY = f"""\
+import datetime
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def main():
+    dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=10))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    sys.stdout.write(f"rank {{rank}} of {{world}} up;\\n")
+    sys.stdout.flush()
+    t = torch.ones(8)
+    for _ in range(3):
+        dist.all_reduce(t)
+    if rank == world - 1:
+        sys.stderr.write("{CRASH_MESSAGE}\\n")
+        sys.stderr.flush()
+        os._exit({EXIT_CODE})  # no exception, no atexit: the way a killed or aborting process goes
     dist.all_reduce(t)
 
 
@@ -170,6 +201,24 @@ def test_a_crashed_rank_is_in_the_report_with_its_exit_code_and_message(node: An
     assert report["diagnosis"]["what"]["category"] == "RankStopped", text
     described = node.kubectl("-n", ns, "describe", "flightrecorderreport", report["metadata"]["name"]).stdout
     assert CRASH_MESSAGE in described, described
+
+
+def test_a_rank_that_exits_with_a_code_of_its_own_is_in_the_report(node: Any, installed: Any,
+                                                                   namespace: str) -> None:
+    """Plain python, one rank a pod: the container's exit code is the rank's (3), its message the log's
+    tail; the other rank, whose all_reduce lost its peer, is not blamed."""
+    ns = namespace
+    report, dump = run_until_reported(node, ns, "python", EXIT_PY)
+    ended = wait_for("the worker pod's trainer to end", lambda: trainer_terminations(node, ns, "train"), 60, 2,
+                     diagnostics=dump)
+    worker = next(t for pod, t in ended.items() if "-worker-" in pod)
+    assert worker["exitCode"] == EXIT_CODE and CRASH_MESSAGE in worker.get("message", ""), worker
+    exits = exits_in(report)
+    text = json.dumps(report, indent=1)
+    assert 1 in exits and exits[1]["exit_code"] == EXIT_CODE, text
+    assert CRASH_MESSAGE in (exits[1].get("message") or ""), exits[1]
+    assert report["diagnosis"]["who"]["culpritRanks"] == [1], text
+    assert report["diagnosis"]["what"]["category"] == "RankStopped", text
 
 
 def test_a_rank_its_collective_timeout_killed_is_in_the_report(node: Any, installed: Any, namespace: str) -> None:

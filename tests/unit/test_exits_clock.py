@@ -184,3 +184,43 @@ def test_a_quick_crash_on_the_real_node_is_blamed_on_the_rank_that_raised() -> N
     exits[0] = RankExit(0, exit_code=1, first_failure=True, message=exits[2].message)
     [finding] = analyze(load_dumps([NODE / "torchrun-crash"]), exits=exits).findings
     assert finding.culprit_ranks == (3,)
+
+
+def test_a_crash_whose_pod_was_never_read_in_full_is_still_blamed_on_the_rank_that_raised() -> None:
+    """Another real run: the crashed pod's recorders are both empty, the survivor with entries is 0.9 s
+    into #4. Its group has members whose processes failed: #4 can never complete, however young."""
+    exits = {2: RankExit(2, exit_code=1, message="RuntimeError: [pair.cc:553] Connection closed by peer. "
+                         "This is typically caused by a remote worker crashing."),
+             3: RankExit(3, exit_code=1, message="RuntimeError: frscope-test: this rank lost its data shard",
+                         first_failure=True)}
+    [finding] = analyze(load_dumps([NODE / "torchrun-crash-unread"]), exits=exits).findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (3,)
+    assert "rank 1 waits in all_reduce #4" in finding.summary
+
+
+def test_a_victim_that_finished_the_collective_is_not_blamed_over_the_rank_that_raised() -> None:
+    """A third real run: rank 2 finished #4 and failed blaming its peer; rank 3, which raised, left an
+    empty recorder. The first failure that blames no peer is the culprit, and only rank 1 waits."""
+    exits = {2: RankExit(2, exit_code=143, message="RuntimeError: [pair.cc:553] Connection closed by peer "
+                         "[10.213.0.13]:63722. This is typically caused by a remote worker crashing."),
+             3: RankExit(3, exit_code=1, message="RuntimeError: frscope-test: this rank lost its data shard",
+                         first_failure=True)}
+    [finding] = analyze(load_dumps([NODE / "torchrun-crash-victim"]), exits=exits).findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (3,)
+    assert "rank 1 waits in all_reduce #4" in finding.summary
+
+
+def test_a_crash_before_any_recorder_was_read_is_named_from_the_exits() -> None:
+    """On a real node a rank exited (os._exit(3)) a second after joining, before either sidecar found a
+    rank socket: no recorder at all, only the kubelet's word. The rank that failed first without
+    blaming a peer is named, with its exit."""
+    from frscope.records import DumpSet
+
+    nothing = DumpSet(dumps={}, groups={}, world_size=2)
+    exits = {0: RankExit(0, exit_code=1, message="RuntimeError: [pair.cc:537] Read error: Connection reset by peer"),
+             1: RankExit(1, exit_code=3, message="frscope-test: this rank lost its data shard")}
+    [finding] = analyze(nothing, exits=exits).findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (1,)
+    assert "exited with code 3" in finding.summary and "lost its data shard" in finding.summary
+    assert finding.exits[1].exit_code == 3
+    assert analyze(nothing).findings[0].category is Category.MISSING_DUMPS  # without exits: nothing to say

@@ -305,6 +305,23 @@ async def test_a_pod_whose_trainer_ended_is_not_asked_its_exit_push_counts(
     assert report["diagnosis"]["who"]["missingRanks"] == "none"  # the push stood in for the sidecar
 
 
+async def test_a_failed_rank_is_reported_from_its_exit_when_nothing_could_be_gathered(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession) -> None:
+    """A rank that exited a second after joining, before any sidecar read a recorder (seen on a real
+    node): the kubelet's word is the evidence."""
+    controller = make_controller(kube_client, session)
+    stored = fake_kube.put("pytorchjobs", builders.job(workers=1, nproc=1))
+    await controller.on_job(None, stored)
+    await controller.on_pod("ADDED", builders.pod("train-master-0", replica_type="Master", port=None))
+    await controller.on_pod("MODIFIED", builders.pod("train-worker-0", port=None, phase="Failed",
+                                                     state=builders.terminated("frscope-test: lost its shard", 3)))
+    await controller.idle()
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["diagnosis"]["who"]["culpritRanks"] == [1]
+    assert report["diagnosis"]["what"]["category"] == "RankStopped"
+    assert "exited with code 3" in report["diagnosis"]["verdict"]
+
+
 async def test_condition_rewritten_by_the_training_operator_is_put_back(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
         hang_ranks: dict[int, Any]) -> None:
