@@ -67,6 +67,10 @@ class OperatorConfig:
     clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS
     # After a gather that found nothing to report, the same job attempt is not gathered again for this long.
     cooldown_s: float = 30.0
+    # A gather that finds a pod's sidecar pushed at its trainer's exit waits at most this long for the
+    # kubelet to report that container's end (its exit code and message), so that a crash is diagnosed
+    # with every pod's exit rather than the first one's.
+    exit_settle_s: float = 10.0
     # Worker processes that decode snapshot bodies (0: threads in the operator's process).
     decode_processes: int = 2
     # How the sidecars and the operator prove who they are (docs/operator.md, "Authentication"):
@@ -97,8 +101,8 @@ class OperatorConfig:
     def __post_init__(self) -> None:
         if self.poll_interval_s <= 0 or self.poll_timeout_s <= 0 or self.poll_max_rps <= 0:
             raise ValueError("poll interval, timeout and rate must be > 0")
-        if self.cooldown_s < 0 or self.stuck_after_s < 0:
-            raise ValueError("--cooldown and --stuck-after must be >= 0")
+        if self.cooldown_s < 0 or self.stuck_after_s < 0 or self.exit_settle_s < 0:
+            raise ValueError("--cooldown, --stuck-after and --exit-settle must be >= 0")
         if self.sidecar_auth not in SIDECAR_AUTH_MODES:
             raise ValueError(f"--sidecar-auth must be one of {', '.join(SIDECAR_AUTH_MODES)}")
         if self.ui_auth not in UI_AUTH_MODES:
@@ -167,6 +171,9 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         "analysis: clock skew allowed between hosts before lateness counts", float)
     add("--cooldown", _DEFAULTS.cooldown_s,
         "seconds before a job attempt with nothing to report is gathered again", float)
+    add("--exit-settle", _DEFAULTS.exit_settle_s,
+        "seconds a gather waits for the kubelet to report the end of a trainer whose sidecar pushed its "
+        "exit, so that the report has every pod's exit code and message", float)
     add("--sidecar-auth", _DEFAULTS.sidecar_auth,
         "pushes: the pod's service-account token, reviewed by the API server (kubernetes), the shared "
         "secret of --sidecar-token-file (token), or nothing (none)", choices=SIDECAR_AUTH_MODES)
@@ -261,6 +268,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         stuck_after_s=args.stuck_after,
         clock_skew_ms=args.clock_skew_ms,
         cooldown_s=args.cooldown,
+        exit_settle_s=args.exit_settle,
         decode_processes=args.decode_processes,
         sidecar_auth=args.sidecar_auth,
         sidecar_token_file=args.sidecar_token_file,

@@ -56,6 +56,9 @@ def rfc3339(now: float | None = None) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+_SETTLE_POLL_S = 0.5  # how often the store is looked at while waiting for a kubelet's word on an exit
+
+
 def _job(key: JobKey, incident: str | None = None) -> dict[str, object]:
     """The job (and incident) as fields of the log record (`--log-format json` lifts them out)."""
     return logs.fields(job=key.name, namespace=key.namespace, incident=incident)
@@ -99,6 +102,19 @@ def _ended(pod: PodInfo, push: PodEvidence | None) -> str | None:
     if push is not None and push.reason == "exit" and any(t.run == pod.run for t in pod.terminations):
         return "its trainer has ended and its sidecar pushed what it had at the exit"
     return None
+
+
+def exits_coming(pods: tuple[PodInfo, ...], gathered: Gathered) -> set[str]:
+    """Pods whose sidecar pushed at its trainer's exit while the kubelet has not yet reported the end
+    of that run (the pod's current one)."""
+    out = set()
+    for pod in pods:
+        evidence = gathered.pods.get(pod.name)
+        if evidence is None or evidence.reason != "exit" or pod.phase in ("Succeeded", "Failed"):
+            continue
+        if not any(t.run == pod.run for t in pod.terminations):
+            out.add(pod.name)
+    return out
 
 
 def attempt_for(view: JobView, sig: Signal, restarts: int = 0) -> Attempt:
@@ -303,6 +319,7 @@ class Controller:
         log.info("job %s: %s (%s); gathering from %d pods", view.key, sig.kind.value, sig.detail, len(view.pods),
                  extra=_job(view.key))
         gathered = await self._gather(view)
+        view = await self._await_exits(view, gathered)
         state = self._state(view.key)
         exits = rank_exits(view.pods, gathered.pods, view.world_size)
         if not gathered.anything and not any(e.failed for e in exits.values()):
@@ -327,6 +344,30 @@ class Controller:
             return
         rank_pods = {d.rank: pod for pod, evidence in gathered.pods.items() for d in evidence.dumps}
         await self._publish(view, sig, attempt, key, diagnosis, rank_pods)
+
+    async def _await_exits(self, view: JobView, gathered: Gathered) -> JobView:
+        """The job as the store has it once the kubelet reported the end of every trainer run whose
+        sidecar says it ended, or `--exit-settle` seconds later. A crash ends ranks in several pods
+        within a second, and the kubelet reports each container's end a few seconds apart: diagnosed
+        on the first exit alone, a peer that died of the crash (gloo's "Connection closed by peer")
+        would be named instead of the rank that raised (seen on a real node). The pushes the wait
+        brings are taken too (a pod's second rank going down pushes again)."""
+        waiting = exits_coming(view.pods, gathered)
+        if not waiting:
+            return view
+        deadline = time.monotonic() + self.config.exit_settle_s
+        log.info("job %s: waiting up to %g s for the kubelet to report the end of %s", view.key,
+                 self.config.exit_settle_s, ", ".join(sorted(waiting)), extra=_job(view.key))
+        while waiting and time.monotonic() < deadline:
+            await asyncio.sleep(min(_SETTLE_POLL_S, max(0.0, deadline - time.monotonic())))
+            fresh = self.store.job(view.key)
+            if fresh is None:
+                break
+            view = fresh
+            waiting = exits_coming(view.pods, gathered)
+        for pod, evidence in self.pushes.for_namespace_pods(view.ref.namespace, set(gathered.from_push)).items():
+            gathered.pods[pod] = evidence
+        return view
 
     def _quiet(self, state: _JobState, attempt: Attempt, view: JobView) -> None:
         if state.quiet_until is not None:

@@ -377,3 +377,94 @@ async def test_a_dead_pods_exit_reaches_the_report_as_evidence(
     exits = {r: e for f in flat for r, e in f["exits"].items()}
     assert exits["2"]["reason"] == "OOMKilled" and exits["2"]["exit_code"] == 137 and exits["2"]["signal"] == "SIGKILL"
     assert "train-worker-0" in exits["3"]["source"]
+
+
+NODE_CRASH = __import__("pathlib").Path(__file__).resolve().parents[2] / "data" / "node" / "torchrun-crash-unread"
+# torchrun's summary in the crashed pod's termination message (torch 2.13, the bootstrap's error file).
+CRASHED_POD_TAIL = """\
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+/scripts/train.py FAILED
+------------------------------------------------------------
+Failures:
+[1]:
+  time      : 2026-12-03_12:34:05
+  host      : train-worker-0
+  rank      : 2 (local_rank: 0)
+  exitcode  : -15 (pid: 42)  (SIGTERM)
+  error_file: <N/A>
+  traceback : Signal 15 (SIGTERM) received by PID 42
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-12-03_12:34:05
+  host      : train-worker-0
+  rank      : 3 (local_rank: 1)
+  exitcode  : 1 (pid: 43)
+  error_file: /tmp/torchelastic/error.json
+  traceback : Traceback (most recent call last):
+    RuntimeError: frscope-test: this rank lost its data shard
+============================================================
+"""
+
+
+async def test_a_crash_waits_for_every_pods_exit_before_naming_the_culprit(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession) -> None:
+    """Seen on a real node (tests/node/test_exits.py): rank 3 raised, and the kubelet reported the end
+    of the *other* pod first (its ranks failed on gloo's 'Connection closed by peer'). Both sidecars had
+    pushed at the exit. Diagnosed at once, rank 0 was named; the gather waits for the crashed pod's end
+    (its torchrun summary names rank 3 the first failure) and names rank 3. The pushes are the real
+    node's (tests/data/node/torchrun-crash-unread)."""
+    import json
+
+    controller = make_controller(kube_client, session)
+    stored = fake_kube.put("pytorchjobs", builders.job(workers=1, nproc=2))
+    await controller.on_job(None, stored)
+    for name, kind in (("train-master-0", "Master"), ("train-worker-0", "Worker")):
+        await controller.on_pod("ADDED", builders.pod(name, replica_type=kind, port=None))
+        obj = json.loads((NODE_CRASH / f"{name}.json").read_text())
+        obj["namespace"] = "ml"
+        controller.pushes.put(from_snapshot(parse_snapshot(obj, "push", size_bytes=100), origin="push"), job="train")
+    victim = builders.terminated("RuntimeError: [pair.cc:553] Connection closed by peer [10.213.0.13]:59042. "
+                                 "This is typically caused by a remote worker crashing.", 1)
+    await controller.on_pod("MODIFIED", builders.pod("train-master-0", replica_type="Master", port=None,
+                                                     state=victim))
+
+    async def kubelet_reports_the_crashed_pod() -> None:
+        await asyncio.sleep(1.5)
+        await controller.on_pod("MODIFIED", builders.pod("train-worker-0", port=None,
+                                                         state=builders.terminated(CRASHED_POD_TAIL, 1)))
+
+    late = asyncio.create_task(kubelet_reports_the_crashed_pod())
+    await controller.idle()
+    await late
+    await controller.idle()
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["diagnosis"]["who"]["culpritRanks"] == [3], report["diagnosis"]
+    assert "lost its data shard" in report["diagnosis"]["verdict"]
+
+
+async def test_the_wait_for_an_exit_the_kubelet_never_reports_is_bounded(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession) -> None:
+    """A pod whose sidecar pushed an exit while its container keeps running (torchrun restarting its
+    workers): the gather goes on after --exit-settle with what it has."""
+    import json
+    import time
+
+    config = OperatorConfig(decode_processes=0, stuck_after_s=0.5, cooldown_s=60, exit_settle_s=1.0,
+                            gather=CONFIG.gather)
+    controller = make_controller(kube_client, session, config)
+    stored = fake_kube.put("pytorchjobs", builders.job(workers=1, nproc=2))
+    await controller.on_job(None, stored)
+    for name, kind in (("train-master-0", "Master"), ("train-worker-0", "Worker")):
+        await controller.on_pod("ADDED", builders.pod(name, replica_type=kind, port=None))
+        obj = json.loads((NODE_CRASH / f"{name}.json").read_text())
+        obj["namespace"] = "ml"
+        controller.pushes.put(from_snapshot(parse_snapshot(obj, "push", size_bytes=100), origin="push"), job="train")
+    started = time.monotonic()
+    await controller.on_pod("MODIFIED", builders.pod("train-master-0", replica_type="Master", port=None,
+                                                     state=builders.terminated("RuntimeError: boom", 1)))
+    await controller.idle()
+    assert 1.0 <= time.monotonic() - started < 10
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["diagnosis"]["who"]["culpritRanks"] == [0]  # the only exit known
