@@ -15,7 +15,7 @@ from frscope.sidecar.progress import StallTracker
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0)
 POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-FETCH_CAUSES = ("first", "periodic", "suspect", "resumed", "stall_capture", "refresh", "no_probe")
+FETCH_CAUSES = ("first", "started", "periodic", "suspect", "resumed", "stall_capture", "refresh", "no_probe")
 DUMP_KINDS = ("dump_file", "stall_capture", "refresh")
 PUSH_RESULTS = ("ok", "retry", "failed", "dropped")
 
@@ -81,7 +81,8 @@ class SidecarMetrics:
         self.polls = Counter("frscope_polls", "Poll rounds over every local rank", registry=registry)
         self.recorder_fetches = Counter(
             "frscope_recorder_fetches",
-            "Full recorders fetched (fr_trace_json), by cause: first (new or returning rank), periodic "
+            "Full recorders fetched (fr_trace_json), by cause: first (new or returning rank), started (the "
+            "first progress after an empty recorder), periodic "
             "(--full-poll-every), suspect (progress stopped with a collective in flight), resumed, "
             "stall_capture, refresh (?refresh=1), no_probe (the rank has no cheap progress probe)",
             ["cause"], registry=registry,

@@ -167,6 +167,10 @@ class Poller:
             cause = "periodic"
         elif moved and stalled_here:
             cause = "resumed"
+        elif moved and not state.samples:
+            # The first collectives since a recorder read empty (the rank had just joined): read them
+            # now, once, so a rank that crashes a few steps in leaves more than an empty recorder.
+            cause = "started"
         elif inflight and not moved and state.probe_fp != state.full_fp:
             cause = "suspect"
         if cause is not None:

@@ -118,6 +118,26 @@ async def test_progressing_rank_gets_the_full_recorder_every_n_polls(tmp_path: P
             await state.client.close()
 
 
+async def test_the_first_progress_after_an_empty_recorder_is_read_at_once(tmp_path: Path) -> None:
+    """A rank found just after joining has an empty recorder; its first collectives are read at the
+    next poll that sees the probe move (once), not a minute later: a rank that crashes a few steps in
+    then leaves them (seen on a real node, where quick crashes left only empty recorders)."""
+    async with worker(tmp_path) as w:
+        sc = sidecar(tmp_path)
+        await sc.poll_once()  # joined, nothing recorded yet
+        assert w.full == 1 and fetches(sc, "first") == 1
+        w.done = 3
+        await sc.poll_once()
+        assert w.full == 2 and fetches(sc, "started") == 1
+        assert sc.ranks[0].samples, "the kept recorder has the first collectives"
+        for _ in range(3):
+            w.done += 1
+            await sc.poll_once()
+        assert w.full == 2 and fetches(sc, "started") == 1  # once: the probe is enough from then on
+        for state in sc.ranks.values():
+            await state.client.close()
+
+
 async def test_stall_found_in_time_with_the_probe(tmp_path: Path) -> None:
     async with worker(tmp_path) as w:
         sc = sidecar(tmp_path)
