@@ -193,8 +193,11 @@ def test_a_crashed_rank_is_in_the_report_with_its_exit_code_and_message(node: An
     text = json.dumps(report, indent=1)
     assert crashed in exits, text
     mine = exits[crashed]
-    # The rank's own exit out of torchrun's summary: its exit code and its exception, the first failure.
-    assert mine["exit_code"] == 1 and mine["first_failure"] is True, mine
+    # The rank's own exit out of torchrun's summary: its exit code and its exception. (Whether torchrun
+    # calls it the first failure is torchrun's guess: its error files carry whole seconds, and the pod's
+    # other rank, failing on gloo's "Connection closed by peer" in the same second, can be listed first.
+    # The culprit below does not depend on it.)
+    assert mine["exit_code"] == 1, mine
     assert mine["message"] == f"RuntimeError: {CRASH_MESSAGE}", mine
     assert "container exit code" in mine["source"], mine
     assert report["diagnosis"]["who"]["culpritRanks"] == [crashed], text
