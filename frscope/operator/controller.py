@@ -321,7 +321,8 @@ class Controller:
         gathered = await self._gather(view)
         view = await self._await_exits(view, gathered)
         state = self._state(view.key)
-        exits = rank_exits(view.pods, gathered.pods, view.world_size)
+        exits = rank_exits(view.pods, gathered.pods, view.world_size,
+                           about=(sig.pod, sig.run) if sig.pod is not None and sig.run is not None else None)
         if not gathered.anything and not any(e.failed for e in exits.values()):
             log.warning("job %s: nothing could be gathered (%d pods failed)", view.key, len(gathered.failures),
                         extra=_job(view.key))

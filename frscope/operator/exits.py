@@ -23,8 +23,16 @@ from frscope.records.exits import one_line
 from frscope.records.torchrun_exits import torchrun_failures
 
 
-def _latest(pod: PodInfo) -> Termination | None:
-    return max(pod.terminations, key=lambda t: t.run, default=None)
+def _ended_run(pod: PodInfo, about: tuple[str, int] | None) -> Termination | None:
+    """The end of the pod's current trainer run, if it ended; else the end of the run the incident is
+    about (`about`: the signal's pod and run). A previous run's end (`lastState`) is not evidence about
+    the run that replaced it: after a restart, its ranks are new processes that may well be alive."""
+    current = [t for t in pod.terminations if t.run == pod.run]
+    if current:
+        return current[0]
+    if about is not None and about[0] == pod.name:
+        return next((t for t in pod.terminations if t.run == about[1]), None)
+    return None
 
 
 def _node_order(pods: list[PodInfo]) -> dict[str, int]:
@@ -49,12 +57,14 @@ def pod_ranks(pods: list[PodInfo], evidence: dict[str, PodEvidence],
 
 
 def rank_exits(pods: Iterable[PodInfo], evidence: dict[str, PodEvidence],
-               world_size: int | None) -> dict[int, RankExit]:
+               world_size: int | None, about: tuple[str, int] | None = None) -> dict[int, RankExit]:
+    """`about`: the pod and trainer run the incident's signal names, whose end counts even when that
+    pod has restarted since."""
     pod_list = list(pods)
     ranks = pod_ranks(pod_list, evidence, world_size)
     out: dict[int, RankExit] = {}
     for pod in pod_list:
-        term = _latest(pod)
+        term = _ended_run(pod, about)
         if term is None:
             continue
         source = f"pod {pod.namespace}/{pod.name} container {term.container} (run {term.run})"
@@ -67,7 +77,7 @@ def rank_exits(pods: Iterable[PodInfo], evidence: dict[str, PodEvidence],
                     exit_code=worker.exit_code,
                     reason=term.reason,
                     message=one_line(worker.line or term.message),
-                    restart_count=pod.run,
+                    restart_count=term.run,
                     finished_at_ns=term.finished_at_ns,
                     first_failure=worker.root_cause,
                     source=f"{source}: torchrun's summary, local rank {worker.local_rank}"
@@ -80,7 +90,7 @@ def rank_exits(pods: Iterable[PodInfo], evidence: dict[str, PodEvidence],
                 exit_code=term.exit_code,
                 reason=term.reason,
                 message=one_line(term.message),
-                restart_count=pod.run,
+                restart_count=term.run,
                 finished_at_ns=term.finished_at_ns,
                 source=source,
             )

@@ -62,3 +62,17 @@ def test_torchrun_summary_gives_each_rank_its_own_exit() -> None:
     assert root.exit_code == 1 and "Timed out waiting 5000ms" in root.message and "first failure" in root.source
     assert stopped.exit_code == 143 and "SIGTERM" in stopped.describe() and "Signal 15" in stopped.message
     assert "container exit code 1" in stopped.source
+
+
+def test_a_previous_runs_end_is_not_evidence_about_the_run_that_replaced_it() -> None:
+    """The container crashed once and the kubelet restarted it (restartPolicy OnFailure): its ranks are
+    new processes, alive. An incident in the new run must not see them as failed; one about the run
+    that ended (the exit's own signal, handled after the restart) still does."""
+    running = {"running": {"startedAt": "2026-12-03T09:00:10Z"}}
+    restarted = pod_info(pod("train-worker-0", index=0, restarts=1, state=running,
+                             last_state=terminated("RuntimeError: boom", 1)))
+    pods = [pod_info(pod("train-master-0", replica_type="Master", index=0)), restarted]
+    assert rank_exits(pods, {}, 2) == {}
+    [exit] = rank_exits(pods, {}, 2, about=("train-worker-0", 0)).values()
+    assert exit.rank == 1 and exit.exit_code == 1 and exit.restart_count == 0
+    assert rank_exits(pods, {}, 2, about=("train-master-0", 0)) == {}
