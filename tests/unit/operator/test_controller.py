@@ -408,16 +408,11 @@ Root Cause (first observed failure):
 """
 
 
-async def test_a_crash_waits_for_every_pods_exit_before_naming_the_culprit(
-        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession) -> None:
-    """Seen on a real node (tests/node/test_exits.py): rank 3 raised, and the kubelet reported the end
-    of the *other* pod first (its ranks failed on gloo's 'Connection closed by peer'). Both sidecars had
-    pushed at the exit. Diagnosed at once, rank 0 was named; the gather waits for the crashed pod's end
-    (its torchrun summary names rank 3 the first failure) and names rank 3. The pushes are the real
-    node's (tests/data/node/torchrun-crash-unread)."""
+async def crashed_job_with_exit_pushes(fake_kube: FakeKube, controller: Controller) -> None:
+    """A 2-pod torchrun job whose sidecars both pushed at the exit (the real node's pushes); the kubelet
+    has reported neither pod's end yet."""
     import json
 
-    controller = make_controller(kube_client, session)
     stored = fake_kube.put("pytorchjobs", builders.job(workers=1, nproc=2))
     await controller.on_job(None, stored)
     for name, kind in (("train-master-0", "Master"), ("train-worker-0", "Worker")):
@@ -425,6 +420,17 @@ async def test_a_crash_waits_for_every_pods_exit_before_naming_the_culprit(
         obj = json.loads((NODE_CRASH / f"{name}.json").read_text())
         obj["namespace"] = "ml"
         controller.pushes.put(from_snapshot(parse_snapshot(obj, "push", size_bytes=100), origin="push"), job="train")
+
+
+async def test_a_crash_waits_for_every_pods_exit_before_naming_the_culprit(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession) -> None:
+    """Seen on a real node (tests/node/test_exits.py): rank 3 raised, and the kubelet reported the end
+    of the *other* pod first (its ranks failed on gloo's 'Connection closed by peer'). Both sidecars had
+    pushed at the exit. Diagnosed at once, rank 0 was named; the gather waits for the crashed pod's end
+    (its torchrun summary names rank 3 the first failure) and names rank 3. The pushes are the real
+    node's (tests/data/node/torchrun-crash-unread)."""
+    controller = make_controller(kube_client, session)
+    await crashed_job_with_exit_pushes(fake_kube, controller)
     victim = builders.terminated("RuntimeError: [pair.cc:553] Connection closed by peer [10.213.0.13]:59042. "
                                  "This is typically caused by a remote worker crashing.", 1)
     await controller.on_pod("MODIFIED", builders.pod("train-master-0", replica_type="Master", port=None,
@@ -448,19 +454,12 @@ async def test_the_wait_for_an_exit_the_kubelet_never_reports_is_bounded(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession) -> None:
     """A pod whose sidecar pushed an exit while its container keeps running (torchrun restarting its
     workers): the gather goes on after --exit-settle with what it has."""
-    import json
     import time
 
     config = OperatorConfig(decode_processes=0, stuck_after_s=0.5, cooldown_s=60, exit_settle_s=1.0,
                             gather=CONFIG.gather)
     controller = make_controller(kube_client, session, config)
-    stored = fake_kube.put("pytorchjobs", builders.job(workers=1, nproc=2))
-    await controller.on_job(None, stored)
-    for name, kind in (("train-master-0", "Master"), ("train-worker-0", "Worker")):
-        await controller.on_pod("ADDED", builders.pod(name, replica_type=kind, port=None))
-        obj = json.loads((NODE_CRASH / f"{name}.json").read_text())
-        obj["namespace"] = "ml"
-        controller.pushes.put(from_snapshot(parse_snapshot(obj, "push", size_bytes=100), origin="push"), job="train")
+    await crashed_job_with_exit_pushes(fake_kube, controller)
     started = time.monotonic()
     await controller.on_pod("MODIFIED", builders.pod("train-master-0", replica_type="Master", port=None,
                                                      state=builders.terminated("RuntimeError: boom", 1)))
