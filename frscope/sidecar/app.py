@@ -39,6 +39,7 @@ from frscope.sidecar.poller import Poller
 from frscope.sidecar.progress import GroupState, StallTracker
 from frscope.sidecar.push import Pusher
 from frscope.sidecar.ranks import RankState
+from frscope.sidecar.schedule import next_slot
 from frscope.sidecar.snapshot import Snapshots
 from frscope.sidecar.status import status_document
 from frscope.wire import StatusDoc
@@ -172,15 +173,17 @@ class Sidecar:
     # -- loops --------------------------------------------------------------------------------------
 
     async def _poll_loop(self) -> None:
-        interval = self.config.poll_interval_s
+        # The first round at once (find the ranks); then rounds on the wall clock's slots, the same
+        # for every sidecar of the job (schedule.py says why).
+        periodic: bool | None = None
         while True:
-            started = time.monotonic()
             try:
-                await self.poll_once()
+                await self.poll_once(periodic=periodic)
             except Exception:
                 log.exception("poll round failed")
-            elapsed = time.monotonic() - started
-            await asyncio.sleep(max(0.0, interval - elapsed) if elapsed < interval else min(interval, 1.0))
+            slot = next_slot(time.time(), self.config.poll_interval_s, self.config.full_poll_every)
+            await asyncio.sleep(slot.wait_s)
+            periodic = slot.periodic
 
     async def _dump_loop(self) -> None:
         assert self.dumps is not None
@@ -191,12 +194,14 @@ class Sidecar:
 
     # -- what a round leads to ----------------------------------------------------------------------
 
-    async def poll_once(self, *, stacks: bool = False, full: bool = False) -> list[GroupState]:
+    async def poll_once(self, *, stacks: bool = False, full: bool = False,
+                        periodic: bool | None = None) -> list[GroupState]:
         """One round over every local rank; returns the groups that became stalled. `full`: every
-        rank's full recorder, whatever its progress probe says. A new stall is captured (every live
-        rank's recorder and stacks) unless the current capture still holds; a trainer exit is pushed."""
+        rank's full recorder, whatever its progress probe says; `periodic`: the schedule's periodic
+        full read (None: each rank's own count). A new stall is captured (every live rank's recorder
+        and stacks) unless the current capture still holds; a trainer exit is pushed."""
         async with self._poll_lock:
-            found = await self.poller.round(full, lambda: self.current_capture() is None)
+            found = await self.poller.round(full, lambda: self.current_capture() is None, periodic)
             if found.capture:
                 await self.capture("stall")  # (takes every live rank's stacks too)
             elif stacks:

@@ -57,10 +57,13 @@ class Poller:
         for state in self.ranks.values():
             await state.client.close()
 
-    async def round(self, want_full: bool, capture_wanted: Callable[[], bool]) -> Round:
+    async def round(self, want_full: bool, capture_wanted: Callable[[], bool],
+                    periodic: bool | None = None) -> Round:
         """One round over every local rank. `want_full`: every rank's full recorder, whatever its
         progress probe says. `capture_wanted` is asked when groups became stalled: if it says yes,
-        every live rank's full recorder of this moment is fetched for the capture."""
+        every live rank's full recorder of this moment is fetched for the capture. `periodic`: this
+        round is the schedule's periodic full read (`schedule.PollSlot`); None: every
+        --full-poll-every rounds of the rank's own count."""
         t0 = time.perf_counter()
         now_ns = time.time_ns()
         previous_round = self.last_round_ns
@@ -88,7 +91,8 @@ class Poller:
                 if self._mark_down(state, WorkerError("no_socket", f"socket {state.socket_path} is gone"), now_ns):
                     went_down.append(rank)
         results = await asyncio.gather(
-            *(self._poll_rank(self.ranks[rank], now_ns, previous_round, want_full) for rank in sorted(found))
+            *(self._poll_rank(self.ranks[rank], now_ns, previous_round, want_full, periodic)
+              for rank in sorted(found))
         )
         newly: list[GroupState] = []
         for rank, (stalled, down) in zip(sorted(found), results, strict=True):
@@ -129,7 +133,8 @@ class Poller:
         return Round(newly, capture, exits)
 
     async def _poll_rank(
-        self, state: RankState, now_ns: int, previous_round: int | None, force_full: bool = False
+        self, state: RankState, now_ns: int, previous_round: int | None, force_full: bool = False,
+        periodic: bool | None = None,
     ) -> tuple[list[GroupState], bool]:
         """Probe the rank's progress; fetch its full recorder only when needed (docs/sidecar.md, "What
         a poll costs"): no recorder kept yet or the rank (re)appeared, every --full-poll-every polls,
@@ -163,7 +168,7 @@ class Poller:
             cause = "first"
         elif not probed:
             cause = "no_probe"
-        elif state.polls_since_full + 1 >= self.config.full_poll_every:
+        elif self._periodic_due(state, periodic):
             cause = "periodic"
         elif moved and stalled_here:
             cause = "resumed"
@@ -185,6 +190,15 @@ class Poller:
         if moved or not inflight:
             samples = without_inflight(samples)
         return self.tracker.update(state.rank, samples, now_ns, previous_round, moved=moved), False
+
+    def _periodic_due(self, state: RankState, periodic: bool | None) -> bool:
+        """On the schedule's periodic round (every rank of the job at the same moment: the job pays one
+        step's delay a period, not one for each rank's own moment); a rank that missed it (a round
+        overran its slot) catches up after twice the period."""
+        every = self.config.full_poll_every
+        if periodic is None:
+            return state.polls_since_full + 1 >= every
+        return periodic or state.polls_since_full + 1 >= 2 * every
 
     def _sample_wait(self, state: RankState, now_ns: int, inflight: bool | None) -> None:
         """frscope_collective_wait_seconds for a rank whose recorder dates no durations (gloo; NCCL

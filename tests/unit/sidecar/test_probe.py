@@ -178,3 +178,49 @@ async def test_rank_without_probe_gets_full_polls(tmp_path: Path) -> None:
         assert sc.status()["ranks"]["0"]["progress_probe"] is None
         for state in sc.ranks.values():
             await state.client.close()
+
+
+def test_slots_are_the_wall_clocks_the_same_in_every_pod() -> None:
+    from frscope.sidecar.schedule import next_slot
+
+    # Two sidecars that started at other moments poll at the same instants, and read in full together.
+    a, b = next_slot(1_000_003.2, 10.0, 6), next_slot(1_000_007.9, 10.0, 6)
+    assert a.index == b.index == 100_001 and not a.periodic
+    assert a.wait_s == pytest.approx(6.8) and b.wait_s == pytest.approx(2.1)
+    full = next_slot(1_000_011.0, 10.0, 6)
+    assert full.index == 100_002 and full.periodic  # 6 x 16,667
+    assert next_slot(1_000_060.0, 10.0, 6).index == 100_007  # strictly after: an overrun skips a slot
+    assert next_slot(5.0, 10.0, 1).periodic  # --full-poll-every 1: every slot
+
+
+async def test_the_periodic_read_takes_every_rank_in_the_same_round(tmp_path: Path) -> None:
+    """On the schedule's periodic slot every rank is read in full in one round, whatever each rank's
+    own count since its last read; between, the probe serves; a rank that missed the slot catches up
+    after twice the period."""
+    async with worker(tmp_path) as w0:
+        w1 = Worker(tmp_path / "rank-1.sock")
+        await w1.start()
+        try:
+            sc = sidecar(tmp_path, full_poll_every=3)
+            await sc.poll_once()  # first sight: both read
+            w0.done += 1
+            await sc.poll_once(periodic=False)  # rank 0's first progress after an empty read
+            assert (w0.full, w1.full) == (2, 1)
+            for _ in range(2):
+                w0.done += 1
+                w1.done += 1
+                await sc.poll_once(periodic=False)
+            assert (w0.full, w1.full) == (2, 2)  # rank 1's first progress; no periodic read yet
+            w0.done += 1
+            w1.done += 1
+            await sc.poll_once(periodic=True)
+            assert (w0.full, w1.full) == (3, 3) and fetches(sc, "periodic") == 2
+            for _ in range(6):  # the slot is missed (rounds overran): 2 x 3 rounds later, each catches up
+                w0.done += 1
+                w1.done += 1
+                await sc.poll_once(periodic=False)
+            assert (w0.full, w1.full) == (4, 4) and fetches(sc, "periodic") == 4
+            for state in sc.ranks.values():
+                await state.client.close()
+        finally:
+            await w1.stop()
