@@ -237,11 +237,11 @@ def steps_in(logs: Path, n: int, start: float, end: float) -> list[float]:
     return out
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace (or add) only the sidecar section; other sections and run_bench.py's marker are kept."""
+def write_section(path: Path, text: str, section: str = SECTION) -> None:
+    """Replace (or add) only this section; other sections and run_bench.py's marker are kept."""
     previous = path.read_text() if path.exists() else ""
-    if SECTION in previous:
-        head, rest = previous.split(SECTION, 1)
+    if section in previous:
+        head, rest = previous.split(section, 1)
         nxt = rest.find("\n## ")
         tail = rest[nxt + 1:] if nxt >= 0 else ""
         new = head + text.rstrip("\n") + "\n" + ("\n" + tail if tail else "")
