@@ -1,6 +1,8 @@
-"""The worker-process loader (the CLI's path from 32 files on) and the single-process reference
-loader give the same DumpSet and the same report, on every real fixture and every synthetic
-scenario. Any faster reader must keep this test green: it is the "behaviour did not change" check."""
+"""The fast path (worker processes that decode each rank into columns, `records.columns.EntryTable`,
+indexed per group, and the analysis that reads those columns) and the single-process, row-by-row
+reference (a list of `Entry` per rank, the reference analysis loops) give the same DumpSet and the
+same report, on every real fixture and every synthetic scenario. Any faster reader must keep this
+test green: it is the "behaviour did not change" check."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 
 from frscope.analysis import analyze
 from frscope.records import DumpSet, Entry, load_dumps
+from frscope.records.columns import EntryTable
 from frscope.report.serialize import report_to_dict
 from frscope.synthetic import SCENARIOS, generate
 
@@ -42,8 +45,10 @@ def _dumpset(dumpset: DumpSet) -> dict[str, Any]:
 
 
 def _same(path: Path) -> None:
-    reference = load_dumps([path], jobs=1)
+    reference = load_dumps([path], jobs=1, columnar=False)
+    assert not any(isinstance(d.entries, EntryTable) for d in reference.dumps.values())
     fast = load_dumps([path], jobs=2)
+    assert all(isinstance(d.entries, EntryTable) for d in fast.dumps.values())
     assert _dumpset(fast) == _dumpset(reference)
     assert report_to_dict(analyze(fast)) == report_to_dict(analyze(reference))
 
