@@ -71,28 +71,38 @@ class Track:
     def last_completed(self) -> int:
         return self.next_seq - 1
 
+    def _first_members(self, seqs: range) -> Sequence[int] | None:
+        """Columnar: the position of each seq's first entry, when every seq of `seqs` is there."""
+        index = self.index
+        if index is None or not seqs:
+            return None
+        if index.seqs is None and index.offsets is None and index.first_seq <= seqs[0] and seqs[-1] <= index.last_seq:
+            return index.members[seqs[0] - index.first_seq : seqs[-1] - index.first_seq + 1]
+        out: list[int] = []
+        for seq in seqs:
+            k = index.position(seq)
+            if k is None:
+                return None
+            out.append(index.first_member(k))
+        return out
+
     def first_created(self, seqs: range) -> list[int | None]:
         """For each seq: the creation time of its first entry (None: no entry, or none recorded)."""
-        if self.table is not None and self.index is not None:
-            index, created = self.index, self.table.created
-            out: list[int | None] = []
-            for seq in seqs:
-                k = index.position(seq)
-                out.append(None if k is None else (created[index.first_member(k)] or None))
-            return out
+        if self.table is not None:
+            positions = self._first_members(seqs)
+            if positions is not None:
+                created = self.table.created
+                return [c or None for c in map(created.__getitem__, positions)]
         by_seq = self.by_seq
         return [(b[0].time_created_ns if (b := by_seq.get(seq)) else None) for seq in seqs]
 
     def first_duration(self, seqs: range) -> list[float | None]:
         """For each seq: its first entry's duration_ms (None: no entry, or none recorded)."""
-        if self.table is not None and self.index is not None:
-            index, duration = self.index, self.table.duration
-            out: list[float | None] = []
-            for seq in seqs:
-                k = index.position(seq)
-                d = None if k is None else duration[index.first_member(k)]
-                out.append(d if d is not None and d == d else None)
-            return out
+        if self.table is not None:
+            positions = self._first_members(seqs)
+            if positions is not None:
+                duration = self.table.duration
+                return [d if d == d else None for d in map(duration.__getitem__, positions)]  # NaN: not recorded
         by_seq = self.by_seq
         return [(b[0].duration_ms if (b := by_seq.get(seq)) else None) for seq in seqs]
 

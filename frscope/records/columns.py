@@ -24,7 +24,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Iterator, Sequence
 from itertools import accumulate, compress, repeat
-from operator import add, and_, eq, mul, not_
+from operator import add, and_, eq, ge, mul, not_
 from typing import Any, overload
 
 from frscope.records.model import COMPLETED, Entry, EntryRow, LazyFrames
@@ -190,10 +190,12 @@ class EntryTable(Sequence[Entry]):
 
     # --- column reads that need no Entry -------------------------------------------------------------
 
-    def done_flags(self) -> list[bool]:
-        """Per entry: completed from its rank's point of view (`Entry.completed`)."""
-        state_done = [s == COMPLETED for s in self.states]
-        return [state_done[s] or f >= _RETIRED_TRUE for s, f in zip(self.state, self.flags, strict=True)]
+    def open_flags(self) -> Iterator[bool]:
+        """Per entry: not completed from its rank's point of view (not `Entry.completed`)."""
+        states = self.states
+        completed = {(s, f): not (states[s] == COMPLETED or f >= _RETIRED_TRUE) for s in range(len(states))
+                     for f in range(6)}
+        return map(completed.__getitem__, zip(self.state, self.flags, strict=True))
 
     def is_done(self, i: int) -> bool:
         return self.states[self.state[i]] == COMPLETED or self.flags[i] >= _RETIRED_TRUE
@@ -207,14 +209,14 @@ class EntryTable(Sequence[Entry]):
         return None
 
     def first_open(self, before_record: int | None = None) -> int | None:
-        """The position of the first entry not completed (stopping at `before_record`), or None."""
-        record_id = self.record_id
-        for i in range(len(record_id)):
-            if before_record is not None and record_id[i] >= before_record:
-                return None
-            if not self.is_done(i):
-                return i
-        return None
+        """The position of the first entry not completed, or None; None too when an entry with a record
+        id >= `before_record` comes first (the reference walks the entries in order and stops there)."""
+        n = len(self)
+        first = next(compress(range(n), self.open_flags()), None)
+        if first is None or before_record is None:
+            return first
+        stop = next(compress(range(n), map(ge, self.record_id, repeat(before_record))), n)
+        return first if first < stop else None
 
     def group_descs(self) -> dict[str, str]:
         """Each group's name -> the desc of its first entry, in order of first appearance."""
@@ -360,10 +362,7 @@ def _build_groups(table: EntryTable) -> dict[str, GroupIndex]:
         "I", map(group_of_code.__getitem__, table.pg))
     op_names = list(dict.fromkeys(op for _pn, op, _peer in table.names))
     op_of_name = [op_names.index(op) for _pn, op, _peer in table.names]
-    # Entry.completed per entry, looked up by (state code, flags).
-    completed = {(s, f): (table.states[s] == COMPLETED or f >= _RETIRED_TRUE)
-                 for s in range(len(table.states)) for f in range(6)}
-    open_flags = list(map(not_, map(completed.__getitem__, zip(table.state, table.flags, strict=True))))
+    open_flags = list(table.open_flags())
     p2p_flags = list(map(and_, table.flags, repeat(1)))
     seq_col, name_col, shape_col = table.seq, table.name, table.shape
     shape_count = max(1, len(table.shapes))
