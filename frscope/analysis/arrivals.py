@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from operator import sub, truediv
+from operator import eq, sub, truediv
 from statistics import median
 
 from frscope.analysis.tracks import Track
@@ -74,4 +74,5 @@ def lateness_ms(arrived: Arrivals, rank: int, mids: Sequence[float]) -> list[flo
 def durations_ms(arrived: Arrivals, track: Track) -> list[float]:
     """The rank's recorded durations (its first entry's `duration_ms`) at the counted collectives, in
     order; collectives it recorded none for are left out."""
-    return [d for d in compress(track.first_duration(arrived.window), arrived.counted) if d is not None]
+    recorded = list(compress(track.first_duration(arrived.window), arrived.counted))
+    return list(compress(recorded, map(eq, recorded, recorded)))  # all but NaN (not recorded)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from frscope.records import COMPLETED, DumpSet, Entry
 from frscope.records.columns import EntryTable, GroupIndex
 
+_NAN = float("nan")
+
 
 class Buckets(Mapping[int, list[Entry]]):
     """`Track.by_seq` of a columnar rank: seq -> its entries, built on first access (then kept)."""
@@ -87,24 +89,23 @@ class Track:
         return out
 
     def first_created(self, seqs: range) -> list[int | None]:
-        """For each seq: the creation time of its first entry (None: no entry, or none recorded)."""
+        """For each seq: the creation time of its first entry (None or 0: no entry, or none recorded)."""
         if self.table is not None:
             positions = self._first_members(seqs)
             if positions is not None:
-                created = self.table.created
-                return [c or None for c in map(created.__getitem__, positions)]
+                return list(map(self.table.created.__getitem__, positions))
         by_seq = self.by_seq
         return [(b[0].time_created_ns if (b := by_seq.get(seq)) else None) for seq in seqs]
 
-    def first_duration(self, seqs: range) -> list[float | None]:
-        """For each seq: its first entry's duration_ms (None: no entry, or none recorded)."""
+    def first_duration(self, seqs: range) -> list[float]:
+        """For each seq: its first entry's duration_ms (NaN: no entry, or none recorded)."""
         if self.table is not None:
             positions = self._first_members(seqs)
             if positions is not None:
-                duration = self.table.duration
-                return [d if d == d else None for d in map(duration.__getitem__, positions)]  # NaN: not recorded
+                return list(map(self.table.duration.__getitem__, positions))
         by_seq = self.by_seq
-        return [(b[0].duration_ms if (b := by_seq.get(seq)) else None) for seq in seqs]
+        return [(_NAN if (b := by_seq.get(seq)) is None or b[0].duration_ms is None else b[0].duration_ms)
+                for seq in seqs]
 
     def open_p2p(self) -> list[Entry]:
         """Its p2p ops not completed, oldest first."""

@@ -58,7 +58,6 @@ _FLAG_OF = {
 }
 _INT = frozenset({int})
 _INT_OR_NONE = frozenset({int, type(None)})
-_STR_OR_NONE = frozenset({str, type(None)})
 _BOOL_OR_NONE = frozenset({bool, type(None)})
 _FLOAT_OR_NONE = frozenset({float, type(None)})
 
@@ -204,26 +203,26 @@ def _table(raw: list[dict[str, Any]], lazy_frames: LazyFrames, parse_name: Any) 
             raise _NotRegular
     table.pgs = pgs
 
-    if _types(profiling_name) != {str} or _types(is_p2p) != {bool} or not _types(retired) <= _BOOL_OR_NONE:
+    if _types(is_p2p) != {bool} or not _types(retired) <= _BOOL_OR_NONE:
         raise _NotRegular
+    # Strings and None equal nothing of another type, so their columns are type-checked per distinct value.
     distinct_names, name_codes = _intern(profiling_name)
+    if _types(distinct_names) != {str}:
+        raise _NotRegular
     parsed = [parse_name(n) for n in distinct_names]
     table.names = [(n, op, peer) for n, (_backend, op, peer) in zip(distinct_names, parsed, strict=True)]
     table.name = name_codes
     table.flags = array("B", map(_FLAG_OF.__getitem__, zip(is_p2p, retired, strict=True)))
 
-    if _types(state) != {str}:
-        raise _NotRegular
     table.states, table.state = _intern(state)
-    if any(len(s) > _MAX_DTYPE for s in table.states):
+    if any(type(s) is not str or len(s) > _MAX_DTYPE for s in table.states):
         raise _NotRegular
 
-    if not (_types(thread_id) <= _STR_OR_NONE and _types(thread_name) <= _STR_OR_NONE):
-        raise _NotRegular
     table.threads, table.thread = _intern(tuple(zip(thread_id, thread_name, strict=True)))
-    for tid, tname in table.threads:
-        if (tid is not None and len(tid) > _MAX_NAME) or (tname is not None and len(tname) > _MAX_NAME):
-            raise _NotRegular
+    for pair in table.threads:
+        for value in pair:
+            if value is not None and (type(value) is not str or len(value) > _MAX_NAME):
+                raise _NotRegular
 
     if not _types(timeout) <= _INT_OR_NONE:
         raise _NotRegular
