@@ -171,8 +171,8 @@ def table_from_entries(raw_entries: list[Any], lazy_frames: LazyFrames | None,
                        parse_name: Any) -> tuple[EntryTable, str | None] | None:
     """The table and the backend, or None when the entries are not all regular (see the module doc).
     `parse_name` is normalize.parse_profiling_name (passed in: normalize imports this module)."""
-    if not raw_entries or lazy_frames is None or _types(raw_entries) != {dict}:
-        return None
+    if not raw_entries or lazy_frames is None:
+        return None  # (an entry that is not a dict makes the field getter raise TypeError: the reference)
     try:
         return _table(raw_entries, lazy_frames, parse_name)
     except (_NotRegular, KeyError, TypeError):
