@@ -34,6 +34,7 @@ from frscope.records.model import (
     EntryRow,
     LazyFrames,
     LoadProblem,
+    PgConfig,
     RankDump,
     entries_from_rows,
     entry_rows,
@@ -335,12 +336,19 @@ def _ship(result: RankDump | LoadProblem) -> _Shipped:
     return result, rows
 
 
-def _unship(shipped: _Shipped) -> RankDump | LoadProblem:
+def _unship(shipped: _Shipped, shared_ranks: dict[tuple[int, ...], tuple[int, ...]]) -> RankDump | LoadProblem:
     if isinstance(shipped, LoadProblem):
         return shipped
     dump, rows = shipped
     if rows is not None:
         dump.entries = entries_from_rows(rows)
+    # Every rank's pg_config lists the default group's N members: one tuple for the whole set, not one per
+    # batch of files (at 32,768 ranks those copies alone would be gigabytes).
+    for key, cfg in dump.pg_config.items():
+        if cfg.ranks is not None:
+            ranks = shared_ranks.setdefault(cfg.ranks, cfg.ranks)
+            if ranks is not cfg.ranks:
+                dump.pg_config[key] = PgConfig(cfg.key, cfg.name, cfg.desc, ranks)
     return dump
 
 
@@ -400,7 +408,8 @@ def load_dumps(
             chunk = max(1, min(16, len(files) // (workers * 4)))
             chunks = [files[i : i + chunk] for i in range(0, len(files), chunk)]
             pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
-            results = ([_unship(item) for item in items]
+            shared_ranks: dict[tuple[int, ...], tuple[int, ...]] = {}
+            results = ([_unship(item, shared_ranks) for item in items]
                        for batch in pool.map(_load_chunk, chunks, [max_bytes] * len(chunks), [columnar] * len(chunks))
                        for items in batch)
         done = 0
