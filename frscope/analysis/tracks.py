@@ -111,7 +111,7 @@ class Track:
         """Its p2p ops not completed, oldest first."""
         if self.table is not None and self.index is not None:
             table = self.table
-            return [table.entry(p) for p in self.index.p2p if not table.is_done(p)]
+            return [table.entry(p) for p in table.open_positions(self.index.p2p)]
         return [e for e in self.p2p if not e.completed]
 
 

@@ -27,7 +27,7 @@ from itertools import accumulate, compress, repeat
 from operator import add, and_, eq, ge, mul, not_
 from typing import Any, overload
 
-from frscope.records.model import COMPLETED, Entry, EntryRow, LazyFrames
+from frscope.records.model import COMPLETED, Entry, EntryRow, Frame, LazyFrames
 
 # flags: bit 0 is_p2p; bits 1-2 retired (0: None, 1: False, 2: True)
 _FLAG_OF = {
@@ -70,9 +70,9 @@ class EntryTable(Sequence[Entry]):
     """A rank's entries in columns (see the module docstring); a read-only sequence of `Entry`."""
 
     __slots__ = (
-        "_groups", "completed", "created", "duration", "flags", "frames", "frames_each", "name", "names", "p2p_seq",
-        "pg", "pgs", "record_id", "seq", "shape", "shapes", "sigs", "space", "started", "state", "states", "thread",
-        "threads", "timeout", "timeouts",
+        "_groups", "_stack_frames", "completed", "created", "duration", "flags", "frames", "frames_each", "name",
+        "names", "p2p_seq", "pg", "pgs", "record_id", "seq", "shape", "shapes", "sigs", "space", "stack", "stacks",
+        "started", "state", "states", "thread", "threads", "timeout", "timeouts",
     )
 
     record_id: array[int]
@@ -95,8 +95,13 @@ class EntryTable(Sequence[Entry]):
     states: list[str]
     timeouts: list[int | None]
     threads: list[tuple[str | None, str | None]]
-    frames: Any  # one object every entry shares (a LazyFrames, or None), unless frames_each
+    frames: Any  # one object every entry shares (a LazyFrames, or None), unless frames_each or stack
     frames_each: tuple[Any, ...] | None
+    # The distinct stacks of the rank as (name, filename, line) tuples, and each entry's: torch's pickler
+    # shares frame dicts, so a rank has a few dozen stacks, kept here instead of re-reading the file.
+    stack: array[int] | None
+    stacks: list[tuple[tuple[str, str, int], ...]] | None
+    _stack_frames: dict[int, tuple[Frame, ...]]
     sigs: list[Any]  # signature contents by local code (GroupIndex.sig), until unified into `space`
     space: SignatureSpace | None
     _groups: dict[str, GroupIndex] | None
@@ -131,6 +136,7 @@ class EntryTable(Sequence[Entry]):
             table.frames, table.frames_each = first, None
         else:
             table.frames, table.frames_each = None, tuple(frames)
+        table.stack, table.stacks, table._stack_frames = None, None, {}
         table.sigs = []
         table.space = None
         table._groups = None
@@ -154,8 +160,18 @@ class EntryTable(Sequence[Entry]):
             peer, input_sizes, input_dtypes, output_sizes, output_dtypes, self.states[self.state[i]],
             _RETIRED_OF[flags >> 1], self.created[i] or None, self.started[i] or None, self.completed[i] or None,
             duration if duration == duration else None, self.timeouts[self.timeout[i]], thread_id, thread_name,
-            self.frames if self.frames_each is None else self.frames_each[i],
+            self._frames_of(i),
         )
+
+    def _frames_of(self, i: int) -> Any:
+        if self.stack is not None:
+            code = self.stack[i]
+            frames = self._stack_frames.get(code)
+            if frames is None:
+                assert self.stacks is not None
+                frames = self._stack_frames[code] = tuple(Frame(*f) for f in self.stacks[code])
+            return frames
+        return self.frames if self.frames_each is None else self.frames_each[i]
 
     @overload
     def __getitem__(self, index: int) -> Entry: ...
@@ -199,6 +215,14 @@ class EntryTable(Sequence[Entry]):
 
     def is_done(self, i: int) -> bool:
         return self.states[self.state[i]] == COMPLETED or self.flags[i] >= _RETIRED_TRUE
+
+    def open_positions(self, positions: Sequence[int]) -> list[int]:
+        """Those of `positions` whose entry is not completed."""
+        states = self.states
+        open_of = {(s, f): not (states[s] == COMPLETED or f >= _RETIRED_TRUE) for s in range(len(states))
+                   for f in range(6)}
+        pairs = zip(map(self.state.__getitem__, positions), map(self.flags.__getitem__, positions), strict=True)
+        return list(compress(positions, map(open_of.__getitem__, pairs)))
 
     def newest_created(self) -> int | None:
         """The creation time of the last entry that has one (the recorder's newest)."""

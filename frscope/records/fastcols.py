@@ -17,12 +17,12 @@ from array import array
 from collections import Counter
 from collections.abc import Sequence
 from itertools import repeat
-from operator import itemgetter
+from operator import itemgetter, lt
 from typing import Any
 
 from frscope.records.columns import EntryTable, _code_type, _float64, _int64
 from frscope.records.limits import MAX_INT64
-from frscope.records.model import LazyFrames
+from frscope.records.model import LazyFrames, frames_from_raw
 
 _FIELDS = (
     "record_id",
@@ -50,6 +50,8 @@ _MAX_SHAPES = 1024  # as normalize._clean_sizes / _clean_dtypes
 _MAX_DIMS = 64
 _MAX_DTYPE = 40
 _MAX_NAME = 200
+_MAX_STACKS = 64  # distinct stacks a rank keeps in its table (more: frames stay in the file)
+_MAX_FRAME_REFS = 1 << 20  # frame references in a rank's entries, at most (~500 a entry for 2,000 entries)
 
 _FLAG_OF = {
     (False, None): 0, (True, None): 1,
@@ -167,6 +169,33 @@ def _shape_codes(name_codes: Sequence[int], quads: list[tuple[Any, Any, Any, Any
     return shapes, array(_code_type(len(shapes)), codes)
 
 
+def _stacks(frames: list[Any], record_id: Sequence[int]) -> tuple[array[int], list[Any]] | None:
+    """Each entry's stack as a code into the rank's distinct stacks, or None (then frames stay in the file,
+    `LazyFrames`). Torch's pickler shares frame dicts between entries, so the ids of an entry's frame
+    dicts name its stack. Exactly what LazyFrames gives: `frames_from_raw` of the frames of the last entry
+    with the entry's record id. JSON has no shared dicts (a stack per entry): left in the file."""
+    if _types(frames) != {list} or sum(map(len, frames)) > _MAX_FRAME_REFS:
+        return None
+    keys: list[tuple[int, ...]] = list(map(tuple, map(map, repeat(id), frames)))
+    if not all(map(lt, record_id[:-1], record_id[1:])):  # record ids repeat or go back: the last one's frames
+        last = dict(zip(record_id, keys, strict=True))
+        keys = list(map(last.__getitem__, record_id))
+    distinct, codes = _intern(keys)
+    if len(distinct) > max(_MAX_STACKS, len(frames) // 8):
+        return None
+    raw_of = dict(zip(keys, frames, strict=True))  # equal keys: the same dict objects, the same frames
+    one: dict[int, tuple[tuple[str, str, int], ...]] = {}  # per frame dict: what frames_from_raw makes of it
+
+    def frame(item: Any) -> tuple[tuple[str, str, int], ...]:
+        got = one.get(id(item))
+        if got is None:
+            got = one[id(item)] = tuple((f.name, f.filename, f.line) for f in frames_from_raw([item]))
+        return got
+
+    stacks = [tuple(f for item in raw_of[key] for f in frame(item)) for key in distinct]
+    return codes, stacks
+
+
 def table_from_entries(raw_entries: list[Any], lazy_frames: LazyFrames | None,
                        parse_name: Any) -> tuple[EntryTable, str | None] | None:
     """The table and the backend, or None when the entries are not all regular (see the module doc).
@@ -243,6 +272,9 @@ def _table(raw: list[dict[str, Any]], lazy_frames: LazyFrames, parse_name: Any) 
     table.shapes, table.shape = _shape_codes(name_codes, quads)
 
     table.frames, table.frames_each = lazy_frames, None
+    stacks = _stacks(list(map(dict.get, raw, repeat("frames"))), record_id)
+    table.stack, table.stacks = stacks if stacks is not None else (None, None)
+    table._stack_frames = {}
     table.sigs, table.space, table._groups = [], None, None
 
     # The backend most entries name, ties to the first seen (as normalize counts it).

@@ -336,12 +336,16 @@ def _ship(result: RankDump | LoadProblem) -> _Shipped:
     return result, rows
 
 
-def _unship(shipped: _Shipped, shared_ranks: dict[tuple[int, ...], tuple[int, ...]]) -> RankDump | LoadProblem:
+def _unship(shipped: _Shipped, shared_ranks: dict[tuple[int, ...], tuple[int, ...]],
+            shared_frames: dict[Any, Any]) -> RankDump | LoadProblem:
     if isinstance(shipped, LoadProblem):
         return shipped
     dump, rows = shipped
     if rows is not None:
         dump.entries = entries_from_rows(rows)
+    elif isinstance(dump.entries, EntryTable) and dump.entries.stacks is not None:
+        # Every rank runs the same code: one object per distinct frame across the set.
+        dump.entries.stacks = [tuple(shared_frames.setdefault(f, f) for f in stack) for stack in dump.entries.stacks]
     # Every rank's pg_config lists the default group's N members: one tuple for the whole set, not one per
     # batch of files (at 32,768 ranks those copies alone would be gigabytes).
     for key, cfg in dump.pg_config.items():
@@ -409,7 +413,8 @@ def load_dumps(
             chunks = [files[i : i + chunk] for i in range(0, len(files), chunk)]
             pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("fork"))
             shared_ranks: dict[tuple[int, ...], tuple[int, ...]] = {}
-            results = ([_unship(item, shared_ranks) for item in items]
+            shared_frames: dict[Any, Any] = {}
+            results = ([_unship(item, shared_ranks, shared_frames) for item in items]
                        for batch in pool.map(_load_chunk, chunks, [max_bytes] * len(chunks), [columnar] * len(chunks))
                        for items in batch)
         done = 0

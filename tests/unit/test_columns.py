@@ -27,14 +27,17 @@ def _key(value: Any) -> Any:
 
 
 def _attrs(entry: Entry) -> tuple[Any, ...]:
-    return tuple(_key(getattr(entry, name)) for name in Entry.__slots__ if name != "_frames") + (
-        entry._frames if isinstance(entry._frames, LazyFrames) else entry.frames,
-    )
+    return tuple(_key(getattr(entry, name)) for name in Entry.__slots__ if name != "_frames") + (entry.frames,)
 
 
-def _both(raw: dict[str, Any], lazy: LazyFrames | None) -> None:
-    reference = normalize_dump(raw, "r", 3, lazy)
-    columnar = normalize_dump(raw, "r", 3, lazy, columnar=True)
+def _lazy(raw: dict[str, Any]) -> LazyFrames:
+    """Frames left 'in the file': read again from the raw dump, as the loader's reader does."""
+    return LazyFrames(lambda: raw.get("entries"))
+
+
+def _both(raw: dict[str, Any], lazy: bool = True) -> None:
+    reference = normalize_dump(raw, "r", 3, _lazy(raw) if lazy else None)
+    columnar = normalize_dump(raw, "r", 3, _lazy(raw) if lazy else None, columnar=True)
     assert isinstance(columnar.entries, EntryTable)
     assert [_attrs(e) for e in columnar.entries] == [_attrs(e) for e in reference.entries]
     assert (columnar.backend, columnar.warnings) == (reference.backend, reference.warnings)
@@ -47,7 +50,8 @@ JUNK: list[Any] = [
     None, True, False, 0, -1, -2, 1, 2**63, 2**63 - 1, -(2**63) - 1, 10**30, 1.0, 1.5, -0.0, float("nan"),
     float("inf"), float("-inf"), "", "7", "x" * 300, "nccl:send 0->1", [], [1], [[1.0]], [[True]], [[2**70]],
     [[1, 2]] * 1100, [["a"]], [(1, 2)], ("a", "b"), ["a", "b"], ("a", 1), ("a", "b", "c"), {"a": 1}, [""],
-    ["x" * 50], ["Float"], [[-2]], [[1] * 70],
+    ["x" * 50], ["Float"], [[-2]], [[1] * 70], [{"name": "f", "filename": "a.py", "line": 3}],
+    [{"name": 1, "filename": None, "line": "x"}, "junk"],
 ]
 
 
@@ -59,16 +63,14 @@ def _dumps(shape: str) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("shape", ["nccl", "gloo"])
 def test_regular_dumps_take_the_fast_path_and_match(shape: str) -> None:
-    lazy = LazyFrames(lambda: [])
     for raw in _dumps(shape):
-        _both(raw, lazy)
-        _both(raw, None)  # frames kept: the reference rows fill the table
+        _both(raw)
+        _both(raw, lazy=False)  # frames kept: the reference rows fill the table
 
 
 @pytest.mark.parametrize("shape", ["nccl", "gloo"])
 def test_every_kind_of_junk_in_every_field_matches_the_reference(shape: str) -> None:
     rng = random.Random(11)
-    lazy = LazyFrames(lambda: [])
     base = _dumps(shape)[1]
     fields = sorted({k for e in base["entries"] for k in e})
     for trial in range(300):
@@ -82,13 +84,12 @@ def test_every_kind_of_junk_in_every_field_matches_the_reference(shape: str) -> 
                 entry[field] = rng.choice(JUNK)
         if trial % 50 == 0:
             raw["entries"].append("not an entry")
-        _both(raw, lazy)
+        _both(raw)
 
 
 def test_empty_and_odd_entry_lists() -> None:
-    lazy = LazyFrames(lambda: [])
     for entries in ([], [None], [{}], ({"record_id": 1},)):
-        _both({"version": "2.10", "entries": entries}, lazy)
+        _both({"version": "2.10", "entries": entries})
 
 
 def test_group_index_matches_the_entries(tmp_path: Path) -> None:
@@ -101,7 +102,7 @@ def test_group_index_matches_the_entries(tmp_path: Path) -> None:
     entries[10] = {**entries[10], "collective_seq_id": entries[9]["collective_seq_id"]}
     entries[20] = {**entries[20], "collective_seq_id": 10**12}
     rng.shuffle(entries[30:40])
-    dump = normalize_dump(raw, "r", 2, LazyFrames(lambda: []), columnar=True)
+    dump = normalize_dump(raw, "r", 2, _lazy(raw), columnar=True)
     table = dump.entries
     assert isinstance(table, EntryTable)
     space = unify_signatures([table])
@@ -141,3 +142,24 @@ def test_tables_travel_between_processes_whole(tmp_path: Path) -> None:
         assert isinstance(dump.entries, EntryTable) and isinstance(other, EntryTable)
         assert [_attrs(e)[:-1] for e in other] == [_attrs(e)[:-1] for e in dump.entries]
         assert set(dump.entries.groups()) == set(other.groups())
+
+
+def test_stacks_in_the_table_are_the_frames_the_file_holds() -> None:
+    """Shared frame dicts become a few stacks in the table; repeated or backwards record ids give the
+    frames of the last entry with that id (what re-reading the file gives); unshared dicts (JSON) and
+    frames that are not lists stay in the file."""
+    raw = _dumps("nccl")[4]
+    entries = raw["entries"]
+    dump = normalize_dump(raw, "r", 4, _lazy(raw), columnar=True)
+    assert isinstance(dump.entries, EntryTable) and dump.entries.stacks is not None
+    assert len(dump.entries.stacks) <= 16  # a few dozen in a 2,000-entry ring buffer
+    _both(raw)
+    entries[7] = {**entries[7], "record_id": entries[3]["record_id"]}
+    entries[9] = {**entries[9], "frames": entries[2]["frames"][:1]}
+    _both(raw)
+    plan = make_plan(8, entries=800, shape="nccl", scenario="healthy", seed=3, tp=2, pp=2)
+    big = next(dump for _rank, dump in iter_dumps(plan))
+    unshared = {**big, "entries": [{**e, "frames": [dict(f) for f in e["frames"]]} for e in big["entries"]]}
+    table = normalize_dump(unshared, "r", 0, _lazy(unshared), columnar=True).entries
+    assert isinstance(table, EntryTable) and table.stacks is None
+    _both(unshared)
