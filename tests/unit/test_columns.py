@@ -145,9 +145,9 @@ def test_tables_travel_between_processes_whole(tmp_path: Path) -> None:
 
 
 def test_stacks_in_the_table_are_the_frames_the_file_holds() -> None:
-    """Shared frame dicts become a few stacks in the table; repeated or backwards record ids give the
-    frames of the last entry with that id (what re-reading the file gives); unshared dicts (JSON) and
-    frames that are not lists stay in the file."""
+    """A rank's stacks become a few in the table, whether its frame dicts are shared (torch's pickler) or
+    not (JSON); repeated or backwards record ids give the frames of the last entry with that id (what
+    re-reading the file gives); frames that are not lists stay in the file."""
     raw = _dumps("nccl")[4]
     entries = raw["entries"]
     dump = normalize_dump(raw, "r", 4, _lazy(raw), columnar=True)
@@ -161,5 +161,10 @@ def test_stacks_in_the_table_are_the_frames_the_file_holds() -> None:
     big = next(dump for _rank, dump in iter_dumps(plan))
     unshared = {**big, "entries": [{**e, "frames": [dict(f) for f in e["frames"]]} for e in big["entries"]]}
     table = normalize_dump(unshared, "r", 0, _lazy(unshared), columnar=True).entries
-    assert isinstance(table, EntryTable) and table.stacks is None
+    assert isinstance(table, EntryTable) and table.stacks is not None and len(table.stacks) <= 16
     _both(unshared)
+    odd = {**big, "entries": [dict(e) for e in big["entries"]]}
+    odd["entries"][5]["frames"] = "not a list"
+    table = normalize_dump(odd, "r", 0, _lazy(odd), columnar=True).entries
+    assert isinstance(table, EntryTable) and table.stacks is None
+    _both(odd)
