@@ -423,6 +423,9 @@ def write_results(path: Path, results: list[SetResult], info: dict[str, str], co
         elif r.torchfrtrace.timed_out:
             tft_w, tft_rss = f"> {tft_timeout:.0f} (killed)", f"{r.torchfrtrace.tree_peak_mib:.0f}"
             speed = f"> {tft_timeout / fr_w:.0f}x" if fr_w else "-"
+        elif r.torchfrtrace_verdict.get("status") == "crash":
+            tft_w = f"crashed after {r.torchfrtrace.wall_s:.0f} s"
+            tft_rss, speed = f"{r.torchfrtrace.tree_peak_mib:.0f}", "-"
         else:
             tft_w, tft_rss = f"{r.torchfrtrace.wall_s:.1f}", f"{r.torchfrtrace.tree_peak_mib:.0f}"
             speed = f"{r.torchfrtrace.wall_s / fr_w:.1f}x" if fr_w else "-"

@@ -112,6 +112,9 @@ class _Stacks:
             self.failed = True
             return
         self.refs += len(raw)
+        if self.refs > _MAX_FRAME_REFS:  # checked before the list is walked: a crafted list can be long
+            self.failed = True
+            return
         parts: list[tuple[str, str, int]] = []
         one = self.one
         for item in raw:
@@ -122,7 +125,7 @@ class _Stacks:
         content = tuple(parts)
         code = self.index.get(content)
         if code is None:
-            if len(self.index) >= _MAX_STACKS or self.refs > _MAX_FRAME_REFS:
+            if len(self.index) >= _MAX_STACKS:
                 self.failed = True
                 return
             code = self.index[content] = len(self.index)

@@ -168,3 +168,16 @@ def test_stacks_in_the_table_are_the_frames_the_file_holds() -> None:
     table = normalize_dump(odd, "r", 0, _lazy(odd), columnar=True).entries
     assert isinstance(table, EntryTable) and table.stacks is None
     _both(odd)
+
+
+def test_a_crafted_long_frames_list_is_left_in_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the cap on frame references a rank's stacks stay in the file, checked before a list is walked."""
+    import frscope.records.fastcols as fastcols
+
+    monkeypatch.setattr(fastcols, "_MAX_FRAME_REFS", 500)
+    raw = _dumps("gloo")[1]
+    frame = raw["entries"][0]["frames"][0]
+    raw["entries"][3] = {**raw["entries"][3], "frames": [frame] * 600}
+    table = normalize_dump(raw, "r", 1, _lazy(raw), columnar=True).entries
+    assert isinstance(table, EntryTable) and table.stacks is None
+    _both(raw)
