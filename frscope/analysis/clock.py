@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from frscope.analysis.tracks import Track
+from frscope.analysis.tracks import Track, newest_created
 from frscope.analysis.wording import fmt_duration
 from frscope.records import CAPTURED_MTIME, CAPTURED_SNAPSHOT, DumpSet
 
@@ -74,11 +74,9 @@ class Clock:
 def build_clock(dumpset: DumpSet, tracks: dict[str, dict[int, Track]], now_ns: int | None) -> Clock:
     newest: int | None = None
     for dump in dumpset.dumps.values():
-        for entry in reversed(dump.entries):
-            created = entry.time_created_ns
-            if created:
-                newest = created if newest is None or created > newest else newest
-                break
+        created = newest_created(dump.entries)
+        if created:
+            newest = created if newest is None or created > newest else newest
     expires: int | None = None  # when the first open collective's timeout ran out
     cap_s = DEFAULT_TIMEOUT_S
     for by_rank in tracks.values():

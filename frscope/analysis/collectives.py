@@ -249,68 +249,6 @@ def _add_views(
         finding.ranks[rank] = ctx.rank_view(rank, group, bucket[0] if bucket else None, call_site=False)
 
 
-def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
-    """The earliest collective on which the ranks disagreed, with later disagreements counted in."""
-    with_entries = [(r, t) for r, t in sorted(tracks.items()) if t.by_seq]
-    if len(with_entries) < 1:
-        return None
-    lo = max(t.first_seq for _, t in with_entries)
-    hi = max(t.last_seq for _, t in with_entries)
-    first: Finding | None = None
-    later = 0
-    history: Bucket | None = None
-    # The seqs some rank recorded, not every number between: one crafted seq of 10**15 must not
-    # make this loop that long.
-    recorded = sorted({seq for _, t in with_entries for seq in t.by_seq if lo <= seq <= hi})
-    for seq in recorded:
-        ref_bucket: Bucket | None = None
-        ref_sig: tuple[object, ...] = ()
-        differs = False
-        for _rank, track in with_entries:
-            bucket = track.by_seq.get(seq)
-            if bucket is None:
-                continue
-            if ref_bucket is None:
-                ref_bucket = bucket
-                x = bucket[0]
-                ref_sig = (len(bucket), x.op, x.input_sizes, x.output_sizes, x.input_dtypes, x.output_dtypes)
-                continue
-            # Inlined common case of _same (one entry, identical call): this loop runs ranks x seqs times.
-            y = bucket[0]
-            if ref_sig == (len(bucket), y.op, y.input_sizes, y.output_sizes, y.input_dtypes, y.output_dtypes) and (
-                len(bucket) == 1
-            ):
-                continue
-            if not _same(ref_bucket, bucket):
-                differs = True
-                break
-        if ref_bucket is None:
-            continue
-        if not differs and not any(e.op in VARIABLE_SIZE_OPS for e in ref_bucket):
-            # Every rank passed what the first did: only split-size ops still need their totals checked.
-            history = ref_bucket
-            continue
-        buckets = {r: b for r, t in with_entries if (b := t.by_seq.get(seq)) is not None}
-        # A rank whose all_gather / reduce_scatter does not fit the group size is the culprit even
-        # without a majority (two ranks); otherwise the majority decides.
-        problem = _self_consistency(ctx, group, ref, seq, buckets)
-        if problem is None and differs:
-            problem = classify_mismatch(ctx, ref, seq, buckets, history)
-        if problem is not None:
-            if first is None:
-                first = problem
-            else:
-                later += 1
-        else:
-            history = ref_bucket
-    if first is not None and later:
-        first.evidence.append(
-            f"{later} later collective{'s' if later != 1 else ''} of {ref.label()} disagree as well "
-            "(consequences of this one)."
-        )
-    return first
-
-
 def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
                 failed: frozenset[int] = frozenset()) -> StuckPoint | None:
     """`failed`: ranks whose process the runner says failed. A member of the group among them means its

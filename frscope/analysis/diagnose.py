@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from frscope.analysis.collectives import hang_finding, scan_history, stuck_point
+from frscope.analysis.collectives import hang_finding, stuck_point
 from frscope.analysis.context import AnalysisOptions, Context
 from frscope.analysis.findings import Category, Finding, GroupProgress, GroupRef, RankProgress, Report
+from frscope.analysis.history import scan_history
 from frscope.analysis.p2p import recorded_p2p
 from frscope.analysis.p2p_stacks import stack_p2p
 from frscope.analysis.rootcause import Causes, link

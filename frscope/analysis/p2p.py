@@ -15,7 +15,7 @@ from frscope.records import Entry, GroupInfo
 
 
 def _pending(track: Track) -> list[Entry]:
-    return [e for e in track.p2p if not e.completed]
+    return track.open_p2p()
 
 
 def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:

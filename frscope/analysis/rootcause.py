@@ -10,6 +10,7 @@ issued two groups' collectives in different orders — become one root with a cr
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from frscope.analysis.context import Context
@@ -17,6 +18,7 @@ from frscope.analysis.crossgroup import breach_of, describe
 from frscope.analysis.findings import Category, Finding
 from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in
 from frscope.records import Entry
+from frscope.records.columns import EntryTable
 
 HANGS = (Category.RANK_NOT_JOINED, Category.NOT_COMPLETED)
 MAX_HOPS = 8  # p2p chains (pipeline stages) longer than this are not followed
@@ -32,7 +34,10 @@ class Causes:
     missing: Finding | None = None
 
 
-def _oldest_open(entries: list[Entry], before_record: int | None) -> Entry | None:
+def _oldest_open(entries: Sequence[Entry], before_record: int | None) -> Entry | None:
+    if isinstance(entries, EntryTable):
+        at = entries.first_open(before_record)
+        return None if at is None else entries.entry(at)
     for entry in entries:
         if before_record is not None and entry.record_id >= before_record:
             return None

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from frscope.analysis.collectives import StuckPoint
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
-from frscope.analysis.tracks import Track
+from frscope.analysis.tracks import Track, newest_created
 from frscope.analysis.wording import fmt_duration, plural
 from frscope.records import GroupInfo, RankExit
 from frscope.records.exits import most_likely_first
@@ -46,10 +46,7 @@ def _newest(ctx: Context, rank: int) -> int | None:
     dump = ctx.dumpset.dumps.get(rank)
     if dump is None:
         return None
-    for entry in reversed(dump.entries):
-        if entry.time_created_ns:
-            return entry.time_created_ns
-    return None
+    return newest_created(dump.entries)
 
 
 def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],

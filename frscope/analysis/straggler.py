@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from statistics import median
 
-from frscope.analysis.arrivals import arrival_rows, lateness_ms, upper_middle
+from frscope.analysis.arrivals import arrivals, durations_ms, lateness_ms, middles, upper_middle
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.tracks import Track
@@ -21,25 +21,29 @@ LAST_SHARE = 0.6  # last to arrive in at least this share of the sampled collect
 
 
 def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
-    ranks, rows = arrival_rows(tracks)
-    samples = len(rows)
+    arrived = arrivals(tracks)
+    samples = len(arrived)
     if samples < MIN_SAMPLES:
         return None
+    ranks = arrived.ranks
     hi = min(tracks[r].last_completed for r in ranks)
+    # Per collective (C-level over the ranks): who came last, the latest arrival (a tie: the higher rank).
     last_count = dict.fromkeys(ranks, 0)
-    waited: dict[int, list[float]] = {r: [] for r in ranks}
-    for row in rows:
-        last_count[max((row.created(r), r) for r in ranks)[1]] += 1  # the last to arrive (a tie: the higher rank)
-        for rank in ranks:
-            duration = row.entries[rank].duration_ms
-            if duration is not None:
-                waited[rank].append(duration)
-    _mids, lateness = lateness_ms(ranks, rows, upper_middle)
-    worst = max(ranks, key=lambda r: (last_count[r], median(lateness[r])))
+    for times in arrived.rows:
+        last_count[ranks[len(times) - 1 - times[::-1].index(max(times))]] += 1
+    # The worst rank arrived last most often (then: latest by median); below LAST_SHARE nobody
+    # qualifies, so only the ranks with the top count need their lateness.
+    top = max(last_count.values())
+    if top / samples < LAST_SHARE:
+        return None
+    mids = middles(arrived, upper_middle)
+    lateness = {r: lateness_ms(arrived, r, mids) for r in ranks if last_count[r] == top}
+    worst = max(lateness, key=lambda r: (last_count[r], median(lateness[r])))
     late_ms = median(lateness[worst])
     share = last_count[worst] / samples
     if share < LAST_SHARE or late_ms < ctx.options.clock_skew_ms:
         return None
+    waited = {r: durations_ms(arrived, tracks[r]) for r in ranks}
     evidence = [
         f"rank {worst} arrived last at {last_count[worst]} of the {samples} most recent completed collectives of "
         f"{ref.label()}, {late_ms:.0f} ms after the median rank (median over those collectives)",

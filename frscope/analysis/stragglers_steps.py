@@ -16,11 +16,12 @@ together). Uneven but unbiased jitter therefore stays quiet.
 
 from __future__ import annotations
 
-from heapq import nlargest
+from itertools import repeat
 from math import comb
+from operator import sub, truediv
 from statistics import median
 
-from frscope.analysis.arrivals import arrival_rows, lateness_ms
+from frscope.analysis.arrivals import arrivals, lateness_ms, middles
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, LateAt
 from frscope.analysis.tracks import Track
@@ -38,20 +39,32 @@ def binomial_tail(k: int, m: int, p: float) -> float:
 
 
 def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
-    ranks, rows = arrival_rows(tracks)
-    if len(rows) < MIN_EVENTS:
+    arrived = arrivals(tracks)
+    if len(arrived) < MIN_EVENTS:
+        return None
+    ranks = arrived.ranks
+    threshold = max(MIN_WAIT_MS, ctx.options.clock_skew_ms)
+    # A wait event needs the last arrival >= threshold after the next-latest, offsets removed. Each rank's
+    # offset is a median of (arrival - row median), so within the widest row spread S of either side;
+    # the gap is then at most 3 S. A group in lockstep (3 S well below the threshold) has no event.
+    spread_ms = max(max(times) - min(times) for times in arrived.rows) / 1e6
+    if 3 * spread_ms + 1.0 < threshold:
         return None
     # Each rank's usual offset from the median rank (clock skew, a constant head start): removed.
-    mids_ns, offsets = lateness_ms(ranks, rows)
+    mids_ns = middles(arrived)
     mids = [mid / 1e6 for mid in mids_ns]
-    base = {r: median(v) for r, v in offsets.items()}
-    threshold = max(MIN_WAIT_MS, ctx.options.clock_skew_ms)
+    shifted: list[list[float]] = []  # per rank, per row: its arrival in ms less its usual offset
+    for rank in ranks:
+        base = median(lateness_ms(arrived, rank, mids_ns))
+        shifted.append(list(map(sub, map(truediv, arrived.by_rank[rank], repeat(1e6)), repeat(base))))
     events: dict[int, list[LateAt]] = {r: [] for r in ranks}
     total = 0
-    for row, mid_ms in zip(rows, mids, strict=True):
-        seq = row.seq
-        # Only the last two arrivals matter: how long the next-latest waited for the latest.
-        (last, rank), (second, _) = nlargest(2, ((row.created(r) / 1e6 - base[r], r) for r in ranks))
+    for seq, mid_ms, late in zip(arrived.seqs, mids, zip(*shifted, strict=True), strict=True):
+        # Only the last two arrivals matter: how long the next-latest waited for the latest (the two
+        # largest (time, rank) pairs: on a tie the higher rank is the later).
+        top = len(late) - 1 - late[::-1].index(max(late))
+        rest = late[:top] + late[top + 1 :]
+        last, rank, second = late[top], ranks[top], max(rest)
         if last - second >= threshold:
             total += 1
             op = tracks[rank].by_seq[seq][0].op

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from frscope.records.columns import EntryTable
 from frscope.records.limits import MAX_RANK
 from frscope.records.model import GroupInfo, RankDump
 
@@ -32,9 +33,12 @@ def build_groups(
     descs: dict[str, Counter[str]] = {}
     for rank, dump in dumps.items():
         pgs: dict[str, str] = {}
-        for entry in dump.entries:
-            if entry.pg_name not in pgs:
-                pgs[entry.pg_name] = entry.pg_desc
+        if isinstance(dump.entries, EntryTable):
+            pgs = dump.entries.group_descs()
+        else:
+            for entry in dump.entries:
+                if entry.pg_name not in pgs:
+                    pgs[entry.pg_name] = entry.pg_desc
         for name, desc in pgs.items():
             seen.setdefault(name, set()).add(rank)
             descs.setdefault(name, Counter())[desc] += 1

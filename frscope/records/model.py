@@ -7,7 +7,7 @@ slotted, built positionally, and keep sizes/frames in the cheap form the dump al
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import starmap
 from operator import attrgetter
@@ -225,17 +225,20 @@ class Entry:
         return f"Entry({self.pg_name}#{seq} {self.op} {self.state}{' retired' if self.retired else ''})"
 
 
+# An Entry's constructor arguments, in order (frames last): what normalization produces per entry.
+EntryRow = tuple[Any, ...]
+
 # Every slot, in constructor order (frames last), read in one C call. Rows are how the loader's worker
 # processes ship entries back: a tuple pickles in C, where `__reduce__` costs a Python call per entry.
 _ENTRY_ROW = attrgetter(*Entry.__slots__)
 
 
-def entry_rows(entries: Iterable[Entry]) -> list[tuple[Any, ...]]:
+def entry_rows(entries: Iterable[Entry]) -> list[EntryRow]:
     """Entries -> plain tuples (their constructor arguments), for cheap transfer between processes."""
     return list(map(_ENTRY_ROW, entries))
 
 
-def entries_from_rows(rows: Iterable[tuple[Any, ...]]) -> list[Entry]:
+def entries_from_rows(rows: Iterable[EntryRow]) -> list[Entry]:
     """The inverse of `entry_rows`."""
     return list(starmap(Entry, rows))
 
@@ -269,7 +272,7 @@ class RankDump:
     source: str  # file path, or 'socket:<path>' for a live capture
     version: str
     backend: str | None  # 'nccl', 'gloo', ... from the profiling names; None when no entries
-    entries: list[Entry]
+    entries: Sequence[Entry]  # a list, or a columnar `columns.EntryTable` (large sets)
     pg_config: dict[str, PgConfig] = field(default_factory=dict)
     pg_status: dict[str, PgStatus] = field(default_factory=dict)
     comm_lib_version: str = ""

@@ -13,12 +13,26 @@ import functools
 import json
 import re
 from collections import Counter
+from collections.abc import Sequence
 from operator import itemgetter
 from typing import Any
 
+from frscope.records.columns import EntryTable
 from frscope.records.errors import DumpError, MalformedDump
+from frscope.records.fastcols import table_from_entries
 from frscope.records.limits import MAX_INT64, MAX_RANK, bounded_int, describe, finite_float, text, valid_rank
-from frscope.records.model import CAPTURED_SNAPSHOT, P2P_OPS, SCHEDULED, Entry, LazyFrames, PgConfig, PgStatus, RankDump
+from frscope.records.model import (
+    CAPTURED_SNAPSHOT,
+    P2P_OPS,
+    SCHEDULED,
+    Entry,
+    EntryRow,
+    LazyFrames,
+    PgConfig,
+    PgStatus,
+    RankDump,
+    entries_from_rows,
+)
 from frscope.wire import unwrap_snapshot
 
 # Versions whose fields this reader knows. Newer ones are read with a warning.
@@ -227,14 +241,24 @@ def _frames_key(value: list[Any]) -> tuple[int, ...]:
 def normalize_entries(
     raw_entries: list[Any], source: str, lazy_frames: LazyFrames | None = None
 ) -> tuple[list[Entry], str | None, list[str]]:
-    """Normalize the entry list; returns (entries, backend, warnings). Linear, no per-entry regex.
+    """Normalize the entry list; returns (entries, backend, warnings)."""
+    rows, backend, warnings = normalize_rows(raw_entries, source, lazy_frames)
+    return entries_from_rows(rows), backend, warnings
+
+
+def normalize_rows(
+    raw_entries: list[Any], source: str, lazy_frames: LazyFrames | None = None
+) -> tuple[list[EntryRow], str | None, list[str]]:
+    """Normalize the entry list into `Entry` constructor rows (the one place the tolerance rules live:
+    `Entry` objects and the columnar `EntryTable` are both built from these rows); returns (rows,
+    backend, warnings). Linear, no per-entry regex.
 
     Hot path (millions of entries): fields that already have the type torch writes are taken as they
     are, anything else goes through the tolerant converters. Equal sizes, dtypes and stacks become one
     shared list: a rank repeats a handful of shapes thousands of times, and sharing them halves the
     memory of a large load.
     """
-    entries: list[Entry] = []
+    entries: list[EntryRow] = []
     append = entries.append
     missing: Counter[str] = Counter()
     skipped = 0
@@ -388,33 +412,9 @@ def normalize_entries(
         elif timeout is not None:
             timeout = _opt_int(timeout)
 
-        append(
-            Entry(
-                record_id,
-                pg_name,
-                pg_desc,
-                seq,
-                p2p_seq,
-                is_p2p,
-                op,
-                profiling_name,
-                peer,
-                input_sizes,
-                input_dtypes,
-                output_sizes,
-                output_dtypes,
-                state,
-                retired,
-                created,
-                started,
-                completed,
-                duration,
-                timeout,
-                thread_id,
-                thread_name,
-                frames,
-            )
-        )
+        append((record_id, pg_name, pg_desc, seq, p2p_seq, is_p2p, op, profiling_name, peer, input_sizes,
+                input_dtypes, output_sizes, output_dtypes, state, retired, created, started, completed, duration,
+                timeout, thread_id, thread_name, frames))
     warnings = [f"{count} entries lack field {key!r}" for key, count in sorted(missing.items())]
     if skipped:
         warnings.append(f"{skipped} entries are not objects and were skipped")
@@ -486,13 +486,15 @@ def entries_of(raw: Any) -> Any:
     return trace.get("entries") if isinstance(trace, dict) else None
 
 
-def normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFrames | None = None) -> RankDump:
-    """Build a RankDump. `rank` comes from the file name; the contents may correct it.
+def normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFrames | None = None, *,
+                   columnar: bool = False) -> RankDump:
+    """Build a RankDump. `rank` comes from the file name; the contents may correct it. `columnar`: the
+    entries as an `EntryTable` with its per-group index (large sets), else a list of `Entry`.
 
     Raises only DumpError: whatever else a crafted dump provokes (deep nesting, odd types) is
     reported as that dump's problem, never as a crash of the reader of all the others."""
     try:
-        return _normalize_dump(raw, source, rank, lazy_frames)
+        return _normalize_dump(raw, source, rank, lazy_frames, columnar)
     except DumpError:
         raise
     except (RecursionError, MemoryError) as exc:
@@ -503,7 +505,8 @@ def normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFra
                             rank=rank) from exc
 
 
-def _normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFrames | None) -> RankDump:
+def _normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFrames | None,
+                    columnar: bool) -> RankDump:
     if rank is not None and valid_rank(rank) is None:
         raise MalformedDump(source, f"{describe(rank)} (from the file name or transport) is not a rank in "
                             f"[0, {MAX_RANK})", field="rank")
@@ -536,8 +539,20 @@ def _normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFr
         raw_entries = list(raw_entries)
     elif not isinstance(raw_entries, list):
         raise MalformedDump(source, f"is {type(raw_entries).__name__}, expected a list", rank=rank, field="entries")
-    entries, backend, entry_warnings = normalize_entries(raw_entries, source, lazy_frames)
-    warnings.extend(entry_warnings)
+    entries: Sequence[Entry]
+    table: EntryTable | None
+    fast = table_from_entries(raw_entries, lazy_frames, parse_profiling_name) if columnar else None
+    if fast is not None:  # every entry regular: straight into columns, no per-entry Python
+        table, backend = fast
+    else:
+        rows, backend, entry_warnings = normalize_rows(raw_entries, source, lazy_frames)
+        warnings.extend(entry_warnings)
+        table = EntryTable.from_rows(rows) if columnar else None
+        entries = entries_from_rows(rows) if table is None else table
+        del rows
+    if table is not None:
+        table.groups()  # indexed here, where the file is decoded (a loader worker), not in the parent
+        entries = table
 
     content_rank = meta.get("rank", trace.get("rank"))
     if isinstance(content_rank, int) and not isinstance(content_rank, bool):

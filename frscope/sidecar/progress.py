@@ -18,6 +18,7 @@ interval.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from frscope.analysis.tracks import build_tracks
@@ -80,8 +81,9 @@ def sample_groups(dump: RankDump) -> dict[str, GroupSample]:
                 open_entry = entry
         newest = 0
         desc = ""
-        for bucket in (*track.by_seq.values(), track.p2p):
-            for entry in bucket:
+        groups_entries: list[Sequence[Entry]] = [*track.by_seq.values(), track.p2p]
+        for entries in groups_entries:
+            for entry in entries:
                 desc = desc or entry.pg_desc
                 created = entry.time_created_ns or 0
                 done = entry.time_completed_ns or 0

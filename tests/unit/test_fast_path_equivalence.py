@@ -1,16 +1,20 @@
-"""The worker-process loader (the CLI's path from 32 files on) and the single-process reference
-loader give the same DumpSet and the same report, on every real fixture and every synthetic
-scenario. Any faster reader must keep this test green: it is the "behaviour did not change" check."""
+"""The fast path (worker processes that decode each rank into columns, `records.columns.EntryTable`,
+indexed per group, and the analysis that reads those columns) and the single-process, row-by-row
+reference (a list of `Entry` per rank, the reference analysis loops) give the same DumpSet and the
+same report, on every real fixture and every synthetic scenario. Any faster reader must keep this
+test green: it is the "behaviour did not change" check."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from frscope.analysis import analyze
-from frscope.records import DumpSet, Entry, load_dumps
+from frscope.records import DumpSet, Entry, RankExit, exits_from_json, load_dumps
+from frscope.records.columns import EntryTable
 from frscope.report.serialize import report_to_dict
 from frscope.synthetic import SCENARIOS, generate
 
@@ -42,8 +46,10 @@ def _dumpset(dumpset: DumpSet) -> dict[str, Any]:
 
 
 def _same(path: Path) -> None:
-    reference = load_dumps([path], jobs=1)
+    reference = load_dumps([path], jobs=1, columnar=False)
+    assert not any(isinstance(d.entries, EntryTable) for d in reference.dumps.values())
     fast = load_dumps([path], jobs=2)
+    assert all(isinstance(d.entries, EntryTable) for d in fast.dumps.values())
     assert _dumpset(fast) == _dumpset(reference)
     assert report_to_dict(analyze(fast)) == report_to_dict(analyze(reference))
 
@@ -63,3 +69,27 @@ def test_synthetic_scenario(tmp_path: Path, scenario: str, shape: str, fmt: str)
     generate(tmp_path, RANKS, entries=ENTRIES, shape=shape, fmt=fmt, scenario=scenario, seed=5, tp=2,
              pp=2 if shape == "nccl" else 1)
     _same(tmp_path)
+
+
+NODE = Path(__file__).resolve().parents[1] / "data" / "node"
+_RAISED = RankExit(3, exit_code=1, message="RuntimeError: this rank lost its data shard", first_failure=True)
+_PEER = "RuntimeError: [pair.cc:553] Connection closed by peer. This is typically caused by a remote worker crashing."
+# What the runner says of the ranks' processes (the crash reasoning reads it: empty recorders of failed
+# ranks counted as missing, 'finished and then failed', the stale check's failed member).
+EXITS: list[tuple[Path, dict[int, RankExit]]] = [
+    (REAL / "crash-pickle", {e.rank: e for e in exits_from_json(
+        json.loads((REAL / "crash-exits.json").read_text()), "crash-exits.json")}),
+    (REAL / "stale-pickle", {e.rank: e for e in exits_from_json(
+        json.loads((REAL / "crash-exits.json").read_text()), "crash-exits.json")}),
+    *((NODE / name, {2: RankExit(2, exit_code=1, message=_PEER), 3: _RAISED})
+      for name in ("torchrun-crash", "torchrun-crash-unread", "torchrun-crash-victim")),
+]
+
+
+@pytest.mark.parametrize(("path", "exits"), EXITS, ids=[p.name for p, _ in EXITS])
+def test_with_the_runners_exits(path: Path, exits: dict[int, RankExit]) -> None:
+    reference = load_dumps([path], jobs=1, columnar=False)
+    fast = load_dumps([path], jobs=2)
+    assert all(isinstance(d.entries, EntryTable) for d in fast.dumps.values())
+    assert report_to_dict(analyze(fast, exits=exits)) == report_to_dict(analyze(reference, exits=exits))
+    assert analyze(fast, exits=exits).findings  # the exits make it a finding (none are young-and-clean)

@@ -1,0 +1,182 @@
+"""The mismatch scan: the earliest collective of a group on which its ranks disagreed (type, sizes,
+dtypes). With equal byte counts gloo completes such a collective silently with wrong data, so the
+whole visible history is scanned, and the earliest disagreement is what counts.
+
+Two ways to the same answer. The reference walks every sequence number and compares every rank's
+entries with the first rank's. Ranks loaded as columns carry a signature code per sequence number
+(`records.columns`), unified across the dump set: a rank whose codes equal the reference codes over
+its whole window is compared in one C-level array comparison, and only the sequence numbers where
+some code differs (or whose op has per-rank sizes, which need their totals checked) are built into
+`Entry` buckets and judged by exactly the reference's code. `history` (the group's last agreed
+collective, which breaks ties) is the same bucket either way: the reference rank's at the latest
+earlier sequence number that produced no problem.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+from frscope.analysis.collectives import Bucket, _same, _self_consistency, classify_mismatch
+from frscope.analysis.context import Context
+from frscope.analysis.findings import Finding, GroupRef
+from frscope.analysis.ops import VARIABLE_SIZE_OPS
+from frscope.analysis.tracks import Track
+from frscope.records import GroupInfo
+from frscope.records.columns import SignatureSpace, space_of
+
+
+def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
+    """The earliest collective on which the ranks disagreed, with later disagreements counted in."""
+    with_entries = [(r, t) for r, t in sorted(tracks.items()) if t.by_seq]
+    if len(with_entries) < 1:
+        return None
+    lo = max(t.first_seq for _, t in with_entries)
+    hi = max(t.last_seq for _, t in with_entries)
+    space = _code_space(with_entries)
+    if space is not None:
+        return _scan_codes(ctx, group, ref, with_entries, lo, hi, space)
+    first: Finding | None = None
+    later = 0
+    history: Bucket | None = None
+    # The seqs some rank recorded, not every number between: one crafted seq of 10**15 must not
+    # make this loop that long.
+    recorded = sorted({seq for _, t in with_entries for seq in t.by_seq if lo <= seq <= hi})
+    for seq in recorded:
+        ref_bucket: Bucket | None = None
+        ref_sig: tuple[object, ...] = ()
+        differs = False
+        for _rank, track in with_entries:
+            bucket = track.by_seq.get(seq)
+            if bucket is None:
+                continue
+            if ref_bucket is None:
+                ref_bucket = bucket
+                x = bucket[0]
+                ref_sig = (len(bucket), x.op, x.input_sizes, x.output_sizes, x.input_dtypes, x.output_dtypes)
+                continue
+            # Inlined common case of _same (one entry, identical call): this loop runs ranks x seqs times.
+            y = bucket[0]
+            if ref_sig == (len(bucket), y.op, y.input_sizes, y.output_sizes, y.input_dtypes, y.output_dtypes) and (
+                len(bucket) == 1
+            ):
+                continue
+            if not _same(ref_bucket, bucket):
+                differs = True
+                break
+        if ref_bucket is None:
+            continue
+        if not differs and not any(e.op in VARIABLE_SIZE_OPS for e in ref_bucket):
+            # Every rank passed what the first did: only split-size ops still need their totals checked.
+            history = ref_bucket
+            continue
+        buckets = {r: b for r, t in with_entries if (b := t.by_seq.get(seq)) is not None}
+        # A rank whose all_gather / reduce_scatter does not fit the group size is the culprit even
+        # without a majority (two ranks); otherwise the majority decides.
+        problem = _self_consistency(ctx, group, ref, seq, buckets)
+        if problem is None and differs:
+            problem = classify_mismatch(ctx, ref, seq, buckets, history)
+        if problem is not None:
+            if first is None:
+                first = problem
+            else:
+                later += 1
+        else:
+            history = ref_bucket
+    if first is not None and later:
+        first.evidence.append(
+            f"{later} later collective{'s' if later != 1 else ''} of {ref.label()} disagree as well "
+            "(consequences of this one)."
+        )
+    return first
+
+
+def _code_space(with_entries: list[tuple[int, Track]]) -> SignatureSpace | None:
+    """The shared signature space when every rank is columnar, unified, with a contiguous run of seqs."""
+    tables = []
+    for _rank, track in with_entries:
+        if track.table is None or track.index is None or not track.index.contiguous:
+            return None
+        tables.append(track.table)
+    return space_of(tables)
+
+
+def _has_variable_op(content: Any) -> bool:
+    return any(item[0] in VARIABLE_SIZE_OPS for item in content)
+
+
+def _scan_codes(ctx: Context, group: GroupInfo, ref: GroupRef, with_entries: list[tuple[int, Track]], lo: int,
+                hi: int, space: SignatureSpace) -> Finding | None:
+    if hi < lo:
+        return None
+    # Each rank's codes for lo..min(hi, its last): every rank's first seq is <= lo, so only the end varies.
+    slices: list[array[int]] = []
+    for _rank, track in with_entries:
+        index = track.index
+        assert index is not None
+        start, stop = lo - index.first_seq, min(hi, index.last_seq) - index.first_seq + 1
+        slices.append(index.sig[start:stop] if stop > start else array("I"))
+    # The reference code at each position: the first rank (in rank order) that has that seq.
+    codes = array("I")
+    owner: list[int] = []  # per position, the index into with_entries of the reference rank
+    for j, piece in enumerate(slices):
+        if len(piece) > len(codes):
+            owner.extend([j] * (len(piece) - len(codes)))
+            codes.extend(piece[len(codes) :])
+    interesting: set[int] = set()
+    for piece in slices:
+        n = len(piece)
+        if n and piece != codes[:n]:
+            interesting.update(k for k in range(n) if piece[k] != codes[k])
+    for code in set(codes):
+        if space.fact(code, "variable", _has_variable_op):
+            interesting.update(k for k in range(len(codes)) if codes[k] == code)
+    if not interesting:
+        return None
+
+    def bucket_at(j: int, k: int) -> Bucket:
+        got = with_entries[j][1].by_seq.get(lo + k)
+        assert got is not None
+        return got
+
+    first: Finding | None = None
+    later = 0
+    problems: set[int] = set()
+    same: dict[tuple[int, int], bool] = {}
+    for k in sorted(interesting):
+        seq = lo + k
+        code = codes[k]
+        ref_bucket = bucket_at(owner[k], k)
+        differs = False
+        for j, piece in enumerate(slices):
+            if len(piece) <= k or piece[k] == code:
+                continue
+            pair = (code, piece[k])
+            agreed = same.get(pair)
+            if agreed is None:
+                agreed = same[pair] = _same(ref_bucket, bucket_at(j, k))
+            if not agreed:
+                differs = True
+                break
+        if not differs and not space.fact(code, "variable", _has_variable_op):
+            continue  # the reference's history is this bucket: no problem here
+        buckets = {r: b for r, t in with_entries if (b := t.by_seq.get(seq)) is not None}
+        problem = _self_consistency(ctx, group, ref, seq, buckets)
+        if problem is None and differs:
+            h = k - 1
+            while h in problems:
+                h -= 1
+            history = bucket_at(owner[h], h) if h >= 0 else None
+            problem = classify_mismatch(ctx, ref, seq, buckets, history)
+        if problem is not None:
+            problems.add(k)
+            if first is None:
+                first = problem
+            else:
+                later += 1
+    if first is not None and later:
+        first.evidence.append(
+            f"{later} later collective{'s' if later != 1 else ''} of {ref.label()} disagree as well "
+            "(consequences of this one)."
+        )
+    return first
