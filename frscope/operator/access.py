@@ -54,6 +54,12 @@ class Identity:
         values = self.extra.get(POD_NAME_EXTRA) or ()
         return values[0] if len(values) == 1 and values[0] else None
 
+    @property
+    def pod_uid(self) -> str | None:
+        """The uid of the pod the token is bound to: names repeat across a job's restarts, uids do not."""
+        values = self.extra.get(POD_UID_EXTRA) or ()
+        return values[0] if len(values) == 1 and values[0] else None
+
 
 def bearer(header: str) -> str | None:
     scheme, _, token = header.partition(" ")
@@ -161,6 +167,7 @@ class Caller:
     who: str
     namespace: str | None = None
     pod: str | None = None
+    pod_uid: str | None = None  # known with Kubernetes tokens only
 
 
 class OpenPush:
@@ -207,7 +214,7 @@ class KubernetesPush:
         if account is None or who.pod is None:
             raise Refused(403, f"{who.username} is not a pod's service account: push with the token the "
                                "kubelet projects into the pod")
-        return Caller(who.username, namespace=account[0], pod=who.pod)
+        return Caller(who.username, namespace=account[0], pod=who.pod, pod_uid=who.pod_uid)
 
 
 PushAuth = OpenPush | SharedTokenPush | KubernetesPush

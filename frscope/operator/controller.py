@@ -14,13 +14,13 @@ import asyncio
 import datetime
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from frscope import logs
 from frscope.analysis import AnalysisOptions
 from frscope.operator import jobkinds, names
-from frscope.operator.actions import Actor, Impact, culprit_placement, job_timeout
+from frscope.operator.actions import Actor, Impact, culprit_placement, job_timeout, restarted_pods
 from frscope.operator.config import OperatorConfig
 from frscope.operator.diagnose import Diagnosis, diagnose
 from frscope.operator.evidence import PodEvidence
@@ -77,6 +77,11 @@ class _JobState:
     # (job uid, condition) of the newest incident: the condition frscope keeps first in the job's list
     asserted: tuple[str, dict[str, Any]] | None = None
     restarts: int = 0  # torchrun's restart count the sidecars reported last (for signals that carry none)
+    # Pods frscope's restart deleted (uid -> name), from the reports' action records: they end because
+    # they were deleted, and their exits and pushes are the acted incident's aftermath, not a new one
+    # (seen on a real node: the SIGKILLed ranks' exits were diagnosed as RankStopped and MissingDumps,
+    # the latter under the new pods' attempt, which then hid the restarted job's own hang).
+    retired: dict[str, str] = field(default_factory=dict)
 
 
 def _latest_run(pods: tuple[PodInfo, ...], ended: bool) -> int:
@@ -189,6 +194,8 @@ class Controller:
             return
         self.store.upsert_pod(pod)
         self._refresh_gauges()
+        if pod.uid in self._state(JobKey(pod.namespace, pod.job_name)).retired:
+            return  # its trainer ends because frscope deleted the pod
         for sig in (*watchdog_signals(pod), *exit_signals(pod)):
             self.signal(sig)
 
@@ -203,6 +210,7 @@ class Controller:
         if event_type == "DELETED":
             state.ledger = state.ledger.without(facts.record.id)
             return
+        self._retire(key, restarted_pods(body.get("action")))
         state.ledger = state.ledger.with_record(facts.record)
         newest = state.ledger.records[-1]
         if facts.condition is not None and newest.id == facts.record.id:
@@ -215,11 +223,50 @@ class Controller:
     def on_push(self, evidence: PodEvidence) -> JobKey | None:
         """Keep a pushed snapshot; raises `push.Full` when there is no room now (the caller answers 429)."""
         key = self.store.job_of_pod(evidence.namespace, evidence.pod)
+        if key is not None and self._from_retired(key, evidence):
+            log.info("push from %s/%s (%s) ignored: frscope's restart deleted that pod", evidence.namespace,
+                     evidence.pod, evidence.reason, extra=_job(key))
+            return key
         self.pushes.put(evidence, job=key.name if key is not None else None)
         if key is not None and evidence.reason in ("stall", "exit"):
             self.signal(Signal(SignalKind.SIDECAR_PUSH, key, f"pod {evidence.pod} pushed ({evidence.reason})",
                                pod=evidence.pod))
         return key
+
+    def _retire(self, key: JobKey, pods: dict[str, str]) -> None:
+        """Remember the pods (uid -> name) frscope's restart deleted, and drop what they pushed."""
+        state = self._state(key)
+        for uid, name in pods.items():
+            if uid in state.retired:
+                continue
+            state.retired[uid] = name
+            self.pushes.discard(key.namespace, name, uid)
+            log.info("job %s: pod %s (uid %s) was deleted by frscope's restart: its exit and pushes are not "
+                     "evidence of a new incident", key, name, uid, extra=_job(key))
+
+    def _from_retired(self, key: JobKey, evidence: PodEvidence) -> bool:
+        retired = self._state(key).retired
+        if not retired:
+            return False
+        if evidence.pod_uid:
+            return evidence.pod_uid in retired
+        # A push that does not say its uid (--sidecar-auth token or none): by the pod of that name now.
+        view = self.store.job(key)
+        current = next((p for p in view.pods if p.name == evidence.pod), None) if view is not None else None
+        return current is not None and current.uid in retired
+
+    def _live(self, view: JobView) -> JobView:
+        """The job without the pods frscope's restart deleted (still being deleted, or not yet gone)."""
+        retired = self._state(view.key).retired
+        if not retired or not any(p.uid in retired for p in view.pods):
+            return view
+        return replace(view, pods=tuple(p for p in view.pods if p.uid not in retired))
+
+    def _gone_pods(self, view: JobView) -> set[str]:
+        """The job's deleted pods whose pushes may still be evidence: not those frscope's restart deleted
+        (a pod of the same name that is live again is not in this set anyway)."""
+        retired = set(self._state(view.key).retired.values())
+        return {p for p in self.store.gone_pods(view.key) if p not in retired}
 
     def on_status(self, key: JobKey, statuses: dict[str, SidecarStatus],
                   unreachable: dict[str, str] | None = None) -> None:
@@ -290,8 +337,13 @@ class Controller:
 
     def _skip_reason(self, view: JobView, sig: Signal, attempt: Attempt) -> str | None:
         state = self._state(view.key)
-        if not view.pods and not self.pushes.for_namespace_pods(view.ref.namespace, self.store.gone_pods(view.key)):
+        pushed = self.pushes.for_namespace_pods(view.ref.namespace, self._gone_pods(view) | {p.name for p in view.pods})
+        if not view.pods and not pushed:
             return "no pods and no pushed snapshots"
+        if not pushed and not any(p.endpoint or p.terminations for p in view.pods):
+            # New pods not started yet (the training operator recreating a restarted job): a gather would
+            # find nothing, and its cooldown would then hold back the diagnosis of their first hang.
+            return "no pod is up yet and none pushed anything"
         if state.ledger.has_attempt(attempt):
             # Only a sidecar seeing a stall somewhere else is news within a diagnosed attempt (the first stall
             # resolved and another began); the watchdog and the job's failure are that incident's aftermath.
@@ -310,6 +362,13 @@ class Controller:
         if view is None:
             log.debug("signal %s for unknown job %s: ignored", sig.kind.value, sig.job)
             return
+        retired = self._state(view.key).retired
+        if sig.pod is not None and sig.pod in retired.values() and not any(
+                p.name == sig.pod and p.uid not in retired for p in view.pods):
+            log.debug("job %s: %s from pod %s, which frscope's restart deleted: ignored", view.key,
+                      sig.kind.value, sig.pod, extra=_job(view.key))
+            return
+        view = self._live(view)
         attempt = attempt_for(view, sig, self._state(view.key).restarts)
         skip = self._skip_reason(view, sig, attempt)
         if skip:
@@ -364,7 +423,7 @@ class Controller:
             fresh = self.store.job(view.key)
             if fresh is None:
                 break
-            view = fresh
+            view = self._live(fresh)
             waiting = exits_coming(view.pods, gathered)
         for pod, evidence in self.pushes.for_namespace_pods(view.ref.namespace, set(gathered.from_push)).items():
             gathered.pods[pod] = evidence
@@ -376,9 +435,11 @@ class Controller:
 
     async def _gather(self, view: JobView) -> Gathered:
         pushed = self.pushes.for_namespace_pods(view.ref.namespace, {p.name for p in view.pods})
-        targets = [Target(p.name, p.endpoint, _ended(p, pushed.get(p.name))) for p in view.pods]
+        pushed = {n: e for n, e in pushed.items() if not e.pod_uid or any(
+            p.name == n and p.uid == e.pod_uid for p in view.pods)}
+        targets = [Target(p.name, p.endpoint, _ended(p, pushed.get(p.name)), p.uid) for p in view.pods]
         gathered = await gather(self.sidecars, view.ref.namespace, targets, self.config.gather, self.pushes,
-                                push_pods=self.store.gone_pods(view.key), decoder=self.decoder)
+                                push_pods=self._gone_pods(view), decoder=self.decoder)
         self.metrics.gather_duration.observe(gathered.duration_s)
         if gathered.failures:
             self.metrics.sidecars_unreachable.inc(len(gathered.failures))
@@ -389,7 +450,9 @@ class Controller:
         if self.actor is None:
             return
         for report in reports:
-            await self.actor.on_incident(view.ref, report)
+            done = await self.actor.on_incident(view.ref, report)
+            if done is not None:  # before the report's watch event says so: the pods go now
+                self._retire(view.key, restarted_pods(done.to_json()))
 
     def _impact(self, view: JobView, diagnosis: Diagnosis, rank_pods: dict[int, str]) -> Impact:
         finding = diagnosis.report.findings[0]

@@ -31,6 +31,9 @@ class PodEvidence:
     problems: list[LoadProblem] = field(default_factory=list)
     entries_dropped: int = 0
     size_bytes: int = 0
+    # The pushing pod's uid, when its token says so (--sidecar-auth kubernetes): a job's pods keep their
+    # names across a restart, so a push from a pod that is gone is told from its successor by uid.
+    pod_uid: str = ""
 
     @property
     def ranks(self) -> tuple[int, ...]:

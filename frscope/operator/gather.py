@@ -77,6 +77,7 @@ class Target:
     pod: str
     endpoint: str | None
     ended: str | None = None
+    uid: str = ""  # the pod's uid: a push from an earlier pod of the same name (another uid) is not its
 
 
 @dataclass(slots=True)
@@ -155,7 +156,10 @@ async def gather(client: SidecarClient, namespace: str, targets: list[Target], o
                 result.pods[target.pod] = task.result()
     if pushes is not None:
         wanted = {t.pod for t in targets} | (push_pods or set())
+        uids = {t.pod: t.uid for t in targets if t.uid}
         for pod, evidence in pushes.for_namespace_pods(namespace, wanted).items():
+            if evidence.pod_uid and uids.get(pod, evidence.pod_uid) != evidence.pod_uid:
+                continue  # the previous pod of that name pushed it (a job's pods keep their names)
             fetched = result.pods.get(pod)
             if fetched is None or not fetched.dumps:
                 result.pods[pod] = evidence

@@ -129,6 +129,7 @@ class OperatorHttp:
         except SidecarError as exc:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": f"not a sidecar snapshot: {exc.message}"}, status=400)
+        evidence.pod_uid = caller.pod_uid or ""
         if not evidence.pod or not evidence.namespace:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": "pod and namespace are required"}, status=400)

@@ -105,6 +105,19 @@ class PushStore:
         self._evict()
         return {p: item.evidence for (ns, p), item in self._items.items() if ns == namespace and p in pods}
 
+    def discard(self, namespace: str, pod: str, uid: str) -> bool:
+        """Drop the pod's push if it came from the pod of that uid (or does not say which): the pod was
+        ended on purpose and what it pushed is not evidence of anything after. Returns whether it went."""
+        item = self._items.get((namespace, pod))
+        if item is None or item.evidence.pod_uid not in ("", uid):
+            return False
+        del self._items[(namespace, pod)]
+        self._jobs.pop((namespace, pod), None)
+        self._bytes -= item.evidence.size_bytes
+        if self._on_drop is not None:
+            self._on_drop(namespace, pod)
+        return True
+
     def _evict(self, now: float | None = None, room_for: int = 0) -> None:
         """Drop entries past `ttl_s`, then the oldest ones past `hold_s` while over budget (counting
         `room_for` bytes about to arrive)."""

@@ -71,6 +71,21 @@ class ActionRecord:
         return self.action in {p.value for p in ACTIONS} and self.state in (ACTING, DONE, FAILED)
 
 
+def restarted_pods(action: Any) -> dict[str, str]:
+    """uid -> name of the pods a restart deleted or is deleting (a report's `action`, as JSON): the
+    targets of a restart claimed or done. A failed one may have deleted some of them too."""
+    record = ActionRecord.from_json(action)
+    if record is None or record.action != Policy.RESTART.value or record.state not in (ACTING, DONE, FAILED):
+        return {}
+    out: dict[str, str] = {}
+    for target in record.targets:
+        kind, _, rest = target.partition("/")
+        name, _, uid = rest.partition("/")
+        if kind == "pod" and name and uid:
+            out[uid] = name
+    return out
+
+
 def actions_since(reports: Iterable[dict[str, Any]], since: float, *, action: Policy | None = None) -> int:
     """How many reports carry an action (of that kind) claimed at or after `since` (epoch seconds)."""
     count = 0
