@@ -43,6 +43,7 @@ from tests.node.support import (
     all_running,
     diagnostics,
     helm,
+    job_condition,
     job_pods,
     new_namespace,
     pytorchjob,
@@ -327,6 +328,9 @@ def test_restart(node: Any, actions_allowed: None, gpus: None, namespace: str) -
         assert again["action"]["state"] == "skipped" and "rate limit" in again["action"]["message"], text
         [skipped] = events(node, ns, "DiagnosisActionSkipped")
         assert "rate limit" in skipped["message"] and skipped["type"] == "Normal", skipped
+        # frscope's condition on the job tells of the new pods' hang (not of the deleted pods' ends).
+        ours = job_condition(node, ns, "pytorchjob", name)
+        assert ours is not None and ours["reason"] == acted["diagnosis"]["what"]["category"], ours
         time.sleep(10)  # an action would have been claimed within the same pass; give any straggler time
         assert pod_uids(node, ns, name) == second, "the restarted job's pods were touched"
         # One action in all, and one report per generation of pods.
