@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
+from frscope.operator.access import POD_NAME_EXTRA, POD_UID_EXTRA, Identity, KubernetesPush
 from frscope.operator.actions import ActionOptions, Actor, Policy
 from frscope.operator.config import OperatorConfig
 from frscope.operator.controller import Controller
@@ -156,3 +157,15 @@ async def test_a_push_from_a_pod_frscope_deleted_is_not_kept(
     got = controller.pushes.get("ml", "train-worker-0")
     assert got is not None and got.pod_uid == "new-uid"
     await controller.idle()
+
+
+async def test_a_push_is_told_from_its_pods_successor_by_the_uid_its_token_is_bound_to() -> None:
+    """The kubelet binds a pod's projected token to the pod's name and uid; TokenReview returns both
+    (the real API server's answer is exercised in tests/e2e/test_auth_e2e.py)."""
+    class Reviewer:
+        async def authenticate(self, token: str, audience: str | None) -> Identity | None:
+            return Identity("system:serviceaccount:ml:default", extra={
+                POD_NAME_EXTRA: ("train-worker-0",), POD_UID_EXTRA: ("uid-1",)})
+
+    caller = await KubernetesPush(Reviewer()).caller("Bearer t")  # type: ignore[arg-type]
+    assert (caller.namespace, caller.pod, caller.pod_uid) == ("ml", "train-worker-0", "uid-1")
