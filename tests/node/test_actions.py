@@ -309,8 +309,11 @@ def test_restart(node: Any, actions_allowed: None, gpus: None, namespace: str) -
         assert event["type"] == "Warning" and event["involvedObject"]["uid"] == uid, event
         assert event.get("count", 1) == 1 and (event.get("series") or {}).get("count", 1) == 1, event
         assert event["message"].startswith("Restarted the hung job") and "GPU-seconds saved" in event["message"], event
-        table = node.kubectl("-n", ns, "get", "frr", acted["metadata"]["name"]).stdout
-        assert "restart" in table.splitlines()[1].split(), table
+        # ACTION is a wide column of `kubectl get frr`.
+        table = node.kubectl("-n", ns, "get", "frr", acted["metadata"]["name"], "-o", "wide").stdout.splitlines()
+        print("\n".join(table))
+        header = table[0].split()
+        assert table[1].split()[header.index("ACTION")] == "restart", table
 
         # The new pods hang the same way: a new incident, refused by the rate limit (1 an hour here).
         wait_for("both ranks up again", lambda: ranks_up(node, ns, name), 240, 2, diagnostics=dump)
