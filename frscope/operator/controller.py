@@ -362,18 +362,24 @@ class Controller:
         if view is None:
             log.debug("signal %s for unknown job %s: ignored", sig.kind.value, sig.job)
             return
-        retired = self._state(view.key).retired
+        state = self._state(view.key)
+        retired = state.retired
+        # The incident whose restart retired pods may still have its action to finish (an operator that
+        # died after the claim): its reports are those of the attempt the pods, retired ones included, make.
+        acted_on = state.ledger.reports_of(attempt_for(view, sig, state.restarts)) if retired else []
         if sig.pod is not None and sig.pod in retired.values() and not any(
                 p.name == sig.pod and p.uid not in retired for p in view.pods):
             log.debug("job %s: %s from pod %s, which frscope's restart deleted: ignored", view.key,
                       sig.kind.value, sig.pod, extra=_job(view.key))
+            await self._act(view, acted_on)
             return
         view = self._live(view)
-        attempt = attempt_for(view, sig, self._state(view.key).restarts)
+        attempt = attempt_for(view, sig, state.restarts)
         skip = self._skip_reason(view, sig, attempt)
         if skip:
             log.debug("job %s: %s: %s", view.key, sig.kind.value, skip, extra=_job(view.key))
-            await self._act(view, self._state(view.key).ledger.reports_of(attempt))
+            reports = state.ledger.reports_of(attempt)
+            await self._act(view, reports + [r for r in acted_on if r not in reports])
             return
         log.info("job %s: %s (%s); gathering from %d pods", view.key, sig.kind.value, sig.detail, len(view.pods),
                  extra=_job(view.key))

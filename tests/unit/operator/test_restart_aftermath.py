@@ -131,6 +131,38 @@ async def test_the_deleted_pods_aftermath_is_no_new_incident_and_the_new_pods_ha
     assert sorted(again["action"]["targets"]) == sorted(f"pod/{n}/{n}-g2" for n, _ in PODS)
 
 
+async def test_a_restart_claimed_by_an_operator_that_died_is_finished_by_the_next(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    """The claim names the pods (now retired), which are still running: their signals are not a new
+    incident, but the claimed restart is still carried out (tests/e2e/test_actions_e2e.py found this)."""
+    first = controller_with_actor(kube_client, session)
+    job = builders.job(annotations={"frscope.io/on-diagnosis": "restart"})
+    for spec in job["spec"]["pytorchReplicaSpecs"].values():
+        spec["restartPolicy"] = "ExitCode"
+    job = fake_kube.put("pytorchjobs", job)
+    first.actor = None  # this one diagnoses and dies before acting
+    await first.on_job(None, job)
+    pods = await start_generation(fake_kube, first, sidecars, hang_ranks, 1)
+    await poll(first, [s for s, _ in pods])
+    [report] = fake_kube.of("flightrecorderreports")
+    report["action"] = {"requested": "restart", "source": "job annotation", "action": "restart", "state": "acting",
+                        "why": "policy restart", "at": "2026-12-03T16:03:00Z",
+                        "targets": [f"pod/{p['metadata']['name']}/{p['metadata']['uid']}" for _, p in pods]}
+    report = fake_kube.put("flightrecorderreports", report)
+
+    second = controller_with_actor(kube_client, session)
+    await second.on_report(None, report)
+    await second.on_job(None, job)
+    for _, pod in pods:
+        await second.on_pod(None, pod)
+    await poll(second, [s for s, _ in pods])
+    [done] = fake_kube.of("flightrecorderreports")
+    assert done["action"]["state"] == "done"
+    assert all(fake_kube.get("pods", "ml", p["metadata"]["name"]) is None for _, p in pods)
+    assert [e["reason"] for e in fake_kube.of("events")].count("HungJobRestarted") == 1
+
+
 async def test_a_push_from_a_pod_frscope_deleted_is_not_kept(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
         hang_ranks: dict[int, Any]) -> None:
