@@ -186,6 +186,8 @@ class Watch:
             self._proc.kill()
             self._proc.wait(10)
         self._thread.join(10)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
 
 # ---- the job ------------------------------------------------------------------------------------
