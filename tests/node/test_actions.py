@@ -343,6 +343,9 @@ def test_restart(node: Any, actions_allowed: None, gpus: None, namespace: str) -
         assert len(reports(node, ns)) == 2, [r["metadata"]["name"] for r in reports(node, ns)]
         deleted = {s.uid for s in pods_watch.snapshot() if s.obj["metadata"].get("deletionTimestamp")}
         assert deleted == set(first.values()), deleted
+        # What the operator made of it all, for the record (-s shows it).
+        logs = node.kubectl("-n", SYSTEM_NS, "logs", f"deploy/{RELEASE}", "--tail=400", check=False).stdout
+        print("\n".join(line[:300] for line in logs.splitlines() if f"{ns}/" in line))
     finally:
         for watch in (pods_watch, reports_watch, job_watch):
             watch.close()
