@@ -109,17 +109,41 @@ def _ended(pod: PodInfo, push: PodEvidence | None) -> str | None:
     return None
 
 
-def exits_coming(pods: tuple[PodInfo, ...], gathered: Gathered) -> set[str]:
-    """Pods whose sidecar pushed at its trainer's exit while the kubelet has not yet reported the end
-    of that run (the pod's current one)."""
+def _has_live_rank(evidence: PodEvidence | None) -> bool:
+    """Whether the pod delivered a recorder with entries for a rank its sidecar does not report down
+    (a hung peer of a crash: its pod is not about to end)."""
+    if evidence is None:
+        return False
+    down = {p.rank for p in evidence.problems if p.kind == "error" and p.rank is not None}
+    return any(d.entries and d.rank not in down for d in evidence.dumps)
+
+
+def crash_under_way(pods: tuple[PodInfo, ...], gathered: Gathered, pushed_exit: bool = False) -> bool:
+    """A trainer run has ended with a failure, or a sidecar saw its ranks exit (`pushed_exit`: one
+    pushed at an exit, whatever the gather then fetched from it)."""
+    if pushed_exit or any(e.reason == "exit" for e in gathered.pods.values()):
+        return True
+    return any(t.run == p.run and t.exit_code not in (None, 0) for p in pods for t in p.terminations)
+
+
+def exits_coming(pods: tuple[PodInfo, ...], gathered: Gathered, crashed: bool = False) -> set[str]:
+    """Pods whose trainer's end the kubelet has not reported yet although it is likely coming: the
+    sidecar pushed at its trainer's exit; or, while a crash is under way (`crashed`), the pod
+    delivered no rank that is still up (nothing gathered, or only ranks its sidecar reports down or
+    empty recorders). A pod with a live rank (a hung peer) is not waited for."""
     out = set()
     for pod in pods:
-        evidence = gathered.pods.get(pod.name)
-        if evidence is None or evidence.reason != "exit" or pod.phase in ("Succeeded", "Failed"):
+        if pod.phase in ("Succeeded", "Failed") or any(t.run == pod.run for t in pod.terminations):
             continue
-        if not any(t.run == pod.run for t in pod.terminations):
+        evidence = gathered.pods.get(pod.name)
+        if (evidence is not None and evidence.reason == "exit") or (crashed and not _has_live_rank(evidence)):
             out.add(pod.name)
     return out
+
+
+def _same_pod(view: JobView, name: str, evidence: PodEvidence) -> bool:
+    """A push from the pod of that name now in the job (not an earlier pod of the same name)."""
+    return not evidence.pod_uid or any(p.name == name and p.uid == evidence.pod_uid for p in view.pods)
 
 
 def attempt_for(view: JobView, sig: Signal, restarts: int = 0) -> Attempt:
@@ -413,14 +437,20 @@ class Controller:
 
     async def _await_exits(self, view: JobView, gathered: Gathered) -> JobView:
         """The job as the store has it once the kubelet reported the end of every trainer run whose
-        sidecar says it ended, or `--exit-settle` seconds later. A crash ends ranks in several pods
-        within a second, and the kubelet reports each container's end a few seconds apart: diagnosed
-        on the first exit alone, a peer that died of the crash (gloo's "Connection closed by peer")
-        would be named instead of the rank that raised (seen on a real node). The pushes the wait
-        brings are taken too (a pod's second rank going down pushes again)."""
-        waiting = exits_coming(view.pods, gathered)
+        sidecar says it ended, and, while a crash is under way, of every pod that delivered no live rank
+        (`exits_coming`); or `--exit-settle` seconds later. A crash ends ranks in several pods within a
+        second, and the kubelet reports each container's end a few seconds apart: diagnosed on the
+        first exit alone, a peer that died of the crash (gloo's "Connection closed by peer") would be
+        named instead of the rank that raised, or the crashed pod's ranks reported missing (both seen
+        on a real node, the second when its sidecar was asked while its ranks went down). The pushes
+        the wait brings are taken too (a pod's second rank going down pushes again)."""
+        pushed = self.pushes.for_namespace_pods(view.ref.namespace, {p.name for p in view.pods})
+        crashed = crash_under_way(view.pods, gathered, any(
+            e.reason == "exit" and _same_pod(view, n, e) for n, e in pushed.items()))
+        waiting = exits_coming(view.pods, gathered, crashed)
         if not waiting:
             return view
+        waited = set(waiting)
         deadline = time.monotonic() + self.config.exit_settle_s
         log.info("job %s: waiting up to %g s for the kubelet to report the end of %s", view.key,
                  self.config.exit_settle_s, ", ".join(sorted(waiting)), extra=_job(view.key))
@@ -430,9 +460,18 @@ class Controller:
             if fresh is None:
                 break
             view = self._live(fresh)
-            waiting = exits_coming(view.pods, gathered)
-        for pod, evidence in self.pushes.for_namespace_pods(view.ref.namespace, set(gathered.from_push)).items():
-            gathered.pods[pod] = evidence
+            waiting = exits_coming(view.pods, gathered, crashed)
+        # What the ended pods pushed meanwhile replaces what was gathered from them when that held no
+        # recorder entries (a sidecar asked while its ranks were going down).
+        for pod, evidence in self.pushes.for_namespace_pods(view.ref.namespace,
+                                                            set(gathered.from_push) | waited).items():
+            current = gathered.pods.get(pod)
+            if not _same_pod(view, pod, evidence):
+                continue
+            if pod in gathered.from_push or current is None or not any(d.entries for d in current.dumps):
+                gathered.pods[pod] = evidence
+                gathered.from_push.add(pod)
+                gathered.failures.pop(pod, None)
         return view
 
     def _quiet(self, state: _JobState, attempt: Attempt, view: JobView) -> None:
@@ -441,8 +480,7 @@ class Controller:
 
     async def _gather(self, view: JobView) -> Gathered:
         pushed = self.pushes.for_namespace_pods(view.ref.namespace, {p.name for p in view.pods})
-        pushed = {n: e for n, e in pushed.items() if not e.pod_uid or any(
-            p.name == n and p.uid == e.pod_uid for p in view.pods)}
+        pushed = {n: e for n, e in pushed.items() if _same_pod(view, n, e)}
         targets = [Target(p.name, p.endpoint, _ended(p, pushed.get(p.name)), p.uid) for p in view.pods]
         gathered = await gather(self.sidecars, view.ref.namespace, targets, self.config.gather, self.pushes,
                                 push_pods=self._gone_pods(view), decoder=self.decoder)

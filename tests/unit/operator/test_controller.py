@@ -467,3 +467,82 @@ async def test_the_wait_for_an_exit_the_kubelet_never_reports_is_bounded(
     assert 1.0 <= time.monotonic() - started < 10
     [report] = fake_kube.of("flightrecorderreports")
     assert report["diagnosis"]["who"]["culpritRanks"] == [0]  # the only exit known
+
+
+MASTER_CRASH_TAIL = (CRASHED_POD_TAIL.replace("train-worker-0", "train-master-0")
+                     .replace("rank      : 2 (local_rank: 0)", "rank      : 1 (local_rank: 1)")
+                     .replace("rank      : 3 (local_rank: 1)", "rank      : 0 (local_rank: 0)"))
+PEER_DIED = builders.terminated("RuntimeError: [pair.cc:553] Connection closed by peer [10.213.0.13]:59042. "
+                                "This is typically caused by a remote worker crashing.", 1)
+
+
+class GoingDownSidecar(StandInSidecar):
+    """A sidecar asked while its ranks go down: it answers with what it holds, the real node's recorders
+    that were never read (no entries) and its 'socket is gone' errors."""
+
+    def __init__(self, pod: str, obj: dict[str, Any]) -> None:
+        super().__init__(pod, {})
+        self.obj = obj
+
+    def snapshot_obj(self) -> dict[str, Any]:
+        return dict(self.obj, reason="refresh")
+
+
+async def test_a_crash_waits_for_the_pods_that_delivered_no_live_rank(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession) -> None:
+    """Seen on a real node (tests/node/test_exits.py): rank 0 raised; the worker's sidecar pushed at its
+    ranks' exit, and the gather that push started asked it again while it still answered (empty
+    recorders, sockets gone), while the master pod, whose rank raised, delivered nothing. Diagnosed at
+    once, ranks 0-1 were 'missing'; the gather waits for both pods' ends (no live rank in either) and
+    names rank 0 from the master's torchrun summary."""
+    import json
+
+    controller = make_controller(kube_client, session)
+    stored = fake_kube.put("pytorchjobs", builders.job(workers=1, nproc=2))
+    await controller.on_job(None, stored)
+    obj = json.loads((NODE_CRASH / "train-worker-0.json").read_text())
+    obj["namespace"] = "ml"
+    worker = await GoingDownSidecar("train-worker-0", obj).start()
+    try:
+        await controller.on_pod("ADDED", builders.pod("train-master-0", replica_type="Master", port=None))
+        await controller.on_pod("ADDED", builders.pod("train-worker-0", port=worker.port))
+
+        async def kubelet_reports_both_ends() -> None:
+            await asyncio.sleep(1.0)
+            await controller.on_pod("MODIFIED", builders.pod("train-worker-0", port=worker.port, state=PEER_DIED))
+            await asyncio.sleep(1.0)
+            await controller.on_pod("MODIFIED", builders.pod("train-master-0", replica_type="Master", port=None,
+                                                             state=builders.terminated(MASTER_CRASH_TAIL, 1)))
+
+        late = asyncio.create_task(kubelet_reports_both_ends())
+        pushed = from_snapshot(parse_snapshot(obj, "push", size_bytes=100), origin="push")
+        assert controller.on_push(pushed) is not None
+        await controller.idle()
+        await late
+        await controller.idle()
+    finally:
+        await worker.close()
+    assert worker.snapshot_requests >= 1  # it was asked, as on the node
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["diagnosis"]["who"]["culpritRanks"] == [0], report["diagnosis"]
+    assert "lost its data shard" in report["diagnosis"]["verdict"]
+
+
+async def test_a_crash_does_not_wait_for_pods_whose_ranks_are_still_up(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any], caplog: pytest.LogCaptureFixture) -> None:
+    """The worker's end is known and the master's ranks answer with their recorders (a hung job: rank 1
+    never joined): nothing to wait for, the diagnosis goes out at once."""
+    import logging
+
+    config = OperatorConfig(decode_processes=0, stuck_after_s=0.5, cooldown_s=60, exit_settle_s=30.0,
+                            gather=CONFIG.gather)
+    controller = make_controller(kube_client, session, config)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks, modes=("ok", "down"))
+    with caplog.at_level(logging.INFO, logger="frscope.operator"):
+        await controller.on_pod("MODIFIED", builders.pod("train-worker-0", port=stand_ins[1].port,
+                                                         state=builders.terminated("RuntimeError: boom", 1)))
+        await asyncio.wait_for(controller.idle(), 20)
+    assert not [r for r in caplog.records if "waiting up to" in r.getMessage()]
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["diagnosis"]["who"]["culpritRanks"] == [1]  # the hung master's rank that never joined
