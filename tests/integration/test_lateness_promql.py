@@ -59,72 +59,82 @@ async def test_panel_names_the_rank_late_at_step_boundaries(tmp_path: Path) -> N
     if prometheus is None:
         pytest.skip("prometheus not installed (make deps-apt installs Debian's prometheus package)")
     started = time.monotonic()
-    with start_job("steps", WORLD, lifetime_s=200) as job:
-        # Each pod's socket dir holds links to its ranks' sockets, made before the ranks open them, so
-        # the sidecars poll from the first step on.
-        dirs = {}
-        for pod, ranks in PODS.items():
-            dirs[pod] = tmp_path / pod
-            dirs[pod].mkdir()
-            for rank in ranks:
-                (dirs[pod] / f"rank-{rank}.sock").symlink_to(job.socket_path(rank))
-        ports = {pod: free_port() for pod in PODS}
-        cfgs = [config(dirs[pod], port=ports[pod], pod=pod, poll_interval_s=POLL_S, stall_after_s=60.0)
-                for pod in PODS]
-        async with running(cfgs[0]) as first, running(cfgs[1]) as second:
-            prom_port = free_port()
-            (tmp_path / "prometheus.yml").write_text(json.dumps({  # (YAML reads JSON)
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
-                "scrape_configs": [{
-                    "job_name": "frscope-sidecars",
-                    "static_configs": [{"targets": [f"127.0.0.1:{ports[pod]}"], "labels": {**LABELS, "pod": pod}}
-                                       for pod in PODS],
-                }],
-            }))
-            log = (tmp_path / "prometheus.log").open("wb")
-            proc = subprocess.Popen(
-                [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-                 f"--web.listen-address=127.0.0.1:{prom_port}", "--storage.tsdb.retention.time=1h"],
-                stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir(),
-            )
-            try:
-                base = f"http://127.0.0.1:{prom_port}"
-                # The job runs its 8 steps, then every rank idles.
-                await wait_until(lambda: all(job.phase(r) == "idle" for r in job.ranks()), 150,
-                                 "the steps job to finish", step_s=0.2)
-                assert {s.rank for s in first.ranks.values()} | {s.rank for s in second.ranks.values()} == {0, 1, 2}
-                assert set(second.ranks) == {2}  # the late rank's pod sees no other rank
-                async with aiohttp.ClientSession() as session:
-                    # Every sample up to the idle job scraped (the counters stop moving once idle).
-                    scraped = 'count(frscope_collective_wait_seconds_total{training_job="demo"})'
+    # Prometheus scrapes the sidecars before the job starts, as it would in a cluster where it runs all
+    # along: increase() cannot count what came before a series' first sample (on a quiet machine the job
+    # ran all its steps before Prometheus' first scrape, and every rank read 0). So the sidecars and
+    # Prometheus start first, on socket dirs whose links lead through `job`, a link made to the job's
+    # socket dir once it is started (until then they see no rank); the ranks' counters appear with their
+    # sockets, right before the first step, and are scraped every 250 ms.
+    through = tmp_path / "job"
+    dirs = {}
+    for pod, ranks in PODS.items():
+        dirs[pod] = tmp_path / pod
+        dirs[pod].mkdir()
+        for rank in ranks:
+            (dirs[pod] / f"rank-{rank}.sock").symlink_to(through / f"rank-{rank}.sock")
+    ports = {pod: free_port() for pod in PODS}
+    cfgs = [config(dirs[pod], port=ports[pod], pod=pod, poll_interval_s=POLL_S, stall_after_s=60.0) for pod in PODS]
+    async with running(cfgs[0]) as first, running(cfgs[1]) as second:
+        prom_port = free_port()
+        (tmp_path / "prometheus.yml").write_text(json.dumps({  # (YAML reads JSON)
+            "global": {"scrape_interval": "250ms", "evaluation_interval": "1s", "scrape_timeout": "250ms"},
+            "scrape_configs": [{
+                "job_name": "frscope-sidecars",
+                "static_configs": [{"targets": [f"127.0.0.1:{ports[pod]}"], "labels": {**LABELS, "pod": pod}}
+                                   for pod in PODS],
+            }],
+        }))
+        log = (tmp_path / "prometheus.log").open("wb")
+        proc = subprocess.Popen(
+            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+             f"--web.listen-address=127.0.0.1:{prom_port}", "--storage.tsdb.retention.time=1h"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=tempfile.gettempdir(),
+        )
+        try:
+            base = f"http://127.0.0.1:{prom_port}"
+            async with aiohttp.ClientSession() as session:
+
+                async def count(expr: str) -> int:
+                    assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
+                    try:
+                        found = await query(session, base, f"count({expr})")
+                    except aiohttp.ClientError:
+                        return 0
+                    return int(found[0]["value"][1]) if found else 0
+
+                async def scraped(expr: str, n: int) -> None:
                     deadline = time.monotonic() + 60
-                    while time.monotonic() < deadline:
-                        assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
-                        try:
-                            if [r for r in await query(session, base, scraped) if r["value"][1] == str(WORLD)]:
-                                break
-                        except aiohttp.ClientError:
-                            pass
-                        await asyncio.sleep(0.5)
+                    while await count(expr) < n:
+                        assert time.monotonic() < deadline, f"Prometheus never had {n} of {expr}"
+                        await asyncio.sleep(0.25)
+
+                await scraped('up{training_job="demo"} == 1', len(PODS))
+                with start_job("steps", WORLD, lifetime_s=200) as job:
+                    through.symlink_to(job.work_dir)
+                    # The job runs its 8 steps, then every rank idles.
+                    await wait_until(lambda: all(job.phase(r) == "idle" for r in job.ranks()), 150,
+                                     "the steps job to finish", step_s=0.2)
+                    assert {s.rank for s in first.ranks.values()} | {s.rank for s in second.ranks.values()} == {0, 1, 2}
+                    assert set(second.ranks) == {2}  # the late rank's pod sees no other rank
+                    # Every sample up to the idle job scraped (the counters stop moving once idle).
                     await asyncio.sleep(3.0)
                     window = int(time.monotonic() - started) + 30
                     result = await query(session, base, lateness_query(window))
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=10)
-                log.close()
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+            log.close()
 
     late = {int(r["metric"]["rank"]): float(r["value"][1]) for r in result}
     assert set(late) == {0, 1, 2}, result
     assert {r["metric"]["training_job"] for r in result} == {"demo"}
     [culprit] = culprit_ranks("steps", WORLD)
     expected = LAYER_STEPS * STEP_LATE_S  # 3.2 s: what ranks 0 and 1 waited for it in all
-    # The late rank: the most, about what the others waited for it (polls sample the waits; the
-    # first one or two may fall before the sidecars' first polls or Prometheus' first scrape).
+    # The late rank: the most, about what the others waited for it (polls sample the waits).
     assert max(late, key=lambda r: late[r]) == culprit, late
     assert 0.5 * expected <= late[culprit] <= 1.3 * expected, late
     # The ranks on time: none of the others waited for them.
