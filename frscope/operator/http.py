@@ -142,7 +142,7 @@ class OperatorHttp:
             return web.json_response({"error": exc.message, "retry_after_s": exc.retry_after_s}, status=429,
                                      headers={"Retry-After": str(exc.retry_after_s)})
         if self._spill is not None:
-            await asyncio.to_thread(self._spill.save, evidence.namespace, evidence.pod, raw)
+            await asyncio.to_thread(self._spill.save, evidence.namespace, evidence.pod, raw, evidence.pod_uid)
         self._metrics.pushes.labels(result="accepted").inc()
         log.info("push from %s/%s by %s (%s, ranks %s, job %s)", evidence.namespace, evidence.pod, caller.who,
                  evidence.reason, list(evidence.ranks), job or "unknown")

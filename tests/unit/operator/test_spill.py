@@ -93,3 +93,23 @@ def test_an_evicted_push_leaves_the_directory_too(tmp_path: Path, hang_ranks: di
                 store.put(kept)
     assert store is not None
     assert store.get("ml", "a") is None and [p.name for p in tmp_path.iterdir()] == ["ml_b.json.gz"]
+
+
+def test_the_pushing_pods_uid_survives_a_restart(tmp_path: Path, hang_ranks: dict[int, dict[str, object]]) -> None:
+    """A job's pods keep their names across a restart: the uid the push's token named is kept with the
+    body, so after an operator restart a gone pod's push is still told from its successor's."""
+    spill = EvidenceDir(tmp_path)
+    old_uid, new_uid = "0b6f2c1e-1111-4a5b-9c3d-000000000001", "0b6f2c1e-2222-4a5b-9c3d-000000000002"
+    spill.save("ml", "train-worker-0", snapshot("train-worker-0", {0: hang_ranks[0]}), old_uid)
+    [kept] = EvidenceDir(tmp_path).load(max_entries=200, ttl_s=TTL)
+    assert (kept.pod, kept.pod_uid) == ("train-worker-0", old_uid)
+    # the successor of the same name pushes: its body replaces the gone pod's, file and uid
+    spill.save("ml", "train-worker-0", snapshot("train-worker-0", {1: hang_ranks[1]}), new_uid)
+    [kept] = EvidenceDir(tmp_path).load(max_entries=200, ttl_s=TTL)
+    assert (kept.pod_uid, kept.ranks) == (new_uid, (1,))
+    assert [p.name for p in tmp_path.iterdir()] == [f"ml_train-worker-0_{new_uid}.json.gz"]
+    # a uid that is no uid never becomes part of a path; removing the pod removes whatever uid it had
+    spill.save("ml", "train-worker-1", snapshot("train-worker-1", {2: hang_ranks[2]}), "../../etc")
+    assert [p.name for p in tmp_path.iterdir()] == [f"ml_train-worker-0_{new_uid}.json.gz"]
+    spill.remove("ml", "train-worker-0")
+    assert list(tmp_path.iterdir()) == []
