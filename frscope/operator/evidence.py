@@ -39,6 +39,15 @@ class PodEvidence:
     def ranks(self) -> tuple[int, ...]:
         return tuple(d.rank for d in self.dumps)
 
+    @property
+    def held_bytes(self) -> int:
+        """The share of the body this evidence keeps: all of it, less the entries past `max_entries` a
+        rank that were dropped (a push of 2,000 entries a rank keeps its newest 200: a tenth)."""
+        kept = sum(len(d.entries) for d in self.dumps)
+        if self.entries_dropped <= 0 or kept + self.entries_dropped == 0:
+            return self.size_bytes
+        return max(1, self.size_bytes * kept // (kept + self.entries_dropped))
+
 
 def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES) -> PodEvidence:
     where = f"pod {snapshot.namespace}/{snapshot.pod} ({origin})"

@@ -22,6 +22,7 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from frscope.operator.access import OpenPush, PushAuth, Refused
+from frscope.operator.admission import PushAdmission
 from frscope.operator.evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes
 from frscope.operator.metrics import OperatorMetrics
 from frscope.operator.objects import JobKey
@@ -59,7 +60,7 @@ class OperatorHttp:
     def __init__(self, *, registry: CollectorRegistry, metrics: OperatorMetrics, health: Health,
                  on_push: PushHandler, push_auth: PushAuth | None = None,
                  max_push_bytes: int = 256 * 1024 * 1024, max_entries: int = DEFAULT_MAX_ENTRIES,
-                 spill: EvidenceDir | None = None) -> None:
+                 spill: EvidenceDir | None = None, admission: PushAdmission | None = None) -> None:
         self._registry = registry
         self._metrics = metrics
         self._health = health
@@ -67,6 +68,7 @@ class OperatorHttp:
         self._spill = spill  # accepted bodies are kept there too (--evidence-dir): a restart keeps them
         self._push_auth: PushAuth = push_auth if push_auth is not None else OpenPush()
         self._max_entries = max_entries
+        self._admission = admission if admission is not None else PushAdmission()
         self.app = web.Application(client_max_size=max_push_bytes)
         self.app.add_routes([
             web.get("/healthz", self._healthz),
@@ -98,6 +100,20 @@ class OperatorHttp:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _push(self, request: web.Request) -> web.Response:
+        retry_after = self._admission.try_enter()
+        if retry_after is not None:
+            # Before the token review and the body: a storm's excess costs a response line each.
+            self._metrics.pushes.labels(result="throttled").inc()
+            return web.json_response({"error": f"{self._admission.in_flight} pushes are being taken in; "
+                                      f"retry after {retry_after} s", "retry_after_s": retry_after},
+                                     status=429, headers={"Retry-After": str(retry_after)})
+        started = time.monotonic()
+        try:
+            return await self._take_push(request)
+        finally:
+            self._admission.leave(time.monotonic() - started)
+
+    async def _take_push(self, request: web.Request) -> web.Response:
         try:
             caller = await self._push_auth.caller(request.headers.get("Authorization", ""))
         except Refused as exc:

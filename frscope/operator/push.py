@@ -38,9 +38,10 @@ class Full(Exception):
 
 
 class PushStore:
-    """Latest push per (namespace, pod), oldest evicted first past `max_bytes` (of bodies) or `ttl_s`,
-    except entries younger than `hold_s`: past them a push is refused (`Full`). A job's pushes together
-    may hold at most `job_max_bytes`, so one job's storm cannot push out every other job's evidence."""
+    """Latest push per (namespace, pod), oldest evicted first past `max_bytes` or `ttl_s`, except entries
+    younger than `hold_s`: past them a push is refused (`Full`). A job's pushes together may hold at most
+    `job_max_bytes`, so one job's storm cannot push out every other job's evidence. Bytes are what the
+    bodies keep (`PodEvidence.held_bytes`: a push of 2,000 entries a rank keeps its newest 200)."""
 
     def __init__(self, *, max_bytes: int = 512 * 1024 * 1024, ttl_s: float = 6 * 3600.0,
                  hold_s: float = 300.0, job_max_bytes: int | None = None,
@@ -70,18 +71,18 @@ class PushStore:
         name when the operator knows it (its pushes count against the job's quota)."""
         key = (evidence.namespace, evidence.pod)
         now = time.monotonic()
-        self._evict(now, room_for=evidence.size_bytes)
+        self._evict(now, room_for=evidence.held_bytes)
         old = self._items.get(key)
-        freed = old.evidence.size_bytes if old is not None else 0
+        freed = old.evidence.held_bytes if old is not None else 0
         if job is not None:
             mine = [k for k, j in self._jobs.items() if j == job and k[0] == evidence.namespace and k in self._items]
-            used = sum(self._items[k].evidence.size_bytes for k in mine) - freed
+            used = sum(self._items[k].evidence.held_bytes for k in mine) - freed
             # (a job's only push always passes the quota: the body size is bounded by the HTTP server)
-            if used + evidence.size_bytes > self._job_max_bytes and any(k != key for k in mine):
+            if used + evidence.held_bytes > self._job_max_bytes and any(k != key for k in mine):
                 oldest = min(self._items[k].received_monotonic for k in mine)
                 raise Full(f"job {evidence.namespace}/{job} holds {used} bytes of pushed evidence "
                            f"(quota {self._job_max_bytes})", self._retry_after(oldest, now))
-        if self._bytes - freed + evidence.size_bytes > self._max_bytes and self._items:
+        if self._bytes - freed + evidence.held_bytes > self._max_bytes and self._items:
             oldest = next(iter(self._items.values())).received_monotonic
             raise Full(f"pushed evidence holds {self._bytes} bytes (budget {self._max_bytes})",
                        self._retry_after(oldest, now))
@@ -89,7 +90,7 @@ class PushStore:
             del self._items[key]
             self._bytes -= freed
         self._items[key] = Pushed(evidence, now)
-        self._bytes += evidence.size_bytes
+        self._bytes += evidence.held_bytes
         if job is not None:
             self._jobs[key] = job
 
@@ -113,7 +114,7 @@ class PushStore:
             return False
         del self._items[(namespace, pod)]
         self._jobs.pop((namespace, pod), None)
-        self._bytes -= item.evidence.size_bytes
+        self._bytes -= item.evidence.held_bytes
         if self._on_drop is not None:
             self._on_drop(namespace, pod)
         return True
@@ -130,6 +131,6 @@ class PushStore:
                 break
             self._items.pop(key)
             self._jobs.pop(key, None)
-            self._bytes -= first.evidence.size_bytes
+            self._bytes -= first.evidence.held_bytes
             if self._on_drop is not None:
                 self._on_drop(*key)

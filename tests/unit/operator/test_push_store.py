@@ -45,3 +45,22 @@ def test_one_jobs_storm_cannot_take_the_whole_budget() -> None:
     store.put(ev("other-ns", 60, namespace="prod"), job="big")  # same name, other namespace: another job
     assert store.get("ml", "small-0") is not None and store.get("prod", "other-ns") is not None
     assert store.get("ml", "big-1") is None
+
+
+def test_a_push_counts_what_it_keeps_not_the_entries_it_drops(hang_ranks: dict[int, dict[str, object]]) -> None:
+    """A sidecar pushes every rank's whole recorder; the operator keeps the newest `max_entries` of each
+    rank. The budget counts the kept share, so a storm of long recorders holds as many pods as fit in
+    memory, not a tenth of them."""
+    snap = {"schema": "frscope.sidecar.snapshot/v1", "pod": "p0", "namespace": "ml", "ranks": [hang_ranks[0]]}
+    whole = from_snapshot(parse_snapshot(snap, "push", size_bytes=10_000), origin="push", max_entries=0)
+    entries = len(whole.dumps[0].entries)
+    assert entries >= 4
+    part = from_snapshot(parse_snapshot(snap, "push", size_bytes=10_000), origin="push", max_entries=entries // 2)
+    assert whole.held_bytes == 10_000 and part.entries_dropped == entries - entries // 2
+    assert part.held_bytes == 10_000 * (entries // 2) // entries
+    store = PushStore(max_bytes=5_000, hold_s=300)
+    store.put(part)
+    assert store.total_bytes == part.held_bytes
+    with pytest.raises(Full):
+        store.put(from_snapshot(parse_snapshot({**snap, "pod": "p1"}, "push", size_bytes=10_000), origin="push",
+                                max_entries=0))

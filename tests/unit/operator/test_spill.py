@@ -89,7 +89,7 @@ def test_an_evicted_push_leaves_the_directory_too(tmp_path: Path, hang_ranks: di
         spill.save("ml", pod, snapshot(pod, {0: hang_ranks[0]}))
         for kept in EvidenceDir(tmp_path).load(max_entries=200, ttl_s=TTL):
             if kept.pod == pod:
-                store = store or PushStore(max_bytes=kept.size_bytes * 3 // 2, hold_s=0, on_drop=spill.remove)
+                store = store or PushStore(max_bytes=kept.held_bytes * 3 // 2, hold_s=0, on_drop=spill.remove)
                 store.put(kept)
     assert store is not None
     assert store.get("ml", "a") is None and [p.name for p in tmp_path.iterdir()] == ["ml_b.json.gz"]
