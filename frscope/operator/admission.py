@@ -26,7 +26,7 @@ class PushAdmission:
         self.max_in_flight = max(1, max_in_flight)
         self.in_flight = 0
         self._window_s = window_s
-        self._decode_s = decode_s  # moving average of one push's read + decode, seconds
+        self._decode_s = decode_s  # moving average of one push's share of the read + decode time, seconds
         self._clock = clock
         self._rng = rng or random.Random()
         self._refused: deque[float] = deque()
@@ -44,6 +44,8 @@ class PushAdmission:
         return min(MAX_RETRY_AFTER_S, max(1, math.ceil(self._rng.uniform(1.0, 1.0 + backlog_s))))
 
     def leave(self, took_s: float | None = None) -> None:
-        self.in_flight = max(0, self.in_flight - 1)
+        """`took_s`: how long this push took in; the pushes in flight shared the time (one GIL), so each
+        one's cost is its share of it."""
         if took_s is not None and took_s >= 0:
-            self._decode_s = 0.8 * self._decode_s + 0.2 * took_s
+            self._decode_s = 0.8 * self._decode_s + 0.2 * took_s / max(1, self.in_flight)
+        self.in_flight = max(0, self.in_flight - 1)
