@@ -14,6 +14,7 @@ import asyncio
 import datetime
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -29,7 +30,16 @@ from frscope.operator.gather import Decoder, Gathered, Target, gather
 from frscope.operator.incidents import Attempt, IncidentKey, IncidentRecord, Ledger, report_facts
 from frscope.operator.kube import KubeError
 from frscope.operator.metrics import OperatorMetrics
-from frscope.operator.objects import JobKey, PodInfo, job_conditions, job_ref, job_world_size, pod_info, pods_digest
+from frscope.operator.objects import (
+    JobKey,
+    JobRef,
+    PodInfo,
+    job_conditions,
+    job_ref,
+    job_world_size,
+    pod_info,
+    pods_digest,
+)
 from frscope.operator.publish import (
     JobGone,
     Publication,
@@ -155,10 +165,14 @@ def attempt_for(view: JobView, sig: Signal, restarts: int = 0) -> Attempt:
     return Attempt(pods_digest(view.pods), run, sig.restarts if sig.restarts is not None else restarts)
 
 
+# The job's pods as the API server lists them now (raw Pod bodies).
+PodLister = Callable[[JobRef], Awaitable[list[dict[str, Any]]]]
+
+
 class Controller:
     def __init__(self, config: OperatorConfig, *, store: JobStore, pushes: PushStore, sidecars: SidecarClient,
                  publisher: Publisher, metrics: OperatorMetrics, decoder: Decoder | None = None,
-                 actor: Actor | None = None) -> None:
+                 actor: Actor | None = None, pod_lister: PodLister | None = None) -> None:
         self.config = config
         self.store = store
         self.pushes = pushes
@@ -167,6 +181,8 @@ class Controller:
         self.metrics = metrics
         self.decoder = decoder or Decoder()
         self.actor = actor
+        # The job's pods straight from the API server (the runner's: opted-in pods with the job's label).
+        self.pod_lister = pod_lister
         self._jobs: dict[JobKey, _JobState] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -405,6 +421,7 @@ class Controller:
             reports = state.ledger.reports_of(attempt)
             await self._act(view, reports + [r for r in acted_on if r not in reports])
             return
+        view = await self._complete_pods(view)
         log.info("job %s: %s (%s); gathering from %d pods", view.key, sig.kind.value, sig.detail, len(view.pods),
                  extra=_job(view.key))
         gathered = await self._gather(view)
@@ -434,6 +451,34 @@ class Controller:
             return
         rank_pods = {d.rank: pod for pod, evidence in gathered.pods.items() for d in evidence.dumps}
         await self._publish(view, sig, attempt, key, diagnosis, rank_pods)
+
+    async def _complete_pods(self, view: JobView) -> JobView:
+        """The job's view with the pods the watch has not delivered yet, listed once from the API server
+        (only pods the store does not know are added: the watch's own are newer). An operator that just
+        started receives the listing of 1,000s of pods over seconds; a gather meanwhile took every
+        pod not yet listed for a missing rank (bench/push_storm.py, 1,250 pods, restarted mid-storm:
+        MissingDumps of ~1,000 ranks instead of the culprit)."""
+        if self.pod_lister is None:
+            return view
+        try:
+            listed = await self.pod_lister(view.ref)
+        except KubeError as exc:
+            log.warning("job %s: could not list its pods (%s); gathering from the %d the watch delivered",
+                        view.key, exc, len(view.pods), extra=_job(view.key))
+            return view
+        known = {p.uid for p in view.pods} | set(self._state(view.key).retired)
+        added = 0
+        for body in listed:
+            pod = pod_info(body)
+            if pod.uid and pod.uid not in known and pod.job_name == view.key.name and not pod.deleting:
+                self.store.upsert_pod(pod)
+                added += 1
+        if not added:
+            return view
+        log.info("job %s: %d pods listed that the watch had not delivered yet", view.key, added, extra=_job(view.key))
+        self._refresh_gauges()
+        fresh = self.store.job(view.key)
+        return self._live(fresh) if fresh is not None else view
 
     async def _await_exits(self, view: JobView, gathered: Gathered) -> JobView:
         """The job as the store has it once the kubelet reported the end of every trainer run whose

@@ -13,6 +13,7 @@ import logging
 import signal
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 import aiohttp
 import kopf
@@ -23,13 +24,15 @@ from frscope.operator import names
 from frscope.operator.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
 from frscope.operator.actions import Actor
 from frscope.operator.config import OperatorConfig, WebhookConfig
-from frscope.operator.controller import Controller
+from frscope.operator.controller import Controller, PodLister
 from frscope.operator.gather import Decoder
 from frscope.operator.handlers import register_watchers, register_webhook
 from frscope.operator.http import Health, OperatorHttp
 from frscope.operator.kube import BearerAuth, KubeClient, TokenFile
+from frscope.operator.kube.resources import PODS
 from frscope.operator.login import Login, login
 from frscope.operator.metrics import OperatorMetrics
+from frscope.operator.objects import JobRef
 from frscope.operator.poller import StatusPoller
 from frscope.operator.publish import Publisher
 from frscope.operator.push import Full, PushStore
@@ -74,6 +77,15 @@ def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     # JobSet pods are named by different labels, but every pod frscope serves carries the opt-in label.
     key, value = config.inject_label
     settings.watching.label_selectors["v1", "pods"] = f"{key}={value}"
+
+
+def job_pod_lister(kube: KubeClient, inject_label: tuple[str, str]) -> PodLister:
+    """A job's opted-in pods, listed from the API server (the same pods the watch streams)."""
+    async def list_pods(ref: JobRef) -> list[dict[str, Any]]:
+        selector = f"{inject_label[0]}={inject_label[1]},{ref.job_kind.pod_selector(ref.name)}"
+        return await kube.list(PODS, ref.namespace, label_selector=selector)
+
+    return list_pods
 
 
 def kube_client(credentials: Login, instance: str) -> KubeClient:
@@ -160,7 +172,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
                             sidecars=SidecarClient(sidecar_session, auth=shown),
                             publisher=publisher, metrics=metrics,
                             decoder=Decoder(config.decode_processes),
-                            actor=Actor(kube, publisher, metrics, config.actions, instance=config.instance))
+                            actor=Actor(kube, publisher, metrics, config.actions, instance=config.instance),
+                            pod_lister=job_pod_lister(kube, config.inject_label))
     health = Health()
     http = OperatorHttp(registry=registry, metrics=metrics, health=health, on_push=controller.on_push,
                         push_auth=push_auth, max_push_bytes=config.max_push_bytes,

@@ -96,9 +96,11 @@ async def test_kopf_watches_route_a_stall_into_a_published_diagnosis(
                 assert await r.text() == "ui"
             async with session.get(base + "/readyz") as r:
                 assert r.status == 200
-        # Pods are listed and watched with a server-side selector: other workloads' pods never arrive.
+        # Pods are listed and watched with a server-side selector: other workloads' pods never arrive
+        # (the watch; and the list of the job's own pods before a gather).
         pod_selectors = {sel for plural, sel in fake_kube.selectors if plural == "pods"}
-        assert pod_selectors == {f"{names.INJECT_KEY}=true"}
+        assert pod_selectors == {f"{names.INJECT_KEY}=true",
+                                 f"{names.INJECT_KEY}=true,training.kubeflow.org/job-name=train"}
         await asyncio.sleep(1)  # more sweeps of the same stall
         assert len(fake_kube.of("flightrecorderreports")) == 1 and len(fake_kube.of("events")) == 1
         # kopf itself wrote nothing: every write is frscope's, to the job, its status, Events and reports.
