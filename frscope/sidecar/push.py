@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,6 +21,9 @@ log = logging.getLogger("frscope.sidecar")
 
 QUEUE_SIZE = 4
 MAX_RETRY_AFTER_S = 120.0  # a Retry-After longer than this is capped: the evidence must get out while it matters
+# How long in all a push waits as 429s ask before their waits count as failed tries (a push storm at a
+# 1,000-pod job takes the operator a minute or two to take in; the tries alone ran out before).
+MAX_THROTTLED_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,9 +84,12 @@ class Pusher:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         delay = self.backoff_s
-        for attempt in range(1, self.attempts + 1):
+        tries = 0
+        throttled_since: float | None = None
+        while True:
             problem: str
             wait = delay
+            asked = 0.0  # the Retry-After of a 429: the operator is up and asks to come back later
             try:
                 async with session.post(
                     self.url, data=item.body_gz, headers=headers,
@@ -97,17 +104,31 @@ class Pusher:
                         return
                     problem = f"HTTP {resp.status}"
                     if resp.status == 429:  # the operator is full for now: wait as long as it asks
-                        wait = max(delay, retry_after(resp.headers.get("Retry-After")))
+                        asked = retry_after(resp.headers.get("Retry-After"))
+                        wait = max(delay, asked)
                     if 400 <= resp.status < 500 and resp.status not in (408, 429):
                         break  # the operator refused it: retrying the same body will not help
             except (aiohttp.ClientError, TimeoutError, OSError) as exc:
                 problem = f"{type(exc).__name__}: {exc}"
-            if attempt < self.attempts:
-                self.metrics.pushes.labels(result="retry").inc()
-                log.warning("push: %s snapshot to %s failed (%s); retry %d/%d in %.1f s",
-                            item.reason, self.url, problem, attempt, self.attempts - 1, wait)
-                await asyncio.sleep(wait)
-                delay *= 2
+            now = time.monotonic()
+            if asked > 0:
+                # A storm: the operator takes pushes in a few at a time and spreads the others over its
+                # backlog. Waiting as asked is no failed try, for up to MAX_THROTTLED_S in all.
+                throttled_since = now if throttled_since is None else throttled_since
+                if now + wait - throttled_since <= MAX_THROTTLED_S:
+                    self.metrics.pushes.labels(result="retry").inc()
+                    log.info("push: %s snapshot: the operator is busy (%s); retry in %.1f s", item.reason,
+                             problem, wait)
+                    await asyncio.sleep(wait)
+                    continue
+            tries += 1
+            if tries >= self.attempts:
+                break
+            self.metrics.pushes.labels(result="retry").inc()
+            log.warning("push: %s snapshot to %s failed (%s); retry %d/%d in %.1f s",
+                        item.reason, self.url, problem, tries, self.attempts - 1, wait)
+            await asyncio.sleep(wait)
+            delay *= 2
         self.metrics.pushes.labels(result="failed").inc()
         log.error("push: %s snapshot to %s failed for good (%s); it stays available at /v1/snapshot",
                   item.reason, self.url, problem)

@@ -239,6 +239,7 @@ def test_retry_after_header_is_read_bounded(header: str | None, seconds: float) 
 
 
 async def test_a_429_is_retried_after_the_delay_the_operator_asks(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="frscope.sidecar")
     registry = CollectorRegistry()
     async with receiver([429], headers={"Retry-After": "1"}) as (url, got):
         p = pusher(url, registry)  # its own backoff is 0.01 s
@@ -247,4 +248,34 @@ async def test_a_429_is_retried_after_the_delay_the_operator_asks(caplog: pytest
         await p.drain(10)
         task.cancel()
     assert len(got) == 2 and p.delivered == ["stall"]
-    assert "failed (HTTP 429); retry 1/2 in 1.0 s" in caplog.text
+    assert "the operator is busy (HTTP 429); retry in 1.0 s" in caplog.text
+
+
+async def test_waits_a_busy_operator_asks_for_are_no_failed_tries() -> None:
+    """A push storm: the operator answers 429 with Retry-After to most pushes for a while. Those waits
+    do not use up the push's tries (3 here), so the evidence still gets in."""
+    registry = CollectorRegistry()
+    async with receiver([429] * 8, headers={"Retry-After": "0.05"}) as (url, got):
+        p = pusher(url, registry)
+        task = asyncio.create_task(p.run())
+        p.submit("stall", gzip.compress(b'{"reason": "stall"}'))
+        await p.drain(20)
+        task.cancel()
+    assert len(got) == 9 and p.delivered == ["stall"]
+    assert not registry.get_sample_value("frscope_pushes_total", {"result": "failed"})
+
+
+async def test_waiting_on_a_busy_operator_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    import frscope.sidecar.push as push
+
+    monkeypatch.setattr(push, "MAX_THROTTLED_S", 0.3)
+    registry = CollectorRegistry()
+    async with receiver([429] * 100, headers={"Retry-After": "0.1"}) as (url, got):
+        p = pusher(url, registry)
+        task = asyncio.create_task(p.run())
+        p.submit("stall", gzip.compress(b'{"reason": "stall"}'))
+        await p.drain(20)
+        task.cancel()
+    # about 0.3 s of asked waits, then the 3 tries: far fewer than the 100 refusals on offer
+    assert 4 <= len(got) <= 8 and p.delivered == []
+    assert registry.get_sample_value("frscope_pushes_total", {"result": "failed"}) == 1
