@@ -139,6 +139,26 @@ def _died_unrecorded(ctx: Context, missing: tuple[int, ...], failed: list[int],
     return finding
 
 
+def _failed_after_their_records(dumpset: DumpSet, failed: list[int], exits: Mapping[int, RankExit]) -> Finding:
+    """Processes failed, yet no recorder shows a collective pending: they were read before the exit (a
+    collector reads recorders every few seconds; a crash between two reads, seen on a real node, left
+    every recorder complete). The exits are the evidence: the first failure that blames no peer."""
+    culprits = most_likely_first(failed, exits)
+    exit = exits.get(culprits[0])
+    how = f" Rank {culprits[0]}'s process {exit.describe()}." if exit is not None else ""
+    summary = (f"{plural(culprits).capitalize()} failed{' first' if len(failed) > len(culprits) else ''} after "
+               f"{'its' if len(culprits) == 1 else 'their'} last recorded collective (no recorder shows one "
+               f"pending: they were read before the exit).{how}")
+    ref = GroupRef("world", "", tuple(range(dumpset.world_size)))
+    finding = Finding(category=Category.RANK_STOPPED, culprit_ranks=tuple(culprits), process_group=ref,
+                      summary=summary)
+    others = sorted(set(failed) - set(culprits))
+    if others:
+        finding.evidence.append(f"{plural(others)} also failed, blaming a peer or after the first failure")
+    finding.evidence.append("the recorders end before the failure: the exit codes and termination messages say why")
+    return finding
+
+
 def _crashed(ctx: Context, missing: tuple[int, ...], failed: list[int],
              signature: tuple[GroupRef, int, str, list[int]] | None,
              waiting: list[tuple[GroupRef, int, str, list[int], float | None]],
@@ -319,6 +339,8 @@ def _analyze(dumpset: DumpSet, options: AnalysisOptions, exits: Mapping[int, Ran
         for ref, seq, _op, _joined, _age in waiting_on_missing:
             at_point.setdefault((ref.name, seq), missing)
     roots = link(ctx, findings, causes)
+    if failed and all(f.category is Category.STRAGGLER for f in roots):
+        roots.append(_failed_after_their_records(dumpset, sorted(failed), exits))
     _attach_exits(roots, exits)
     roots.sort(key=lambda f: (f.category is Category.STRAGGLER, f.since_ns or 2**63, _PRIORITY[f.category]))
     versions = tuple(sorted({d.version for d in dumpset.dumps.values() if d.version}))

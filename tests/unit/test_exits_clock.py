@@ -224,3 +224,21 @@ def test_a_crash_before_any_recorder_was_read_is_named_from_the_exits() -> None:
     assert "exited with code 3" in finding.summary and "lost its data shard" in finding.summary
     assert finding.exits[1].exit_code == 3
     assert analyze(nothing).findings[0].category is Category.MISSING_DUMPS  # without exits: nothing to say
+
+
+def test_processes_that_failed_after_their_last_read_are_a_finding(tmp_path: Path) -> None:
+    """Seen on a real node (tests/node/test_exits.py, a clean-clone CI run): a rank raised between two
+    of the sidecars' reads, so every recorder shows its collectives complete, and every process failed
+    (the raiser, and its peers on gloo's 'Connection closed by peer'). That is no healthy job: the first
+    failure that blames no peer is named, from its exit."""
+    per_rank = {r: [b.entry(s, created_ns=b.T0 + s * 1_000_000) for s in range(1, 21)] for r in range(4)}
+    dumpset = load_dumps([b.job(tmp_path, per_rank, 4)])
+    live = AnalysisOptions(stall_after_s=1.0, now_ns=b.T0 + 21 * 1_000_000)
+    peer = "RuntimeError: [pair.cc:553] Connection closed by peer [10.213.0.13]:59042"
+    exits = {r: RankExit(r, exit_code=1, message=peer) for r in (0, 1, 2)}
+    exits[3] = RankExit(3, exit_code=1, message="RuntimeError: frscope-test: this rank lost its data shard")
+    [finding] = analyze(dumpset, live, exits=exits).findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (3,)
+    assert "lost its data shard" in finding.summary and finding.exits[3].exit_code == 1
+    # Processes that ended well (exit 0) leave the job healthy.
+    assert analyze(dumpset, live, exits={r: RankExit(r, exit_code=0) for r in range(4)}).findings == []
