@@ -67,10 +67,13 @@ class OperatorConfig:
     clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS
     # After a gather that found nothing to report, the same job attempt is not gathered again for this long.
     cooldown_s: float = 30.0
-    # A gather that finds a pod's sidecar pushed at its trainer's exit waits at most this long for the
-    # kubelet to report that container's end (its exit code and message), so that a crash is diagnosed
-    # with every pod's exit rather than the first one's.
-    exit_settle_s: float = 10.0
+    # A gather that finds a pod's sidecar pushed at its trainer's exit (or, during a crash, a pod that
+    # delivered no live rank) waits at most this long for the kubelet to report that container's end
+    # (its exit code and message), so that a crash is diagnosed with every pod's exit rather than the
+    # first one's. Under torchrun a container ends when its agent does, and the agent gives its
+    # surviving workers 30 s after SIGTERM before it kills them: 45 s covers that and the kubelet's
+    # report (10 s was too short in a CI run on the real node: no exit known, rank 0 "missing").
+    exit_settle_s: float = 45.0
     # Worker processes that decode snapshot bodies (0: threads in the operator's process).
     decode_processes: int = 2
     # How the sidecars and the operator prove who they are (docs/operator.md, "Authentication"):
@@ -173,7 +176,8 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         "seconds before a job attempt with nothing to report is gathered again", float)
     add("--exit-settle", _DEFAULTS.exit_settle_s,
         "seconds a gather waits for the kubelet to report the end of a trainer whose sidecar pushed its "
-        "exit, so that the report has every pod's exit code and message", float)
+        "exit (or, during a crash, that delivered no live rank), so that the report has every pod's exit "
+        "code and message; a pod whose trainer restarts meanwhile is not waited for", float)
     add("--sidecar-auth", _DEFAULTS.sidecar_auth,
         "pushes: the pod's service-account token, reviewed by the API server (kubernetes), the shared "
         "secret of --sidecar-token-file (token), or nothing (none)", choices=SIDECAR_AUTH_MODES)

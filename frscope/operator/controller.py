@@ -136,14 +136,18 @@ def crash_under_way(pods: tuple[PodInfo, ...], gathered: Gathered, pushed_exit: 
     return any(t.run == p.run and t.exit_code not in (None, 0) for p in pods for t in p.terminations)
 
 
-def exits_coming(pods: tuple[PodInfo, ...], gathered: Gathered, crashed: bool = False) -> set[str]:
+def exits_coming(pods: tuple[PodInfo, ...], gathered: Gathered, crashed: bool = False,
+                 runs: dict[str, int] | None = None) -> set[str]:
     """Pods whose trainer's end the kubelet has not reported yet although it is likely coming: the
     sidecar pushed at its trainer's exit; or, while a crash is under way (`crashed`), the pod
     delivered no rank that is still up (nothing gathered, or only ranks its sidecar reports down or
-    empty recorders). A pod with a live rank (a hung peer) is not waited for."""
+    empty recorders). A pod with a live rank (a hung peer) is not waited for, nor one whose trainer
+    has restarted since the wait began (`runs`: each pod's run then; the end came and went)."""
     out = set()
     for pod in pods:
         if pod.phase in ("Succeeded", "Failed") or any(t.run == pod.run for t in pod.terminations):
+            continue
+        if runs is not None and pod.run > runs.get(pod.name, pod.run):
             continue
         evidence = gathered.pods.get(pod.name)
         if (evidence is not None and evidence.reason == "exit") or (crashed and not _has_live_rank(evidence)):
@@ -414,14 +418,22 @@ class Controller:
             await self._act(view, acted_on)
             return
         view = self._live(view)
-        attempt = attempt_for(view, sig, state.restarts)
-        skip = self._skip_reason(view, sig, attempt)
-        if skip:
-            log.debug("job %s: %s: %s", view.key, sig.kind.value, skip, extra=_job(view.key))
-            reports = state.ledger.reports_of(attempt)
-            await self._act(view, reports + [r for r in acted_on if r not in reports])
-            return
-        view = await self._complete_pods(view)
+        listed = False
+        while True:
+            attempt = attempt_for(view, sig, state.restarts)
+            skip = self._skip_reason(view, sig, attempt)
+            if skip:
+                log.debug("job %s: %s: %s", view.key, sig.kind.value, skip, extra=_job(view.key))
+                reports = state.ledger.reports_of(attempt)
+                await self._act(view, reports + [r for r in acted_on if r not in reports])
+                return
+            if listed:
+                break
+            # Pods the watch had not delivered change the attempt (its pods): decided again with them.
+            completed, listed = await self._complete_pods(view), True
+            if completed is view:
+                break
+            view = completed
         log.info("job %s: %s (%s); gathering from %d pods", view.key, sig.kind.value, sig.detail, len(view.pods),
                  extra=_job(view.key))
         gathered = await self._gather(view)
@@ -496,6 +508,7 @@ class Controller:
         if not waiting:
             return view
         waited = set(waiting)
+        runs = {p.name: p.run for p in view.pods}
         deadline = time.monotonic() + self.config.exit_settle_s
         log.info("job %s: waiting up to %g s for the kubelet to report the end of %s", view.key,
                  self.config.exit_settle_s, ", ".join(sorted(waiting)), extra=_job(view.key))
@@ -505,7 +518,7 @@ class Controller:
             if fresh is None:
                 break
             view = self._live(fresh)
-            waiting = exits_coming(view.pods, gathered, crashed)
+            waiting = exits_coming(view.pods, gathered, crashed, runs)
         # What the ended pods pushed meanwhile replaces what was gathered from them when that held no
         # recorder entries (a sidecar asked while its ranks were going down).
         for pod, evidence in self.pushes.for_namespace_pods(view.ref.namespace,

@@ -27,7 +27,8 @@ from tests.unit.operator import builders
 from tests.unit.operator.fakes import FakeKube, StandInSidecar
 
 Make = Callable[..., Awaitable[StandInSidecar]]
-CONFIG = OperatorConfig(decode_processes=0, stuck_after_s=0.5, cooldown_s=60,
+# --exit-settle shortened: a pod these tests never end would hold a crash's gather 45 s.
+CONFIG = OperatorConfig(decode_processes=0, stuck_after_s=0.5, cooldown_s=60, exit_settle_s=5.0,
                         gather=GatherOptions(per_pod_timeout_s=1, overall_timeout_s=3, attempts=2,
                                              backoff_base_s=0.01))
 
@@ -576,3 +577,34 @@ async def test_pods_the_watch_has_not_delivered_yet_are_listed_before_the_gather
     assert report["diagnosis"]["who"]["culpritRanks"] == [1]
     assert report["diagnosis"]["who"]["missingRanks"] == "none"
     assert len(controller.store.jobs()[0].pods) == 2
+
+
+async def test_a_pod_whose_trainer_restarts_during_the_wait_is_not_waited_for(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession) -> None:
+    """The kubelet may report a restarted container only as running again, its end in `lastState`
+    (restartPolicy OnFailure): the end came and went, so the wait for it stops there, not at
+    --exit-settle."""
+    import time
+
+    config = OperatorConfig(decode_processes=0, stuck_after_s=0.5, cooldown_s=60, exit_settle_s=30.0,
+                            gather=CONFIG.gather)
+    controller = make_controller(kube_client, session, config)
+    await crashed_job_with_exit_pushes(fake_kube, controller)
+    crash = builders.terminated(CRASHED_POD_TAIL, 1)
+
+    async def kubelet_reports_the_restarts() -> None:
+        await asyncio.sleep(1.0)
+        running = {"running": {"startedAt": "2026-01-01T00:01:00Z"}}
+        await controller.on_pod("MODIFIED", builders.pod("train-worker-0", port=None, restarts=1, state=running,
+                                                         last_state=crash))
+        await controller.on_pod("MODIFIED", builders.pod("train-master-0", replica_type="Master", port=None,
+                                                         restarts=1, state=running, last_state=PEER_DIED))
+
+    started = time.monotonic()
+    late = asyncio.create_task(kubelet_reports_the_restarts())
+    await controller.on_pod("MODIFIED", builders.pod("train-master-0", replica_type="Master", port=None,
+                                                     state=PEER_DIED))
+    await asyncio.wait_for(controller.idle(), 25)
+    await late
+    assert time.monotonic() - started < 15  # not the 30 s of --exit-settle
+    assert fake_kube.of("flightrecorderreports")

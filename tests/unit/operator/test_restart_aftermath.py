@@ -35,7 +35,8 @@ from tests.unit.operator import builders
 from tests.unit.operator.fakes import FakeKube, StandInSidecar
 
 Make = Callable[..., Awaitable[StandInSidecar]]
-CONFIG = OperatorConfig(decode_processes=0, stuck_after_s=0.5, cooldown_s=60,
+# --exit-settle shortened: a pod these tests never end would hold a crash's gather 45 s.
+CONFIG = OperatorConfig(decode_processes=0, stuck_after_s=0.5, cooldown_s=60, exit_settle_s=5.0,
                         gather=GatherOptions(per_pod_timeout_s=1, overall_timeout_s=3, attempts=2,
                                              backoff_base_s=0.01))
 PODS = (("train-master-0", "Master"), ("train-worker-0", "Worker"))
