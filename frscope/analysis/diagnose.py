@@ -9,7 +9,7 @@ root causes, earliest divergence first.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from frscope.analysis.collectives import hang_finding, stuck_point
 from frscope.analysis.context import AnalysisOptions, Context
@@ -75,7 +75,7 @@ def _missing_dumps(ctx: Context, waiting: list[tuple[GroupRef, int, str, list[in
         return None
     failed = [r for r in missing if (e := exits.get(r)) is not None and e.failed]
     if failed and not waiting and not any(d.entries for d in ctx.dumpset.dumps.values()):
-        return _died_unrecorded(ctx, missing, failed, exits)
+        return _died_unrecorded(ctx, failed, exits)
     signature = None if waiting else crash_signature(ctx, missing)
     if signature is not None or (failed and waiting):
         return _crashed(ctx, missing, failed, signature, waiting, exits)
@@ -119,44 +119,44 @@ def _missing_dumps(ctx: Context, waiting: list[tuple[GroupRef, int, str, list[in
     return finding
 
 
-def _died_unrecorded(ctx: Context, missing: tuple[int, ...], failed: list[int],
-                     exits: Mapping[int, RankExit]) -> Finding:
-    """Not one recorder could be read (the job ended before any collector read a rank: a crash within a
-    second or two of the start, seen on a real node), but the runner says which processes failed: the
-    first failure that blames no peer is the culprit, its exit the evidence."""
+def _stopped_by_exits(world_size: int, failed: list[int], exits: Mapping[int, RankExit],
+                      what: Callable[[list[int], str], str], why: str) -> Finding:
+    """`RankStopped` from the runner's word alone: the first failure that blames no peer is the culprit,
+    its exit the evidence. `what(culprits, " first" or "")` opens the summary; `why` is the last evidence."""
     culprits = most_likely_first(failed, exits)
     exit = exits.get(culprits[0])
     how = f" Rank {culprits[0]}'s process {exit.describe()}." if exit is not None else ""
-    summary = (f"No recorder of the job could be read (it ended before the collectors read one); "
-               f"{plural(culprits)} failed{' first' if len(failed) > len(culprits) else ''}.{how}")
-    ref = GroupRef("world", "", tuple(range(ctx.dumpset.world_size)))
+    first = " first" if len(failed) > len(culprits) else ""
+    ref = GroupRef("world", "", tuple(range(world_size)))
     finding = Finding(category=Category.RANK_STOPPED, culprit_ranks=tuple(culprits), process_group=ref,
-                      summary=summary)
+                      summary=what(culprits, first) + how)
     others = sorted(set(failed) - set(culprits))
     if others:
         finding.evidence.append(f"{plural(others)} also failed, blaming a peer or after the first failure")
-    finding.evidence.append("no recorder evidence: the exit codes and termination messages are all there is")
+    finding.evidence.append(why)
     return finding
+
+
+def _died_unrecorded(ctx: Context, failed: list[int], exits: Mapping[int, RankExit]) -> Finding:
+    """Not one recorder could be read (the job ended before any collector read a rank: a crash within a
+    second or two of the start, seen on a real node), but the runner says which processes failed."""
+    return _stopped_by_exits(
+        ctx.dumpset.world_size, failed, exits,
+        lambda culprits, first: (f"No recorder of the job could be read (it ended before the collectors read "
+                                 f"one); {plural(culprits)} failed{first}."),
+        "no recorder evidence: the exit codes and termination messages are all there is")
 
 
 def _failed_after_their_records(dumpset: DumpSet, failed: list[int], exits: Mapping[int, RankExit]) -> Finding:
     """Processes failed, yet no recorder shows a collective pending: they were read before the exit (a
     collector reads recorders every few seconds; a crash between two reads, seen on a real node, left
-    every recorder complete). The exits are the evidence: the first failure that blames no peer."""
-    culprits = most_likely_first(failed, exits)
-    exit = exits.get(culprits[0])
-    how = f" Rank {culprits[0]}'s process {exit.describe()}." if exit is not None else ""
-    summary = (f"{plural(culprits).capitalize()} failed{' first' if len(failed) > len(culprits) else ''} after "
-               f"{'its' if len(culprits) == 1 else 'their'} last recorded collective (no recorder shows one "
-               f"pending: they were read before the exit).{how}")
-    ref = GroupRef("world", "", tuple(range(dumpset.world_size)))
-    finding = Finding(category=Category.RANK_STOPPED, culprit_ranks=tuple(culprits), process_group=ref,
-                      summary=summary)
-    others = sorted(set(failed) - set(culprits))
-    if others:
-        finding.evidence.append(f"{plural(others)} also failed, blaming a peer or after the first failure")
-    finding.evidence.append("the recorders end before the failure: the exit codes and termination messages say why")
-    return finding
+    every recorder complete)."""
+    return _stopped_by_exits(
+        dumpset.world_size, failed, exits,
+        lambda culprits, first: (f"{plural(culprits).capitalize()} failed{first} after "
+                                 f"{'its' if len(culprits) == 1 else 'their'} last recorded collective (no "
+                                 f"recorder shows one pending: they were read before the exit)."),
+        "the recorders end before the failure: the exit codes and termination messages say why")
 
 
 def _crashed(ctx: Context, missing: tuple[int, ...], failed: list[int],
