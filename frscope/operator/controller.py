@@ -67,6 +67,9 @@ def rfc3339(now: float | None = None) -> str:
 
 
 _SETTLE_POLL_S = 0.5  # how often the store is looked at while waiting for a kubelet's word on an exit
+# How often one attempt's report may be revised as trainer ends arrive after it was written (bounds the
+# API writes a job whose pods end one by one over minutes can cause).
+MAX_REVISIONS = 3
 
 
 def _job(key: JobKey, incident: str | None = None) -> dict[str, object]:
@@ -92,6 +95,50 @@ class _JobState:
     # (seen on a real node: the SIGKILLed ranks' exits were diagnosed as RankStopped and MissingDumps,
     # the latter under the new pods' attempt, which then hid the restarted job's own hang).
     retired: dict[str, str] = field(default_factory=dict)
+    # attempt -> what its published diagnosis was drawn from (a later trainer end may revise it)
+    published: dict[str, _Basis] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Basis:
+    """What this process published about an attempt, and the evidence it had: the trainer ends known
+    then and the ranks loaded. When the verdict rested on how processes ended (`_rests_on_ends`), a
+    trainer end the kubelet reports after the report was written is evidence it lacked (a crash's pods
+    end seconds apart, and `--exit-settle` is a bound, not a promise: seen on a real node, the report
+    named the ranks that died of the crash): the attempt is diagnosed again, and the report revised in
+    place if the verdict changed. A verdict drawn from the recorders (a rank that never joined while
+    the others waited) is not: the watchdog's kills that follow are its aftermath."""
+
+    record: IncidentRecord
+    ended: frozenset[str]  # ended_runs() then, split
+    ranks: int  # ranks the gather delivered (with or without entries)
+    verdict: tuple[Any, ...]  # _verdict() of the published report
+    rests_on_ends: bool  # _rests_on_ends() of the published report: only then is a later end news
+    revisions: int = 0
+
+
+def _verdict(report: Any) -> tuple[Any, ...]:
+    """What a revision must change to be written: the first finding's category, culprits, group and
+    sequence id, and the exits it cites (not its ages, which grow with every gather)."""
+    finding = report.findings[0]
+    exits = tuple(sorted((r, e.exit_code, e.message) for r, e in finding.exits.items()))
+    return (finding.category.value, tuple(sorted(finding.culprit_ranks)), finding.process_group.name,
+            finding.collective_seq_id, exits)
+
+
+_ENDS_DECIDE = frozenset({"RankStopped", "MissingDumps"})
+
+
+def _rests_on_ends(report: Any) -> bool:
+    """Whether which processes had ended (and how) decided the first finding: ranks that stopped, ranks
+    missing (a pod that went down before it was read), or culprits named with their exits."""
+    finding = report.findings[0]
+    return finding.category.value in _ENDS_DECIDE or any(r in finding.exits for r in finding.culprit_ranks)
+
+
+def _ended_set(pods: tuple[PodInfo, ...]) -> frozenset[str]:
+    text = ended_runs(pods)
+    return frozenset(text.split(",")) if text else frozenset()
 
 
 def _latest_run(pods: tuple[PodInfo, ...], ended: bool) -> int:
@@ -389,16 +436,32 @@ class Controller:
             # find nothing, and its cooldown would then hold back the diagnosis of their first hang.
             return "no pod is up yet and none pushed anything"
         if state.ledger.has_attempt(attempt):
-            # Only a sidecar seeing a stall somewhere else is news within a diagnosed attempt (the first stall
-            # resolved and another began); the watchdog and the job's failure are that incident's aftermath.
-            new_stall = sig.kind is SignalKind.SIDECAR_STALL and sig.seq is not None and not state.ledger.has_seq(
-                attempt, sig.group, sig.seq)
-            if not new_stall:
+            # Within a diagnosed attempt, news is a sidecar seeing a stall somewhere else (the first one
+            # resolved and another began), or a trainer end the published diagnosis did not know; the
+            # watchdog and the job's failure are otherwise that incident's aftermath.
+            if not self._new_stall(sig, attempt) and self._revisable(view, attempt) is None:
                 return f"attempt {attempt} already diagnosed"
         quiet = (state.quiet_until or {}).get(str(attempt))
         if quiet is not None and time.monotonic() < quiet[0] and quiet[1] == ended_runs(view.pods):
             return f"attempt {attempt} gathered recently with nothing to report"
         return None
+
+    def _new_stall(self, sig: Signal, attempt: Attempt) -> bool:
+        """A sidecar sees a stall other than the one diagnosed in this attempt (the first one resolved
+        and another began): a new incident."""
+        return sig.kind is SignalKind.SIDECAR_STALL and sig.seq is not None and not self._state(
+            sig.job).ledger.has_seq(attempt, sig.group, sig.seq)
+
+    def _revisable(self, view: JobView, attempt: Attempt) -> _Basis | None:
+        """The attempt's published diagnosis, when trainer ends it did not know have arrived since, its
+        report is still there, and it may be revised again."""
+        state = self._state(view.key)
+        basis = state.published.get(str(attempt))
+        if basis is None or basis.revisions >= MAX_REVISIONS or not basis.rests_on_ends:
+            return None
+        if not any(r.id == basis.record.id for r in state.ledger.records):
+            return None  # its report was deleted
+        return basis if _ended_set(view.pods) - basis.ended else None
 
     async def handle(self, sig: Signal) -> None:
         """One signal, start to end. Public for tests; `signal()` is the way in."""
@@ -434,8 +497,11 @@ class Controller:
             if completed is view:
                 break
             view = completed
-        log.info("job %s: %s (%s); gathering from %d pods", view.key, sig.kind.value, sig.detail, len(view.pods),
-                 extra=_job(view.key))
+        revising = None
+        if state.ledger.has_attempt(attempt) and not self._new_stall(sig, attempt):
+            revising = self._revisable(view, attempt)
+        log.info("job %s: %s (%s); gathering from %d pods%s", view.key, sig.kind.value, sig.detail, len(view.pods),
+                 " to revise its report" if revising else "", extra=_job(view.key))
         gathered = await self._gather(view)
         view = await self._await_exits(view, gathered)
         state = self._state(view.key)
@@ -444,7 +510,10 @@ class Controller:
         if not gathered.anything and not any(e.failed for e in exits.values()):
             log.warning("job %s: nothing could be gathered (%d pods failed)", view.key, len(gathered.failures),
                         extra=_job(view.key))
-            self._quiet(state, attempt, view)
+            if revising is not None:
+                revising.ended = _ended_set(view.pods)  # the report stands
+            else:
+                self._quiet(state, attempt, view)
             return
         # Nothing gathered but a failed rank: its exit alone is evidence (a crash before any read).
         diagnosis = await diagnose(gathered, view.world_size,
@@ -452,6 +521,10 @@ class Controller:
                                                    clock_skew_ms=self.config.clock_skew_ms),
                                    exits=exits)
         report = diagnosis.report
+        rank_pods = {d.rank: pod for pod, evidence in gathered.pods.items() for d in evidence.dumps}
+        if revising is not None:
+            await self._revise(view, sig, attempt, revising, diagnosis, rank_pods)
+            return
         if report.healthy:
             log.info("job %s: %s: no problem found in %d ranks", view.key, sig.kind.value, len(report.ranks_loaded),
                      extra=_job(view.key))
@@ -461,8 +534,30 @@ class Controller:
         key = IncidentKey(view.ref.uid, attempt, finding.process_group.name, finding.collective_seq_id)
         if state.ledger.has(key):
             return
-        rank_pods = {d.rank: pod for pod, evidence in gathered.pods.items() for d in evidence.dumps}
         await self._publish(view, sig, attempt, key, diagnosis, rank_pods)
+
+    async def _revise(self, view: JobView, sig: Signal, attempt: Attempt, basis: _Basis, diagnosis: Diagnosis,
+                      rank_pods: dict[int, str]) -> None:
+        """The attempt diagnosed again with trainer ends its report did not know: the report is rewritten
+        in place (same object, same incident) when the verdict changed, with no fewer ranks behind it."""
+        report = diagnosis.report
+        ended, basis.ended = basis.ended, _ended_set(view.pods)
+        if report.healthy or len(rank_pods) < basis.ranks:
+            log.info("job %s: %s: report %s stands (the new gather %s)", view.key, sig.kind.value,
+                     basis.record.report, "found nothing" if report.healthy else
+                     f"delivered {len(rank_pods)} ranks, it had {basis.ranks}", extra=_job(view.key))
+            return
+        if _verdict(report) == basis.verdict:
+            log.info("job %s: %s: report %s stands (same verdict with the later trainer ends)", view.key,
+                     sig.kind.value, basis.record.report, extra=_job(view.key))
+            return
+        finding = report.findings[0]
+        key = IncidentKey(view.ref.uid, attempt, finding.process_group.name, finding.collective_seq_id)
+        basis.revisions += 1
+        why = ", ".join(sorted(e.split("/")[0] for e in basis.ended - ended))
+        log.warning("job %s: revising report %s (revision %d): trainer ends it did not know (pod uid %s)",
+                    view.key, basis.record.report, basis.revisions, why, extra=_job(view.key, basis.record.id))
+        await self._publish(view, sig, attempt, key, diagnosis, rank_pods, revision=basis)
 
     async def _complete_pods(self, view: JobView) -> JobView:
         """The job's view with the pods the watch has not delivered yet, listed once from the API server
@@ -565,31 +660,49 @@ class Controller:
         return Impact(timeout_s, source, sum(p.gpus for p in view.pods), ranks, culprit_pods, culprit_nodes)
 
     async def _publish(self, view: JobView, sig: Signal, attempt: Attempt, key: IncidentKey,
-                       diagnosis: Diagnosis, rank_pods: dict[int, str]) -> None:
+                       diagnosis: Diagnosis, rank_pods: dict[int, str], revision: _Basis | None = None) -> None:
+        """Write the report, the condition and the Events; `revision`: rewrite that published report
+        (same object and incident id) instead of making a new one."""
         report = diagnosis.report
         finding = report.findings[0]
         now = rfc3339()
-        name = report_name(view.ref, key.digest)
-        record = IncidentRecord(key.digest, str(attempt), key.group, key.seq, finding.category.value, name, now)
+        incident = revision.record.id if revision is not None else key.digest
+        name = report_name(view.ref, incident)
+        record = IncidentRecord(incident, str(attempt), key.group, key.seq, finding.category.value, name, now)
         message = one_line(finding)
-        obj = build_report_cr(view.ref, report, incident=key.digest, attempt=str(attempt),
+        obj = build_report_cr(view.ref, report, incident=incident, attempt=str(attempt),
                               signal=f"{sig.kind.value}: {sig.detail}", missing_pods=diagnosis.missing_pods,
                               gathered_at=now, limit_bytes=self.config.report_limit_bytes,
                               condition=(finding.category.value, message),
-                              impact=self._impact(view, diagnosis, rank_pods).to_json())
+                              impact=self._impact(view, diagnosis, rank_pods).to_json(),
+                              revision=revision.revisions if revision is not None else 0)
         events: list[tuple[str, str]] = [(finding.category.value, message)]
+        if revision is not None:
+            before = revision.record
+            events.append((names.REASON_REVISED, clip_line(
+                f"report {name} revised with trainer ends the kubelet reported after it was written: "
+                f"{before.category} (group {before.group}, seq {before.seq}) -> {finding.category.value}: "
+                f"{message}")))
         if diagnosis.missing_pods:
             listed = ", ".join(f"{pod} ({why})" for pod, why in sorted(diagnosis.missing_pods.items()))
             events.append((names.REASON_SIDECARS_UNREACHABLE,
                            clip_line(f"{len(diagnosis.missing_pods)} pod(s) could not be gathered; the report "
                                      f"names their ranks as missing: {listed}")))
-        pub = Publication(view.ref, record, obj, finding.category.value, message, tuple(events))
-        done = await self.publisher.publish(pub)
+        pub = Publication(view.ref, record, obj, finding.category.value, message, tuple(events),
+                          event_incident=f"{incident}-r{revision.revisions}" if revision is not None else incident)
+        done = await (self.publisher.revise(pub) if revision is not None else self.publisher.publish(pub))
         for step in done.errors:
             self.metrics.publish_errors.labels(step=step.split(" ")[0]).inc()
         state = self._state(view.key)
         if done.report or done.condition:
             state.ledger = state.ledger.with_record(record)
+            if revision is not None:
+                revision.record, revision.verdict = record, _verdict(report)
+                revision.rests_on_ends = _rests_on_ends(report)
+                revision.ranks = max(revision.ranks, len(rank_pods))
+            else:
+                state.published[str(attempt)] = _Basis(record, _ended_set(view.pods), len(rank_pods),
+                                                       _verdict(report), _rests_on_ends(report))
             state.asserted = (view.ref.uid, make_condition(finding.category.value, message, now))
             self.metrics.diagnoses.labels(category=finding.category.value).inc()
             self.metrics.job_diagnosed(view.key.namespace, view.key.name, finding.category.value)

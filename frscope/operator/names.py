@@ -59,6 +59,8 @@ COMPONENT: Final = "frscope-operator"
 # Event reasons of frscope's own (the diagnosis Events use the finding's category).
 REASON_SIDECARS_UNREACHABLE: Final = "SidecarsUnreachable"
 REASON_DIAGNOSIS_INCOMPLETE: Final = "DiagnosisIncomplete"
+# A report rewritten with trainer ends the kubelet reported after it was written (controller._revise).
+REASON_REVISED: Final = "DiagnosisRevised"
 
 # Acting on a diagnosis (frscope/operator/actions, docs/actions.md). The policy annotation, on the job
 # or on its Namespace (the namespace's default); the value is one of actions.policy.Policy.

@@ -163,6 +163,12 @@ class KubeClient:
         return await self.request("POST", resource.path(namespace), body=body,
                                   params={"fieldManager": self._field_manager})
 
+    async def replace(self, resource: Resource, namespace: str | None, name: str,
+                      body: dict[str, Any]) -> dict[str, Any]:
+        """PUT the whole object (its metadata.resourceVersion makes it conditional: 409 Conflict)."""
+        return await self.request("PUT", resource.path(namespace, name), body=body,
+                                  params={"fieldManager": self._field_manager})
+
     async def merge_patch(self, resource: Resource, namespace: str | None, name: str, patch: dict[str, Any],
                           subresource: str | None = None) -> dict[str, Any]:
         return await self.request("PATCH", resource.path(namespace, name, subresource), body=patch,

@@ -17,6 +17,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from frscope.operator import names
 from frscope.operator.incidents import IncidentRecord
 from frscope.operator.kube import (
     EVENTS,
@@ -48,6 +49,7 @@ class Publication:
     condition_reason: str
     condition_message: str
     events: tuple[tuple[str, str], ...]  # (reason, message)
+    event_incident: str = ""  # what the Events' names are derived from (default: the incident id)
 
 
 @dataclass(slots=True)
@@ -93,15 +95,60 @@ class Publisher:
         except KubeError as exc:
             done.errors["condition"] = str(exc)
             log.error("job %s: condition not written: %s", pub.job.key, exc)
+        await self._events(pub, done)
+        return done
+
+    async def revise(self, pub: Publication) -> Published:
+        """Rewrite the incident's report (read, then replaced at that resourceVersion: a concurrent
+        writer, e.g. the actor recording its action, makes it read again and keeps its `action`), then
+        the condition and the Events as `publish` does. A report deleted meanwhile is made again."""
+        done = Published()
+        await self._job(pub.job)
+
+        async def cycle() -> None:
+            try:
+                current = await self._kube.get(REPORTS, pub.job.namespace, pub.record.report)
+            except NotFound:
+                await self._kube.create(REPORTS, pub.job.namespace, pub.report_object)
+                return
+            body = dict(pub.report_object)
+            meta = dict(body.get("metadata") or {})
+            meta["resourceVersion"] = (current.get("metadata") or {}).get("resourceVersion")
+            body["metadata"] = meta
+            if "action" in current:
+                body["action"] = current["action"]
+            await self._kube.replace(REPORTS, pub.job.namespace, pub.record.report, body)
+
+        try:
+            await retry_on_conflict(cycle)
+            done.report = True
+        except JobGone:
+            raise
+        except KubeError as exc:
+            done.errors["report"] = str(exc)
+            log.error("job %s: could not revise report %s: %s", pub.job.key, pub.record.report, exc)
+            return done  # the report keeps the verdict the condition states
+        try:
+            await self._condition(pub)
+            done.condition = True
+        except JobGone:
+            raise
+        except KubeError as exc:
+            done.errors["condition"] = str(exc)
+            log.error("job %s: condition not written: %s", pub.job.key, exc)
+        await self._events(pub, done)
+        return done
+
+    async def _events(self, pub: Publication, done: Published) -> None:
         for reason, message in pub.events:
             try:
-                await self.post_event(pub.job, reason=reason, message=message, incident=pub.record.id,
-                                      now=pub.record.at)
+                await self.post_event(pub.job, reason=reason, message=message,
+                                      incident=pub.event_incident or pub.record.id, now=pub.record.at,
+                                      event_type="Normal" if reason == names.REASON_REVISED else "Warning")
                 done.events += 1
             except KubeError as exc:
                 done.errors[f"event {reason}"] = str(exc)
                 log.error("job %s: Event %s not posted: %s", pub.job.key, reason, exc)
-        return done
 
     async def _condition(self, pub: Publication) -> None:
         ours = make_condition(pub.condition_reason, pub.condition_message, pub.record.at)
@@ -139,4 +186,5 @@ class Publisher:
 def _without_report(pub: Publication) -> Publication:
     record = IncidentRecord(pub.record.id, pub.record.attempt, pub.record.group, pub.record.seq,
                             pub.record.category, "", pub.record.at)
-    return Publication(pub.job, record, pub.report_object, pub.condition_reason, pub.condition_message, pub.events)
+    return Publication(pub.job, record, pub.report_object, pub.condition_reason, pub.condition_message, pub.events,
+                       pub.event_incident)

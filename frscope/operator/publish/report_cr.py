@@ -109,12 +109,13 @@ def _trim_report(full: dict[str, Any], keep_ranks: set[int], limit: int,
 def build_report_cr(job: JobRef, report: Report, *, incident: str, attempt: str, signal: str,
                     missing_pods: dict[str, str], gathered_at: str, limit_bytes: int = DEFAULT_LIMIT_BYTES,
                     condition: tuple[str, str] | None = None, impact: dict[str, Any] | None = None,
-                    ) -> dict[str, Any]:
+                    revision: int = 0) -> dict[str, Any]:
     """The report object. It is also frscope's bookkeeping (the operator writes nothing on the job but
     its condition): `job.incident/attempt/processGroupName` + `diagnosis.what.collectiveSeqId` say
     which incident it diagnosed, `job.condition` (reason, message) what the job's condition says.
     `impact` (actions.Impact.to_json: watchdog timeout, GPUs, culprit pods and nodes) is what acting on
-    the report reads later (docs/actions.md); the `action` field is written by the actor, not here."""
+    the report reads later (docs/actions.md); the `action` field is written by the actor, not here.
+    `revision`: how many times the report was rewritten with trainer ends that came after it (0: never)."""
     finding = report.findings[0] if report.findings else None
     name = report_name(job, incident)
     culprits = sorted(finding.culprit_ranks) if finding else []
@@ -173,6 +174,8 @@ def build_report_cr(job: JobRef, report: Report, *, incident: str, attempt: str,
         },
         "progress": progress_lines(report),
     }
+    if revision:
+        obj["job"]["revision"] = revision
     if condition is not None:
         obj["job"]["condition"] = {"reason": condition[0], "message": condition[1]}
     if impact is not None:

@@ -233,6 +233,21 @@ class FakeKube:
             self.objects[(plural, namespace, name)] = patched
             self._notify(plural, "MODIFIED", patched)
             return web.json_response(patched)
+        if request.method == "PUT" and sub is None:
+            # As the API server: a replace names the resourceVersion it read (a custom resource
+            # refuses an unconditional update); status is the status subresource's, not the body's.
+            assert isinstance(body, dict)
+            wanted = (body.get("metadata") or {}).get("resourceVersion")
+            if wanted != obj["metadata"]["resourceVersion"]:
+                return web.json_response(status_body(409, "Conflict", "the object has been modified"), status=409)
+            replaced = copy.deepcopy(body)
+            replaced["metadata"] = {**obj["metadata"], **replaced["metadata"],
+                                    "resourceVersion": str(next(self._rv)), "uid": obj["metadata"]["uid"]}
+            if "status" in obj:
+                replaced["status"] = obj["status"]
+            self.objects[(plural, namespace, name)] = replaced
+            self._notify(plural, "MODIFIED", replaced)
+            return web.json_response(replaced)
         if request.method == "DELETE":
             self.objects.pop((plural, namespace, name))
             return web.json_response(status_body(200, "", "deleted"))

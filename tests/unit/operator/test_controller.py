@@ -470,6 +470,49 @@ async def test_the_wait_for_an_exit_the_kubelet_never_reports_is_bounded(
     assert report["diagnosis"]["who"]["culpritRanks"] == [0]  # the only exit known
 
 
+async def test_a_crashed_pods_end_that_comes_after_the_report_revises_it(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession) -> None:
+    """Seen in clean-clone runs of the node suite: the crash wait ended before the kubelet's word on the
+    crashed pod, and the report named the ranks that died of the crash. When that end arrives the
+    attempt is diagnosed again and the same report object is rewritten (one report, one incident), the
+    job's condition follows, and a DiagnosisRevised Event says what changed. The same end seen again
+    rewrites nothing."""
+    config = OperatorConfig(decode_processes=0, stuck_after_s=0.5, cooldown_s=60, exit_settle_s=1.0,
+                            gather=CONFIG.gather)
+    controller = make_controller(kube_client, session, config)
+    await crashed_job_with_exit_pushes(fake_kube, controller)
+    await controller.on_pod("MODIFIED", builders.pod("train-master-0", replica_type="Master", port=None,
+                                                     state=PEER_DIED))
+    await controller.idle()
+    [first] = fake_kube.of("flightrecorderreports")
+    assert first["diagnosis"]["who"]["culpritRanks"] == [0]  # the only end known when the wait ended
+    assert "revision" not in first["job"]
+
+    crashed = builders.pod("train-worker-0", port=None, state=builders.terminated(CRASHED_POD_TAIL, 1))
+    await controller.on_pod("MODIFIED", crashed)
+    await controller.idle()
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["metadata"]["name"] == first["metadata"]["name"]
+    assert report["job"]["incident"] == first["job"]["incident"] and report["job"]["revision"] == 1
+    assert report["diagnosis"]["who"]["culpritRanks"] == [3], report["diagnosis"]
+    assert "lost its data shard" in report["diagnosis"]["verdict"]
+    job = fake_kube.get("pytorchjobs", "ml", "train")
+    assert job is not None
+    [ours] = [c for c in job["status"]["conditions"] if c["type"] == names.CONDITION_TYPE]
+    assert "Rank 3" in ours["message"] and "lost its data shard" in ours["message"], ours
+    revised = [e for e in fake_kube.of("events") if e["reason"] == names.REASON_REVISED]
+    assert len(revised) == 1 and revised[0]["type"] == "Normal", revised
+    assert first["metadata"]["name"] in revised[0]["message"]
+    assert [r.report for r in controller._state(controller.store.jobs()[0].key).ledger.records] == [
+        first["metadata"]["name"]]
+
+    events = len(fake_kube.of("events"))
+    await controller.on_pod("MODIFIED", crashed)  # the kubelet's status again: nothing new
+    await controller.idle()
+    [again] = fake_kube.of("flightrecorderreports")
+    assert again["job"]["revision"] == 1 and len(fake_kube.of("events")) == events
+
+
 MASTER_CRASH_TAIL = (CRASHED_POD_TAIL.replace("train-worker-0", "train-master-0")
                      .replace("rank      : 2 (local_rank: 0)", "rank      : 1 (local_rank: 1)")
                      .replace("rank      : 3 (local_rank: 1)", "rank      : 0 (local_rank: 0)"))

@@ -107,3 +107,32 @@ async def test_assert_condition_puts_ours_back_first(fake_kube: FakeKube, kube_c
     assert job is not None
     assert [c["type"] for c in job["status"]["conditions"]] == [names.CONDITION_TYPE, "Created", "Running", "Failed"]
     assert not await publisher.assert_condition(ref, ours)  # in place: no second write
+
+
+async def test_revise_rewrites_the_report_in_place_and_keeps_its_action(fake_kube: FakeKube,
+                                                                        kube_client: KubeClient) -> None:
+    """A revision replaces the report object (same name, at the resourceVersion it read: a write in
+    between, such as the actor recording its action, makes it read again) and keeps the action record."""
+    stored = fake_kube.put("pytorchjobs", builders.job())
+    ref = JobRef("ml", "train", stored["metadata"]["uid"])
+    publisher = Publisher(kube_client, instance="op-0")
+    first = publication(ref)
+    await publisher.publish(first)
+    name = first.record.report
+    fake_kube.put("flightrecorderreports", dict(fake_kube.get("flightrecorderreports", "ml", name) or {},
+                                                action={"policy": "restart", "state": "done"}))
+    obj = dict(first.report_object, job=dict(first.report_object["job"], revision=1))
+    obj["diagnosis"] = dict(obj["diagnosis"], verdict="Rank 3 stopped.")
+    revised = Publication(ref, first.record, obj, "RankStopped", "Rank 3 stopped.",
+                          (("RankStopped", "Rank 3 stopped."), (names.REASON_REVISED, f"report {name} revised")),
+                          event_incident=f"{first.record.id}-r1")
+    fake_kube.fail("PUT", "/flightrecorderreports/", 409, reason="Conflict")
+    done = await publisher.revise(revised)
+    assert (done.report, done.condition, done.events, done.errors) == (True, True, 2, {})
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["diagnosis"]["verdict"] == "Rank 3 stopped." and report["job"]["revision"] == 1
+    assert report["action"] == {"policy": "restart", "state": "done"}
+    job = fake_kube.get("pytorchjobs", "ml", "train")
+    assert job is not None and job["status"]["conditions"][0]["reason"] == "RankStopped"
+    reasons = sorted((e["reason"], e["type"]) for e in fake_kube.of("events"))
+    assert reasons == [(names.REASON_REVISED, "Normal"), ("RankNotJoined", "Warning"), ("RankStopped", "Warning")]
