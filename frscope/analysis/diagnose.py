@@ -71,11 +71,15 @@ def _progress(ref: GroupRef, source: str, tracks: dict[int, Track]) -> GroupProg
 def _missing_dumps(ctx: Context, waiting: list[tuple[GroupRef, int, str, list[int], float | None]],
                    exits: Mapping[int, RankExit]) -> Finding | None:
     missing = ctx.dumpset.missing_ranks
-    if not missing:
-        return None
-    failed = [r for r in missing if (e := exits.get(r)) is not None and e.failed]
+    # A rank whose recorder was read empty is no more evidence than one never read: a pod whose sidecar
+    # was asked while its ranks went down delivers both of its ranks empty (seen on a real node, where the
+    # raising rank was one of them and only the other pod's victims were missing).
+    unrecorded = set(missing) | {r for r, d in ctx.dumpset.dumps.items() if not d.entries}
+    failed = [r for r in sorted(unrecorded) if (e := exits.get(r)) is not None and e.failed]
     if failed and not waiting and not any(d.entries for d in ctx.dumpset.dumps.values()):
         return _died_unrecorded(ctx, failed, exits)
+    if not missing:
+        return None
     signature = None if waiting else crash_signature(ctx, missing)
     if signature is not None or (failed and waiting):
         return _crashed(ctx, missing, failed, signature, waiting, exits)

@@ -21,7 +21,7 @@ from typing import Any
 from frscope import logs
 from frscope.analysis import AnalysisOptions
 from frscope.operator import jobkinds, names
-from frscope.operator.actions import Actor, Impact, culprit_placement, job_timeout, restarted_pods
+from frscope.operator.actions import Actor, Impact, culprit_placement, job_timeout, restarted_pods, unfinished
 from frscope.operator.config import OperatorConfig
 from frscope.operator.diagnose import Diagnosis, diagnose
 from frscope.operator.evidence import PodEvidence
@@ -97,6 +97,9 @@ class _JobState:
     retired: dict[str, str] = field(default_factory=dict)
     # attempt -> what its published diagnosis was drawn from (a later trainer end may revise it)
     published: dict[str, _Basis] = field(default_factory=dict)
+    # Reports whose action was claimed and has no outcome yet (an operator died mid-action): finished
+    # by the actor whatever attempt the job's pods now make (a restart's deleted pods may be gone).
+    unfinished: set[str] = field(default_factory=set)
 
 
 @dataclass(slots=True)
@@ -267,6 +270,9 @@ class Controller:
         self.store.upsert_job(ref, world_size=job_world_size(body), conditions=conditions)
         state = self._state(ref.key)
         self._refresh_gauges()
+        view = self.store.job(ref.key)
+        if state.unfinished and view is not None and self.actor is not None:
+            self._spawn(self._act(view, sorted(state.unfinished)))  # its report came before the job
         ours = state.asserted[1] if state.asserted is not None and state.asserted[0] == ref.uid else None
         if ours is not None and needs_write(conditions, ours):
             # The training operator rewrote the list (or put ours last): put it back, first.
@@ -303,6 +309,13 @@ class Controller:
             return
         self._retire(key, restarted_pods(body.get("action")))
         state.ledger = state.ledger.with_record(facts.record)
+        if facts.record.report and unfinished(body.get("action")):
+            state.unfinished.add(facts.record.report)
+            view = self.store.job(key)
+            if view is not None and self.actor is not None:
+                self._spawn(self._act(view, [facts.record.report]))
+        else:
+            state.unfinished.discard(facts.record.report)
         newest = state.ledger.records[-1]
         if facts.condition is not None and newest.id == facts.record.id:
             ours = make_condition(facts.condition[0], clip_line(facts.condition[1]), facts.record.at)
@@ -474,6 +487,7 @@ class Controller:
         # The incident whose restart retired pods may still have its action to finish (an operator that
         # died after the claim): its reports are those of the attempt the pods, retired ones included, make.
         acted_on = state.ledger.reports_of(attempt_for(view, sig, state.restarts)) if retired else []
+        acted_on += sorted(state.unfinished - set(acted_on))
         if sig.pod is not None and sig.pod in retired.values() and not any(
                 p.name == sig.pod and p.uid not in retired for p in view.pods):
             log.debug("job %s: %s from pod %s, which frscope's restart deleted: ignored", view.key,

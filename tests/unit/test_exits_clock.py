@@ -226,6 +226,33 @@ def test_a_crash_before_any_recorder_was_read_is_named_from_the_exits() -> None:
     assert analyze(nothing).findings[0].category is Category.MISSING_DUMPS  # without exits: nothing to say
 
 
+def test_a_crash_whose_raising_pod_was_read_empty_is_named_from_every_exit(tmp_path: Path) -> None:
+    """A clean-clone CI run on the real node (torchrun, 2 pods x 2 ranks): the crashed pod's sidecar
+    pushed both of its ranks with empty recorders (asked while they went down), the other pod's sidecar
+    never found its ranks' sockets. Ranks 2-3 were delivered, so not missing; the report named the missing
+    victims 0-1 (whose errors blame a peer) and not rank 3, which raised. An empty recorder is no evidence:
+    every failed rank without entries counts, and the first failure that blames no peer is named."""
+    peer = ("RuntimeError: [pair.cc:553] Connection closed by peer [10.213.0.21]:60590. This is typically "
+            "caused by a remote worker crashing.")
+    exits = {0: RankExit(0, exit_code=1, message="...in all_reduce | work.wait() | " + peer),
+             1: RankExit(1, exit_code=1, message="...in all_reduce | work.wait() | " + peer),
+             2: RankExit(2, exit_code=143, message=peer),
+             3: RankExit(3, exit_code=1, message="RuntimeError: frscope-test: this rank lost its data shard",
+                         first_failure=True)}
+    (tmp_path / "half").mkdir()
+    (tmp_path / "every").mkdir()
+    half = load_dumps([b.job(tmp_path / "half", {2: [], 3: []}, 4)])
+    assert half.missing_ranks == (0, 1)
+    [finding] = analyze(half, exits=exits).findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (3,)
+    assert "lost its data shard" in finding.summary and "rank 3 failed first" in finding.summary
+    # Every rank delivered, every recorder empty: the same answer.
+    every = load_dumps([b.job(tmp_path / "every", {r: [] for r in range(4)}, 4)])
+    assert every.missing_ranks == ()
+    [finding] = analyze(every, exits=exits).findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (3,)
+
+
 def test_processes_that_failed_after_their_last_read_are_a_finding(tmp_path: Path) -> None:
     """Seen on a real node (tests/node/test_exits.py, a clean-clone CI run): a rank raised between two
     of the sidecars' reads, so every recorder shows its collectives complete, and every process failed

@@ -14,7 +14,7 @@ from frscope.operator.actions.actor import ActionOptions, Actor
 from frscope.operator.actions.cordon import CordonOptions
 from frscope.operator.actions.impact import Impact, culprit_placement, job_timeout
 from frscope.operator.actions.policy import Policy, parse_allowed, parse_policy
-from frscope.operator.actions.record import ActionRecord, restarted_pods
+from frscope.operator.actions.record import ActionRecord, restarted_pods, unfinished
 
 __all__ = [
     "ActionOptions",
@@ -28,4 +28,5 @@ __all__ = [
     "parse_allowed",
     "parse_policy",
     "restarted_pods",
+    "unfinished",
 ]

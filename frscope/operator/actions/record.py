@@ -71,6 +71,13 @@ class ActionRecord:
         return self.action in {p.value for p in ACTIONS} and self.state in (ACTING, DONE, FAILED)
 
 
+def unfinished(action: Any) -> bool:
+    """Whether a report's `action` (as JSON) is a claim whose outcome was never written: an operator
+    died between claiming and recording (its successor finishes the same action)."""
+    record = ActionRecord.from_json(action)
+    return record is not None and record.state not in FINAL
+
+
 def restarted_pods(action: Any) -> dict[str, str]:
     """uid -> name of the pods a restart deleted or is deleting (a report's `action`, as JSON): the
     targets of a restart claimed or done. A failed one may have deleted some of them too."""

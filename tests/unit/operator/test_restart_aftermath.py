@@ -164,6 +164,47 @@ async def test_a_restart_claimed_by_an_operator_that_died_is_finished_by_the_nex
     assert [e["reason"] for e in fake_kube.of("events")].count("HungJobRestarted") == 1
 
 
+@pytest.mark.parametrize("report_first", [True, False])
+async def test_a_claimed_restart_whose_pods_are_gone_is_finished_without_any_signal(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any], report_first: bool) -> None:
+    """An operator claimed the restart, deleted the pods and died before writing the outcome; by the time
+    its successor starts the pods are gone (a clean-clone CI run of tests/e2e/test_actions_e2e.py: the
+    action stayed 'acting' for good). No pod, no sidecar, no signal: the successor finishes the claim
+    from the report alone, whichever of the report and the job its watches deliver first."""
+    first = controller_with_actor(kube_client, session)
+    job = builders.job(annotations={"frscope.io/on-diagnosis": "restart"})
+    job = fake_kube.put("pytorchjobs", job)
+    first.actor = None
+    await first.on_job(None, job)
+    pods = await start_generation(fake_kube, first, sidecars, hang_ranks, 1)
+    await poll(first, [s for s, _ in pods])
+    [report] = fake_kube.of("flightrecorderreports")
+    report["action"] = {"requested": "restart", "source": "job annotation", "action": "restart", "state": "acting",
+                        "why": "policy restart", "at": "2026-12-03T16:03:00Z",
+                        "targets": [f"pod/{p['metadata']['name']}/{p['metadata']['uid']}" for _, p in pods]}
+    report = fake_kube.put("flightrecorderreports", report)
+    for _, pod in pods:
+        del fake_kube.objects[("pods", "ml", pod["metadata"]["name"])]
+
+    second = controller_with_actor(kube_client, session)
+    if report_first:
+        await second.on_report(None, report)
+        await second.on_job(None, job)
+    else:
+        await second.on_job(None, job)
+        await second.on_report(None, report)
+    await second.idle()
+    [done] = fake_kube.of("flightrecorderreports")
+    assert done["action"]["state"] == "done"
+    assert [e["reason"] for e in fake_kube.of("events")].count("HungJobRestarted") == 1
+    # The outcome's own report event settles it: later job events act no more.
+    await second.on_report("MODIFIED", done)
+    await second.on_job("MODIFIED", job)
+    await second.idle()
+    assert fake_kube.of("flightrecorderreports")[0]["action"] == done["action"]
+
+
 async def test_a_push_from_a_pod_frscope_deleted_is_not_kept(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
         hang_ranks: dict[int, Any]) -> None:
