@@ -362,7 +362,8 @@ def report(args: argparse.Namespace, rows: dict[str, Any], step_s: float, steps:
         al = [[x(k, u) / p for u in (False, True)] for k, p in (("probe_all", probe_every), ("full_all", full_every))]
         cells = [own[0], own[1], [own[0][0] + own[1][0], own[0][1] + own[1][1]],
                  al[0], al[1], [al[0][0] + al[1][0], al[0][1] + al[1][1]]]
-        lines.append(f"| {1000 * t:.0f} ms | " + " | ".join(f"{100 * a:.2f}% ({100 * b:.2f}%)" for a, b in cells) + " |")
+        shown = " | ".join(f"{100 * a:.2f}% ({100 * b:.2f}%)" for a, b in cells)
+        lines.append(f"| {1000 * t:.0f} ms | {shown} |")
     return "\n".join(lines) + "\n"
 
 
