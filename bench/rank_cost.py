@@ -364,6 +364,29 @@ def report(args: argparse.Namespace, rows: dict[str, Any], step_s: float, steps:
                  al[0], al[1], [al[0][0] + al[1][0], al[0][1] + al[1][1]]]
         shown = " | ".join(f"{100 * a:.2f}% ({100 * b:.2f}%)" for a, b in cells)
         lines.append(f"| {1000 * t:.0f} ms | {shown} |")
+    own_1s = sum(slowdown_own(x(k, False), d(k), n, 1.0, p) for k, p in (("probe", probe_every), ("full", full_every)))
+    aligned = x("probe_all", False) / probe_every + x("full_all", False) / full_every
+    aligned_hi = x("probe_all", True) / probe_every + x("full_all", True) / full_every
+    lines += [
+        "",
+        f"In one line: at {n:,} ranks and 1 s steps, reads at each rank's own moments cost the job "
+        f"{100 * own_1s:.2f}% of its time; on the job's common slots {100 * aligned:.2f}% at any step length "
+        f"({100 * aligned_hi:.2f}% with each X at its mean + 2 standard errors); target <= 0.5%.",
+        "",
+        "How to read this: X is what the job loses, not what the rank spends (the rank CPU column): a "
+        "step waits for its slowest rank, so a request that delays one rank delays every rank's step about "
+        "as much. At 10,000 ranks with requests at each rank's own moments almost every step "
+        "holds one (10,000 x 1 s / 60 s = 167 full reads in flight per 1 s step), so the job pays X nearly "
+        "every step; on the job's common slots every rank's request of a period falls into the same step, "
+        "and the job pays one all-ranks X a period. The all-ranks X here is pessimistic: 4 ranks and the "
+        "requester share 2 cores, where on a training node each rank has cores of its own. What the "
+        "aligned step pays is the slowest of the ranks' delays; that the delays add no more than X to the "
+        "slowest rank's needs them to be a CPU cost of about the same size on every rank (they are: the "
+        "same recorder size, the same code), and the nodes' clocks to agree to well below a step (NTP: "
+        "milliseconds). Not on the slots: a rank's first read, and the read of a suspected stall (the job "
+        "is not progressing then). Stacks are not periodic (a stall or `?refresh=1` only), so they are "
+        "not in the model.",
+    ]
     return "\n".join(lines) + "\n"
 
 
