@@ -227,7 +227,7 @@ def analyze(job: Job, actions: list[Action], seed: int) -> dict[str, Any]:
             ranks = tuple(range(RANKS)) if kind.endswith("_all") else (rng.randrange(RANKS),)
             if (c := job.cost(ranks, a.start, a.start + d)) is not None:
                 sham.append(c)
-        row = {"requests": len(mine), "request_ms": 1000 * statistics.median(durations),
+        row: dict[str, Any] = {"requests": len(mine), "request_ms": 1000 * statistics.median(durations),
                "request_p90_ms": 1000 * quantile(durations, 0.9)}
         for key in ("job", "cpu", "compute", "thread_cpu", "gil", "steps"):
             row[key] = summarize([c[key] for c in costs])
@@ -282,8 +282,8 @@ def main() -> int:
     ranks = [Steps.read(logs / f"steps-{r}.txt") for r in range(RANKS)]
     gil = []
     for r in range(RANKS):
-        rows = [line.split() for line in (logs / f"gil-{r}.txt").read_text().splitlines()]
-        gil.append([(float(a), float(b)) for a, b in rows])
+        pairs = [line.split() for line in (logs / f"gil-{r}.txt").read_text().splitlines()]
+        gil.append([(float(a), float(b)) for a, b in pairs])
     load_end = os.getloadavg()
     if args.keep:
         print(f"logs kept in {logs}", file=sys.stderr)
@@ -342,10 +342,10 @@ def report(args: argparse.Namespace, rows: dict[str, Any], step_s: float, steps:
 
     def x(kind: str, upper: bool) -> float:
         row = rows[kind]
-        return max(0.0, row["net_job"] + (2 * row["net_se_job"] if upper else 0.0))
+        return max(0.0, float(row["net_job"]) + (2 * float(row["net_se_job"]) if upper else 0.0))
 
     def d(kind: str) -> float:
-        return rows[kind]["request_ms"] / 1000
+        return float(rows[kind]["request_ms"]) / 1000
 
     lines += [
         "", f"Model at {n:,} ranks: probe every {probe_every:g} s, full recorder every {full_every:g} s per rank "

@@ -40,11 +40,16 @@ def gil_probe(out: list[tuple[float, float]], stop: threading.Event) -> None:
             out.append((time.time(), late))
 
 
+def safety_net() -> None:
+    time.sleep(1800)
+    os._exit(3)
+
+
 def main() -> int:
     log_dir = Path(sys.argv[1])
     size = int(sys.argv[2]) if len(sys.argv) > 2 else 128
     fill = 2100
-    threading.Thread(target=lambda: (time.sleep(1800), os._exit(3)), daemon=True).start()  # safety net
+    threading.Thread(target=safety_net, daemon=True).start()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
