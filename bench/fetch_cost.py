@@ -192,6 +192,12 @@ def main() -> int:
         "the job pays a read's delay nearly every step; on the wall clock's slots every rank's read of a "
         "period falls into one step (nodes' clocks agree within milliseconds), so the job pays it once a "
         "period. A negative number is below this machine's noise.",
+        "",
+        "Superseded by bench/rank_cost.py (\"Sidecar overhead\", per-action cost inside the rank): the "
+        "costs above compare each phase's steps with the 'off' windows' median, so the machine's drift "
+        "between phases (the noise floor above) lands in them; rank_cost.py interleaves the kinds, "
+        "compares each request's steps with the steps around it, and measures the noise at placebo "
+        "moments.",
     ]
     write_section(args.results, "\n".join(lines) + "\n", SECTION)
     print("\n".join(lines))

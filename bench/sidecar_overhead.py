@@ -85,7 +85,8 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
-def start_ranks(n: int, work: Path, sockets: Path, logs: Path) -> list[subprocess.Popen[bytes]]:
+def start_ranks(n: int, work: Path, sockets: Path, logs: Path, script: str = "sidecar_train.py",
+                extra: tuple[str, ...] = ()) -> list[subprocess.Popen[bytes]]:
     from frscope.sidecar.bootstrap import BOOTSTRAP_DIR
 
     port = free_port()
@@ -101,7 +102,7 @@ def start_ranks(n: int, work: Path, sockets: Path, logs: Path) -> list[subproces
         env.pop("FRSCOPE_WORKER_SERVER_PID", None)
         out = open(logs / f"rank-{rank}.log", "wb")
         procs.append(subprocess.Popen(
-            [sys.executable, str(REPO / "bench" / "sidecar_train.py"), str(logs)],
+            [sys.executable, str(REPO / "bench" / script), str(logs), *extra],
             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=work, start_new_session=True,
         ))
     return procs
@@ -237,20 +238,49 @@ def steps_in(logs: Path, n: int, start: float, end: float) -> list[float]:
     return out
 
 
+def _subsections(body: str) -> list[tuple[str, str]]:
+    """A section's `### ` subsections: (heading line, whole text from the heading on)."""
+    parts = body.split("\n### ")
+    return [("### " + p.split("\n", 1)[0], "### " + p.rstrip("\n") + "\n") for p in parts[1:]]
+
+
 def write_section(path: Path, text: str, section: str = SECTION) -> None:
-    """Replace (or add) only this section; other sections and run_bench.py's marker are kept."""
+    """Replace (or add) only this section; other sections and run_bench.py's marker are kept, and so
+    are the section's `### ` subsections that `text` does not have (another script writes them, see
+    write_subsection)."""
     previous = path.read_text() if path.exists() else ""
     if section in previous:
         head, rest = previous.split(section, 1)
         nxt = rest.find("\n## ")
         tail = rest[nxt + 1:] if nxt >= 0 else ""
-        new = head + text.rstrip("\n") + "\n" + ("\n" + tail if tail else "")
+        body = rest[:nxt] if nxt >= 0 else rest
+        mine = {h for h, _ in _subsections(text)}
+        kept = "".join("\n" + t for h, t in _subsections(body) if h not in mine)
+        new = head + text.rstrip("\n") + "\n" + kept + ("\n" + tail if tail else "")
     else:
         if KEEP_MARKER not in previous:
             # run_bench.py rewrites everything above its marker: this section lives below it.
             previous = previous.rstrip("\n") + ("\n\n" if previous else "") + KEEP_MARKER + "\n"
         new = previous.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
     path.write_text(new)
+
+
+def write_subsection(path: Path, text: str, heading: str, section: str = SECTION) -> None:
+    """Replace (or add at the end of `section`) only the `### ` subsection `heading`."""
+    previous = path.read_text() if path.exists() else ""
+    if section not in previous:
+        write_section(path, section + "\n\n" + text, section)
+        return
+    head, rest = previous.split(section, 1)
+    nxt = rest.find("\n## ")
+    body, tail = (rest[:nxt], rest[nxt + 1:]) if nxt >= 0 else (rest, "")
+    if heading in body:
+        before, after = body.split(heading, 1)
+        end = after.find("\n### ")
+        body = before.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n" + (after[end:] if end >= 0 else "")
+    else:
+        body = body.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n"
+    path.write_text(head + section + body.rstrip("\n") + "\n" + ("\n" + tail if tail else ""))
 
 
 def main() -> int:

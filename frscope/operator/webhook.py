@@ -7,7 +7,9 @@ and the webhook configuration says `failurePolicy: Ignore` for when the operator
 
 What an opted-in pod gets:
 - the sidecar: a native sidecar (an init container with `restartPolicy: Always`, Kubernetes >= 1.29)
-  where the server supports it, a regular container otherwise; a port named `frscope`;
+  where the server supports it, a regular container otherwise; a port named `frscope`; with
+  `--schedule-key=<namespace>/<job name>` when the pod's labels name its job, so every sidecar of
+  the job polls on the same wall-clock slots (frscope.sidecar.schedule);
 - an `emptyDir` volume shared by the sidecar and the trainer, mounted at `mount_path`;
 - in the trainer container(s): `TORCH_FR_BUFFER_SIZE` (and the old name), the on-timeout dump prefix
   `TORCH_FR_DUMP_TEMP_FILE` in the shared volume (and the old name), `FRSCOPE_SOCKET_DIR` and
@@ -34,7 +36,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from frscope.operator import names
+from frscope.operator import jobkinds, names
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +113,19 @@ def already_injected(pod: dict[str, Any]) -> bool:
     )
 
 
-def sidecar_container(cfg: InjectionConfig) -> dict[str, Any]:
+def schedule_key(pod: dict[str, Any]) -> str | None:
+    """`<namespace>/<job name>` from the pod's job labels (PyTorchJob, TrainJob/JobSet): the same in
+    every pod of the job, so their sidecars poll on the same slots (frscope.sidecar.schedule). None:
+    the pod names no job (its sidecar polls on the interval's multiples since the epoch)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    job = jobkinds.pod_job(labels) if isinstance(labels, dict) else None
+    if job is None:
+        return None
+    return f"{meta.get('namespace') or ''}/{job.job_name}"
+
+
+def sidecar_container(cfg: InjectionConfig, key: str | None = None) -> dict[str, Any]:
     args = [
         "sidecar",
         f"--socket-dir={cfg.mount_path}",
@@ -123,6 +137,8 @@ def sidecar_container(cfg: InjectionConfig) -> dict[str, Any]:
         args.append(f"--poll-interval={cfg.poll_interval_s:g}")
     if cfg.stall_after_s is not None:
         args.append(f"--stall-after={cfg.stall_after_s:g}")
+    if key:
+        args.append(f"--schedule-key={key}")
     if cfg.operator_url:
         args.append(f"--operator-url={cfg.operator_url}")
     if cfg.operator_identity:
@@ -243,7 +259,7 @@ def inject(pod: dict[str, Any], cfg: InjectionConfig, *, namespace_opted_in: boo
         if not any(isinstance(m, dict) and m.get("name") == names.SIDECAR_VOLUME for m in mounts):
             mounts.append(dict(mount))
         trainer["terminationMessagePolicy"] = "FallbackToLogsOnError"
-    sidecar = sidecar_container(cfg)
+    sidecar = sidecar_container(cfg, schedule_key(out))
     if cfg.native:
         spec.setdefault("initContainers", []).append(sidecar)
     else:

@@ -39,7 +39,7 @@ from frscope.sidecar.poller import Poller
 from frscope.sidecar.progress import GroupState, StallTracker
 from frscope.sidecar.push import Pusher
 from frscope.sidecar.ranks import RankState
-from frscope.sidecar.schedule import next_slot
+from frscope.sidecar.schedule import next_slot, phase_s
 from frscope.sidecar.snapshot import Snapshots
 from frscope.sidecar.status import status_document
 from frscope.wire import StatusDoc
@@ -176,12 +176,16 @@ class Sidecar:
         # The first round at once (find the ranks); then rounds on the wall clock's slots, the same
         # for every sidecar of the job (schedule.py says why).
         periodic: bool | None = None
+        interval, every = self.config.poll_interval_s, self.config.full_poll_every
+        phase = phase_s(self.config.schedule_key, interval, every)
+        log.info("polls at %.3f s past every %g s of the wall clock, the full recorder every %d polls (schedule "
+                 "key %r)", phase % interval, interval, every, self.config.schedule_key)
         while True:
             try:
                 await self.poll_once(periodic=periodic)
             except Exception:
                 log.exception("poll round failed")
-            slot = next_slot(time.time(), self.config.poll_interval_s, self.config.full_poll_every)
+            slot = next_slot(time.time(), interval, every, phase)
             await asyncio.sleep(slot.wait_s)
             periodic = slot.periodic
 

@@ -40,6 +40,9 @@ class SidecarConfig:
     # Full recorder (fr_trace_json) every this many polls; the polls between ask the cheap progress
     # probe only (and fetch the full recorder when it suggests a stall). 1: every poll.
     full_poll_every: int = 6
+    # The job's identity (frscope.sidecar.schedule): every pod of a job polls on the same wall-clock
+    # slots, at a phase drawn from it. "": the multiples of the interval since the epoch.
+    schedule_key: str = ""
     # The stall threshold never exceeds this fraction of the in-flight entry's timeout_ms.
     stall_timeout_fraction: float = 0.5
     request_timeout_s: float = 5.0
@@ -120,6 +123,10 @@ _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
     ("--full-poll-every", "full_poll_every", "FRSCOPE_FULL_POLL_EVERY", "int", 6,
      "fetch every rank's full recorder every N polls; between, a cheap progress probe (full recorder "
      "at once when progress stops with a collective in flight); 1: full recorder at every poll"),
+    ("--schedule-key", "schedule_key", "FRSCOPE_SCHEDULE_KEY", "str", "",
+     "the job's identity (the webhook sets <namespace>/<job name>): every pod of the job polls on the same "
+     "wall-clock slots, at a phase drawn from it, so the job's periodic full reads fall into one step; "
+     "unset: the multiples of --poll-interval since the epoch"),
     ("--stall-after", "stall_after_s", "FRSCOPE_STALL_AFTER", "float", 60.0,
      "seconds a collective may be in flight with no progress before it is a stall"),
     ("--stall-timeout-fraction", "stall_timeout_fraction", "FRSCOPE_STALL_TIMEOUT_FRACTION", "float", 0.5,
