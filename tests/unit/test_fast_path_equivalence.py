@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from frscope.analysis import analyze
-from frscope.records import DumpSet, Entry, RankExit, exits_from_json, load_dumps
-from frscope.records import scan
+from frscope.records import DumpSet, Entry, RankExit, exits_from_json, load_dumps, scan
 from frscope.records.columns import EntryTable
 from frscope.report.serialize import report_to_dict
 from frscope.synthetic import SCENARIOS, generate
