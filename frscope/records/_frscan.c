@@ -41,7 +41,8 @@ typedef struct {
     Val *vals; Py_ssize_t nv, vcap;
     Chunk *chunks; Py_ssize_t nc, ccap;
     Node *nodes; Py_ssize_t nn, ncap;
-    PyObject **node_obj; /* materialized containers, per node (shared like the pickle shares them) */
+    PyObject **node_obj; Py_ssize_t ocap; /* materialized containers, per node (shared as the pickle shares them) */
+    Py_ssize_t memo_hi; /* memo slots [0, memo_hi) may be set */
     Val result;
 } Scan;
 
@@ -64,14 +65,48 @@ static int grow(Scan *s, void **p, Py_ssize_t *cap, Py_ssize_t need, size_t elem
 
 #define GROW(s, arr, cap, need) grow((s), (void **)&(arr), &(cap), (need), sizeof(*(arr)))
 
-static void scan_free(Scan *s) {
-    PyMem_Free(s->stack); PyMem_Free(s->marks); PyMem_Free(s->memo); PyMem_Free(s->vals);
-    PyMem_Free(s->chunks);
+/* The arena's buffers are kept between scans (a worker scans thousands of files of one size): fresh ones cost
+ * more in page faults than the scan itself. Kept only while small; `kept_busy` guards against reentrance. */
+#define KEEP_MAX_BYTES (96u << 20)
+static Scan kept;
+static int kept_busy;
+
+static void scan_take(Scan *s) {
+    if (kept_busy) return;
+    kept_busy = 1;
+    s->stack = kept.stack; s->scap = kept.scap;
+    s->marks = kept.marks; s->mcap = kept.mcap;
+    s->memo = kept.memo; s->memo_cap = kept.memo_cap;
+    s->vals = kept.vals; s->vcap = kept.vcap;
+    s->chunks = kept.chunks; s->ccap = kept.ccap;
+    s->nodes = kept.nodes; s->ncap = kept.ncap;
+    s->node_obj = kept.node_obj; s->ocap = kept.ocap;
+    memset(&kept, 0, sizeof(kept));
+    s->used = 0; /* the budget bounds what this scan adds */
+}
+
+static void scan_free(Scan *s, int taken) {
     if (s->node_obj) {
-        for (Py_ssize_t i = 0; i < s->nn; i++) Py_XDECREF(s->node_obj[i]);
-        PyMem_Free(s->node_obj);
+        Py_ssize_t hi = s->nn < s->ocap ? s->nn : s->ocap;
+        for (Py_ssize_t i = 0; i < hi; i++) Py_CLEAR(s->node_obj[i]);
     }
-    PyMem_Free(s->nodes);
+    if (s->memo) memset(s->memo, 0, (size_t)(s->memo_hi < s->memo_cap ? s->memo_hi : s->memo_cap) * sizeof(Val));
+    size_t held = (size_t)s->scap * sizeof(Val) + (size_t)s->mcap * sizeof(Py_ssize_t) +
+                  (size_t)s->memo_cap * sizeof(Val) + (size_t)s->vcap * sizeof(Val) + (size_t)s->ccap * sizeof(Chunk) +
+                  (size_t)s->ncap * sizeof(Node) + (size_t)s->ocap * sizeof(PyObject *);
+    if (taken && held <= KEEP_MAX_BYTES) {
+        kept.stack = s->stack; kept.scap = s->scap;
+        kept.marks = s->marks; kept.mcap = s->mcap;
+        kept.memo = s->memo; kept.memo_cap = s->memo_cap;
+        kept.vals = s->vals; kept.vcap = s->vcap;
+        kept.chunks = s->chunks; kept.ccap = s->ccap;
+        kept.nodes = s->nodes; kept.ncap = s->ncap;
+        kept.node_obj = s->node_obj; kept.ocap = s->ocap;
+    } else {
+        PyMem_Free(s->stack); PyMem_Free(s->marks); PyMem_Free(s->memo); PyMem_Free(s->vals);
+        PyMem_Free(s->chunks); PyMem_Free(s->nodes); PyMem_Free(s->node_obj);
+    }
+    if (taken) kept_busy = 0;
 }
 
 static int push(Scan *s, Val v) {
@@ -259,6 +294,7 @@ static int parse(Scan *s) {
                 memset(s->memo + old, 0, (size_t)(s->memo_cap - old) * sizeof(Val));
             }
             if (s->memo[arg].kind == K_UNSET) s->memo_count++;
+            if (arg >= s->memo_hi) s->memo_hi = arg + 1;
             s->memo[arg] = s->stack[s->sp - 1];
             break;
         case 'h': NEED(1); arg = d[pos]; pos += 1; goto get;
@@ -408,9 +444,16 @@ static void interner_free(Interner *t) {
 }
 
 static uint64_t fnv(const uint8_t *p, Py_ssize_t len) {
-    uint64_t h = 1469598103934665603ULL;
-    for (Py_ssize_t i = 0; i < len; i++) { h ^= p[i]; h *= 1099511628211ULL; }
-    return h;
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)len;
+    Py_ssize_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x9E3779B97F4A7C15ULL;
+        h ^= h >> 29;
+    }
+    for (; i < len; i++) { h ^= p[i]; h *= 1099511628211ULL; }
+    return h ^ (h >> 32);
 }
 
 /* The code of key (b->p, b->len); -1 on error; *fresh set when it is new (the caller appends its object). */
@@ -530,12 +573,16 @@ static const char *FIELD_NAMES[F_COUNT] = {
     "thread_name", "duration_ms", "frames",
 };
 
-static int field_of(Scan *s, const Val *key, int64_t cache[64][2]) {
-    int64_t slot = (key->v * 31) & 63;
+#define KCACHE 256
+static size_t FIELD_LENS[F_COUNT];
+
+static int field_of(Scan *s, const Val *key, int64_t cache[KCACHE][2]) {
+    /* keys are memoized strings: one offset per distinct key, looked up once */
+    uint64_t slot = ((uint64_t)key->v * 0x9E3779B97F4A7C15ULL) >> 56;
     if (cache[slot][0] == key->v + 1) return (int)cache[slot][1];
     int found = -1;
     for (int f = 0; f < F_COUNT; f++) {
-        size_t len = strlen(FIELD_NAMES[f]);
+        size_t len = FIELD_LENS[f];
         if (len == key->len && !memcmp(s->d + key->v, FIELD_NAMES[f], len)) { found = f; break; }
     }
     cache[slot][0] = key->v + 1;
@@ -572,10 +619,9 @@ static PyObject *extract(Scan *s) {
     Py_ssize_t last_cap = 0;
     Val top = s->result;
     if (top.kind != K_DICT) return NULL;
-    s->node_obj = PyMem_Calloc((size_t)(s->nn ? s->nn : 1), sizeof(PyObject *));
-    if (!s->node_obj) return NULL;
-    if (s->used + (size_t)s->nn * sizeof(PyObject *) > s->budget) return NULL;
-    s->used += (size_t)s->nn * sizeof(PyObject *);
+    Py_ssize_t old_ocap = s->ocap; /* a kept buffer is all NULL; a grown part is zeroed here */
+    if (GROW(s, s->node_obj, s->ocap, s->nn + 1)) return NULL;
+    memset(s->node_obj + old_ocap, 0, (size_t)(s->ocap - old_ocap) * sizeof(PyObject *));
 
     /* The top level: everything but the entries as Python objects (normalize reads them); the entries' list. */
     const Val *entries = NULL, *key = NULL;
@@ -609,7 +655,7 @@ static PyObject *extract(Scan *s) {
     for (int t = 0; t < T_COUNT; t++)
         if (!(tabs[t].objs = PyList_New(0)) || GROW(s, tabs[t].codes, tabs[t].codes_cap, n)) goto fail;
 
-    int64_t kcache[64][2];
+    int64_t kcache[KCACHE][2];
     memset(kcache, 0, sizeof(kcache));
     int stacks_failed = 0;
     int64_t refs = 0;
@@ -747,13 +793,15 @@ static PyObject *py_scan(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*n", &view, &budget)) return NULL;
     Scan s;
     memset(&s, 0, sizeof(s));
+    int taken = !kept_busy;
+    scan_take(&s);
     s.d = view.buf;
     s.n = view.len;
     s.budget = budget > 0 ? (size_t)budget : 0;
     s.work = 64 * (int64_t)view.len + 1000000;
     PyObject *out = NULL;
     if (parse(&s) == 0) out = extract(&s);
-    scan_free(&s);
+    scan_free(&s, taken);
     PyBuffer_Release(&view);
     if (!out) {
         PyErr_Clear(); /* declined: MemoryError included; the reference path reads (and judges) the file */
@@ -770,4 +818,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_frscan", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__frscan(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__frscan(void) {
+    for (int f = 0; f < F_COUNT; f++) FIELD_LENS[f] = strlen(FIELD_NAMES[f]);
+    return PyModule_Create(&module);
+}
