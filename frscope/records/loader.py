@@ -253,7 +253,7 @@ def load_path(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, columnar: bool = F
     rank = rank_from_name(path)
     try:
         data = read_capped(path, max_bytes)
-        if columnar and scan.available() and data.strip():
+        if columnar and scan.available():
             data = _gunzip(data, source, max_bytes)
             scanned = _scanned(path, data, rank, max_bytes)
             if scanned is not None:
