@@ -17,7 +17,9 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python -m venv /opt/frscope
 WORKDIR /src
 # Dependencies first (a layer that survives source changes), then the package itself.
-COPY pyproject.toml README.md ./
+# setup.py only declares the optional C scanner: the slim image has no compiler, so the build skips it with a
+# warning and frscope reads dumps with its pure-Python path (frscope/records/scan.py).
+COPY pyproject.toml setup.py README.md ./
 COPY frscope ./frscope
 RUN /opt/frscope/bin/pip install . \
     && /opt/frscope/bin/pip uninstall --yes pip setuptools \

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from frscope import wire
+from frscope.records import scan
 from frscope.records.columns import EntryTable, unify_signatures
 from frscope.records.errors import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, UnknownFormat
 from frscope.records.gcpause import gc_paused
@@ -39,7 +40,7 @@ from frscope.records.model import (
     entries_from_rows,
     entry_rows,
 )
-from frscope.records.normalize import entries_of, normalize_dump
+from frscope.records.normalize import entries_of, normalize_dump, parse_profiling_name
 from frscope.records.safe_pickle import safe_loads
 
 DEFAULT_MAX_BYTES = 512 * 1024 * 1024
@@ -144,16 +145,7 @@ def decode_bytes(data: bytes, source: str, max_bytes: int = DEFAULT_MAX_BYTES) -
     """Bytes of a pickle / JSON / gzip of either -> the decoded object. Never executes anything."""
     if not data.strip():
         raise TruncatedDump(source, "empty file (still being written?)")
-    if data[:2] == b"\x1f\x8b":
-        try:
-            decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            data = decompressor.decompress(data, max_bytes + 1)
-        except zlib.error as exc:
-            raise TruncatedDump(source, f"corrupt gzip: {exc}") from exc
-        if len(data) > max_bytes:
-            raise DumpTooLarge(source, f"decompresses past the cap of {max_bytes} bytes")
-        if not decompressor.eof:
-            raise TruncatedDump(source, "gzip stream ends early: truncated or still being written")
+    data = _gunzip(data, source, max_bytes)
     if data[:1] == b"\x80":
         return safe_loads(data, source)
     head = data.lstrip()[:1]
@@ -181,6 +173,21 @@ def decode_bytes(data: bytes, source: str, max_bytes: int = DEFAULT_MAX_BYTES) -
             raise MalformedDump(source, f"JSON value refused: {describe(str(exc), 100)}") from exc
     # The file's bytes are never printed (they may be anything, terminal escapes included).
     raise UnknownFormat(source, "neither a pickle (starts with 0x80), JSON (starts with '{' or '[') nor gzip")
+
+
+def _gunzip(data: bytes, source: str, max_bytes: int) -> bytes:
+    """A gzipped dump's bytes decompressed (capped); any other bytes as they are."""
+    if data[:2] == b"\x1f\x8b":
+        try:
+            decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            data = decompressor.decompress(data, max_bytes + 1)
+        except zlib.error as exc:
+            raise TruncatedDump(source, f"corrupt gzip: {exc}") from exc
+        if len(data) > max_bytes:
+            raise DumpTooLarge(source, f"decompresses past the cap of {max_bytes} bytes")
+        if not decompressor.eof:
+            raise TruncatedDump(source, "gzip stream ends early: truncated or still being written")
+    return data
 
 
 class _EntriesReader:
@@ -213,8 +220,9 @@ def load_file(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, *, keep_frames: bo
         raise
 
 
-def _one_rank(path: Path, raw: Any, rank: int | None, lazy: LazyFrames | None, columnar: bool = False) -> RankDump:
-    dump = normalize_dump(raw, str(path), rank, lazy, columnar=columnar)
+def _one_rank(path: Path, raw: Any, rank: int | None, lazy: LazyFrames | None, columnar: bool = False,
+              prebuilt: tuple[EntryTable, str | None] | None = None) -> RankDump:
+    dump = normalize_dump(raw, str(path), rank, lazy, columnar=columnar, prebuilt=prebuilt)
     if dump.captured_at_ns is None:
         try:
             dump.captured_at_ns = path.stat().st_mtime_ns
@@ -222,6 +230,18 @@ def _one_rank(path: Path, raw: Any, rank: int | None, lazy: LazyFrames | None, c
         except OSError:
             pass
     return dump
+
+
+def _scanned(path: Path, data: bytes, rank: int | None, max_bytes: int) -> RankDump | None:
+    """The scanner's reading of a plain pickle dump (`records.scan`), or None: read it the reference way."""
+    lazy = LazyFrames(_EntriesReader(path, max_bytes))
+    got = scan.scan_dump(data, lazy, parse_profiling_name)
+    if got is None:
+        return None
+    meta, table, backend = got
+    if wire.is_snapshot_envelope(meta) or wire.is_snapshot_piece(meta):
+        return None
+    return _one_rank(path, meta, rank, lazy, True, (table, backend))
 
 
 def load_path(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, columnar: bool = False) -> list[RankDump | LoadProblem]:
@@ -232,7 +252,13 @@ def load_path(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, columnar: bool = F
     source = str(path)
     rank = rank_from_name(path)
     try:
-        raw = decode_bytes(read_capped(path, max_bytes), source, max_bytes)
+        data = read_capped(path, max_bytes)
+        if columnar and scan.available():
+            data = _gunzip(data, source, max_bytes)
+            scanned = _scanned(path, data, rank, max_bytes)
+            if scanned is not None:
+                return [scanned]
+        raw = decode_bytes(data, source, max_bytes)
         if not wire.is_snapshot_envelope(raw):
             return [_one_rank(path, raw, rank, LazyFrames(_EntriesReader(path, max_bytes)), columnar)]
     except DumpError as exc:

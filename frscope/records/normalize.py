@@ -487,14 +487,16 @@ def entries_of(raw: Any) -> Any:
 
 
 def normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFrames | None = None, *,
-                   columnar: bool = False) -> RankDump:
+                   columnar: bool = False, prebuilt: tuple[EntryTable, str | None] | None = None) -> RankDump:
     """Build a RankDump. `rank` comes from the file name; the contents may correct it. `columnar`: the
-    entries as an `EntryTable` with its per-group index (large sets), else a list of `Entry`.
+    entries as an `EntryTable` with its per-group index (large sets), else a list of `Entry`. `prebuilt`:
+    the entries' table and backend, already read by the scanner (`records.scan`); `raw`'s entries are then
+    not looked at.
 
     Raises only DumpError: whatever else a crafted dump provokes (deep nesting, odd types) is
     reported as that dump's problem, never as a crash of the reader of all the others."""
     try:
-        return _normalize_dump(raw, source, rank, lazy_frames, columnar)
+        return _normalize_dump(raw, source, rank, lazy_frames, columnar, prebuilt)
     except DumpError:
         raise
     except (RecursionError, MemoryError) as exc:
@@ -506,7 +508,7 @@ def normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFra
 
 
 def _normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFrames | None,
-                    columnar: bool) -> RankDump:
+                    columnar: bool, prebuilt: tuple[EntryTable, str | None] | None = None) -> RankDump:
     if rank is not None and valid_rank(rank) is None:
         raise MalformedDump(source, f"{describe(rank)} (from the file name or transport) is not a rank in "
                             f"[0, {MAX_RANK})", field="rank")
@@ -531,7 +533,7 @@ def _normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFr
     elif parsed < OLDEST_VERSION:
         warnings.append(f"format version {version} predates 2.0; fields may be missing")
 
-    raw_entries = trace.get("entries")
+    raw_entries = trace.get("entries") if prebuilt is None else []
     if raw_entries is None:
         raw_entries = []
         warnings.append("no 'entries' field (recorder empty or disabled?)")
@@ -541,7 +543,8 @@ def _normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFr
         raise MalformedDump(source, f"is {type(raw_entries).__name__}, expected a list", rank=rank, field="entries")
     entries: Sequence[Entry]
     table: EntryTable | None
-    fast = table_from_entries(raw_entries, lazy_frames, parse_profiling_name) if columnar else None
+    fast = prebuilt if prebuilt is not None else (
+        table_from_entries(raw_entries, lazy_frames, parse_profiling_name) if columnar else None)
     if fast is not None:  # every entry regular: straight into columns, no per-entry Python
         table, backend = fast
     else:

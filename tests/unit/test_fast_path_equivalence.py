@@ -7,13 +7,14 @@ test green: it is the "behaviour did not change" check."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from frscope.analysis import analyze
-from frscope.records import DumpSet, Entry, RankExit, exits_from_json, load_dumps
+from frscope.records import DumpSet, Entry, RankExit, exits_from_json, load_dumps, scan
 from frscope.records.columns import EntryTable
 from frscope.report.serialize import report_to_dict
 from frscope.synthetic import SCENARIOS, generate
@@ -48,10 +49,17 @@ def _dumpset(dumpset: DumpSet) -> dict[str, Any]:
 def _same(path: Path) -> None:
     reference = load_dumps([path], jobs=1, columnar=False)
     assert not any(isinstance(d.entries, EntryTable) for d in reference.dumps.values())
-    fast = load_dumps([path], jobs=2)
+    fast = load_dumps([path], jobs=2)  # the C scanner first where it is built (records.scan)
     assert all(isinstance(d.entries, EntryTable) for d in fast.dumps.values())
     assert _dumpset(fast) == _dumpset(reference)
     assert report_to_dict(analyze(fast)) == report_to_dict(analyze(reference))
+    if scan.available():  # and the columnar path without it (safe unpickler, fastcols), the same again
+        os.environ[scan.ENV_OFF] = "1"
+        try:
+            plain = load_dumps([path], jobs=2)
+        finally:
+            del os.environ[scan.ENV_OFF]
+        assert _dumpset(plain) == _dumpset(reference)
 
 
 @pytest.mark.parametrize("fixture", FIXTURES)

@@ -1,0 +1,152 @@
+"""The optional C scanner (`_frscan`): a regular pickle dump straight into an `EntryTable`, no dict per entry.
+
+The reference for one pickle dump is `safe_pickle.safe_loads` (the allow-list unpickler) and then
+`fastcols.table_from_entries` (or, for irregular entries, `normalize.normalize_rows`). `_frscan.scan` walks the
+pickle's opcodes itself (plain containers and scalars only: no global, no call, nothing else) and fills the same
+columns, interning every field that is not an int or a float into a small table of distinct values. Here those
+distinct values are checked with fastcols' own rules, so the scanner accepts exactly the dumps fastcols keeps
+unchanged, and builds the same table. Whenever anything is not the regular shape, the scanner or this module
+declines (None) and the caller reads the file the reference way, which also reports whatever is wrong with it.
+
+The extension is built by `pip install -e .` / `setup.py build_ext --inplace` where a C compiler exists
+(the container image has none: it reads with the reference path). `FRSCOPE_NO_SCANNER=1` turns it off.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from collections import Counter
+from collections.abc import Callable
+from operator import lt
+from typing import Any
+
+from frscope.records.columns import EntryTable, _code_type
+from frscope.records.fastcols import _MAX_DTYPE, _MAX_NAME, _MAX_STACKS, _clean_dtypes, _clean_sizes, _short_text
+from frscope.records.limits import MAX_INT64, memory_budget
+from frscope.records.model import LazyFrames, frames_from_raw
+
+try:
+    from frscope.records import _frscan  # type: ignore[attr-defined]
+except ImportError:  # not built (no compiler): the reference path reads everything
+    _frscan = None
+
+ENV_OFF = "FRSCOPE_NO_SCANNER"
+
+
+def available() -> bool:
+    """The extension is built and not turned off by FRSCOPE_NO_SCANNER."""
+    return _frscan is not None and os.environ.get(ENV_OFF, "") in ("", "0")
+
+
+def scan_dump(data: bytes, lazy_frames: LazyFrames,
+              parse_name: Callable[[str], tuple[str | None, str, int | None]]
+              ) -> tuple[dict[str, Any], EntryTable, str | None] | None:
+    """(the dump's top level with 'entries' emptied, its entries as a table, the backend), or None: not a
+    regular dump, or no scanner; read it the reference way. `parse_name` is normalize.parse_profiling_name."""
+    if not available() or data[:1] != b"\x80":
+        return None
+    got = _frscan.scan(data, memory_budget(len(data)))
+    if got is None:
+        return None
+    return _table(got, lazy_frames, parse_name)
+
+
+def _codes(raw: bytes, distinct: int) -> array[int]:
+    out = array(_code_type(distinct))
+    out.frombytes(raw)
+    return out
+
+
+def _table(got: tuple[Any, ...], lazy_frames: LazyFrames,
+           parse_name: Callable[[str], tuple[str | None, str, int | None]]
+           ) -> tuple[dict[str, Any], EntryTable, str | None] | None:
+    (meta, n, cols, dur, flags, pg_codes, pgs, names, name_codes, name_counts, states, state_codes, timeouts,
+     timeout_codes, threads, thread_codes, shapes, shape_codes, stack_codes, stack_raws) = got
+    # fastcols' checks, once per distinct value (the scanner checked the types of ints, floats and flags).
+    for pg in pgs:
+        if len(pg) != 2 or not _short_text(pg[0], _MAX_NAME) or not _short_text(pg[1], _MAX_NAME):
+            return None
+    if not all(_short_text(s, _MAX_DTYPE) for s in states):
+        return None
+    for pair in threads:
+        for value in pair:
+            if value is not None and not _short_text(value, _MAX_NAME):
+                return None
+    for input_sizes, input_dtypes, output_sizes, output_dtypes in shapes:
+        if not (_clean_sizes(input_sizes) and _clean_sizes(output_sizes) and _clean_dtypes(input_dtypes)
+                and _clean_dtypes(output_dtypes)):
+            return None
+
+    table = EntryTable.__new__(EntryTable)
+    columns = []
+    for k in range(6):
+        column = array("q")
+        column.frombytes(cols[k * n * 8 : (k + 1) * n * 8])
+        columns.append(column)
+    table.record_id, table.seq, table.p2p_seq, table.created, table.started, table.completed = columns
+    table.duration = array("d")
+    table.duration.frombytes(dur)
+    table.flags = array("B")
+    table.flags.frombytes(flags)
+    table.pgs = pgs
+    table.pg = _codes(pg_codes, len(pgs))
+    parsed = [parse_name(name) for name in names]
+    table.names = [(name, op, peer) for name, (_backend, op, peer) in zip(names, parsed, strict=True)]
+    table.name = _codes(name_codes, len(names))
+    table.states = states
+    table.state = _codes(state_codes, len(states))
+    top = MAX_INT64
+    table.timeouts = [t if t is None or 0 < t <= top else None for t in timeouts]
+    table.timeout = _codes(timeout_codes, len(timeouts))
+    table.threads = threads
+    table.thread = _codes(thread_codes, len(threads))
+    table.shapes = shapes
+    table.shape = _codes(shape_codes, len(shapes))
+    table.frames, table.frames_each = lazy_frames, None
+    table.stack, table.stacks = _stacks(stack_codes, stack_raws, table.record_id)
+    table._stack_frames = {}
+    table.sigs, table.space, table._groups = [], None, None
+
+    backends: Counter[str] = Counter()
+    for (backend, _op, _peer), count in zip(parsed, name_counts, strict=True):
+        if backend:
+            backends[backend] += count
+    most = backends.most_common(1)
+    return meta, table, (most[0][0] if most else None)
+
+
+def _stacks(raw_codes: bytes | None, raws: list[Any] | None, record_id: array[int]
+            ) -> tuple[array[int], list[Any]] | tuple[None, None]:
+    """As fastcols._Stacks.result: each entry's stack as a code into the rank's distinct stacks (contents by
+    frames_from_raw), the last entry's stack per record id when ids repeat; None when frames are not lists or
+    there are more than 256 distinct stacks. The scanner keyed stacks by their frame dicts' identity: equal
+    contents of different dicts become one stack here."""
+    if raw_codes is None or raws is None:
+        return None, None
+    index: dict[tuple[tuple[str, str, int], ...], int] = {}
+    one: dict[int, tuple[tuple[str, str, int], ...]] = {}
+    remap: list[int] = []
+    for raw in raws:
+        parts: list[tuple[str, str, int]] = []
+        for item in raw:
+            got = one.get(id(item))
+            if got is None:
+                got = one[id(item)] = tuple((f.name, f.filename, f.line) for f in frames_from_raw([item]))
+            parts.extend(got)
+        content = tuple(parts)
+        code = index.get(content)
+        if code is None:
+            if len(index) >= _MAX_STACKS:
+                return None, None
+            code = index[content] = len(index)
+        remap.append(code)
+    codes = array("I")
+    codes.frombytes(raw_codes)
+    if remap != list(range(len(remap))):
+        codes = array("I", map(remap.__getitem__, codes))
+    if not all(map(lt, record_id[:-1], record_id[1:])):  # ids repeat or go back: the last one's stack
+        final = dict(zip(record_id, codes, strict=True))
+        codes = array("I", map(final.__getitem__, record_id))
+    kind = _code_type(len(index))
+    return (codes if kind == "I" else array(kind, codes)), list(index)
