@@ -49,6 +49,7 @@ WINDOW = 200
 def farm(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from frscope import wire
     from frscope.synthetic import make_plan
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -57,23 +58,29 @@ def farm(args: argparse.Namespace) -> int:
     plan = make_plan(args.ranks, entries=args.entries, shape="nccl", scenario="not_joined", seed=args.seed,
                      hang_age_s=120.0)
     now = time.time_ns()
-    bodies: dict[int, bytes] = {}
-    windowed: dict[int, bytes] = {}
-    for rank in range(args.ranks):
+
+    def body_of(rank: int, newest: int | None) -> bytes:
+        # What the real sidecar serves: the whole ring, or for ?entries=N its newest N entries a rank
+        # (frscope.wire's cut: the piece says how many it left out).
+        trace = plan.dump(rank, json_shape=True, newest=newest)
         snap = {"frscope_snapshot": 1, "rank": rank, "captured_at_ns": now, "source": f"synthetic:{rank}",
-                "stacks": None, "trace": plan.dump(rank, json_shape=True)}
+                "stacks": None, "trace": trace}
+        if newest is not None:
+            dropped = plan.dump_length(rank) - len(trace.get("entries") or ())
+            if dropped > 0:
+                snap["entries_dropped"] = dropped
         body = {"schema": "frscope.sidecar.snapshot/v1", "pod": f"bench-worker-{rank}", "namespace": "bench",
                 "node": "n", "captured_at_ns": now, "reason": "refresh", "ranks": [snap], "errors": []}
-        bodies[rank] = gzip.compress(json.dumps(body).encode(), 1)
-        # What the real sidecar serves for ?entries=N (its newest N entries), precomputed for the
-        # operator's default window so the farm's own CPU stays out of the measurement.
-        entries = snap["trace"]["entries"]
-        if len(entries) > WINDOW:
-            snap["trace"]["entries"] = entries[-WINDOW:]
-            snap["entries_dropped"] = len(entries) - WINDOW
-        windowed[rank] = gzip.compress(json.dumps(body).encode(), 1)
-    print(f"farm: {args.ranks} bodies in {time.monotonic() - started:.0f} s, "
-          f"{sum(map(len, bodies.values())) / 2**20:.0f} MiB gzipped", file=sys.stderr, flush=True)
+        return gzip.compress(json.dumps(body).encode(), 1)
+
+    # Only the operator's window is built ahead (the newest WINDOW entries a rank: Plan.dump(newest=...)
+    # builds no older entry), so that 8,192 ranks take seconds, and the farm's own CPU stays out of the
+    # measurement. A request for another window, or for the whole ring (an operator with
+    # --max-entries-per-rank 0), builds its body when asked, and keeps it.
+    windowed: dict[int, bytes] = {rank: body_of(rank, WINDOW) for rank in range(args.ranks)}
+    other: dict[tuple[int, int | None], bytes] = {}
+    print(f"farm: {args.ranks} windowed bodies in {time.monotonic() - started:.0f} s, "
+          f"{sum(map(len, windowed.values())) / 2**20:.0f} MiB gzipped", file=sys.stderr, flush=True)
     state = {"stalled": False}
     by_port: dict[int, int] = {}
 
@@ -94,7 +101,17 @@ def farm(args: argparse.Namespace) -> int:
 
     async def snapshot(request: web.Request) -> web.Response:
         rank = rank_of(request)
-        body = windowed[rank] if request.query.get("entries") == str(WINDOW) else bodies[rank]
+        text = request.query.get("entries")
+        try:
+            newest = wire.parse_window(text)
+        except wire.WireError as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
+        if newest == WINDOW:
+            body = windowed[rank]
+        else:
+            body = other.get((rank, newest))
+            if body is None:
+                body = other[(rank, newest)] = body_of(rank, newest)
         return web.Response(body=body, content_type="application/json", headers={"Content-Encoding": "gzip"})
 
     async def stall(_: web.Request) -> web.Response:

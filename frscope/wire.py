@@ -81,7 +81,8 @@ def parse_window(text: str | None) -> int | None:
     if text is None:
         return None
     value = text.strip()
-    if not (value.isascii() and value.isdigit()) or len(value) > 7 or not SNAPSHOT_WINDOW_MIN <= int(value) <= SNAPSHOT_WINDOW_MAX:
+    digits = value.isascii() and value.isdigit() and len(value) <= 7
+    if not digits or not SNAPSHOT_WINDOW_MIN <= int(value) <= SNAPSHOT_WINDOW_MAX:
         raise WireError(f"entries must be an integer from {SNAPSHOT_WINDOW_MIN} to {SNAPSHOT_WINDOW_MAX:,} "
                         f"(the newest entries kept per rank), not {text[:40]!r}")
     return int(value)

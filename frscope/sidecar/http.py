@@ -12,8 +12,8 @@ from typing import Protocol
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from frscope.sidecar.auth import BearerToken
 from frscope import wire
+from frscope.sidecar.auth import BearerToken
 from frscope.wire import StatusDoc
 
 
