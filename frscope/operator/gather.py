@@ -118,6 +118,25 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
             await asyncio.sleep(delay)
 
 
+async def _cancel_all(tasks: list[asyncio.Task[PodEvidence]]) -> None:
+    """Cancel `tasks` and wait until every one has ended, even when the waiting itself is cancelled
+    (a second cancel of the gather must not leave them running)."""
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    waiting = asyncio.gather(*tasks, return_exceptions=True)
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(waiting)
+            break
+        except asyncio.CancelledError:
+            cancelled = True  # cancelled again meanwhile: the fetches end first, then it goes on
+    if cancelled:
+        raise asyncio.CancelledError
+
+
 async def gather(client: SidecarClient, namespace: str, targets: list[Target], options: GatherOptions,
                  pushes: PushStore | None = None, push_pods: set[str] | None = None,
                  decoder: Decoder | None = None) -> Gathered:
@@ -138,11 +157,12 @@ async def gather(client: SidecarClient, namespace: str, targets: list[Target], o
         tasks[asyncio.create_task(_fetch_one(client, namespace, target, options, fetching, decoding,
                                              decoder))] = target
     if tasks:
-        done, pending = await asyncio.wait(tasks, timeout=options.overall_timeout_s)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            _done, pending = await asyncio.wait(tasks, timeout=options.overall_timeout_s)
+        finally:
+            # The deadline, or the gather itself cancelled (the job deleted, the operator stopping): no
+            # fetch or decode outlives it.
+            await _cancel_all([t for t in tasks if not t.done()])
         for task, target in tasks.items():
             if task in pending:
                 result.failures[target.pod] = f"no answer within the gather deadline of {options.overall_timeout_s:g} s"
