@@ -34,6 +34,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -304,7 +305,7 @@ def write_results(rows: list[dict[str, Any]]) -> None:
     start = text.find(SECTION + "\n")
     if start >= 0:
         end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+        text = text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
     else:
         text = text.rstrip("\n") + "\n\n" + section
     RESULTS.write_text(text)
@@ -347,6 +348,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               env=env, stdout=op_log, stderr=subprocess.STDOUT, cwd=REPO)
         procs.append(op)
         base = f"http://127.0.0.1:{http_port}"
+        # RSS of the operator (and with its decode workers) every 0.2 s from its start: where the peak is.
+        timeline: list[tuple[float, int, int]] = []
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.is_set() and op.poll() is None:
+                timeline.append((time.monotonic(), rss_kib(op.pid), tree_rss_kib(op.pid)))
+                sampling.wait(0.2)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
 
         def get(path: str) -> str:
             import urllib.request
@@ -386,6 +398,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 break
             time.sleep(0.5)
         elapsed = time.monotonic() - t0
+        sampling.set()
+        sampler.join()
+        before = [r for t, r, _ in timeline if t < t0]
+        during = [(r, t - t0) for t, r, _ in timeline if t >= t0]
+        (work / "rss.csv").write_text("".join(f"{t - t0:.1f},{r},{tr}\n" for t, r, tr in timeline))
         metrics = get("/metrics")
         hwm = rss_kib(op.pid, "VmHWM")
         # The decode workers' own peaks (VmHWM), added to the operator's: an upper bound of the
@@ -398,6 +415,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "peak_rss_mib": max(hwm, peak) / 1024, "tree_peak_rss_mib": max(tree_peak, tree_hwm) / 1024,
             "cpu_s": cpu_s(op.pid) + sum(cpu_s(c) for c in children(op.pid)) - cpu_before,
             "verdict": "timed out", "load": os.getloadavg()[0],
+            # Before the stall: the operator watching every pod, its sweeps; after: the incident.
+            "rss_before_stall_mib": max(before, default=0) / 1024,
+            "rss_incident_peak_mib": max(during, default=(0, 0.0))[0] / 1024,
+            "rss_incident_peak_at_s": max(during, default=(0, 0.0))[1],
         }
         if condition:
             ok = (condition["reason"] == truth["category"]

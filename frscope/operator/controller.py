@@ -528,11 +528,14 @@ class Controller:
                 self._quiet(state, attempt, view)
             return
         # Nothing gathered but a failed rank: its exit alone is evidence (a crash before any read).
+        analyzing = time.monotonic()
         diagnosis = await diagnose(gathered, view.world_size,
                                    AnalysisOptions(stall_after_s=self.config.stuck_after_s,
                                                    clock_skew_ms=self.config.clock_skew_ms),
                                    exits=exits)
         report = diagnosis.report
+        log.info("job %s: analyzed %d ranks in %.1f s", view.key, len(report.ranks_loaded),
+                 time.monotonic() - analyzing, extra=_job(view.key))
         rank_pods = {d.rank: pod for pod, evidence in gathered.pods.items() for d in evidence.dumps}
         if revising is not None:
             await self._revise(view, sig, attempt, revising, diagnosis, rank_pods)
@@ -650,6 +653,8 @@ class Controller:
         gathered = await gather(self.sidecars, view.ref.namespace, targets, self.config.gather, self.pushes,
                                 push_pods=self._gone_pods(view), decoder=self.decoder)
         self.metrics.gather_duration.observe(gathered.duration_s)
+        log.info("job %s: gathered %d pods (%d from pushes, %d failed) in %.1f s", view.key, len(gathered.pods),
+                 len(gathered.from_push), len(gathered.failures), gathered.duration_s, extra=_job(view.key))
         if gathered.failures:
             self.metrics.sidecars_unreachable.inc(len(gathered.failures))
         return gathered
@@ -678,6 +683,7 @@ class Controller:
         report = diagnosis.report
         finding = report.findings[0]
         now = rfc3339()
+        publishing = time.monotonic()
         incident = revision.record.id if revision is not None else key.digest
         name = report_name(view.ref, incident)
         record = IncidentRecord(incident, str(attempt), key.group, key.seq, finding.category.value, name, now)
@@ -705,6 +711,8 @@ class Controller:
         done = await (self.publisher.revise(pub) if revision is not None else self.publisher.publish(pub))
         for step in done.errors:
             self.metrics.publish_errors.labels(step=step.split(" ")[0]).inc()
+        log.info("job %s: report %s built and published in %.1f s", view.key, name, time.monotonic() - publishing,
+                 extra=_job(view.key))
         state = self._state(view.key)
         if done.report or done.condition:
             state.ledger = state.ledger.with_record(record)
