@@ -92,3 +92,25 @@ def test_evidence_is_columnar_and_cut_before_normalizing() -> None:
     evidence = from_bytes(envelope("p", [windowed(piece, 2)]), "http://p", origin="push", max_entries=2)
     assert evidence.entries_dropped == n - 2 and evidence.cut_here == 0
     assert evidence.held_bytes == evidence.size_bytes
+
+
+@pytest.mark.timeout(60)
+async def test_group_rank_lists_decoded_in_worker_processes_are_shared() -> None:
+    """Each rank lists its default group's N members; decoded in a worker, each arrives with its own
+    copy (8,192 ranks: ~300 KiB a rank). A gather keeps one tuple per distinct list."""
+    from frscope.operator.gather import Decoder
+
+    plan = make_plan(64, entries=50, shape="nccl", scenario="not_joined", seed=1)
+    bodies = [envelope(f"p{r}", [wire.snapshot_piece(r, T_NS, "s", None, plan.dump(r, json_shape=True))])
+              for r in range(2)]
+    decoder = Decoder(processes=1)
+    try:
+        await decoder.warm_up()
+        shared: dict[tuple[int, ...], tuple[int, ...]] = {}
+        a, b = [await decoder.decode(body, "e", max_entries=20, pod=f"p{i}", namespace="ml", shared=shared)
+                for i, body in enumerate(bodies)]
+    finally:
+        decoder.close()
+    default_a = max((c.ranks for c in a.dumps[0].pg_config.values() if c.ranks), key=len)
+    default_b = max((c.ranks for c in b.dumps[0].pg_config.values() if c.ranks), key=len)
+    assert default_a == tuple(range(64)) and default_a is default_b
