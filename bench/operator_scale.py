@@ -34,6 +34,7 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,7 @@ WINDOW = 200
 def farm(args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from frscope import wire
     from frscope.synthetic import make_plan
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -57,23 +59,29 @@ def farm(args: argparse.Namespace) -> int:
     plan = make_plan(args.ranks, entries=args.entries, shape="nccl", scenario="not_joined", seed=args.seed,
                      hang_age_s=120.0)
     now = time.time_ns()
-    bodies: dict[int, bytes] = {}
-    windowed: dict[int, bytes] = {}
-    for rank in range(args.ranks):
+
+    def body_of(rank: int, newest: int | None) -> bytes:
+        # What the real sidecar serves: the whole ring, or for ?entries=N its newest N entries a rank
+        # (frscope.wire's cut: the piece says how many it left out).
+        trace = plan.dump(rank, json_shape=True, newest=newest)
         snap = {"frscope_snapshot": 1, "rank": rank, "captured_at_ns": now, "source": f"synthetic:{rank}",
-                "stacks": None, "trace": plan.dump(rank, json_shape=True)}
+                "stacks": None, "trace": trace}
+        if newest is not None:
+            dropped = plan.dump_length(rank) - len(trace.get("entries") or ())
+            if dropped > 0:
+                snap["entries_dropped"] = dropped
         body = {"schema": "frscope.sidecar.snapshot/v1", "pod": f"bench-worker-{rank}", "namespace": "bench",
                 "node": "n", "captured_at_ns": now, "reason": "refresh", "ranks": [snap], "errors": []}
-        bodies[rank] = gzip.compress(json.dumps(body).encode(), 1)
-        # What the real sidecar serves for ?entries=N (its newest N entries), precomputed for the
-        # operator's default window so the farm's own CPU stays out of the measurement.
-        entries = snap["trace"]["entries"]
-        if len(entries) > WINDOW:
-            snap["trace"]["entries"] = entries[-WINDOW:]
-            snap["entries_dropped"] = len(entries) - WINDOW
-        windowed[rank] = gzip.compress(json.dumps(body).encode(), 1)
-    print(f"farm: {args.ranks} bodies in {time.monotonic() - started:.0f} s, "
-          f"{sum(map(len, bodies.values())) / 2**20:.0f} MiB gzipped", file=sys.stderr, flush=True)
+        return gzip.compress(json.dumps(body).encode(), 1)
+
+    # Only the operator's window is built ahead (the newest WINDOW entries a rank: Plan.dump(newest=...)
+    # builds no older entry), so that 8,192 ranks take seconds, and the farm's own CPU stays out of the
+    # measurement. A request for another window, or for the whole ring (an operator with
+    # --max-entries-per-rank 0), builds its body when asked, and keeps it.
+    windowed: dict[int, bytes] = {rank: body_of(rank, WINDOW) for rank in range(args.ranks)}
+    other: dict[tuple[int, int | None], bytes] = {}
+    print(f"farm: {args.ranks} windowed bodies in {time.monotonic() - started:.0f} s, "
+          f"{sum(map(len, windowed.values())) / 2**20:.0f} MiB gzipped", file=sys.stderr, flush=True)
     state = {"stalled": False}
     by_port: dict[int, int] = {}
 
@@ -94,7 +102,17 @@ def farm(args: argparse.Namespace) -> int:
 
     async def snapshot(request: web.Request) -> web.Response:
         rank = rank_of(request)
-        body = windowed[rank] if request.query.get("entries") == str(WINDOW) else bodies[rank]
+        text = request.query.get("entries")
+        try:
+            newest = wire.parse_window(text)
+        except wire.WireError as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
+        if newest == WINDOW:
+            body = windowed[rank]
+        else:
+            body = other.get((rank, newest))
+            if body is None:
+                body = other[(rank, newest)] = body_of(rank, newest)
         return web.Response(body=body, content_type="application/json", headers={"Content-Encoding": "gzip"})
 
     async def stall(_: web.Request) -> web.Response:
@@ -252,10 +270,22 @@ def write_results(rows: list[dict[str, Any]]) -> None:
         "| operator CPU | load avg | verdict |",
         "|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
+    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n\n"
+    # Rows of other rank counts measured before are kept (one run per size: 8,192 ranks take a while).
+    table: dict[int, str] = {}
+    start = text.find(SECTION + "\n")
+    if start >= 0:
+        end = text.find("\n## ", start + len(SECTION))
+        for line in text[start:end if end >= 0 else len(text)].splitlines():
+            found = re.match(r"\| (\d+) \| \d+ \|", line)
+            if found:
+                table[int(found.group(1))] = line
     for r in rows:
-        lines.append(f"| {r['ranks']} | {r['entries']} | {r['stall_to_condition_s']:.1f} s | {r['gather_s']:.1f} s | "
-                     f"{r['peak_rss_mib']:.0f} MiB ({r['tree_peak_rss_mib']:.0f} MiB) | {r['cpu_s']:.0f} s "
-                     f"| {r['load']:.1f} | {r['verdict']} |")
+        table[r["ranks"]] = (
+            f"| {r['ranks']} | {r['entries']} | {r['stall_to_condition_s']:.1f} s | {r['gather_s']:.1f} s | "
+            f"{r['peak_rss_mib']:.0f} MiB ({r['tree_peak_rss_mib']:.0f} MiB) | {r['cpu_s']:.0f} s "
+            f"| {r['load']:.1f} | {r['verdict']} |")
+    lines += [table[ranks] for ranks in sorted(table)]
     lines += [
         "",
         "Where the time goes: the operator is CPU-bound on decoding the sidecars' JSON (2,000 entries a rank is",
@@ -272,11 +302,10 @@ def write_results(rows: list[dict[str, Any]]) -> None:
         "",
     ]
     section = "\n".join(lines)
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmarks\n\n"
     start = text.find(SECTION + "\n")
     if start >= 0:
         end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+        text = text[:start] + section + ("\n" + text[end + 1:] if end >= 0 else "")
     else:
         text = text.rstrip("\n") + "\n\n" + section
     RESULTS.write_text(text)
@@ -319,6 +348,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                               env=env, stdout=op_log, stderr=subprocess.STDOUT, cwd=REPO)
         procs.append(op)
         base = f"http://127.0.0.1:{http_port}"
+        # RSS of the operator (and with its decode workers) every 0.2 s from its start: where the peak is.
+        timeline: list[tuple[float, int, int]] = []
+        sampling = threading.Event()
+
+        def sample() -> None:
+            while not sampling.is_set() and op.poll() is None:
+                timeline.append((time.monotonic(), rss_kib(op.pid), tree_rss_kib(op.pid)))
+                sampling.wait(0.2)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
 
         def get(path: str) -> str:
             import urllib.request
@@ -358,15 +398,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 break
             time.sleep(0.5)
         elapsed = time.monotonic() - t0
+        sampling.set()
+        sampler.join()
+        before = [r for t, r, _ in timeline if t < t0]
+        during = [(r, t - t0) for t, r, _ in timeline if t >= t0]
+        (work / "rss.csv").write_text("".join(f"{t - t0:.1f},{r},{tr}\n" for t, r, tr in timeline))
         metrics = get("/metrics")
         hwm = rss_kib(op.pid, "VmHWM")
+        # The decode workers' own peaks (VmHWM), added to the operator's: an upper bound of the
+        # processes' peak together (their peaks need not coincide), and never less than what was sampled.
+        tree_hwm = hwm + sum(rss_kib(c, "VmHWM") for c in children(op.pid))
         result = {
             "ranks": args.ranks, "entries": args.entries,
             "stall_to_condition_s": elapsed if condition else float("nan"),
             "gather_s": metric(metrics, "frscope_operator_gather_duration_seconds_sum") or 0.0,
-            "peak_rss_mib": max(hwm, peak) / 1024, "tree_peak_rss_mib": tree_peak / 1024,
+            "peak_rss_mib": max(hwm, peak) / 1024, "tree_peak_rss_mib": max(tree_peak, tree_hwm) / 1024,
             "cpu_s": cpu_s(op.pid) + sum(cpu_s(c) for c in children(op.pid)) - cpu_before,
             "verdict": "timed out", "load": os.getloadavg()[0],
+            # Before the stall: the operator watching every pod, its sweeps; after: the incident.
+            "rss_before_stall_mib": max(before, default=0) / 1024,
+            "rss_incident_peak_mib": max(during, default=(0, 0.0))[0] / 1024,
+            "rss_incident_peak_at_s": max(during, default=(0, 0.0))[1],
         }
         if condition:
             ok = (condition["reason"] == truth["category"]

@@ -426,9 +426,11 @@ class Plan:
 
     # -- one rank ---------------------------------------------------------------------------
 
-    def dump(self, rank: int, json_shape: bool = False) -> dict[str, Any]:
+    def dump(self, rank: int, json_shape: bool = False, newest: int | None = None) -> dict[str, Any]:
         """The rank's recorder as torch returns it (`_dump_fr_trace` pickle shape, or the
-        `_dump_fr_trace_json` shape when json_shape)."""
+        `_dump_fr_trace_json` shape when json_shape). `newest`: only the newest that many entries, as a
+        sidecar's `/v1/snapshot?entries=N` serves them (the same as cutting the whole dump's entries,
+        everything else unchanged; the older entries are counted, never built)."""
         topo = self.topo
         gloo = self.shape == "gloo"
         backend = self.shape
@@ -512,6 +514,7 @@ class Plan:
         st_names = _STATE_NAMES
         out: list[dict[str, Any]] = []
         append = out.append
+        keep_from = max(start, total - newest) if newest is not None and newest > 0 else start
         for idx in range(start, total):
             if idx < full:
                 step, pos = divmod(idx, n_pos)
@@ -551,6 +554,8 @@ class Plan:
                         completed_ns = nominal + skew + gstrag + 250_000 + dur_ns + h % 30_000
                         duration = (completed_ns - started_ns) / _MS
                         last_completed[role] = seq
+            if idx < keep_from:
+                continue  # older than the window: counted above, not built
             if json_shape:
                 e: dict[str, Any] = {
                     "record_id": idx,
@@ -639,6 +644,12 @@ class Plan:
         else:
             dump["entries"] = out
         return dump
+
+    def dump_length(self, rank: int) -> int:
+        """How many entries `dump(rank)` holds (the ring buffer's fill), without building them."""
+        stage = self.topo.local_rank(PP, rank) if self.topo.pp > 1 else 0
+        total = self.full_steps * len(self.templates[stage]) + len(self.last_step.get(rank, ()))
+        return min(total, self.entries)
 
     def _grp_straggle(self, role: int, rank: int) -> int:
         """The latest straggle among the members of `rank`'s group of `role` (everyone waits for it)."""

@@ -26,6 +26,12 @@ SNAPSHOT_SCHEMA = "frscope.sidecar.snapshot/v1"
 SNAPSHOT_KEY = "frscope_snapshot"
 SNAPSHOT_FORMAT = 1
 SNAPSHOT_PIECE_KEYS = frozenset({SNAPSHOT_KEY, "rank", "captured_at_ns", "source", "stacks", "trace"})
+# A piece cut to its newest entries (`/v1/snapshot?entries=N`) says how many older ones it left out.
+ENTRIES_DROPPED_KEY = "entries_dropped"
+# `/v1/snapshot?entries=N`: the window's bounds (a recorder holds 2,000 entries by default; no ring
+# buffer is a million long, and a number past that is a typo or a probe).
+SNAPSHOT_WINDOW_MIN = 1
+SNAPSHOT_WINDOW_MAX = 1_000_000
 
 
 class WireError(ValueError):
@@ -66,6 +72,52 @@ def unwrap_snapshot(raw: Any) -> tuple[Any, dict[str, Any]]:
         meta = {k: v for k, v in raw.items() if k != "trace"}
         return raw["trace"], meta
     return raw, {}
+
+
+def parse_window(text: str | None) -> int | None:
+    """The `entries` query parameter of `/v1/snapshot`: None when absent, else an int in
+    [SNAPSHOT_WINDOW_MIN, SNAPSHOT_WINDOW_MAX]. WireError (the sidecar answers 400 with its message)
+    for anything else."""
+    if text is None:
+        return None
+    value = text.strip()
+    digits = value.isascii() and value.isdigit() and len(value) <= 7
+    if not digits or not SNAPSHOT_WINDOW_MIN <= int(value) <= SNAPSHOT_WINDOW_MAX:
+        raise WireError(f"entries must be an integer from {SNAPSHOT_WINDOW_MIN} to {SNAPSHOT_WINDOW_MAX:,} "
+                        f"(the newest entries kept per rank), not {text[:40]!r}")
+    return int(value)
+
+
+def window_query(entries: int | None) -> str | None:
+    """The `entries` query value a reader sends for a window of `entries` (None or 0: the whole ring).
+    A window past the bounds is clamped into them, so that a reader never asks what a sidecar refuses."""
+    if not entries or entries <= 0:
+        return None
+    return str(min(max(entries, SNAPSHOT_WINDOW_MIN), SNAPSHOT_WINDOW_MAX))
+
+
+def window_piece(piece: dict[str, Any], last: int) -> bool:
+    """Cut a decoded snapshot piece (or a bare recorder) to its newest `last` entries in place, adding
+    what it leaves out to the piece's `entries_dropped`. The sidecar does it for `?entries=N`; the
+    operator does it again to whatever arrives (a sidecar that predates the window sends everything),
+    before normalizing. False when nothing was cut."""
+    trace = piece.get("trace") if is_snapshot_piece(piece) else piece
+    if last <= 0 or not isinstance(trace, dict):
+        return False
+    entries = trace.get("entries")
+    if not isinstance(entries, list) or len(entries) <= last:
+        return False
+    trace["entries"] = entries[-last:]
+    piece[ENTRIES_DROPPED_KEY] = entries_dropped(piece) + len(entries) - last
+    return True
+
+
+def entries_dropped(piece: dict[str, Any]) -> int:
+    """What a windowed piece says it left out (0 when it says nothing or nonsense)."""
+    value = piece.get(ENTRIES_DROPPED_KEY)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62:
+        return value
+    return 0
 
 
 # -- the snapshot envelope (one pod) -----------------------------------------------------------------

@@ -56,7 +56,7 @@ from frscope.operator.signals import Signal, SignalKind, exit_signals, job_condi
 from frscope.operator.store import JobStore, JobView, LatestDiagnosis
 from frscope.report import one_line, report_to_dict
 from frscope.report.timeline import build_timeline
-from frscope.wire import SidecarStatus
+from frscope.wire import GroupStall, SidecarStatus
 
 log = logging.getLogger(__name__)
 
@@ -383,8 +383,20 @@ class Controller:
             self._state(key).restarts = max(restarts)
         stalls = [(pod, s) for pod, st in statuses.items() for s in st.stalls]
         self.store.set_status(key, stalled=bool(stalls) or any(st.stalled for st in statuses.values()))
-        if not stalls:
+        if stalls:
+            self._stall_signal(key, stalls)
+
+    def on_first_stall(self, key: JobKey, pod: str, status: SidecarStatus) -> None:
+        """One sidecar's answer during a sweep that reports a stall: when the job was not stalled at the
+        last sweep, the stall is signalled now, not when the sweep ends (a sweep over 8,192 pods at
+        --poll-max-rps 200 takes 41 s). The sweep's answers then follow in `on_status` as before (while
+        the incident runs, they are its pending signal)."""
+        if not status.stalls or self.store.is_stalled(key):
             return
+        self.store.set_status(key, stalled=True)
+        self._stall_signal(key, [(pod, s) for s in status.stalls])
+
+    def _stall_signal(self, key: JobKey, stalls: list[tuple[str, GroupStall]]) -> None:
         pod, first = min(stalls, key=lambda ps: (ps[1].seq if ps[1].seq is not None else 1 << 62, ps[1].rank))
         self.signal(Signal(SignalKind.SIDECAR_STALL, key,
                            f"sidecar of pod {pod}: rank {first.rank} stalled in {first.op} #{first.seq} "
@@ -530,11 +542,14 @@ class Controller:
                 self._quiet(state, attempt, view)
             return
         # Nothing gathered but a failed rank: its exit alone is evidence (a crash before any read).
+        analyzing = time.monotonic()
         diagnosis = await diagnose(gathered, view.world_size,
                                    AnalysisOptions(stall_after_s=self.config.stuck_after_s,
                                                    clock_skew_ms=self.config.clock_skew_ms),
                                    exits=exits)
         report = diagnosis.report
+        log.info("job %s: analyzed %d ranks in %.1f s", view.key, len(report.ranks_loaded),
+                 time.monotonic() - analyzing, extra=_job(view.key))
         rank_pods = {d.rank: pod for pod, evidence in gathered.pods.items() for d in evidence.dumps}
         if revising is not None:
             await self._revise(view, sig, attempt, revising, diagnosis, rank_pods)
@@ -652,6 +667,8 @@ class Controller:
         gathered = await gather(self.sidecars, view.ref.namespace, targets, self.config.gather, self.pushes,
                                 push_pods=self._gone_pods(view), decoder=self.decoder)
         self.metrics.gather_duration.observe(gathered.duration_s)
+        log.info("job %s: gathered %d pods (%d from pushes, %d failed) in %.1f s", view.key, len(gathered.pods),
+                 len(gathered.from_push), len(gathered.failures), gathered.duration_s, extra=_job(view.key))
         if gathered.failures:
             self.metrics.sidecars_unreachable.inc(len(gathered.failures))
         return gathered
@@ -680,6 +697,7 @@ class Controller:
         report = diagnosis.report
         finding = report.findings[0]
         now = rfc3339()
+        publishing = time.monotonic()
         incident = revision.record.id if revision is not None else key.digest
         name = report_name(view.ref, incident)
         record = IncidentRecord(incident, str(attempt), key.group, key.seq, finding.category.value, name, now)
@@ -707,6 +725,8 @@ class Controller:
         done = await (self.publisher.revise(pub) if revision is not None else self.publisher.publish(pub))
         for step in done.errors:
             self.metrics.publish_errors.labels(step=step.split(" ")[0]).inc()
+        log.info("job %s: report %s built and published in %.1f s", view.key, name, time.monotonic() - publishing,
+                 extra=_job(view.key))
         state = self._state(view.key)
         if done.report or done.condition:
             state.ledger = state.ledger.with_record(record)

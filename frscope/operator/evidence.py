@@ -1,9 +1,12 @@
 """One pod's evidence: its sidecar's snapshot body, decoded and normalized right away.
 
-A 1,024-rank job's snapshots are ~1 GiB of JSON (2,000 entries per rank): the operator never holds
-them as raw dicts. Each body is decoded and normalized (`frscope.records.normalize_dump`) as soon as
-it arrives, in a worker thread, and only the last `max_entries` entries of each rank are kept (a hang
-is decided by the newest collectives of every group; the ring buffer is already a window).
+A 1,024-rank job's whole recorders are ~1 GiB of JSON (2,000 entries per rank): the operator asks the
+sidecars for the newest `max_entries` entries of each rank only (`/v1/snapshot?entries=N`) and never
+holds bodies as raw dicts. Each body is decoded as soon as it arrives, in a decode worker; each rank
+is cut to its newest `max_entries` entries (again: a sidecar that predates the window, or a push,
+sends the whole ring) before it is normalized (`frscope.records.normalize_dump`) into columns (an
+`EntryTable`, ~30 KiB a rank of 200 entries), which is all that travels back and is kept. A hang is
+decided by the newest collectives of every group; the ring buffer is already a window.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frscope.operator.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, gunzip_capped, parse_snapshot
-from frscope.records import DumpError, LoadProblem, RankDump, normalize_dump
+from frscope.records import DumpError, LoadProblem, PgConfig, RankDump, normalize_dump
 from frscope.records.limits import describe, valid_rank
-from frscope.wire import SidecarSnapshot
+from frscope.wire import SidecarSnapshot, entries_dropped, window_piece
 
 DEFAULT_MAX_ENTRIES = 200
 
@@ -29,8 +32,9 @@ class PodEvidence:
     captured_at_ns: int | None
     dumps: list[RankDump] = field(default_factory=list)
     problems: list[LoadProblem] = field(default_factory=list)
-    entries_dropped: int = 0
+    entries_dropped: int = 0  # older entries left out, by the sidecar's window or by this operator
     size_bytes: int = 0
+    cut_here: int = 0  # of those, the ones that were in the body (cut by this operator)
     # The pushing pod's uid, when its token says so (--sidecar-auth kubernetes): a job's pods keep their
     # names across a restart, so a push from a pod that is gone is told from its successor by uid.
     pod_uid: str = ""
@@ -42,11 +46,11 @@ class PodEvidence:
     @property
     def held_bytes(self) -> int:
         """The share of the body this evidence keeps: all of it, less the entries past `max_entries` a
-        rank that were dropped (a push of 2,000 entries a rank keeps its newest 200: a tenth)."""
+        rank that were cut from it (a push of 2,000 entries a rank keeps its newest 200: a tenth)."""
         kept = sum(len(d.entries) for d in self.dumps)
-        if self.entries_dropped <= 0 or kept + self.entries_dropped == 0:
+        if self.cut_here <= 0 or kept + self.cut_here == 0:
             return self.size_bytes
-        return max(1, self.size_bytes * kept // (kept + self.entries_dropped))
+        return max(1, self.size_bytes * kept // (kept + self.cut_here))
 
 
 def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES) -> PodEvidence:
@@ -62,17 +66,38 @@ def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = 
         hint = raw.get("rank")
         rank = valid_rank(hint)
         source = f"{where} rank {rank if rank is not None else describe(hint)}"
+        # Cut to the window before normalizing (frscope.wire's cut, the one the sidecar makes for
+        # ?entries=N): a sidecar that predates the window, or a push, sends the whole ring.
+        before = entries_dropped(raw)
+        if max_entries > 0:
+            window_piece(raw, max_entries)
         try:
-            # normalize_dump refuses an out-of-range rank itself, naming the field.
-            dump = normalize_dump(raw, source, hint if isinstance(hint, int) and not isinstance(hint, bool) else None)
+            # normalize_dump refuses an out-of-range rank itself, naming the field. Columns, not a list
+            # of Entry objects: ~30 KiB a rank of 200 entries instead of ~150 (8,192 ranks: 1.2 GiB).
+            dump = normalize_dump(raw, source, hint if isinstance(hint, int) and not isinstance(hint, bool) else None,
+                                  columnar=True)
         except DumpError as exc:
             out.problems.append(LoadProblem(exc.source, exc.message, rank=valid_rank(exc.rank)))
             continue
-        if max_entries > 0 and len(dump.entries) > max_entries:
-            out.entries_dropped += len(dump.entries) - max_entries
-            dump.entries = dump.entries[-max_entries:]
+        dropped = entries_dropped(raw)
+        out.entries_dropped += dropped
+        out.cut_here += dropped - before
         out.dumps.append(dump)
     return out
+
+
+def share_groups(evidence: PodEvidence, shared: dict[tuple[int, ...], tuple[int, ...]]) -> PodEvidence:
+    """One tuple per distinct `pg_config` rank list across a gather (as the CLI's loader does). Every
+    rank's recorder lists its default group's N members: a rank decoded in a worker process arrives with
+    its own copy of them, N int objects (8,192 ranks: ~300 KiB a rank, 2.4 GiB for the job), where one
+    copy serves them all."""
+    for dump in evidence.dumps:
+        for key, cfg in dump.pg_config.items():
+            if cfg.ranks is not None:
+                ranks = shared.setdefault(cfg.ranks, cfg.ranks)
+                if ranks is not cfg.ranks:
+                    dump.pg_config[key] = PgConfig(cfg.key, cfg.name, cfg.desc, ranks)
+    return evidence
 
 
 class _Unreadable(dict[str, Any]):

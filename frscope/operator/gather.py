@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from frscope.operator.evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes
+from frscope.operator.evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes, share_groups
 from frscope.operator.kube.backoff import Backoff
 from frscope.operator.push import PushStore
 from frscope.operator.sidecars import SidecarClient, SidecarError
@@ -51,13 +51,15 @@ class Decoder:
             loop = asyncio.get_running_loop()
             await asyncio.gather(*(loop.run_in_executor(self._pool, _noop) for _ in range(self.processes)))
 
-    async def decode(self, raw: bytes, endpoint: str, *, max_entries: int, pod: str,
-                     namespace: str) -> PodEvidence:
+    async def decode(self, raw: bytes, endpoint: str, *, max_entries: int, pod: str, namespace: str,
+                     shared: dict[tuple[int, ...], tuple[int, ...]] | None = None) -> PodEvidence:
+        """`shared`: the gather's one tuple per distinct group rank list (`evidence.share_groups`)."""
         call = functools.partial(from_bytes, raw, endpoint, origin="sidecar", max_entries=max_entries, pod=pod,
                                  namespace=namespace)
         if self._pool is None:
-            return await asyncio.to_thread(call)
-        return await asyncio.get_running_loop().run_in_executor(self._pool, call)
+            return await asyncio.to_thread(call)  # in-process: normalize's cache shares them already
+        evidence = await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        return share_groups(evidence, shared if shared is not None else {})
 
     def close(self) -> None:
         if self._pool is not None:
@@ -98,7 +100,8 @@ class Gathered:
 
 
 async def _fetch_one(client: SidecarClient, namespace: str, target: Target, options: GatherOptions,
-                     fetching: asyncio.Semaphore, decoding: asyncio.Semaphore, decoder: Decoder) -> PodEvidence:
+                     fetching: asyncio.Semaphore, decoding: asyncio.Semaphore, decoder: Decoder,
+                     shared: dict[tuple[int, ...], tuple[int, ...]]) -> PodEvidence:
     assert target.endpoint is not None
     delays = Backoff(attempts=options.attempts, base_s=options.backoff_base_s, cap_s=5.0).delays()
     while True:
@@ -110,12 +113,31 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
                                                   last_entries=options.max_entries or None)
                 async with decoding:
                     return await decoder.decode(raw, target.endpoint, max_entries=options.max_entries,
-                                                pod=target.pod, namespace=namespace)
+                                                pod=target.pod, namespace=namespace, shared=shared)
         except SidecarError as exc:
             delay = next(delays, None) if exc.retryable else None
             if delay is None:
                 raise
             await asyncio.sleep(delay)
+
+
+async def _cancel_all(tasks: list[asyncio.Task[PodEvidence]]) -> None:
+    """Cancel `tasks` and wait until every one has ended, even when the waiting itself is cancelled
+    (a second cancel of the gather must not leave them running)."""
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    waiting = asyncio.gather(*tasks, return_exceptions=True)
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(waiting)
+            break
+        except asyncio.CancelledError:
+            cancelled = True  # cancelled again meanwhile: the fetches end first, then it goes on
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def gather(client: SidecarClient, namespace: str, targets: list[Target], options: GatherOptions,
@@ -128,6 +150,7 @@ async def gather(client: SidecarClient, namespace: str, targets: list[Target], o
     fetching = asyncio.Semaphore(max(1, options.concurrency))
     decoding = asyncio.Semaphore(max(1, decoder.processes or options.decode_threads))
     tasks: dict[asyncio.Task[PodEvidence], Target] = {}
+    shared: dict[tuple[int, ...], tuple[int, ...]] = {}
     for target in targets:
         if target.ended is not None:
             result.failures[target.pod] = target.ended
@@ -136,13 +159,14 @@ async def gather(client: SidecarClient, namespace: str, targets: list[Target], o
             result.failures[target.pod] = "no sidecar endpoint (no pod IP yet, or no container port named 'frscope')"
             continue
         tasks[asyncio.create_task(_fetch_one(client, namespace, target, options, fetching, decoding,
-                                             decoder))] = target
+                                             decoder, shared))] = target
     if tasks:
-        done, pending = await asyncio.wait(tasks, timeout=options.overall_timeout_s)
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        try:
+            _done, pending = await asyncio.wait(tasks, timeout=options.overall_timeout_s)
+        finally:
+            # The deadline, or the gather itself cancelled (the job deleted, the operator stopping): no
+            # fetch or decode outlives it.
+            await _cancel_all([t for t in tasks if not t.done()])
         for task, target in tasks.items():
             if task in pending:
                 result.failures[target.pod] = f"no answer within the gather deadline of {options.overall_timeout_s:g} s"

@@ -29,14 +29,18 @@ class StatusPoller:
         self._semaphore = asyncio.Semaphore(max(1, concurrency))
         self.sweeps = 0
 
-    async def _one(self, endpoint: str) -> SidecarStatus | str:
+    async def _one(self, key: JobKey, pod: str, endpoint: str) -> SidecarStatus | str:
         async with self._semaphore:
             try:
-                return await self._controller.sidecars.status(endpoint, self._timeout_s)
+                status = await self._controller.sidecars.status(endpoint, self._timeout_s)
             except SidecarError as exc:
                 self._controller.metrics.status_poll_errors.inc()
                 log.debug("status poll failed: %s", exc)
                 return exc.message
+        if status.stalls:
+            # A job's first stall is signalled on the answer that reports it, not at the sweep's end.
+            self._controller.on_first_stall(key, pod, status)
+        return status
 
     async def sweep(self) -> None:
         """Poll every pod with a sidecar endpoint once; report per job."""
@@ -47,7 +51,8 @@ class StatusPoller:
                     endpoint = pod.endpoint
                     if endpoint is None or pod.deleting:
                         continue
-                    per_job.setdefault(view.key, {})[pod.name] = asyncio.create_task(self._one(endpoint))
+                    task = asyncio.create_task(self._one(view.key, pod.name, endpoint))
+                    per_job.setdefault(view.key, {})[pod.name] = task
                     await asyncio.sleep(self._spacing_s)
             for key, tasks in per_job.items():
                 await asyncio.gather(*tasks.values())

@@ -122,8 +122,9 @@ class SidecarClient:
         """The `/v1/snapshot` body, undecoded and maybe gzipped (`evidence.from_bytes` takes both, off the
         event loop)."""
         query = [("refresh", "1")] if refresh else []
-        if last_entries:
+        window = wire.window_query(last_entries)
+        if window is not None:
             # Only the newest entries per rank travel: the operator keeps no more than these.
-            query.append(("entries", str(last_entries)))
+            query.append(("entries", window))
         url = f"{endpoint}/v1/snapshot" + ("?" + "&".join(f"{k}={v}" for k, v in query) if query else "")
         return await self._get_bytes(url, endpoint, timeout_s, self._max_snapshot)

@@ -144,6 +144,11 @@ class JobStore:
         if job.ref is None and not job.pods:
             self._jobs.pop(JobKey(pod.namespace, pod.job_name), None)
 
+    def is_stalled(self, key: JobKey) -> bool:
+        """What the last status sweep (or a stall reported since) said of the job (cheap: no view)."""
+        job = self._jobs.get(key)
+        return job is not None and job.stalled
+
     def set_status(self, key: JobKey, *, stalled: bool) -> None:
         job = self._jobs.get(key)
         if job is not None:

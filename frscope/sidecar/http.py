@@ -12,6 +12,7 @@ from typing import Protocol
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from frscope import wire
 from frscope.sidecar.auth import BearerToken
 from frscope.wire import StatusDoc
 
@@ -51,14 +52,10 @@ def build_app(backend: Backend) -> web.Application:
 
     async def snapshot(request: web.Request) -> web.Response:
         refresh = request.query.get("refresh", "") in ("1", "true", "yes")
-        last_entries: int | None = None
-        if "entries" in request.query:
-            try:
-                last_entries = int(request.query["entries"])
-                if last_entries < 1:
-                    raise ValueError
-            except ValueError:
-                raise web.HTTPBadRequest(text="entries must be a positive integer") from None
+        try:
+            last_entries = wire.parse_window(request.query.get("entries"))
+        except wire.WireError as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
         if refresh:
             await backend.refresh()
         body, body_gz, _reason = await backend.snapshot(

@@ -40,20 +40,15 @@ def live_piece(state: RankState) -> bytes | None:
 
 def newest_entries(piece_z: bytes, last: int) -> bytes:
     """`?entries=N`: keep each rank's newest N recorder entries (a hang is decided by the newest ones;
-    the operator keeps no more than that, so sending the whole ring is wasted work at 1,024 ranks)."""
+    the operator keeps no more than that, so sending the whole ring is wasted work at 1,024 ranks).
+    The cut itself is frscope.wire's (`window_piece`), the same the operator applies."""
     piece = zlib.decompress(piece_z)
     try:
         obj = json.loads(piece)
     except ValueError:
         return piece_z
-    trace = obj.get("trace") if isinstance(obj, dict) else None
-    if not isinstance(trace, dict):
+    if not isinstance(obj, dict) or not wire.window_piece(obj, last):
         return piece_z
-    entries = trace.get("entries")
-    if not isinstance(entries, list) or len(entries) <= last:
-        return piece_z
-    trace["entries"] = entries[-last:]
-    obj["entries_dropped"] = len(entries) - last
     return zlib.compress(json.dumps(obj, separators=(",", ":")).encode(), 1)
 
 

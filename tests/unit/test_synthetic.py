@@ -293,3 +293,22 @@ def test_cli_prints_the_truth(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert printed == json.loads(truth_file.read_text())
     assert printed["category"] == "DtypeMismatch"
     assert len(list(out.iterdir())) == 16 and (out / "host_rank_15").exists()
+
+
+@pytest.mark.parametrize("shape", ["nccl", "gloo"])
+@pytest.mark.parametrize("json_shape", [False, True])
+@pytest.mark.parametrize("scenario", ["not_joined", "not_completed", "size_mismatch"])
+def test_newest_window_is_the_whole_dump_cut(shape: str, json_shape: bool, scenario: str) -> None:
+    """`dump(newest=N)` (what the bench's simulated sidecars serve for ?entries=N) is the whole dump with
+    its entries cut to the newest N, everything else (pg_status, pg_config, counters) unchanged."""
+    plan = make_plan(16, entries=ENTRIES, shape=shape, scenario=scenario, seed=3)
+    for rank in (0, *plan.truth.culprit_ranks, 15):
+        whole = plan.dump(rank, json_shape=json_shape)
+        assert plan.dump_length(rank) == len(whole["entries"])
+        for newest in (1, 7, ENTRIES - 1, ENTRIES, ENTRIES + 50):
+            cut = plan.dump(rank, json_shape=json_shape, newest=newest)
+            assert cut["entries"] == whole["entries"][-newest:]
+            assert {k: v for k, v in cut.items() if k != "entries"} == \
+                {k: v for k, v in whole.items() if k != "entries"}
+        assert plan.dump(rank, json_shape=json_shape, newest=0) == whole
+        assert plan.dump(rank, json_shape=json_shape, newest=None) == whole

@@ -62,3 +62,32 @@ def test_status_document_parses_into_stalls_and_ranks() -> None:
     assert status.ranks == (wire.RankUp(3, True), wire.RankUp(4, False, "connect refused"))
     with pytest.raises(wire.WireError, match="not a frscope.sidecar.status/v1 object"):
         wire.parse_status({"schema": wire.SNAPSHOT_SCHEMA})
+
+
+@pytest.mark.parametrize("text", ["0", "-1", "x", "1.5", "", " ", "1000001", "99999999999", "²", "+5", "1e3"])
+def test_snapshot_window_out_of_bounds_is_refused(text: str) -> None:
+    with pytest.raises(wire.WireError, match="from 1 to 1,000,000"):
+        wire.parse_window(text)
+
+
+def test_snapshot_window_bounds() -> None:
+    assert wire.parse_window(None) is None
+    assert wire.parse_window("1") == 1 and wire.parse_window("1000000") == 1_000_000
+    assert wire.parse_window("200") == 200
+    # A reader never asks what a sidecar refuses: 0 or None is the whole ring, more is clamped.
+    assert wire.window_query(None) is None and wire.window_query(0) is None
+    assert wire.window_query(200) == "200" and wire.window_query(5_000_000) == "1000000"
+
+
+def test_window_piece_cuts_the_oldest_and_counts_them() -> None:
+    trace = b.dump([b.entry(i) for i in range(1, 11)], world=2)
+    piece = wire.snapshot_piece(0, b.T0, "socket:/r", None, trace)
+    assert not wire.window_piece(piece, 10) and wire.ENTRIES_DROPPED_KEY not in piece
+    assert wire.window_piece(piece, 4)
+    assert [e["collective_seq_id"] for e in piece["trace"]["entries"]] == [7, 8, 9, 10]
+    assert wire.entries_dropped(piece) == 6
+    # Cut again (the operator after a sidecar): the counts add up.
+    assert wire.window_piece(piece, 1) and wire.entries_dropped(piece) == 9
+    bare = b.dump([b.entry(i) for i in range(1, 4)], world=2)
+    assert wire.window_piece(bare, 2) and len(bare["entries"]) == 2 and wire.entries_dropped(bare) == 1
+    assert wire.entries_dropped({"entries_dropped": -3}) == 0 and wire.entries_dropped({"entries_dropped": True}) == 0

@@ -362,6 +362,40 @@ async def test_status_sweep_is_rate_bounded_and_skips_pods_without_endpoints(
     assert not controller.store.jobs()[0].stalled and fake_kube.of("flightrecorderreports") == []
 
 
+async def test_a_jobs_first_stall_is_signalled_before_the_sweep_ends(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    """A sweep over 1,000s of pods takes seconds (8,192 at --poll-max-rps 200: 41 s): the answer that
+    first reports a stall starts the incident, not the sweep's end; once the job is known stalled, the
+    sweep's end decides as before."""
+    import asyncio
+
+    from frscope.operator.poller import StatusPoller
+
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    signals: list[tuple[str | None, int]] = []
+    real_signal = controller.signal
+
+    def noting(sig: Any) -> None:
+        signals.append((sig.pod, sum(s.status_requests for s in stand_ins)))
+        real_signal(sig)
+
+    controller.signal = noting  # type: ignore[method-assign]
+    poller = StatusPoller(controller, interval_s=60, timeout_s=1, max_rps=2, concurrency=1)
+    sweep = asyncio.create_task(poller.sweep())
+    await asyncio.sleep(0.3)  # the first pod answered; the second waits for its slot (2/s)
+    assert signals == [("train-master-0", 1)] and controller.store.jobs()[0].stalled
+    await sweep
+    # The sweep's end signals again (the incident's pending signal: one diagnosis all the same).
+    assert len(signals) == 2
+    await controller.idle()
+    assert len(fake_kube.of("flightrecorderreports")) == 1
+    # The job known stalled: the next sweep's answers signal only at its end.
+    await poller.sweep()
+    assert len(signals) == 3
+
+
 async def test_a_dead_pods_exit_reaches_the_report_as_evidence(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
         hang_ranks: dict[int, Any]) -> None:

@@ -4,6 +4,7 @@ need sidecars that fail on cue (down, garbage, slow, flaky), which a real one do
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -152,3 +153,30 @@ async def test_gzip_bodies_are_inflated_by_the_decoder_with_a_cap(sidecars: Make
     bomb = gz.compress(b"{" + b" " * (300 * 1024 * 1024))
     with pytest.raises(SidecarError, match="larger than"):
         from_bytes(bomb, "x", origin="sidecar")
+
+
+def _fetches() -> list[asyncio.Task[Any]]:
+    return [t for t in asyncio.all_tasks() if getattr(t.get_coro(), "__name__", "") == "_fetch_one"]
+
+
+@pytest.mark.parametrize("twice", [False, True])
+async def test_a_cancelled_gather_cancels_its_fetches(sidecars: Make, client: SidecarClient,
+                                                      hang_ranks: dict[int, Any], twice: bool) -> None:
+    slow = [await sidecars(f"slow-{i}", hang_ranks, mode="slow", delay_s=30) for i in range(3)]
+    options = GatherOptions(per_pod_timeout_s=60, overall_timeout_s=120, attempts=1, concurrency=2)
+    task = asyncio.create_task(gather(client, "ml", [Target(s.pod, s.endpoint) for s in slow], options))
+    for _ in range(200):  # until the first two requests are in flight (the third waits its turn)
+        await asyncio.sleep(0.01)
+        if sum(s.snapshot_requests for s in slow) == 2:
+            break
+    assert len(_fetches()) == 3
+    started = time.monotonic()
+    task.cancel()
+    if twice:
+        await asyncio.sleep(0)
+        task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert time.monotonic() - started < 5
+    assert _fetches() == [], "no fetch outlives its gather"
+    assert sum(s.snapshot_requests for s in slow) == 2

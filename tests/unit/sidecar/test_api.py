@@ -225,6 +225,9 @@ async def test_snapshot_window_must_be_positive(tmp_path: Path) -> None:
     try:
         assert (await fetch(sidecar, "/v1/snapshot?entries=0"))[0] == 400
         assert (await fetch(sidecar, "/v1/snapshot?entries=x"))[0] == 400
+        status, body, _ = await fetch(sidecar, "/v1/snapshot?entries=1000001")
+        assert status == 400 and b"from 1 to 1,000,000" in body
+        assert (await fetch(sidecar, "/v1/snapshot?entries=1000000"))[0] == 200
         status, body, _ = await fetch(sidecar, "/v1/snapshot?entries=200")
         assert status == 200 and json.loads(body)["ranks"] == []
     finally:
