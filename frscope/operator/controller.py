@@ -386,6 +386,11 @@ class Controller:
         if stalls:
             self._stall_signal(key, stalls)
 
+    def handling(self, key: JobKey) -> bool:
+        """Whether an incident of the job is being handled now (gathering, analyzing, publishing)."""
+        state = self._jobs.get(key)
+        return state is not None and state.running
+
     def on_first_stall(self, key: JobKey, pod: str, status: SidecarStatus) -> None:
         """One sidecar's answer during a sweep that reports a stall: when the job was not stalled at the
         last sweep, the stall is signalled now, not when the sweep ends (a sweep over 8,192 pods at

@@ -45,9 +45,16 @@ class StatusPoller:
     async def sweep(self) -> None:
         """Poll every pod with a sidecar endpoint once; report per job."""
         per_job: dict[JobKey, dict[str, asyncio.Task[SidecarStatus | str]]] = {}
+        cut_short: set[JobKey] = set()
         try:
             for view in self._controller.store.jobs():
                 for pod in view.pods:
+                    if self._controller.handling(view.key):
+                        # Its incident is being handled: the gather is asking these sidecars for more
+                        # already, and polling them too would only compete with it (at 8,192 pods a
+                        # sweep's polls ran beside the whole gather). The next sweep polls them again.
+                        cut_short.add(view.key)
+                        break
                     endpoint = pod.endpoint
                     if endpoint is None or pod.deleting:
                         continue
@@ -56,6 +63,8 @@ class StatusPoller:
                     await asyncio.sleep(self._spacing_s)
             for key, tasks in per_job.items():
                 await asyncio.gather(*tasks.values())
+                if key in cut_short:
+                    continue  # a partial sweep of a job under way: its answers would mark the rest unpolled
                 results = {pod: task.result() for pod, task in tasks.items()}
                 answers = {pod: st for pod, st in results.items() if isinstance(st, SidecarStatus)}
                 failures = {pod: st for pod, st in results.items() if isinstance(st, str)}

@@ -284,6 +284,7 @@ class StandInSidecar:
         self.snapshot_requests = 0
         self.status_requests = 0
         self.restart_count: int | None = None  # what the bootstrap tells of torchrun's restarts
+        self.snapshot_gate: asyncio.Event | None = None  # when set: snapshots answer once it is set
         self.server: TestServer | None = None
 
     @property
@@ -327,6 +328,8 @@ class StandInSidecar:
 
     async def _snapshot(self, _: web.Request) -> web.Response:
         self.snapshot_requests += 1
+        if self.snapshot_gate is not None:
+            await self.snapshot_gate.wait()
         if self.mode == "flaky" and self.snapshot_requests <= self.flaky_failures:
             return web.Response(status=503, text="warming up")
         bad = await self._misbehave()

@@ -366,14 +366,18 @@ async def test_a_jobs_first_stall_is_signalled_before_the_sweep_ends(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
         hang_ranks: dict[int, Any]) -> None:
     """A sweep over 1,000s of pods takes seconds (8,192 at --poll-max-rps 200: 41 s): the answer that
-    first reports a stall starts the incident, not the sweep's end; once the job is known stalled, the
-    sweep's end decides as before."""
+    first reports a stall starts the incident, not the sweep's end. While the incident is handled, the
+    sweep asks none of the job's other sidecars (the gather is asking them for more: at 8,192 pods the
+    polls competed with it); the next sweep polls them all and, the job known stalled, decides at its end."""
     import asyncio
 
     from frscope.operator.poller import StatusPoller
 
     controller = make_controller(kube_client, session)
     stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    gate = asyncio.Event()
+    for s in stand_ins:
+        s.snapshot_gate = gate  # the gather's snapshots wait: the incident stays under way
     signals: list[tuple[str | None, int]] = []
     real_signal = controller.signal
 
@@ -386,14 +390,21 @@ async def test_a_jobs_first_stall_is_signalled_before_the_sweep_ends(
     sweep = asyncio.create_task(poller.sweep())
     await asyncio.sleep(0.3)  # the first pod answered; the second waits for its slot (2/s)
     assert signals == [("train-master-0", 1)] and controller.store.jobs()[0].stalled
+    assert controller.handling(controller.store.jobs()[0].key)
     await sweep
-    # The sweep's end signals again (the incident's pending signal: one diagnosis all the same).
+    assert [s.status_requests for s in stand_ins] == [1, 0]  # the incident's job: no more polls
+    assert len(signals) == 1
+    gate.set()
+    await controller.idle()
+    assert len(fake_kube.of("flightrecorderreports")) == 1
+    assert not controller.handling(controller.store.jobs()[0].key)
+    # The incident over, the next sweep polls every pod; the job known stalled, it signals at its end
+    # (already diagnosed: no second report).
+    await poller.sweep()
+    assert [s.status_requests for s in stand_ins] == [2, 1]
     assert len(signals) == 2
     await controller.idle()
     assert len(fake_kube.of("flightrecorderreports")) == 1
-    # The job known stalled: the next sweep's answers signal only at its end.
-    await poller.sweep()
-    assert len(signals) == 3
 
 
 async def test_a_dead_pods_exit_reaches_the_report_as_evidence(
