@@ -298,7 +298,7 @@ def write_results(rows: list[dict[str, Any]]) -> None:
         "ranks): analysis 2.3 s, report built and published 2.7 s. Before the window (the whole 2,000-entry ring,",
         "~1.2 MiB of JSON a rank) 1,024 ranks took 32.4 s (gather 25.6 s, 306 MiB). At 8,192 ranks the status",
         "sweep used to go on polling the job's pods beside its own gather (a sweep of 8,192 pods at 200 requests/s",
-        "takes 41 s): 64.7 s stall -> condition (gather 55.0 s) and 59.9 s in a second run; since a job under an",
+        "takes 41 s): 64.7 s stall -> condition (gather 55.0 s) and 59.9 s in a second run (py-spy sampling it); since a job under an",
         "incident is not polled, 54.8 s and the 55.7 s above. When a gather reaches its 120 s deadline the ranks",
         "not decoded by then are the report's missing ranks.",
         "",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frscope.operator.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, gunzip_capped, parse_snapshot
-from frscope.records import DumpError, LoadProblem, PgConfig, RankDump, normalize_dump
+from frscope.records import DumpError, LoadProblem, RankDump, normalize_dump
 from frscope.records.limits import describe, valid_rank
 from frscope.wire import SidecarSnapshot, entries_dropped, window_piece
 
@@ -87,16 +87,10 @@ def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = 
 
 
 def share_groups(evidence: PodEvidence, shared: dict[tuple[int, ...], tuple[int, ...]]) -> PodEvidence:
-    """One tuple per distinct `pg_config` rank list across a gather (as the CLI's loader does). Every
-    rank's recorder lists its default group's N members: a rank decoded in a worker process arrives with
-    its own copy of them, N int objects (8,192 ranks: ~300 KiB a rank, 2.4 GiB for the job), where one
-    copy serves them all."""
+    """One tuple per distinct `pg_config` rank list across a gather (`RankDump.share_group_ranks`, as the
+    CLI's loader does): a rank decoded in a worker process arrives with its own copy of them."""
     for dump in evidence.dumps:
-        for key, cfg in dump.pg_config.items():
-            if cfg.ranks is not None:
-                ranks = shared.setdefault(cfg.ranks, cfg.ranks)
-                if ranks is not cfg.ranks:
-                    dump.pg_config[key] = PgConfig(cfg.key, cfg.name, cfg.desc, ranks)
+        dump.share_group_ranks(shared)
     return evidence
 
 

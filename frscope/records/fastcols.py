@@ -91,6 +91,21 @@ def _clean_dtypes(value: Any) -> bool:
     return all(type(d) is str and 0 < len(d) <= _MAX_DTYPE for d in value)
 
 
+_Frame = tuple[str, str, int]
+
+
+def _stack_content(raw: Any, one: dict[int, tuple[_Frame, ...]]) -> tuple[_Frame, ...]:
+    """A raw stack (a list of frame dicts) as (name, filename, line) tuples, by `frames_from_raw`; `one`
+    keeps each frame dict's tuples by identity (a rank's entries share their frame dicts)."""
+    parts: list[_Frame] = []
+    for item in raw:
+        got = one.get(id(item))
+        if got is None:
+            got = one[id(item)] = tuple((f.name, f.filename, f.line) for f in frames_from_raw([item]))
+        parts.extend(got)
+    return tuple(parts)
+
+
 class _Stacks:
     """Each entry's stack as a code into the rank's distinct stacks (as (name, filename, line) tuples).
     Exactly what `LazyFrames` gives: `frames_from_raw` of the frames of the last entry with the entry's
@@ -115,14 +130,7 @@ class _Stacks:
         if self.refs > _MAX_FRAME_REFS:  # checked before the list is walked: a crafted list can be long
             self.failed = True
             return
-        parts: list[tuple[str, str, int]] = []
-        one = self.one
-        for item in raw:
-            got = one.get(id(item))
-            if got is None:
-                got = one[id(item)] = tuple((f.name, f.filename, f.line) for f in frames_from_raw([item]))
-            parts.extend(got)
-        content = tuple(parts)
+        content = _stack_content(raw, self.one)
         code = self.index.get(content)
         if code is None:
             if len(self.index) >= _MAX_STACKS:

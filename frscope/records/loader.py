@@ -35,7 +35,6 @@ from frscope.records.model import (
     EntryRow,
     LazyFrames,
     LoadProblem,
-    PgConfig,
     RankDump,
     entries_from_rows,
     entry_rows,
@@ -372,13 +371,9 @@ def _unship(shipped: _Shipped, shared_ranks: dict[tuple[int, ...], tuple[int, ..
     elif isinstance(dump.entries, EntryTable) and dump.entries.stacks is not None:
         # Every rank runs the same code: one object per distinct frame across the set.
         dump.entries.stacks = [tuple(shared_frames.setdefault(f, f) for f in stack) for stack in dump.entries.stacks]
-    # Every rank's pg_config lists the default group's N members: one tuple for the whole set, not one per
-    # batch of files (at 32,768 ranks those copies alone would be gigabytes).
-    for key, cfg in dump.pg_config.items():
-        if cfg.ranks is not None:
-            ranks = shared_ranks.setdefault(cfg.ranks, cfg.ranks)
-            if ranks is not cfg.ranks:
-                dump.pg_config[key] = PgConfig(cfg.key, cfg.name, cfg.desc, ranks)
+    # One tuple per rank list for the whole set, not one per batch of files (at 32,768 ranks those copies
+    # alone would be gigabytes).
+    dump.share_group_ranks(shared_ranks)
     return dump
 
 

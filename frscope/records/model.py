@@ -286,6 +286,16 @@ class RankDump:
     host: str | None = None
     warnings: list[str] = field(default_factory=list)
 
+    def share_group_ranks(self, shared: dict[tuple[int, ...], tuple[int, ...]]) -> None:
+        """Point each `pg_config` rank list at the one equal tuple in `shared` (added if new). Every rank
+        lists its default group's N members: a rank decoded in a worker process arrives with its own
+        copy, N int objects (at 8,192 ranks ~300 KiB a rank), where one copy serves the whole set."""
+        for key, cfg in self.pg_config.items():
+            if cfg.ranks is not None:
+                ranks = shared.setdefault(cfg.ranks, cfg.ranks)
+                if ranks is not cfg.ranks:
+                    self.pg_config[key] = PgConfig(cfg.key, cfg.name, cfg.desc, ranks)
+
 
 @dataclass(frozen=True, slots=True)
 class LoadProblem:

@@ -22,9 +22,17 @@ from operator import lt
 from typing import Any
 
 from frscope.records.columns import EntryTable, _code_type
-from frscope.records.fastcols import _MAX_DTYPE, _MAX_NAME, _MAX_STACKS, _clean_dtypes, _clean_sizes, _short_text
+from frscope.records.fastcols import (
+    _MAX_DTYPE,
+    _MAX_NAME,
+    _MAX_STACKS,
+    _clean_dtypes,
+    _clean_sizes,
+    _short_text,
+    _stack_content,
+)
 from frscope.records.limits import MAX_INT64, memory_budget
-from frscope.records.model import LazyFrames, frames_from_raw
+from frscope.records.model import LazyFrames
 
 try:
     from frscope.records import _frscan  # type: ignore[attr-defined]
@@ -128,13 +136,7 @@ def _stacks(raw_codes: bytes | None, raws: list[Any] | None, record_id: array[in
     one: dict[int, tuple[tuple[str, str, int], ...]] = {}
     remap: list[int] = []
     for raw in raws:
-        parts: list[tuple[str, str, int]] = []
-        for item in raw:
-            got = one.get(id(item))
-            if got is None:
-                got = one[id(item)] = tuple((f.name, f.filename, f.line) for f in frames_from_raw([item]))
-            parts.extend(got)
-        content = tuple(parts)
+        content = _stack_content(raw, one)
         code = index.get(content)
         if code is None:
             if len(index) >= _MAX_STACKS:

@@ -132,15 +132,16 @@ async def test_the_deleted_pods_aftermath_is_no_new_incident_and_the_new_pods_ha
     assert sorted(again["action"]["targets"]) == sorted(f"pod/{n}/{n}-g2" for n, _ in PODS)
 
 
-async def test_a_restart_claimed_by_an_operator_that_died_is_finished_by_the_next(
-        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
-        hang_ranks: dict[int, Any]) -> None:
-    """The claim names the pods (now retired), which are still running: their signals are not a new
-    incident, but the claimed restart is still carried out (tests/e2e/test_actions_e2e.py found this)."""
+async def claimed_restart(fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession,
+                          sidecars: Make, hang_ranks: dict[int, Any], *, restart_policy: str | None = None,
+                          ) -> tuple[dict[str, Any], list[tuple[StandInSidecar, dict[str, Any]]], dict[str, Any]]:
+    """A hung job diagnosed by an operator that died after claiming the restart (the report's action
+    record 'acting', naming the pods) and before acting: (job, pods, report)."""
     first = controller_with_actor(kube_client, session)
     job = builders.job(annotations={"frscope.io/on-diagnosis": "restart"})
-    for spec in job["spec"]["pytorchReplicaSpecs"].values():
-        spec["restartPolicy"] = "ExitCode"
+    if restart_policy is not None:
+        for spec in job["spec"]["pytorchReplicaSpecs"].values():
+            spec["restartPolicy"] = restart_policy
     job = fake_kube.put("pytorchjobs", job)
     first.actor = None  # this one diagnoses and dies before acting
     await first.on_job(None, job)
@@ -151,6 +152,16 @@ async def test_a_restart_claimed_by_an_operator_that_died_is_finished_by_the_nex
                         "why": "policy restart", "at": "2026-12-03T16:03:00Z",
                         "targets": [f"pod/{p['metadata']['name']}/{p['metadata']['uid']}" for _, p in pods]}
     report = fake_kube.put("flightrecorderreports", report)
+    return job, pods, report
+
+
+async def test_a_restart_claimed_by_an_operator_that_died_is_finished_by_the_next(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    """The claim names the pods (now retired), which are still running: their signals are not a new
+    incident, but the claimed restart is still carried out (tests/e2e/test_actions_e2e.py found this)."""
+    job, pods, report = await claimed_restart(fake_kube, kube_client, session, sidecars, hang_ranks,
+                                              restart_policy="ExitCode")
 
     second = controller_with_actor(kube_client, session)
     await second.on_report(None, report)
@@ -172,18 +183,7 @@ async def test_a_claimed_restart_whose_pods_are_gone_is_finished_without_any_sig
     its successor starts the pods are gone (a clean-clone CI run of tests/e2e/test_actions_e2e.py: the
     action stayed 'acting' for good). No pod, no sidecar, no signal: the successor finishes the claim
     from the report alone, whichever of the report and the job its watches deliver first."""
-    first = controller_with_actor(kube_client, session)
-    job = builders.job(annotations={"frscope.io/on-diagnosis": "restart"})
-    job = fake_kube.put("pytorchjobs", job)
-    first.actor = None
-    await first.on_job(None, job)
-    pods = await start_generation(fake_kube, first, sidecars, hang_ranks, 1)
-    await poll(first, [s for s, _ in pods])
-    [report] = fake_kube.of("flightrecorderreports")
-    report["action"] = {"requested": "restart", "source": "job annotation", "action": "restart", "state": "acting",
-                        "why": "policy restart", "at": "2026-12-03T16:03:00Z",
-                        "targets": [f"pod/{p['metadata']['name']}/{p['metadata']['uid']}" for _, p in pods]}
-    report = fake_kube.put("flightrecorderreports", report)
+    job, pods, report = await claimed_restart(fake_kube, kube_client, session, sidecars, hang_ranks)
     for _, pod in pods:
         del fake_kube.objects[("pods", "ml", pod["metadata"]["name"])]
 
