@@ -27,7 +27,14 @@ from frscope.records.columns import EntryTable, unify_signatures
 from frscope.records.errors import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, UnknownFormat
 from frscope.records.gcpause import gc_paused
 from frscope.records.isolate import call_isolated
-from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, printable, valid_rank
+from frscope.records.limits import (
+    MIN_JSON_BYTES_PER_CONTAINER,
+    cpu_budget_s,
+    cpu_time_cap,
+    describe,
+    printable,
+    valid_rank,
+)
 from frscope.records.membership import build_groups
 from frscope.records.model import (
     CAPTURED_MTIME,
@@ -339,10 +346,22 @@ def _safe_rank_value(rank: int | None) -> int | None:
     return valid_rank(rank)
 
 
-def _load_in_child(path: Path, max_bytes: int, columnar: bool = False) -> list[RankDump | LoadProblem]:
-    """One file in a process of its own (`isolate`): only the file that kills it is lost."""
+def file_cpu_budget_s(path: Path) -> float:
+    """CPU seconds one file's decoding may take (`limits.cpu_budget_s`), from its size and gzip magic."""
     try:
-        return call_isolated(str(path), _load_one, path, max_bytes, columnar)
+        with path.open("rb") as handle:
+            gzipped = handle.read(2) == b"\x1f\x8b"
+            size = os.fstat(handle.fileno()).st_size
+    except OSError:
+        return cpu_budget_s(0)
+    return cpu_budget_s(size, gzipped)
+
+
+def _load_in_child(path: Path, max_bytes: int, columnar: bool = False) -> list[RankDump | LoadProblem]:
+    """One file in a process of its own (`isolate`), under its CPU-time cap: only the file that kills
+    it, or takes too long, is lost."""
+    try:
+        return call_isolated(str(path), _load_one, path, max_bytes, columnar, cpu_s=file_cpu_budget_s(path))
     except DumpError as exc:
         return [LoadProblem(exc.source, exc.message, rank=_safe_rank(path))]
 
@@ -382,7 +401,12 @@ def _load_chunk(paths: list[Path], max_bytes: int, columnar: bool = False) -> li
     as columns or constructor tuples, frames as a file reference), much smaller than the raw dumps."""
     gc.disable()
     faulthandler.disable()  # a crash on crafted input is reported by the parent, file by file
-    return [[_ship(result) for result in _load_one(path, max_bytes, columnar)] for path in paths]
+    out = []
+    for path in paths:
+        # Past its cap the kernel ends this worker; the parent then reads the rest one process each.
+        with cpu_time_cap(file_cpu_budget_s(path)):
+            out.append([_ship(result) for result in _load_one(path, max_bytes, columnar)])
+    return out
 
 
 # Below this many files a pool costs more than it saves.
@@ -456,8 +480,9 @@ def load_dumps(
                 for items in results:
                     take(items)
             except BrokenProcessPool:
-                # A worker died (results arrive in file order: the rest are not done). Each remaining
-                # file gets a process of its own, so only the one that kills it is lost.
+                # A worker died, or took too long on a file (results arrive in file order: the rest are
+                # not done). Each remaining file gets a process of its own, so only the one that kills
+                # it, or runs past its CPU cap again, is lost.
                 for path in files[done:]:
                     take(_load_in_child(path, max_bytes, columnar))
         finally:
