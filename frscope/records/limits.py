@@ -43,7 +43,7 @@ MAX_TEXT = 120
 # CPU time one file's decoding may take: a floor plus so much per MiB of the file. Real dumps decode at
 # tens of MiB per CPU-second on the slowest (reference) path; a pickle of 150,000 int keys that all hash
 # alike (2 MiB) takes minutes, quadratically, inside one opcode, where no check between opcodes runs.
-CPU_FLOOR_S = 10.0
+CPU_FLOOR_S = 5.0
 CPU_S_PER_MIB = 1.0
 # A gzipped file is budgeted as if this many times its size (real dumps compress 5-10x).
 GZIP_RATIO = 32
