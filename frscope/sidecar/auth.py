@@ -46,12 +46,14 @@ import jwt as pyjwt
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from frscope import wire
+
 log = logging.getLogger("frscope.sidecar")
 
 PROBES = frozenset({"/healthz", "/readyz"})  # the kubelet has no token
 TOKEN_RELOAD_S = 30.0
 
-AUDIENCE_SIDECAR = "frscope.io/sidecar"  # = frscope.operator.names.AUDIENCE_SIDECAR (the sidecar imports no operator)
+AUDIENCE_SIDECAR = wire.SIDECAR_AUDIENCE  # = frscope.operator.names.AUDIENCE_SIDECAR
 OPERATOR_TOKEN = "operator-token"
 API_TOKEN = "api-token"
 CA_FILE = "ca.crt"
@@ -74,10 +76,9 @@ class TokenRejected(Exception):
         self.reason = reason
 
 
-def pod_audience(namespace: str, pod: str) -> str:
-    """The audience of the tokens the operator mints for one pod's sidecar (TokenRequest): a token shown
-    to one sidecar opens no other pod's."""
-    return f"{AUDIENCE_SIDECAR}/{namespace}/{pod}"
+# The audience of the tokens the operator mints for one pod's sidecar (TokenRequest): a token shown to
+# one sidecar opens no other pod's.
+pod_audience = wire.sidecar_audience
 
 
 # Until the operator mints per-pod tokens (TokenRequest, `pod_audience`) the shared audience is accepted
