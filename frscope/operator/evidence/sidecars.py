@@ -8,7 +8,7 @@ so that a sidecar that is down or answers garbage becomes a missing pod in the r
 
 from __future__ import annotations
 
-import json
+import asyncio
 import zlib
 from typing import Any
 
@@ -20,7 +20,7 @@ from frscope.operator.kube.credentials import BearerAuth
 from frscope.wire import SidecarSnapshot, SidecarStatus
 
 DEFAULT_MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
-MAX_STATUS_BYTES = 8 * 1024 * 1024
+MAX_STATUS_BYTES = wire.STATUS_MAX_BYTES
 
 class SidecarError(Exception):
     """A sidecar could not be reached or did not answer as documented."""
@@ -111,10 +111,10 @@ class SidecarClient:
         raw = await self._get_bytes(f"{endpoint}/v1/status", endpoint, timeout_s, MAX_STATUS_BYTES)
         raw = gunzip_capped(raw, MAX_STATUS_BYTES, endpoint)
         try:
-            obj = json.loads(raw)
-        except ValueError as exc:
-            raise SidecarError(endpoint, f"answer is not JSON: {exc}", retryable=False) from exc
-        return parse_status(obj, endpoint)
+            # Off the event loop: one sidecar's answer must not stall the operator's other work.
+            return await asyncio.to_thread(wire.loads_status, raw)
+        except wire.WireError as exc:
+            raise SidecarError(endpoint, str(exc), retryable=False) from None
 
     async def snapshot_bytes(
         self, endpoint: str, timeout_s: float, *, refresh: bool = True, last_entries: int | None = None

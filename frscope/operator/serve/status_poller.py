@@ -37,6 +37,10 @@ class StatusPoller:
                 self._controller.metrics.status_poll_errors.inc()
                 log.debug("status poll failed: %s", exc)
                 return exc.message
+            except Exception as exc:  # one pod's answer never ends the sweep for the others
+                self._controller.metrics.status_poll_errors.inc()
+                log.warning("status poll of %s failed: %s", endpoint, type(exc).__name__)
+                return f"unreadable answer ({type(exc).__name__})"
         if status.stalls:
             # A job's first stall is signalled on the answer that reports it, not at the sweep's end.
             self._controller.on_first_stall(key, pod, status)
