@@ -218,6 +218,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         decode_processes=args.decode_processes,
         sidecar_auth=args.sidecar_auth,
         sidecar_token_file=args.sidecar_token_file,
+        operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
         evidence_dir=args.evidence_dir,
         ui_auth=args.ui_auth,
         report_limit_bytes=args.report_limit,

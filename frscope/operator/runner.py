@@ -30,6 +30,7 @@ from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.evidence.spill import EvidenceDir
 from frscope.operator.injection import InjectionConfig, native_sidecars_supported
 from frscope.operator.kube import BearerAuth, KubeClient, TokenFile
+from frscope.operator.kube.pod_tokens import PodTokens
 from frscope.operator.kube.resources import PODS
 from frscope.operator.model.objects import JobRef
 from frscope.operator.model.operator_metrics import OperatorMetrics
@@ -125,7 +126,8 @@ def webhook_server(webhook: WebhookConfig) -> kopf.WebhookServer:
 
 
 def sidecar_auth(config: OperatorConfig, reviewer: Reviewer) -> tuple[BearerAuth | None, PushAuth]:
-    """The token shown to the sidecars, and how pushes are checked (`--sidecar-auth`)."""
+    """The token shown to the sidecars, and how pushes are checked (`--sidecar-auth`). With Kubernetes
+    identity and a known operator identity the sidecars get per-pod tokens instead (`pod_tokens`)."""
     shown = TokenFile(config.sidecar_token_file) if config.sidecar_token_file is not None else None
     if config.sidecar_auth == "kubernetes":
         return shown, KubernetesPush(reviewer)
@@ -133,6 +135,18 @@ def sidecar_auth(config: OperatorConfig, reviewer: Reviewer) -> tuple[BearerAuth
         assert shown is not None  # OperatorConfig insists
         return shown, SharedTokenPush(shown)
     return shown, OpenPush()
+
+
+def pod_tokens(config: OperatorConfig, kube: KubeClient) -> PodTokens | None:
+    """Per-pod tokens for the sidecars (TokenRequest, audience naming the pod) with Kubernetes identity."""
+    if config.sidecar_auth != "kubernetes":
+        return None
+    if not config.operator_identity:
+        log.warning("--sidecar-auth kubernetes without FRSCOPE_OPERATOR_IDENTITY: no per-pod tokens can be "
+                    "minted, and the sidecars accept no other")
+        return None
+    expiry = config.webhook.injection.token_expiration_s if config.webhook is not None else 3600
+    return PodTokens(kube, config.operator_identity, lifetime_s=expiry)
 
 
 async def _heartbeat(health: Health) -> None:
@@ -169,7 +183,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     publisher = Publisher(kube, instance=config.instance)
     shown, push_auth = sidecar_auth(config, reviewer)
     controller = Controller(config, store=store, pushes=pushes,
-                            sidecars=SidecarClient(sidecar_session, auth=shown),
+                            sidecars=SidecarClient(sidecar_session, auth=shown, tokens=pod_tokens(config, kube)),
                             publisher=publisher, metrics=metrics,
                             decoder=Decoder(config.decode_processes),
                             actor=Actor(kube, publisher, metrics, config.actions, instance=config.instance),

@@ -81,15 +81,9 @@ class TokenRejected(Exception):
 pod_audience = wire.sidecar_audience
 
 
-# Until the operator mints per-pod tokens (TokenRequest, `pod_audience`) the shared audience is accepted
-# as well; with it a token captured by one pod opens every sidecar. Set False when the operator mints.
-SHARED_AUDIENCE_ACCEPTED = True
-
-
 def accepted_audiences(namespace: str, pod: str) -> tuple[str, ...]:
-    """What this sidecar accepts: its own pod's audience (and, for now, the shared one)."""
-    own = (pod_audience(namespace, pod),) if namespace and pod else ()
-    return own + ((AUDIENCE_SIDECAR,) if SHARED_AUDIENCE_ACCEPTED or not own else ())
+    """What this sidecar accepts: its own pod's audience only."""
+    return (pod_audience(namespace, pod),)
 
 
 def _b64int(text: Any) -> int:

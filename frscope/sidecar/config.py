@@ -87,6 +87,9 @@ class SidecarConfig:
             raise ValueError("size caps must be > 0")
         if self.evidence_max_files < 1 or self.memory_captures < 1:
             raise ValueError("--evidence-max-files and --memory-captures must be >= 1")
+        if self.operator_identity and not (self.namespace and self.pod):
+            raise ValueError("--operator-identity needs the pod's namespace and name (--namespace/--pod, or "
+                             "POD_NAMESPACE/POD_NAME from the downward API): tokens are accepted per pod")
         if self.token_file is not None and self.operator_identity:
             raise ValueError("--token-file (a shared secret) and --operator-identity (Kubernetes identity) "
                              "exclude each other")

@@ -72,6 +72,9 @@ class OperatorConfig:
     # The token shown to the sidecars: the projected token (audience frscope.io/sidecar) with
     # 'kubernetes', the shared secret with 'token'. Re-read whenever the file changes.
     sidecar_token_file: Path | None = None
+    # system:serviceaccount:NS:NAME the operator runs as (FRSCOPE_OPERATOR_IDENTITY, set by the chart with
+    # 'kubernetes'): it mints per-pod tokens of this account for the sidecars (kube.pod_tokens).
+    operator_identity: str | None = None
     # Who may use the web UI: 'kubernetes' (a bearer token, TokenReview + SubjectAccessReview `get
     # pytorchjobs` in the job's namespace), 'port-forward' (that, or a loopback connection, which in a
     # pod only `kubectl port-forward` can make), 'none'.

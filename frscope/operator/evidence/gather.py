@@ -110,7 +110,8 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
             async with fetching:
                 raw = await client.snapshot_bytes(target.endpoint, options.per_pod_timeout_s,
                                                   refresh=options.refresh,
-                                                  last_entries=options.max_entries or None)
+                                                  last_entries=options.max_entries or None,
+                                                  pod=(namespace, target.pod))
                 async with decoding:
                     return await decoder.decode(raw, target.endpoint, max_entries=options.max_entries,
                                                 pod=target.pod, namespace=namespace, shared=shared)

@@ -32,7 +32,8 @@ class StatusPoller:
     async def _one(self, key: JobKey, pod: str, endpoint: str) -> SidecarStatus | str:
         async with self._semaphore:
             try:
-                status = await self._controller.sidecars.status(endpoint, self._timeout_s)
+                status = await self._controller.sidecars.status(endpoint, self._timeout_s,
+                                                                pod=(key.namespace, pod))
             except SidecarError as exc:
                 self._controller.metrics.status_poll_errors.inc()
                 log.debug("status poll failed: %s", exc)

@@ -1,6 +1,7 @@
 """Attacks on the sidecar's token check (issue 26), each through a real sidecar's HTTP server:
 
-- a token the operator minted for one pod's sidecar opens no other pod's (audience per pod);
+- a token the operator minted for one pod's sidecar opens no other pod's (audience per pod), and a
+  token for the shared audience (what the operator showed every sidecar before) opens none;
 - a token whose header or claims nest 1,500 deep is a 401, not a 500;
 - a storm of refused tokens costs one check per distinct token, and tokens naming unknown keys make
   the sidecar fetch the issuer keys at most once per REFETCH_MIN_S.
