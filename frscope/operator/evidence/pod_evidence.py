@@ -18,10 +18,19 @@ from typing import Any
 
 from frscope.operator.evidence.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, gunzip_capped, parse_snapshot
 from frscope.records import DumpError, LoadProblem, RankDump, normalize_dump
-from frscope.records.limits import describe, valid_rank
+from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, valid_rank
 from frscope.wire import SidecarSnapshot, entries_dropped, window_piece
 
 DEFAULT_MAX_ENTRIES = 200
+
+# What one body may cost before anything is built from it. A gzip body may inflate to at most
+# MAX_EXPANSION times its size plus EXPANSION_FLOOR (real snapshots compress 5-20x; 4 KiB of gzip can
+# hold 4 MiB of `{}`); the JSON may hold at most one object/array per MIN_JSON_BYTES_PER_CONTAINER bytes
+# (real snapshots: ~80), which bounds the decoded objects to ~25x the inflated size; and a pod's body
+# at most MAX_PIECES rank pieces and errors (a pod hosts a node's ranks: 8-64, not a million).
+MAX_EXPANSION = 64
+EXPANSION_FLOOR = 1024 * 1024
+MAX_PIECES = 1024
 
 
 @dataclass(slots=True)
@@ -168,7 +177,13 @@ def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
 def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
                pod: str | None = None, namespace: str | None = None) -> PodEvidence:
     """Inflate (if gzip), decode, validate and normalize one snapshot body (in a worker process or thread)."""
-    raw = gunzip_capped(raw, DEFAULT_MAX_SNAPSHOT_BYTES, endpoint)
+    if raw[:2] == b"\x1f\x8b":
+        raw = gunzip_capped(raw, min(DEFAULT_MAX_SNAPSHOT_BYTES, MAX_EXPANSION * len(raw) + EXPANSION_FLOOR),
+                            endpoint)
+    containers = raw.count(b"{") + raw.count(b"[")
+    if containers * MIN_JSON_BYTES_PER_CONTAINER > len(raw):
+        raise SidecarError(endpoint, f"{containers} JSON objects/arrays in {len(raw)} bytes: not a snapshot (one per "
+                           f"~80 bytes in a real one)", retryable=False)
     try:
         obj = _loads(raw)
     except RecursionError:
@@ -178,6 +193,9 @@ def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEF
         raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
     snapshot = parse_snapshot(obj, endpoint, size_bytes=len(raw))
     del obj
+    if len(snapshot.ranks) + len(snapshot.errors) > MAX_PIECES:
+        raise SidecarError(endpoint, f"{len(snapshot.ranks)} rank pieces and {len(snapshot.errors)} errors: more "
+                           f"than {MAX_PIECES} in one pod's snapshot", retryable=False)
     if pod:
         snapshot.pod = pod
     if namespace:

@@ -4,7 +4,8 @@ web UI.
     GET  /healthz   200 while the event loop turns and kopf's watchers are running (liveness)
     GET  /readyz    200 once kopf has started (readiness)
     GET  /metrics   Prometheus text of the injected registry
-    POST /v1/push   a sidecar's snapshot body (docs/sidecar-api.md), gzip or plain, checked by `push_auth`
+    POST /v1/push   a sidecar's snapshot body (docs/sidecar-api.md), gzip or plain, checked by `push_auth`;
+                    `--max-push-bytes` caps it as sent, `pod_evidence` what it may inflate to
                     (by default the pod's own service-account token: the pod and namespace come from it)
 
 Other components add their routes with `OperatorHttp.add_routes()` (or `add_subapp()`) before
@@ -134,7 +135,9 @@ class OperatorHttp:
         namespace = caller.namespace or claimed[0]
         pod = caller.pod or claimed[1]
         try:
-            raw = await request.read()  # aiohttp has already undone Content-Encoding: gzip
+            # As it came (the server does not undo Content-Encoding): `from_bytes` inflates it off the
+            # event loop, to at most a multiple of its size (pod_evidence.MAX_EXPANSION).
+            raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": "body too large"}, status=413)
@@ -167,7 +170,9 @@ class OperatorHttp:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> int:
-        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None)
+        # Request bodies are not inflated by aiohttp (a 16 KiB gzip push would become its whole
+        # inflation in memory before any check): pushes are inflated capped by `from_bytes`.
+        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None, auto_decompress=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()
