@@ -37,6 +37,7 @@ from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.model.store import JobStore
 from frscope.operator.publish import Publisher
 from frscope.operator.serve.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
+from frscope.operator.serve.guards import metrics_guard
 from frscope.operator.serve.handlers import register_watchers, register_webhook
 from frscope.operator.serve.login import Login, login
 from frscope.operator.serve.operator_http import Health, OperatorHttp
@@ -191,7 +192,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     health = Health()
     http = OperatorHttp(registry=registry, metrics=metrics, health=health, on_push=controller.on_push,
                         push_auth=push_auth, max_push_bytes=config.max_push_bytes,
-                        max_entries=config.gather.max_entries, spill=spill)
+                        max_entries=config.gather.max_entries, spill=spill,
+                        metrics_guard=metrics_guard(config.metrics_auth, reviewer))
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
     operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer)

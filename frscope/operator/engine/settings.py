@@ -79,6 +79,9 @@ class OperatorConfig:
     # pytorchjobs` in the job's namespace), 'port-forward' (that, or a loopback connection, which in a
     # pod only `kubectl port-forward` can make), 'none'.
     ui_auth: str = "port-forward"
+    # Who may read /metrics (it names every watched namespace's jobs and diagnoses): the same modes, with
+    # `get` on the non-resource URL /metrics for a token (the controller-runtime way).
+    metrics_auth: str = "port-forward"
     max_push_bytes: int = 256 * 1024 * 1024
     # Where accepted pushes are also kept, so that a restart does not lose them (the chart mounts a
     # volume there); None: in memory only.
@@ -103,5 +106,7 @@ class OperatorConfig:
             raise ValueError(f"--sidecar-auth must be one of {', '.join(SIDECAR_AUTH_MODES)}")
         if self.ui_auth not in UI_AUTH_MODES:
             raise ValueError(f"--ui-auth must be one of {', '.join(UI_AUTH_MODES)}")
+        if self.metrics_auth not in UI_AUTH_MODES:
+            raise ValueError(f"--metrics-auth must be one of {', '.join(UI_AUTH_MODES)}")
         if self.sidecar_auth == "token" and self.sidecar_token_file is None:
             raise ValueError("--sidecar-auth token needs --sidecar-token-file (the shared secret)")

@@ -3,7 +3,7 @@ web UI.
 
     GET  /healthz   200 while the event loop turns and kopf's watchers are running (liveness)
     GET  /readyz    200 once kopf has started (readiness)
-    GET  /metrics   Prometheus text of the injected registry
+    GET  /metrics   Prometheus text of the injected registry, behind `--metrics-auth` (`guards`)
     POST /v1/push   a sidecar's snapshot body (docs/sidecar-api.md), gzip or plain, checked by `push_auth`;
                     `--max-push-bytes` caps it as sent, `pod_evidence` what it may inflate to
                     (by default the pod's own service-account token: the pod and namespace come from it)
@@ -29,6 +29,7 @@ from frscope.operator.evidence.spill import EvidenceDir
 from frscope.operator.model.objects import JobKey
 from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.serve.access import OpenPush, PushAuth, Refused
+from frscope.operator.serve.guards import Check
 from frscope.operator.serve.push_gate import PushGate
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,8 @@ class OperatorHttp:
     def __init__(self, *, registry: CollectorRegistry, metrics: OperatorMetrics, health: Health,
                  on_push: PushHandler, push_auth: PushAuth | None = None,
                  max_push_bytes: int = 256 * 1024 * 1024, max_entries: int = DEFAULT_MAX_ENTRIES,
-                 spill: EvidenceDir | None = None, gate: PushGate | None = None) -> None:
+                 spill: EvidenceDir | None = None, gate: PushGate | None = None,
+                 metrics_guard: Check | None = None) -> None:
         self._registry = registry
         self._metrics = metrics
         self._health = health
@@ -70,6 +72,7 @@ class OperatorHttp:
         self._push_auth: PushAuth = push_auth if push_auth is not None else OpenPush()
         self._max_entries = max_entries
         self._gate = gate if gate is not None else PushGate()
+        self._metrics_guard = metrics_guard  # `--metrics-auth` (guards.metrics_guard); None: open
         self.app = web.Application(client_max_size=max_push_bytes)
         self.app.add_routes([
             web.get("/healthz", self._healthz),
@@ -96,7 +99,11 @@ class OperatorHttp:
         ready = self._health.ready and self._health.alive()[0]
         return web.json_response({"ready": ready}, status=200 if ready else 503)
 
-    async def _metrics_text(self, _: web.Request) -> web.Response:
+    async def _metrics_text(self, request: web.Request) -> web.Response:
+        if self._metrics_guard is not None:
+            refused = await self._metrics_guard(request)
+            if refused is not None:
+                return refused
         body = generate_latest(self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -116,11 +123,13 @@ class OperatorHttp:
 
     async def _take_push(self, request: web.Request) -> web.Response:
         try:
-            caller = await self._push_auth.caller(request.headers.get("Authorization", ""))
+            caller = await self._push_auth.caller(request.headers.get("Authorization", ""), request.remote)
         except Refused as exc:
             self._metrics.pushes.labels(result="rejected").inc()
             log.warning("push refused (%d): %s", exc.status, exc.message)
             headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+            if exc.retry_after_s is not None:
+                headers = {"Retry-After": str(exc.retry_after_s)}
             return web.json_response({"error": exc.message}, status=exc.status, headers=headers)
         # An authenticated pod speaks for itself only: its token names it; headers that name another
         # pod are refused (and the body's own pod/namespace fields are overridden).

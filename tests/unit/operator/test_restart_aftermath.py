@@ -237,7 +237,7 @@ async def test_a_push_is_told_from_its_pods_successor_by_the_uid_its_token_is_bo
     """The kubelet binds a pod's projected token to the pod's name and uid; TokenReview returns both
     (the real API server's answer is exercised in tests/e2e/test_auth_e2e.py)."""
     class Reviewer:
-        async def authenticate(self, token: str, audience: str | None) -> Identity | None:
+        async def authenticate(self, token: str, audience: str | None, client: str | None = None) -> Identity | None:
             return Identity("system:serviceaccount:ml:default", extra={
                 POD_NAME_EXTRA: ("train-worker-0",), POD_UID_EXTRA: ("uid-1",)})
 
