@@ -29,6 +29,7 @@ from frscope.operator.evidence.pod_evidence import PodEvidence
 from frscope.operator.evidence.push_store import PushStore
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.evidence.trainer_exits import rank_exits
+from frscope.operator.injection import sidecar_as_injected
 from frscope.operator.kube import KubeError
 from frscope.operator.model import jobkinds
 from frscope.operator.model.incidents import Attempt, IncidentKey, IncidentRecord, Ledger, report_facts
@@ -229,6 +230,7 @@ class Controller:
                  publisher: Publisher, metrics: OperatorMetrics, decoder: Decoder | None = None,
                  actor: Actor | None = None, pod_lister: PodLister | None = None) -> None:
         self.config = config
+        self._untrusted: set[str] = set()  # uids of pods whose sidecar is not as injected (logged once)
         self.store = store
         self.pushes = pushes
         self.sidecars = sidecars
@@ -282,8 +284,26 @@ class Controller:
         if sig is not None:
             self.signal(sig)
 
-    async def on_pod(self, event_type: str | None, body: dict[str, Any]) -> None:
+    def _pod(self, body: dict[str, Any]) -> PodInfo:
+        """The pod as the operator will use it: with the webhook on, a sidecar that is not as injected
+        (`injection.sidecar_as_injected`) has no endpoint: it is never shown a credential nor asked."""
         pod = pod_info(body)
+        webhook = self.config.webhook
+        if webhook is None or pod.sidecar_port is None:
+            return pod
+        why = sidecar_as_injected(body, webhook.injection)
+        if why is None:
+            return pod
+        if pod.uid not in self._untrusted:
+            if len(self._untrusted) >= 65_536:
+                self._untrusted.clear()
+            self._untrusted.add(pod.uid)
+            log.warning("pod %s/%s: its frscope port is not served by the injected sidecar (%s); not polled",
+                        pod.namespace, pod.name, why)
+        return replace(pod, sidecar_port=None)
+
+    async def on_pod(self, event_type: str | None, body: dict[str, Any]) -> None:
+        pod = self._pod(body)
         if not pod.job_name:
             return
         if event_type == "DELETED":
@@ -611,7 +631,7 @@ class Controller:
         known = {p.uid for p in view.pods} | set(self._state(view.key).retired)
         added = 0
         for body in listed:
-            pod = pod_info(body)
+            pod = self._pod(body)
             if pod.uid and pod.uid not in known and pod.job_name == view.key.name and not pod.deleting:
                 self.store.upsert_pod(pod)
                 added += 1
