@@ -116,6 +116,10 @@ def already_injected(pod: dict[str, Any]) -> bool:
     )
 
 
+# Where the API server's ServiceAccount admission mounts the pod's API token into every container.
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
 def _image_repository(image: str) -> str:
     """`registry/repo:tag@digest` -> `registry/repo` (a chart upgrade changes the tag of new pods only)."""
     image = image.split("@", 1)[0]
@@ -151,7 +155,7 @@ def sidecar_as_injected(pod: dict[str, Any], cfg: InjectionConfig) -> str | None
     if any(name not in allowed_env for name in env):
         return "environment other than the webhook's"
     mounts = {m.get("mountPath") for m in sidecar.get("volumeMounts") or [] if isinstance(m, dict)}
-    if not mounts <= {cfg.mount_path, cfg.token_mount}:
+    if not mounts <= {cfg.mount_path, cfg.token_mount, SERVICE_ACCOUNT_MOUNT}:
         return "mounts other than the webhook's"
     ports = [p for p in sidecar.get("ports") or [] if isinstance(p, dict) and p.get("name") == names.SIDECAR_PORT_NAME]
     if len(ports) != 1:

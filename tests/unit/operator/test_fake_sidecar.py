@@ -58,6 +58,10 @@ def test_the_webhook_does_not_take_the_pods_word_for_it() -> None:
     assert sidecar_as_injected(mutated, INJECTION) == "container 'pytorch' declares the frscope port"
     assert sidecar_as_injected(body, INJECTION) == "no container named frscope"
     assert sidecar_as_injected(injected_pod(9402), INJECTION) is None
+    defaulted = injected_pod(9402)  # as the API server stores it: its ServiceAccount mount in every container
+    defaulted["spec"]["initContainers"][0]["volumeMounts"].append(
+        {"name": "kube-api-access-x", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True})
+    assert sidecar_as_injected(defaulted, INJECTION) is None
     # The image's repository counts, not its tag (pods injected before an upgrade keep theirs).
     assert sidecar_as_injected(injected_pod(9402), InjectionConfig(image="registry.example/frscope:1.3")) is None
     for change, why in ((("image", "evil.example/frscope:1.2"), "image"), (("command", ["sh"]), "command"),
