@@ -5,7 +5,7 @@ web UI.
     GET  /readyz    200 once kopf has started (readiness)
     GET  /metrics   Prometheus text of the injected registry, behind `--metrics-auth` (`guards`)
     POST /v1/push   a sidecar's snapshot body (docs/sidecar-api.md), gzip or plain, checked by `push_auth`;
-                    `--max-push-bytes` caps it as sent, `pod_evidence` what it may inflate to
+                    `max_push_bytes` caps it as sent, `pod_evidence` what it may inflate to
                     (by default the pod's own service-account token: the pod and namespace come from it)
 
 Other components add their routes with `OperatorHttp.add_routes()` (or `add_subapp()`) before
