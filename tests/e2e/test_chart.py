@@ -81,6 +81,7 @@ def test_defaults_render_the_operator_webhook_and_dashboard_but_no_monitoring(
     assert _kinds(objs) == {
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "Secret",
         "MutatingWebhookConfiguration", "ConfigMap", "NetworkPolicy",
+        "Role", "RoleBinding",  # minting the operator's own per-pod tokens for the sidecars
     }
     for obj in objs:
         if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}:
@@ -249,11 +250,14 @@ def test_namespaced_install_grants_namespaced_rights_per_namespace(
         "customresourcedefinitions", "namespaces", "tokenreviews", "subjectaccessreviews"}
     assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in _rules(cluster)
                if not rule["resources"][0].endswith("reviews"))
-    roles = of_kind(objs, "Role")
+    tokens = [r for r in of_kind(objs, "Role") if r["metadata"]["name"].endswith("-operator-tokens")]
+    assert [(t["metadata"]["namespace"], _rules(t)[0]["resources"], _rules(t)[0]["resourceNames"])
+            for t in tokens] == [("frscope-system", ["serviceaccounts/token"], ["frs-frscope"])]
+    roles = [r for r in of_kind(objs, "Role") if r not in tokens]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert "pytorchjobs" in {r for rule in _rules(role) for r in rule["resources"]}
-    bindings = of_kind(objs, "RoleBinding")
+    bindings = [b for b in of_kind(objs, "RoleBinding") if not b["metadata"]["name"].endswith("-operator-tokens")]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     args = _deployment_pod(objs)["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
