@@ -305,6 +305,8 @@ def test_monitoring_objects_carry_extra_labels_and_scrape_the_right_ports(
     assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["http"]
     assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # the per-job diagnosis gauge keeps the job's namespace
+    # /metrics wants a token allowed `get /metrics` (auth.metrics): Prometheus sends its own.
+    assert sm["spec"]["endpoints"][0]["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
     alerts = {r["alert"]: r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert set(alerts) == {"FrscopeCollectiveStalled", "FrscopeDiagnosisMade", "FrscopeSidecarDown"}
     for alert in alerts.values():
@@ -385,6 +387,7 @@ def test_auth_defaults_project_the_tokens_and_tell_the_webhook(rendered: dict[st
     pod = _deployment_pod(rendered["defaults"])["spec"]
     container = pod["containers"][0]
     assert "--sidecar-auth=kubernetes" in container["args"] and "--ui-auth=port-forward" in container["args"]
+    assert "--metrics-auth=port-forward" in container["args"]
     assert "--sidecar-token-file=/var/run/secrets/frscope/sidecar/token" in container["args"]
     [volume] = [v for v in pod["volumes"] if v["name"] == "sidecar-token"]
     [source] = volume["projected"]["sources"]
