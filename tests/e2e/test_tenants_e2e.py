@@ -123,3 +123,35 @@ async def test_a_token_minted_for_one_pod_opens_only_that_pods_sidecar(kube: Con
             proc.kill()
             proc.wait(timeout=10)
         log.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_storm_of_bad_push_tokens_costs_a_bounded_number_of_reviews(kube: ControlPlane) -> None:
+    """50 refused tokens from one client at the operator's real push endpoint, reviewed by the real API
+    server: 10 TokenReviews, then 429 with Retry-After and no review."""
+    import aiohttp
+    from prometheus_client import CollectorRegistry
+
+    from frscope.operator.kube import KubeClient, StaticToken
+    from frscope.operator.model.operator_metrics import OperatorMetrics
+    from frscope.operator.serve.access import FAILURES_BURST, KubernetesPush, Reviewer
+    from frscope.operator.serve.operator_http import Health, OperatorHttp
+
+    ssl_context = ssl.create_default_context(cafile=str(kube.ca_file))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context)) as api, \
+            aiohttp.ClientSession() as session:
+        reviewer = Reviewer(KubeClient(api, kube.server, auth=StaticToken(kube.admin_token)))
+        registry = CollectorRegistry()
+        http_server = OperatorHttp(registry=registry, metrics=OperatorMetrics(registry), health=Health(),
+                                   on_push=lambda evidence: None, push_auth=KubernetesPush(reviewer))
+        port = await http_server.start("127.0.0.1", 0)
+        try:
+            codes = []
+            for i in range(50):
+                async with session.post(f"http://127.0.0.1:{port}/v1/push", data=b"{}",
+                                        headers={"Authorization": f"Bearer not-a-token-{i}"}) as resp:
+                    codes.append(resp.status)
+            assert codes == [401] * FAILURES_BURST + [429] * (50 - FAILURES_BURST)
+            assert reviewer.reviews == FAILURES_BURST
+        finally:
+            await http_server.stop()
