@@ -49,10 +49,20 @@ async def test_a_gzip_bomb_is_refused_past_its_expansion(open_server: Server) ->
     assert open_server.pushed == []
 
 
-async def test_tiny_containers_are_refused_before_decoding(open_server: Server) -> None:
+async def test_tiny_containers_are_refused_before_decoding(open_server: Server, hang_ranks: dict[int, Any]) -> None:
     code, answer = await post(open_server, pieces("{}", 100_000))  # not gzipped: 300 KB of `{}`
-    assert code == 400 and "JSON objects/arrays" in answer["error"], answer
+    assert code == 400 and f"more than {pod_evidence.MAX_PIECES} rank pieces" in answer["error"], answer
     assert open_server.pushed == []
+    # One rank made of tiny arrays is that rank's problem; the pod's other ranks are kept.
+    good = json.loads(body(hang_ranks))
+    bad = {"frscope_snapshot": 1, "rank": 9, "captured_at_ns": 1, "source": "x", "stacks": None,
+           "trace": {"entries": [[]] * 100_000}}
+    good["ranks"].append(bad)
+    code, answer = await post(open_server, json.dumps(good).encode())
+    assert code == 202, answer
+    [evidence] = open_server.pushed
+    assert evidence.ranks == (0, 1, 2, 3)
+    assert any("tiny JSON objects" in str(p) for p in evidence.problems), evidence.problems
 
 
 async def test_a_pod_body_holds_a_bounded_number_of_pieces(open_server: Server) -> None:
