@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 # The parent waits at most this many times the child's CPU budget in wall-clock time (the machine may
 # be busy; a child that sleeps or blocks uses no CPU and would never meet its cap).
-WALL_PER_CPU = 10.0
+WALL_PER_CPU = 30.0
 
 
 def can_isolate() -> bool:

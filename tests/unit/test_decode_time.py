@@ -41,7 +41,7 @@ def test_loader_stops_a_slow_file_and_reads_the_others(tmp_path: Path, short_cap
     assert dumpset.ranks_loaded == GOOD
     problems = [p for p in dumpset.problems if p.kind == "error"]
     assert [(p.source, p.rank) for p in problems] == [(str(slow), SLOW_RANK)]
-    assert "CPU time" in problems[0].message
+    assert "decoding took more than" in problems[0].message  # its CPU cap (or, on a busy machine, the wall-clock one)
 
 
 def test_dump_dir_scan_stops_a_slow_file_and_keeps_the_others(tmp_path: Path, short_cap: None) -> None:
@@ -51,4 +51,4 @@ def test_dump_dir_scan_stops_a_slow_file_and_keeps_the_others(tmp_path: Path, sh
     result = watcher.scan(now=1.0)
     assert sorted(item.rank for item in result.parsed if item.rank is not None) == list(GOOD)
     assert [(item.path, kind) for item, kind in result.rejected] == [(slow, "too-slow")]
-    assert "CPU time" in (watcher.files[str(slow)].error or "")
+    assert "decoding took more than" in (watcher.files[str(slow)].error or "")
