@@ -35,11 +35,12 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from frscope.operator import names
 from frscope.operator.model import jobkinds
+from frscope.operator.model.objects import PodInfo, pod_info
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +322,16 @@ def inject(pod: dict[str, Any], cfg: InjectionConfig, *, namespace_opted_in: boo
         # The pod then carries the label like a pod opted in by hand: the PodMonitor scrapes it.
         meta.setdefault("labels", {})[cfg.inject_label[0]] = cfg.inject_label[1]
     return out
+
+
+def polled_pod(body: dict[str, Any], cfg: InjectionConfig | None) -> tuple[PodInfo, str | None]:
+    """The pod as the operator polls it, and why its sidecar is not trusted (None: it is). With the webhook
+    on (`cfg`), a `frscope` port not served by the sidecar as injected is dropped: no endpoint."""
+    pod = pod_info(body)
+    if cfg is None or pod.sidecar_port is None:
+        return pod, None
+    why = sidecar_as_injected(body, cfg)
+    return (pod, None) if why is None else (replace(pod, sidecar_port=None), why)
 
 
 def mutate(body: dict[str, Any], cfg: InjectionConfig, *, namespace_opted_in: bool = False) -> dict[str, Any] | None:

@@ -13,10 +13,11 @@ import faulthandler
 import multiprocessing
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from frscope.records.errors import DumpError, DumpTooSlow
-from frscope.records.limits import cpu_time_cap
+from frscope.records.limits import cpu_time_cap, file_cpu_budget_s
 
 T = TypeVar("T")
 
@@ -43,6 +44,13 @@ def _child(send: Any, cpu_s: float | None, fn: Callable[..., Any], args: tuple[A
         result = (False, exc)
     send.send(result)
     send.close()
+
+
+def capped(path: Path, fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` under the CPU cap of decoding `path` (`limits.file_cpu_budget_s`), in a process that
+    exists to decode (a loader worker): past the cap the kernel ends the process."""
+    with cpu_time_cap(file_cpu_budget_s(path)):
+        return fn(*args)
 
 
 def died_because(exitcode: int | None, source: str, cpu_s: float | None) -> DumpError:

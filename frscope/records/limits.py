@@ -12,6 +12,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 try:
@@ -57,6 +58,17 @@ def memory_budget(size: int) -> int:
 def cpu_budget_s(size: int, gzipped: bool = False) -> float:
     """CPU seconds the decoding of a `size`-byte file may take."""
     return CPU_FLOOR_S + CPU_S_PER_MIB * size * (GZIP_RATIO if gzipped else 1) / (1 << 20)
+
+
+def file_cpu_budget_s(path: Path) -> float:
+    """`cpu_budget_s` of a file on disk, from its size and gzip magic."""
+    try:
+        with path.open("rb") as handle:
+            gzipped = handle.read(2) == b"\x1f\x8b"
+            size = os.fstat(handle.fileno()).st_size
+    except OSError:
+        return cpu_budget_s(0)
+    return cpu_budget_s(size, gzipped)
 
 
 def cpu_used_s() -> float:

@@ -21,8 +21,8 @@ from typing import Any
 
 from frscope.records import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, decode_bytes, normalize_dump
 from frscope.records.isolate import call_isolated, can_isolate
-from frscope.records.limits import describe
-from frscope.records.loader import file_cpu_budget_s, rank_from_name, read_capped
+from frscope.records.limits import describe, file_cpu_budget_s
+from frscope.records.loader import rank_from_name, read_capped
 from frscope.wire import snapshot_piece_bytes, unwrap_snapshot
 
 log = logging.getLogger("frscope.sidecar")
