@@ -6,7 +6,7 @@ sequence numbers and times as int64, small-int codes into per-rank tables for gr
 state, timeout and thread): ~70 bytes an entry. `EntryTable` is still a sequence of `Entry`: an
 entry is built on demand when someone looks at it (a finding's culprits, a renderer), and is then
 identical to the one the row-by-row path builds, because both come from the same normalized rows
-(`normalize.normalize_rows`).
+(`rowwise.normalize_rows`).
 
 `GroupIndex` is one group's view of a rank, computed where the file is decoded (a loader worker):
 its collective sequence numbers, the entries of each (coalesced ops share one), a signature code per
@@ -109,7 +109,7 @@ class EntryTable(Sequence[Entry]):
 
     @classmethod
     def from_rows(cls, rows: Sequence[EntryRow]) -> EntryTable:
-        """Normalized rows (`normalize.normalize_rows`) -> columns. C-level passes over each column."""
+        """Normalized rows (`rowwise.normalize_rows`) -> columns. C-level passes over each column."""
         table = cls.__new__(cls)
         cols: list[Sequence[Any]] = list(zip(*rows, strict=True)) if rows else [()] * len(Entry.__slots__)
         table.record_id = array("q", cols[0])
