@@ -69,8 +69,9 @@ class OperatorConfig:
     # How the sidecars and the operator prove who they are (docs/operator.md, "Authentication"):
     # 'kubernetes' (service-account tokens, audience-bound), 'token' (one shared secret), 'none'.
     sidecar_auth: str = "kubernetes"
-    # The token shown to the sidecars: the projected token (audience frscope.io/sidecar) with
-    # 'kubernetes', the shared secret with 'token'. Re-read whenever the file changes.
+    # The token shown to the sidecars with 'token' (the shared secret; re-read whenever the file changes).
+    # With 'kubernetes' each sidecar is shown a token minted for its pod (`operator_identity`); this file
+    # (the chart's projected token for the shared audience) only when none can be minted.
     sidecar_token_file: Path | None = None
     # system:serviceaccount:NS:NAME the operator runs as (FRSCOPE_OPERATOR_IDENTITY, set by the chart with
     # 'kubernetes'): it mints per-pod tokens of this account for the sidecars (kube.pod_tokens).
