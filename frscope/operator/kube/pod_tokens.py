@@ -18,7 +18,7 @@ from collections import OrderedDict
 
 from frscope import wire
 from frscope.operator.kube.api_client import KubeClient
-from frscope.operator.kube.api_errors import KubeError
+from frscope.operator.kube.api_errors import KubeError, TransportError
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,10 @@ class PodTokens:
         try:
             token = await self._mint(namespace, pod)
         except BaseException as exc:
-            future.set_exception(exc)
+            # Those who wait for this pod's token get an error of their own (never this task's cancellation).
+            shared = exc if isinstance(exc, Exception) else TransportError(f"TokenRequest for {namespace}/{pod} "
+                                                                           "was given up")
+            future.set_exception(shared)
             future.exception()  # retrieved: no "never retrieved" warning when nobody else waited
             raise
         else:
