@@ -193,7 +193,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     http = OperatorHttp(registry=registry, metrics=metrics, health=health, on_push=controller.on_push,
                         push_auth=push_auth, max_push_bytes=config.max_push_bytes,
                         max_entries=config.gather.max_entries, spill=spill,
-                        metrics_guard=metrics_guard(config.metrics_auth, reviewer))
+                        metrics_guard=metrics_guard(config.metrics_auth, reviewer), decoder=decoder)
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
     operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer)

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes
+from frscope.operator.evidence.gather import Decoder
+from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, PodEvidence
 from frscope.operator.evidence.push_store import Full
 from frscope.operator.evidence.sidecars import SidecarError
 from frscope.operator.evidence.spill import EvidenceDir
@@ -63,7 +64,7 @@ class OperatorHttp:
                  on_push: PushHandler, push_auth: PushAuth | None = None,
                  max_push_bytes: int = 256 * 1024 * 1024, max_entries: int = DEFAULT_MAX_ENTRIES,
                  spill: EvidenceDir | None = None, gate: PushGate | None = None,
-                 metrics_guard: Check | None = None) -> None:
+                 metrics_guard: Check | None = None, decoder: Decoder | None = None) -> None:
         self._registry = registry
         self._metrics = metrics
         self._health = health
@@ -73,6 +74,9 @@ class OperatorHttp:
         self._max_entries = max_entries
         self._gate = gate if gate is not None else PushGate()
         self._metrics_guard = metrics_guard  # `--metrics-auth` (guards.metrics_guard); None: open
+        # Push bodies decode where fetched snapshots do (the decode processes): json holds the GIL for a
+        # whole body, which in a thread of this process would stall the event loop.
+        self._decoder = decoder if decoder is not None else Decoder()
         self.app = web.Application(client_max_size=max_push_bytes)
         self.app.add_routes([
             web.get("/healthz", self._healthz),
@@ -151,9 +155,8 @@ class OperatorHttp:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": "body too large"}, status=413)
         try:
-            evidence = await asyncio.to_thread(
-                from_bytes, raw, "push", origin="push", max_entries=self._max_entries,
-                pod=pod, namespace=namespace)
+            evidence = await self._decoder.decode(raw, "push", origin="push", max_entries=self._max_entries,
+                                                  pod=pod, namespace=namespace)
         except SidecarError as exc:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": f"not a sidecar snapshot: {exc.message}"}, status=400)

@@ -78,3 +78,26 @@ async def test_a_real_gzip_push_still_lands(open_server: Server, hang_ranks: dic
     assert evidence.ranks == (0, 1, 2, 3) and evidence.size_bytes == len(body(hang_ranks))
     plain = json.loads(body(hang_ranks))
     assert len(plain["ranks"]) == 4
+
+
+async def test_a_push_decodes_in_the_decode_processes(hang_ranks: dict[int, Any]) -> None:
+    """With decode processes (the operator's default: 2), a push is decoded there, not in a thread of
+    the event loop's process (json holds the GIL for a whole body)."""
+    from frscope.operator.evidence.gather import Decoder
+    from frscope.operator.model.operator_metrics import OperatorMetrics
+    from frscope.operator.serve.operator_http import OperatorHttp
+
+    srv = Server(max_push_bytes=8 << 20)
+    decoder = Decoder(1)
+    srv.http = OperatorHttp(registry=srv.registry, metrics=OperatorMetrics(srv.registry), health=srv.health,
+                            on_push=srv.on_push, max_push_bytes=8 << 20, decoder=decoder)
+    srv.url = f"http://127.0.0.1:{await srv.http.start('127.0.0.1', 0)}"
+    try:
+        code, answer = await post(srv, gzip.compress(body(hang_ranks)))
+        assert code == 202, answer
+        code, answer = await post(srv, gzip.compress(pieces("{}", 700_000), 9))
+        assert code == 400 and "once decompressed" in answer["error"], answer
+        assert [e.ranks for e in srv.pushed] == [(0, 1, 2, 3)]
+    finally:
+        await srv.http.stop()
+        decoder.close()
