@@ -83,13 +83,16 @@ async def test_a_real_gzip_push_still_lands(open_server: Server, hang_ranks: dic
 async def test_a_push_decodes_in_the_decode_processes(hang_ranks: dict[int, Any]) -> None:
     """With decode processes (the operator's default: 2), a push is decoded there, not in a thread of
     the event loop's process (json holds the GIL for a whole body)."""
+    from prometheus_client import CollectorRegistry
+
     from frscope.operator.evidence.gather import Decoder
     from frscope.operator.model.operator_metrics import OperatorMetrics
     from frscope.operator.serve.operator_http import OperatorHttp
 
     srv = Server(max_push_bytes=8 << 20)
     decoder = Decoder(1)
-    srv.http = OperatorHttp(registry=srv.registry, metrics=OperatorMetrics(srv.registry), health=srv.health,
+    registry = CollectorRegistry()
+    srv.http = OperatorHttp(registry=registry, metrics=OperatorMetrics(registry), health=srv.health,
                             on_push=srv.on_push, max_push_bytes=8 << 20, decoder=decoder)
     srv.url = f"http://127.0.0.1:{await srv.http.start('127.0.0.1', 0)}"
     try:
