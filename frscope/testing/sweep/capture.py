@@ -183,11 +183,11 @@ def _settle(job: RunningJob, deadline: float) -> bool:
     return False
 
 
-def _snapshot(job: RunningJob) -> tuple[list[bytes], list[wire.SnapshotError], int]:
+def _snapshot(job: RunningJob, only: list[int] | None = None) -> tuple[list[bytes], list[wire.SnapshotError], int]:
     pieces: list[bytes] = []
     errors: list[wire.SnapshotError] = []
     captured = time.time_ns()
-    for rank in job.ranks():
+    for rank in job.ranks() if only is None else only:
         if not job.alive(rank):
             kept = job.last_good.get(rank)
             if kept is not None:
@@ -216,7 +216,15 @@ def _poll_snapshot(job: RunningJob) -> tuple[list[bytes], list[wire.SnapshotErro
     after it (the sidecar's dump-dir watcher), whichever is newer."""
     pieces: list[bytes] = []
     errors: list[wire.SnapshotError] = []
+    live = [r for r in job.ranks() if job.alive(r)]
+    if live:  # a rank that outlived the others (stuck in teardown): read live, with stacks, and dumped
+        live_pieces, live_errors, _ = _snapshot(job, only=live)
+        pieces += live_pieces
+        errors += live_errors
+        _request_dumps(job)
     for rank in job.ranks():
+        if rank in live:
+            continue
         kept = job.last_good.get(rank)
         dump = job.cap / "json" / f"nccl_trace_rank_{rank}.json"
         dump_ns = dump.stat().st_mtime_ns if dump.exists() else None
@@ -279,6 +287,9 @@ def _poll_until_done(job: RunningJob, deadline: float) -> set[int]:
         live = [r for r in job.ranks() if job.alive(r)]
         if not live:
             break
+        if job.spec.cls == "teardown" and set(live) <= culprits and all(job.phase(r) == "teardown" for r in live):
+            time.sleep(max(0.0, HOLD_S - min(job.phase_age(r) for r in live)))
+            break  # the culprit stays stuck in teardown: captured live below
         if job.spec.cls == "timeout" and set(live) <= culprits:
             time.sleep(0.5)
             for rank in live:
@@ -346,7 +357,7 @@ def run_job(spec: JobSpec, zygote: Zygote, cap: Path) -> dict[str, Any]:
         meta["up_s"] = round(time.monotonic() - started, 2)
         if spec.fault.collect == "poll":
             killed = _poll_until_done(job, deadline)
-            meta["settled"] = not any(job.alive(r) for r in job.ranks())
+            meta["settled"] = all(not job.alive(r) for r in job.ranks() if r not in spec.culprits)
             pieces, errors, captured = _poll_snapshot(job)
         else:
             meta["settled"] = _settle(job, deadline)

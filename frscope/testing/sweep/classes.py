@@ -94,6 +94,9 @@ CLASSES: dict[str, FaultClass] = {c.name: c for c in (
                collect="poll", exits=True, layouts=("default", "grid")),
     FaultClass("early-exit", "uneven data: a rank finishes its loop early and exits 0", (STOPPED, NOT_JOINED,
                MISSING), with_exits=(STOPPED, NOT_JOINED), collect="poll", exits=True, layouts=("default",)),
+    FaultClass("teardown", "at the end every rank calls barrier, then destroy_process_group; one rank goes "
+               "straight to teardown and is stuck there (joining its workers); gloo then fails the others' barrier "
+               "and they exit", (NOT_JOINED,), collect="poll", exits=True, layouts=("default",)),
     FaultClass("after-timeout", "a rank stuck in Python; every dump taken after the others' collective timed out",
                (NOT_JOINED,), layouts=("default",)),
     FaultClass("straggler", "a rank late at every collective", (STRAGGLER,), timing=True),

@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     run_p.add_argument("--torch", default="2.13,2.15",
                        help="torch minors, in turn; a version without a venv is left out (default %(default)s)")
     run_p.add_argument("--parallel", type=int, default=3, help="jobs at once (default %(default)s)")
+    run_p.add_argument("--max-world", type=int, default=8, help="largest world size drawn (default %(default)s)")
     run_p.add_argument("--out", type=Path, help="capture root (default ~/.cache/frscope-sweep/<seed>)")
     score_p = sub.add_parser("score", help="score frscope (and torchfrtrace) on saved captures")
     score_p.add_argument("dir", type=Path)
@@ -45,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         out = args.out or DEFAULT_ROOT / str(args.seed)
         print(f"fault_sweep: {args.jobs} jobs, seed {args.seed}, torch {versions}, into {out}", file=sys.stderr)
-        results = run_batch(args.seed, args.jobs, classes, versions, out, args.parallel, command, first=args.first)
+        results = run_batch(args.seed, args.jobs, classes, versions, out, args.parallel, command, first=args.first,
+                            max_world=args.max_world)
         failed = [r for r in results if "error" in r]
         print(f"fault_sweep: {len(results)} jobs run, {len(failed)} failed to run", file=sys.stderr)
         return 1 if failed else 0

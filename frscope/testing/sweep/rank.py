@@ -261,6 +261,14 @@ class Job:
                 self.write_periodic()
         if self.cls == "early-exit" and self.culprit:
             return 0
+        if self.cls == "teardown":
+            self.mark("teardown")
+            try:
+                teardown(skip_barrier=self.culprit)
+            except RuntimeError as exc:
+                print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                self.write_dumps()
+                return 1
         self.mark("idle")
         wait_for_shutdown()
         return 0
@@ -323,6 +331,21 @@ def pipeline_forward(rank: int, world: int) -> None:
         dist.recv(activations, src=rank - 1)
     if rank < world - 1:
         dist.send(activations, dst=rank + 1)
+
+
+def teardown(skip_barrier: bool) -> None:
+    """The end of training: a barrier, then the process group goes. The culprit skips the barrier and gets
+    stuck after destroying its group, joining workers that never finish."""
+    if not skip_barrier:
+        dist.barrier()
+    dist.destroy_process_group()
+    if skip_barrier:
+        join_workers()
+
+
+def join_workers() -> None:
+    while True:
+        time.sleep(0.5)
 
 
 def wait_for_shutdown() -> None:

@@ -89,9 +89,10 @@ def _layout_ops(layout: str) -> list[tuple[str, str]]:
     }[layout]
 
 
-def draw_job(rng: random.Random, index: int, cls_name: str, torch_version: str, seed: int) -> JobSpec:
+def draw_job(rng: random.Random, index: int, cls_name: str, torch_version: str, seed: int,
+             max_world: int = 8) -> JobSpec:
     cls = CLASSES[cls_name]
-    worlds = [w for w in range(cls.min_world, cls.max_world + 1)
+    worlds = [w for w in range(cls.min_world, min(cls.max_world, max_world) + 1)
               if any(_layout_ok(lay, w) for lay in cls.layouts)]
     # Small jobs are cheaper and as telling; 8 ranks still drawn often enough.
     world = rng.choices(worlds, weights=[3 if w <= 4 else 2 for w in worlds])[0]
@@ -158,12 +159,13 @@ def _culprits(rng: random.Random, cls: str, world: int, layout: str, tp: int, op
     return [rng.randrange(world)]
 
 
-def draw_jobs(seed: int, count: int, classes: list[str], torch_versions: list[str]) -> list[JobSpec]:
+def draw_jobs(seed: int, count: int, classes: list[str], torch_versions: list[str],
+              max_world: int = 8) -> list[JobSpec]:
     """`count` jobs, classes and versions in turn (so every class gets its share), the rest drawn."""
     rng = random.Random(seed)
     jobs = []
     for index in range(count):
         cls = classes[index % len(classes)]
         version = torch_versions[(index // len(classes)) % len(torch_versions)]
-        jobs.append(draw_job(rng, index, cls, version, seed))
+        jobs.append(draw_job(rng, index, cls, version, seed, max_world))
     return jobs
