@@ -150,7 +150,8 @@ class Job:
         elif op == "broadcast":
             dist.broadcast(t, src=first, group=group)
         elif op == "all_gather_into_tensor":
-            out = torch.zeros((size * SHAPE[0], SHAPE[1]), dtype=t.dtype)
+            # The output's chunks have the rank's own input shape (gloo checks that locally).
+            out = torch.zeros((size * t.shape[0], t.shape[1]), dtype=t.dtype)
             dist.all_gather_into_tensor(out, t, group=group)
         elif op == "reduce_scatter_tensor":
             big = torch.ones((size * SHAPE[0], SHAPE[1]), dtype=t.dtype)
