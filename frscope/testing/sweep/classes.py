@@ -60,7 +60,9 @@ CLASSES: dict[str, FaultClass] = {c.name: c for c in (
     FaultClass("hang-strided", "a rank stuck before its strided subgroup's collective", (NOT_JOINED,),
                min_world=4, layouts=("strided",)),
     FaultClass("two-hang", "two ranks of one node stuck at once", (NOT_JOINED,), min_world=4, culprits=2),
-    FaultClass("skip", "a rank skips one collective of a step and goes on", (NOT_JOINED,)),
+    # Its later collectives pair with the others' earlier ones: where those differ in kind, a type mismatch
+    # at the skipped one names the same rank.
+    FaultClass("skip", "a rank skips one collective of a step and goes on", (NOT_JOINED, TYPE)),
     FaultClass("cycle", "a rank skips its subgroup's collective and waits in the default group's: a cycle",
                (NOT_JOINED,), min_world=4, layouts=("strided", "grid")),
     FaultClass("order", "a rank calls the default group's collective before its subgroup's (the others the "
