@@ -297,8 +297,11 @@ def _poll_until_done(job: RunningJob, deadline: float) -> set[int]:
             for rank in live:
                 pid = job.pid(rank)
                 if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.add(rank)
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        killed.add(rank)
+                    except ProcessLookupError:
+                        pass  # it ended on its own meanwhile
             time.sleep(0.3)
             continue
         for rank in live:

@@ -34,6 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     report_p.add_argument("dir", type=Path)
     report_p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[3] / "docs" / "accuracy.md")
     report_p.add_argument("--results-copy", type=Path, help="also copy the small results JSON here")
+    misses_p = sub.add_parser("misses", help="print every miss of a scored sweep, grouped by class (Markdown)")
+    misses_p.add_argument("dir", type=Path)
     args = parser.parse_args(argv)
     command = "scripts/fault_sweep.py " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:]))
     if args.command == "run":
@@ -58,6 +60,13 @@ def main(argv: list[str] | None = None) -> int:
         summary = score_dir(args.dir, torchfrtrace=not args.no_torchfrtrace, classes=classes,
                             results_path=args.results)
         print(summary)
+        return 0
+    if args.command == "misses":
+        import json
+
+        from frscope.testing.sweep.report import render_misses
+
+        print(render_misses(json.loads((args.dir / "results.json").read_text()), args.dir))
         return 0
     from frscope.testing.sweep.report import write_report
 

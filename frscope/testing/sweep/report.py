@@ -203,3 +203,26 @@ def write_report(root: Path, out: Path, results_copy: Path | None) -> None:
     out.write_text(render(results, root))
     if results_copy is not None:
         results_copy.write_text(json.dumps(summarize(results), indent=1) + "\n")
+
+
+def render_misses(results: dict[str, Any], root: Path) -> str:
+    """Every miss, grouped by class: the job's directory, the truth and what frscope said (for whoever fixes
+    the analysis; the directory holds the captures, spec.json and truth.json)."""
+    rows: list[dict[str, Any]] = results["rows"]
+    summary = summarize(results)
+    out = [f"{summary['right']} of {summary['total']} verdicts right on {summary['jobs']} jobs "
+           f"(scored {results.get('scored_at', '?')}); captures under {root}", ""]
+    for cls in sorted({r["class"] for r in rows}, key=lambda c: list(CLASSES).index(c) if c in CLASSES else 99):
+        misses = [r for r in rows if r["class"] == cls and not r["right"]]
+        sel = [r for r in rows if r["class"] == cls]
+        if not misses:
+            continue
+        out.append(f"### {cls}: {len(sel) - len(misses)} / {len(sel)} right")
+        out.append("")
+        for r in misses:
+            extra = "".join((" copied" if r["copied"] else "", " +exits" if r["exits"] else ""))
+            others = [a for a in r.get("all") or []][1:4]
+            out.append(f"- `{root / r['job']}` [{r['form']}{extra}] w{r['world']} {r['layout']}: truth "
+                       f"{r['culprits']} -> frscope: {r['got']}" + (f" (then: {'; '.join(others)})" if others else ""))
+        out.append("")
+    return "\n".join(out)
