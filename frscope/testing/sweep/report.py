@@ -62,6 +62,12 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _shown(root: Path) -> str:
+    home = str(Path.home())
+    text = str(root)
+    return "~" + text[len(home):] if text.startswith(home + "/") else text
+
+
 def render(results: dict[str, Any], root: Path) -> str:
     rows: list[dict[str, Any]] = results["rows"]
     summary = summarize(results)
@@ -91,8 +97,8 @@ def render(results: dict[str, Any], root: Path) -> str:
         "",
         "```",
         *commands,
-        f"scripts/fault_sweep.py score {root}",
-        f"scripts/fault_sweep.py report {root}",
+        f"scripts/fault_sweep.py score {_shown(root)}",
+        f"scripts/fault_sweep.py report {_shown(root)} --results-copy docs/accuracy-sweep.json",
         "```",
         "",
         f"Seeds: {', '.join(map(str, seeds))}. Captures were analysed with `--stuck-after {summary['stuck_after_s']:g}`"
