@@ -14,7 +14,7 @@ from frscope.testing.sweep.classes import CLASSES, FORMS
 def _frac(rows: list[dict[str, Any]], key: str = "right") -> str:
     if not rows:
         return "-"
-    right = sum(1 for r in rows if (r[key]["right"] if key == "torchfrtrace" else r[key]))
+    right = sum(1 for r in rows if (r[key]["right"] if key.startswith("torchfrtrace") else r[key]))
     return f"{right} / {len(rows)}"
 
 
@@ -50,10 +50,15 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             sel = [r for r in rows if r["class"] == cls and r["form"] == form]
             counts[cls][form] = [sum(r["right"] for r in sel), len(sel)]
     tft = [r for r in rows if r["form"] == "pickle" and "torchfrtrace" in r]
+    fixed = [r for r in rows if r["form"] == "pickle" and "torchfrtrace_pgfixed" in r]
+    fixed_by_class = {cls: [sum(r["torchfrtrace_pgfixed"]["right"] for r in fixed if r["class"] == cls),
+                            sum(1 for r in fixed if r["class"] == cls)] for cls in sorted({r["class"] for r in fixed})}
     return {
         "right": sum(r["right"] for r in rows), "total": len(rows),
         "jobs": len({r["job"] for r in rows}),
         "torchfrtrace": [sum(r["torchfrtrace"]["right"] for r in tft), len(tft)],
+        "torchfrtrace_pgfixed": [sum(r["torchfrtrace_pgfixed"]["right"] for r in fixed), len(fixed)],
+        "torchfrtrace_pgfixed_by_class": fixed_by_class,
         "by_class_form": counts,
         "misses": [{"job": r["job"], "form": r["form"], "class": r["class"], "truth": r["culprits"], "got": r["got"]}
                    for r in rows if not r["right"]],
@@ -75,6 +80,9 @@ def render(results: dict[str, Any], root: Path) -> str:
     jobs = summary["jobs"]
     classes = sorted({r["class"] for r in rows}, key=lambda c: list(CLASSES).index(c) if c in CLASSES else 99)
     tft_right, tft_total = summary["torchfrtrace"]
+    fix_right, fix_total = summary["torchfrtrace_pgfixed"]
+    pickle_rows = [r for r in rows if r["form"] == "pickle"]
+    pickle_right = sum(r["right"] for r in pickle_rows)
     commands = sorted({b["command"] for b in results.get("batches", [])})
     seeds = sorted({b["seed"] for b in results.get("batches", [])})
     worlds = sorted({r["world"] for r in rows})
@@ -111,18 +119,26 @@ def render(results: dict[str, Any], root: Path) -> str:
         "",
         f"## frscope: **{right} of {total} verdicts right ({_pct(right, total)})** on {jobs} jobs",
         "",
-        f"torchfrtrace (torch's own analyzer, on the pickle form of the same jobs): **{tft_right} of {tft_total}"
-        f" right ({_pct(tft_right, tft_total)})**.",
+        "torchfrtrace (torch's own analyzer, `torchfrtrace DIR --prefix nccl_trace_rank_`, of the job's torch"
+        f" version) on the pickle form of the same jobs: **{tft_right} of {tft_total} right"
+        f" ({_pct(tft_right, tft_total)})**: it stops with a KeyError on gloo's `pg_config` (keyed `''` with",
+        "the ranks of whichever group was built last) or an AssertionError when a rank has no dump. On a",
+        "copy of the same dumps whose `pg_config` names each group with its real ranks (as ProcessGroupNCCL",
+        f"writes it; made by the sweep from what it built), torchfrtrace gets **{fix_right} of {fix_total}"
+        f" ({_pct(fix_right, fix_total)})**, frscope {pickle_right} of {len(pickle_rows)} on the originals."
+        " torchfrtrace is judged by the same rule, its first verdict mapped to frscope's words (a",
+        "collective with missing ranks = RankNotJoined, its mismatch types = the mismatch categories).",
         "",
-        "| class | jobs | snapshot | pickle | json | all forms | torchfrtrace (pickle) |",
-        "|---|---|---|---|---|---|---|",
+        "| class | jobs | snapshot | pickle | json | all forms | torchfrtrace | torchfrtrace, pg_config repaired |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for cls in classes:
         sel = [r for r in rows if r["class"] == cls]
         forms = [_frac([r for r in sel if r["form"] == f]) for f in FORMS]
         tft = [r for r in sel if r["form"] == "pickle" and "torchfrtrace" in r]
+        fixed = [r for r in sel if r["form"] == "pickle" and "torchfrtrace_pgfixed" in r]
         out.append(f"| {cls} | {len({r['job'] for r in sel})} | {' | '.join(forms)} | {_frac(sel)} | "
-                   f"{_frac(tft, 'torchfrtrace')} |")
+                   f"{_frac(tft, 'torchfrtrace')} | {_frac(fixed, 'torchfrtrace_pgfixed')} |")
     out += ["", "Other cuts:", "", "| cut | right |", "|---|---|"]
     cuts: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [
         ("torch 2.13", lambda r: r["torch"] == "2.13"), ("torch 2.15", lambda r: r["torch"] == "2.15"),
@@ -151,12 +167,16 @@ def render(results: dict[str, Any], root: Path) -> str:
             if called:
                 text = "; ".join(f"{k} x{n}" for k, n in called.most_common())
                 out.append(f"| {cls} | {form} | {_frac(sel)} | {text} |")
-    out += ["", "torchfrtrace's answers on the same pickle dumps:", "", "| class | answers |", "|---|---|"]
+    out += ["", "torchfrtrace's answers on the same pickle dumps (as written; with pg_config repaired):", "",
+            "| class | as written | pg_config repaired: misses called |", "|---|---|---|"]
     for cls in classes:
         sel = [r for r in rows if r["class"] == cls and r["form"] == "pickle" and "torchfrtrace" in r]
         said = Counter(_tft_kind(r["torchfrtrace"]["got"]) for r in sel)
+        fixed_said = Counter(_tft_called(r) for r in sel
+                        if "torchfrtrace_pgfixed" in r and not r["torchfrtrace_pgfixed"]["right"])
         if said:
-            out.append(f"| {cls} | " + "; ".join(f"{k} x{n}" for k, n in said.most_common()) + " |")
+            out.append(f"| {cls} | " + "; ".join(f"{k} x{n}" for k, n in said.most_common()) + " | "
+                       + ("; ".join(f"{k} x{n}" for k, n in fixed_said.most_common()) or "-") + " |")
     out += ["", "## The classes", "", "| class | what the generator injects | right categories | "
             "undecidable where, and why |", "|---|---|---|---|"]
     for cls in classes:
@@ -195,6 +215,14 @@ def render(results: dict[str, Any], root: Path) -> str:
 
 def _layout_is(layout: str) -> Callable[[dict[str, Any]], bool]:
     return lambda row: bool(row["layout"] == layout)
+
+
+def _tft_called(row: dict[str, Any]) -> str:
+    verdict = row["torchfrtrace_pgfixed"]
+    if "category" not in verdict:
+        return _tft_kind(str(verdict["got"]))
+    return _called({"category": verdict["category"], "ranks": verdict["ranks"], "culprits": row["culprits"],
+                    "ambiguous": False, "got": verdict["got"]})
 
 
 def _tft_kind(got: str) -> str:

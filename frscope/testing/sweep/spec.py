@@ -169,3 +169,22 @@ def draw_jobs(seed: int, count: int, classes: list[str], torch_versions: list[st
         version = torch_versions[(index // len(classes)) % len(torch_versions)]
         jobs.append(draw_job(rng, index, cls, version, seed, max_world))
     return jobs
+
+
+def groups_of(spec: JobSpec) -> list[tuple[str, str, list[int]]]:
+    """Every process group of the job as torch names it: (pg name, desc, ranks), in creation order (the
+    default group '0', then each `new_group` call, which every rank makes, members or not). What the rank
+    program builds (`rank.py`, Job.init)."""
+    world, tp = spec.world, spec.tp
+    blocks = [list(range(s, s + tp)) for s in range(0, world, tp)] if tp else []
+    strides = [list(range(i, world, tp)) for i in range(tp)] if tp else []
+    layouts: dict[str, list[tuple[str, list[list[int]]]]] = {
+        "grid": [("tp", blocks), ("dp", strides)],
+        "hsdp": [("shard", blocks), ("replicate", strides)],
+        "strided": [("strided", [list(range(0, world, 2)), list(range(1, world, 2))])],
+    }
+    out = [("0", "default_pg", list(range(world)))]
+    for desc, partition in layouts.get(spec.layout, []):
+        for members in partition:
+            out.append((str(len(out)), desc, members))
+    return out
