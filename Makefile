@@ -112,7 +112,7 @@ test:
 # ~/.cache/frscope-sweep/<seed> (re-running skips jobs already captured), scored (frscope and torchfrtrace),
 # and docs/accuracy.md written from it. torch 2.15 joins when `make torch-venvs` has built its venv.
 SWEEP_SEED ?= 2313
-SWEEP_JOBS ?= 320
+SWEEP_JOBS ?= 325
 SWEEP_PARALLEL ?= 3
 SWEEP_DIR ?= $(HOME)/.cache/frscope-sweep/$(SWEEP_SEED)
 accuracy-sweep: $(STAMP)

@@ -109,7 +109,10 @@ def render(results: dict[str, Any], root: Path) -> str:
         f"scripts/fault_sweep.py report {_shown(root)} --results-copy docs/accuracy-sweep.json",
         "```",
         "",
-        f"Seeds: {', '.join(map(str, seeds))}. Captures were analysed with `--stuck-after {summary['stuck_after_s']:g}`"
+        f"Seeds: {', '.join(map(str, seeds))}; generator at commit"
+        f" {', '.join(sorted({str(b.get('commit', '?')) for b in results.get('batches', [])}))}"
+        " (a later batch of the same command re-runs only the jobs whose captures were removed)."
+        f" Captures were analysed with `--stuck-after {summary['stuck_after_s']:g}`"
         " (the jobs were held ~3 s after they stopped moving; the default is 10 s).",
         "",
         "**Right** means: the first finding's category is one the class accepts and its culprit ranks are",
@@ -190,6 +193,14 @@ def render(results: dict[str, Any], root: Path) -> str:
                         for reason in sorted(set(fc.undecidable.values()))) or "-"
         out.append(f"| {cls} | {fc.summary} | {cats} | {why} |")
     out += [
+        "",
+        "The `gil` class: a rank stuck in one C call that holds the GIL (a catastrophic regex). Its worker",
+        "server still answers `fr_trace_json` (a C++ handler, seen with torch 2.13 and 2.15), so the sidecar",
+        "snapshot holds its recorder, but not `dump_traceback` (the envelope records the timeout) nor any",
+        "Python handler; its own dump thread never runs, so the pickle and JSON forms lack that rank.",
+        "",
+        "The draw of a seed depends on the class table (`frscope/testing/sweep/classes.py`) of the commit",
+        "that ran it (`batches.jsonl` in the capture directory records the command, seed and commit).",
         "",
         "Also undecidable: a type, size or dtype mismatch on a group of two ranks (two ranks disagree and no",
         "third says which one is wrong); a rank stuck before a pipeline's p2p stage in the pickle and JSON",
