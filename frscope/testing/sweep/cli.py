@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     report_p.add_argument("dir", type=Path)
     report_p.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[3] / "docs" / "accuracy.md")
     report_p.add_argument("--results-copy", type=Path, help="also copy the small results JSON here")
+    report_p.add_argument("--repeat", type=Path, help="a scored second run of the same seed: compare verdicts")
     misses_p = sub.add_parser("misses", help="print every miss of a scored sweep, grouped by class (Markdown)")
     misses_p.add_argument("dir", type=Path)
     args = parser.parse_args(argv)
@@ -70,5 +71,5 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     from frscope.testing.sweep.report import write_report
 
-    write_report(args.dir, args.out, args.results_copy)
+    write_report(args.dir, args.out, args.results_copy, args.repeat)
     return 0

@@ -243,9 +243,33 @@ def _tft_kind(got: str) -> str:
     return got
 
 
-def write_report(root: Path, out: Path, results_copy: Path | None) -> None:
+def render_repeat(results: dict[str, Any], repeat: dict[str, Any], repeat_root: Path) -> list[str]:
+    """How stable verdicts are: the same jobs (same seed, same draws) run again, their verdicts compared."""
+    before = {(r["job"], r["form"]): r for r in results["rows"]}
+    pairs = [(before[(r["job"], r["form"])], r) for r in repeat["rows"] if (r["job"], r["form"]) in before]
+    changed = [(a, b) for a, b in pairs if a["got"] != b["got"]]
+    flipped = sum(1 for a, b in changed if a["right"] != b["right"])
+    jobs = len({b["job"] for _, b in pairs})
+    out = ["", "## Stability: the same jobs run again", "",
+           f"The first {jobs} jobs of the seed were run a second time (`scripts/fault_sweep.py run` with the same",
+           f"seed into {_shown(repeat_root)}): {len(pairs) - len(changed)} of {len(pairs)} verdicts were the same, "
+           f"{flipped} changed between right and wrong. Real jobs race (which rank's entry is created first, how",
+           "far a rank got before a peer died), so the evidence differs between runs of the same fault:", "",
+           "| job | form | this sweep | the second run |", "|---|---|---|---|"]
+    out += [f"| `{a['job']}` | {a['form']} | {a['got']}{'' if a['right'] else ' (wrong)'} | "
+            f"{b['got']}{'' if b['right'] else ' (wrong)'} |" for a, b in changed]
+    return out
+
+
+def write_report(root: Path, out: Path, results_copy: Path | None, repeat_root: Path | None = None) -> None:
     results = json.loads((root / "results.json").read_text())
-    out.write_text(render(results, root))
+    text = render(results, root)
+    if repeat_root is not None:
+        repeat = json.loads((repeat_root / "results.json").read_text())
+        lines = render_repeat(results, repeat, repeat_root)
+        head, sep, tail = text.partition("\n## The classes\n")
+        text = head + "\n".join(lines) + "\n" + sep + tail
+    out.write_text(text)
     if results_copy is not None:
         results_copy.write_text(json.dumps(summarize(results), indent=1) + "\n")
 
