@@ -329,7 +329,8 @@ def truth_of(spec: JobSpec) -> dict[str, Any]:
         "summary": cls.summary,
         "culprit_ranks": spec.culprits,
         "accepted": accepted,
-        "accepted_without_stacks": accepted + [c for c in cls.no_stacks_accepted if c not in accepted],
+        # Also right in the forms without live stacks (pickle, JSON), with or without exit codes.
+        "accepted_without_stacks": [c for c in cls.no_stacks_accepted if c not in accepted],
         "accepted_with_exits": list(cls.with_exits or accepted),
         "undecidable": undecidable,
         "group": group,
