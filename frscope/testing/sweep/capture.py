@@ -311,6 +311,11 @@ def _poll_until_done(job: RunningJob, deadline: float) -> set[int]:
     return killed
 
 
+def collect_mode(spec: JobSpec) -> str:
+    """The class's collection, unless the job's variant ends blocked instead (an all_to_all that hangs)."""
+    return "settle" if spec.params.get("a2a") == "hang" else spec.fault.collect
+
+
 def truth_of(spec: JobSpec) -> dict[str, Any]:
     cls = CLASSES[spec.cls]
     op, group = spec.params["ops"][spec.op_index] if spec.params.get("ops") else (None, None)
@@ -361,7 +366,7 @@ def run_job(spec: JobSpec, zygote: Zygote, cap: Path) -> dict[str, Any]:
         if not _wait_sockets(job, deadline):
             job.events.append("not every socket answered")
         meta["up_s"] = round(time.monotonic() - started, 2)
-        if spec.fault.collect == "poll":
+        if collect_mode(spec) == "poll":
             killed = _poll_until_done(job, deadline)
             meta["settled"] = all(not job.alive(r) for r in job.ranks() if r not in spec.culprits)
             pieces, errors, captured = _poll_snapshot(job)

@@ -71,7 +71,8 @@ CLASSES: dict[str, FaultClass] = {c.name: c for c in (
     FaultClass("size", "a rank passes another shape with the same bytes (all_reduce, all_gather, "
                "reduce_scatter; subgroups too)", (SIZE,), min_world=3),
     FaultClass("dtype", "a rank passes int32 where the others pass float32 (same bytes)", (DTYPE,), min_world=3),
-    FaultClass("a2a", "all_to_all_single whose split sizes do not balance on one rank: the receiver aborts",
+    FaultClass("a2a", "all_to_all_single whose split sizes do not balance on one rank: one element more for "
+               "the first rank (it aborts) or one fewer (it waits; half of the jobs)",
                (SIZE,), collect="poll", min_world=4, layouts=("default",)),
     FaultClass("barrier", "uneven data: a rank calls barrier where the others all_reduce", (TYPE, NOT_JOINED),
                min_world=3, layouts=("default",)),

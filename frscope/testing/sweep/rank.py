@@ -159,7 +159,13 @@ class Job:
                 big = big.reshape(size * SHAPE[1], SHAPE[0]).contiguous()
             dist.reduce_scatter_tensor(torch.zeros(SHAPE, dtype=t.dtype) if fault != "size" else t, big, group=group)
         elif op == "all_to_all_single":
-            if fault == "a2a":
+            if fault == "a2a" and self.params.get("a2a") == "hang":
+                # One element fewer for the group's first rank: it (and the ranks after it in gloo's
+                # exchange) wait for the rest until the collective's timeout.
+                splits = [1] + [2] * (size - 1)
+                dist.all_to_all_single(torch.zeros(2 * size), torch.ones(2 * size - 1),
+                                       output_split_sizes=[2] * size, input_split_sizes=splits, group=group)
+            elif fault == "a2a":
                 # One element more for the group's first rank: its receive does not match, it aborts.
                 splits = [3] + [2] * (size - 1)
                 dist.all_to_all_single(torch.zeros(2 * size), torch.ones(2 * size + 1),

@@ -119,12 +119,16 @@ def draw_job(rng: random.Random, index: int, cls_name: str, torch_version: str, 
         params["buckets"] = rng.randint(2, 4)
     job_id = f"{index:04d}-{cls_name}-w{world}-{layout}-t{torch_version}"
     file_forms_copied = rng.random() < 0.3
-    return JobSpec(
+    spec = JobSpec(
         job_id=job_id, cls=cls_name, world=world, layout=layout, tp=tp, steps=steps, fault_step=fault_step,
         op_index=op_index, culprits=sorted(culprits), torch=torch_version, seed=rng.randrange(1 << 30),
         copied_hours=round(rng.uniform(1.0, 20.0), 1) if file_forms_copied else 0.0,
         exits=cls.exits and rng.random() < 0.5, params=params,
     )
+    if cls_name == "a2a":
+        # From the job's own seed (no draw): the same seed keeps drawing the same jobs as before this variant.
+        spec.params["a2a"] = "hang" if spec.seed % 2 else "abort"
+    return spec
 
 
 def _fault_op(rng: random.Random, cls: str, ops: list[tuple[str, str]]) -> int:
