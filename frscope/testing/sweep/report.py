@@ -263,6 +263,9 @@ def render_repeat(results: dict[str, Any], repeat: dict[str, Any], repeat_root: 
 
 def write_report(root: Path, out: Path, results_copy: Path | None, repeat_root: Path | None = None) -> None:
     results = json.loads((root / "results.json").read_text())
+    batches = root / "batches.jsonl"
+    if batches.exists():  # the runs as recorded now (results.json holds them as of its scoring)
+        results["batches"] = [json.loads(line) for line in batches.read_text().splitlines() if line.strip()]
     text = render(results, root)
     if repeat_root is not None:
         repeat = json.loads((repeat_root / "results.json").read_text())
