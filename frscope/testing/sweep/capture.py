@@ -261,13 +261,35 @@ def _exit_message(log: Path) -> str:
     return (errors or lines or [""])[-1][:400]
 
 
+def _finished_ns(job: RunningJob, rank: int) -> int | None:
+    try:
+        return (job.work / f"rank-{rank}.exit").stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def exits_source(spec: JobSpec) -> str:
+    """Where the job's exit codes come from, from the job's own seed (no draw): 'pods' (one pod per rank:
+    exit code, reason, message, finishedAt) or 'torchrun' (its failure summary also names the first
+    failure, the rank whose failure it saw first)."""
+    return "torchrun" if (spec.seed >> 1) & 1 else "pods"
+
+
 def _exits(job: RunningJob, killed: set[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    finished = {r: _finished_ns(job, r) for r in job.ranks() if job.exit_code(r) is not None}
+    failed = [r for r in finished if job.exit_code(r) != 0 and finished[r] is not None]
+    first = min(failed, key=lambda r: finished[r] or 0) if failed else None
+    source = exits_source(job.spec)
     for rank in job.ranks():
         code = job.exit_code(rank)
         if code is None:
             continue
-        entry: dict[str, Any] = {"exit_code": code}
+        entry: dict[str, Any] = {"exit_code": code, "source": source}
+        if finished.get(rank) is not None:
+            entry["finished_at_ns"] = finished[rank]
+        if source == "torchrun" and rank == first:
+            entry["first_failure"] = True
         if rank not in killed:
             if code == 137 and job.spec.params.get("how") == "sigkill":
                 entry["reason"] = "OOMKilled"
