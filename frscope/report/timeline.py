@@ -32,6 +32,14 @@ from frscope.analysis import Finding, Report, op_label
 from frscope.analysis.stacks import user_frame
 from frscope.analysis.tracks import Track, build_tracks
 from frscope.records import COMPLETED, STARTED, DumpSet, Entry
+from frscope.report.rank_times import (
+    DEFAULT_MAX_RANK_TIMES,
+    ColumnSpread,
+    bucket_duration_ms,
+    build_rank_times,
+    column_spread,
+    spread_fields,
+)
 
 TIMELINE_SCHEMA = "frscope.timeline/v1"
 
@@ -58,6 +66,9 @@ class TimelineOptions:
     # call sites come from the frames, which may be re-read from each rank's file: ask this many ranks
     # at most (besides the culprits)
     max_site_ranks: int = DEFAULT_MAX_SITE_RANKS
+    # each rank's own times (created, started, duration) for this many cells at most, the most recent
+    # collectives of every group first (docs/timeline.md, "Each rank's own times")
+    max_rank_times: int = DEFAULT_MAX_RANK_TIMES
 
 
 class _Tables:
@@ -176,18 +187,6 @@ def _absent_state(track: Track | None, seq: int, has_dump: bool) -> int:
     return S_NOT_RECORDED
 
 
-def _duration(bucket: list[Entry]) -> float | None:
-    total = 0.0
-    for e in bucket:
-        if e.duration_ms is not None:
-            total += e.duration_ms
-        elif e.time_started_ns and e.time_completed_ns and e.time_completed_ns >= e.time_started_ns:
-            total += (e.time_completed_ns - e.time_started_ns) / 1e6
-        else:
-            return None
-    return total
-
-
 def _median(values: list[int] | list[float]) -> float:
     values.sort()
     n = len(values)
@@ -239,6 +238,7 @@ class _GroupGrid:
         col_t: list[float | None],
         col_dur: list[float | None],
         lags: list[tuple[float, int, int]],
+        col_spread: list[ColumnSpread | None],
     ) -> None:
         self.rows = rows
         self.seqs = seqs
@@ -247,6 +247,10 @@ class _GroupGrid:
         self.col_t = col_t
         self.col_dur = col_dur
         self.lags = lags  # (lag_ms, row, col)
+        self.col_spread = col_spread  # per column: the ranks' own durations and arrivals
+
+    def col_t_for(self, keep: list[int] | None) -> list[float | None]:
+        return self.col_t if keep is None else [self.col_t[c] for c in keep]
 
     def runs_for(self, keep: list[int] | None) -> tuple[list[list[int]], list[int], int]:
         """(patterns, row_pattern, total runs) over the kept columns (indices into self.seqs)."""
@@ -294,12 +298,15 @@ def _grid(
     col_cell: list[int] = []
     col_t: list[float | None] = []
     col_dur: list[float | None] = []
+    col_spread: list[ColumnSpread | None] = []
     lags: list[tuple[float, int, int]] = []
     for col, seq in enumerate(seqs):
         keys: list[_RawKey | None] = []
         buckets: list[list[Entry] | None] = []
         created: list[tuple[int, int]] = []  # (row, ns)
         durations: list[float] = []
+        slowest_row = -1
+        slowest_d = -1.0
         candidate: _RawKey | None = None
         count = 0
         # Hot loop (every entry of every rank): inlined, and a Boyer-Moore majority vote on the way.
@@ -326,7 +333,7 @@ def _grid(
                     d = (e.time_completed_ns - e.time_started_ns) / 1e6
             else:
                 key = _raw_key(bucket, in_flight)
-                d = _duration(bucket)
+                d = bucket_duration_ms(bucket)
             keys.append(key)
             if count == 0:
                 candidate, count = key, 1
@@ -339,6 +346,8 @@ def _grid(
                 created.append((i, ns))
             if d is not None:
                 durations.append(d)
+                if d > slowest_d:
+                    slowest_d, slowest_row = d, i
         consensus = -1
         for i, k in enumerate(keys):
             if k is not None and k == candidate:
@@ -361,7 +370,8 @@ def _grid(
         else:
             col_t.append(None)
         col_dur.append(round(_median(durations), 3) if durations else None)
-    return _GroupGrid(rows, seqs, col_cell, exceptions, col_t, col_dur, lags)
+        col_spread.append(column_spread(created, durations, slowest_row, rows))
+    return _GroupGrid(rows, seqs, col_cell, exceptions, col_t, col_dur, lags, col_spread)
 
 
 def _choose_columns(grid: _GroupGrid, must: set[int], budget: int, tail: int) -> list[int]:
@@ -412,6 +422,11 @@ def build_timeline(
             keeps[gi] = _choose_columns(grid, must, share, min(opts.tail_columns, share))
             encoded[gi] = grid.runs_for(keeps[gi])
 
+    rank_times = build_rank_times(
+        [(name, grid.rows, [grid.seqs[c] for c in (keeps[gi] or range(len(grid.seqs)))], grid.col_t_for(keeps[gi]))
+         for gi, (name, _desc, grid) in enumerate(grids)],
+        tracks, t0, opts.max_rank_times, primary_group=next((m["group"] for m in marks if not m["consequence"]), None),
+    )
     lag_budget = opts.max_lags
     groups_out: list[dict[str, Any]] = []
     for gi, (name, desc, grid) in enumerate(grids):
@@ -441,6 +456,8 @@ def build_timeline(
                 "col_cell": [grid.col_cell[c] for c in cols],
                 "col_t_ms": [grid.col_t[c] for c in cols],
                 "col_dur_ms": [grid.col_dur[c] for c in cols],
+                **spread_fields([grid.col_spread[c] for c in cols]),
+                "rank_times": rank_times.get(name),
                 "patterns": patterns,
                 "row_pattern": row_pattern,
                 "lags": [x for lag, row, col in lags for x in (row, col, lag)],
