@@ -5,11 +5,12 @@
  * (timeline shape: frscope/report/timeline.py and docs/timeline.md).
  * Everything that comes from a dump (paths, names, stacks) is put in the page with textContent only.
  *
- * window.frscope is a small API for people and tests: state(), setOps(), setGroup(), setRankRange(),
- * setMode(), zoomToStuck(), reset(), cellAt(rank, seq), load(data).
+ * window.frscope is a small API for people and tests: state(), setOps(), setGroup(), setRanks(),
+ * setRankRange(), setStates(), setMode(), zoomToStuck(), reset(), cellAt(rank, seq), jump(), load(data).
+ *
+ * frscope/report/html.py puts this file and timeline_list.js (the list view, filters, start-up) in one
+ * closure: they share its functions and state.
  */
-(function () {
-  "use strict";
 
   var OP_COLORS = {
     ALLREDUCE: [0, 114, 178], BROADCAST: [230, 159, 0], REDUCE: [86, 180, 233], ALLGATHER: [0, 158, 115],
@@ -26,7 +27,7 @@
   var HATCH = 1, PLAIN = 0;
 
   var R = null, T = null, LIVE = null, STATUS = {}, REVISION = null;
-  var S = {group: 0, ops: null, rankLo: null, rankHi: null, mode: "seq", view: null, hover: null, pinned: null};
+  var S = {group: 0, ops: null, ranks: null, rankText: "", states: null, mode: "seq", view: null, hover: null, pinned: null};
   var D = null; // derived data for the shown group
   var LAST = {drawnCells: 0, drawnByOp: {}, renderMs: 0, highlighted: [], stuckVisible: false, cols: 0, rows: 0,
     axisSpanMs: null, waitMs: null};
@@ -86,7 +87,7 @@
     var rows = [];
     for (var i = 0; i < g.ranks.length; i++) {
       var r = g.ranks[i];
-      if ((S.rankLo == null || r >= S.rankLo) && (S.rankHi == null || r <= S.rankHi)) rows.push(i);
+      if (!S.ranks || rankIn(S.ranks, r)) rows.push(i);
     }
     var culprit = {};
     (T.culprit_ranks || []).forEach(function (r) { culprit[r] = true; });
@@ -136,6 +137,7 @@
     var color = new Uint32Array(n), hatch = new Uint32Array(n), kind = new Uint8Array(n), label = new Int16Array(n);
     for (var i = 0; i < n; i++) {
       var cell = T.cells[i], op = cell[0], st = cell[1];
+      if (S.states && !S.states.has(st)) { label[i] = op < 0 ? -1 : T.op_label_of[op]; color[i] = 0; continue; }
       if (op < 0) {
         label[i] = -1;
         var a = ABSENT_RGB[st] || [230, 230, 230];
@@ -485,6 +487,15 @@
     LAST.stuckVisible = stuckVisible;
   }
 
+  function columnView(c, r0, r1) {
+    // a view around column c (and rows r0..r1): the stuck collective, or one jumped to
+    if (S.mode === "time" && D.hasTime && D.starts[c] != null) {
+      var span = Math.max((D.ends[c] - D.starts[c]) * 3, (D.tMax - D.tMin) / 50);
+      return clampView({x0: D.starts[c] - span / 2, x1: D.starts[c] + span / 2, r0: r0, r1: r1});
+    }
+    return clampView({x0: c - 30, x1: c + 10, r0: r0, r1: r1});
+  }
+
   function primaryColumn() {
     var p = T.primary;
     if (!p || p.group !== D.g.name) return -1;
@@ -539,6 +550,7 @@
       created_ms: g.col_t_ms[col], duration_ms: g.col_dur_ms[col], late_ms: null, culprit: (T.culprit_ranks || []).indexOf(rank) >= 0
     };
     for (var j = 0; j + 2 < g.lags.length; j += 3) if (g.lags[j] === row && g.lags[j + 1] === col) info.late_ms = g.lags[j + 2];
+    addOwnTimes(info, groupIdx, row, col);
     if (info.state === "in_flight" && info.created_ms != null && T.captured_ms && T.captured_ms[String(rank)] != null) {
       info.waiting_ms = T.captured_ms[String(rank)] - info.created_ms - (info.late_ms || 0);
     }
@@ -554,9 +566,7 @@
       lines.push(["input", (info.input_sizes || "-") + "  " + (info.input_dtypes || "")]);
       lines.push(["output", (info.output_sizes || "-") + "  " + (info.output_dtypes || "")]);
       if (info.entries > 1) lines.push(["coalesced", info.entries + " ops share this sequence id"]);
-      if (info.created_ms != null) lines.push(["created", fmtMs(info.created_ms) + " (median of the group)"]);
-      if (info.late_ms != null) lines.push(["late", "this rank +" + fmtMs(info.late_ms) + " after the median"]);
-      if (info.duration_ms != null) lines.push(["duration", fmtMs(info.duration_ms) + " (median)"]);
+      ownTimeLines(info, lines);
       if (info.waiting_ms != null) lines.push(["waiting", fmtMs(info.waiting_ms) + " until the recorder was read"]);
       lines.push(["call site", info.call_site || "not recorded (no stack in this dump)"]);
     }
@@ -697,14 +707,7 @@
   /* ---------- toolbar ---------- */
 
   function buildToolbar() {
-    var sel = $("fr-group");
-    clear(sel);
-    T.groups.forEach(function (g, i) {
-      var label = g.name + (g.desc && g.desc !== "undefined" ? " (" + g.desc + ")" : "") + " \u2014 " + g.ranks.length + " ranks, " +
-        (g.seq_range ? "#" + g.seq_range[0] + "-" + g.seq_range[1] : "no collectives");
-      sel.appendChild(el("option", {value: String(i), text: label}));
-    });
-    sel.value = String(S.group);
+    fillGroups();
     var ops = $("fr-ops");
     clear(ops);
     T.op_labels.forEach(function (lab) {
@@ -733,23 +736,16 @@
     S.ops = all ? null : on;
     buildColors();
     render();
-  }
-
-  function parseRange(text) {
-    text = (text || "").trim();
-    if (!text) return [null, null];
-    var m = /^(\d+)\s*(?:-\s*(\d+))?$/.exec(text);
-    if (!m) return null;
-    var lo = +m[1], hi = m[2] != null ? +m[2] : lo;
-    return lo <= hi ? [lo, hi] : [hi, lo];
+    changed();
   }
 
   function wire() {
     $("fr-group").addEventListener("change", function () { api.setGroup(+this.value, true); });
     $("fr-ranks").addEventListener("change", function () {
-      var r = parseRange(this.value);
-      this.setCustomValidity(r ? "" : "expected e.g. 0-127");
-      if (r) api.setRankRange(r[0], r[1]);
+      var text = this.value;
+      try { parseRankList(text); } catch (err) { this.setCustomValidity(err.message); this.title = err.message; return; }
+      this.setCustomValidity(""); this.title = "";
+      api.setRanks(text);
     });
     $("fr-mode-seq").addEventListener("change", function () { api.setMode("seq"); });
     $("fr-mode-time").addEventListener("change", function () { api.setMode("time"); });
@@ -855,11 +851,13 @@
       if (S.pinned && S.pinned.group === S.group) showDetails(S.pinned); else { S.pinned = null; showDetails(null); }
       buildToolbar();
       render();
+      changed();
     },
     state: function () {
       return {
         group: D ? D.g.name : null, mode: S.mode, ops: S.ops ? Array.from(S.ops).sort() : null,
-        rankRange: [S.rankLo, S.rankHi], view: S.view, drawnCells: LAST.drawnCells, drawnByOp: LAST.drawnByOp,
+        ranks: S.rankText, states: S.states ? Array.from(S.states).map(function (i) { return T.states[i]; }).sort() : null,
+        rankRange: rankRangeOf(S.ranks), view: S.view, drawnCells: LAST.drawnCells, drawnByOp: LAST.drawnByOp,
         culpritRanks: T ? (T.culprit_ranks || []) : [], highlightedRanks: LAST.highlighted, stuckVisible: LAST.stuckVisible,
         stuck: T ? T.primary : null, axisSpanMs: LAST.axisSpanMs, waitMs: LAST.waitMs, renderMs: LAST.renderMs, rows: LAST.rows, cols: LAST.cols, revision: REVISION,
         verdict: R ? R.verdict : null, status: STATUS
@@ -870,6 +868,7 @@
       $("fr-ops").querySelectorAll("input[type=checkbox]").forEach(function (b) { b.checked = !S.ops || S.ops.has(b.value); });
       buildColors();
       render();
+      changed();
     },
     setGroup: function (which, fromUi) {
       var idx = typeof which === "number" && fromUi ? which : -1;
@@ -877,12 +876,23 @@
       if (idx < 0) throw new Error("no group " + which);
       S.group = idx; S.view = null; S.pinned = null;
       $("fr-group").value = String(idx);
-      derive(); showDetails(null); buildToolbar(); render();
+      derive(); showDetails(null); buildToolbar(); render(); changed();
     },
-    setRankRange: function (lo, hi) {
-      S.rankLo = lo; S.rankHi = hi; S.view = null;
-      $("fr-ranks").value = lo == null ? "" : lo + "-" + hi;
-      derive(); render();
+    setRankRange: function (lo, hi) { api.setRanks(lo == null ? "" : lo + "-" + hi); },
+    setRanks: function (text) {
+      // a rank list like the CLI's --rank (0-7,12); throws on bad input, naming the bad part
+      var ranges = parseRankList(text || "");
+      S.ranks = ranges.length ? ranges : null; S.rankText = ranges.length ? String(text).trim() : ""; S.view = null;
+      $("fr-ranks").value = S.rankText;
+      derive(); render(); changed();
+    },
+    setStates: function (names) {
+      S.states = names == null ? null : new Set(names.map(function (n) {
+        var i = T.states.indexOf(n);
+        if (i < 0) throw new Error("no state " + n + " (one of " + T.states.join(", ") + ")");
+        return i;
+      }));
+      syncStateBoxes(); buildColors(); render(); changed();
     },
     setMode: function (mode) {
       S.mode = mode === "time" ? "time" : "seq"; S.view = null;
@@ -893,12 +903,7 @@
       var c = primaryColumn();
       if (c < 0 && D.findingCols.length) c = D.findingCols[0];
       if (c < 0) return;
-      if (S.mode === "time" && D.hasTime && D.starts[c] != null) {
-        var span = Math.max((D.ends[c] - D.starts[c]) * 3, (D.tMax - D.tMin) / 50);
-        S.view = clampView({x0: D.starts[c] - span / 2, x1: D.starts[c] + span / 2, r0: 0, r1: D.rows.length});
-      } else {
-        S.view = clampView({x0: c - 30, x1: c + 10, r0: 0, r1: D.rows.length});
-      }
+      S.view = columnView(c, 0, D.rows.length);
       render();
     },
     reset: function () { S.view = null; render(); },
@@ -923,7 +928,9 @@
   function start() {
     var node = $("frscope-data");
     var data = JSON.parse(node.textContent);
+    SYNTAX = data.syntax || SYNTAX;
     wire();
+    wireList();
     api.load(data);
     if (data.live) startLive(data.live);
   }
@@ -978,6 +985,3 @@
     }
   }
 
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
-  else start();
-})();
