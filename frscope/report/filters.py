@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from frscope.analysis import Finding, op_label
 from frscope.records.limits import MAX_RANK
 
-
 # One part of a rank list ('3' or '0-7'); the web page's rank box matches its parts with this same
 # pattern (frscope/report/html.py sends it; timeline_list.js parseRankList), so both read `0-7,12` alike.
 RANK_PART = r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?"

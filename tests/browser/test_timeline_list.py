@@ -34,7 +34,8 @@ def test_rank_list_parser_is_the_clis(browser: Any, tmp_path: Path) -> None:
             except ValueError:
                 want = None
             got = page.evaluate("""(t) => { try { const out = [];
-                for (const [lo, hi] of window.frscope.parseRanks(t)) for (let r = lo; r <= hi && out.length < 64; r++) out.push(r);
+                for (const [lo, hi] of window.frscope.parseRanks(t))
+                  for (let r = lo; r <= hi && out.length < 64; r++) out.push(r);
                 return out; } catch (e) { return null; } }""", text)
             if want is not None and len(want) > 64:
                 assert got is not None and got == want[:64], text
