@@ -68,6 +68,7 @@ def _body(noscript: str, nav: str) -> str:
     <h2>Findings</h2>
     <div id="fr-findings-body"></div>
     <div id="fr-status" class="status-summary"></div>
+    <div id="fr-perf" hidden></div>
   </aside>
   <section id="fr-timeline" class="panel">
     <h2>Collectives across ranks</h2>
@@ -123,15 +124,18 @@ def render_html(
     status: dict[str, Any] | None = None,
     revision: str | None = None,
     nav: tuple[str, str] | None = None,
+    perf: dict[str, Any] | None = None,
 ) -> str:
     """The page for a report dict (report_to_dict) and timeline data (build_timeline).
 
     `live`: {"data_url", "summary_url", "events_url", "poll_s", "title"} for the operator's live page;
     `status`: per-rank status {rank: {"state": ..., "detail": ...}} drawn next to the rank axis;
-    `nav`: (href, text) of a link back (the web UI's job list).
+    `nav`: (href, text) of a link back (the web UI's job list);
+    `perf`: where the time goes (frscope.report.perf.perf_to_dict), shown in the findings panel.
     """
     data = {
         "report": report, "timeline": timeline, "live": live, "status": status or {}, "revision": revision,
+        "perf": perf,
         "syntax": {"rank_part": RANK_PART, "max_rank": MAX_RANK},
     }
     verdict = report.get("verdict") if report else None
@@ -160,8 +164,9 @@ def render_report_html(
     *,
     title: str | None = None,
     options: TimelineOptions | None = None,
+    perf: dict[str, Any] | None = None,
 ) -> str:
-    """`frscope analyze --html`: the report and its timeline in one file."""
+    """`frscope analyze --html`: the report and its timeline in one file (`perf`: perf_to_dict, with --perf)."""
     report_dict = report_to_dict(report, findings=findings)
     timeline = build_timeline(dumpset, report, options)
-    return render_html(report_dict, timeline, title=title or f"frscope: {report_dict['verdict'][:120]}")
+    return render_html(report_dict, timeline, title=title or f"frscope: {report_dict['verdict'][:120]}", perf=perf)

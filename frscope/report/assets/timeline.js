@@ -832,6 +832,7 @@
       var tl = data.timeline;
       renderHeader();
       renderFindings();
+      renderPerf(data.perf || null);
       if (!tl || !tl.groups || !tl.groups.length) {
         T = tl || null;
         $("fr-timeline-body").hidden = true;

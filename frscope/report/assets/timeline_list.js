@@ -117,6 +117,36 @@
     }
   }
 
+  /* ---------- where the time goes (frscope analyze --perf) ---------- */
+
+  function renderPerf(P) {
+    var box = $("fr-perf");
+    clear(box);
+    box.hidden = !P;
+    if (!P) return;
+    box.appendChild(el("h2", {text: "Where the time goes"}));
+    box.appendChild(el("div", {class: "perf-headline", text: P.headline}));
+    var t = el("table", {class: "perf"});
+    t.appendChild(el("tr", null, el("th", {text: "rank"}), el("th", {text: "costs"}), el("th", {text: "last at"}), el("th", {text: "median gap"})));
+    (P.costs || []).slice(0, 8).forEach(function (c) {
+      var tr = el("tr", {"data-rank": String(c.rank)}, el("td", {text: String(c.rank)}), el("td", {text: fmtMs(c.cost_ms)}),
+        el("td", {text: c.last_count + "/" + c.collectives}), el("td", {text: fmtMs(c.median_gap_ms)}));
+      tr.addEventListener("click", function () { try { jump("rank " + c.rank); } catch (e) { /* not in a drawn group */ } });
+      t.appendChild(tr);
+    });
+    if ((P.costs || []).length) box.appendChild(t);
+    var rows = el("table", {class: "perf"});
+    rows.appendChild(el("tr", null, el("th", {text: "group"}), el("th", {text: "op"}), el("th", {text: "size"}), el("th", {text: "wait"}),
+      el("th", {text: "transfer"}), el("th", {text: "GB/s"})));
+    (P.rows || []).slice(0, 10).forEach(function (r) {
+      rows.appendChild(el("tr", null, el("td", {text: r.group}), el("td", {text: r.op_label}), el("td", {text: r.size_bucket}),
+        el("td", {text: fmtMs(r.wait_ms)}), el("td", {text: fmtMs(r.transfer_ms)}), el("td", {text: r.bandwidth_gbps == null ? "-" : r.bandwidth_gbps.toFixed(2)})));
+    });
+    box.appendChild(rows);
+    box.appendChild(el("div", {class: "hint", text: "wait: rank-time waiting for late peers (compute side); transfer: once all were there (network side), " +
+      (P.timing === "durations" ? "from the ranks' durations" : "not recorded (" + P.timing + " only)")}));
+  }
+
   /* ---------- group search, state filter ---------- */
 
   function groupLabel(g) {

@@ -1,0 +1,108 @@
+"""`frscope analyze --perf` (frscope.analysis.perf): where the time goes, on the real straggler recorders
+(gloo: creation times only) and, for durations, on the NCCL shape of frscope.synthetic (nobody here has
+NCCL with timing on)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from frscope.analysis.perf import analyze_perf, entry_bytes, size_bucket
+from frscope.cli import main
+from frscope.records import load_dumps
+from frscope.report.perf import perf_to_dict, render_perf_text
+from frscope.synthetic import generate
+from tests.synthetic import synthetic_hang
+
+REAL = Path(__file__).parents[1] / "data" / "real"
+STRAGGLERS = ["straggler", "straggler-pickle", "steps", "steps-pickle", "steps-6", "steps-6-pickle"]
+
+
+@pytest.mark.parametrize("fixture", STRAGGLERS)
+def test_names_the_straggler_first(fixture: str) -> None:
+    perf = analyze_perf(load_dumps([REAL / fixture]))
+    assert perf.timing == "creation times" and perf.transfer_ms is None
+    top = perf.costs[0]
+    assert top.rank == 2
+    assert perf.headline.startswith("Rank 2 costs the job most: ")
+    # it costs the job several seconds and the others' cost is small beside it
+    assert top.cost_ms > 2500
+    assert all(c.cost_ms < top.cost_ms / 10 for c in perf.costs[1:])
+    # the straggler waits least: the others wait for it
+    waited = {c.rank: c.waited_ms for c in perf.costs}
+    assert waited[2] == min(waited.values())
+
+
+def test_every_collective_straggler_costs_its_lateness_each_time() -> None:
+    perf = analyze_perf(load_dumps([REAL / "straggler"]))
+    top = perf.costs[0]
+    assert top.last_count == 20 and top.median_gap_ms is not None and 140 < top.median_gap_ms < 200  # 150 ms sleeps
+    assert "150 ms after the next-latest rank" in perf.headline
+
+
+@pytest.mark.parametrize("fixture", ["none", "jitter", "none-pickle", "jitter-pickle"])
+def test_healthy_jobs_blame_no_single_rank(fixture: str) -> None:
+    perf = analyze_perf(load_dumps([REAL / fixture]))
+    assert perf.headline.startswith(("No rank holds up", "No single rank holds up")), perf.headline
+    assert perf.collectives > 0
+
+
+def test_rows_split_by_group_op_and_size() -> None:
+    perf = analyze_perf(load_dumps([REAL / "straggler"]))
+    keys = {(r.group, r.op_label, r.size_bucket): r for r in perf.rows}
+    row = keys[("0", "ALLREDUCE", "< 1 KiB")]
+    assert row.collectives == 20 and row.bytes == 20 * 8 * 4 * 4  # float32 [8, 4]
+    assert row.wait_ms > 3 * 2500  # three ranks wait ~150 ms at each of 20
+    assert ("1", "BROADCAST", "< 1 KiB") in keys
+    assert perf.rows[0] is row  # most time first
+
+
+def test_durations_split_wait_and_transfer_and_ignore_clock_offsets(tmp_path: Path) -> None:
+    truth = generate(tmp_path / "nccl", 16, fmt="json", shape="nccl", scenario="straggler", entries=300)
+    dumpset = load_dumps([tmp_path / "nccl"])
+    # a host whose clock runs 5 s ahead: creation times shift, durations do not
+    for e in dumpset.dumps[3].entries:
+        if e.time_created_ns:
+            e.time_created_ns += 5_000_000_000
+    perf = analyze_perf(dumpset)
+    assert perf.timing == "durations"
+    assert perf.costs[0].rank == truth.culprit_ranks[0]
+    assert 3 not in [c.rank for c in perf.costs[:1]]
+    assert perf.transfer_ms is not None and perf.transfer_ms > 0
+    assert any(r.bandwidth_gbps for r in perf.rows)
+
+
+def test_gloo_shape_of_the_synthetic_straggler(tmp_path: Path) -> None:
+    truth = generate(tmp_path / "gloo", 16, fmt="json", shape="gloo", scenario="straggler", entries=300)
+    perf = analyze_perf(load_dumps([tmp_path / "gloo"]))
+    assert perf.timing == "creation times"
+    assert perf.costs[0].rank == truth.culprit_ranks[0]
+
+
+def test_a_hang_has_nothing_in_flight_counted() -> None:
+    # the collective every rank is blocked in is not complete: not counted
+    dumpset = synthetic_hang(8, 30, culprit=5)
+    perf = analyze_perf(dumpset)
+    assert perf.collectives == 29
+
+
+def test_bytes_and_buckets() -> None:
+    dumpset = synthetic_hang(2, 3)
+    e = dumpset.dumps[0].entries[0]
+    assert entry_bytes([e]) == 1024 * 1024 * 4
+    assert size_bucket(0) == "< 1 KiB" and size_bucket(4 << 20) == "1-16 MiB" and size_bucket(1 << 40) == ">= 256 MiB"
+
+
+def test_cli_perf_text_json_and_html(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    main(["analyze", str(REAL / "steps"), "--perf", "--no-progress"])
+    text = capsys.readouterr().out
+    assert text.splitlines()[0].startswith("Rank 2 costs the job most")
+    main(["analyze", str(REAL / "steps"), "--perf", "--format", "json", "--no-progress",
+          "--html", str(tmp_path / "r.html")])
+    data = json.loads(capsys.readouterr().out)
+    assert data["schema"] == "frscope.perf/v1" and data["costs"][0]["rank"] == 2
+    assert data == json.loads(json.dumps(perf_to_dict(analyze_perf(load_dumps([REAL / "steps"])))))
+    assert '"perf":{"schema":"frscope.perf/v1"' in (tmp_path / "r.html").read_text()
+    assert render_perf_text(analyze_perf(load_dumps([REAL / "steps"]))) == text
