@@ -132,6 +132,9 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         "web UI: a bearer token with `get pytorchjobs` in the job's namespace (kubernetes), that or "
         "kubectl port-forward (port-forward), or nothing (none)", choices=UI_AUTH_MODES)
     add("--report-limit", _DEFAULTS.report_limit_bytes, "bytes per FlightRecorderReport object", int)
+    add("--live-entries", _DEFAULTS.live_entries,
+        "web UI: newest collectives per rank in a watched job's live window (0: no live window)", int)
+    add("--live-interval", _DEFAULTS.live_interval_s, "web UI: seconds between live window refreshes", float)
     add("--peering", _DEFAULTS.peering, "kopf peering name (several replicas, one active); unset: standalone")
     add("--webhook-port", None, "serve the sidecar-injection webhook on this port; unset: no webhook", int)
     add("--webhook-host", _WEBHOOK.host, "address the webhook listens on")
@@ -221,6 +224,8 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         evidence_dir=args.evidence_dir,
         ui_auth=args.ui_auth,
         report_limit_bytes=args.report_limit,
+        live_entries=args.live_entries,
+        live_interval_s=args.live_interval,
         peering=args.peering,
         webhook=webhook,
         actions=ActionOptions(

@@ -37,6 +37,7 @@ from frscope.operator.model.store import JobStore
 from frscope.operator.publish import Publisher
 from frscope.operator.serve.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
 from frscope.operator.serve.handlers import register_watchers, register_webhook
+from frscope.operator.serve.live_windows import LiveWindows
 from frscope.operator.serve.login import Login, login
 from frscope.operator.serve.operator_http import Health, OperatorHttp
 from frscope.operator.serve.status_poller import StatusPoller
@@ -255,7 +256,10 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
 def mount_default_ui(operator: Operator) -> None:
     """The web UI at /ui/ (docs/timeline.md): the watched jobs, their verdicts, a live page per job;
     behind `--ui-auth`."""
-    mount_ui(operator.http, operator.store, guard=ui_guard(operator.config.ui_auth, operator.reviewer))
+    config = operator.config
+    live = (LiveWindows(operator.store, operator.controller.sidecars, entries=config.live_entries,
+                        interval_s=config.live_interval_s) if config.live_entries > 0 else None)
+    mount_ui(operator.http, operator.store, guard=ui_guard(config.ui_auth, operator.reviewer), live=live)
 
 
 def run_operator(config: OperatorConfig) -> int:

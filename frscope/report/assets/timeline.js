@@ -163,6 +163,10 @@
     if (S.mode === "time" && D.hasTime) return {x0: D.tMin, x1: D.tMax, r0: 0, r1: D.rows.length};
     return {x0: 0, x1: Math.max(D.ncols, 1), r0: 0, r1: D.rows.length};
   }
+  function isFullView(v) {
+    var f = fullView(), eps = 1e-6 * Math.max(1, Math.abs(f.x1 - f.x0));
+    return Math.abs(v.x0 - f.x0) <= eps && Math.abs(v.x1 - f.x1) <= eps && v.r0 <= 0 && v.r1 >= f.r1;
+  }
   function defaultView() {
     // Time mode opens on everything, up to when the recorders were read: a 14 s wait is 14 s of the
     // axis (labelled with its length), and the history before it is a zoom away.
@@ -843,7 +847,8 @@
       }
       $("fr-timeline-body").hidden = false;
       $("fr-empty").hidden = true;
-      var keepView = sameGroup && S.view;
+      // a view the person zoomed or panned is kept; one showing everything follows the new data (live)
+      var keepView = sameGroup && S.view && !isFullView(S.view);
       T = tl;
       if (!sameGroup) S.group = defaultGroup();
       var view = S.view;
@@ -941,6 +946,7 @@
   function startLive(live) {
     var badge = $("fr-live");
     badge.hidden = false;
+    if (live.trace_url) { $("fr-trace").href = live.trace_url; $("fr-trace").hidden = false; }
     function mark(ok, text) { badge.textContent = text; badge.className = ok ? "live" : "live stale"; }
     mark(true, "\u25CF live");
     var fetching = false, wanted = null, timer = null;
