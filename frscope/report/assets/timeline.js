@@ -702,9 +702,13 @@
     var by = {};
     keys.forEach(function (k) { var s = STATUS[k].state || "unknown"; (by[s] = by[s] || []).push(+k); });
     box.appendChild(el("h2", {text: "Ranks now"}));
+    // "stalled: 1 rank (0)", never "stalled: 0": a bare rank list read as a count once (a 2-rank hang
+    // showed "ok: 1, stalled: 0" beside rank 0's stalled dot)
     Object.keys(by).sort().forEach(function (s) {
-      box.appendChild(el("span", {class: "pill", "data-state": s}, el("span", {class: "swatch", style: "background:" + statusColor(s)}),
-        " " + s + ": " + fmtRanks(by[s])));
+      var n = by[s].length;
+      box.appendChild(el("span", {class: "pill", "data-state": s, "data-count": String(n), "data-ranks": fmtRanks(by[s])},
+        el("span", {class: "swatch", style: "background:" + statusColor(s)}),
+        " " + s + ": " + n + (n === 1 ? " rank" : " ranks") + " (" + fmtRanks(by[s]) + ")"));
     });
   }
 
