@@ -80,7 +80,7 @@ def job_summary(view: JobView, ranks: dict[int, RankStatus] | None = None) -> Jo
         name=view.ref.name,
         verdict=(str(report.get("verdict") or latest.verdict)) if latest is not None else None,
         healthy=(bool(healthy) if healthy is not None else False) if latest is not None else None,
-        state=view.state,
+        state=view.state or ("archived (kept from before an operator restart)" if view.archived else ""),
         stalled=view.stalled or any(s.state == "stalled" for s in ranks.values()),
         category=latest.category if latest is not None else None,
         culprit_ranks=tuple(latest.culprit_ranks) if latest is not None else (),
