@@ -118,6 +118,7 @@ class WebUI:
             status={str(r): s.to_dict() for r, s in sorted(detail.ranks.items())},
             revision=revision,
             nav=("../../", f"\u2190 jobs \u00b7 {namespace}/{name}"),
+            perf=detail.perf,
         )
         return web.Response(text=page, content_type="text/html", headers=_NO_STORE)
 

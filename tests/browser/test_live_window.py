@@ -99,12 +99,17 @@ def test_a_healthy_running_job_flows_live_with_each_ranks_times(
                 later = state(page)
                 # each rank's own times: the slow rank arrives last, ~40 ms after the others
                 listed = page.evaluate("() => window.frscope.list()")
-                seq = listed["seqs"][-3]
+                seq = next(q for q in reversed(listed["seqs"][:-2])
+                           if page.evaluate(f"() => window.frscope.cellAt(0, {q}).op") == "all_reduce")
                 info = page.evaluate(f"() => window.frscope.cellAt(2, {seq})")
                 assert info["own_created_ms"] is not None and info["last_rank"] == 2, info
                 assert info["own_created_ms"] - info["created_ms"] > 10
                 for rank in range(WORLD):
                     assert page.evaluate(f"() => window.frscope.cellAt({rank}, {seq}).own_created_ms") is not None
+                # where the time goes, for the window: the slower rank costs the job most
+                page.wait_for_function("() => /^Rank 2 costs the job most/.test("
+                                       "(document.querySelector('#fr-perf .perf-headline') || {}).textContent || '')",
+                                       timeout=30_000)
                 page.screenshot(path=str(artifacts / "live-window-healthy.png"), full_page=True)
                 # the same window as a Chrome/Perfetto trace, linked from the page
                 assert page.get_attribute("#fr-trace", "href") == "train/trace.json"

@@ -25,6 +25,9 @@ from frscope.operator.evidence.gather import Decoder, GatherOptions, Target, gat
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.model.objects import JobKey
 from frscope.operator.model.store import JobsView
+from frscope.analysis.perf import analyze_perf
+from frscope.records import DumpSet
+from frscope.report.perf import perf_to_dict
 from frscope.report.timeline import build_timeline
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,11 @@ class LiveWindow:
     pods: int  # pods that answered
     failures: dict[str, str]  # pod -> why it did not
     fingerprint: str  # changes when what the page draws changes
+    perf: dict[str, Any] | None = None  # where the time goes in the window (frscope.report.perf)
+
+
+def _views(dumpset: DumpSet) -> tuple[dict[str, Any], dict[str, Any]]:
+    return build_timeline(dumpset, None), perf_to_dict(analyze_perf(dumpset))
 
 
 def fingerprint(timeline: dict[str, Any] | None) -> str:
@@ -106,9 +114,9 @@ class LiveWindows:
                                 attempts=1, max_entries=self.entries, refresh=False)
         gathered = await gather(self.client, key.namespace, targets, options, decoder=self.decoder)
         dumpset = build_dumpset(gathered, view.world_size)
-        timeline = await asyncio.to_thread(build_timeline, dumpset, None) if dumpset.dumps else None
+        timeline, perf = await asyncio.to_thread(_views, dumpset) if dumpset.dumps else (None, None)
         window = LiveWindow(time.time(), timeline, len(gathered.pods), dict(gathered.failures),
-                            fingerprint(timeline))
+                            fingerprint(timeline), perf)
         self._windows[key] = window
         event = self._updated.pop(key, None)
         if event is not None:

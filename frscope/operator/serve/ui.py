@@ -129,11 +129,13 @@ class OperatorJobs:
         latest = view.latest
         timeline = latest.timeline if latest is not None else None
         window = None
+        perf = None
         if self._live is not None:
             self._live.watch(view.key)
             window = self._live.window(view.key)
             if window is not None and window.timeline is not None and not shows_incident(view, ranks):
                 timeline = window.timeline
+                perf = window.perf
             else:
                 window = None
         return JobDetail(
@@ -141,6 +143,7 @@ class OperatorJobs:
             report=latest.report if latest is not None else None,
             timeline=timeline,
             ranks=ranks,
+            perf=perf,
             revision=_revision(summary, ranks, view, window),
         )
 
