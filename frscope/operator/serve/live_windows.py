@@ -20,12 +20,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from frscope.analysis.perf import analyze_perf
 from frscope.operator.evidence.diagnosis import build_dumpset
 from frscope.operator.evidence.gather import Decoder, GatherOptions, Target, gather
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.model.objects import JobKey
 from frscope.operator.model.store import JobsView
-from frscope.analysis.perf import analyze_perf
 from frscope.records import DumpSet
 from frscope.report.perf import perf_to_dict
 from frscope.report.timeline import build_timeline
