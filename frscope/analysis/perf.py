@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from math import isnan, prod
-from operator import sub
+from operator import add, sub, truediv
 from statistics import median
 
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS
@@ -48,6 +48,7 @@ DTYPE_BYTES = {
 SIZE_BUCKETS = ((1 << 10, "< 1 KiB"), (1 << 16, "1-64 KiB"), (1 << 20, "64 KiB-1 MiB"), (1 << 24, "1-16 MiB"),
                 (1 << 28, "16-256 MiB"), (float("inf"), ">= 256 MiB"))
 TOP_RANKS = 8
+_INF = float("inf")
 
 
 @dataclass(slots=True)
@@ -142,9 +143,9 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS)
     total_transfer = 0.0
     any_transfer = False
     used_durations = used_created = False
-    first_ns: int | None = None
-    last_ns: int | None = None
-    active: dict[int, tuple[int, int]] = {}  # rank -> (first created, last end) ns over counted collectives
+    first_ns: float | None = None
+    last_ns: float | None = None
+    active: dict[int, tuple[float, float]] = {}  # rank -> (first created, last end) ns over counted collectives
     for name, group_tracks in tracks.items():
         info = dumpset.groups.get(name)
         desc = info.desc if info is not None else ""
@@ -154,33 +155,45 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS)
         created_cols = [group_tracks[r].first_created(window) for r in ranks]
         duration_cols = [_nan_to_none(group_tracks[r].first_duration(window)) for r in ranks]
         ref = group_tracks[ranks[0]]
+        n = len(ranks)
+        waited = [0.0] * n  # per rank of the group, over its counted collectives
+        lows: list[float] = [_INF] * n  # per rank: first creation, last end (ns)
+        highs: list[float] = [-_INF] * n
+        group_count = 0
+        gaps: list[tuple[int, float]] = []  # (index of the last rank, its gap) per collective
+        # C-level passes over each collective's column of ranks (at 1,024 ranks x 2,000 collectives a
+        # Python loop per (rank, collective) was most of the time)
         for i, seq in enumerate(window):
             bucket = ref.by_seq.get(seq)
             if not bucket:
                 continue
             created = [col[i] for col in created_cols]
             durations = [col[i] for col in duration_cols]
-            waits: list[float]
             transfer: float | None = None
-            if all(d is not None for d in durations):
+            dated = all(created)
+            if None not in durations:
                 ds: list[float] = durations  # type: ignore[assignment]
                 transfer = min(ds)
-                waits = [d - transfer for d in ds]
-                order = sorted(range(len(ds)), key=lambda k: (ds[k], -ranks[k]))  # shortest: arrived last
-                last, gap = order[0], ds[order[1]] - ds[order[0]]
+                waits = list(map(sub, ds, repeat(transfer)))
+                # the shortest waited least: it arrived last (a tie: the higher rank)
+                last = n - 1 - ds[::-1].index(transfer)
+                gap = min(ds[:last] + ds[last + 1 :]) - transfer
                 skew = 0.0  # durations compare no clocks
                 used_durations = True
-            elif all(created):
+                ends = list(map(lambda c, d: c + d * 1e6, created, ds)) if dated else None  # type: ignore[operator]
+            elif dated:
                 cs: list[int] = created  # type: ignore[assignment]
                 newest = max(cs)
-                waits = list(map(lambda x: x / 1e6, map(sub, repeat(newest), cs)))
-                order = sorted(range(len(cs)), key=lambda k: (-cs[k], -ranks[k]))
-                last, gap = order[0], (cs[order[0]] - cs[order[1]]) / 1e6
+                waits = list(map(truediv, map(sub, repeat(newest), cs), repeat(1e6)))
+                last = n - 1 - cs[::-1].index(newest)
+                gap = (newest - max(cs[:last] + cs[last + 1 :])) / 1e6
                 skew = clock_skew_ms
                 used_created = True
+                ends = cs  # type: ignore[assignment]
             else:
                 continue
             counted += 1
+            group_count += 1
             e0 = bucket[0]
             nbytes = entry_bytes(bucket)
             key = (name, op_label(e0.op) if len(bucket) == 1 else "COALESCED", size_bucket(nbytes))
@@ -198,25 +211,31 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS)
                 row._transfers.append(transfer)
                 total_transfer += transfer
                 any_transfer = True
-            for k, rank in enumerate(ranks):
-                cost = costs.get(rank)
-                if cost is None:
-                    cost = costs[rank] = RankCost(rank)
-                cost.collectives += 1
-                cost.waited_ms += waits[k]
-                c = created[k]
-                if c:
-                    end = c + int(((durations[k] or 0.0)) * 1e6)
-                    lo, hi = active.get(rank, (c, end))
-                    active[rank] = (min(lo, c), max(hi, end))
-                    first_ns = c if first_ns is None else min(first_ns, c)
-                    last_ns = end if last_ns is None else max(last_ns, end)
+            waited = list(map(add, waited, waits))
+            if dated and ends is not None:
+                lows = list(map(min, lows, created))  # type: ignore[arg-type]
+                highs = list(map(max, highs, ends))
             if gap > skew and gap > 0:
-                culprit = costs[ranks[last]]
-                culprit.cost_ms += gap
-                culprit.last_count += 1
-                culprit.gaps.append(gap)
-                culprit.groups[name] = culprit.groups.get(name, 0.0) + gap
+                gaps.append((last, gap))
+        if not group_count:
+            continue
+        for k, rank in enumerate(ranks):
+            cost = costs.get(rank)
+            if cost is None:
+                cost = costs[rank] = RankCost(rank)
+            cost.collectives += group_count
+            cost.waited_ms += waited[k]
+            if lows[k] != _INF:
+                lo, hi = active.get(rank, (lows[k], highs[k]))
+                active[rank] = (min(lo, lows[k]), max(hi, highs[k]))
+                first_ns = lows[k] if first_ns is None else min(first_ns, lows[k])
+                last_ns = highs[k] if last_ns is None else max(last_ns, highs[k])
+        for last, gap in gaps:
+            culprit = costs[ranks[last]]
+            culprit.cost_ms += gap
+            culprit.last_count += 1
+            culprit.gaps.append(gap)
+            culprit.groups[name] = culprit.groups.get(name, 0.0) + gap
     timing = "durations" if used_durations else "creation times" if used_created else "none"
     window_ms = (last_ns - first_ns) / 1e6 if first_ns is not None and last_ns is not None else 0.0
     rank_time = sum((hi - lo) / 1e6 for lo, hi in active.values())
