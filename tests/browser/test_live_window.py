@@ -95,6 +95,7 @@ def test_a_healthy_running_job_flows_live_with_each_ranks_times(
                 first_seen_s = time.monotonic() - started
                 first = state(page)
                 assert first["verdict"] is None and first["rows"] == WORLD
+                assert "live from the job's sidecars" in page.inner_text("#fr-verdict")
                 page.wait_for_function(f"() => window.frscope.state().cols > {first['cols']} + 4", timeout=30_000)
                 later = state(page)
                 # each rank's own times: the slow rank arrives last, ~40 ms after the others

@@ -90,10 +90,10 @@ def test_straggler_own_times_list_and_jump(browser: Any, tmp_path: Path, artifac
         other = page.get_attribute("#fr-list-rows .fr-list-row:not(.selected)", "data-seq")
         page.click(f"#fr-list-rows .fr-list-row[data-seq='{other}']")
         assert page.evaluate("() => window.frscope.list().selectedSeq") == int(other)
+        page.screenshot(path=str(artifacts / "timeline-list-straggler.png"), full_page=True)
         page.fill("#fr-jump", "#999")
         page.press("#fr-jump", "Enter")
         assert "no collective #999" in page.inner_text("#fr-jump-msg")
-        page.screenshot(path=str(artifacts / "timeline-list-straggler.png"), full_page=True)
         assert errors.items == [] and blocked == []
     finally:
         context.close()

@@ -661,10 +661,12 @@
     return box;
   }
 
-  function renderHeader() {
+  function renderHeader(tl) {
     var v = $("fr-verdict");
     var healthy = !R || R.healthy;
-    v.textContent = R ? R.verdict : "No report yet: waiting for the first diagnosis.";
+    v.textContent = R ? R.verdict : LIVE && tl && tl.groups && tl.groups.length
+      ? "No diagnosis (nothing to diagnose so far): the collectives below come live from the job's sidecars."
+      : "No report yet: waiting for the first diagnosis.";
     v.className = R ? (healthy ? "ok" : "bad") : "";
     var meta = [];
     if (R) {
@@ -838,7 +840,7 @@
       STATUS = data.status || {};
       REVISION = data.revision != null ? data.revision : REVISION;
       var tl = data.timeline;
-      renderHeader();
+      renderHeader(tl);
       renderFindings();
       renderPerf(data.perf || null);
       if (!tl || !tl.groups || !tl.groups.length) {
