@@ -120,7 +120,8 @@ def browser(html_path: Path, ranks: int, entries: int) -> dict[str, Any]:
             out[name] = (time.monotonic() - t) * 1000
 
         page.evaluate("() => { window.__long = []; }")
-        step("list_scroll_end_ms", "() => { const v = document.getElementById('fr-list-viewport'); v.scrollTop = v.scrollHeight; }")
+        step("list_scroll_end_ms",
+             "() => { const v = document.getElementById('fr-list-viewport'); v.scrollTop = v.scrollHeight; }")
         step("list_sort_wait_ms", "() => window.frscope.setListSort('wait')")
         step("jump_rank_ms", f"() => window.frscope.jump('rank {LATE_RANK % ranks}')")
         step("jump_seq_ms", f"() => window.frscope.jump('#{entries - 10}')")
@@ -161,7 +162,8 @@ def main() -> int:
         ("trace_from_timeline (trace.json)", f"{trace_s:.2f} s, {len(trace_raw) / 1e6:.1f} MB raw, "
                                              f"{len(gzip.compress(trace_raw.encode())) / 1e6:.2f} MB gzip"),
         (f"live window work per refresh ({args.live_entries} entries x {args.ranks} ranks)",
-         f"timeline {live_tl_s:.1f} s wall ({live_tl_cpu:.1f} s CPU) + perf {live_perf_s:.1f} s ({live_perf_cpu:.1f} s CPU)"),
+         f"timeline {live_tl_s:.1f} s wall ({live_tl_cpu:.1f} s CPU) + perf {live_perf_s:.1f} s "
+         f"({live_perf_cpu:.1f} s CPU)"),
     ]
     if not args.no_browser:
         with tempfile.TemporaryDirectory() as tmp:
@@ -179,8 +181,9 @@ def main() -> int:
                                                    f"frame after them {b['frame_after_filters_ms']:.0f} ms"),
             ("Chromium: longest main-thread task after load", f"{b['longest_task_after_load_ms']:.0f} ms"),
         ]
-    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO).stdout.strip()
-    print(f"## Timeline with each rank's own times, list view, live window (issue 25)\n")
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=REPO).stdout.strip()
+    print("## Timeline with each rank's own times, list view, live window (issue 25)\n")
     print(f"- {args.ranks} ranks x {args.entries} entries, synthetic NCCL shape with jitter (bench/timeline_live.py); "
           f"frscope {git}, Python {platform.python_version()}, `nproc` {os.cpu_count()}, load {load0:.1f} at start, "
           f"{os.getloadavg()[0]:.1f} at end")

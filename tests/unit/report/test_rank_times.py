@@ -97,3 +97,24 @@ def test_budget_keeps_the_most_recent_columns_of_the_primary_group_first() -> No
     assert none["groups"][0]["rank_times"] is None
     # the spread is kept for every column whatever the budget
     assert len(none["groups"][0]["col_slowest_rank"]) == 50
+
+
+def test_trace_from_the_timeline_agrees_with_the_trace_from_the_recorders() -> None:
+    """The web UI's trace.json (built from the timeline it keeps) places every slice where
+    `frscope analyze --trace` (built from the recorders) does, to the microsecond."""
+    from frscope.report.trace import build_trace, trace_from_timeline
+
+    for fixture in ("hang", "straggler", "steps-pickle"):
+        dumpset = load_dumps([REAL / fixture])
+        report = analyze(dumpset)
+        from_timeline = trace_from_timeline(build_timeline(dumpset, report))
+        from_recorders = build_trace(dumpset)
+        want = {(e["pid"], e["name"], e["args"]["pg"]): e for e in from_recorders["traceEvents"] if e["ph"] != "M"}
+        got = [e for e in from_timeline["traceEvents"] if e["ph"] != "M"]
+        assert len(got) == len(want), fixture
+        for e in got:
+            ref = want[(e["pid"], e["name"], e["args"]["pg"])]
+            assert abs(e["ts"] - ref["ts"]) <= 1.0 and e["ph"] == ref["ph"], (fixture, e, ref)
+            if e["ph"] == "X":
+                assert abs(e["dur"] - ref["dur"]) <= 1.0
+            assert e["args"]["times"] == "this rank"
