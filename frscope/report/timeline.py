@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from frscope.analysis import Finding, Report, op_label
-from frscope.analysis.stacks import user_frame
 from frscope.analysis.tracks import Track, build_tracks
 from frscope.records import COMPLETED, STARTED, DumpSet, Entry
 from frscope.report.rank_times import (
@@ -40,6 +39,7 @@ from frscope.report.rank_times import (
     column_spread,
     spread_fields,
 )
+from frscope.report.timeline_tables import RawKey, Tables
 
 TIMELINE_SCHEMA = "frscope.timeline/v1"
 
@@ -52,9 +52,6 @@ DEFAULT_TAIL_COLUMNS = 256
 DEFAULT_LAG_THRESHOLD_MS = 50.0
 DEFAULT_MAX_LAGS = 20_000
 DEFAULT_MAX_SITE_RANKS = 8
-
-# Raw cell key: compared with == only (sizes are lists: unhashable, cheap to compare).
-_RawKey = tuple[Any, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,88 +68,6 @@ class TimelineOptions:
     max_rank_times: int = DEFAULT_MAX_RANK_TIMES
 
 
-class _Tables:
-    """Interned strings and cells shared by every group."""
-
-    def __init__(self) -> None:
-        self.strings: list[str] = [""]
-        self._string_ids: dict[str, int] = {"": 0}
-        self.op_names: list[str] = []
-        self._op_ids: dict[str, int] = {}
-        self.cells: list[list[int]] = []
-        self._cell_ids: dict[tuple[Any, ...], int] = {}
-        self._reps: list[tuple[int, Entry] | None] = []  # the entry each cell was first seen in
-
-    def string(self, text: str) -> int:
-        found = self._string_ids.get(text)
-        if found is None:
-            found = self._string_ids[text] = len(self.strings)
-            self.strings.append(text)
-        return found
-
-    def op(self, name: str) -> int:
-        found = self._op_ids.get(name)
-        if found is None:
-            found = self._op_ids[name] = len(self.op_names)
-            self.op_names.append(name)
-        return found
-
-    def absent(self, state: int) -> int:
-        key = ("", state)
-        found = self._cell_ids.get(key)
-        if found is None:
-            found = self._cell_ids[key] = len(self.cells)
-            self.cells.append([-1, state, 0, 0, 0, 0, 0, 1])
-            self._reps.append(None)
-        return found
-
-    def cell(self, raw: _RawKey, bucket: list[Entry], rank: int) -> int:
-        op, state, in_sizes, in_dtypes, out_sizes, out_dtypes = raw
-        key = (op, state, repr(in_sizes), repr(in_dtypes), repr(out_sizes), repr(out_dtypes))
-        found = self._cell_ids.get(key)
-        if found is not None:
-            return found
-        found = self._cell_ids[key] = len(self.cells)
-        self._reps.append((rank, bucket[0]))
-        self.cells.append(
-            [
-                self.op(op),
-                state,
-                self.string(_shapes(in_sizes)),
-                self.string(", ".join(in_dtypes)),
-                self.string(_shapes(out_sizes)),
-                self.string(", ".join(out_dtypes)),
-                0,  # call site: resolve_sites()
-                len(bucket),
-            ]
-        )
-        return found
-
-    def resolve_sites(self, preferred: set[int], max_ranks: int) -> None:
-        """Call sites from the recorder's frames. Frames may be lazy (re-read from the rank's file on
-        first use), so only the ranks in `preferred` plus up to `max_ranks` others are asked."""
-        allowed = set(preferred)
-        budget = max_ranks
-        for i, rep in enumerate(self._reps):
-            if rep is None:
-                continue
-            rank, entry = rep
-            if rank not in allowed:
-                if budget <= 0:
-                    continue
-                budget -= 1
-                allowed.add(rank)
-            site = user_frame(entry.frames)
-            if site is not None:
-                self.cells[i][6] = self.string(f"{site.filename}:{site.line} ({site.name})")
-
-
-def _shapes(sizes: list[Any]) -> str:
-    return " ".join(
-        "[" + ", ".join(str(d) for d in shape) + "]" if isinstance(shape, list) else str(shape) for shape in sizes
-    )
-
-
 def _bucket_state(bucket: list[Entry], in_flight: bool) -> int:
     if all(e.state == COMPLETED or e.retired is True for e in bucket):
         return S_COMPLETED
@@ -163,7 +78,7 @@ def _bucket_state(bucket: list[Entry], in_flight: bool) -> int:
     return S_SCHEDULED
 
 
-def _raw_key(bucket: list[Entry], in_flight: bool) -> _RawKey:
+def _raw_key(bucket: list[Entry], in_flight: bool) -> RawKey:
     state = _bucket_state(bucket, in_flight)
     if len(bucket) == 1:
         e = bucket[0]
@@ -285,7 +200,7 @@ class _GroupGrid:
 
 def _grid(
     dumpset: DumpSet,
-    tables: _Tables,
+    tables: Tables,
     rows: list[int],
     tracks: dict[int, Track],
     lag_threshold_ms: float,
@@ -301,13 +216,13 @@ def _grid(
     col_spread: list[ColumnSpread | None] = []
     lags: list[tuple[float, int, int]] = []
     for col, seq in enumerate(seqs):
-        keys: list[_RawKey | None] = []
+        keys: list[RawKey | None] = []
         buckets: list[list[Entry] | None] = []
         created: list[tuple[int, int]] = []  # (row, ns)
         durations: list[float] = []
         slowest_row = -1
         slowest_d = -1.0
-        candidate: _RawKey | None = None
+        candidate: RawKey | None = None
         count = 0
         # Hot loop (every entry of every rank): inlined, and a Boyer-Moore majority vote on the way.
         for i, track in enumerate(row_tracks):
@@ -327,7 +242,7 @@ def _grid(
                     state = S_STARTED
                 else:
                     state = S_SCHEDULED
-                key: _RawKey = (e.op, state, e.input_sizes, e.input_dtypes, e.output_sizes, e.output_dtypes)
+                key: RawKey = (e.op, state, e.input_sizes, e.input_dtypes, e.output_sizes, e.output_dtypes)
                 d = e.duration_ms
                 if d is None and e.time_started_ns and e.time_completed_ns:
                     d = (e.time_completed_ns - e.time_started_ns) / 1e6
@@ -390,7 +305,7 @@ def build_timeline(
 ) -> dict[str, Any]:
     """The timeline data (see the module docstring and docs/timeline.md). Pure; linear in the entries."""
     opts = options or TimelineOptions()
-    tables = _Tables()
+    tables = Tables()
     tables.absent(S_NO_DUMP)  # cell 0 is always a plain 'no dump' cell
     tracks = build_tracks(dumpset)
     findings = report.findings if report is not None else []
