@@ -41,8 +41,10 @@ def asset(name: str) -> str:
 
 
 def viewer_script() -> str:
-    """timeline.js and timeline_list.js in one closure (they share its functions and state)."""
-    return '(function () {\n  "use strict";\n' + asset("timeline.js") + asset("timeline_list.js") + "})();\n"
+    """timeline.js, timeline_panels.js and timeline_list.js in one closure (they share its functions and
+    state)."""
+    parts = (asset("timeline.js"), asset("timeline_panels.js"), asset("timeline_list.js"))
+    return '(function () {\n  "use strict";\n' + "".join(parts) + "})();\n"
 
 
 def embed_json(obj: Any) -> str:

@@ -1,4 +1,4 @@
-  /* frscope timeline, part 2 (same closure as timeline.js, see frscope/report/html.py): each rank's own
+  /* frscope timeline, part 3 (same closure as timeline.js, see frscope/report/html.py): each rank's own
    * times, the rank-list / state / group filters, jump to a rank or a sequence id, and the list view.
    *
    * The list holds one line per collective of the shown group (2,000 at most per recorder, but the DOM
