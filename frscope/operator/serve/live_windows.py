@@ -89,7 +89,11 @@ class LiveWindows:
             self._asked.pop(oldest, None)
             self._windows.pop(oldest, None)
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self.run())
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # asked outside the event loop (a test, a thread): the next request starts it
+            self._task = loop.create_task(self.run())
 
     def window(self, key: JobKey) -> LiveWindow | None:
         return self._windows.get(key)
