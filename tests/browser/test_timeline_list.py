@@ -91,6 +91,13 @@ def test_straggler_own_times_list_and_jump(browser: Any, tmp_path: Path, artifac
         page.click(f"#fr-list-rows .fr-list-row[data-seq='{other}']")
         assert page.evaluate("() => window.frscope.list().selectedSeq") == int(other)
         page.screenshot(path=str(artifacts / "timeline-list-straggler.png"), full_page=True)
+        # the time axis, zoomed in: each rank's own creation is drawn over the cells; rank 2's stands apart
+        assert state(page)["ownMarks"] == 0  # sequence axis: nothing to place
+        page.check("#fr-mode-time")
+        page.evaluate("() => window.frscope.jump('#10')")
+        timed = state(page)
+        assert timed["mode"] == "time" and timed["ownMarks"] >= 4, timed
+        page.screenshot(path=str(artifacts / "timeline-own-times.png"), full_page=True)
         page.fill("#fr-jump", "#999")
         page.press("#fr-jump", "Enter")
         assert "no collective #999" in page.inner_text("#fr-jump-msg")

@@ -418,6 +418,7 @@
         ctx.fill();
       });
     }
+    drawOwnTimes(ctx, view, r0, r1, rowH, plotW, plotH);
     ctx.save();
     ctx.beginPath(); ctx.rect(GUTTER_L - 2, GUTTER_T - 2, plotW + 4, plotH + 4); ctx.clip();
     // finding columns (the stuck collective first)
@@ -768,7 +769,7 @@
         ranks: S.rankText, states: S.states ? Array.from(S.states).map(function (i) { return T.states[i]; }).sort() : null,
         rankRange: rankRangeOf(S.ranks), view: S.view, drawnCells: LAST.drawnCells, drawnByOp: LAST.drawnByOp,
         culpritRanks: T ? (T.culprit_ranks || []) : [], highlightedRanks: LAST.highlighted, stuckVisible: LAST.stuckVisible,
-        stuck: T ? T.primary : null, axisSpanMs: LAST.axisSpanMs, waitMs: LAST.waitMs, renderMs: LAST.renderMs, rows: LAST.rows, cols: LAST.cols, revision: REVISION,
+        stuck: T ? T.primary : null, axisSpanMs: LAST.axisSpanMs, ownMarks: LAST.ownMarks || 0, waitMs: LAST.waitMs, renderMs: LAST.renderMs, rows: LAST.rows, cols: LAST.cols, revision: REVISION,
         verdict: R ? R.verdict : null, status: STATUS
       };
     },

@@ -117,6 +117,43 @@
     }
   }
 
+  var OWN_MARKS_MAX = 6000;
+
+  function drawOwnTimes(ctx, view, r0, r1, rowH, plotW, plotH) {
+    // Time axis, zoomed in: each rank's own creation (a tick) and duration (a bar) over the cells, which
+    // sit at the group's median; a late rank's tick stands apart. Only where the timeline kept own times,
+    // and only when few enough cells are in view to draw one by one.
+    LAST.ownMarks = 0;
+    var g = D.g, rt = g.rank_times;
+    if (S.mode !== "time" || !D.hasTime || !rt || rowH < 4) return;
+    var range = visibleColumnRange();
+    if (!range) return;
+    var c0 = Math.max(range[0], rt.first_col), c1 = range[1];
+    if (c1 < c0 || (r1 - r0) * (c1 - c0 + 1) > OWN_MARKS_MAX) return;
+    var span = view.x1 - view.x0, count = 0, barH = Math.max(2, rowH * 0.22);
+    ctx.save();
+    ctx.beginPath(); ctx.rect(GUTTER_L, GUTTER_T, plotW, plotH); ctx.clip();
+    ctx.fillStyle = "rgba(17, 17, 17, 0.85)";
+    for (var r = r0; r < r1; r++) {
+      var row = D.rows[r], y0 = yOfRow(r, view);
+      for (var c = c0; c <= c1; c++) {
+        var own = ownTimes(S.group, row, c);
+        if (!own || own.created == null) continue;
+        var x = GUTTER_L + (own.created - view.x0) / span * plotW;
+        if (x < GUTTER_L - 2 || x > GUTTER_L + plotW + 2) continue;
+        ctx.fillRect(x - 0.75, y0 + 1, 1.5, Math.max(2, rowH - 2));
+        if (own.duration != null) {
+          var from = own.started != null ? own.started : own.created;
+          var xs = GUTTER_L + (from - view.x0) / span * plotW;
+          ctx.fillRect(xs, y0 + (rowH - barH) / 2, Math.max(1, own.duration / span * plotW), barH);
+        }
+        count++;
+      }
+    }
+    ctx.restore();
+    LAST.ownMarks = count;
+  }
+
   /* ---------- where the time goes (frscope analyze --perf) ---------- */
 
   function renderPerf(P) {
