@@ -48,6 +48,7 @@ DTYPE_BYTES = {
 SIZE_BUCKETS = ((1 << 10, "< 1 KiB"), (1 << 16, "1-64 KiB"), (1 << 20, "64 KiB-1 MiB"), (1 << 24, "1-16 MiB"),
                 (1 << 28, "16-256 MiB"), (float("inf"), ">= 256 MiB"))
 TOP_RANKS = 8
+MAX_BYTES = 1 << 62
 _INF = float("inf")
 
 
@@ -117,8 +118,9 @@ def entry_bytes(bucket: Sequence[Entry]) -> int:
         for shape, dtype in zip(e.input_sizes, e.input_dtypes, strict=False):
             width = DTYPE_BYTES.get(dtype, 0)
             if isinstance(shape, list) and width:
-                total += prod(int(d) for d in shape if isinstance(d, int)) * width
-    return total
+                dims = [d for d in shape if isinstance(d, int) and not isinstance(d, bool) and d >= 0]
+                total += min(prod(dims), MAX_BYTES) * width
+    return min(total, MAX_BYTES)  # a crafted shape is a big number, never a float overflow
 
 
 def _window(tracks: dict[int, Track]) -> tuple[list[int], range]:

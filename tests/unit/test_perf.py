@@ -92,6 +92,13 @@ def test_bytes_and_buckets() -> None:
     dumpset = synthetic_hang(2, 3)
     e = dumpset.dumps[0].entries[0]
     assert entry_bytes([e]) == 1024 * 1024 * 4
+    # a crafted shape: a big number, no overflow when it becomes a bandwidth
+    for dumps in dumpset.dumps.values():
+        for entry in dumps.entries:
+            entry.input_sizes = [[10**400, -5, True]]
+    perf = analyze_perf(dumpset)
+    assert entry_bytes(dumpset.dumps[0].entries[:1]) == 1 << 62
+    assert perf.rows and all(r.bandwidth_gbps is None or r.bandwidth_gbps > 0 for r in perf.rows)
     assert size_bucket(0) == "< 1 KiB" and size_bucket(4 << 20) == "1-16 MiB" and size_bucket(1 << 40) == ">= 256 MiB"
 
 
