@@ -186,7 +186,7 @@ def token_volume(cfg: InjectionConfig) -> dict[str, Any]:
 
     Readable by every user (0444): the kubelet writes them as root and hands them to the container's
     user only when every container of the pod names the same runAsUser, which a trainer running as
-    root does not; with 0440 the sidecar (65532) could not read them (found on a real node). Only the
+    root does not; with 0440 the sidecar (65532) could not read them. Only the
     sidecar mounts the volume."""
     expiry = cfg.token_expiration_s
     return {"name": names.SIDECAR_TOKEN_VOLUME, "projected": {"defaultMode": 0o444, "sources": [

@@ -17,14 +17,11 @@ Pure: no I/O; linear in the cells it reads.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from frscope.analysis.tracks import Track
-from frscope.records import Entry
-
-DEFAULT_MAX_RANK_TIMES = 131_072  # 128 collectives of 1,024 ranks
+from frscope.report.timeline_cells import bucket_duration
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,19 +32,6 @@ class ColumnSpread:
     last_rank: int | None  # the last rank to create the collective
     spread_ms: float | None  # last creation - first creation
     last_wait_ms: float | None  # last creation - the next-latest one: what the last rank cost
-
-
-def bucket_duration_ms(bucket: Sequence[Entry]) -> float | None:
-    """A seq id's duration on one rank (coalesced ops: their sum); None when any is not recorded."""
-    total = 0.0
-    for e in bucket:
-        if e.duration_ms is not None:
-            total += e.duration_ms
-        elif e.time_started_ns and e.time_completed_ns and e.time_completed_ns >= e.time_started_ns:
-            total += (e.time_completed_ns - e.time_started_ns) / 1e6
-        else:
-            return None
-    return total
 
 
 def column_spread(
@@ -147,7 +131,7 @@ def _rows_window(
                 any_queued = True
             else:
                 q_row.append(None)
-            d = bucket_duration_ms(bucket)
+            d = bucket_duration(bucket)
             if d is not None:
                 d_row.append(round(d * 1000.0))
                 any_dur = True

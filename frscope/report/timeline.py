@@ -25,113 +25,29 @@ docs/timeline.md.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from typing import Any
 
-from frscope.analysis import Finding, Report, op_label
+from frscope.analysis import Report, op_label
 from frscope.analysis.tracks import Track, build_tracks
 from frscope.records import COMPLETED, STARTED, DumpSet, Entry
-from frscope.report.rank_times import (
-    DEFAULT_MAX_RANK_TIMES,
-    ColumnSpread,
-    bucket_duration_ms,
-    build_rank_times,
-    column_spread,
-    spread_fields,
+from frscope.report.rank_times import ColumnSpread, build_rank_times, column_spread, spread_fields
+from frscope.report.timeline_cells import (
+    S_COMPLETED,
+    S_IN_FLIGHT,
+    S_NO_DUMP,
+    S_SCHEDULED,
+    S_STARTED,
+    STATES,
+    TIMELINE_SCHEMA,
+    RawKey,
+    Tables,
+    TimelineOptions,
+    absent_state,
+    bucket_duration,
+    finding_marks,
+    median,
+    raw_key,
 )
-from frscope.report.timeline_tables import RawKey, Tables
-
-TIMELINE_SCHEMA = "frscope.timeline/v1"
-
-# Cell states; the index is what the cells table stores.
-STATES = ("completed", "scheduled", "started", "in_flight", "not_entered", "not_recorded", "no_dump")
-S_COMPLETED, S_SCHEDULED, S_STARTED, S_IN_FLIGHT, S_NOT_ENTERED, S_NOT_RECORDED, S_NO_DUMP = range(len(STATES))
-
-DEFAULT_MAX_RUNS = 200_000
-DEFAULT_TAIL_COLUMNS = 256
-DEFAULT_LAG_THRESHOLD_MS = 50.0
-DEFAULT_MAX_LAGS = 20_000
-DEFAULT_MAX_SITE_RANKS = 8
-
-
-@dataclass(frozen=True, slots=True)
-class TimelineOptions:
-    max_runs: int = DEFAULT_MAX_RUNS
-    tail_columns: int = DEFAULT_TAIL_COLUMNS
-    lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS
-    max_lags: int = DEFAULT_MAX_LAGS
-    # call sites come from the frames, which may be re-read from each rank's file: ask this many ranks
-    # at most (besides the culprits)
-    max_site_ranks: int = DEFAULT_MAX_SITE_RANKS
-    # each rank's own times (created, started, duration) for this many cells at most, the most recent
-    # collectives of every group first (docs/timeline.md, "Each rank's own times")
-    max_rank_times: int = DEFAULT_MAX_RANK_TIMES
-
-
-def _bucket_state(bucket: list[Entry], in_flight: bool) -> int:
-    if all(e.state == COMPLETED or e.retired is True for e in bucket):
-        return S_COMPLETED
-    if in_flight:
-        return S_IN_FLIGHT
-    if any(e.state == STARTED for e in bucket):
-        return S_STARTED
-    return S_SCHEDULED
-
-
-def _raw_key(bucket: list[Entry], in_flight: bool) -> RawKey:
-    state = _bucket_state(bucket, in_flight)
-    if len(bucket) == 1:
-        e = bucket[0]
-        return (e.op, state, e.input_sizes, e.input_dtypes, e.output_sizes, e.output_dtypes)
-    ops = {e.op for e in bucket}
-    return (
-        bucket[0].op if len(ops) == 1 else "coalesced",
-        state,
-        [s for e in bucket for s in e.input_sizes],
-        [d for e in bucket for d in e.input_dtypes],
-        [s for e in bucket for s in e.output_sizes],
-        [d for e in bucket for d in e.output_dtypes],
-    )
-
-
-def _absent_state(track: Track | None, seq: int, has_dump: bool) -> int:
-    if not has_dump:
-        return S_NO_DUMP
-    if track is None or not track.by_seq or seq > track.last_seq:
-        return S_NOT_ENTERED
-    return S_NOT_RECORDED
-
-
-def _median(values: list[int] | list[float]) -> float:
-    values.sort()
-    n = len(values)
-    mid = n // 2
-    return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2
-
-
-def _finding_marks(findings: list[Finding]) -> list[dict[str, Any]]:
-    marks: list[dict[str, Any]] = []
-
-    def walk(finding: Finding, root: int, depth: int) -> None:
-        marks.append(
-            {
-                "finding": root,
-                "consequence": depth > 0,
-                "category": finding.category.value,
-                "group": finding.process_group.name,
-                "seq": finding.collective_seq_id,
-                "op": finding.op,
-                "op_label": op_label(finding.op) if finding.op else None,
-                "culprit_ranks": list(finding.culprit_ranks),
-                "summary": finding.summary,
-            }
-        )
-        for c in finding.consequences:
-            walk(c, root, depth + 1)
-
-    for i, f in enumerate(findings):
-        walk(f, i, 0)
-    return marks
 
 
 def _columns(tracks: dict[int, Track]) -> list[int]:
@@ -161,8 +77,8 @@ class _GroupGrid:
         self.exceptions = exceptions  # per row: (col, cell) where the row differs, ascending col
         self.col_t = col_t
         self.col_dur = col_dur
-        self.lags = lags  # (lag_ms, row, col)
         self.col_spread = col_spread  # per column: the ranks' own durations and arrivals
+        self.lags = lags  # (lag_ms, row, col)
 
     def col_t_for(self, keep: list[int] | None) -> list[float | None]:
         return self.col_t if keep is None else [self.col_t[c] for c in keep]
@@ -247,8 +163,8 @@ def _grid(
                 if d is None and e.time_started_ns and e.time_completed_ns:
                     d = (e.time_completed_ns - e.time_started_ns) / 1e6
             else:
-                key = _raw_key(bucket, in_flight)
-                d = bucket_duration_ms(bucket)
+                key = raw_key(bucket, in_flight)
+                d = bucket_duration(bucket)
             keys.append(key)
             if count == 0:
                 candidate, count = key, 1
@@ -270,13 +186,13 @@ def _grid(
                     consensus = tables.cell(k, buckets[i], rows[i])  # type: ignore[arg-type]
                 continue
             if k is None:
-                cell = tables.absent(_absent_state(row_tracks[i], seq, has_dump[i]))
+                cell = tables.absent(absent_state(row_tracks[i], seq, has_dump[i]))
             else:
                 cell = tables.cell(k, buckets[i], rows[i])  # type: ignore[arg-type]
             exceptions[i].append((col, cell))
         col_cell.append(consensus)
         if created and t0 is not None:
-            median_ns = _median([ns for _, ns in created])
+            median_ns = median([ns for _, ns in created])
             col_t.append(round((median_ns - t0) / 1e6, 3))
             for row, ns in created:
                 lag = (ns - median_ns) / 1e6
@@ -284,7 +200,7 @@ def _grid(
                     lags.append((round(lag, 3), row, col))
         else:
             col_t.append(None)
-        col_dur.append(round(_median(durations), 3) if durations else None)
+        col_dur.append(round(median(durations), 3) if durations else None)
         col_spread.append(column_spread(created, durations, slowest_row, rows))
     return _GroupGrid(rows, seqs, col_cell, exceptions, col_t, col_dur, lags, col_spread)
 
@@ -309,7 +225,7 @@ def build_timeline(
     tables.absent(S_NO_DUMP)  # cell 0 is always a plain 'no dump' cell
     tracks = build_tracks(dumpset)
     findings = report.findings if report is not None else []
-    marks = _finding_marks(findings)
+    marks = finding_marks(findings)
 
     t0: int | None = None
     for dump in dumpset.dumps.values():
@@ -420,3 +336,6 @@ def build_timeline(
         "lag_threshold_ms": opts.lag_threshold_ms,
         "groups": groups_out,
     }
+
+
+__all__ = ["STATES", "TIMELINE_SCHEMA", "TimelineOptions", "build_timeline"]

@@ -1,5 +1,5 @@
 """`frscope analyze --perf` (frscope.analysis.perf): where the time goes, on the real straggler recorders
-(gloo: creation times only) and, for durations, on the NCCL shape of frscope.synthetic (nobody here has
+(gloo: creation times only) and, for durations, on the NCCL shape of frscope.testing.synthetic (nobody here has
 NCCL with timing on)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from frscope.analysis.perf import analyze_perf, entry_bytes, size_bucket
 from frscope.cli import main
 from frscope.records import load_dumps
 from frscope.report.perf import perf_to_dict, render_perf_text
-from frscope.synthetic import generate
+from frscope.testing.synthetic import generate
 from tests.synthetic import synthetic_hang
 
 REAL = Path(__file__).parents[1] / "data" / "real"

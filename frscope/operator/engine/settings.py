@@ -62,7 +62,7 @@ class OperatorConfig:
     # (its exit code and message), so that a crash is diagnosed with every pod's exit rather than the
     # first one's. Under torchrun a container ends when its agent does, and the agent gives its
     # surviving workers 30 s after SIGTERM before it kills them: 45 s covers that and the kubelet's
-    # report (10 s was too short in a CI run on the real node: no exit known, rank 0 "missing").
+    # report.
     exit_settle_s: float = 45.0
     # Worker processes that decode snapshot bodies (0: threads in the operator's process).
     decode_processes: int = 2

@@ -36,7 +36,7 @@ from frscope.operator.serve.access import Identity, Reviewer, bearer
 from frscope.operator.serve.live_windows import LiveWindow, LiveWindows
 from frscope.operator.serve.operator_http import OperatorHttp
 from frscope.webui import JobDetail, JobSummary, RankStatus, create_app
-from frscope.webui.app import DEFAULT_POLL_S, VISIBLE_NAMESPACE
+from frscope.webui.routes import DEFAULT_POLL_S, VISIBLE_NAMESPACE
 
 UI_PREFIX = "/ui"
 MAX_MISSING_RANKS = 65_536  # list ranks nobody reports only for a plausible world size
