@@ -130,7 +130,7 @@ class OperatorJobs:
         timeline = latest.timeline if latest is not None else None
         window = None
         perf = None
-        if self._live is not None:
+        if self._live is not None and not view.archived:  # an archived job has no pods to ask
             self._live.watch(view.key)
             window = self._live.window(view.key)
             if window is not None and window.timeline is not None and not shows_incident(view, ranks):
