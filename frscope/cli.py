@@ -100,7 +100,9 @@ def _options(args: argparse.Namespace) -> AnalysisOptions:
 
 def _emit(report: Report, dumpset: DumpSet, args: argparse.Namespace, filters: Filters) -> int:
     findings = filters.apply(report.findings)
-    perf = analyze_perf(dumpset, args.clock_skew_ms) if args.perf else None
+    perf = analyze_perf(dumpset, args.clock_skew_ms, keep_group=filters.group_ok if filters.groups else None,
+                        keep_op=filters.op_ok if filters.ops else None,
+                        keep_rank=filters.rank_ok if filters.ranks is not None else None) if args.perf else None
     if args.entries:
         out = render_entries(dumpset, filters, args.last)
     elif perf is not None:

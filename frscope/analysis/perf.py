@@ -26,7 +26,7 @@ Pure: no I/O; one pass over every rank's entries of every group.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from math import isnan, prod
@@ -136,7 +136,12 @@ def _nan_to_none(values: list[float]) -> list[float | None]:
     return [None if isnan(v) else v for v in values]
 
 
-def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS) -> PerfReport:
+def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS, *,
+                 keep_group: Callable[[str, str], bool] | None = None, keep_op: Callable[[str], bool] | None = None,
+                 keep_rank: Callable[[int], bool] | None = None) -> PerfReport:
+    """`keep_group(name, desc)`, `keep_op(op)`: only those collectives are counted; `keep_rank(rank)`: only
+    those ranks are listed (and named first) among the ranks that cost the job (`frscope analyze --pg --op
+    --rank`)."""
     tracks = build_tracks(dumpset)
     rows: dict[tuple[str, str, str], PerfRow] = {}
     costs: dict[int, RankCost] = {}
@@ -151,6 +156,8 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS)
     for name, group_tracks in tracks.items():
         info = dumpset.groups.get(name)
         desc = info.desc if info is not None else ""
+        if keep_group is not None and not keep_group(name, desc):
+            continue
         ranks, window = _window(group_tracks)
         if not window:
             continue
@@ -167,7 +174,7 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS)
         # Python loop per (rank, collective) was most of the time)
         for i, seq in enumerate(window):
             bucket = ref.by_seq.get(seq)
-            if not bucket:
+            if not bucket or (keep_op is not None and not keep_op(bucket[0].op)):
                 continue
             created = [col[i] for col in created_cols]
             durations = [col[i] for col in duration_cols]
@@ -250,7 +257,8 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS)
         transfer_ms=total_transfer if any_transfer else None,
         rank_time_ms=rank_time,
         rows=sorted(rows.values(), key=lambda r: -(r.wait_ms + (r.transfer_ms or 0.0) * max(1, len(costs)))),
-        costs=sorted((c for c in costs.values() if c.cost_ms > 0), key=lambda c: (-c.cost_ms, c.rank)),
+        costs=sorted((c for c in costs.values() if c.cost_ms > 0 and (keep_rank is None or keep_rank(c.rank))),
+                     key=lambda c: (-c.cost_ms, c.rank)),
         clock_skew_ms=clock_skew_ms,
     )
     report.headline = headline(report)

@@ -113,3 +113,14 @@ def test_cli_perf_text_json_and_html(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert data == json.loads(json.dumps(perf_to_dict(analyze_perf(load_dumps([REAL / "steps"])))))
     assert '"perf":{"schema":"frscope.perf/v1"' in (tmp_path / "r.html").read_text()
     assert render_perf_text(analyze_perf(load_dumps([REAL / "steps"]))) == text
+
+
+def test_cli_filters_apply_to_perf(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["analyze", str(REAL / "straggler"), "--perf", "--format", "json", "--no-progress", "--pg", "param_sync"])
+    data = json.loads(capsys.readouterr().out)
+    assert {r["group"] for r in data["rows"]} == {"1"} and data["collectives"] == 1
+    main(["analyze", str(REAL / "straggler"), "--perf", "--format", "json", "--no-progress", "--op", "broadcast"])
+    assert {r["op_label"] for r in json.loads(capsys.readouterr().out)["rows"]} == {"BROADCAST"}
+    main(["analyze", str(REAL / "straggler"), "--perf", "--no-progress", "--rank", "0,1,3"])
+    first = capsys.readouterr().out.splitlines()[0]
+    assert not first.startswith("Rank 2"), first  # rank 2 is not among the ranks asked about
