@@ -105,6 +105,7 @@ class PerfReport:
     costs: list[RankCost]  # largest cost first (ranks that cost nothing are left out)
     clock_skew_ms: float
     headline: str = ""
+    ranks_filtered: bool = False  # `costs` lists only the ranks asked about
 
 
 def size_bucket(nbytes: int) -> str:
@@ -260,6 +261,7 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS,
         costs=sorted((c for c in costs.values() if c.cost_ms > 0 and (keep_rank is None or keep_rank(c.rank))),
                      key=lambda c: (-c.cost_ms, c.rank)),
         clock_skew_ms=clock_skew_ms,
+        ranks_filtered=keep_rank is not None,
     )
     report.headline = headline(report)
     return report
@@ -279,6 +281,8 @@ def headline(report: PerfReport) -> str:
     """The first line: the rank that costs the job most, and how much."""
     if not report.collectives:
         return "No collective that every rank completed and dated: nothing to measure."
+    if not report.costs and report.ranks_filtered:
+        return "None of the ranks asked about holds up the others (other ranks may: run without --rank)."
     if not report.costs:
         return (f"No rank holds up the others: over {report.collectives} collectives nobody arrived last by more "
                 f"than {_ms(report.clock_skew_ms)}.")
