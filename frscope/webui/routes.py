@@ -35,7 +35,7 @@ from frscope.webui.provider import JobDetail, JobProvider, JobSummary, detail_re
 
 T = TypeVar("T")
 
-DEFAULT_POLL_S = 2.0
+DEFAULT_POLL_S = 1.0  # how often an event stream asks the provider (in memory: cheap)
 KEEPALIVE_S = 15.0
 UI_KEY: web.AppKey[WebUI] = cast("web.AppKey[WebUI]", web.AppKey("frscope_webui", object))
 # Set on a request by an access-control middleware: may this caller see jobs of that namespace? The

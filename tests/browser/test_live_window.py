@@ -58,8 +58,8 @@ def job(tmp_path: Path) -> Iterator[tuple[Path, float]]:
 def _ui(store: JobStore) -> Any:
     async def factory() -> web.Application:
         session = aiohttp.ClientSession()
-        live = LiveWindows(store, SidecarClient(session), interval_s=1.0)
-        app = create_app(OperatorJobs(store, live), poll_s=0.5)
+        live = LiveWindows(store, SidecarClient(session))  # the operator's defaults
+        app = create_app(OperatorJobs(store, live))
 
         async def close(_: web.Application) -> None:
             await live.close()

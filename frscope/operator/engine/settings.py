@@ -84,7 +84,7 @@ class OperatorConfig:
     # The web UI's live window of a job someone looks at (docs/timeline.md, "Live window"): the newest
     # entries per rank asked of its sidecars every `live_interval_s`; 0 entries: no live window.
     live_entries: int = 256
-    live_interval_s: float = 2.0
+    live_interval_s: float = 1.0
     peering: str | None = None  # kopf peering name; None: standalone (one replica)
     webhook: WebhookConfig | None = None
     # Acting on a diagnosis (docs/actions.md): what is allowed, the default policy, limits.

@@ -33,7 +33,7 @@ from frscope.report.timeline import build_timeline
 log = logging.getLogger(__name__)
 
 DEFAULT_LIVE_ENTRIES = 256
-DEFAULT_LIVE_INTERVAL_S = 2.0
+DEFAULT_LIVE_INTERVAL_S = 1.0
 DEFAULT_LIVE_LINGER_S = 60.0
 MAX_WATCHED = 32  # jobs followed at once (the most recently asked about)
 
