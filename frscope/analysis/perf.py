@@ -26,7 +26,8 @@ Pure: no I/O; one pass over every rank's entries of every group.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
 from math import isnan, prod
@@ -48,6 +49,9 @@ DTYPE_BYTES = {
 SIZE_BUCKETS = ((1 << 10, "< 1 KiB"), (1 << 16, "1-64 KiB"), (1 << 20, "64 KiB-1 MiB"), (1 << 24, "1-16 MiB"),
                 (1 << 28, "16-256 MiB"), (float("inf"), ">= 256 MiB"))
 TOP_RANKS = 8
+# a rank is named as the one that costs the job most only when it came last this often (one slow
+# collective, a checkpoint or a log line, is not a pattern)
+MIN_REPEATS = 3
 MAX_BYTES = 1 << 62
 _INF = float("inf")
 
@@ -137,6 +141,71 @@ def _nan_to_none(values: list[float]) -> list[float | None]:
     return [None if isnan(v) else v for v in values]
 
 
+class _Arrivals:
+    """Who came last at each collective compared by creation time, and each rank's collectives in time
+    order, to tell a rank's own lateness from lateness it inherited.
+
+    A rank that arrives last at a collective because it was itself waiting, in the collective before,
+    for a later rank (a tensor-parallel peer of a slow rank reaches the data-parallel all_reduce late)
+    did not cost that time: the rank it waited for did. So the gap of the last rank is charged to it only
+    up to its own time since its previous collective could finish (the last arrival there); the rest goes
+    to whoever arrived last there, and so on back (a few steps at most)."""
+
+    MAX_DEPTH = 4
+
+    def __init__(self) -> None:
+        self.last: dict[tuple[str, int], tuple[int, int]] = {}  # (group, seq) -> (last rank, its arrival ns)
+        self._positions: dict[str, list[int]] = {}  # group -> window indices counted
+        self._groups: dict[str, tuple[dict[int, int], range, list[list[int | None]]]] = {}
+        self._timelines: dict[int, list[tuple[int, str, int]]] = {}
+
+    def collective(self, group: str, seq: int, index: int, rank: int, arrival_ns: int) -> None:
+        self.last[(group, seq)] = (rank, arrival_ns)
+        self._positions.setdefault(group, []).append(index)
+
+    def group(self, name: str, ranks: list[int], window: range, created: list[list[int | None]]) -> None:
+        if name in self._positions:
+            self._groups[name] = ({r: k for k, r in enumerate(ranks)}, window, created)
+
+    def _timeline(self, rank: int) -> list[tuple[int, str, int]]:
+        """The rank's counted collectives as (its arrival ns, group, seq), in time order."""
+        got = self._timelines.get(rank)
+        if got is None:
+            got = []
+            for name, (index, window, created) in self._groups.items():
+                k = index.get(rank)
+                if k is None:
+                    continue
+                column = created[k]
+                got.extend((column[i], name, window[i]) for i in self._positions[name] if column[i])  # type: ignore[misc]
+            got.sort()
+            self._timelines[rank] = got
+        return got
+
+    def _previous(self, rank: int, arrival_ns: int) -> tuple[str, int] | None:
+        timeline = self._timeline(rank)
+        at = bisect_left(timeline, (arrival_ns, "", -1)) - 1
+        return (timeline[at][1], timeline[at][2]) if at >= 0 else None
+
+    def blame(self, events: list[tuple[str, int, int, float]]) -> Iterator[tuple[int, str, float]]:
+        """(rank, group, ms) charges for each (group, seq, last rank, gap ms)."""
+        for group, seq, rank, gap_ms in events:
+            left, arrival = gap_ms, self.last[(group, seq)][1]
+            for _ in range(self.MAX_DEPTH):
+                prev = self._previous(rank, arrival)
+                if prev is None or prev not in self.last:
+                    break
+                held_by, prev_last_ns = self.last[prev]
+                own_ms = max(0.0, (arrival - prev_last_ns) / 1e6)
+                if held_by == rank or own_ms >= left:
+                    break
+                if own_ms > 0:
+                    yield rank, group, own_ms
+                    left -= own_ms
+                rank, arrival = held_by, prev_last_ns
+            yield rank, group, left
+
+
 def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS, *,
                  keep_group: Callable[[str, str], bool] | None = None, keep_op: Callable[[str], bool] | None = None,
                  keep_rank: Callable[[int], bool] | None = None) -> PerfReport:
@@ -154,6 +223,8 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS,
     first_ns: float | None = None
     last_ns: float | None = None
     active: dict[int, tuple[float, float]] = {}  # rank -> (first created, last end) ns over counted collectives
+    blamed: list[tuple[str, int, int, float]] = []  # (group, seq, last rank, gap ms) by creation time
+    arrivals = _Arrivals()  # creation-time collectives: who came last, for the blame of inherited lateness
     for name, group_tracks in tracks.items():
         info = dumpset.groups.get(name)
         desc = info.desc if info is not None else ""
@@ -170,7 +241,8 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS,
         lows: list[float] = [_INF] * n  # per rank: first creation, last end (ns)
         highs: list[float] = [-_INF] * n
         group_count = 0
-        gaps: list[tuple[int, float]] = []  # (index of the last rank, its gap) per collective
+        # (index of the last rank, its gap, the seq when compared by creation time) per collective
+        gaps: list[tuple[int, float, int | None]] = []
         # C-level passes over each collective's column of ranks (at 1,024 ranks x 2,000 collectives a
         # Python loop per (rank, collective) was most of the time)
         for i, seq in enumerate(window):
@@ -200,6 +272,7 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS,
                 skew = clock_skew_ms
                 used_created = True
                 ends = cs  # type: ignore[assignment]
+                arrivals.collective(name, seq, i, ranks[last], newest)
             else:
                 continue
             counted += 1
@@ -226,9 +299,10 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS,
                 lows = list(map(min, lows, created))  # type: ignore[arg-type]
                 highs = list(map(max, highs, ends))
             if gap > skew and gap > 0:
-                gaps.append((last, gap))
+                gaps.append((last, gap, seq if transfer is None else None))
         if not group_count:
             continue
+        arrivals.group(name, ranks, window, created_cols)
         for k, rank in enumerate(ranks):
             cost = costs.get(rank)
             if cost is None:
@@ -240,12 +314,19 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS,
                 active[rank] = (min(lo, lows[k]), max(hi, highs[k]))
                 first_ns = lows[k] if first_ns is None else min(first_ns, lows[k])
                 last_ns = highs[k] if last_ns is None else max(last_ns, highs[k])
-        for last, gap in gaps:
+        for last, gap, seq_by_created in gaps:
             culprit = costs[ranks[last]]
-            culprit.cost_ms += gap
             culprit.last_count += 1
             culprit.gaps.append(gap)
-            culprit.groups[name] = culprit.groups.get(name, 0.0) + gap
+            if seq_by_created is None:
+                culprit.cost_ms += gap
+                culprit.groups[name] = culprit.groups.get(name, 0.0) + gap
+            else:
+                blamed.append((name, seq_by_created, ranks[last], gap))
+    for rank, group, ms in arrivals.blame(blamed):
+        cost = costs[rank]
+        cost.cost_ms += ms
+        cost.groups[group] = cost.groups.get(group, 0.0) + ms
     timing = "durations" if used_durations else "creation times" if used_created else "none"
     window_ms = (last_ns - first_ns) / 1e6 if first_ns is not None and last_ns is not None else 0.0
     rank_time = sum((hi - lo) / 1e6 for lo, hi in active.values())
@@ -287,6 +368,9 @@ def headline(report: PerfReport) -> str:
         return (f"No rank holds up the others: over {report.collectives} collectives nobody arrived last by more "
                 f"than {_ms(report.clock_skew_ms)}.")
     top = report.costs[0]
+    if top.last_count < MIN_REPEATS:
+        return (f"No rank holds up the others repeatedly: the costliest, rank {top.rank}, came last at "
+                f"{top.last_count} of its {top.collectives} collectives ({_ms(top.cost_ms)} in all).")
     if len(report.costs) > 1 and top.cost_ms < 2 * report.costs[1].cost_ms:
         return (f"No single rank holds up the others: the waits for the last rank are spread over "
                 f"{len(report.costs)} ranks (the most, rank {top.rank}: {_ms(top.cost_ms)} at {top.last_count} of "

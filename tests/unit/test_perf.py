@@ -11,7 +11,7 @@ import pytest
 
 from frscope.analysis.perf import analyze_perf, entry_bytes, size_bucket
 from frscope.cli import main
-from frscope.records import load_dumps
+from frscope.records import DumpSet, Entry, GroupInfo, RankDump, load_dumps
 from frscope.report.perf import perf_to_dict, render_perf_text
 from frscope.testing.synthetic import generate
 from tests.synthetic import synthetic_hang
@@ -46,6 +46,7 @@ def test_every_collective_straggler_costs_its_lateness_each_time() -> None:
 def test_healthy_jobs_blame_no_single_rank(fixture: str) -> None:
     perf = analyze_perf(load_dumps([REAL / fixture]))
     assert perf.headline.startswith(("No rank holds up", "No single rank holds up")), perf.headline
+    assert "costs the job most" not in perf.headline
     assert perf.collectives > 0
 
 
@@ -124,3 +125,36 @@ def test_cli_filters_apply_to_perf(capsys: pytest.CaptureFixture[str]) -> None:
     main(["analyze", str(REAL / "straggler"), "--perf", "--no-progress", "--rank", "0,1,3"])
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("None of the ranks asked about holds up the others"), first
+
+
+def _entry(seq: int, group: str, created: int) -> Entry:
+    return Entry(seq, group, f"g{group}", seq, 0, False, "all_reduce", "gloo:all_reduce", None, [[4]], ["Float"],
+                 [[4]], ["Float"], "scheduled", True, created, None, None, None, 600_000, "1", "python", None)
+
+
+def test_lateness_inherited_from_a_tensor_parallel_peer_is_charged_to_the_peer() -> None:
+    """A 2 x 2 job (tp groups {0,1} {2,3}, dp groups {0,2} {1,3}): rank 1 computes 100 ms longer before each
+    step's tp all_reduce; rank 0 waits for it there and so reaches the dp all_reduce 100 ms after rank 2.
+    Rank 0 is last there, but the time is rank 1's (the rule the real sweep's straggler-tp jobs need:
+    scripts/perf_on_sweep.py, bench/RESULTS.md). Built from the model: a rule test, the real jobs are
+    in the sweep."""
+    ms = 1_000_000
+    t0 = 1_700_000_000_000_000_000
+    entries: dict[int, list[Entry]] = {r: [] for r in range(4)}
+    tp = {0: "tpA", 1: "tpA", 2: "tpB", 3: "tpB"}
+    dp = {0: "dpA", 2: "dpA", 1: "dpB", 3: "dpB"}
+    for step in range(1, 21):
+        base = t0 + step * 300 * ms
+        arrive_tp = {r: base + (100 * ms if r == 1 else 0) for r in range(4)}
+        tp_done = {g: max(arrive_tp[r] for r in range(4) if tp[r] == g) for g in ("tpA", "tpB")}
+        for r in range(4):
+            entries[r].append(_entry(step, tp[r], arrive_tp[r]))
+            entries[r].append(_entry(step, dp[r], tp_done[tp[r]] + ms + r * 1000))
+    groups = {g: GroupInfo(g, f"g{g}", tuple(r for r in range(4) if g in (tp[r], dp[r])), "") for g in
+              ("tpA", "tpB", "dpA", "dpB")}
+    dumps = {r: RankDump(r, f"rank-{r}", "2.10", "gloo", e, captured_at_ns=t0 + 10**10) for r, e in entries.items()}
+    perf = analyze_perf(DumpSet(dumps, groups, 4))
+    costs = {c.rank: c.cost_ms for c in perf.costs}
+    assert perf.costs[0].rank == 1 and perf.headline.startswith("Rank 1 costs the job most")
+    assert costs.get(0, 0.0) < 0.05 * costs[1]  # rank 0 came last at dpA every step, but it was rank 1's time
+    assert next(c for c in perf.costs if c.rank == 0).last_count == 20
