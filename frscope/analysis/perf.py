@@ -26,7 +26,6 @@ Pure: no I/O; one pass over every rank's entries of every group.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -38,6 +37,7 @@ from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS
 from frscope.analysis.ops import op_label
 from frscope.analysis.tracks import Track, build_tracks
 from frscope.records import DumpSet, Entry
+from frscope.records.columns import EntryTable
 
 # bytes per element of the recorder's dtype names (c10 ScalarType names)
 DTYPE_BYTES = {
@@ -142,58 +142,59 @@ def _nan_to_none(values: list[float]) -> list[float | None]:
 
 
 class _Arrivals:
-    """Who came last at each collective compared by creation time, and each rank's collectives in time
-    order, to tell a rank's own lateness from lateness it inherited.
+    """Who came last at each collective compared by creation time, and each rank's collectives in its
+    program order, to tell a rank's own lateness from lateness it inherited.
 
-    A rank that arrives last at a collective because it was itself waiting, in the collective before,
+    A rank that arrives last at a collective because it was itself waiting, in its collective before,
     for a later rank (a tensor-parallel peer of a slow rank reaches the data-parallel all_reduce late)
     did not cost that time: the rank it waited for did. So the gap of the last rank is charged to it only
     up to its own time since its previous collective could finish (the last arrival there); the rest goes
-    to whoever arrived last there, and so on back (a few steps at most)."""
+    to whoever arrived last there, and so on back (a few steps at most). "Previous" is in the rank's
+    record order (its program order), never guessed from clocks."""
 
     MAX_DEPTH = 4
+    LOOK_BACK = 8  # entries looked at before a collective for the previous counted one
 
-    def __init__(self) -> None:
+    def __init__(self, dumpset: DumpSet) -> None:
+        self.dumpset = dumpset
         self.last: dict[tuple[str, int], tuple[int, int]] = {}  # (group, seq) -> (last rank, its arrival ns)
-        self._positions: dict[str, list[int]] = {}  # group -> window indices counted
-        self._groups: dict[str, tuple[dict[int, int], range, list[list[int | None]]]] = {}
-        self._timelines: dict[int, list[tuple[int, str, int]]] = {}
+        self._orders: dict[int, tuple[list[tuple[str, int]], dict[tuple[str, int], int]]] = {}
 
-    def collective(self, group: str, seq: int, index: int, rank: int, arrival_ns: int) -> None:
+    def collective(self, group: str, seq: int, rank: int, arrival_ns: int) -> None:
         self.last[(group, seq)] = (rank, arrival_ns)
-        self._positions.setdefault(group, []).append(index)
 
-    def group(self, name: str, ranks: list[int], window: range, created: list[list[int | None]]) -> None:
-        if name in self._positions:
-            self._groups[name] = ({r: k for k, r in enumerate(ranks)}, window, created)
-
-    def _timeline(self, rank: int) -> list[tuple[int, str, int]]:
-        """The rank's counted collectives as (its arrival ns, group, seq), in time order."""
-        got = self._timelines.get(rank)
+    def _order(self, rank: int) -> tuple[list[tuple[str, int]], dict[tuple[str, int], int]]:
+        """The rank's collectives (group, seq) in record order, and where each is in it."""
+        got = self._orders.get(rank)
         if got is None:
-            got = []
-            for name, (index, window, created) in self._groups.items():
-                k = index.get(rank)
-                if k is None:
-                    continue
-                column = created[k]
-                got.extend((column[i], name, window[i]) for i in self._positions[name] if column[i])  # type: ignore[misc]
-            got.sort()
-            self._timelines[rank] = got
+            entries = self.dumpset.dumps[rank].entries
+            if isinstance(entries, EntryTable):
+                pgs, pg, seqs, flags = entries.pgs, entries.pg, entries.seq, entries.flags
+                order = [(pgs[pg[i]][0], seqs[i]) for i in sorted(range(len(seqs)), key=entries.record_id.__getitem__)
+                         if not flags[i] & 1]
+            else:
+                order = [(e.pg_name, e.collective_seq_id)
+                         for e in sorted(entries, key=lambda e: e.record_id) if not e.is_p2p]
+            got = self._orders[rank] = (order, {key: i for i, key in enumerate(order)})
         return got
 
-    def _previous(self, rank: int, arrival_ns: int) -> tuple[str, int] | None:
-        timeline = self._timeline(rank)
-        at = bisect_left(timeline, (arrival_ns, "", -1)) - 1
-        return (timeline[at][1], timeline[at][2]) if at >= 0 else None
+    def _previous(self, rank: int, group: str, seq: int) -> tuple[str, int] | None:
+        order, where = self._order(rank)
+        at = where.get((group, seq))
+        if at is None:
+            return None
+        for i in range(at - 1, max(-1, at - 1 - self.LOOK_BACK), -1):
+            if order[i] in self.last and order[i] != (group, seq):
+                return order[i]
+        return None
 
     def blame(self, events: list[tuple[str, int, int, float]]) -> Iterator[tuple[int, str, float]]:
         """(rank, group, ms) charges for each (group, seq, last rank, gap ms)."""
         for group, seq, rank, gap_ms in events:
-            left, arrival = gap_ms, self.last[(group, seq)][1]
+            left, at, arrival = gap_ms, (group, seq), self.last[(group, seq)][1]
             for _ in range(self.MAX_DEPTH):
-                prev = self._previous(rank, arrival)
-                if prev is None or prev not in self.last:
+                prev = self._previous(rank, *at)
+                if prev is None:
                     break
                 held_by, prev_last_ns = self.last[prev]
                 own_ms = max(0.0, (arrival - prev_last_ns) / 1e6)
@@ -202,7 +203,7 @@ class _Arrivals:
                 if own_ms > 0:
                     yield rank, group, own_ms
                     left -= own_ms
-                rank, arrival = held_by, prev_last_ns
+                rank, at, arrival = held_by, prev, prev_last_ns
             yield rank, group, left
 
 
@@ -224,7 +225,7 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS,
     last_ns: float | None = None
     active: dict[int, tuple[float, float]] = {}  # rank -> (first created, last end) ns over counted collectives
     blamed: list[tuple[str, int, int, float]] = []  # (group, seq, last rank, gap ms) by creation time
-    arrivals = _Arrivals()  # creation-time collectives: who came last, for the blame of inherited lateness
+    arrivals = _Arrivals(dumpset)  # creation-time collectives: who came last, for the blame of inherited lateness
     for name, group_tracks in tracks.items():
         info = dumpset.groups.get(name)
         desc = info.desc if info is not None else ""
@@ -272,7 +273,7 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS,
                 skew = clock_skew_ms
                 used_created = True
                 ends = cs  # type: ignore[assignment]
-                arrivals.collective(name, seq, i, ranks[last], newest)
+                arrivals.collective(name, seq, ranks[last], newest)
             else:
                 continue
             counted += 1
@@ -302,7 +303,6 @@ def analyze_perf(dumpset: DumpSet, clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS,
                 gaps.append((last, gap, seq if transfer is None else None))
         if not group_count:
             continue
-        arrivals.group(name, ranks, window, created_cols)
         for k, rank in enumerate(ranks):
             cost = costs.get(rank)
             if cost is None:
