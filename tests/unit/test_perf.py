@@ -158,3 +158,20 @@ def test_lateness_inherited_from_a_tensor_parallel_peer_is_charged_to_the_peer()
     assert perf.costs[0].rank == 1 and perf.headline.startswith("Rank 1 costs the job most")
     assert costs.get(0, 0.0) < 0.05 * costs[1]  # rank 0 came last at dpA every step, but it was rank 1's time
     assert next(c for c in perf.costs if c.rank == 0).last_count == 20
+
+
+def test_blame_follows_program_order_not_clocks() -> None:
+    """Times that are not causal (a rank's later collectives created before its late one, as a skewed
+    clock or a synthetic job makes them) do not move the blame: rank 5, 30 ms late at every 10th of 60
+    collectives with creation times only, is named with all of its lateness."""
+    ms = 1_000_000
+    t0 = 1_700_000_000_000_000_000
+    entries: dict[int, list[Entry]] = {r: [] for r in range(16)}
+    for seq in range(1, 61):
+        for r in range(16):
+            late = 30 * ms if r == 5 and seq % 10 == 0 else 0
+            entries[r].append(_entry(seq, "0", t0 + seq * 5 * ms + (r * 7919 % 13) * 100_000 + late))
+    dumps = {r: RankDump(r, f"rank-{r}", "2.10", "gloo", e, captured_at_ns=t0 + 10**10) for r, e in entries.items()}
+    perf = analyze_perf(DumpSet(dumps, {"0": GroupInfo("0", "default_pg", tuple(range(16)), "")}, 16))
+    top = perf.costs[0]
+    assert top.rank == 5 and top.last_count == 6 and top.cost_ms > 6 * 25
