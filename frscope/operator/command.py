@@ -135,6 +135,9 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         "/metrics: a bearer token allowed `get` on the URL /metrics (kubernetes), that or kubectl port-forward "
         "(port-forward), or nothing (none)", choices=UI_AUTH_MODES)
     add("--report-limit", _DEFAULTS.report_limit_bytes, "bytes per FlightRecorderReport object", int)
+    add("--live-entries", _DEFAULTS.live_entries,
+        "web UI: newest collectives per rank in a watched job's live window (0: no live window)", int)
+    add("--live-interval", _DEFAULTS.live_interval_s, "web UI: seconds between live window refreshes", float)
     add("--peering", _DEFAULTS.peering, "kopf peering name (several replicas, one active); unset: standalone")
     add("--webhook-port", None, "serve the sidecar-injection webhook on this port; unset: no webhook", int)
     add("--webhook-host", _WEBHOOK.host, "address the webhook listens on")
@@ -226,6 +229,8 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         ui_auth=args.ui_auth,
         metrics_auth=args.metrics_auth,
         report_limit_bytes=args.report_limit,
+        live_entries=args.live_entries,
+        live_interval_s=args.live_interval,
         peering=args.peering,
         webhook=webhook,
         actions=ActionOptions(

@@ -25,6 +25,7 @@ from frscope.operator.actions import Actor
 from frscope.operator.engine.controller import Controller, PodLister
 from frscope.operator.engine.settings import OperatorConfig, WebhookConfig
 from frscope.operator.evidence.gather import Decoder
+from frscope.operator.evidence.incident_archive import IncidentArchive
 from frscope.operator.evidence.push_store import Full, PushStore
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.evidence.spill import EvidenceDir
@@ -39,6 +40,7 @@ from frscope.operator.publish import Publisher
 from frscope.operator.serve.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
 from frscope.operator.serve.guards import metrics_guard
 from frscope.operator.serve.handlers import register_watchers, register_webhook
+from frscope.operator.serve.live_windows import LiveWindows
 from frscope.operator.serve.login import Login, login
 from frscope.operator.serve.operator_http import Health, OperatorHttp
 from frscope.operator.serve.status_poller import StatusPoller
@@ -171,7 +173,14 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     sidecar_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=4),
                                             auto_decompress=False)
     metrics = OperatorMetrics(registry)
-    store = JobStore()
+    # each job's latest incident view, kept across restarts next to the kept pushes (--evidence-dir)
+    archive = IncidentArchive(config.evidence_dir / "incidents") if config.evidence_dir is not None else None
+    store = JobStore(on_latest=archive.save_soon if archive is not None else None)
+    if archive is not None:
+        kept_views = await asyncio.to_thread(lambda: list(archive.load()))
+        for ref, latest in kept_views:
+            store.restore(ref, latest)
+        log.info("evidence dir %s: %d incident view(s) kept from before", config.evidence_dir, len(kept_views))
     spill = EvidenceDir(config.evidence_dir) if config.evidence_dir is not None else None
     pushes = PushStore(on_drop=spill.remove if spill is not None else None)
     if spill is not None:
@@ -263,6 +272,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         await asyncio.gather(*tasks, return_exceptions=True)
         await controller.close()
         await asyncio.to_thread(decoder.close)
+        if archive is not None:
+            await asyncio.to_thread(archive.close)
         await http.stop()
         await sidecar_session.close()
         await kube.close()
@@ -271,7 +282,10 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
 def mount_default_ui(operator: Operator) -> None:
     """The web UI at /ui/ (docs/timeline.md): the watched jobs, their verdicts, a live page per job;
     behind `--ui-auth`."""
-    mount_ui(operator.http, operator.store, guard=ui_guard(operator.config.ui_auth, operator.reviewer))
+    config = operator.config
+    live = (LiveWindows(operator.store, operator.controller.sidecars, entries=config.live_entries,
+                        interval_s=config.live_interval_s) if config.live_entries > 0 else None)
+    mount_ui(operator.http, operator.store, guard=ui_guard(config.ui_auth, operator.reviewer), live=live)
 
 
 def run_operator(config: OperatorConfig) -> int:

@@ -7,6 +7,8 @@
     GET /jobs/{namespace}/{name}/summary     JSON {revision, verdict, healthy, ...} (polling fallback)
     GET /jobs/{namespace}/{name}/events      server-sent events: `job` {revision, verdict, ...} on connect
                                              and whenever the provider's answer changes
+    GET /jobs/{namespace}/{name}/trace.json  the timeline shown as a Chrome/Perfetto trace (a provider with
+                                             `fresh_timeline(namespace, name)` is asked when it has none yet)
 
 The page fetches `data` again only when the revision it is told about differs from the one it shows.
 Every URL the pages use is relative, so the mount prefix does not matter.
@@ -19,6 +21,7 @@ import contextlib
 import html
 import inspect
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar, cast
@@ -27,11 +30,12 @@ from urllib.parse import quote
 from aiohttp import web
 
 from frscope.report.html import asset, embed_json, render_html
+from frscope.report.trace import trace_from_timeline
 from frscope.webui.provider import JobDetail, JobProvider, JobSummary, detail_revision
 
 T = TypeVar("T")
 
-DEFAULT_POLL_S = 2.0
+DEFAULT_POLL_S = 1.0  # how often an event stream asks the provider (in memory: cheap)
 KEEPALIVE_S = 15.0
 UI_KEY: web.AppKey[WebUI] = cast("web.AppKey[WebUI]", web.AppKey("frscope_webui", object))
 # Set on a request by an access-control middleware: may this caller see jobs of that namespace? The
@@ -102,6 +106,7 @@ class WebUI:
             "data_url": f"{here}/data",
             "summary_url": f"{here}/summary",
             "events_url": f"{here}/events",
+            "trace_url": f"{here}/trace.json",
             "poll_s": max(self.poll_s, 1.0),
             "title": f"{namespace}/{name}",
         }
@@ -113,6 +118,7 @@ class WebUI:
             status={str(r): s.to_dict() for r, s in sorted(detail.ranks.items())},
             revision=revision,
             nav=("../../", f"\u2190 jobs \u00b7 {namespace}/{name}"),
+            perf=detail.perf,
         )
         return web.Response(text=page, content_type="text/html", headers=_NO_STORE)
 
@@ -121,6 +127,24 @@ class WebUI:
         if detail is None:
             raise web.HTTPNotFound(text=f"no watched job {namespace}/{name}")
         response = web.json_response(detail.to_dict(detail_revision(detail)), headers=_NO_STORE)
+        response.enable_compression()
+        return response
+
+    async def job_trace(self, request: web.Request) -> web.Response:
+        """The timeline the page shows (the live window, or the incident's) as a Chrome/Perfetto trace."""
+        namespace, name, detail = await self._job(request)
+        if detail is None:
+            raise web.HTTPNotFound(text=f"no watched job {namespace}/{name}")
+        timeline = detail.timeline
+        fresh = getattr(self.provider, "fresh_timeline", None)
+        if timeline is None and fresh is not None:
+            timeline = await fresh(namespace, name)
+        if timeline is None:
+            raise web.HTTPNotFound(text=f"no collectives recorded for {namespace}/{name} yet")
+        body = await asyncio.to_thread(lambda: json.dumps(trace_from_timeline(timeline), separators=(",", ":")))
+        filename = re.sub(r"[^A-Za-z0-9._-]", "_", f"{namespace}-{name}")[:120] + "-trace.json"
+        response = web.Response(text=body, content_type="application/json", headers={
+            **_NO_STORE, "Content-Disposition": f'attachment; filename="{filename}"'})
         response.enable_compression()
         return response
 
@@ -238,6 +262,7 @@ def create_app(
             web.get("/jobs/{namespace}/{name}/data", ui.job_data),
             web.get("/jobs/{namespace}/{name}/summary", ui.job_summary),
             web.get("/jobs/{namespace}/{name}/events", ui.job_events),
+            web.get("/jobs/{namespace}/{name}/trace.json", ui.job_trace),
         ]
     )
     return app

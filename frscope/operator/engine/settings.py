@@ -88,6 +88,10 @@ class OperatorConfig:
     # volume there); None: in memory only.
     evidence_dir: Path | None = None
     report_limit_bytes: int = 512 * 1024
+    # The web UI's live window of a job someone looks at (docs/timeline.md, "Live window"): the newest
+    # entries per rank asked of its sidecars every `live_interval_s`; 0 entries: no live window.
+    live_entries: int = 256
+    live_interval_s: float = 1.0
     peering: str | None = None  # kopf peering name; None: standalone (one replica)
     webhook: WebhookConfig | None = None
     # Acting on a diagnosis (docs/actions.md): what is allowed, the default policy, limits.
