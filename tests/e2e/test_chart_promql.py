@@ -76,7 +76,11 @@ NEEDS_DURATIONS = "frscope_collective_duration_seconds_bucket"
 # Only after a rank's worker server stopped answering (phase two below).
 NEEDS_POLL_ERRORS = "frscope_poll_errors_total"
 # Only with a real operator scraped as well (test_operator_queries_return_data).
-NEEDS_OPERATOR = "frscope_operator_"
+NEEDS_OPERATOR = ("frscope_operator_", "frscope_node_")  # the operator's metrics and its node ledger's
+
+
+def _needs_operator(expr: str) -> bool:
+    return any(prefix in expr for prefix in NEEDS_OPERATOR)
 
 
 def _free_port() -> int:
@@ -322,7 +326,7 @@ def test_every_dashboard_query_returns_data(stack: Stack, variables: dict[str, s
         metrics_text = response.read().decode()
     empty, checked = [], 0
     for title, ref, expr in _dashboard_targets():
-        if NEEDS_POLL_ERRORS in expr or (NEEDS_OPERATOR in expr and "or vector(0)" not in expr):
+        if NEEDS_POLL_ERRORS in expr or (_needs_operator(expr) and "or vector(0)" not in expr):
             continue  # phase two, or the operator's test
         promql = _grafana(expr, variables, time.monotonic() - stack.prometheus.started)
         if NEEDS_DURATIONS in expr:
@@ -479,7 +483,7 @@ def test_operator_queries_return_data(stack: Stack, kube: ControlPlane, tmp_path
         empty = []
         for variables in (_all_vars(), _selected_vars()):
             for title, ref, expr in _dashboard_targets():
-                if NEEDS_OPERATOR in expr:
+                if _needs_operator(expr):
                     promql = _grafana(expr, variables, time.monotonic() - prom.started)
                     if not prom.query_data(promql):
                         empty.append(f"{title} [{ref}]: {promql}")
