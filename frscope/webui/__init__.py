@@ -5,6 +5,7 @@ See docs/timeline.md."""
 
 from frscope.webui.app import create_app
 from frscope.webui.memory import MemoryProvider
+from frscope.webui.nodes import NodeIncidentRow, NodeProvider, NodeSummary
 from frscope.webui.provider import JobDetail, JobProvider, JobSummary, RankStatus, detail_revision
 
 __all__ = [
@@ -12,6 +13,9 @@ __all__ = [
     "JobProvider",
     "JobSummary",
     "MemoryProvider",
+    "NodeIncidentRow",
+    "NodeProvider",
+    "NodeSummary",
     "RankStatus",
     "create_app",
     "detail_revision",
