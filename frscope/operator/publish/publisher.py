@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frscope.operator import names
-from frscope.operator.incidents import IncidentRecord
 from frscope.operator.kube import (
     EVENTS,
     REPORTS,
@@ -28,7 +27,8 @@ from frscope.operator.kube import (
     NotFound,
     retry_on_conflict,
 )
-from frscope.operator.objects import JobRef, job_conditions
+from frscope.operator.model.incidents import IncidentRecord
+from frscope.operator.model.objects import JobRef, job_conditions
 from frscope.operator.publish.condition import for_kind, make_condition, needs_write, place_condition
 from frscope.operator.publish.events import build_event
 

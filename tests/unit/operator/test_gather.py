@@ -13,11 +13,11 @@ import aiohttp
 import pytest
 
 from frscope.analysis import AnalysisOptions
-from frscope.operator.diagnose import diagnose_sync
-from frscope.operator.evidence import from_snapshot
-from frscope.operator.gather import GatherOptions, Target, gather
-from frscope.operator.push import PushStore
-from frscope.operator.sidecars import SidecarClient, parse_snapshot
+from frscope.operator.evidence.diagnosis import diagnose_sync
+from frscope.operator.evidence.gather import GatherOptions, Target, gather
+from frscope.operator.evidence.pod_evidence import from_snapshot
+from frscope.operator.evidence.push_store import PushStore
+from frscope.operator.evidence.sidecars import SidecarClient, parse_snapshot
 from tests.unit.operator.fakes import StandInSidecar
 
 Make = Callable[..., Awaitable[StandInSidecar]]
@@ -120,7 +120,7 @@ async def test_only_the_newest_entries_are_kept(sidecars: Make, client: SidecarC
 @pytest.mark.timeout(60)
 async def test_decoding_in_worker_processes(sidecars: Make, client: SidecarClient,
                                             hang_ranks: dict[int, Any]) -> None:
-    from frscope.operator.gather import Decoder
+    from frscope.operator.evidence.gather import Decoder
 
     a, b = split(hang_ranks)
     ok0, ok1 = await sidecars("p0", a), await sidecars("p1", b)
@@ -141,8 +141,8 @@ async def test_decoding_in_worker_processes(sidecars: Make, client: SidecarClien
 async def test_gzip_bodies_are_inflated_by_the_decoder_with_a_cap(sidecars: Make, hang_ranks: dict[int, Any]) -> None:
     import gzip as gz
 
-    from frscope.operator.evidence import from_bytes
-    from frscope.operator.sidecars import SidecarError
+    from frscope.operator.evidence.pod_evidence import from_bytes
+    from frscope.operator.evidence.sidecars import SidecarError
 
     s0 = await sidecars("p0", hang_ranks, mode="gzip")
     async with aiohttp.ClientSession(auto_decompress=False) as session:  # as the operator's session

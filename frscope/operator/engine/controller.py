@@ -20,17 +20,19 @@ from typing import Any
 
 from frscope import logs
 from frscope.analysis import AnalysisOptions
-from frscope.operator import jobkinds, names
+from frscope.operator import names
 from frscope.operator.actions import Actor, Impact, culprit_placement, job_timeout, restarted_pods, unfinished
-from frscope.operator.config import OperatorConfig
-from frscope.operator.diagnose import Diagnosis, diagnose
-from frscope.operator.evidence import PodEvidence
-from frscope.operator.exits import rank_exits
-from frscope.operator.gather import Decoder, Gathered, Target, gather
-from frscope.operator.incidents import Attempt, IncidentKey, IncidentRecord, Ledger, report_facts
+from frscope.operator.engine.settings import OperatorConfig
+from frscope.operator.evidence.diagnosis import Diagnosis, diagnose
+from frscope.operator.evidence.gather import Decoder, Gathered, Target, gather
+from frscope.operator.evidence.pod_evidence import PodEvidence
+from frscope.operator.evidence.push_store import PushStore
+from frscope.operator.evidence.sidecars import SidecarClient
+from frscope.operator.evidence.trainer_exits import rank_exits
 from frscope.operator.kube import KubeError
-from frscope.operator.metrics import OperatorMetrics
-from frscope.operator.objects import (
+from frscope.operator.model import jobkinds
+from frscope.operator.model.incidents import Attempt, IncidentKey, IncidentRecord, Ledger, report_facts
+from frscope.operator.model.objects import (
     JobKey,
     JobRef,
     PodInfo,
@@ -40,6 +42,9 @@ from frscope.operator.objects import (
     pod_info,
     pods_digest,
 )
+from frscope.operator.model.operator_metrics import OperatorMetrics
+from frscope.operator.model.signals import Signal, SignalKind, exit_signals, job_condition_signal, watchdog_signals
+from frscope.operator.model.store import JobStore, JobView, LatestDiagnosis
 from frscope.operator.publish import (
     JobGone,
     Publication,
@@ -50,10 +55,6 @@ from frscope.operator.publish import (
     needs_write,
     report_name,
 )
-from frscope.operator.push import PushStore
-from frscope.operator.sidecars import SidecarClient
-from frscope.operator.signals import Signal, SignalKind, exit_signals, job_condition_signal, watchdog_signals
-from frscope.operator.store import JobStore, JobView, LatestDiagnosis
 from frscope.report import one_line, report_to_dict
 from frscope.report.timeline import build_timeline
 from frscope.wire import GroupStall, SidecarStatus

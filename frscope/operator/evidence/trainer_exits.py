@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from frscope.operator.evidence import PodEvidence
-from frscope.operator.objects import PodInfo, Termination
+from frscope.operator.evidence.pod_evidence import PodEvidence
+from frscope.operator.model.objects import PodInfo, Termination
 from frscope.records import RankExit
 from frscope.records.exits import one_line
 from frscope.records.torchrun_exits import torchrun_failures
