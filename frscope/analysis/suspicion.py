@@ -70,6 +70,8 @@ _HARDWARE = re.compile(
     re.IGNORECASE,
 )
 _NODE_OOM = re.compile(r"node was low on resource: memory|system OOM|node OOM|NodeOOM", re.IGNORECASE)
+# What one node's ledger object may hold (its CRD's maxItems).
+MAX_INCIDENTS = 256
 # A rank's text (its termination message, a log tail) is hostile: only this much of it is searched.
 MESSAGE_SCAN_LIMIT = 4096
 
@@ -133,6 +135,8 @@ class LedgerPolicy:
             raise ValueError("the ledger's suspect score must be a number > 0")
         if min(self.suspect_jobs, self.fence_incidents, self.fence_jobs, self.max_incidents) < 1:
             raise ValueError("the ledger's job and incident counts must be >= 1")
+        if self.max_incidents > MAX_INCIDENTS:
+            raise ValueError(f"the ledger keeps at most {MAX_INCIDENTS} incidents per node")
 
 
 class NodeState(StrEnum):

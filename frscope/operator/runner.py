@@ -31,6 +31,7 @@ from frscope.operator.evidence.spill import EvidenceDir
 from frscope.operator.injection import InjectionConfig, native_sidecars_supported
 from frscope.operator.kube import BearerAuth, KubeClient, TokenFile
 from frscope.operator.kube.resources import PODS
+from frscope.operator.ledger import LedgerMetrics, NodeLedger
 from frscope.operator.model.objects import JobRef
 from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.model.store import JobStore
@@ -57,6 +58,7 @@ class Operator:
     metrics: OperatorMetrics
     kube: KubeClient
     reviewer: Reviewer
+    ledger: NodeLedger | None = None
 
 
 def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -180,11 +182,13 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
                         max_entries=config.gather.max_entries, spill=spill)
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
-    operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer)
+    ledger = (NodeLedger(kube, LedgerMetrics(registry), config.node_ledger, config.actions, instance=config.instance)
+              if config.node_ledger is not None else None)
+    operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer, ledger)
 
     kopf_registry = kopf.OperatorRegistry()
     # Every kopf login reads the credentials again: a rotated token is picked up, never a stale one.
-    register_watchers(kopf_registry, controller, lambda: login(settings).info, config.job_kinds)
+    register_watchers(kopf_registry, controller, lambda: login(settings).info, config.job_kinds, ledger=ledger)
     if config.webhook is not None:
         injection = await injection_for(config.webhook, kube)
         log.info("sidecar injection: %s sidecar, image %s", "native" if injection.native else "plain",
@@ -224,6 +228,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
             await ready.wait()
             health.ready = True
             tasks.append(asyncio.create_task(poller.run()))
+            if ledger is not None:
+                tasks.append(asyncio.create_task(ledger.run()))
             if on_ready is not None:
                 result = on_ready(operator)
                 if result is not None:
@@ -255,7 +261,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
 def mount_default_ui(operator: Operator) -> None:
     """The web UI at /ui/ (docs/timeline.md): the watched jobs, their verdicts, a live page per job;
     behind `--ui-auth`."""
-    mount_ui(operator.http, operator.store, guard=ui_guard(operator.config.ui_auth, operator.reviewer))
+    mount_ui(operator.http, operator.store, guard=ui_guard(operator.config.ui_auth, operator.reviewer),
+             ledger=operator.ledger)
 
 
 def run_operator(config: OperatorConfig) -> int:

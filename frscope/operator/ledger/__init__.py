@@ -10,6 +10,8 @@ FlightRecorderNode per node a diagnosis implicated, a suspicion score from the m
     node_ledger      the sequence: record an incident, fence, refresh (decay, releases, metrics)
 """
 
+from frscope.operator.ledger.fencing import FencingOptions
 from frscope.operator.ledger.ledger_metrics import LedgerMetrics
+from frscope.operator.ledger.node_ledger import NodeLedger, NodeLedgerOptions
 
-__all__ = ["LedgerMetrics"]
+__all__ = ["FencingOptions", "LedgerMetrics", "NodeLedger", "NodeLedgerOptions"]

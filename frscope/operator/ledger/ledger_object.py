@@ -19,8 +19,6 @@ from frscope.analysis.suspicion import Assessment, EvidenceClass, NodeIncident
 from frscope.operator import names
 from frscope.operator.ledger.incident_input import parse_time
 
-KIND = "FlightRecorderNode"
-PLURAL = "flightrecordernodes"
 MAX_TEXT = 512
 
 WOULD_FENCE = "would-fence"
@@ -147,7 +145,7 @@ class LedgerEntry:
     def to_object(self, assessment: Assessment, now: float) -> dict[str, Any]:
         obj: dict[str, Any] = {
             "apiVersion": f"{names.REPORT_GROUP}/{names.REPORT_VERSION}",
-            "kind": KIND,
+            "kind": names.NODE_LEDGER_KIND,
             "metadata": {"name": self.node, "labels": {"app.kubernetes.io/managed-by": names.COMPONENT}},
             "node": {"name": self.node, "pool": self.pool},
             "summary": {
