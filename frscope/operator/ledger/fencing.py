@@ -113,10 +113,11 @@ def lifted(entry: LedgerEntry, node: dict[str, Any] | None) -> bool:
 
 
 def released_by(node: dict[str, Any], since: float) -> str:
-    """Who last wrote the node after `since`, as its managedFields name the writer (not frscope)."""
+    """Who last wrote the node's spec or metadata after `since`, as its managedFields name the writer
+    (not frscope; status writers, the kubelet, cannot uncordon)."""
     best: tuple[float, str] | None = None
     for item in (node.get("metadata") or {}).get("managedFields") or []:
-        if not isinstance(item, dict) or item.get("manager") == names.COMPONENT:
+        if not isinstance(item, dict) or item.get("manager") == names.COMPONENT or item.get("subresource"):
             continue
         at = parse_time(item.get("time"))
         if at is None or at < since - 1:
