@@ -191,7 +191,7 @@ class NodeLedger:
                 await self._node_event(node, names.REASON_NODE_SUSPECTED, item.key, now, "Warning",
                                        f"frscope: node {node} is suspected: {assessment.why}. Latest: job {item.job}, "
                                        f"{item.why}. kubectl get frnode {node} -o yaml")
-            if assessment.fence_ready:
+            if assessment.fence_ready and item.weight > 0:  # only evidence against the node decides a fence
                 await self._fence(entry, assessment, item, now)
 
     # -- fencing -----------------------------------------------------------------------------------
