@@ -56,6 +56,7 @@ OPERATOR_JOB = f"{RELEASE}-frscope"  # what the ServiceMonitor's target gets (th
 # The job's namespace: a real one in the API server for the operator's part.
 ML = f"ml-{secrets.token_hex(3)}"
 JOB = "demo"
+NODE = f"gpu-{secrets.token_hex(3)}"
 POD_LABEL = "__meta_kubernetes_pod_label_"
 # A TrainJob's pod (created by the JobSet controller: JobSet's labels only) ...
 TARGET_LABELS = {"namespace": ML, "pod": "demo-node-0-0-x7k2p", f"{POD_LABEL}jobset_sigs_k8s_io_jobset_name": JOB,
@@ -407,6 +408,9 @@ def _job_and_pod(kube: ControlPlane, sidecar_port: int) -> None:
     kube.kubectl("patch", "pytorchjob", JOB, "-n", ML, "--subresource=status", "--type=merge",
                  "-p", json.dumps({"status": {"conditions": running}}))
     pod = TARGET_LABELS["pod"]
+    # The node the pod runs on: the operator's node ledger records the hang's culprit there (a rank that
+    # never joined: a code fault, score 0), which the dashboard's node panels show.
+    kube.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
     kube.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
@@ -421,6 +425,7 @@ def _job_and_pod(kube: ControlPlane, sidecar_port: int) -> None:
             "initContainers": [{"name": "frscope-sidecar", "image": "frscope:e2e", "restartPolicy": "Always",
                                 "ports": [{"name": "frscope", "containerPort": sidecar_port}]}],
             "containers": [{"name": "pytorch", "image": "registry.invalid/train:1"}],
+            "nodeName": NODE,
         },
     })
     running_state = {"running": {"startedAt": _now()}}
@@ -479,6 +484,11 @@ def test_operator_queries_return_data(stack: Stack, kube: ControlPlane, tmp_path
         time.sleep(3 * SCRAPE_S)
         conditions = kube.kubectl_json("get", "pytorchjob", JOB, "-n", ML)["status"]["conditions"]
         assert conditions[0]["reason"] == "RankNotJoined", conditions
+        _wait("the node ledger's entry", lambda: kube.kubectl(
+            "get", "flightrecordernode", NODE, check=False).returncode == 0, 30)  # the chart installed its CRD
+        ledger = kube.kubectl_json("get", "flightrecordernode", NODE)
+        assert (ledger["summary"]["state"], ledger["summary"]["score"]) == ("watched", 0), ledger
+        assert [i["evidence"] for i in ledger["incidents"]] == ["code"], ledger
 
         empty = []
         for variables in (_all_vars(), _selected_vars()):

@@ -33,6 +33,7 @@ from frscope.operator.kube import (
     REPORTS,
     AlreadyExists,
     Conflict,
+    Forbidden,
     KubeClient,
     KubeError,
     NotFound,
@@ -320,9 +321,16 @@ class NodeLedger:
     async def run(self) -> None:
         """Refresh every `refresh_s` (the operator runs it as a task; cancel to stop). Reports come from
         the operator's report watch (`on_report`), which lists every report at start too."""
+        unavailable = False
         while True:
             try:
                 await self.refresh()
+                unavailable = False
+            except (NotFound, Forbidden) as exc:
+                if not unavailable:  # said once, until it works: the CRD is not installed, or no permission
+                    log.warning("node ledger: cannot read flightrecordernodes or nodes (is the FlightRecorderNode "
+                                "CRD installed, the chart's nodeLedger RBAC granted?): %s", exc)
+                unavailable = True
             except KubeError as exc:
                 log.error("node ledger: refresh failed: %s", exc)
             await asyncio.sleep(self.options.refresh_s)
