@@ -63,8 +63,10 @@ def setup(kube: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Itera
     for name in ("flightrecorderreports.frscope.io", "flightrecordernodes.frscope.io"):
         kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}", timeout=70)
     home_ns = new_namespace(kube)
-    rules = helm_rules(kube, tmp_path_factory.mktemp("helm-home"), "nodeLedger.fencing.mode=cordon")
-    bind(kube, home_ns, "ledger", rules)
+    home = tmp_path_factory.mktemp("helm-home")
+    bind(kube, home_ns, "ledger", helm_rules(kube, home, "nodeLedger.fencing.mode=cordon"))
+    bind(kube, home_ns, "ledger-defaults", helm_rules(kube, home))
+    bind(kube, home_ns, "ledger-off", helm_rules(kube, home, "nodeLedger.enabled=false"))
     token = kube.kubectl("create", "token", "ledger", "-n", home_ns, "--duration=2h").stdout.strip()
     kubeconfig = kube.write_token_kubeconfig(tmp_path_factory.mktemp("kc") / "operator.kubeconfig", token,
                                              f"system:serviceaccount:{home_ns}:ledger")
@@ -110,6 +112,25 @@ def ready_nodes(kube: ControlPlane, names: list[str], pool: str) -> Iterator[Non
         kube.kubectl("delete", "node", *names, "--ignore-not-found")
         kube.kubectl("delete", "flightrecordernodes", *names, "--ignore-not-found")
         kube.kubectl("delete", "lease", "-n", "kube-node-lease", *names, "--ignore-not-found")
+
+
+def test_permissions_follow_the_ledger_values(kube: ControlPlane, setup: dict[str, Any]) -> None:
+    """Default: nodes read, the ledger's own objects written, nodes never patched; fencing `cordon` adds
+    nodes patch; the ledger off takes both away."""
+    ns = setup["namespace"]
+
+    def can(sa: str, *what: str) -> bool:
+        proc = kube.kubectl("auth", "can-i", *what, f"--as=system:serviceaccount:{ns}:{sa}", check=False)
+        return proc.stdout.strip() == "yes"
+
+    ledger_objects = "flightrecordernodes.frscope.io"
+    for verb in (("list", "nodes"), ("get", "nodes"), ("create", ledger_objects), ("update", ledger_objects),
+                 ("create", "events", "-n", "default")):
+        assert can("ledger-defaults", *verb) and can("ledger", *verb), verb
+    assert can("ledger", "patch", "nodes") and not can("ledger-defaults", "patch", "nodes")
+    assert not can("ledger-off", "list", ledger_objects) and not can("ledger-off", "list", "nodes")
+    for verb in (("delete", "nodes"), ("update", "nodes"), ("create", "pods/eviction", "-n", ns)):
+        assert not can("ledger", *verb), verb
 
 
 def simulated_report(kube: ControlPlane, namespace: str, job: str, category: str,
