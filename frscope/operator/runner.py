@@ -170,10 +170,10 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     reviewer = Reviewer(kube)
     publisher = Publisher(kube, instance=config.instance)
     shown, push_auth = sidecar_auth(config, reviewer)
+    decoder = Decoder(config.decode_processes)
     controller = Controller(config, store=store, pushes=pushes,
                             sidecars=SidecarClient(sidecar_session, auth=shown),
-                            publisher=publisher, metrics=metrics,
-                            decoder=Decoder(config.decode_processes),
+                            publisher=publisher, metrics=metrics, decoder=decoder,
                             actor=Actor(kube, publisher, metrics, config.actions, instance=config.instance),
                             pod_lister=job_pod_lister(kube, config.inject_label))
     health = Health()
@@ -222,7 +222,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
                  " /ui/" if mount is not None else "")
         tasks.append(asyncio.create_task(_heartbeat(health)))
         tasks.append(asyncio.create_task(stopper()))
-        await controller.decoder.warm_up()
+        await decoder.warm_up()
 
         async def when_ready() -> None:
             await ready.wait()
@@ -252,7 +252,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await controller.close()
-        await asyncio.to_thread(controller.decoder.close)
+        await asyncio.to_thread(decoder.close)
         await http.stop()
         await sidecar_session.close()
         await kube.close()

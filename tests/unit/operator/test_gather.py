@@ -17,6 +17,7 @@ from frscope.operator.evidence.diagnosis import diagnose_sync
 from frscope.operator.evidence.gather import GatherOptions, Target, gather
 from frscope.operator.evidence.pod_evidence import from_snapshot
 from frscope.operator.evidence.push_store import PushStore
+from frscope.operator.evidence.settle import take_pushes
 from frscope.operator.evidence.sidecars import SidecarClient, parse_snapshot
 from tests.unit.operator.fakes import StandInSidecar
 
@@ -96,8 +97,8 @@ async def test_pushed_snapshots_stand_in_for_unreachable_and_deleted_pods(
     pushes.put(from_snapshot(parse_snapshot(down.snapshot_obj(), "push", size_bytes=10), origin="push"))
     gone = parse_snapshot({**ok.snapshot_obj(), "pod": "train-master-1", "ranks": [a[1]]}, "push", size_bytes=10)
     pushes.put(from_snapshot(gone, origin="push"))
-    got = await gather(client, "ml", [Target(ok.pod, ok.endpoint), Target(down.pod, down.endpoint)], FAST,
-                       pushes, push_pods={"train-master-1"})
+    got = await gather(client, "ml", [Target(ok.pod, ok.endpoint), Target(down.pod, down.endpoint)], FAST)
+    take_pushes(got, pushes.for_namespace_pods("ml", {ok.pod, down.pod, "train-master-1"}), {})
     assert got.failures == {}
     assert got.from_push == {"train-worker-0", "train-master-1"}
     diagnosis = diagnose_sync(got, 4, AnalysisOptions(stall_after_s=0.5))
