@@ -122,3 +122,18 @@ def test_a_pool_keeps_its_last_healthy_nodes() -> None:
     # Nodes without a pool label are one pool together.
     assert pools.fence_refusal("x", [node("x", None), node("y", None)], labels, keep=1) is None
     assert pools.fence_refusal("gone", two, labels, keep=0) == "node gone does not exist"
+
+
+def test_the_report_names_each_nodes_culprit_ranks() -> None:
+    from frscope.analysis import Category, Finding, GroupRef
+    from frscope.operator.actions import culprit_placement
+    from frscope.operator.model.objects import PodInfo
+
+    def pod(name: str, node: str) -> PodInfo:
+        return PodInfo(namespace="ml", name=name, uid=name, job_name="j", replica_type="Worker", replica_index=0,
+                       ip=None, sidecar_port=None, phase="Running", run=0, terminations=(), deleting=False, node=node)
+
+    finding = Finding(Category.NOT_COMPLETED, (1, 2, 5), GroupRef("0", "default_pg", (0, 1, 2, 3)), "stuck")
+    pods_, nodes_, by_node = culprit_placement(finding, {0: "p0", 1: "p0", 2: "p1", 5: "p2"},
+                                               [pod("p0", "gpu-a"), pod("p1", "gpu-b"), pod("p2", "")])
+    assert (pods_, nodes_, by_node) == (("p0", "p1", "p2"), ("gpu-a", "gpu-b"), {"gpu-a": (1,), "gpu-b": (2,)})
