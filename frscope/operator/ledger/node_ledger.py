@@ -59,6 +59,8 @@ from frscope.operator.publish import build_event, clip_line
 log = logging.getLogger(__name__)
 
 MAX_SEEN = 100_000
+# A claim ('fencing') this old was left by an operator that died before recording the outcome.
+STALE_CLAIM_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +293,17 @@ class NodeLedger:
     async def _refresh_one(self, obj: dict[str, Any], entry: LedgerEntry, node: dict[str, Any] | None,
                            now: float) -> Assessment | None:
         changed = False
+        fence = entry.fence
+        claimed_at = parse_time(fence.at) if fence is not None else None
+        if fence is not None and fence.state == FENCING and node is not None and claimed_at is not None \
+                and now - claimed_at >= STALE_CLAIM_S:
+            # An operator died between claiming the fence and recording it: finish the same, idempotent cordon.
+            log.warning("node ledger: finishing the fence of %s claimed at %s", entry.node, fence.at)
+            _, tainted = await fencing.cordon_node(self._kube, entry.node, trigger=fence.incident, evidence="unknown",
+                                                   taint=self.options.fencing.taint, now=rfc3339(now))
+            entry.fence = replace(fence, state=FENCED, cordoned=True, tainted=self.options.fencing.taint,
+                                  message=f"{fence.message}; finished after an operator restart")
+            changed = True
         if entry.fence is not None and fencing.lifted(entry, node):
             assert node is not None
             by = fencing.released_by(node, parse_time(entry.fence.at) or 0.0)

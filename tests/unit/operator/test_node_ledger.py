@@ -180,3 +180,17 @@ async def test_old_incidents_are_forgotten_and_an_empty_entry_deleted(nodes: Fak
     clock[0] = NOW + 8 * 86_400
     await led.refresh()
     assert nodes.get("flightrecordernodes", "", "n1") is None and led.latest == {}
+
+
+async def test_a_claim_left_by_an_operator_that_died_is_finished(nodes: FakeKube, kube_client: KubeClient) -> None:
+    led = ledger(kube_client, mode="cordon")
+    await two_jobs_hang_on_n1(nodes, ledger(kube_client, mode="dry-run"))
+    obj = frnode(nodes, "n1")
+    obj["fence"] = {"state": "fencing", "at": stamp(time.time() - 60), "mode": "cordon", "incident": "ml/r-b",
+                    "message": "cordon under way"}
+    nodes.put("flightrecordernodes", obj)
+    await led.refresh()
+    assert (nodes.get("nodes", "", "n1") or {})["spec"]["unschedulable"] is True
+    n1 = frnode(nodes, "n1")
+    assert (n1["fence"]["state"], n1["summary"]["state"]) == ("fenced", "fenced")
+    assert "finished after an operator restart" in n1["fence"]["message"]
