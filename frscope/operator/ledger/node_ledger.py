@@ -304,7 +304,7 @@ class NodeLedger:
             entry.fence = replace(fence, state=FENCED, cordoned=True, tainted=self.options.fencing.taint,
                                   message=f"{fence.message}; finished after an operator restart")
             changed = True
-        if entry.fence is not None and fencing.lifted(entry, node):
+        elif entry.fence is not None and fencing.lifted(entry, node):
             assert node is not None
             by = fencing.released_by(node, parse_time(entry.fence.at) or 0.0)
             entry.fence = entry.fence.released(rfc3339(now), by)
