@@ -174,7 +174,7 @@ def test_a_crafted_long_frames_list_is_left_in_the_file(monkeypatch: pytest.Monk
     """Past the cap on frame references a rank's stacks stay in the file, checked before a list is walked."""
     import frscope.records.fastcols as fastcols
 
-    monkeypatch.setattr(fastcols, "_MAX_FRAME_REFS", 500)
+    monkeypatch.setattr(fastcols, "MAX_FRAME_REFS", 500)
     raw = _dumps("gloo")[1]
     frame = raw["entries"][0]["frames"][0]
     raw["entries"][3] = {**raw["entries"][3], "frames": [frame] * 600}

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frscope.operator.evidence.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, gunzip_capped, parse_snapshot
-from frscope.records import DumpError, LoadProblem, RankDump, normalize_dump
-from frscope.records.limits import describe, valid_rank
+from frscope.records import LoadProblem, RankDump
+from frscope.records.envelope import envelope_problems, piece_dump
+from frscope.records.limits import describe
 from frscope.wire import SidecarSnapshot, entries_dropped, window_piece
 
 DEFAULT_MAX_ENTRIES = 200
@@ -54,35 +55,29 @@ class PodEvidence:
 
 
 def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES) -> PodEvidence:
+    """A pod's snapshot -> its evidence, each rank read by `records.envelope` as the CLI reads an envelope,
+    after its cut to the newest `max_entries` entries (frscope.wire's cut, the one the sidecar makes for
+    ?entries=N: a sidecar that predates the window, or a push, sends the whole ring). Ranks go into
+    columns: ~30 KiB a rank of 200 entries instead of ~150 as `Entry` objects (8,192 ranks: 1.2 GiB)."""
     where = f"pod {snapshot.namespace}/{snapshot.pod} ({origin})"
     out = PodEvidence(snapshot.namespace, snapshot.pod, snapshot.reason, snapshot.captured_at_ns,
                       size_bytes=snapshot.size_bytes)
-    for rank, message in snapshot.errors:
-        out.problems.append(LoadProblem(where, message, rank=rank))
-    for raw in snapshot.ranks:
+    out.problems.extend(envelope_problems(snapshot.errors, where))
+    for index, raw in enumerate(snapshot.ranks):
         if isinstance(raw, _Unreadable):
             out.problems.append(LoadProblem(where, raw.why))
             continue
-        hint = raw.get("rank")
-        rank = valid_rank(hint)
-        source = f"{where} rank {rank if rank is not None else describe(hint)}"
-        # Cut to the window before normalizing (frscope.wire's cut, the one the sidecar makes for
-        # ?entries=N): a sidecar that predates the window, or a push, sends the whole ring.
         before = entries_dropped(raw)
         if max_entries > 0:
             window_piece(raw, max_entries)
-        try:
-            # normalize_dump refuses an out-of-range rank itself, naming the field. Columns, not a list
-            # of Entry objects: ~30 KiB a rank of 200 entries instead of ~150 (8,192 ranks: 1.2 GiB).
-            dump = normalize_dump(raw, source, hint if isinstance(hint, int) and not isinstance(hint, bool) else None,
-                                  columnar=True)
-        except DumpError as exc:
-            out.problems.append(LoadProblem(exc.source, exc.message, rank=valid_rank(exc.rank)))
+        got = piece_dump(raw, where, index, columnar=True)
+        if isinstance(got, LoadProblem):
+            out.problems.append(got)
             continue
         dropped = entries_dropped(raw)
         out.entries_dropped += dropped
         out.cut_here += dropped - before
-        out.dumps.append(dump)
+        out.dumps.append(got)
     return out
 
 
