@@ -112,16 +112,23 @@ def lifted(entry: LedgerEntry, node: dict[str, Any] | None) -> bool:
     return pools.is_schedulable(node) and not (entry.fence.tainted and pools.has_suspect_taint(node))
 
 
+# Writers of a node that are not people: frscope, the kubelet, and the node lifecycle controller (which
+# removes its `node.kubernetes.io/unschedulable` taint once a node is uncordoned).
+SYSTEM_WRITERS = frozenset({names.COMPONENT, "kubelet", "kube-controller-manager", "kube-scheduler"})
+NOT_RECORDED = "not recorded (an uncordon leaves no managedFields entry; the API server's audit log has it)"
+
+
 def released_by(node: dict[str, Any], since: float) -> str:
-    """Who last wrote the node's spec or metadata after `since`, as its managedFields name the writer
-    (not frscope; status writers, the kubelet, cannot uncordon)."""
+    """Who last wrote the node's spec or metadata after `since`, as its managedFields name the writer,
+    leaving out frscope and the cluster's own components. A writer that only removed fields (`kubectl
+    uncordon` does) owns nothing afterwards and has no entry: then it is not recorded."""
     best: tuple[float, str] | None = None
     for item in (node.get("metadata") or {}).get("managedFields") or []:
-        if not isinstance(item, dict) or item.get("manager") == names.COMPONENT or item.get("subresource"):
+        if not isinstance(item, dict) or item.get("manager") in SYSTEM_WRITERS or item.get("subresource"):
             continue
         at = parse_time(item.get("time"))
         if at is None or at < since - 1:
             continue
         if best is None or at >= best[0]:
             best = (at, str(item.get("manager") or "")[:256])
-    return best[1] if best else "unknown"
+    return best[1] if best else NOT_RECORDED

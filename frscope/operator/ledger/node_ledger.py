@@ -77,6 +77,10 @@ class NodeLedgerOptions:
             raise ValueError("--node-ledger-refresh must be > 0")
 
 
+def by_whom(by: str) -> str:
+    return f"by {by}" if by != fencing.NOT_RECORDED else f"who: {by}"
+
+
 def _tag(key: str) -> str:
     """A label-safe stand-in for an incident's key (namespace/name) in Event names and labels."""
     return hashlib.sha256(key.encode()).hexdigest()[:16]
@@ -311,8 +315,8 @@ class NodeLedger:
             changed = True
             self._metrics.fences.labels(outcome="released").inc()
             await self._node_event(entry.node, names.REASON_NODE_RELEASED, f"released-{entry.fence.at}", now, "Normal",
-                                   f"frscope: node {entry.node} was made schedulable again by {by}: recorded; frscope "
-                                   "fences it again only on new incidents.")
+                                   f"frscope: node {entry.node} was made schedulable again ({by_whom(by)}): recorded; "
+                                   "frscope fences it again only on new incidents.")
         kept = remember(entry.incidents, [], now, self.options.policy)
         changed |= len(kept) != len(entry.incidents)
         entry.incidents = kept

@@ -120,6 +120,7 @@ async def test_fencing_cordons_and_a_persons_uncordon_is_recorded_once(nodes: Fa
     put_node(nodes, "n1", managed=[{"manager": "frscope-operator", "operation": "Update", "time": later},
                                    {"manager": "kubelet", "operation": "Update", "time": later,
                                     "subresource": "status"},
+                                   {"manager": "kube-controller-manager", "operation": "Update", "time": later},
                                    {"manager": "kubectl-uncordon", "operation": "Update", "time": later}])
     await led.refresh()
     n1 = frnode(nodes, "n1")
