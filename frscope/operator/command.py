@@ -4,7 +4,7 @@ options: flags, with environment variables for what the Helm chart sets.
 Every flag also reads an environment variable, FRSCOPE_<FLAG> (a flag wins); `--help` lists them
 with their defaults, which are the dataclasses' of `engine.settings`. The chart (charts/frscope/templates/
 deployment.yaml) passes `--namespace`, `--http-port`, `--webhook-port`, `--webhook-cert-dir`,
-`--peering`, `--log-level`, `--log-format`, `--sidecar-auth`, `--sidecar-token-file`, `--ui-auth` as
+`--peering`, `--log-level`, `--log-format`, `--sidecar-auth`, `--sidecar-token-file`, `--ui-auth`, `--metrics-auth` as
 flags, and the sidecar injection settings as FRSCOPE_* environment variables (listed in
 docs/operator.md).
 """
@@ -135,6 +135,9 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add("--ui-auth", _DEFAULTS.ui_auth,
         "web UI: a bearer token with `get pytorchjobs` in the job's namespace (kubernetes), that or "
         "kubectl port-forward (port-forward), or nothing (none)", choices=UI_AUTH_MODES)
+    add("--metrics-auth", _DEFAULTS.metrics_auth,
+        "/metrics: a bearer token allowed `get` on the URL /metrics (kubernetes), that or kubectl port-forward "
+        "(port-forward), or nothing (none)", choices=UI_AUTH_MODES)
     add("--report-limit", _DEFAULTS.report_limit_bytes, "bytes per FlightRecorderReport object", int)
     add("--peering", _DEFAULTS.peering, "kopf peering name (several replicas, one active); unset: standalone")
     add("--webhook-port", None, "serve the sidecar-injection webhook on this port; unset: no webhook", int)
@@ -242,8 +245,10 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         decode_processes=args.decode_processes,
         sidecar_auth=args.sidecar_auth,
         sidecar_token_file=args.sidecar_token_file,
+        operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
         evidence_dir=args.evidence_dir,
         ui_auth=args.ui_auth,
+        metrics_auth=args.metrics_auth,
         report_limit_bytes=args.report_limit,
         peering=args.peering,
         webhook=webhook,

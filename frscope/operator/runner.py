@@ -30,6 +30,7 @@ from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.evidence.spill import EvidenceDir
 from frscope.operator.injection import InjectionConfig, native_sidecars_supported
 from frscope.operator.kube import BearerAuth, KubeClient, TokenFile
+from frscope.operator.kube.pod_tokens import PodTokens
 from frscope.operator.kube.resources import PODS
 from frscope.operator.ledger import LedgerMetrics, NodeLedger
 from frscope.operator.model.objects import JobRef
@@ -37,6 +38,7 @@ from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.model.store import JobStore
 from frscope.operator.publish import Publisher
 from frscope.operator.serve.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
+from frscope.operator.serve.guards import metrics_guard
 from frscope.operator.serve.handlers import register_watchers, register_webhook
 from frscope.operator.serve.login import Login, login
 from frscope.operator.serve.operator_http import Health, OperatorHttp
@@ -127,7 +129,8 @@ def webhook_server(webhook: WebhookConfig) -> kopf.WebhookServer:
 
 
 def sidecar_auth(config: OperatorConfig, reviewer: Reviewer) -> tuple[BearerAuth | None, PushAuth]:
-    """The token shown to the sidecars, and how pushes are checked (`--sidecar-auth`)."""
+    """The token shown to the sidecars, and how pushes are checked (`--sidecar-auth`). With Kubernetes
+    identity and a known operator identity the sidecars get per-pod tokens instead (`pod_tokens`)."""
     shown = TokenFile(config.sidecar_token_file) if config.sidecar_token_file is not None else None
     if config.sidecar_auth == "kubernetes":
         return shown, KubernetesPush(reviewer)
@@ -135,6 +138,18 @@ def sidecar_auth(config: OperatorConfig, reviewer: Reviewer) -> tuple[BearerAuth
         assert shown is not None  # OperatorConfig insists
         return shown, SharedTokenPush(shown)
     return shown, OpenPush()
+
+
+def pod_tokens(config: OperatorConfig, kube: KubeClient) -> PodTokens | None:
+    """Per-pod tokens for the sidecars (TokenRequest, audience naming the pod) with Kubernetes identity."""
+    if config.sidecar_auth != "kubernetes":
+        return None
+    if not config.operator_identity:
+        log.warning("--sidecar-auth kubernetes without FRSCOPE_OPERATOR_IDENTITY: no per-pod tokens can be "
+                    "minted, and the sidecars accept no other")
+        return None
+    expiry = config.webhook.injection.token_expiration_s if config.webhook is not None else 3600
+    return PodTokens(kube, config.operator_identity, lifetime_s=expiry)
 
 
 async def _heartbeat(health: Health) -> None:
@@ -172,14 +187,15 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     shown, push_auth = sidecar_auth(config, reviewer)
     decoder = Decoder(config.decode_processes)
     controller = Controller(config, store=store, pushes=pushes,
-                            sidecars=SidecarClient(sidecar_session, auth=shown),
+                            sidecars=SidecarClient(sidecar_session, auth=shown, tokens=pod_tokens(config, kube)),
                             publisher=publisher, metrics=metrics, decoder=decoder,
                             actor=Actor(kube, publisher, metrics, config.actions, instance=config.instance),
                             pod_lister=job_pod_lister(kube, config.inject_label))
     health = Health()
     http = OperatorHttp(registry=registry, metrics=metrics, health=health, on_push=controller.on_push,
                         push_auth=push_auth, max_push_bytes=config.max_push_bytes,
-                        max_entries=config.gather.max_entries, spill=spill)
+                        max_entries=config.gather.max_entries, spill=spill,
+                        metrics_guard=metrics_guard(config.metrics_auth, reviewer), decoder=decoder)
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
     ledger = (NodeLedger(kube, LedgerMetrics(registry), config.node_ledger, config.actions, instance=config.instance)

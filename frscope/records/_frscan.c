@@ -6,7 +6,7 @@
  * arena of tagged C values (no Python object per value), then reads the top-level dict's "entries" list entry by
  * entry: ints and floats go into int64/double buffers, everything else (groups, op names, states, timeouts,
  * threads, shapes, stacks) is interned by content into small tables whose distinct values alone become Python
- * objects. Python (frscope.records.scan) then checks those distinct values with fastcols' own rules.
+ * objects. Python (frscope.records.scan) then checks those distinct values with the field table's rules (records/fields.py).
  *
  * Safety: it never imports, calls or builds anything but None, bool, int, float, str, list, tuple and dict.
  * GLOBAL, REDUCE, BUILD, persistent ids and every other opcode outside the list below make it decline, as do: a

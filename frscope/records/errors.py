@@ -55,3 +55,9 @@ class MalformedDump(DumpError):
     """Decoded, but not shaped like a Flight Recorder dump."""
 
     kind = "malformed"
+
+
+class DumpTooSlow(DumpError):
+    """Decoding took longer than the file's CPU-time cap (`limits.cpu_budget_s`); it was stopped."""
+
+    kind = "too-slow"

@@ -1,6 +1,6 @@
 """The fast way from a decoded entry list to an `EntryTable`: one pass, straight into columns.
 
-`normalize.normalize_rows` (the reference) builds a tuple of 23 normalized values per entry, and
+`rowwise.normalize_rows` (the reference) builds a tuple of 23 normalized values per entry, and
 `EntryTable.from_rows` then transposes them. Most dumps are regular: every entry has every field torch
 writes, with the type torch writes, in range. For those, one loop reads each entry's fields once (one
 `itemgetter` call), checks their types with `type(x) is int` and the like, and appends ints to the
@@ -118,7 +118,7 @@ def table_from_entries(raw_entries: list[Any], lazy_frames: LazyFrames | None,
                        parse_name: Callable[[str], tuple[str | None, str, int | None]]
                        ) -> tuple[EntryTable, str | None] | None:
     """The table and the backend, or None when the entries are not all regular (see the module doc).
-    `parse_name` is normalize.parse_profiling_name (passed in: normalize imports this module)."""
+    `parse_name` is fields.parse_profiling_name."""
     if not raw_entries or lazy_frames is None:
         return None
     try:

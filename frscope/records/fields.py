@@ -1,6 +1,6 @@
 """The recorder's entry fields in one table, with the bounds and checks every reader applies.
 
-Three readers turn an entry list into the model: the reference (`entry_rows.normalize_rows`: any entry,
+Three readers turn an entry list into the model: the reference (`rowwise.normalize_rows`: any entry,
 row by row, tolerant), the column reader (`fastcols`: regular entries only, straight into columns) and
 the optional C scanner (`_frscan.c`, via `scan`: regular pickle dumps, without a Python object per
 value). They agree because they read the same table: the field names and which a torch 2.x entry

@@ -27,8 +27,8 @@ from frscope.records.columns import EntryTable, unify_signatures
 from frscope.records.envelope import envelope_problems, piece_dump
 from frscope.records.errors import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, UnknownFormat
 from frscope.records.gcpause import gc_paused
-from frscope.records.isolate import call_isolated
-from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, printable, valid_rank
+from frscope.records.isolate import call_isolated, capped
+from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, file_cpu_budget_s, printable, valid_rank
 from frscope.records.membership import build_groups
 from frscope.records.model import (
     CAPTURED_MTIME,
@@ -321,9 +321,9 @@ def _load_one(path: Path, max_bytes: int, columnar: bool = False) -> list[RankDu
 
 
 def _load_in_child(path: Path, max_bytes: int, columnar: bool = False) -> list[RankDump | LoadProblem]:
-    """One file in a process of its own (`isolate`): only the file that kills it is lost."""
+    """One file in a process of its own (`isolate`), CPU-capped: only the file that kills it is lost."""
     try:
-        return call_isolated(str(path), _load_one, path, max_bytes, columnar)
+        return call_isolated(str(path), _load_one, path, max_bytes, columnar, cpu_s=file_cpu_budget_s(path))
     except DumpError as exc:
         return [LoadProblem(exc.source, exc.message, rank=_safe_rank(path))]
 
@@ -363,7 +363,8 @@ def _load_chunk(paths: list[Path], max_bytes: int, columnar: bool = False) -> li
     as columns or constructor tuples, frames as a file reference), much smaller than the raw dumps."""
     gc.disable()
     faulthandler.disable()  # a crash on crafted input is reported by the parent, file by file
-    return [[_ship(result) for result in _load_one(path, max_bytes, columnar)] for path in paths]
+    # Past a file's CPU cap the kernel ends this worker; the parent then reads the rest one process each.
+    return [[_ship(result) for result in capped(path, _load_one, path, max_bytes, columnar)] for path in paths]
 
 
 # Below this many files a pool costs more than it saves.
@@ -437,8 +438,8 @@ def load_dumps(
                 for items in results:
                     take(items)
             except BrokenProcessPool:
-                # A worker died (results arrive in file order: the rest are not done). Each remaining
-                # file gets a process of its own, so only the one that kills it is lost.
+                # A worker died or hit a CPU cap (results arrive in file order: the rest are not done).
+                # Each remaining file gets a process of its own, so only the one that kills it is lost.
                 for path in files[done:]:
                     take(_load_in_child(path, max_bytes, columnar))
         finally:

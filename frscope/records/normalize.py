@@ -1,10 +1,10 @@
 """Raw decoded dump (pickle or JSON, any format version) -> RankDump.
 
 Tolerance rules, all learnt from real dumps: JSON writes pg_status values as strings; older versions
-lack fields, newer ones add some (the entries' rules are `entry_rows`'). Missing fields get a neutral
+lack fields, newer ones add some (the entries' rules are `rowwise`'s). Missing fields get a neutral
 value and one warning per field per dump, never an exception; a dump is refused only when it has no
 shape of a recorder at all. The entries go into columns the fast way (`fastcols`, or the C scanner's
-table, `prebuilt`) where they are regular, else row by row (`entry_rows.normalize_rows`).
+table, `prebuilt`) where they are regular, else row by row (`rowwise.normalize_rows`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from frscope.records.columns import EntryTable
-from frscope.records.entry_rows import int_or, name_text, normalize_entries, normalize_rows, opt_int
 from frscope.records.errors import DumpError, MalformedDump
 from frscope.records.fastcols import table_from_entries
 from frscope.records.fields import parse_profiling_name
 from frscope.records.limits import MAX_RANK, describe, finite_float, text, valid_rank
 from frscope.records.model import CAPTURED_SNAPSHOT, Entry, LazyFrames, PgConfig, PgStatus, RankDump, entries_from_rows
+from frscope.records.rowwise import int_or, name_text, normalize_entries, normalize_rows, opt_int
 from frscope.wire import unwrap_snapshot
 
 # Versions whose fields this reader knows. Newer ones are read with a warning.

@@ -1,12 +1,13 @@
 """The optional C scanner (`_frscan`): a regular pickle dump straight into an `EntryTable`, no dict per entry.
 
 The reference for one pickle dump is `safe_pickle.safe_loads` (the allow-list unpickler) and then
-`fastcols.table_from_entries` (or, for irregular entries, `normalize.normalize_rows`). `_frscan.scan` walks the
+`fastcols.table_from_entries` (or, for irregular entries, `rowwise.normalize_rows`). `_frscan.scan` walks the
 pickle's opcodes itself (plain containers and scalars only: no global, no call, nothing else) and fills the same
 columns, interning every field that is not an int or a float into a small table of distinct values. Here those
-distinct values are checked with fastcols' own rules, so the scanner accepts exactly the dumps fastcols keeps
-unchanged, and builds the same table. Whenever anything is not the regular shape, the scanner or this module
-declines (None) and the caller reads the file the reference way, which also reports whatever is wrong with it.
+distinct values are checked with the field table's rules (`fields`, as fastcols applies them), so the scanner
+accepts exactly the dumps fastcols keeps unchanged, and builds the same table. Whenever anything is not the
+regular shape, the scanner or this module declines (None) and the caller reads the file the reference way, which
+also reports whatever is wrong with it.
 
 The extension is built by `pip install -e .` / `setup.py build_ext --inplace` where a C compiler exists
 (the container image has none: it reads with the reference path). `FRSCOPE_NO_SCANNER=1` turns it off.

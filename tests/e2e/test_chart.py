@@ -83,6 +83,7 @@ def test_defaults_render_the_operator_webhook_and_dashboard_but_no_monitoring(
     assert _kinds(objs) == {
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "Secret",
         "MutatingWebhookConfiguration", "ConfigMap", "NetworkPolicy",
+        "Role", "RoleBinding",  # minting the operator's own per-pod tokens for the sidecars
     }
     for obj in objs:
         if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}:
@@ -251,6 +252,9 @@ def test_namespaced_install_grants_namespaced_rights_per_namespace(
         "customresourcedefinitions", "namespaces", "tokenreviews", "subjectaccessreviews"}
     assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in _rules(cluster)
                if not rule["resources"][0].endswith("reviews"))
+    tokens = [r for r in of_kind(objs, "Role") if r["metadata"]["name"].endswith("-operator-tokens")]
+    assert [(t["metadata"]["namespace"], _rules(t)[0]["resources"], _rules(t)[0]["resourceNames"])
+            for t in tokens] == [("frscope-system", ["serviceaccounts/token"], ["frs-frscope"])]
     roles = [r for r in of_kind(objs, "Role") if r["metadata"]["name"] == OPERATOR_ROLE]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
@@ -303,6 +307,8 @@ def test_monitoring_objects_carry_extra_labels_and_scrape_the_right_ports(
     assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["http"]
     assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # the per-job diagnosis gauge keeps the job's namespace
+    # /metrics wants a token allowed `get /metrics` (auth.metrics): Prometheus sends its own.
+    assert sm["spec"]["endpoints"][0]["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
     alerts = {r["alert"]: r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert set(alerts) == {"FrscopeCollectiveStalled", "FrscopeDiagnosisMade", "FrscopeSidecarDown"}
     for alert in alerts.values():
@@ -383,6 +389,7 @@ def test_auth_defaults_project_the_tokens_and_tell_the_webhook(rendered: dict[st
     pod = _deployment_pod(rendered["defaults"])["spec"]
     container = pod["containers"][0]
     assert "--sidecar-auth=kubernetes" in container["args"] and "--ui-auth=port-forward" in container["args"]
+    assert "--metrics-auth=port-forward" in container["args"]
     assert "--sidecar-token-file=/var/run/secrets/frscope/sidecar/token" in container["args"]
     [volume] = [v for v in pod["volumes"] if v["name"] == "sidecar-token"]
     [source] = volume["projected"]["sources"]

@@ -313,6 +313,12 @@ def test_operator_can_do_what_it_needs(kube: ControlPlane, installed: Install) -
     for ns in ("default", installed.namespace, "some-team"):
         cant = [(v, r, a) for v, r, a in NEEDED if not _can_i(kube, installed.user, v, r, "-n", ns, *a)]
         assert not cant, f"{installed.user} cannot {cant} in {ns}"
+    # Per-pod tokens for the sidecars: tokens of its own account, in its own namespace, and no other.
+    own = f"serviceaccounts/{installed.service_account}"
+    assert _can_i(kube, installed.user, "create", own, "-n", installed.namespace, "--subresource=token")
+    assert not _can_i(kube, installed.user, "create", "serviceaccounts/default", "-n", installed.namespace,
+                      "--subresource=token")
+    assert not _can_i(kube, installed.user, "create", own, "-n", "some-team", "--subresource=token")
 
 
 def test_operator_can_do_nothing_beyond(kube: ControlPlane, installed: Install) -> None:

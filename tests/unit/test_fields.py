@@ -4,7 +4,7 @@ The C scanner's field enum, names and lowest values are generated from the table
 be what the table generates now, and the scanner's source must take its fields from it. At each int field's
 lowest regular value and one below it, and at each cap and one past it, the column reader (`fastcols`) and
 the scanner accept and decline the same entries, and accept only what the reference
-(`entry_rows.normalize_rows`) keeps unchanged."""
+(`rowwise.normalize_rows`) keeps unchanged."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from frscope.records import fields, scan
-from frscope.records.entry_rows import normalize_rows
 from frscope.records.fastcols import table_from_entries
 from frscope.records.model import LazyFrames
+from frscope.records.rowwise import normalize_rows
 
 RECORDS = Path(fields.__file__).resolve().parent
 

@@ -13,16 +13,14 @@ Everything here reads immutable snapshots; nothing is written.
 
 Access (`ui_guard`, `--ui-auth`): a bearer token the API server accepts (TokenReview), and a
 SubjectAccessReview `get pytorchjobs` in the namespace of the job asked for; the job list shows the
-namespaces the caller may read. With 'port-forward' (the default) a loopback connection is let in
-too: inside the operator's pod only `kubectl port-forward` makes one, and the API server has
-authorized that (`pods/portforward` in the operator's namespace).
+namespaces the caller may read. With 'port-forward' (the default) a `kubectl port-forward` connection
+is let in too (`guards.port_forwarded`: from 127.0.0.1/::1, `Host` naming loopback, no proxy headers).
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
-import ipaddress
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -34,10 +32,11 @@ from frscope.operator.kube import KubeError
 from frscope.operator.ledger import NodeLedger
 from frscope.operator.model.objects import JobKey
 from frscope.operator.model.store import JobsView, JobView
-from frscope.operator.serve.access import Identity, Reviewer, bearer
+from frscope.operator.serve.access import Identity, Reviewer
+from frscope.operator.serve.guards import authenticated, port_forwarded, refuse
 from frscope.operator.serve.operator_http import OperatorHttp
 from frscope.webui import JobDetail, JobSummary, NodeIncidentRow, NodeSummary, RankStatus, create_app
-from frscope.webui.app import DEFAULT_POLL_S, VISIBLE_NAMESPACE, VISIBLE_NODES
+from frscope.webui.routes import DEFAULT_POLL_S, VISIBLE_NAMESPACE, VISIBLE_NODES
 
 UI_PREFIX = "/ui"
 MAX_MISSING_RANKS = 65_536  # list ranks nobody reports only for a plausible world size
@@ -129,20 +128,8 @@ class OperatorJobs:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _loopback(request: web.Request) -> bool:
-    try:
-        return request.remote is not None and ipaddress.ip_address(request.remote).is_loopback
-    except ValueError:
-        return False
-
-
-def _refuse(status: int, message: str) -> web.Response:
-    headers = {"WWW-Authenticate": 'Bearer realm="frscope"'} if status == 401 else None
-    return web.json_response({"error": message}, status=status, headers=headers)
-
-
 def ui_guard(mode: str, reviewer: Reviewer | None) -> Any:
-    """The aiohttp middleware of `--ui-auth` (None for 'none')."""
+    """The aiohttp middleware of `--ui-auth` (None for 'none'); see `guards`."""
     if mode == "none":
         return None
     if reviewer is None:
@@ -150,21 +137,15 @@ def ui_guard(mode: str, reviewer: Reviewer | None) -> Any:
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if mode == "port-forward" and _loopback(request):
+        if mode == "port-forward" and port_forwarded(request):
             return await handler(request)
-        token = bearer(request.headers.get("Authorization", ""))
-        if token is None:
-            return _refuse(401, "a bearer token is required (or use kubectl port-forward)")
-        try:
-            who = await reviewer.authenticate(token, None)
-        except KubeError as exc:
-            return _refuse(503, f"the token could not be reviewed: {exc}")
-        if who is None:
-            return _refuse(401, "token refused by the API server")
+        who = await authenticated(request, reviewer)
+        if isinstance(who, web.Response):
+            return who
         namespace = request.match_info.get("namespace")
         if namespace is not None:
             if not await _may_read(reviewer, who, namespace):
-                return _refuse(403, f"{who.username} may not get pytorchjobs in namespace {namespace}")
+                return refuse(403, f"{who.username} may not get pytorchjobs in namespace {namespace}")
         else:
             async def visible(ns: str) -> bool:
                 return await _may_read(reviewer, who, ns)

@@ -275,7 +275,9 @@ class StandInSidecar:
     """One pod's sidecar API, fed with real frscope snapshots of the ranks it 'hosts'.
 
     mode: 'ok' | 'down' (503) | 'garbage' (200, not JSON) | 'wrong-schema' | 'slow' (sleeps `delay_s`)
-    | 'flaky' (503 for the first `flaky_failures` snapshot requests, then ok).
+    | 'flaky' (503 for the first `flaky_failures` snapshot requests, then ok)
+    | hostile status answers: 'status-overflow' (a 400-digit age), 'status-deep' (nested 5,000 deep),
+    'status-huge' (a valid status padded to 2 MiB).
     """
 
     def __init__(self, pod: str, ranks: dict[int, dict[str, Any]], *, namespace: str = "ml", stalled: bool = True,
@@ -327,8 +329,21 @@ class StandInSidecar:
             await asyncio.sleep(self.delay_s)
         return None
 
+    def _hostile_status(self) -> bytes | None:
+        if self.mode == "status-overflow":
+            text = json.dumps(self.status_obj())
+            return text.replace('"inflight_age_s": 74.2', '"inflight_age_s": ' + "9" * 400).encode()
+        if self.mode == "status-deep":
+            return b'{"schema": "frscope.sidecar.status/v1", "ranks": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+        if self.mode == "status-huge":
+            return json.dumps({**self.status_obj(), "padding": "x" * (2 << 20)}).encode()
+        return None
+
     async def _status(self, _: web.Request) -> web.Response:
         self.status_requests += 1
+        hostile = self._hostile_status()
+        if hostile is not None:
+            return web.Response(body=hostile, content_type="application/json")
         bad = await self._misbehave()
         return bad or web.json_response(self.status_obj())
 

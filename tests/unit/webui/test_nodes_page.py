@@ -9,7 +9,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from frscope.webui import MemoryProvider, NodeIncidentRow, NodeSummary, create_app
-from frscope.webui.app import VISIBLE_NODES
+from frscope.webui.routes import VISIBLE_NODES
 
 
 class Nodes:
