@@ -33,6 +33,7 @@ from frscope.operator.injection import InjectionConfig, native_sidecars_supporte
 from frscope.operator.kube import BearerAuth, KubeClient, TokenFile
 from frscope.operator.kube.pod_tokens import PodTokens
 from frscope.operator.kube.resources import PODS
+from frscope.operator.ledger import LedgerMetrics, NodeLedger
 from frscope.operator.model.objects import JobRef
 from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.model.store import JobStore
@@ -61,6 +62,7 @@ class Operator:
     metrics: OperatorMetrics
     kube: KubeClient
     reviewer: Reviewer
+    ledger: NodeLedger | None = None
 
 
 def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -205,11 +207,13 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
                         metrics_guard=metrics_guard(config.metrics_auth, reviewer), decoder=decoder)
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
-    operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer)
+    ledger = (NodeLedger(kube, LedgerMetrics(registry), config.node_ledger, config.actions, instance=config.instance)
+              if config.node_ledger is not None else None)
+    operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer, ledger)
 
     kopf_registry = kopf.OperatorRegistry()
     # Every kopf login reads the credentials again: a rotated token is picked up, never a stale one.
-    register_watchers(kopf_registry, controller, lambda: login(settings).info, config.job_kinds)
+    register_watchers(kopf_registry, controller, lambda: login(settings).info, config.job_kinds, ledger=ledger)
     if config.webhook is not None:
         injection = await injection_for(config.webhook, kube)
         log.info("sidecar injection: %s sidecar, image %s", "native" if injection.native else "plain",
@@ -249,6 +253,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
             await ready.wait()
             health.ready = True
             tasks.append(asyncio.create_task(poller.run()))
+            if ledger is not None:
+                tasks.append(asyncio.create_task(ledger.run()))
             if on_ready is not None:
                 result = on_ready(operator)
                 if result is not None:
@@ -285,7 +291,8 @@ def mount_default_ui(operator: Operator) -> None:
     config = operator.config
     live = (LiveWindows(operator.store, operator.controller.sidecars, entries=config.live_entries,
                         interval_s=config.live_interval_s) if config.live_entries > 0 else None)
-    mount_ui(operator.http, operator.store, guard=ui_guard(config.ui_auth, operator.reviewer), live=live)
+    mount_ui(operator.http, operator.store, guard=ui_guard(config.ui_auth, operator.reviewer), live=live,
+             ledger=operator.ledger)
 
 
 def run_operator(config: OperatorConfig) -> int:

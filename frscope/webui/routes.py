@@ -9,6 +9,7 @@
                                              and whenever the provider's answer changes
     GET /jobs/{namespace}/{name}/trace.json  the timeline shown as a Chrome/Perfetto trace (a provider with
                                              `fresh_timeline(namespace, name)` is asked when it has none yet)
+    GET /nodes, /api/nodes                   the node ledger (with a NodeProvider; `nodes.py`)
 
 The page fetches `data` again only when the revision it is told about differs from the one it shows.
 Every URL the pages use is relative, so the mount prefix does not matter.
@@ -31,6 +32,7 @@ from aiohttp import web
 
 from frscope.report.html import asset, embed_json, render_html
 from frscope.report.trace import trace_from_timeline
+from frscope.webui.nodes import NodeProvider, nodes_page, ordered
 from frscope.webui.provider import JobDetail, JobProvider, JobSummary, detail_revision
 
 T = TypeVar("T")
@@ -42,6 +44,11 @@ UI_KEY: web.AppKey[WebUI] = cast("web.AppKey[WebUI]", web.AppKey("frscope_webui"
 # job list shows only those (a namespace the caller may not read is left out, not refused).
 VISIBLE_NAMESPACE = "frscope.visible_namespace"
 NamespaceCheck = Callable[[str], Awaitable[bool]]
+# Set the same way: may this caller see the node ledger (cluster-scoped)? Unset: yes. A typed request key
+# where aiohttp has them (3.12+: a plain string key warns).
+VISIBLE_NODES: Any = (web.RequestKey("frscope_visible_nodes", object) if hasattr(web, "RequestKey")
+                      else "frscope.visible_nodes")
+NodesCheck = Callable[[], Awaitable[bool]]
 
 
 async def _resolve(value: T | Awaitable[T]) -> T:
@@ -61,9 +68,11 @@ def _summary_json(summary: JobSummary | None, revision: str) -> dict[str, Any]:
 
 class WebUI:
     def __init__(
-        self, provider: JobProvider, *, poll_s: float = DEFAULT_POLL_S, keepalive_s: float = KEEPALIVE_S
+        self, provider: JobProvider, *, poll_s: float = DEFAULT_POLL_S, keepalive_s: float = KEEPALIVE_S,
+        nodes: NodeProvider | None = None,
     ) -> None:
         self.provider = provider
+        self.node_provider = nodes
         self.poll_s = poll_s
         self.keepalive_s = keepalive_s
         self.closing = asyncio.Event()
@@ -89,11 +98,27 @@ class WebUI:
             raise web.HTTPFound(request.path + "/")
         jobs = await self._jobs(request)
         data = {"jobs": [j.to_dict() for j in jobs], "poll_s": max(self.poll_s, 3.0)}
-        return web.Response(text=_jobs_page(jobs, data), content_type="text/html", headers=_NO_STORE)
+        page = _jobs_page(jobs, data, nodes_link=self.node_provider is not None)
+        return web.Response(text=page, content_type="text/html", headers=_NO_STORE)
 
     async def jobs_json(self, request: web.Request) -> web.Response:
         jobs = await self._jobs(request)
         return web.json_response({"jobs": [j.to_dict() for j in jobs]}, headers=_NO_STORE)
+
+    # -- the node ledger ---------------------------------------------------------------------------
+    async def _nodes(self, request: web.Request) -> list[Any]:
+        if self.node_provider is None:
+            raise web.HTTPNotFound(text="the node ledger is off (--node-ledger off)")
+        allowed: NodesCheck | None = request.get(VISIBLE_NODES)
+        if allowed is not None and not await allowed():
+            raise web.HTTPForbidden(text="you may not list flightrecordernodes")
+        return ordered(await _resolve(self.node_provider.nodes()))
+
+    async def nodes_page(self, request: web.Request) -> web.Response:
+        return web.Response(text=nodes_page(await self._nodes(request)), content_type="text/html", headers=_NO_STORE)
+
+    async def nodes_json(self, request: web.Request) -> web.Response:
+        return web.json_response({"nodes": [n.to_dict() for n in await self._nodes(request)]}, headers=_NO_STORE)
 
     # -- one job -----------------------------------------------------------------------------------
     async def job_page(self, request: web.Request) -> web.Response:
@@ -177,6 +202,7 @@ class WebUI:
 
 
 _NO_STORE = {"Cache-Control": "no-store"}
+_NODES_LINK = ' <a href="nodes">The node ledger</a>: nodes implicated across jobs.'
 
 _JOBS_CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
@@ -222,7 +248,7 @@ _JOBS_JS = """
 """
 
 
-def _jobs_page(jobs: Sequence[JobSummary], data: dict[str, Any]) -> str:
+def _jobs_page(jobs: Sequence[JobSummary], data: dict[str, Any], *, nodes_link: bool = False) -> str:
     rows = "".join(
         f'<tr data-job="{html.escape(j.namespace)}/{html.escape(j.name)}"><td>{html.escape(j.namespace)}/'
         f"{html.escape(j.name)}</td><td></td><td></td><td>{html.escape(j.verdict or 'not diagnosed')}</td>"
@@ -236,7 +262,8 @@ def _jobs_page(jobs: Sequence[JobSummary], data: dict[str, Any]) -> str:
         f"<title>frscope: watched jobs</title>\n<style>\n{asset('timeline.css')}</style>\n</head>\n<body>\n"
         '<header id="fr-header"><div class="brand">frscope &middot; watched jobs</div>'
         '<h1 id="fr-verdict">PyTorch jobs watched by frscope</h1>'
-        '<div id="fr-meta">Each job\'s latest diagnosis; open a job for its live collective timeline.</div></header>\n'
+        '<div id="fr-meta">Each job\'s latest diagnosis; open a job for its live collective timeline.'
+        f'{_NODES_LINK if nodes_link else ""}</div></header>\n'
         '<div style="padding:14px 20px"><table class="jobs"><thead><tr><th>job</th><th>state</th><th>progress</th>'
         f'<th>verdict</th><th>updated</th></tr></thead><tbody id="jobs-body">{rows}</tbody></table></div>\n'
         f'<script type="application/json" id="frscope-jobs">{embed_json(data)}</script>\n'
@@ -246,11 +273,11 @@ def _jobs_page(jobs: Sequence[JobSummary], data: dict[str, Any]) -> str:
 
 def create_app(
     provider: JobProvider, *, poll_s: float = DEFAULT_POLL_S, keepalive_s: float = KEEPALIVE_S,
-    middlewares: Iterable[Any] = (),
+    middlewares: Iterable[Any] = (), nodes: NodeProvider | None = None,
 ) -> web.Application:
     """The web UI as an aiohttp application, to mount with `add_subapp(prefix, app)` (or to run alone).
-    `middlewares` run before every route (the operator's access control)."""
-    ui = WebUI(provider, poll_s=poll_s, keepalive_s=keepalive_s)
+    `middlewares` run before every route (the operator's access control); `nodes`: the node ledger's page."""
+    ui = WebUI(provider, poll_s=poll_s, keepalive_s=keepalive_s, nodes=nodes)
     app = web.Application(middlewares=list(middlewares))
     app[UI_KEY] = ui
     app.on_shutdown.append(ui.on_shutdown)
@@ -263,6 +290,8 @@ def create_app(
             web.get("/jobs/{namespace}/{name}/summary", ui.job_summary),
             web.get("/jobs/{namespace}/{name}/events", ui.job_events),
             web.get("/jobs/{namespace}/{name}/trace.json", ui.job_trace),
+            web.get("/nodes", ui.nodes_page),
+            web.get("/api/nodes", ui.nodes_json),
         ]
     )
     return app

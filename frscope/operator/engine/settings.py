@@ -14,6 +14,7 @@ from frscope.operator import names
 from frscope.operator.actions import ActionOptions
 from frscope.operator.evidence.gather import GatherOptions
 from frscope.operator.injection import InjectionConfig
+from frscope.operator.ledger import NodeLedgerOptions
 from frscope.operator.model import jobkinds
 
 
@@ -96,6 +97,8 @@ class OperatorConfig:
     webhook: WebhookConfig | None = None
     # Acting on a diagnosis (docs/actions.md): what is allowed, the default policy, limits.
     actions: ActionOptions = field(default_factory=ActionOptions)
+    # The node ledger (docs/actions.md, "The node ledger"); None: off (--node-ledger off).
+    node_ledger: NodeLedgerOptions | None = field(default_factory=NodeLedgerOptions)
     # The watchdog timeout assumed when neither the recorder nor the pods' env states it (None: torch's).
     default_watchdog_timeout_s: float | None = None
     instance: str = field(default_factory=socket.gethostname)

@@ -27,15 +27,17 @@ from typing import Any
 
 from aiohttp import web
 
+from frscope.operator import names
 from frscope.operator.kube import KubeError
+from frscope.operator.ledger import NodeLedger
 from frscope.operator.model.objects import JobKey
 from frscope.operator.model.store import JobsView, JobView
 from frscope.operator.serve.access import Identity, Reviewer
 from frscope.operator.serve.guards import authenticated, port_forwarded, refuse
 from frscope.operator.serve.live_windows import LiveWindow, LiveWindows
 from frscope.operator.serve.operator_http import OperatorHttp
-from frscope.webui import JobDetail, JobSummary, RankStatus, create_app
-from frscope.webui.routes import DEFAULT_POLL_S, VISIBLE_NAMESPACE
+from frscope.webui import JobDetail, JobSummary, NodeIncidentRow, NodeSummary, RankStatus, create_app
+from frscope.webui.routes import DEFAULT_POLL_S, VISIBLE_NAMESPACE, VISIBLE_NODES
 
 UI_PREFIX = "/ui"
 MAX_MISSING_RANKS = 65_536  # list ranks nobody reports only for a plausible world size
@@ -179,7 +181,15 @@ def ui_guard(mode: str, reviewer: Reviewer | None) -> Any:
             async def visible(ns: str) -> bool:
                 return await _may_read(reviewer, who, ns)
 
+            async def nodes_visible() -> bool:
+                try:
+                    return await reviewer.allowed(who, verb="list", namespace="", group=names.REPORT_GROUP,
+                                                  resource=names.NODE_LEDGER_PLURAL)
+                except KubeError:
+                    return False
+
             request[VISIBLE_NAMESPACE] = visible
+            request[VISIBLE_NODES] = nodes_visible
         return await handler(request)
 
     return guard
@@ -192,11 +202,32 @@ async def _may_read(reviewer: Reviewer, who: Identity, namespace: str) -> bool:
         return False
 
 
+class LedgerNodes:
+    """`frscope.webui.NodeProvider` over the node ledger's latest read (answers from memory)."""
+
+    def __init__(self, ledger: NodeLedger) -> None:
+        self._ledger = ledger
+
+    def nodes(self) -> list[NodeSummary]:
+        out = []
+        for entry, assessment in list(self._ledger.latest.values()):
+            recent = tuple(NodeIncidentRow(i.at, i.job, i.category, i.evidence.value, i.weight, i.why)
+                           for i in reversed(entry.incidents[-8:]))
+            out.append(NodeSummary(
+                node=entry.node, score=assessment.score, incidents=assessment.incidents, jobs=assessment.jobs,
+                last_incident=assessment.last_incident, state=assessment.state.value, why=assessment.why,
+                pool=entry.pool, fence=entry.fence.state if entry.fence else "",
+                fence_message=entry.fence.message if entry.fence else "", recent=recent))
+        return out
+
+
 def mount_ui(http: OperatorHttp, store: JobsView, *, prefix: str = UI_PREFIX, poll_s: float = DEFAULT_POLL_S,
-             guard: Any = None, live: LiveWindows | None = None) -> None:
+             guard: Any = None, live: LiveWindows | None = None, ledger: NodeLedger | None = None) -> None:
     """Serve the web UI at `{prefix}/` in the operator's HTTP server (call before it starts), behind
-    `guard` (`ui_guard()`) when given; `live`: follow the jobs looked at (stopped with the server)."""
-    app = create_app(OperatorJobs(store, live), poll_s=poll_s, middlewares=[guard] if guard is not None else [])
+    `guard` (`ui_guard()`) when given; `live`: follow the jobs looked at (stopped with the server); with the
+    node ledger, its page at `{prefix}/nodes`."""
+    app = create_app(OperatorJobs(store, live), poll_s=poll_s, middlewares=[guard] if guard is not None else [],
+                     nodes=LedgerNodes(ledger) if ledger is not None else None)
     if live is not None:
         app.on_cleanup.append(live.close)
     http.add_subapp(prefix, app)
