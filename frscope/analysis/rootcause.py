@@ -85,11 +85,13 @@ def _culprit_record(ctx: Context, finding: Finding, rank: int) -> int | None:
     return bucket[0].record_id if bucket else None
 
 
-def link(ctx: Context, findings: list[Finding], causes: Causes) -> list[Finding]:
-    """Nest consequences under their causes; return the roots."""
-    parent: dict[int, Finding] = {}
+def link(ctx: Context, findings: list[Finding], causes: Causes,
+         parent: dict[int, Finding] | None = None) -> list[Finding]:
+    """Nest consequences under their causes; return the roots. `parent`: links already decided (a
+    finding -> its cause), kept as they are."""
+    parent = dict(parent or {})
     for finding in findings:
-        if finding.category not in HANGS:
+        if finding.category not in HANGS or id(finding) in parent:
             continue
         for rank in finding.culprit_ranks:
             cause = cause_of_rank(ctx, causes, rank, _culprit_record(ctx, finding, rank))

@@ -178,6 +178,23 @@ def crash_signature(ctx: Context, missing: tuple[int, ...]) -> tuple[GroupRef, i
     return best
 
 
+def finished_then_failed(tracks: dict[int, Track], ref: GroupRef, seq: int, waiting: tuple[int, ...],
+                         exits: Mapping[int, RankExit], failed_without_dump: tuple[int, ...] = ()) -> list[int] | None:
+    """The members that finished `seq` (which `waiting` never completed) and whose process then failed,
+    likeliest first failure first; None when there are none, or when the likeliest first failure is a
+    member without a dump."""
+    if any(r not in tracks or not tracks[r].by_seq for r in ref.ranks):
+        # A member left no record at all (killed before any dump): that peer is the one gone, and the
+        # ranks that finished and then failed are the aftermath (their watchdog), not the cause.
+        return None
+    gone = sorted(r for r, t in tracks.items() if r not in waiting and t.last_completed >= seq
+                  and (e := exits.get(r)) is not None and e.failed)
+    if not gone:
+        return None
+    culprits = most_likely_first([*gone, *failed_without_dump], exits)
+    return culprits if set(culprits) <= set(gone) else None
+
+
 def left_after_finishing(ctx: Context, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint,
                          waiting: tuple[int, ...], exits: Mapping[int, RankExit],
                          failed_without_dump: tuple[int, ...] = ()) -> Finding | None:
@@ -190,17 +207,11 @@ def left_after_finishing(ctx: Context, ref: GroupRef, tracks: dict[int, Track], 
     reasoning names that one (seen on a real node: the rank that finished and failed was a victim whose
     error blamed its peer, the one that raised left an empty recorder)."""
     seq = point.seq
-    if any(r not in tracks or not tracks[r].by_seq for r in ref.ranks):
-        # A member left no record at all (killed before any dump): that peer is the one gone, and the
-        # ranks that finished and then failed are the aftermath (their watchdog), not the cause.
+    culprits = finished_then_failed(tracks, ref, seq, waiting, exits, failed_without_dump)
+    if culprits is None:
         return None
     gone = sorted(r for r, t in tracks.items() if r not in waiting and t.last_completed >= seq
                   and (e := exits.get(r)) is not None and e.failed)
-    if not gone:
-        return None
-    culprits = most_likely_first([*gone, *failed_without_dump], exits)
-    if not set(culprits) <= set(gone):
-        return None
     sample = next((b[0] for r in waiting if (b := tracks[r].by_seq.get(seq))), None)
     op = sample.op if sample else "collective"
     since = f" for {fmt_duration(point.age_s)}" if point.age_s is not None else ""

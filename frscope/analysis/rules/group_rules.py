@@ -1,0 +1,70 @@
+"""The rules that look at one group at a time: not joined / not completed, mismatches, stale
+recorders, recorded p2p. Each proposes findings from the facts, with the stuck points they explain."""
+
+from __future__ import annotations
+
+from frscope.analysis.collectives import hang_finding
+from frscope.analysis.findings import Finding
+from frscope.analysis.history import scan_history
+from frscope.analysis.p2p import recorded_p2p
+from frscope.analysis.rules.facts import Facts
+from frscope.analysis.rules.proposal import Proposal
+from frscope.analysis.stale import stopped_finding
+
+
+def hangs(facts: Facts) -> list[Proposal]:
+    """RankNotJoined / NotCompleted at each group's stuck point (live members only)."""
+    out: list[Proposal] = []
+    for gf in facts.groups:
+        if gf.point is None:
+            continue
+        hang = hang_finding(facts.ctx, gf.group, gf.ref, gf.live, gf.point)
+        if hang is not None:
+            out.append(Proposal(hang, "hang", [(gf.name, gf.point.seq)]))
+    return out
+
+
+def mismatches(facts: Facts) -> list[Proposal]:
+    """The earliest type / size / dtype disagreement of each group's visible history."""
+    out: list[Proposal] = []
+    for gf in facts.groups:
+        if not gf.tracks:
+            continue
+        found = scan_history(facts.ctx, gf.group, gf.ref, gf.tracks)
+        if found is not None:
+            points = [(gf.name, found.collective_seq_id)] if found.collective_seq_id is not None else []
+            out.append(Proposal(found, "mismatch", points, covers_later=True))
+    return out
+
+
+def stale(facts: Facts) -> list[Proposal]:
+    """RankStopped for members whose recorder ends before what every other member finished: one finding
+    per rank (the first group that shows it), explaining every group's stuck point it left waiting."""
+    out: list[Proposal] = []
+    by_rank: dict[int, Proposal] = {}
+    for gf in facts.groups:
+        if not gf.stale:
+            continue
+        fresh = {r: s for r, s in gf.stale.items() if r not in by_rank}
+        point = [(gf.name, gf.point.seq)] if gf.point is not None else []
+        if fresh:
+            finding = stopped_finding(facts.ctx, gf.ref, gf.tracks, fresh, gf.point, facts.exits)
+            proposal = Proposal(finding, "stale", list(point), absorbs_waiting=True)
+            out.append(proposal)
+            by_rank.update(dict.fromkeys(fresh, proposal))
+        else:
+            # Already reported in another group: the others here wait for the same stopped rank.
+            by_rank[min(gf.stale)].points.extend(point)
+    return out
+
+
+def p2p_recorded(facts: Facts) -> list[Proposal]:
+    """Pending sends / receives without a partner (backends that record p2p: NCCL)."""
+    out: list[Proposal] = []
+    for gf in facts.groups:
+        if not gf.tracks:
+            continue
+        found: Finding | None = recorded_p2p(facts.ctx, gf.group, gf.ref, gf.tracks)
+        if found is not None:
+            out.append(Proposal(found, "p2p", []))
+    return out

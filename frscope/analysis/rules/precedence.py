@@ -1,0 +1,107 @@
+"""The one ranking step: which proposals are root causes and which are their consequences.
+
+Every rule proposes findings with the stuck points they explain. Ranking them:
+1. Each stuck point (group, seq) belongs to the proposal of highest precedence that explains it:
+   a mismatch (the group diverged there or earlier), then a rank that stopped (stale recorder, gone
+   after finishing, crashed without a dump), then missing dumps, then the hang itself. A
+   NotCompleted at a point owned by another proposal nests under it: the ranks wait for that cause,
+   not for the network. A hang at or after a mismatch of its group nests under the mismatch.
+2. The waits are followed across groups and p2p peers (`rootcause.link`): a hang whose culprits
+   are blocked in another point's collective nests under that point's owner; cycles become one root.
+3. Fallback proposals (said only when nothing else explains the job) are kept when every other root
+   is a straggler.
+4. Roots are ordered: hangs before stragglers, the earliest first, then by category.
+"""
+
+from __future__ import annotations
+
+from frscope.analysis.context import Context
+from frscope.analysis.findings import Category, Finding
+from frscope.analysis.rootcause import Causes, link
+from frscope.analysis.rules.proposal import Point, Proposal
+
+MISMATCHES = (Category.COLLECTIVE_TYPE_MISMATCH, Category.SIZE_MISMATCH, Category.DTYPE_MISMATCH)
+
+# Who owns a stuck point: lower first.
+_OWNER_RANK = {
+    Category.COLLECTIVE_TYPE_MISMATCH: 0,
+    Category.SIZE_MISMATCH: 0,
+    Category.DTYPE_MISMATCH: 0,
+    Category.RANK_STOPPED: 1,
+    Category.MISSING_DUMPS: 2,
+    Category.P2P_MISMATCH: 3,
+    Category.RANK_NOT_JOINED: 4,
+    Category.NOT_COMPLETED: 5,
+    Category.STRAGGLER: 6,
+}
+
+# Most actionable first when two root causes started at the same moment.
+_PRIORITY = {
+    Category.COLLECTIVE_TYPE_MISMATCH: 0,
+    Category.SIZE_MISMATCH: 1,
+    Category.DTYPE_MISMATCH: 1,
+    Category.P2P_MISMATCH: 2,
+    Category.RANK_NOT_JOINED: 3,
+    Category.NOT_COMPLETED: 4,
+    Category.MISSING_DUMPS: 5,
+    Category.STRAGGLER: 6,
+    Category.RANK_STOPPED: 3,
+}
+
+
+def _owners(proposals: list[Proposal]) -> dict[Point, Proposal]:
+    owners: dict[Point, Proposal] = {}
+    for proposal in proposals:
+        for point in proposal.points:
+            held = owners.get(point)
+            if held is None or _OWNER_RANK[proposal.finding.category] < _OWNER_RANK[held.finding.category]:
+                owners[point] = proposal
+    return owners
+
+
+def _same_point_parents(proposals: list[Proposal], owners: dict[Point, Proposal]
+                        ) -> tuple[dict[int, Finding], set[int]]:
+    """(finding -> its cause at the same point, findings absorbed by their point's owner)."""
+    parent: dict[int, Finding] = {}
+    absorbed: set[int] = set()
+    mismatch_from: dict[str, tuple[int, Finding]] = {}  # group -> (seq, finding) of its earliest mismatch
+    for proposal in proposals:
+        finding = proposal.finding
+        if proposal.covers_later and finding.collective_seq_id is not None:
+            name = finding.process_group.name
+            if name not in mismatch_from or finding.collective_seq_id < mismatch_from[name][0]:
+                mismatch_from[name] = (finding.collective_seq_id, finding)
+    for proposal in proposals:
+        finding = proposal.finding
+        if finding.category not in (Category.RANK_NOT_JOINED, Category.NOT_COMPLETED):
+            continue
+        seq = finding.collective_seq_id
+        earlier = mismatch_from.get(finding.process_group.name)
+        if seq is not None and earlier is not None and earlier[0] <= seq:
+            parent[id(finding)] = earlier[1]  # the group diverged first and stopped later
+            continue
+        if finding.category is Category.NOT_COMPLETED:
+            owner = next((owners[p] for p in proposal.points if owners.get(p) is not proposal and p in owners), None)
+            if owner is not None and owner.absorbs_waiting:
+                absorbed.add(id(finding))
+            elif owner is not None:
+                parent[id(finding)] = owner.finding  # they wait for the owner's cause, not for the network
+    return parent, absorbed
+
+
+def rank_proposals(ctx: Context, proposals: list[Proposal]) -> list[Finding]:
+    """The root causes, most important first; every other proposal nested under its root."""
+    main = [p for p in proposals if not p.fallback]
+    owners = _owners(main)
+    causes = Causes(
+        at_point={point: owner.finding for point, owner in owners.items()},
+        p2p=[p.finding for p in main if p.rule == "p2p"],
+        unrecorded_p2p=next((p.finding for p in main if p.rule == "p2p-stacks"), None),
+        missing=next((p.finding for p in main if p.rule == "missing"), None),
+    )
+    parent, absorbed = _same_point_parents(main, owners)
+    roots = link(ctx, [p.finding for p in main if id(p.finding) not in absorbed], causes, parent)
+    if all(f.category is Category.STRAGGLER for f in roots):
+        roots.extend(p.finding for p in proposals if p.fallback)
+    roots.sort(key=lambda f: (f.category is Category.STRAGGLER, f.since_ns or 2**63, _PRIORITY[f.category]))
+    return roots

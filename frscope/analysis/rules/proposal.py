@@ -1,0 +1,25 @@
+"""What a rule hands to the ranking step: a finding, the rule that made it, and where it stands."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frscope.analysis.findings import Finding
+
+Point = tuple[str, int]  # (group name, collective_seq_id): a collective ranks stand still in
+
+
+@dataclass(slots=True)
+class Proposal:
+    finding: Finding
+    rule: str
+    # The stuck points this finding explains: ranks blocked there wait because of it. The ranking step
+    # gives each point to the proposal of highest precedence; a hang proposed there nests under it.
+    points: list[Point]
+    # A mismatch explains every later stuck point of its group too (the group diverged, then stopped).
+    covers_later: bool = False
+    # Its finding already tells the ranks waiting at its points (who waits where, since when): a
+    # NotCompleted there is the same event, not a consequence, and is left out.
+    absorbs_waiting: bool = False
+    # Proposed only for when nothing else explains the job: kept when every other root is a straggler.
+    fallback: bool = False
