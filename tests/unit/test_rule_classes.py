@@ -3,6 +3,7 @@ the builders; the randomized real-torch sweep checks the same classes on real jo
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +44,56 @@ def test_a_crash_seen_only_in_its_peers_error_path_dump_is_named(tmp_path: Path)
     [root] = report.findings
     assert root.culprit_ranks == (1,)
     assert root.category in (Category.RANK_STOPPED, Category.MISSING_DUMPS)
+
+
+def _arrivals(steps: int, late: dict[int, float] | Callable[[int, int], float],
+              groups: Sequence[tuple[str, str, tuple[int, ...]]], world: int) -> dict[int, list[dict[str, Any]]]:
+    """A loop of `steps` steps; each step every rank computes (ranks in `late` take that many ms
+    longer), then all_reduces in each of `groups` in order (a group's collective completes when its
+    last member arrives). Creation times are what gloo would record on one host's clock."""
+    per_rank: dict[int, list[dict[str, Any]]] = {r: [] for r in range(world)}
+    clock = dict.fromkeys(range(world), 0.0)
+    seqs = {name: 0 for name, _desc, _ranks in groups}
+    for step in range(steps):
+        for rank in range(world):
+            clock[rank] += 20.0 + (late(step, rank) if callable(late) else late.get(rank, 0.0))
+        for name, desc, ranks in groups:
+            seqs[name] += 1
+            created = {r: clock[r] + 0.01 for r in ranks}
+            done = max(created.values()) + 1.0
+            for r in ranks:
+                per_rank[r].append(gloo(seqs[name], pg=(name, desc), created_ns=b.T0 + int(created[r] * MS)))
+                clock[r] = done
+    return per_rank
+
+
+def test_a_straggler_in_a_two_rank_job_is_named(tmp_path: Path) -> None:
+    """Two ranks: no majority to compare with, but rank 1 arrives last at every collective."""
+    per_rank = _arrivals(20, {1: 150.0}, [("0", "default_pg", (0, 1))], 2)
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1]"}}
+    [root] = run(tmp_path, per_rank, config).findings
+    assert root.category is Category.STRAGGLER and root.culprit_ranks == (1,)
+
+
+def test_a_compute_straggler_is_named_not_its_tp_peer_that_inherits_its_lateness(tmp_path: Path) -> None:
+    """4 ranks, tp groups {0,1} {2,3}, dp groups {0,2} {1,3}: rank 1 computes slowly. Its tp peer rank
+    0 waits for it in tp, so rank 0 then reaches the dp group {0,2} late too."""
+    groups = [("1", "tp0", (0, 1)), ("2", "tp1", (2, 3)), ("3", "dp0", (0, 2)), ("4", "dp1", (1, 3))]
+    per_rank = _arrivals(20, {1: 150.0}, groups, 4)
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+              **{name: {"name": name, "desc": desc, "ranks": str(list(ranks))} for name, desc, ranks in groups}}
+    report = run(tmp_path, per_rank, config)
+    [root] = report.findings
+    assert root.category is Category.STRAGGLER and root.culprit_ranks == (1,)
+    assert all(c.culprit_ranks != (1,) for c in root.consequences)
+
+
+def test_a_healthy_job_with_jitter_and_several_groups_has_no_finding(tmp_path: Path) -> None:
+    import random
+
+    rng = random.Random(7)
+    groups = [("1", "tp0", (0, 1)), ("2", "tp1", (2, 3)), ("3", "dp0", (0, 2)), ("4", "dp1", (1, 3))]
+    per_rank = _arrivals(40, lambda _step, _rank: rng.uniform(0, 250), groups, 4)
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+              **{name: {"name": name, "desc": desc, "ranks": str(list(ranks))} for name, desc, ranks in groups}}
+    assert run(tmp_path, per_rank, config).findings == []

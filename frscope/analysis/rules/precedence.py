@@ -100,6 +100,7 @@ def rank_proposals(ctx: Context, proposals: list[Proposal]) -> list[Finding]:
         missing=next((p.finding for p in main if p.rule == "missing"), None),
     )
     parent, absorbed = _same_point_parents(main, owners)
+    parent.update({id(p.finding): p.caused_by for p in main if p.caused_by is not None})
     roots = link(ctx, [p.finding for p in main if id(p.finding) not in absorbed], causes, parent)
     if all(f.category is Category.STRAGGLER for f in roots):
         roots.extend(p.finding for p in proposals if p.fallback)
