@@ -56,13 +56,18 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     if group.membership_source == "entries" or len(tracks) < 2:
         return {}  # membership guessed from the entries: a non-member would look stale
     with_entries = {r: t for r, t in tracks.items() if t.by_seq}
-    if len(with_entries) < 2:
+    if not with_entries:
         return {}
     out: dict[int, Stale] = {}
     # The two lowest 'finished' marks are enough: each rank is compared with the others' minimum.
     done = sorted((t.last_completed, r) for r, t in with_entries.items())
     entered = sorted((t.last_seq, r) for r, t in with_entries.items())
-    for rank, track in with_entries.items():
+    # A member whose recorder holds nothing of the group (a dump taken before its first collective)
+    # while every member with entries finished some.
+    for rank in tracks.keys() - with_entries.keys():
+        if done[0][0] > 0:
+            out[rank] = Stale(rank, 0, done[0][0], None, None)
+    for rank, track in with_entries.items() if len(with_entries) > 1 else ():
         others_done = done[1][0] if done[0][1] == rank else done[0][0]
         others_entered = entered[1][0] if entered[0][1] == rank else entered[0][0]
         exit = exits.get(rank)
@@ -70,7 +75,7 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
             out[rank] = Stale(rank, track.last_seq, others_done, None, None)
         elif exit is not None and exit.failed and track.last_seq < others_entered:
             out[rank] = Stale(rank, track.last_seq, track.last_seq, None, None)
-    if not out or len(out) == len(with_entries):
+    if not out or len(out) == len(tracks):
         return {}
     others_newest = max((n for r in with_entries if r not in out and (n := _newest(ctx, r))), default=None)
     found: dict[int, Stale] = {}
@@ -109,10 +114,11 @@ def stopped_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], stale
         waited = f" for {fmt_duration(point.age_s)}" if point.age_s is not None else ""
         where = f" The others now stand at #{point.seq}{waited}."
     exit_text = _exit_text(exits.get(ranks[0]))
+    ends = f"ends at #{first.last_seq} of {ref.label()}" if first.last_seq else f"holds nothing of {ref.label()}"
     if first.done_seq >= seq:
         summary = (
-            f"{plural(ranks).capitalize()} stopped early: {'its' if len(ranks) == 1 else 'their'} recorder ends at "
-            f"#{first.last_seq} of {ref.label()}, yet {plural(others)} finished {op} #{seq}"
+            f"{plural(ranks).capitalize()} stopped early: {'its' if len(ranks) == 1 else 'their'} recorder {ends}, "
+            f"yet {plural(others)} finished {op} #{seq}"
             f"{f'-#{first.done_seq}' if first.done_seq > seq else ''}, which needs every member: the dump is stale "
             f"(taken before), and the rank stopped after that (crashed, killed, or its dump was never refreshed)"
             f"{exit_text}.{older}{where}"
@@ -120,7 +126,7 @@ def stopped_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], stale
     else:
         summary = (
             f"{plural(ranks).capitalize()} stopped early{exit_text}: {'its' if len(ranks) == 1 else 'their'} "
-            f"recorder ends at #{first.last_seq} of {ref.label()}, and {plural(others)} went on to {op} #{seq} "
+            f"recorder {ends}, and {plural(others)} went on to {op} #{seq} "
             f"without it.{older}{where}"
         )
     finding = Finding(
@@ -146,7 +152,9 @@ def stopped_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], stale
         if stack:
             finding.culprit_stacks[rank] = stack
         finding.evidence.append(
-            f"rank {rank}: recorder ends at #{info.last_seq} of {ref.label()}; every other member finished "
+            f"rank {rank}: recorder "
+            + (f"ends at #{info.last_seq}" if info.last_seq else "holds nothing")
+            + f" of {ref.label()}; every other member finished "
             f"up to #{info.done_seq}"
         )
     for rank in others[:3]:

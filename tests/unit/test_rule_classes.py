@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from frscope.analysis import AnalysisOptions, Category, Report, analyze
-from frscope.records import load_dumps
+from frscope.records import RankExit, load_dumps
 from tests.unit import builders as b
 
 MS = 1_000_000
@@ -97,3 +97,30 @@ def test_a_healthy_job_with_jitter_and_several_groups_has_no_finding(tmp_path: P
     config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
               **{name: {"name": name, "desc": desc, "ranks": str(list(ranks))} for name, desc, ranks in groups}}
     assert run(tmp_path, per_rank, config).findings == []
+
+
+def test_a_crashed_rank_whose_periodic_dump_holds_nothing_of_the_group_is_the_crash(tmp_path: Path) -> None:
+    """Rank 1 wrote a periodic dump before the default group's first collective (its recorder holds
+    only an early subgroup op), then crashed; ranks 0 and 2 wait in all_reduce #4. Not a network
+    problem (NotCompleted): rank 1 stopped."""
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"},
+              "1": {"name": "1", "desc": "pair", "ranks": "[0, 1]"}}
+    pair = ("1", "pair")
+    early = [gloo(1, pg=pair, created_ns=b.T0 - 120 * 10**9)]
+    survivors = [*early, *(gloo(s, created_ns=b.T0 + s * 10**9) for s in range(1, 4)),
+                 gloo(4, done=False, created_ns=b.T0 + 4 * 10**9)]
+    per_rank = {0: list(survivors), 1: early, 2: survivors[1:]}
+    [root] = run(tmp_path, per_rank, config).findings
+    assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (1,)
+
+
+def test_an_empty_recorder_beside_a_waiting_peer_says_what_would_decide(tmp_path: Path) -> None:
+    """Rank 1's recorder is empty: a stale dump, or a read from before its first collective. Undecidable
+    from the recorders (rank 0 waits either way); the finding says the exit codes decide."""
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}
+    per_rank = {0: [*(gloo(s) for s in range(1, 4)), gloo(4, done=False)], 1: []}
+    [root] = run(tmp_path, per_rank, config).findings
+    assert any("rank 1" in e and "exit codes decide" in e for e in root.evidence)
+    exits = {1: RankExit(1, exit_code=137, reason="Error")}
+    [root] = analyze(load_dumps([tmp_path]), OLD, exits=exits).findings
+    assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (1,)

@@ -14,7 +14,7 @@ from frscope.analysis.collectives import StuckPoint, stuck_point
 from frscope.analysis.context import Context
 from frscope.analysis.findings import GroupProgress, GroupRef, RankProgress
 from frscope.analysis.stale import Stale, stale_ranks
-from frscope.analysis.tracks import Track
+from frscope.analysis.tracks import Track, newest_created
 from frscope.records import GroupInfo, RankExit
 from frscope.records.membership import is_default_group
 
@@ -32,6 +32,9 @@ class GroupFacts:
     waiting: tuple[int, ...]
     waiting_op: str
     missing_members: tuple[int, ...]  # members without a dump
+    # Members with a dump that holds nothing of the group (not judged: read before their first
+    # collective, or its entries evicted from the ring buffer).
+    unrecorded_members: tuple[int, ...]
     # Members without a dump are suspects here (or may be: membership known only from the entries).
     suspects_missing: bool
 
@@ -45,18 +48,33 @@ class Facts:
     default_ref: GroupRef  # the default group (the whole world), for job-wide findings
 
 
-def group_tracks(ctx: Context, name: str, ranks: tuple[int, ...]) -> dict[int, Track]:
+def group_tracks(ctx: Context, group: GroupInfo) -> dict[int, Track]:
     """The group's members that have a dump. A member with no entry of the group counts as having
-    entered nothing, but only while nobody has completed anything there (otherwise its entries were
-    evicted from its ring buffer: a real member cannot miss a completed collective)."""
-    tracks = ctx.tracks.get(name, {})
-    mine = {r: tracks[r] for r in ranks if r in tracks}
+    entered nothing while nobody has completed anything there, and also when its recorder ends before
+    the others' oldest entry of the group (a dump taken before the group's first collective: a stale
+    periodic dump). Otherwise its entries of the group were evicted from its ring buffer (a real
+    member cannot miss a completed collective) and it is left out."""
+    tracks = ctx.tracks.get(group.name, {})
+    mine = {r: tracks[r] for r in group.ranks if r in tracks}
+    without = [r for r in group.ranks if r in ctx.dumpset.dumps and r not in mine]
+    if not without:
+        return mine
     nothing_done = all(t.next_seq <= t.first_seq for t in mine.values() if t.by_seq)
-    if nothing_done:
-        for rank in ranks:
-            if rank in ctx.dumpset.dumps and rank not in mine:
-                mine[rank] = Track(rank)
+    oldest = min((c for t in mine.values() if t.by_seq and (c := _first_created(t))), default=None)
+    certain = group.membership_source != "entries"
+    for rank in without:
+        newest = newest_created(ctx.dumpset.dumps[rank].entries)
+        # An empty recorder has no time: it may be a read from before the rank's first collective (a
+        # collector between two full reads) as well as a stale dump. Only a dated one is judged.
+        before = certain and oldest is not None and newest is not None and newest < oldest
+        if nothing_done or before:
+            mine[rank] = Track(rank)
     return mine
+
+
+def _first_created(track: Track) -> int | None:
+    bucket = track.by_seq.get(track.first_seq)
+    return bucket[0].time_created_ns if bucket else None
 
 
 def _waiting(tracks: dict[int, Track], point: StuckPoint | None) -> tuple[tuple[int, ...], str]:
@@ -78,14 +96,16 @@ def gather_facts(ctx: Context, exits: Mapping[int, RankExit]) -> Facts:
         if default_ref is None or is_default_group(name, group.desc):
             if default_ref is None or not is_default_group(default_ref.name, default_ref.desc):
                 default_ref = ref
-        tracks = group_tracks(ctx, name, group.ranks)
+        tracks = group_tracks(ctx, group)
         stale = stale_ranks(ctx, group, tracks, exits) if tracks else {}
         live = {r: t for r, t in tracks.items() if r not in stale} if stale else tracks
         point = stuck_point(ctx, group, live, failed) if live else None
         waiting, op = _waiting(live, point)
         missing = tuple(r for r in group.ranks if r not in dumpset.dumps)
         suspects = bool(missing or (any_missing and group.membership_source == "entries"))
-        groups.append(GroupFacts(name, group, ref, tracks, stale, live, point, waiting, op, missing, suspects))
+        unrecorded = tuple(r for r in group.ranks if r in dumpset.dumps and r not in tracks)
+        groups.append(GroupFacts(name, group, ref, tracks, stale, live, point, waiting, op, missing, unrecorded,
+                                 suspects))
     return Facts(ctx, exits, failed, groups,
                  default_ref or GroupRef("0", "default_pg", tuple(range(dumpset.world_size))))
 

@@ -4,12 +4,13 @@ recorders, recorded p2p. Each proposes findings from the facts, with the stuck p
 from __future__ import annotations
 
 from frscope.analysis.collectives import hang_finding
-from frscope.analysis.findings import Finding
+from frscope.analysis.findings import Category, Finding
 from frscope.analysis.history import scan_history
 from frscope.analysis.p2p import recorded_p2p
 from frscope.analysis.rules.facts import Facts
 from frscope.analysis.rules.proposal import Proposal
 from frscope.analysis.stale import stopped_finding
+from frscope.analysis.wording import plural
 
 
 def hangs(facts: Facts) -> list[Proposal]:
@@ -19,6 +20,13 @@ def hangs(facts: Facts) -> list[Proposal]:
         if gf.point is None:
             continue
         hang = hang_finding(facts.ctx, gf.group, gf.ref, gf.live, gf.point)
+        if hang is not None and hang.category is Category.NOT_COMPLETED and gf.unrecorded_members:
+            empty = gf.unrecorded_members
+            hang.evidence.append(
+                f"{plural(list(empty))} of {gf.ref.label()} left a recorder that holds nothing of it (read before "
+                f"{'its' if len(empty) == 1 else 'their'} first collective there, or stale): if "
+                f"{'its process' if len(empty) == 1 else 'their processes'} ended, "
+                f"{'it is' if len(empty) == 1 else 'they are'} the cause; the exit codes decide")
         if hang is not None:
             out.append(Proposal(hang, "hang", [(gf.name, gf.point.seq)]))
     return out
