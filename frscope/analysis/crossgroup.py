@@ -4,9 +4,13 @@ A rank that skips a subgroup's collective and goes on to the default group's mak
 its subgroup peers wait for it in the subgroup, and it waits for them in the default group. Both
 findings blame someone, and the first of the cycle in time is an accident of timing. What is not an
 accident is each rank's own habit: training is a loop, so every rank's ring buffer shows which group
-it turns to after which, step after step. The rank whose last move (from the group of its last
-finished collective to the group it is blocked in) never happened before, while another move from
-that group always did, broke the order: it skipped what it always did next.
+it turns to after which, step after step. Where a rank's order of groups repeats (a step of several
+collectives in several groups), the collective it is blocked in must belong to the group its own
+loop comes to next; the rank whose open collective does not broke the order. Without a repeating
+order, the rank whose last move (from the group of its last finished collective to the group it is
+blocked in) never happened before, while another move from that group always did, broke it: it
+skipped what it always did next. Neither needs the creation times, which for the two sides of such
+a cycle are often within a millisecond of each other.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from dataclasses import dataclass
 
 from frscope.analysis.context import Context
 
-MIN_HABIT = 2  # the usual next group must have followed at least this often
+MIN_HABIT = 2  # the usual next group must have followed at least this often (a loop: seen this many times)
+MAX_PERIOD = 64  # collectives per step, at most, for the repeating order of groups
+MAX_WINDOW = 4 * MAX_PERIOD
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +37,74 @@ class Breach:
     skipped_seq: int  # the collective of `usual` it skipped (its last seq there + 1)
 
 
+def _labels(ctx: Context, rank: int) -> tuple[list[tuple[str, int]], tuple[str, int] | None]:
+    """The rank's collectives as (group, seq), coalesced ops once, in the order it issued them: the ones
+    before its first open collective, and that one (None when nothing is open)."""
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None:
+        return [], None
+    done: list[tuple[str, int]] = []
+    for entry in dump.entries:
+        if entry.is_p2p:
+            continue
+        label = (entry.pg_name, entry.collective_seq_id)
+        if not entry.completed:
+            return done, label
+        if not done or done[-1] != label:
+            done.append(label)
+    return done, None
+
+
+def _period(groups: list[str], now: str) -> int | None:
+    """The period of the rank's loop: the one whose repetition reaches furthest back from the newest
+    collective (the shortest of equals; init collectives before the loop break it), repeated at least
+    `MIN_HABIT` times, over a stretch that holds every group the rank used (and the open one's: a run
+    of one group inside a step is no loop)."""
+    n = len(groups)
+    used = {*groups, now}
+    best: tuple[int, int] | None = None  # (how many collectives repeat the one a period before, period)
+    for period in range(1, min(MAX_PERIOD, n // MIN_HABIT) + 1):
+        j = n - 1
+        while j >= period and groups[j] == groups[j - period]:
+            j -= 1
+        matches = n - 1 - j
+        if matches < (MIN_HABIT - 1) * period or set(groups[n - matches - period :]) != used:
+            continue
+        if best is None or matches > best[0]:
+            best = (matches, period)
+    return best[1] if best else None
+
+
+def _periodic_breach(done: list[tuple[str, int]], now: tuple[str, int], rank: int) -> Breach | bool | None:
+    """Training is a loop: the order of groups a rank issued repeats step after step. The rank whose
+    open collective is not the group its own loop comes to next broke the order. False: the order
+    repeats and the rank kept it; None: no repeating order to judge by."""
+    window = done[-MAX_WINDOW:]
+    groups = [g for g, _ in window]
+    period = _period(groups, now[0])
+    if period is None:
+        return None
+    expected = groups[len(groups) - period]
+    if expected == now[0]:
+        return False
+    before = window[-1]
+    last_seq = max((seq for g, seq in done if g == expected), default=0)
+    return Breach(rank, before[0], before[1], now[0], now[1], expected, len(groups) // period, last_seq + 1)
+
+
 def breach_of(ctx: Context, rank: int) -> Breach | None:
+    done, now = _labels(ctx, rank)
+    if now is None or not done:
+        return None
+    periodic = _periodic_breach(done, now, rank)
+    if periodic is None:
+        return _habit_breach(ctx, rank)
+    return periodic if isinstance(periodic, Breach) else None
+
+
+def _habit_breach(ctx: Context, rank: int) -> Breach | None:
+    """Without a repeating order: the rank's last move between groups never happened before, while
+    another move from that group always did."""
     dump = ctx.dumpset.dumps.get(rank)
     if dump is None:
         return None

@@ -136,3 +136,68 @@ def test_a_crash_soon_after_a_periodic_dump_is_the_crash_when_the_others_stand_s
     options = AnalysisOptions(now_ns=b.T0 + 60 * 10**9)
     [root] = run(tmp_path, per_rank, config, options).findings
     assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (2,)
+
+
+def _loop(steps: int, layout: list[tuple[str, str]], ranks_in: dict[str, tuple[int, ...]], world: int,
+          skip: tuple[int, int, str] | None = None, created_at_skip: int = 0) -> dict[int, list[dict[str, Any]]]:
+    """Every rank runs `steps` steps of the collectives in `layout` (groups it belongs to only); `skip`:
+    (rank, step, group) skips that group's collective at that step. The open ones (from the skip on) are
+    not retired; every rank's first open entry is created at the same moment (`created_at_skip`)."""
+    per_rank: dict[int, list[dict[str, Any]]] = {r: [] for r in range(world)}
+    for rank in range(world):
+        seqs = dict.fromkeys(ranks_in, 0)
+        blocked = False
+        for step in range(steps):
+            for name, desc in layout:
+                if rank not in ranks_in[name]:
+                    continue
+                if skip is not None and (rank, step, name) == skip:
+                    continue
+                seqs[name] += 1
+                at_skip = skip is not None and step >= skip[1]
+                created = b.T0 + (created_at_skip if at_skip and not blocked else step * 10**9 + seqs[name] * MS)
+                per_rank[rank].append(gloo(seqs[name], pg=(name, desc), done=not at_skip, created_ns=created))
+                if at_skip:
+                    blocked = True
+                    break
+            if blocked:
+                break
+    return per_rank
+
+
+def test_a_subgroup_skip_in_a_cycle_with_the_default_group_blames_the_skipper(tmp_path: Path) -> None:
+    """Each step: one all_reduce on the subgroup {0, 1}, then four on the default group. At step 2 rank 1
+    skips the subgroup's: rank 0 sits in it, rank 1 waits in the default group's with 2 and 3. The open
+    entries were created within the same millisecond: only the ranks' loops tell who broke the order."""
+    layout = [("1", "param_sync"), *[("0", "default_pg")] * 4]
+    ranks_in = {"0": (0, 1, 2, 3), "1": (0, 1)}
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+              "1": {"name": "1", "desc": "param_sync", "ranks": "[0, 1]"}}
+    for skip_step in (2, 3):
+        directory = tmp_path / str(skip_step)
+        directory.mkdir()
+        per_rank = _loop(6, layout, ranks_in, 4, skip=(1, skip_step, "1"), created_at_skip=10**9 * 30)
+        [root] = run(directory, per_rank, config).findings
+        assert root.culprit_ranks == (1,), (skip_step, root.summary)
+        assert root.process_group.name == "1"
+
+
+def test_an_order_inversion_between_two_groups_blames_the_rank_that_broke_its_loop(tmp_path: Path) -> None:
+    """Each step all_reduces on group a, then on group b (both [0, 1, 2]). At step 3 rank 2 issues b's
+    first. Ranks 0 and 1 sit in a #4, rank 2 in b #4, all created within the same millisecond."""
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"},
+              "1": {"name": "1", "desc": "a", "ranks": "[0, 1, 2]"},
+              "2": {"name": "2", "desc": "b", "ranks": "[0, 1, 2]"}}
+    a, g = ("1", "a"), ("2", "b")
+    per_rank: dict[int, list[dict[str, Any]]] = {}
+    for rank in range(3):
+        entries = []
+        for step in range(1, 4):
+            entries += [gloo(step, pg=a, created_ns=b.T0 + step * 10**9),
+                        gloo(step, pg=g, created_ns=b.T0 + step * 10**9 + MS)]
+        first = g if rank == 2 else a
+        entries.append(gloo(4, pg=first, done=False, created_ns=b.T0 + 4 * 10**9 + (0 if rank == 2 else 1)))
+        per_rank[rank] = entries
+    [root] = run(tmp_path, per_rank, config).findings
+    assert root.culprit_ranks == (2,) and root.process_group.name == "1"
+    assert any("broke its own order" in e for e in root.evidence)
