@@ -262,12 +262,22 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     if not joined:
         return None  # every rank is done with everything it enqueued: idle, not stuck
     not_joined = sorted(set(tracks) - set(joined))
-    created = [e.time_created_ns for r in joined for e in tracks[r].by_seq.get(seq, ()) if e.time_created_ns]
+    entered = [e for r in joined for e in tracks[r].by_seq.get(seq, ())]
+    created = [e.time_created_ns for e in entered if e.time_created_ns]
     since = min(created) if created else None
     now = ctx.now_for(joined)
     age = (now - since) / 1e9 if (now is not None and since is not None) else None
     stalled = age is None or age >= ctx.options.stall_after_s or bool(failed & (set(group.ranks) | set(tracks)))
-    return StuckPoint(seq, joined, not_joined, since, age, stalled, ctx.age_source(joined) if age is not None else None)
+    source = ctx.age_source(joined) if age is not None else None
+    timeouts = [e.timeout_ms for e in entered if e.timeout_ms]
+    if age is not None and timeouts and age > min(timeouts) / 1000:
+        # The collective's own timeout ended it (it failed then): the recorders were read later. Its
+        # age is no longer than the timeout; the report says so.
+        timeout_s = min(timeouts) / 1000
+        source = f"{source}; capped at the collective's {fmt_duration(timeout_s)} timeout, which ended it " \
+                 f"{fmt_duration(age - timeout_s)} before the recorders were read"
+        age = timeout_s
+    return StuckPoint(seq, joined, not_joined, since, age, stalled, source)
 
 
 def _stuck_finding(

@@ -201,3 +201,20 @@ def test_an_order_inversion_between_two_groups_blames_the_rank_that_broke_its_lo
     [root] = run(tmp_path, per_rank, config).findings
     assert root.culprit_ranks == (2,) and root.process_group.name == "1"
     assert any("broke its own order" in e for e in root.evidence)
+
+
+def test_an_all_to_all_whose_splits_do_not_balance_on_one_rank_names_that_rank(tmp_path: Path) -> None:
+    """Shape of a real gloo run (4 ranks, 15 s timeout): rank 1's all_to_all_single failed gloo's split
+    check at once and was retired; ranks 0, 2, 3 never completed it. Read 5 minutes later."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2, 3]"}}
+    per_rank = {}
+    for rank in range(4):
+        entries = [gloo(s, sizes=[[4]]) for s in range(1, 4)]
+        a2a = gloo(4, op="all_to_all", sizes=[[8]], done=rank == 1, created_ns=b.T0 + 4 * MS)
+        a2a["timeout_ms"] = 15_000
+        per_rank[rank] = [*entries, a2a]
+    report = run(tmp_path, per_rank, config, AnalysisOptions(now_ns=b.T0 + 300 * 10**9))
+    [root] = report.findings
+    assert root.category is Category.SIZE_MISMATCH and root.culprit_ranks == (1,)
+    assert root.stalled_for_s is not None and root.stalled_for_s <= 15
+    assert root.age_source is not None and "timeout" in root.age_source

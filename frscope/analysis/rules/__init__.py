@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from frscope.analysis.rules import exits, group_rules, job_rules, missing
+from frscope.analysis.rules import exits, group_rules, job_rules, missing, partial
 from frscope.analysis.rules.facts import Facts
 from frscope.analysis.rules.proposal import Proposal
 
@@ -20,6 +20,7 @@ RULES: tuple[Rule, ...] = (
     group_rules.hangs,
     group_rules.stale,
     exits.left_after_finish,
+    partial.ended_alone,
     group_rules.p2p_recorded,
     job_rules.p2p_from_stacks,
     job_rules.stragglers,

@@ -3,7 +3,9 @@
 Every rule proposes findings with the stuck points they explain. Ranking them:
 1. Each stuck point (group, seq) belongs to the proposal of highest precedence that explains it:
    a mismatch (the group diverged there or earlier), then a rank that stopped (stale recorder, gone
-   after finishing, crashed without a dump), then missing dumps, then the hang itself. A
+   after finishing, crashed without a dump, its part ended alone), then missing dumps, then the hang
+   itself. Another such verdict on the same collective nests under the owner (one root per
+   collective). A
    NotCompleted at a point owned by another proposal nests under it: the ranks wait for that cause,
    not for the network. A hang at or after a mismatch of its group nests under the mismatch.
 2. The waits are followed across groups and p2p peers (`rootcause.link`): a hang whose culprits
@@ -21,6 +23,7 @@ from frscope.analysis.rootcause import Causes, link
 from frscope.analysis.rules.proposal import Point, Proposal
 
 MISMATCHES = (Category.COLLECTIVE_TYPE_MISMATCH, Category.SIZE_MISMATCH, Category.DTYPE_MISMATCH)
+VERDICTS = (*MISMATCHES, Category.RANK_STOPPED, Category.MISSING_DUMPS)  # what a collective's cause can be
 
 # Who owns a stuck point: lower first.
 _OWNER_RANK = {
@@ -73,6 +76,12 @@ def _same_point_parents(proposals: list[Proposal], owners: dict[Point, Proposal]
                 mismatch_from[name] = (finding.collective_seq_id, finding)
     for proposal in proposals:
         finding = proposal.finding
+        if finding.category in VERDICTS and proposal.points:
+            # Another verdict on the same collective(s), of lower precedence: one root per collective.
+            owner = owners.get(proposal.points[0])
+            if owner is not None and owner is not proposal and all(owners.get(p) is owner for p in proposal.points):
+                parent[id(finding)] = owner.finding
+            continue
         if finding.category not in (Category.RANK_NOT_JOINED, Category.NOT_COMPLETED):
             continue
         seq = finding.collective_seq_id
