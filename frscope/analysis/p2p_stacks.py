@@ -38,10 +38,37 @@ def _runs(blocked: dict[int, str]) -> list[list[int]]:
     return runs
 
 
-def _in_python(ctx: Context, rank: int) -> bool:
-    """The rank has a live stack and it is in no torch.distributed call: it is not waiting on anyone."""
+def _not_in_p2p(ctx: Context, rank: int) -> bool:
+    """The rank has a live stack and it is in no point-to-point call: stuck in Python, or gone on to a
+    collective; either way it will not send (or receive) what its neighbour waits for."""
     stack = ctx.live_stack(rank)
-    return bool(stack) and blocked_in(stack) is None
+    return bool(stack) and blocked_in(stack) not in P2P_FUNCTIONS
+
+
+def _odd_ones(ctx: Context, ranks: list[int], blocked: dict[int, str]) -> list[int] | None:
+    """Among ranks that wait on each other, the few that differ from the rest: by where they called
+    the op (every rank runs the same program, so the odd call site is the one off the path), else by how
+    far their recorder got (the rank a step ahead or behind). None when nothing sets a minority apart."""
+    def site(rank: int) -> object:
+        frame = user_frame(ctx.live_stack(rank))
+        return (blocked[rank], frame.filename, frame.line) if frame else (blocked[rank],)
+
+    def progress(rank: int) -> object:
+        dump = ctx.dumpset.dumps.get(rank)
+        return tuple(sorted((g, t.last_completed) for g, tracks in ctx.tracks.items()
+                            if (t := tracks.get(rank)) is not None)) if dump is not None else None
+
+    for key in (site, progress):
+        classes: dict[object, list[int]] = {}
+        for rank in ranks:
+            classes.setdefault(key(rank), []).append(rank)
+        if len(classes) < 2:
+            continue
+        biggest = max(classes.values(), key=len)
+        if sum(len(v) == len(biggest) for v in classes.values()) > 1:
+            continue  # no single majority
+        return sorted(r for r in ranks if r not in biggest)
+    return None
 
 
 def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
@@ -62,7 +89,7 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         receiving = blocked[run[0]] in RECEIVES
         # Receivers wait on the stage before the first of them, senders on the stage after the last.
         waiter, partner = (run[0], run[0] - 1) if receiving else (run[-1], run[-1] + 1)
-        if partner in ctx.dumpset.dumps and partner not in blocked and _in_python(ctx, partner):
+        if partner in ctx.dumpset.dumps and partner not in blocked and _not_in_p2p(ctx, partner):
             culprits.append(partner)
             others = [r for r in run if r != waiter]
             behind = (f", and {plural(others)} wait{'s' if len(others) == 1 else ''} behind it in "
@@ -74,6 +101,16 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
             )
         else:
             closed.extend(run)
+    odd = _odd_ones(ctx, closed, blocked) if len(closed) > 2 else None
+    if closed and odd:
+        culprits.extend(odd)
+        rest = [r for r in closed if r not in odd]
+        pairings.append(
+            f"{plural(closed)} wait in {'/'.join(sorted({blocked[r] for r in closed}))} with no partner making "
+            f"progress; {plural(odd)} {'differs' if len(odd) == 1 else 'differ'} from {plural(rest)}: "
+            + "; ".join(f"rank {r} in {blocked[r]}{_site(ctx, r)}" for r in [*odd, *rest][:6])
+        )
+        closed = []
     if closed:
         culprits.extend(closed)
         ops = sorted({blocked[r] for r in closed})

@@ -218,3 +218,48 @@ def test_an_all_to_all_whose_splits_do_not_balance_on_one_rank_names_that_rank(t
     assert root.category is Category.SIZE_MISMATCH and root.culprit_ranks == (1,)
     assert root.stalled_for_s is not None and root.stalled_for_s <= 15
     assert root.age_source is not None and "timeout" in root.age_source
+
+
+C10D = "/usr/lib/python3/site-packages/torch/distributed/distributed_c10d.py"
+
+
+def _stack(*frames: tuple[str, str, int]) -> str:
+    lines = ["Thread 0x00007f53d0d9c000 (most recent call first):"]
+    lines += [f'  File "{file}", line {line} in {name}' for name, file, line in frames]
+    return "\n".join(lines) + "\n"
+
+
+def _snapshots(tmp_path: Path, per_rank: dict[int, list[dict[str, Any]]], stacks: dict[int, str],
+               pg_config: dict[str, Any]) -> Report:
+    from frscope.wire import snapshot_piece
+
+    for rank, entries in per_rank.items():
+        for i, e in enumerate(entries):
+            e.setdefault("record_id", i)
+        piece = snapshot_piece(rank, b.T0 + 3600 * 10**9, "worker-server", stacks.get(rank),
+                               b.dump(entries, world=0, pg_config=pg_config))
+        b.write_json(tmp_path, rank, piece)
+    return analyze(load_dumps([tmp_path]), OLD)
+
+
+def test_a_pipeline_stage_that_skipped_its_send_is_named_from_the_stacks(tmp_path: Path) -> None:
+    """4 stages (gloo records no p2p): rank 1 skipped its send to rank 2 and went on to the step's
+    all_reduce, where rank 0 joins it; ranks 2 and 3 wait in recv, one behind the other."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2, 3]"}}
+    done = [gloo(s) for s in range(1, 4)]
+    per_rank = {r: [*done, gloo(4, done=False)] if r in (0, 1) else list(done) for r in range(4)}
+    stacks = {r: _stack(("all_reduce", C10D, 2800), ("step", "/app/train.py", 40)) for r in (0, 1)}
+    stacks |= {r: _stack(("recv", C10D, 2400), ("stage_forward", "/app/train.py", 31)) for r in (2, 3)}
+    [root] = _snapshots(tmp_path, per_rank, stacks, config).findings
+    assert root.culprit_ranks == (1,), root.summary
+
+
+def test_a_p2p_deadlock_whose_one_rank_waits_at_another_call_site_names_that_rank(tmp_path: Path) -> None:
+    """4 ranks all blocked in recv (none makes progress); three wait at the pipeline's recv, rank 2 at a
+    recv elsewhere (a wrong peer): the odd call site is the culprit, not a candidate list of four."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2, 3]"}}
+    per_rank = {r: [gloo(s) for s in range(1, 4)] for r in range(4)}
+    stacks = {r: _stack(("recv", C10D, 2400), ("stage_forward", "/app/train.py", 31)) for r in (0, 1, 3)}
+    stacks[2] = _stack(("recv", C10D, 2400), ("exchange_halo", "/app/train.py", 77))
+    [root] = _snapshots(tmp_path, per_rank, stacks, config).findings
+    assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (2,) and not root.ambiguous
