@@ -4,6 +4,7 @@ the builders; the randomized real-torch sweep checks the same classes on real jo
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+import json
 from pathlib import Path
 from typing import Any
 
@@ -263,3 +264,26 @@ def test_a_p2p_deadlock_whose_one_rank_waits_at_another_call_site_names_that_ran
     stacks[2] = _stack(("recv", C10D, 2400), ("exchange_halo", "/app/train.py", 77))
     [root] = _snapshots(tmp_path, per_rank, stacks, config).findings
     assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (2,) and not root.ambiguous
+
+
+def test_a_rank_whose_worker_server_never_answers_is_the_unresponsive_suspect(tmp_path: Path) -> None:
+    """Rank 2 holds the GIL in a long C call: its sidecar got no answer (the envelope names it), so
+    it has no piece; ranks 0, 1, 3 wait in all_reduce #4."""
+    from frscope.wire import snapshot_envelope_bytes, snapshot_head, snapshot_piece
+
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2, 3]"}}
+    pieces = []
+    for rank in (0, 1, 3):
+        entries = [*(gloo(s) for s in range(1, 4)), gloo(4, done=False)]
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        piece = snapshot_piece(rank, b.T0 + 3600 * 10**9, "worker-server", None, b.dump(entries, world=0,
+                                                                                         pg_config=config))
+        pieces.append(json.dumps(piece).encode())
+    head = snapshot_head(pod="job-0", namespace="ns", node="n", captured_at_ns=b.T0 + 3600 * 10**9, reason="stall")
+    body = snapshot_envelope_bytes(head, pieces, [{"rank": 2, "message": "rank-2.sock: no answer within 5 s"}])
+    (tmp_path / "job-0.json").write_bytes(body)
+    report = analyze(load_dumps([tmp_path], world_size=4), OLD)
+    [root] = report.findings
+    assert root.culprit_ranks == (2,)
+    assert "did not answer" in root.summary and "all_reduce #4" in root.summary

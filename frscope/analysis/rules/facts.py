@@ -15,6 +15,7 @@ from frscope.analysis.context import Context
 from frscope.analysis.findings import GroupProgress, GroupRef, RankProgress
 from frscope.analysis.stale import Stale, stale_ranks
 from frscope.analysis.tracks import Track, newest_created
+from frscope.analysis.wording import plural
 from frscope.records import GroupInfo, RankExit
 from frscope.records.membership import is_default_group
 
@@ -46,6 +47,29 @@ class Facts:
     failed: frozenset[int]  # ranks whose process the runner says failed
     groups: list[GroupFacts]
     default_ref: GroupRef  # the default group (the whole world), for job-wide findings
+    # Ranks whose worker server gave the collector no answer (a process holding the GIL in a long C
+    # call, or stuck in native code): what they hold is their last good read, if any.
+    unresponsive: frozenset[int] = frozenset()
+
+
+# How a collector says a rank did not answer (frscope's sidecar: "<socket>: no answer within 5 s").
+_NO_ANSWER = ("no answer", "timed out", "did not answer")
+
+
+def unresponsive_ranks(ctx: Context) -> frozenset[int]:
+    return frozenset(p.rank for p in ctx.dumpset.problems
+                     if p.rank is not None and any(w in p.message.lower() for w in _NO_ANSWER))
+
+
+def unresponsive_note(facts: Facts, ranks: tuple[int, ...]) -> str | None:
+    """Evidence for a finding whose culprits include ranks that did not answer the collector."""
+    silent = sorted(set(ranks) & facts.unresponsive)
+    if not silent:
+        return None
+    return (f"{plural(silent)} did not answer {'its' if len(silent) == 1 else 'their'} worker server: the process "
+            "is alive but holds the GIL (a long C call, e.g. a pathological regex) or is stuck in native code; what "
+            f"it shows is {'its' if len(silent) == 1 else 'their'} last good read. A native stack (py-spy dump "
+            "--native) would show what it holds")
 
 
 def group_tracks(ctx: Context, group: GroupInfo) -> dict[int, Track]:
@@ -107,7 +131,8 @@ def gather_facts(ctx: Context, exits: Mapping[int, RankExit]) -> Facts:
         groups.append(GroupFacts(name, group, ref, tracks, stale, live, point, waiting, op, missing, unrecorded,
                                  suspects))
     return Facts(ctx, exits, failed, groups,
-                 default_ref or GroupRef("0", "default_pg", tuple(range(dumpset.world_size))))
+                 default_ref or GroupRef("0", "default_pg", tuple(range(dumpset.world_size))),
+                 unresponsive_ranks(ctx))
 
 
 def progress(facts: Facts) -> list[GroupProgress]:

@@ -7,7 +7,7 @@ from frscope.analysis.collectives import hang_finding
 from frscope.analysis.findings import Category, Finding
 from frscope.analysis.history import scan_history
 from frscope.analysis.p2p import recorded_p2p
-from frscope.analysis.rules.facts import Facts
+from frscope.analysis.rules.facts import Facts, unresponsive_note
 from frscope.analysis.rules.proposal import Proposal
 from frscope.analysis.stale import stopped_finding
 from frscope.analysis.wording import plural
@@ -28,6 +28,8 @@ def hangs(facts: Facts) -> list[Proposal]:
                 f"{'its process' if len(empty) == 1 else 'their processes'} ended, "
                 f"{'it is' if len(empty) == 1 else 'they are'} the cause; the exit codes decide")
         if hang is not None:
+            if (note := unresponsive_note(facts, hang.culprit_ranks)) is not None:
+                hang.evidence.insert(0, note)
             out.append(Proposal(hang, "hang", [(gf.name, gf.point.seq)]))
     return out
 
@@ -57,6 +59,8 @@ def stale(facts: Facts) -> list[Proposal]:
         point = [(gf.name, gf.point.seq)] if gf.point is not None else []
         if fresh:
             finding = stopped_finding(facts.ctx, gf.ref, gf.tracks, fresh, gf.point, facts.exits)
+            if (note := unresponsive_note(facts, finding.culprit_ranks)) is not None:
+                finding.evidence.insert(0, note)
             proposal = Proposal(finding, "stale", list(point), absorbs_waiting=True)
             out.append(proposal)
             by_rank.update(dict.fromkeys(fresh, proposal))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from frscope.analysis.findings import Category, Finding, GroupRef
-from frscope.analysis.rules.facts import Facts
+from frscope.analysis.rules.facts import Facts, unresponsive_note
 from frscope.analysis.rules.proposal import Proposal
 from frscope.analysis.stale import crash_signature, finished_then_failed
 from frscope.analysis.tracks import Track
@@ -87,6 +87,18 @@ def missing_dumps(facts: Facts) -> list[Proposal]:
         finding.op = first.op
         finding.stalled_for_s = first.age
         finding.age_source = ctx.age_source(first.joined) if first.age is not None else None
+    silent = sorted(set(missing) & facts.unresponsive)
+    if silent and waiting:
+        first = waiting[0]
+        since = f" for {fmt_duration(first.age)}" if first.age is not None else ""
+        finding.summary = (
+            f"{plural(silent).capitalize()} did not answer {'its' if len(silent) == 1 else 'their'} worker server "
+            f"(unresponsive: alive but holding the GIL, or stuck in native code) while {plural(first.joined)} of "
+            f"{first.ref.label()} wait{'s' if len(first.joined) == 1 else ''} in {first.op} #{first.seq}{since}: "
+            f"{'it is' if len(silent) == 1 else 'they are'} the suspect."
+        )
+    if (note := unresponsive_note(facts, missing)) is not None:
+        finding.evidence.append(note)
     finding.evidence.append("a missing dump is not proof of guilt: check the missing ranks' pod logs and exit codes")
     if len(waiting) == 1:
         finding.evidence.append(
