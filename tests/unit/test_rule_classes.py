@@ -3,8 +3,8 @@ the builders; the randomized real-torch sweep checks the same classes on real jo
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 import json
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
