@@ -78,12 +78,6 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     if not out or len(out) == len(tracks):
         return {}
     others_newest = max((n for r in with_entries if r not in out and (n := _newest(ctx, r))), default=None)
-    # ...unless the others stood still when they were read (nothing new for stall_after_s): a read
-    # moments earlier would then show the same collectives, so a rank behind them had stopped.
-    others = [r for r in with_entries if r not in out]
-    now = ctx.now_for(others)
-    standing_still = now is not None and others_newest is not None and (
-        (now - others_newest) / 1e9 >= ctx.options.stall_after_s)
     found: dict[int, Stale] = {}
     for rank, s in out.items():
         newest = _newest(ctx, rank)
@@ -91,7 +85,7 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         # Recorders read one after another while a job runs differ by a few collectives: without the
         # runner's word that the rank failed, its dump must also be much older than the others'.
         if not (exit is not None and exit.failed) and newest and others_newest:
-            if (others_newest - newest) / 1e9 < ctx.options.stall_after_s and not standing_still:
+            if (others_newest - newest) / 1e9 < ctx.options.stall_after_s:
                 continue
         found[rank] = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
     return found

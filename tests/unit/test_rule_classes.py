@@ -127,15 +127,19 @@ def test_an_empty_recorder_beside_a_waiting_peer_says_what_would_decide(tmp_path
     assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (1,)
 
 
-def test_a_crash_soon_after_a_periodic_dump_is_the_crash_when_the_others_stand_still(tmp_path: Path) -> None:
-    """Rank 2's periodic dump is from step 1, a second before it crashed; ranks 0 and 1 wait in #4 for a
-    minute. The dump is only a second older than theirs, but they stood still when read: it is stale."""
+def test_a_rank_behind_collectives_the_others_retired_says_what_decides(tmp_path: Path) -> None:
+    """Rank 2's recorder ends at #1, a second before the others' #2-#4, which gloo retired (finished, or
+    failed on a timeout or a lost peer: the same record). A crash after a periodic dump and a rank stuck
+    in Python while the others timed out leave this same shape: the exit code decides."""
     config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
-    steps = [gloo(s, created_ns=b.T0 + s * 300 * MS) for s in range(1, 4)]
-    per_rank = {0: [*steps, gloo(4, done=False, created_ns=b.T0 + 1200 * MS)],
-                1: [*steps, gloo(4, done=False, created_ns=b.T0 + 1201 * MS)], 2: steps[:1]}
+    steps = [gloo(s, created_ns=b.T0 + s * 300 * MS) for s in range(1, 5)]
+    per_rank = {0: list(steps), 1: list(steps), 2: steps[:1]}
     options = AnalysisOptions(now_ns=b.T0 + 60 * 10**9)
     [root] = run(tmp_path, per_rank, config, options).findings
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (2,)
+    assert any("exit code decides" in e for e in root.evidence)
+    exits = {2: RankExit(2, exit_code=137, reason="OOMKilled")}
+    [root] = analyze(load_dumps([tmp_path]), options, exits=exits).findings
     assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (2,)
 
 

@@ -27,6 +27,14 @@ def hangs(facts: Facts) -> list[Proposal]:
                 f"{'its' if len(empty) == 1 else 'their'} first collective there, or stale): if "
                 f"{'its process' if len(empty) == 1 else 'their processes'} ended, "
                 f"{'it is' if len(empty) == 1 else 'they are'} the cause; the exit codes decide")
+        point = gf.point
+        if hang is not None and hang.category is Category.RANK_NOT_JOINED and all(
+                gf.live[r].last_completed >= point.seq for r in point.joined):
+            hang.evidence.append(
+                f"{plural(point.joined)} recorded #{point.seq} finished without {plural(list(hang.culprit_ranks))}: "
+                "gloo retires a collective that failed (timed out, or lost a peer) as if it had finished. The "
+                f"{'rank is' if len(hang.culprit_ranks) == 1 else 'ranks are'} either stuck before it (a live "
+                "stack shows where) or stopped after the dump was taken (the exit code decides)")
         if hang is not None:
             if (note := unresponsive_note(facts, hang.culprit_ranks)) is not None:
                 hang.evidence.insert(0, note)
