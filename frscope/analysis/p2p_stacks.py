@@ -45,6 +45,10 @@ def _not_in_p2p(ctx: Context, rank: int) -> bool:
     return bool(stack) and blocked_in(stack) not in P2P_FUNCTIONS
 
 
+def _pair_in_one_direction(ranks: list[int], blocked: dict[int, str]) -> bool:
+    return len(ranks) == 2 and len({blocked[r] in RECEIVES for r in ranks}) == 1
+
+
 def _odd_ones(ctx: Context, ranks: list[int], blocked: dict[int, str]) -> list[int] | None:
     """Among ranks that wait on each other, the few that differ from the rest: by where they called
     the op (every rank runs the same program, so the odd call site is the one off the path), else by how
@@ -85,11 +89,17 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     culprits: list[int] = []
     pairings: list[str] = []
     closed: list[int] = []
-    for run in _runs(blocked):
+    runs = _runs(blocked)
+    # A pipeline's first stage receives from nobody and its last sends to nobody: a receiver at the
+    # first rank (or a sender at the last) means these waits are no chain of stages.
+    last = max(ctx.dumpset.dumps, default=0)
+    chain = not any((blocked[r[0]] in RECEIVES and r[0] == 0) or (blocked[r[-1]] not in RECEIVES and r[-1] == last)
+                    for r in runs)
+    for run in runs:
         receiving = blocked[run[0]] in RECEIVES
         # Receivers wait on the stage before the first of them, senders on the stage after the last.
         waiter, partner = (run[0], run[0] - 1) if receiving else (run[-1], run[-1] + 1)
-        if partner in ctx.dumpset.dumps and partner not in blocked and _not_in_p2p(ctx, partner):
+        if chain and partner in ctx.dumpset.dumps and partner not in blocked and _not_in_p2p(ctx, partner):
             culprits.append(partner)
             others = [r for r in run if r != waiter]
             behind = (f", and {plural(others)} wait{'s' if len(others) == 1 else ''} behind it in "
@@ -136,7 +146,8 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         process_group=ref,
         summary=summary,
         op=blocked[first_blocked],
-        ambiguous=bool(closed) and len(culprits) > 1,
+        # Two ranks that both receive (or both send) first deadlock together: both are the culprits.
+        ambiguous=bool(closed) and len(culprits) > 1 and not _pair_in_one_direction(closed, blocked),
     )
     for rank in culprits[: ctx.options.max_rank_views]:
         finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)
