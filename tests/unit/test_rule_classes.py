@@ -291,3 +291,24 @@ def test_a_rank_whose_worker_server_never_answers_is_the_unresponsive_suspect(tm
     [root] = report.findings
     assert root.culprit_ranks == (2,)
     assert "did not answer" in root.summary and "all_reduce #4" in root.summary
+
+
+def test_two_ranks_stuck_at_once_are_named_together(tmp_path: Path) -> None:
+    """2 x 2 grid: ranks 2 and 3 (one node) are stuck in Python after tp #3; rank 0 waits for rank 2 in
+    dp {0, 2}, rank 1 for rank 3 in dp {1, 3}. Two groups, two blamed ranks, one cause."""
+    groups = {"1": ("tp0", (0, 1)), "2": ("tp1", (2, 3)), "3": ("dp0", (0, 2)), "4": ("dp1", (1, 3))}
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+              **{n: {"name": n, "desc": d, "ranks": str(list(rs))} for n, (d, rs) in groups.items()}}
+    per_rank: dict[int, list[dict[str, Any]]] = {}
+    for rank in range(4):
+        tp = next(n for n, (d, rs) in groups.items() if d.startswith("tp") and rank in rs)
+        dp = next(n for n, (d, rs) in groups.items() if d.startswith("dp") and rank in rs)
+        entries = []
+        for step in range(1, 4):
+            entries.append(gloo(step, pg=(tp, groups[tp][0]), created_ns=b.T0 + step * 10**9))
+            if step < 3 or rank in (0, 1):
+                entries.append(gloo(step, pg=(dp, groups[dp][0]), done=step < 3, created_ns=b.T0 + step * 10**9 + MS))
+        per_rank[rank] = entries
+    [root] = run(tmp_path, per_rank, config).findings
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (2, 3)
+    assert len(root.consequences) == 2

@@ -3,6 +3,8 @@ recorders, recorded p2p. Each proposes findings from the facts, with the stuck p
 
 from __future__ import annotations
 
+import dataclasses
+
 from frscope.analysis.collectives import hang_finding
 from frscope.analysis.findings import Category, Finding
 from frscope.analysis.history import scan_history
@@ -10,6 +12,7 @@ from frscope.analysis.p2p import recorded_p2p
 from frscope.analysis.rules.facts import Facts, unresponsive_note
 from frscope.analysis.rules.proposal import Proposal
 from frscope.analysis.stale import stopped_finding
+from frscope.analysis.tracks import blocked_entry
 from frscope.analysis.wording import plural
 
 
@@ -39,7 +42,37 @@ def hangs(facts: Facts) -> list[Proposal]:
             if (note := unresponsive_note(facts, hang.culprit_ranks)) is not None:
                 hang.evidence.insert(0, note)
             out.append(Proposal(hang, "hang", [(gf.name, gf.point.seq)]))
-    return out
+    together = _stuck_together(facts, out)
+    return [together, *out] if together is not None else out
+
+
+def _stuck_together(facts: Facts, hangs: list[Proposal]) -> Proposal | None:
+    """Ranks stuck outside any collective at once (a node's ranks in one slow call) leave several groups
+    waiting, each blaming one of them: one finding names them all, the groups' findings nest under it."""
+    free = [p for p in hangs if p.finding.category is Category.RANK_NOT_JOINED
+            and all(_free(facts, r) for r in p.finding.culprit_ranks)]
+    ranks = sorted({r for p in free for r in p.finding.culprit_ranks})
+    if len(free) < 2 or all(set(p.finding.culprit_ranks) == set(ranks) for p in free):
+        return None
+    first = min(free, key=lambda p: p.finding.since_ns or 2**63).finding
+    waits = "; ".join(f"{p.finding.op} #{p.finding.collective_seq_id} of {p.finding.process_group.label()} waits for "
+                      f"{plural(list(p.finding.culprit_ranks))}" for p in free[:6])
+    together = dataclasses.replace(
+        first, culprit_ranks=tuple(ranks), consequences=[], evidence=list(first.evidence),
+        ranks=dict(first.ranks), culprit_frames=dict(first.culprit_frames), culprit_stacks=dict(first.culprit_stacks),
+        summary=f"{plural(ranks).capitalize()} are stuck outside any collective at once, and each leaves a group "
+                f"waiting: {waits}.")
+    for proposal in free:
+        proposal.caused_by = together
+        together.ranks.update(proposal.finding.ranks)
+        together.culprit_stacks.update(proposal.finding.culprit_stacks)
+    return Proposal(together, "hang", [])
+
+
+def _free(facts: Facts, rank: int) -> bool:
+    """The rank has a recorder with no collective open: it is busy outside torch.distributed."""
+    dump = facts.ctx.dumpset.dumps.get(rank)
+    return dump is not None and bool(dump.entries) and blocked_entry(dump.entries) is None
 
 
 def mismatches(facts: Facts) -> list[Proposal]:
