@@ -210,6 +210,32 @@ def _self_consistency(
         _add_views(ctx, finding, ref.name, buckets, culprits, sorted(set(buckets) - set(bad)))
         return finding
     ops = {e.op for b in buckets.values() for e in b}
+    uneven = (_unbalanced_minority(buckets, complete=len(buckets) == size)
+              if ops and ops <= VARIABLE_SIZE_OPS and not ops & ROOTED_OPS else None)
+    if uneven is not None:
+        culprits, balanced = uneven
+        entry = buckets[culprits[0]][0]
+        finding = Finding(
+            category=Category.SIZE_MISMATCH,
+            culprit_ranks=tuple(culprits),
+            process_group=ref,
+            summary=(
+                f"{plural(culprits).capitalize()} called {entry.op} #{seq} of {ref.label()} sending "
+                f"{numel(entry.input_sizes)} elements and expecting {numel(entry.output_sizes)}, where "
+                f"{plural(balanced)} send as many as they receive: "
+                f"{'its' if len(culprits) == 1 else 'their'} split sizes do not balance."
+            ),
+            collective_seq_id=seq,
+            op=entry.op,
+            input_sizes=entry.input_sizes,
+            output_sizes=entry.output_sizes,
+            since_ns=min((b[0].time_created_ns for b in buckets.values() if b[0].time_created_ns), default=None),
+        )
+        finding.evidence.append(
+            "with gloo, the rank that receives more than it expects aborts at once without a dump: it is the "
+            "victim, the unbalanced sender the cause")
+        _add_views(ctx, finding, ref.name, buckets, culprits, balanced)
+        return finding
     if len(buckets) == size and ops and ops <= VARIABLE_SIZE_OPS and not ops & ROOTED_OPS:
         sent = sum(numel(e.input_sizes) for b in buckets.values() for e in b)
         received = sum(numel(e.output_sizes) for b in buckets.values() for e in b)
@@ -228,6 +254,20 @@ def _self_consistency(
             )
             _add_views(ctx, finding, ref.name, buckets, sorted(buckets), [])
             return finding
+    return None
+
+
+def _unbalanced_minority(buckets: dict[int, Bucket], complete: bool) -> tuple[list[int], list[int]] | None:
+    """all_to_all: the ranks whose input and output sizes differ, when most ranks' are equal (an even
+    exchange) and at least two are: a rank with one split more or less is the odd one out. With every
+    member there and the totals even, uneven ranks make up for each other (routed tokens): no finding."""
+    balance = {r: sum(numel(e.input_sizes) - numel(e.output_sizes) for e in b) for r, b in buckets.items()}
+    if complete and not sum(balance.values()):
+        return None
+    odd = sorted(r for r, d in balance.items() if d)
+    even = sorted(r for r, d in balance.items() if not d)
+    if odd and len(even) >= 2 and len(odd) < len(even):
+        return odd, even
     return None
 
 

@@ -312,3 +312,25 @@ def test_two_ranks_stuck_at_once_are_named_together(tmp_path: Path) -> None:
     [root] = run(tmp_path, per_rank, config).findings
     assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (2, 3)
     assert len(root.consequences) == 2
+
+
+def test_an_all_to_all_sender_with_one_split_too_many_is_named_though_its_receiver_left_no_dump(
+        tmp_path: Path) -> None:
+    """Real sweep shape (4 ranks): rank 2 sends 9 elements and expects 8; rank 0, receiving one more than
+    it expects, aborted without a dump; the others' next all_reduce failed and was retired."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2, 3]"}}
+    per_rank = {}
+    for rank in (1, 2, 3):
+        a2a = gloo(4, op="all_to_all", sizes=[[9 if rank == 2 else 8]], out_sizes=[[8]])
+        per_rank[rank] = [*(gloo(s) for s in range(1, 4)), a2a, gloo(5)]
+    [root, *_] = run(tmp_path, per_rank, config).findings
+    assert root.category is Category.SIZE_MISMATCH and root.culprit_ranks == (2,)
+
+
+def test_an_uneven_all_to_all_whose_totals_balance_is_healthy(tmp_path: Path) -> None:
+    """Routed tokens: ranks 0 and 1 send 10 and 6 and receive 6 and 10; every member is there."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2, 3]"}}
+    sizes = {0: (10, 6), 1: (6, 10), 2: (8, 8), 3: (8, 8)}
+    per_rank = {r: [gloo(1), gloo(2, op="all_to_all", sizes=[[i]], out_sizes=[[o]]), gloo(3)]
+                for r, (i, o) in sizes.items()}
+    assert run(tmp_path, per_rank, config).findings == []
