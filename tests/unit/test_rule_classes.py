@@ -334,3 +334,16 @@ def test_an_uneven_all_to_all_whose_totals_balance_is_healthy(tmp_path: Path) ->
     per_rank = {r: [gloo(1), gloo(2, op="all_to_all", sizes=[[i]], out_sizes=[[o]]), gloo(3)]
                 for r, (i, o) in sizes.items()}
     assert run(tmp_path, per_rank, config).findings == []
+
+
+def test_a_rank_that_exited_cleanly_while_its_peer_went_on_is_the_culprit(tmp_path: Path) -> None:
+    """Uneven data, 2 ranks: rank 1 ran out of batches and exited 0 (its recorder was last read empty);
+    rank 0's next all_reduce failed blaming its peer."""
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}
+    write(tmp_path, {0: [gloo(1), gloo(2)], 1: []}, config)
+    exits = {0: RankExit(0, exit_code=1, message="RuntimeError: Connection closed by peer [127.0.0.1]:5000. This "
+                         "is typically caused by a remote worker crashing."),
+             1: RankExit(1, exit_code=0, reason="Completed")}
+    [root] = analyze(load_dumps([tmp_path]), OLD, exits=exits).findings
+    assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (1,)
+    assert "exit code 0" in root.summary

@@ -20,6 +20,7 @@ RULES: tuple[Rule, ...] = (
     group_rules.hangs,
     group_rules.stale,
     exits.left_after_finish,
+    exits.left_early,
     partial.ended_alone,
     group_rules.p2p_recorded,
     job_rules.p2p_from_stacks,

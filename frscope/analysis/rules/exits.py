@@ -35,6 +35,46 @@ def left_after_finish(facts: Facts) -> list[Proposal]:
     return out
 
 
+def left_early(facts: Facts) -> list[Proposal]:
+    """Ranks whose process ended cleanly (exit code 0) while the group's other members went on to
+    collectives that need them: uneven data (its loop ran out first) or a rank that returned early. The
+    peers then wait, or fail blaming the peer that went away."""
+    done = {r for r, e in facts.exits.items() if e.exit_code == 0 and not e.failed}
+    if not done:
+        return []
+    for gf in facts.groups:
+        members = [r for r in gf.group.ranks if r in done and r in facts.ctx.dumpset.dumps]
+        if not members:
+            continue
+        others = {r: t.last_seq for r, t in gf.tracks.items() if r not in done}
+        if not others:
+            continue
+        furthest = max(others.values())
+        last = {r: gf.tracks[r].last_seq if r in gf.tracks else 0 for r in members}
+        early = sorted(r for r, seq in last.items() if seq < furthest)
+        if not early:
+            continue
+        after = min(last[r] for r in early)
+        ahead = sorted(r for r, seq in others.items() if seq > after)
+        track = gf.tracks.get(ahead[0])
+        bucket = track.by_seq.get(after + 1) if track is not None else None
+        op = bucket[0].op if bucket else "collective"
+        them = "its" if len(early) == 1 else "their"
+        finding = Finding(
+            category=Category.RANK_STOPPED, culprit_ranks=tuple(early), process_group=gf.ref,
+            summary=(f"{plural(early).capitalize()} ended cleanly (exit code 0) after "
+                     f"{f'#{after}' if after else 'no collective'} of {gf.ref.label()}, while {plural(ahead)} went on "
+                     f"to {op} #{after + 1}, which needs every member: {them} loop ran out first (uneven data) or "
+                     "returned early."),
+            collective_seq_id=after + 1, op=op,
+            since_ns=bucket[0].time_created_ns if bucket else None)
+        finding.evidence.append(f"{plural(early)} exited 0 while {plural(ahead)} still needed "
+                                f"{'it' if len(early) == 1 else 'them'}")
+        points = [(gf.name, gf.point.seq)] if gf.point is not None else []
+        return [Proposal(finding, "exit", points)]
+    return []
+
+
 def stopped_by_exits(world_size: int, failed: list[int], exits: Mapping[int, RankExit],
                      what: Callable[[list[int], str], str], why: str) -> Finding:
     """`RankStopped` from the runner's word alone: the first failure that blames no peer is the culprit,
