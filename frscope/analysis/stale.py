@@ -53,8 +53,10 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
                 exits: Mapping[int, RankExit]) -> dict[int, Stale]:
     """Members whose dump ends before collectives all the other members finished; with exit evidence
     that a rank failed, also before collectives all the others entered."""
-    if group.membership_source == "entries" or len(tracks) < 2:
-        return {}  # membership guessed from the entries: a non-member would look stale
+    if len(tracks) < 2:
+        return {}
+    # (Membership known only from the entries is enough here: a rank with entries of the group is a
+    # member, and one without any is not in `tracks`.)
     with_entries = {r: t for r, t in tracks.items() if t.by_seq}
     if not with_entries:
         return {}
@@ -85,10 +87,32 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         # Recorders read one after another while a job runs differ by a few collectives: without the
         # runner's word that the rank failed, its dump must also be much older than the others'.
         if not (exit is not None and exit.failed) and newest and others_newest:
-            if (others_newest - newest) / 1e9 < ctx.options.stall_after_s:
+            stale = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
+            if (others_newest - newest) / 1e9 < ctx.options.stall_after_s and not _read_before(ctx, stale, tracks):
                 continue
         found[rank] = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
     return found
+
+
+READ_GAP_S = 0.1  # a recorder read this much before the others began a collective cannot show it
+
+
+def _read_before(ctx: Context, stale: Stale, tracks: dict[int, Track]) -> bool:
+    """The rank's recorder was read (its file written, its snapshot taken) clearly before any other
+    member began the first collective it lacks, and no live stack says it was alive when read: the dump
+    is older than that collective, not a rank left behind by it (one that never joined a collective the
+    others began before the read is RankNotJoined, as after the others' timeout)."""
+    rank = stale.rank
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None or ctx.live_stack(rank):
+        return False
+    read = dump.captured_at_ns  # its own read (not the analysis' 'now'), sane only after its newest entry
+    if read is None or (stale.newest_ns is not None and read < stale.newest_ns):
+        return False
+    seq = stale.last_seq + 1
+    began = [b[0].time_created_ns for r, t in tracks.items()
+             if r != rank and (b := t.by_seq.get(seq)) and b[0].time_created_ns]
+    return read is not None and bool(began) and (min(began) - read) / 1e9 >= READ_GAP_S
 
 
 def _exit_text(exit: RankExit | None) -> str:

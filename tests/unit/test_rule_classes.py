@@ -235,13 +235,14 @@ def _stack(*frames: tuple[str, str, int]) -> str:
 
 
 def _snapshots(tmp_path: Path, per_rank: dict[int, list[dict[str, Any]]], stacks: dict[int, str],
-               pg_config: dict[str, Any]) -> Report:
+               pg_config: dict[str, Any], captured: dict[int, int] | None = None) -> Report:
     from frscope.wire import snapshot_piece
 
     for rank, entries in per_rank.items():
         for i, e in enumerate(entries):
             e.setdefault("record_id", i)
-        piece = snapshot_piece(rank, b.T0 + 3600 * 10**9, "worker-server", stacks.get(rank),
+        at = (captured or {}).get(rank, b.T0 + 3600 * 10**9)
+        piece = snapshot_piece(rank, at, "worker-server", stacks.get(rank),
                                b.dump(entries, world=0, pg_config=pg_config))
         b.write_json(tmp_path, rank, piece)
     return analyze(load_dumps([tmp_path]), OLD)
@@ -347,3 +348,25 @@ def test_a_rank_that_exited_cleanly_while_its_peer_went_on_is_the_culprit(tmp_pa
     [root] = analyze(load_dumps([tmp_path]), OLD, exits=exits).findings
     assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (1,)
     assert "exit code 0" in root.summary
+
+
+def test_a_recorder_read_before_the_others_began_what_it_lacks_is_stale(tmp_path: Path) -> None:
+    """Crash after a periodic read: rank 2's last read (0.3 s before the others began #4) ends at #3; the
+    others' #4 and #5 were retired as they failed. Gloo's '' pg_config: membership from the entries."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}}
+    steps = [gloo(s, created_ns=b.T0 + s * 300 * MS) for s in range(1, 6)]
+    per_rank = {0: list(steps), 1: list(steps), 2: steps[:3]}
+    captured = {0: b.T0 + 1600 * MS, 1: b.T0 + 1600 * MS, 2: b.T0 + 950 * MS}
+    [root] = _snapshots(tmp_path, per_rank, {}, config, captured).findings
+    assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (2,)
+
+
+def test_a_recorder_read_after_the_others_began_what_it_lacks_never_joined(tmp_path: Path) -> None:
+    """Same recorders, but rank 2 was read after the others began #4 (as after their collective
+    timeout): it never joined #4."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}}
+    steps = [gloo(s, created_ns=b.T0 + s * 300 * MS) for s in range(1, 6)]
+    per_rank = {0: list(steps), 1: list(steps), 2: steps[:3]}
+    captured = {0: b.T0 + 1600 * MS, 1: b.T0 + 1600 * MS, 2: b.T0 + 1590 * MS}
+    [root] = _snapshots(tmp_path, per_rank, {}, config, captured).findings
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (2,)

@@ -8,6 +8,7 @@ import dataclasses
 from frscope.analysis.collectives import hang_finding
 from frscope.analysis.findings import Category, Finding
 from frscope.analysis.history import scan_history
+from frscope.analysis.ops import VARIABLE_SIZE_OPS, numel
 from frscope.analysis.p2p import recorded_p2p
 from frscope.analysis.rules.facts import Facts, unresponsive_note
 from frscope.analysis.rules.proposal import Proposal
@@ -84,8 +85,20 @@ def mismatches(facts: Facts) -> list[Proposal]:
         found = scan_history(facts.ctx, gf.group, gf.ref, gf.tracks)
         if found is not None:
             points = [(gf.name, found.collective_seq_id)] if found.collective_seq_id is not None else []
-            out.append(Proposal(found, "mismatch", points, covers_later=True))
+            out.append(Proposal(found, "mismatch", points, covers_later=True, aborts_peers=_aborts(found)))
     return out
+
+
+def _aborts(found: Finding) -> bool:
+    """A size mismatch in bytes (not only in shape): gloo's receiver aborts on it."""
+    if found.category is not Category.SIZE_MISMATCH:
+        return False
+    if found.op in VARIABLE_SIZE_OPS:
+        return True
+    culprit = found.ranks.get(found.culprit_ranks[0]) if found.culprit_ranks else None
+    if culprit is None or culprit.input_sizes is None or found.input_sizes is None:
+        return False
+    return numel(culprit.input_sizes) != numel(found.input_sizes)
 
 
 def stale(facts: Facts) -> list[Proposal]:

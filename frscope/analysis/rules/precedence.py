@@ -74,8 +74,18 @@ def _same_point_parents(proposals: list[Proposal], owners: dict[Point, Proposal]
             name = finding.process_group.name
             if name not in mismatch_from or finding.collective_seq_id < mismatch_from[name][0]:
                 mismatch_from[name] = (finding.collective_seq_id, finding)
+    aborting = [p.finding for p in proposals if p.aborts_peers and p.finding.collective_seq_id is not None]
     for proposal in proposals:
         finding = proposal.finding
+        if proposal.rule == "stale" and finding.collective_seq_id is not None:
+            # The others went on past where its recorder ends, up to a mismatch that kills its receiver:
+            # it was alive until then, and its dump is older than its end.
+            cause = next((m for m in aborting if m.process_group.name == finding.process_group.name
+                          and m.collective_seq_id is not None and m.collective_seq_id > finding.collective_seq_id
+                          and not set(m.culprit_ranks) & set(finding.culprit_ranks)), None)
+            if cause is not None:
+                parent[id(finding)] = cause
+                continue
         if finding.category in VERDICTS and proposal.points:
             # Another verdict on the same collective(s), of lower precedence: one root per collective.
             owner = owners.get(proposal.points[0])

@@ -21,6 +21,9 @@ class Proposal:
     # Its finding already tells the ranks waiting at its points (who waits where, since when): a
     # NotCompleted there is the same event, not a consequence, and is left out.
     absorbs_waiting: bool = False
+    # A mismatch that gloo aborts on (different byte counts): the receiving rank dies at it, so a rank
+    # whose recorder stopped before it in the same group may be that receiver, its dump older than its end.
+    aborts_peers: bool = False
     # The rule's own word that this finding is a consequence of another of its findings.
     caused_by: Finding | None = None
     # Proposed only for when nothing else explains the job: kept when every other root is a straggler.
