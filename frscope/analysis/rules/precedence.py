@@ -5,7 +5,8 @@ Every rule proposes findings with the stuck points they explain. Ranking them:
    a mismatch (the group diverged there or earlier), then a rank that stopped (stale recorder, gone
    after finishing, crashed without a dump, its part ended alone), then missing dumps, then the hang
    itself. Another such verdict on the same collective nests under the owner (one root per
-   collective). A
+   collective). A stale rank whose group went on past its recorder up to a mismatch gloo aborts
+   on nests under that mismatch (it was the receiver that died there). A
    NotCompleted at a point owned by another proposal nests under it: the ranks wait for that cause,
    not for the network. A hang at or after a mismatch of its group nests under the mismatch.
 2. The waits are followed across groups and p2p peers (`rootcause.link`): a hang whose culprits
