@@ -55,41 +55,50 @@ def _labels(ctx: Context, rank: int) -> tuple[list[tuple[str, int]], tuple[str, 
     return done, None
 
 
-def _period(groups: list[str], now: str) -> int | None:
-    """The period of the rank's loop: the one whose repetition reaches furthest back from the newest
-    collective (the shortest of equals; init collectives before the loop break it), repeated at least
-    `MIN_HABIT` times, over a stretch that holds every group the rank used (and the open one's: a run
-    of one group inside a step is no loop)."""
+def _loop(groups: list[str], now: str) -> tuple[int, int] | None:
+    """The rank's loop as (period, end): `groups[:end]` repeats with `period` over a stretch that holds
+    every group the rank used (and the open one's: a run of one group inside a step is no loop), at
+    least `MIN_HABIT` times; `end` is within the last period (a rank may have left its loop a
+    collective or two before the one it is blocked in). The stretch that reaches furthest back wins
+    (the shortest period of equals, the latest end)."""
     n = len(groups)
     used = {*groups, now}
-    best: tuple[int, int] | None = None  # (how many collectives repeat the one a period before, period)
+    best: tuple[int, int, int, int] | None = None  # (matches, -period, end, period)
     for period in range(1, min(MAX_PERIOD, n // MIN_HABIT) + 1):
-        j = n - 1
-        while j >= period and groups[j] == groups[j - period]:
-            j -= 1
-        matches = n - 1 - j
-        if matches < (MIN_HABIT - 1) * period or set(groups[n - matches - period :]) != used:
-            continue
-        if best is None or matches > best[0]:
-            best = (matches, period)
-    return best[1] if best else None
+        for end in range(n, max(n - period, MIN_HABIT * period) - 1, -1):
+            j = end - 1
+            while j >= period and groups[j] == groups[j - period]:
+                j -= 1
+            matches = end - 1 - j
+            if matches < (MIN_HABIT - 1) * period or not used <= set(groups[end - matches - period : end]):
+                continue
+            key = (matches, -period, end, period)
+            if best is None or key > best:
+                best = key
+    return (best[3], best[2]) if best else None
 
 
 def _periodic_breach(done: list[tuple[str, int]], now: tuple[str, int], rank: int) -> Breach | bool | None:
-    """Training is a loop: the order of groups a rank issued repeats step after step. The rank whose
-    open collective is not the group its own loop comes to next broke the order. False: the order
-    repeats and the rank kept it; None: no repeating order to judge by."""
+    """Training is a loop: the order of groups a rank issued repeats step after step. The rank that,
+    since its loop's last clean period, issued a collective of another group than its loop comes to
+    next (the open one, or one just before it) broke the order. False: the order repeats and the rank
+    kept it; None: no repeating order to judge by."""
     window = done[-MAX_WINDOW:]
     groups = [g for g, _ in window]
-    period = _period(groups, now[0])
-    if period is None:
+    found = _loop(groups, now[0])
+    if found is None:
         return None
-    expected = groups[len(groups) - period]
-    if expected == now[0]:
-        return False
-    before = window[-1]
-    last_seq = max((seq for g, seq in done if g == expected), default=0)
-    return Breach(rank, before[0], before[1], now[0], now[1], expected, len(groups) // period, last_seq + 1)
+    period, end = found
+    loop = groups[end - period : end]
+    tail = [*window[end:], now]
+    for i, (group, seq) in enumerate(tail):
+        expected = loop[i % period]
+        if group == expected:
+            continue
+        before = window[end + i - 1] if end + i - 1 >= 0 else tail[0]
+        last_seq = max((s for g, s in done[: len(done) - len(window) + end + i] if g == expected), default=0)
+        return Breach(rank, before[0], before[1], group, seq, expected, end // period, last_seq + 1)
+    return False
 
 
 def breach_of(ctx: Context, rank: int) -> Breach | None:

@@ -370,3 +370,26 @@ def test_a_recorder_read_after_the_others_began_what_it_lacks_never_joined(tmp_p
     captured = {0: b.T0 + 1600 * MS, 1: b.T0 + 1600 * MS, 2: b.T0 + 1590 * MS}
     [root] = _snapshots(tmp_path, per_rank, {}, config, captured).findings
     assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (2,)
+
+
+def test_a_skip_one_collective_before_the_blocked_one_is_found_in_the_skippers_loop(tmp_path: Path) -> None:
+    """Sweep shape (2 x 2 grid, each step tp, dp, world): rank 2 skipped tp #3, finished dp #3 with rank
+    0 and waits in world #3; rank 3 waits in tp #3, rank 1 in dp #3 for rank 3, rank 0 in world #3.
+    A three-group cycle; rank 2 left its loop one collective before the one it is blocked in."""
+    names = {"1": "tp", "2": "tp", "3": "dp", "4": "dp"}
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+              **{n: {"name": n, "desc": d, "ranks": r} for n, d, r in
+                 (("1", "tp", "[0, 1]"), ("2", "tp", "[2, 3]"), ("3", "dp", "[0, 2]"), ("4", "dp", "[1, 3]"))}}
+    order = {0: [("1", 1, 1), ("3", 1, 1), ("0", 1, 1), ("1", 2, 1), ("3", 2, 1), ("0", 2, 1), ("1", 3, 1),
+                 ("3", 3, 1), ("0", 3, 0)],
+             1: [("1", 1, 1), ("4", 1, 1), ("0", 1, 1), ("1", 2, 1), ("4", 2, 1), ("0", 2, 1), ("1", 3, 1),
+                 ("4", 3, 0)],
+             2: [("2", 1, 1), ("3", 1, 1), ("0", 1, 1), ("2", 2, 1), ("3", 2, 1), ("0", 2, 1), ("3", 3, 1),
+                 ("0", 3, 0)],
+             3: [("2", 1, 1), ("4", 1, 1), ("0", 1, 1), ("2", 2, 1), ("4", 2, 1), ("0", 2, 1), ("2", 3, 0)]}
+    per_rank = {r: [gloo(seq, pg=(g, names.get(g, "default_pg")), done=bool(done),
+                         created_ns=b.T0 + i * MS) for i, (g, seq, done) in enumerate(ops)]
+                for r, ops in order.items()}
+    [root] = run(tmp_path, per_rank, config).findings
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (2,)
+    assert root.process_group.name == "2"
