@@ -38,6 +38,12 @@ def _runs(blocked: dict[int, str]) -> list[list[int]]:
     return runs
 
 
+def _in_python(ctx: Context, rank: int) -> bool:
+    """The rank has a live stack and it is in no torch.distributed call: it is not waiting on anyone."""
+    stack = ctx.live_stack(rank)
+    return bool(stack) and blocked_in(stack) is None
+
+
 def _not_in_p2p(ctx: Context, rank: int) -> bool:
     """The rank has a live stack and it is in no point-to-point call: stuck in Python, or gone on to a
     collective; either way it will not send (or receive) what its neighbour waits for."""
@@ -99,7 +105,11 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         receiving = blocked[run[0]] in RECEIVES
         # Receivers wait on the stage before the first of them, senders on the stage after the last.
         waiter, partner = (run[0], run[0] - 1) if receiving else (run[-1], run[-1] + 1)
-        if chain and partner in ctx.dumpset.dumps and partner not in blocked and _not_in_p2p(ctx, partner):
+        # The rank the run waits on breaks the chain when it is stuck in Python; or when it went on to a
+        # collective and the run reaches the end of the pipeline (every later stage waits behind it).
+        tail = run[-1] == last if receiving else run[0] == 0
+        if chain and partner in ctx.dumpset.dumps and partner not in blocked and (
+                _in_python(ctx, partner) or (tail and _not_in_p2p(ctx, partner))):
             culprits.append(partner)
             others = [r for r in run if r != waiter]
             behind = (f", and {plural(others)} wait{'s' if len(others) == 1 else ''} behind it in "

@@ -393,3 +393,15 @@ def test_a_skip_one_collective_before_the_blocked_one_is_found_in_the_skippers_l
     [root] = run(tmp_path, per_rank, config).findings
     assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (2,)
     assert root.process_group.name == "2"
+
+
+def test_two_non_adjacent_ranks_receiving_from_each_other_are_both_named(tmp_path: Path) -> None:
+    """7 ranks: 2 and 4 both recv from each other first; the rest wait in the all_reduce for them.
+    No chain of stages (the receivers do not reach the last rank): both are the culprits."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2, 3, 4, 5, 6]"}}
+    done = [gloo(s) for s in range(1, 4)]
+    per_rank = {r: list(done) if r in (2, 4) else [*done, gloo(4, done=False)] for r in range(7)}
+    stacks = {r: _stack(("all_reduce", C10D, 2800), ("step", "/app/train.py", 40)) for r in range(7)}
+    stacks |= {r: _stack(("recv", C10D, 2400), ("exchange_halo", "/app/train.py", 77)) for r in (2, 4)}
+    [root] = _snapshots(tmp_path, per_rank, stacks, config).findings
+    assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (2, 4) and not root.ambiguous
