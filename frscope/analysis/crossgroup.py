@@ -19,10 +19,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 from frscope.analysis.context import Context
+from frscope.records.membership import is_default_group
 
 MIN_HABIT = 2  # the usual next group must have followed at least this often (a loop: seen this many times)
 MAX_PERIOD = 64  # collectives per step, at most, for the repeating order of groups
 MAX_WINDOW = 4 * MAX_PERIOD
+MAX_COMPARED = 64  # ranks whose program order a rank is compared with
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,9 +108,99 @@ def breach_of(ctx: Context, rank: int) -> Breach | None:
     if now is None or not done:
         return None
     periodic = _periodic_breach(done, now, rank)
-    if periodic is None:
-        return _habit_breach(ctx, rank)
-    return periodic if isinstance(periodic, Breach) else None
+    if periodic is not None:
+        return periodic if isinstance(periodic, Breach) else None
+    return _program_breach(ctx, rank) or _habit_breach(ctx, rank)
+
+
+Op = tuple[str, str, int]  # (group desc, group name, seq)
+
+
+def _segment(ctx: Context, rank: int, default: str) -> tuple[int, list[Op]] | None:
+    """The rank's collectives since its last finished collective of the default group (k), up to and
+    including its first open one: (k, [(desc, group, seq), ...]). None when nothing is open."""
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None:
+        return None
+    k = 0
+    ops: list[Op] = []
+    for entry in dump.entries:
+        if entry.is_p2p:
+            continue
+        op = (entry.pg_desc, entry.pg_name, entry.collective_seq_id)
+        if entry.pg_name == default and entry.completed:
+            k = entry.collective_seq_id
+            ops = []
+            continue
+        if not ops or ops[-1] != op:
+            ops.append(op)
+        if not entry.completed:
+            return k, ops
+    return None
+
+
+def _program_breach(ctx: Context, rank: int) -> Breach | None:
+    """Without a loop of its own to judge by (a fault in the first steps): every rank runs the same
+    program, so after the same default-group collective the ranks issue the same kinds of groups (by
+    their description: tp, dp, ...) in the same order. The rank that, there, issued another kind than
+    most ranks did at that place broke the order (its own group of the usual kind is what it skipped)."""
+    default = next((n for n, g in ctx.dumpset.groups.items() if is_default_group(n, g.desc)), None)
+    if default is None:
+        return None
+    mine = _segment(ctx, rank, default)
+    if mine is None:
+        return None
+    k, ops = mine
+    others: list[list[Op]] = []
+    for other in sorted(ctx.dumpset.dumps)[:MAX_COMPARED]:
+        if other == rank:
+            continue
+        seg = _segment_after(ctx, other, default, k)
+        if seg:
+            others.append(seg)
+    for i, (desc, name, seq) in enumerate(ops):
+        kinds = Counter(seg[i][0] for seg in others if len(seg) > i)
+        if sum(kinds.values()) < MIN_HABIT:
+            return None
+        usual, count = kinds.most_common(1)[0]
+        if desc == usual or count * 2 <= sum(kinds.values()):
+            continue
+        groups = {n for d, n, _s in _all_ops(ctx, rank) if d == usual}
+        if len(groups) != 1:
+            return None
+        group = groups.pop()
+        last_seq = max((s for d, n, s in _all_ops(ctx, rank) if n == group), default=0)
+        before = ops[i - 1] if i else (default, default, k)
+        return Breach(rank, before[1], before[2], name, seq, group, count, last_seq + 1)
+    return None
+
+
+def _all_ops(ctx: Context, rank: int) -> list[Op]:
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None:
+        return []
+    return [(e.pg_desc, e.pg_name, e.collective_seq_id) for e in dump.entries if not e.is_p2p]
+
+
+def _segment_after(ctx: Context, rank: int, default: str, k: int) -> list[Op]:
+    """The rank's collectives after default-group collective #k (before #k + 1), coalesced."""
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None:
+        return []
+    ops: list[Op] = []
+    inside = k == 0
+    for entry in dump.entries:
+        if entry.is_p2p:
+            continue
+        if entry.pg_name == default:
+            if inside:
+                break
+            inside = entry.collective_seq_id == k
+            continue
+        op = (entry.pg_desc, entry.pg_name, entry.collective_seq_id)
+        if inside and (not ops or ops[-1] != op):
+            ops.append(op)
+    return ops
 
 
 def _habit_breach(ctx: Context, rank: int) -> Breach | None:

@@ -405,3 +405,29 @@ def test_two_non_adjacent_ranks_receiving_from_each_other_are_both_named(tmp_pat
     stacks |= {r: _stack(("recv", C10D, 2400), ("exchange_halo", "/app/train.py", 77)) for r in (2, 4)}
     [root] = _snapshots(tmp_path, per_rank, stacks, config).findings
     assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (2, 4) and not root.ambiguous
+
+
+def test_an_order_swap_in_the_first_step_is_found_against_the_other_ranks_program(tmp_path: Path) -> None:
+    """Sweep shape (3 x 2 grid, each step tp, dp, world): at step 2 rank 3 calls world before tp. With
+    one step of history it has no loop of its own; the other ranks' order after world #1 decides."""
+    groups = {"1": ("tp", (0, 1)), "2": ("tp", (2, 3)), "3": ("tp", (4, 5)), "4": ("dp", (0, 2, 4)),
+              "5": ("dp", (1, 3, 5))}
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3, 4, 5]"},
+              **{n: {"name": n, "desc": d, "ranks": str(list(rs))} for n, (d, rs) in groups.items()}}
+    per_rank: dict[int, list[dict[str, Any]]] = {}
+    for rank in range(6):
+        tp = next(n for n, (d, rs) in groups.items() if d == "tp" and rank in rs)
+        dp = next(n for n, (d, rs) in groups.items() if d == "dp" and rank in rs)
+        ops = [(tp, "tp", 1, 1), (dp, "dp", 1, 1), ("0", "default_pg", 1, 1)]
+        if rank == 3:
+            ops.append(("0", "default_pg", 2, 0))
+        elif rank == 2:
+            ops.append((tp, "tp", 2, 0))
+        elif rank in (1, 5):
+            ops += [(tp, "tp", 2, 1), (dp, "dp", 2, 0)]  # dp {1, 3, 5} waits for rank 3
+        else:
+            ops += [(tp, "tp", 2, 1), (dp, "dp", 2, 0)]  # dp {0, 2, 4} waits for rank 2
+        per_rank[rank] = [gloo(seq, pg=(g, d), done=bool(done), created_ns=b.T0 + i * MS)
+                          for i, (g, d, seq, done) in enumerate(ops)]
+    [root] = run(tmp_path, per_rank, config).findings
+    assert root.culprit_ranks == (3,), root.summary
