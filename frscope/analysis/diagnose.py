@@ -78,7 +78,7 @@ def _analyze(dumpset: DumpSet, options: AnalysisOptions, exits: Mapping[int, Ran
     ctx = Context(dumpset, build_tracks(dumpset), options)
     facts = gather_facts(ctx, exits)
     proposals = [proposal for rule in RULES for proposal in rule(facts)]
-    roots = rank_proposals(ctx, proposals)
+    roots = rank_proposals(ctx, proposals, exits)
     _attach_exits(roots, exits)
     versions = tuple(sorted({d.version for d in dumpset.dumps.values() if d.version}))
     backends = [d.backend for d in dumpset.dumps.values() if d.backend]

@@ -431,3 +431,20 @@ def test_an_order_swap_in_the_first_step_is_found_against_the_other_ranks_progra
                           for i, (g, d, seq, done) in enumerate(ops)]
     [root] = run(tmp_path, per_rank, config).findings
     assert root.culprit_ranks == (3,), root.summary
+
+
+def test_a_killed_rank_without_a_dump_is_the_root_over_a_victim_whose_recorder_lags(tmp_path: Path) -> None:
+    """Rank 2 was SIGKILLed (no dump). Rank 1's subgroup collective with it failed, so rank 1 never
+    reached world #3, which ranks 0 and 3 recorded (retired as it failed): rank 1 looks stale, but its
+    own error blames the peer that went away."""
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+              "1": {"name": "1", "desc": "pair", "ranks": "[1, 2]"}}
+    pair = ("1", "pair")
+    base = [gloo(1), gloo(2)]
+    per_rank = {0: [*base, gloo(3)], 3: [*base, gloo(3)], 1: [*base, gloo(1, pg=pair), gloo(2, pg=pair)]}
+    write(tmp_path, per_rank, config)
+    peer = "RuntimeError: Read error: Connection reset by peer. This is typically caused by a remote worker hanging"
+    exits = {0: RankExit(0, exit_code=1, message=peer), 1: RankExit(1, exit_code=1, message=peer),
+             2: RankExit(2, exit_code=137, reason="OOMKilled"), 3: RankExit(3, exit_code=1, message=peer)}
+    [root] = analyze(load_dumps([tmp_path]), OLD, exits=exits).findings
+    assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (2,)

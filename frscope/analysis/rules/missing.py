@@ -58,7 +58,9 @@ def missing_dumps(facts: Facts) -> list[Proposal]:
     waiting = _waiting_on_missing(facts)
     points = [(w.ref.name, w.seq) for w in waiting]
     signature = None if waiting else crash_signature(ctx, missing)
-    if signature is not None or (failed and waiting):
+    # A missing rank whose process failed without blaming a peer (killed, OOM, its own error) crashed.
+    crashed = [r for r in failed if r in missing and not facts.exits[r].peer_gone]
+    if signature is not None or (failed and waiting) or crashed:
         return [Proposal(_crashed(facts, missing, failed, signature, waiting), "missing", points, absorbs_waiting=True)]
     groups = ctx.dumpset.groups
     biggest = max(
@@ -127,6 +129,15 @@ def _crashed(facts: Facts, missing: tuple[int, ...], failed: list[int],
             f"peer died): the signature of {plural(culprits)} crashing there.{how}"
         )
         age = None
+    elif not waiting:
+        finding = Finding(
+            category=Category.RANK_STOPPED, culprit_ranks=tuple(culprits),
+            process_group=GroupRef("world", "", tuple(range(ctx.dumpset.world_size))),
+            summary=(f"{plural(culprits).capitalize()} left no dump and "
+                     f"{'its process' if len(culprits) == 1 else 'their processes'} failed without blaming a peer: "
+                     f"{'it' if len(culprits) == 1 else 'they'} crashed.{how}"))
+        finding.evidence.append("the others' recorders end where their collectives failed with it")
+        return finding
     else:
         first = waiting[0]
         ref, seq, op, survivors, age = first.ref, first.seq, first.op, first.joined, first.age

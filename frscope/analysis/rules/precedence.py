@@ -13,15 +13,20 @@ Every rule proposes findings with the stuck points they explain. Ranking them:
    are blocked in another point's collective nests under that point's owner; cycles become one root.
 3. Fallback proposals (said only when nothing else explains the job) are kept when every other root
    is a straggler.
-4. Roots are ordered: hangs before stragglers, the earliest first, then by category.
+4. A stopped rank whose own error blames a peer that went away nests under the stopped or missing
+   rank whose process failed without blaming one (the first failure).
+5. Roots are ordered: hangs before stragglers, the earliest first, then by category.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding
 from frscope.analysis.rootcause import Causes, link
 from frscope.analysis.rules.proposal import Point, Proposal
+from frscope.records import RankExit
 
 MISMATCHES = (Category.COLLECTIVE_TYPE_MISMATCH, Category.SIZE_MISMATCH, Category.DTYPE_MISMATCH)
 VERDICTS = (*MISMATCHES, Category.RANK_STOPPED, Category.MISSING_DUMPS)  # what a collective's cause can be
@@ -109,7 +114,31 @@ def _same_point_parents(proposals: list[Proposal], owners: dict[Point, Proposal]
     return parent, absorbed
 
 
-def rank_proposals(ctx: Context, proposals: list[Proposal]) -> list[Finding]:
+def _victims_under_first_failure(roots: list[Finding], exits: Mapping[int, RankExit]) -> list[Finding]:
+    """A stopped rank whose own error blames a peer that went away (a victim) is the consequence of a
+    stopped or missing rank whose process failed without blaming one: the first failure."""
+    def failed_first(f: Finding) -> bool:
+        return any((e := exits.get(r)) is not None and e.failed and not e.peer_gone for r in f.culprit_ranks)
+
+    def victim(f: Finding) -> bool:
+        return bool(f.culprit_ranks) and all((e := exits.get(r)) is not None and e.peer_gone for r in f.culprit_ranks)
+
+    stopped = (Category.RANK_STOPPED, Category.MISSING_DUMPS)
+    first = next((f for f in roots if f.category in stopped and failed_first(f)), None)
+    if first is None:
+        return roots
+    kept: list[Finding] = []
+    for root in roots:
+        if root is not first and root.category in stopped and victim(root):
+            first.consequences.append(root)
+            first.consequences.extend(root.consequences)
+            root.consequences = []
+        else:
+            kept.append(root)
+    return kept
+
+
+def rank_proposals(ctx: Context, proposals: list[Proposal], exits: Mapping[int, RankExit]) -> list[Finding]:
     """The root causes, most important first; every other proposal nested under its root."""
     main = [p for p in proposals if not p.fallback]
     owners = _owners(main)
@@ -122,6 +151,7 @@ def rank_proposals(ctx: Context, proposals: list[Proposal]) -> list[Finding]:
     parent, absorbed = _same_point_parents(main, owners)
     parent.update({id(p.finding): p.caused_by for p in main if p.caused_by is not None})
     roots = link(ctx, [p.finding for p in main if id(p.finding) not in absorbed], causes, parent)
+    roots = _victims_under_first_failure(roots, exits)
     if all(f.category is Category.STRAGGLER for f in roots):
         roots.extend(p.finding for p in proposals if p.fallback)
     roots.sort(key=lambda f: (f.category is Category.STRAGGLER, f.since_ns or 2**63, _PRIORITY[f.category]))
