@@ -446,10 +446,10 @@ async def test_api_client_against_the_real_server(kube: ControlPlane, report_crd
         Resource,
         retry_on_conflict,
     )
-    from frscope.operator.login import login
-    from frscope.operator.objects import JobRef
+    from frscope.operator.model.objects import JobRef
     from frscope.operator.publish import build_event, make_condition
     from frscope.operator.runner import kube_client
+    from frscope.operator.serve.login import login
 
     kube.apply(pytorchjob(namespace))
     set_job_conditions(kube, namespace, training_conditions("Created", "Running"))
@@ -674,7 +674,7 @@ def test_namespace_opt_in_through_the_charts_webhook_entries(kube: ControlPlane,
             both = create(pod("labelled-too", "true"))
             assert [c["name"] for c in both["spec"]["initContainers"]] == ["frscope-sidecar"]
             assert "initContainers" not in create(pod("opted-out", "false"))["spec"]
-            # A TrainJob's or JobSet's pod: its own entry (found on a real node: only PyTorchJob pods were sent).
+            # A TrainJob's or JobSet's pod: its own entry (with PyTorchJob's only, no other pod would be sent).
             of_jobset = create(pod("of-a-jobset", None, job=False, jobset=True))
             assert [c["name"] for c in of_jobset["spec"]["initContainers"]] == ["frscope-sidecar"]
             assert "initContainers" not in create(pod("jobset-opted-out", "false", job=False, jobset=True))["spec"]

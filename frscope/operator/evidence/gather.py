@@ -1,0 +1,180 @@
+"""Fetch every rank's snapshot from all of a job's sidecars, concurrently, within deadlines.
+
+Each pod gets `attempts` tries of at most `per_pod_timeout_s` each (backoff between them); the whole
+gather stops at `overall_timeout_s`. Each body is decoded and normalized as soon as it arrives, in a
+worker thread (`pod_evidence.from_bytes`, at most `decode_threads` at once), so the raw JSON of 1,000s of
+ranks is never held at once. A pod that could not be fetched is a failure with its reason, which the
+report names, unless a push of it stands in (`settle.collect`). Never raises for a pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import multiprocessing
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+
+from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes, share_groups
+from frscope.operator.evidence.sidecars import SidecarClient, SidecarError
+from frscope.operator.kube.backoff import Backoff
+
+
+@dataclass(frozen=True, slots=True)
+class GatherOptions:
+    per_pod_timeout_s: float = 30.0
+    overall_timeout_s: float = 120.0
+    attempts: int = 3
+    backoff_base_s: float = 0.5
+    concurrency: int = 32
+    decode_threads: int = 2  # bodies decoded at once (threads, or as many as there are processes)
+    max_entries: int = DEFAULT_MAX_ENTRIES
+    refresh: bool = True
+
+
+class Decoder:
+    """Decodes snapshot bodies off the event loop. JSON decoding is most of a gather's CPU (a 1,024-rank
+    job sends ~1 GiB of it) and holds the GIL: with `processes` > 0 it runs in that many worker processes
+    (spawned once, reused), in parallel on as many cores; with 0, in threads."""
+
+    def __init__(self, processes: int = 0) -> None:
+        self.processes = processes
+        self._pool: ProcessPoolExecutor | None = None
+        if processes > 0:
+            self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+
+    async def warm_up(self) -> None:
+        """Start the worker processes now rather than during the first gather."""
+        if self._pool is not None:
+            loop = asyncio.get_running_loop()
+            await asyncio.gather(*(loop.run_in_executor(self._pool, _noop) for _ in range(self.processes)))
+
+    async def decode(self, raw: bytes, endpoint: str, *, max_entries: int, pod: str, namespace: str,
+                     shared: dict[tuple[int, ...], tuple[int, ...]] | None = None) -> PodEvidence:
+        """`shared`: the gather's one tuple per distinct group rank list (`evidence.share_groups`)."""
+        call = functools.partial(from_bytes, raw, endpoint, origin="sidecar", max_entries=max_entries, pod=pod,
+                                 namespace=namespace)
+        if self._pool is None:
+            return await asyncio.to_thread(call)  # in-process: normalize's cache shares them already
+        evidence = await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        return share_groups(evidence, shared if shared is not None else {})
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+
+def _noop() -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One pod to gather from. `endpoint` is None when the pod has no IP or no sidecar port, or when
+    `ended` says why it is not asked (its pushes still count)."""
+
+    pod: str
+    endpoint: str | None
+    ended: str | None = None
+    uid: str = ""  # the pod's uid: a push from an earlier pod of the same name (another uid) is not its
+
+
+@dataclass(slots=True)
+class Gathered:
+    namespace: str
+    pods: dict[str, PodEvidence] = field(default_factory=dict)
+    from_push: set[str] = field(default_factory=set)  # pods whose evidence came from a push
+    failures: dict[str, str] = field(default_factory=dict)  # pod -> why it could not be fetched
+    duration_s: float = 0.0
+
+    @property
+    def anything(self) -> bool:
+        return any(e.dumps for e in self.pods.values())
+
+    @property
+    def entries_dropped(self) -> int:
+        return sum(e.entries_dropped for e in self.pods.values())
+
+
+async def _fetch_one(client: SidecarClient, namespace: str, target: Target, options: GatherOptions,
+                     fetching: asyncio.Semaphore, decoding: asyncio.Semaphore, decoder: Decoder,
+                     shared: dict[tuple[int, ...], tuple[int, ...]]) -> PodEvidence:
+    assert target.endpoint is not None
+    delays = Backoff(attempts=options.attempts, base_s=options.backoff_base_s, cap_s=5.0).delays()
+    while True:
+        try:
+            # A fetched body is held until it is decoded: at most `concurrency` raw bodies in memory.
+            async with fetching:
+                raw = await client.snapshot_bytes(target.endpoint, options.per_pod_timeout_s,
+                                                  refresh=options.refresh,
+                                                  last_entries=options.max_entries or None)
+                async with decoding:
+                    return await decoder.decode(raw, target.endpoint, max_entries=options.max_entries,
+                                                pod=target.pod, namespace=namespace, shared=shared)
+        except SidecarError as exc:
+            delay = next(delays, None) if exc.retryable else None
+            if delay is None:
+                raise
+            await asyncio.sleep(delay)
+
+
+async def _cancel_all(tasks: list[asyncio.Task[PodEvidence]]) -> None:
+    """Cancel `tasks` and wait until every one has ended, even when the waiting itself is cancelled
+    (a second cancel of the gather must not leave them running)."""
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    waiting = asyncio.gather(*tasks, return_exceptions=True)
+    cancelled = False
+    while True:
+        try:
+            await asyncio.shield(waiting)
+            break
+        except asyncio.CancelledError:
+            cancelled = True  # cancelled again meanwhile: the fetches end first, then it goes on
+    if cancelled:
+        raise asyncio.CancelledError
+
+
+async def gather(client: SidecarClient, namespace: str, targets: list[Target], options: GatherOptions,
+                 decoder: Decoder | None = None) -> Gathered:
+    """Every target fetched (what they pushed is added by `settle.collect`)."""
+    started = time.monotonic()
+    result = Gathered(namespace)
+    decoder = decoder or Decoder()
+    fetching = asyncio.Semaphore(max(1, options.concurrency))
+    decoding = asyncio.Semaphore(max(1, decoder.processes or options.decode_threads))
+    tasks: dict[asyncio.Task[PodEvidence], Target] = {}
+    shared: dict[tuple[int, ...], tuple[int, ...]] = {}
+    for target in targets:
+        if target.ended is not None:
+            result.failures[target.pod] = target.ended
+            continue
+        if target.endpoint is None:
+            result.failures[target.pod] = "no sidecar endpoint (no pod IP yet, or no container port named 'frscope')"
+            continue
+        tasks[asyncio.create_task(_fetch_one(client, namespace, target, options, fetching, decoding,
+                                             decoder, shared))] = target
+    if tasks:
+        try:
+            _done, pending = await asyncio.wait(tasks, timeout=options.overall_timeout_s)
+        finally:
+            # The deadline, or the gather itself cancelled (the job deleted, the operator stopping): no
+            # fetch or decode outlives it.
+            await _cancel_all([t for t in tasks if not t.done()])
+        for task, target in tasks.items():
+            if task in pending:
+                result.failures[target.pod] = f"no answer within the gather deadline of {options.overall_timeout_s:g} s"
+                continue
+            exc = task.exception()
+            if isinstance(exc, SidecarError):
+                result.failures[target.pod] = exc.message
+            elif exc is not None:
+                result.failures[target.pod] = f"{type(exc).__name__}: {exc}"
+            else:
+                result.pods[target.pod] = task.result()
+    result.duration_s = time.monotonic() - started
+    return result

@@ -1,0 +1,180 @@
+"""One pod's evidence: its sidecar's snapshot body, decoded and normalized right away.
+
+A 1,024-rank job's whole recorders are ~1 GiB of JSON (2,000 entries per rank): the operator asks the
+sidecars for the newest `max_entries` entries of each rank only (`/v1/snapshot?entries=N`) and never
+holds bodies as raw dicts. Each body is decoded as soon as it arrives, in a decode worker; each rank
+is cut to its newest `max_entries` entries (again: a sidecar that predates the window, or a push,
+sends the whole ring) before it is normalized (`frscope.records.normalize_dump`) into columns (an
+`EntryTable`, ~30 KiB a rank of 200 entries), which is all that travels back and is kept. A hang is
+decided by the newest collectives of every group; the ring buffer is already a window.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from frscope.operator.evidence.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, gunzip_capped, parse_snapshot
+from frscope.records import LoadProblem, RankDump
+from frscope.records.envelope import envelope_problems, piece_dump
+from frscope.records.limits import describe
+from frscope.wire import SidecarSnapshot, entries_dropped, window_piece
+
+DEFAULT_MAX_ENTRIES = 200
+
+
+@dataclass(slots=True)
+class PodEvidence:
+    namespace: str
+    pod: str
+    reason: str
+    captured_at_ns: int | None
+    dumps: list[RankDump] = field(default_factory=list)
+    problems: list[LoadProblem] = field(default_factory=list)
+    entries_dropped: int = 0  # older entries left out, by the sidecar's window or by this operator
+    size_bytes: int = 0
+    cut_here: int = 0  # of those, the ones that were in the body (cut by this operator)
+    # The pushing pod's uid, when its token says so (--sidecar-auth kubernetes): a job's pods keep their
+    # names across a restart, so a push from a pod that is gone is told from its successor by uid.
+    pod_uid: str = ""
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        return tuple(d.rank for d in self.dumps)
+
+    @property
+    def held_bytes(self) -> int:
+        """The share of the body this evidence keeps: all of it, less the entries past `max_entries` a
+        rank that were cut from it (a push of 2,000 entries a rank keeps its newest 200: a tenth)."""
+        kept = sum(len(d.entries) for d in self.dumps)
+        if self.cut_here <= 0 or kept + self.cut_here == 0:
+            return self.size_bytes
+        return max(1, self.size_bytes * kept // (kept + self.cut_here))
+
+
+def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES) -> PodEvidence:
+    """A pod's snapshot -> its evidence, each rank read by `records.envelope` as the CLI reads an envelope,
+    after its cut to the newest `max_entries` entries (frscope.wire's cut, the one the sidecar makes for
+    ?entries=N: a sidecar that predates the window, or a push, sends the whole ring). Ranks go into
+    columns: ~30 KiB a rank of 200 entries instead of ~150 as `Entry` objects (8,192 ranks: 1.2 GiB)."""
+    where = f"pod {snapshot.namespace}/{snapshot.pod} ({origin})"
+    out = PodEvidence(snapshot.namespace, snapshot.pod, snapshot.reason, snapshot.captured_at_ns,
+                      size_bytes=snapshot.size_bytes)
+    out.problems.extend(envelope_problems(snapshot.errors, where))
+    for index, raw in enumerate(snapshot.ranks):
+        if isinstance(raw, _Unreadable):
+            out.problems.append(LoadProblem(where, raw.why))
+            continue
+        before = entries_dropped(raw)
+        if max_entries > 0:
+            window_piece(raw, max_entries)
+        got = piece_dump(raw, where, index, columnar=True)
+        if isinstance(got, LoadProblem):
+            out.problems.append(got)
+            continue
+        dropped = entries_dropped(raw)
+        out.entries_dropped += dropped
+        out.cut_here += dropped - before
+        out.dumps.append(got)
+    return out
+
+
+def share_groups(evidence: PodEvidence, shared: dict[tuple[int, ...], tuple[int, ...]]) -> PodEvidence:
+    """One tuple per distinct `pg_config` rank list across a gather (`RankDump.share_group_ranks`, as the
+    CLI's loader does): a rank decoded in a worker process arrives with its own copy of them."""
+    for dump in evidence.dumps:
+        dump.share_group_ranks(shared)
+    return evidence
+
+
+class _Unreadable(dict[str, Any]):
+    """Stands for one rank's piece that could not be decoded (kept in `ranks` so it is reported)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__()
+        self.why = why
+
+
+def _int_or_none(digits: str) -> int | None:
+    # A number past int64 is junk in a recorder; int() of 5,000 digits would fail the whole body.
+    return int(digits) if len(digits) <= 20 else None
+
+
+def _no_constant(_name: str) -> None:
+    return None  # NaN / Infinity: 'not recorded'
+
+
+def _loads(raw: bytes | str) -> Any:
+    return json.loads(raw, parse_int=_int_or_none, parse_constant=_no_constant)
+
+
+_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+
+
+def _value_end(text: str, start: int) -> int:
+    """End of the JSON array/object starting at `start`, by bracket matching (strings skipped)."""
+    depth = 0
+    for match in _TOKEN.finditer(text, start):
+        token = match.group()
+        if token in "[{":
+            depth += 1
+        elif token in "]}":
+            depth -= 1
+            if depth == 0:
+                return match.end()
+    raise ValueError("unterminated value")
+
+
+def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
+    """The snapshot envelope with each rank decoded on its own: a rank too deep to decode becomes
+    an `_Unreadable` (reported as that rank's problem); the others are kept."""
+    try:
+        text = raw.decode("utf-8")
+        head = text.find('"ranks"')
+        start = text.index("[", head) if head >= 0 else -1
+        if start < 0:
+            raise ValueError("no 'ranks' array")
+        ranks: list[Any] = []
+        i = start + 1
+        decoder = json.JSONDecoder(parse_int=_int_or_none, parse_constant=_no_constant)
+        ws = re.compile(r"[ \t\n\r,]*")
+        while True:
+            i = ws.match(text, i).end()  # type: ignore[union-attr]
+            if text[i : i + 1] == "]":
+                break
+            try:
+                value, i = decoder.raw_decode(text, i)
+                ranks.append(value)
+            except RecursionError:
+                end = _value_end(text, i)
+                ranks.append(_Unreadable(f"a rank's snapshot ({end - i} bytes) is nested too deeply to decode"))
+                i = end
+        rest = text[:start] + "[]" + text[i + 1 :]
+        obj = _loads(rest)
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
+    if isinstance(obj, dict):
+        obj["ranks"] = ranks
+    return obj
+
+
+def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
+               pod: str | None = None, namespace: str | None = None) -> PodEvidence:
+    """Inflate (if gzip), decode, validate and normalize one snapshot body (in a worker process or thread)."""
+    raw = gunzip_capped(raw, DEFAULT_MAX_SNAPSHOT_BYTES, endpoint)
+    try:
+        obj = _loads(raw)
+    except RecursionError:
+        # Some rank's piece is nested too deeply for json: decode the ranks one by one instead.
+        obj = _loads_rank_by_rank(raw, endpoint)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
+    snapshot = parse_snapshot(obj, endpoint, size_bytes=len(raw))
+    del obj
+    if pod:
+        snapshot.pod = pod
+    if namespace:
+        snapshot.namespace = namespace
+    return from_snapshot(snapshot, origin=origin, max_entries=max_entries)

@@ -1,0 +1,130 @@
+"""Client side of the sidecar HTTP API (docs/sidecar-api.md): `/v1/status` and `/v1/snapshot`.
+
+The documents themselves are frscope.wire's; this module is the transport (HTTP, gzip, size caps).
+
+Answers are validated into small typed objects; anything else is a `SidecarError` naming the pod,
+so that a sidecar that is down or answers garbage becomes a missing pod in the report, never a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+import aiohttp
+
+from frscope import wire
+from frscope.operator.kube.bodies import read_capped
+from frscope.operator.kube.credentials import BearerAuth
+from frscope.wire import SidecarSnapshot, SidecarStatus
+
+DEFAULT_MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
+MAX_STATUS_BYTES = 8 * 1024 * 1024
+
+class SidecarError(Exception):
+    """A sidecar could not be reached or did not answer as documented."""
+
+    def __init__(self, endpoint: str, message: str, *, retryable: bool = True) -> None:
+        super().__init__(f"{endpoint}: {message}")
+        self.endpoint = endpoint
+        self.message = message
+        self.retryable = retryable
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Raised in decoder processes too: travel back whole.
+        return (_rebuild_sidecar_error, (self.endpoint, self.message, self.retryable))
+
+
+def _rebuild_sidecar_error(endpoint: str, message: str, retryable: bool) -> SidecarError:
+    return SidecarError(endpoint, message, retryable=retryable)
+
+
+def parse_status(obj: Any, endpoint: str = "") -> SidecarStatus:
+    """frscope.wire.parse_status, its refusal as a SidecarError naming the sidecar."""
+    try:
+        return wire.parse_status(obj)
+    except wire.WireError as exc:
+        raise SidecarError(endpoint, str(exc), retryable=False) from None
+
+
+def parse_snapshot(obj: Any, endpoint: str = "", size_bytes: int = 0) -> SidecarSnapshot:
+    """frscope.wire.parse_snapshot, its refusal as a SidecarError naming the sidecar."""
+    try:
+        return wire.parse_snapshot(obj, size_bytes)
+    except wire.WireError as exc:
+        raise SidecarError(endpoint, str(exc), retryable=False) from None
+
+
+def gunzip_capped(raw: bytes, limit: int, endpoint: str) -> bytes:
+    """Undo gzip (when the body is gzip), refusing more than `limit` bytes out."""
+    if raw[:2] != b"\x1f\x8b":
+        return raw
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        out = inflater.decompress(raw, limit + 1)
+    except zlib.error as exc:
+        raise SidecarError(endpoint, f"corrupt gzip: {exc}", retryable=False) from exc
+    if len(out) > limit:
+        raise SidecarError(endpoint, f"answer larger than {limit} bytes once decompressed", retryable=False)
+    if not inflater.eof:
+        raise SidecarError(endpoint, "gzip stream ends early", retryable=False)
+    return out
+
+
+class SidecarClient:
+    """Talks to sidecars over one shared aiohttp session (connection pooling across 1,000s of pods).
+
+    With a session made with `auto_decompress=False` (the operator's), snapshot bodies stay gzipped
+    until a decoder process inflates them: the event loop's process never inflates ~1 GiB of JSON."""
+
+    def __init__(self, session: aiohttp.ClientSession, *, auth: BearerAuth | None = None,
+                 max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES) -> None:
+        self._session = session
+        # The operator's token for the sidecars: asked for per request (a projected token rotates).
+        self._auth = auth
+        self._max_snapshot = max_snapshot_bytes
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json", "Accept-Encoding": "gzip"}
+        token = self._auth.token() if self._auth is not None else None
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        return headers
+
+    async def _get_bytes(self, url: str, endpoint: str, timeout_s: float, limit: int) -> bytes:
+        try:
+            async with self._session.get(url, headers=self._headers(),
+                                         timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                if resp.status != 200:
+                    text = (await resp.content.read(300)).decode("utf-8", "replace")
+                    raise SidecarError(endpoint, f"HTTP {resp.status}: {' '.join(text.split())[:200]}",
+                                       retryable=resp.status >= 500 or resp.status == 429)
+                raw = await read_capped(resp, limit)
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise SidecarError(endpoint, f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
+        if len(raw) > limit:
+            raise SidecarError(endpoint, f"answer larger than {limit} bytes", retryable=False)
+        return raw
+
+    async def status(self, endpoint: str, timeout_s: float) -> SidecarStatus:
+        raw = await self._get_bytes(f"{endpoint}/v1/status", endpoint, timeout_s, MAX_STATUS_BYTES)
+        raw = gunzip_capped(raw, MAX_STATUS_BYTES, endpoint)
+        try:
+            obj = json.loads(raw)
+        except ValueError as exc:
+            raise SidecarError(endpoint, f"answer is not JSON: {exc}", retryable=False) from exc
+        return parse_status(obj, endpoint)
+
+    async def snapshot_bytes(
+        self, endpoint: str, timeout_s: float, *, refresh: bool = True, last_entries: int | None = None
+    ) -> bytes:
+        """The `/v1/snapshot` body, undecoded and maybe gzipped (`evidence.from_bytes` takes both, off the
+        event loop)."""
+        query = [("refresh", "1")] if refresh else []
+        window = wire.window_query(last_entries)
+        if window is not None:
+            # Only the newest entries per rank travel: the operator keeps no more than these.
+            query.append(("entries", window))
+        url = f"{endpoint}/v1/snapshot" + ("?" + "&".join(f"{k}={v}" for k, v in query) if query else "")
+        return await self._get_bytes(url, endpoint, timeout_s, self._max_snapshot)

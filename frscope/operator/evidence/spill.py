@@ -1,0 +1,92 @@
+"""Accepted pushes, kept on disk (`--evidence-dir`) so that an operator restart does not lose them.
+
+One file per pod, `<namespace>_<pod>.json.gz` (`<namespace>_<pod>_<uid>.json.gz` when the pusher's
+token named its pod's uid), holding the body as the sidecar pushed it (gzip), written atomically (temp
+file + rename) and removed when the push store lets the push go. The names come from the caller's
+token or headers, so they are checked (DNS-1123 names, a uid of hex digits and dashes) before they
+become paths; at start, every file is decoded again like a fresh push, with its uid (a job's pods keep
+their names across a restart: the uid tells a gone pod's push from its successor's), and one that
+does not decode is logged and removed.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from frscope.operator.evidence.pod_evidence import PodEvidence, from_bytes
+from frscope.operator.evidence.sidecars import SidecarError
+
+log = logging.getLogger("frscope.operator")
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")  # what Kubernetes allows for both
+_UID = re.compile(r"^[0-9a-f][-0-9a-f]{0,63}$")  # a pod uid (a UUID)
+SUFFIX = ".json.gz"
+
+
+class EvidenceDir:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True)
+
+    def _file(self, namespace: str, pod: str, uid: str = "") -> Path | None:
+        if not (_NAME.match(namespace) and _NAME.match(pod)) or "_" in namespace + pod:
+            return None
+        if uid and not _UID.match(uid):
+            return None
+        return self.path / f"{namespace}_{pod}{'_' + uid if uid else ''}{SUFFIX}"
+
+    def _kept(self, namespace: str, pod: str) -> list[Path]:
+        """The pod's files, whichever uid they carry."""
+        if self._file(namespace, pod) is None:
+            return []
+        return [*self.path.glob(f"{namespace}_{pod}{SUFFIX}"), *self.path.glob(f"{namespace}_{pod}_*{SUFFIX}")]
+
+    def save(self, namespace: str, pod: str, raw: bytes, uid: str = "") -> None:
+        """Keep one pod's pushed body (plain or gzip), replacing what the pod of that name pushed before;
+        a name that is no Kubernetes name, or a uid that is none, is not kept."""
+        target = self._file(namespace, pod, uid)
+        if target is None:
+            log.warning("evidence dir: push from %r/%r (uid %r) not kept on disk (not a Kubernetes name)",
+                        namespace, pod, uid)
+            return
+        body = raw if raw[:2] == b"\x1f\x8b" else gzip.compress(raw, compresslevel=1)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_bytes(body)
+            tmp.replace(target)
+        except OSError as exc:
+            log.warning("evidence dir: could not keep the push of %s/%s: %s", namespace, pod, exc)
+            tmp.unlink(missing_ok=True)
+            return
+        for other in self._kept(namespace, pod):
+            if other != target:
+                other.unlink(missing_ok=True)
+
+    def remove(self, namespace: str, pod: str) -> None:
+        for file in self._kept(namespace, pod):
+            file.unlink(missing_ok=True)
+
+    def load(self, *, max_entries: int, ttl_s: float) -> Iterator[PodEvidence]:
+        """The kept pushes, oldest first; files older than `ttl_s` or that do not decode are removed."""
+        files = sorted(self.path.glob(f"*{SUFFIX}"), key=lambda p: p.stat().st_mtime)
+        for file in files:
+            namespace, _, rest = file.name[: -len(SUFFIX)].partition("_")
+            pod, _, uid = rest.partition("_")
+            if self._file(namespace, pod, uid) != file or time.time() - file.stat().st_mtime > ttl_s:
+                file.unlink(missing_ok=True)
+                continue
+            try:
+                evidence = from_bytes(file.read_bytes(), str(file), origin="push", max_entries=max_entries,
+                                      pod=pod, namespace=namespace)
+            except (SidecarError, OSError) as exc:
+                log.warning("evidence dir: %s dropped: %s", file, exc)
+                file.unlink(missing_ok=True)
+                continue
+            evidence.pod_uid = uid
+            yield evidence

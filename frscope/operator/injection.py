@@ -1,0 +1,285 @@
+"""The opt-in mutating admission webhook: adds the frscope sidecar to a PyTorchJob's pods.
+
+`inject()` is a pure function (pod dict in, JSON-able pod dict out, or None when nothing is to be
+done); `register_webhook()` hangs it on a kopf registry as handler id `inject`, served at `/inject`.
+The handler never denies a pod: any error is logged and the pod is admitted unchanged (fails open,
+and the webhook configuration says `failurePolicy: Ignore` for when the operator is down).
+
+What an opted-in pod gets:
+- the sidecar: a native sidecar (an init container with `restartPolicy: Always`, Kubernetes >= 1.29)
+  where the server supports it, a regular container otherwise; a port named `frscope`; with
+  `--schedule-key=<namespace>/<job name>` when the pod's labels name its job, so every sidecar of
+  the job polls on the same wall-clock slots (frscope.sidecar.schedule);
+- an `emptyDir` volume shared by the sidecar and the trainer, mounted at `mount_path`;
+- in the trainer container(s): `TORCH_FR_BUFFER_SIZE` (and the old name), the on-timeout dump prefix
+  `TORCH_FR_DUMP_TEMP_FILE` in the shared volume (and the old name), `FRSCOPE_SOCKET_DIR` and
+  `PYTHONPATH` for the sidecar's sitecustomize bootstrap (which starts torch's worker server per
+  rank; the image's own PYTHONPATH, which the container env replaces, is appended from the
+  annotation `frscope.io/pythonpath`), `terminationMessagePolicy: FallbackToLogsOnError` (so the
+  watchdog's message reaches the pod status); variables the pod already sets are left as they are;
+- with Kubernetes identity (`operator_identity` set, the chart's default): a projected volume in
+  the sidecar only, with the pod's service-account token for the operator's audience (what pushes
+  carry; bound to the pod, so the operator learns the pod from it), one for the API server's own
+  audience (to read the cluster's issuer keys, which every service account may) and the cluster CA;
+  and `--operator-identity`, so the sidecar accepts the operator's token only;
+- `TORCH_NCCL_ENABLE_TIMING=1` in the trainer unless turned off (`nccl_timing`);
+- the annotation `frscope.io/injected`, which makes a second pass a no-op.
+
+Opt-in: the pod label (`inject_label`), or the same label on the pod's namespace (a second webhook,
+`NAMESPACE_WEBHOOK_ID`, whose namespaceSelector picks those namespaces; a pod label `=false` opts out).
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from frscope.operator import names
+from frscope.operator.model import jobkinds
+
+log = logging.getLogger(__name__)
+
+WEBHOOK_ID = "inject"
+# Served at /inject-namespace: pods the API server sends because their *namespace* carries the opt-in
+# label (the webhook configuration's namespaceSelector decided; a pod can opt out with label=false).
+NAMESPACE_WEBHOOK_ID = "inject-namespace"
+
+
+@dataclass(frozen=True, slots=True)
+class InjectionConfig:
+    image: str = "frscope:latest"
+    image_pull_policy: str = "IfNotPresent"
+    port: int = 9402
+    mount_path: str = "/run/frscope"
+    buffer_size: int = 2000
+    native: bool = True  # init container with restartPolicy Always (decided from the server version)
+    poll_interval_s: float | None = None
+    stall_after_s: float | None = None
+    operator_url: str | None = None
+    resources: dict[str, Any] = field(default_factory=dict)
+    inject_label: tuple[str, str] = (names.INJECT_KEY, "true")
+    # TORCH_NCCL_ENABLE_TIMING=1 in the trainer: NCCL entries then carry `started` and `duration_ms`
+    # (one more CUDA event per collective; docs/install.md). A pod that sets the variable keeps its value.
+    nccl_timing: bool = True
+    log_format: str = "text"  # the sidecar's --log-format
+    version: str = "1"
+    # system:serviceaccount:NS:NAME of the operator: the sidecars accept its tokens only. None: the
+    # sidecars are injected without authentication.
+    operator_identity: str | None = None
+    token_expiration_s: int = 3600
+    token_mount: str = "/var/run/secrets/frscope"
+
+    @property
+    def dump_dir(self) -> str:
+        return f"{self.mount_path}/dumps"
+
+    @property
+    def bootstrap_dir(self) -> str:
+        return f"{self.mount_path}/python"
+
+
+def native_sidecars_supported(major: int, minor: int) -> bool:
+    """SidecarContainers is beta and on by default from Kubernetes 1.29 (GA in 1.33)."""
+    return (major, minor) >= (1, 29)
+
+
+def _label(pod: dict[str, Any], key: str) -> str:
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return str(labels.get(key, "")).lower()
+
+
+def opted_in(pod: dict[str, Any], cfg: InjectionConfig) -> bool:
+    """The pod carries the opt-in label. (A label, not an annotation: the webhook configuration's
+    objectSelector only sees labels, so an annotation-only pod would never reach the webhook.)"""
+    key, value = cfg.inject_label
+    return _label(pod, key) == value.lower()
+
+
+def opted_out(pod: dict[str, Any], cfg: InjectionConfig) -> bool:
+    """The pod says `<inject label>=false`: no sidecar, even in an opted-in namespace."""
+    return _label(pod, cfg.inject_label[0]) == "false"
+
+
+def already_injected(pod: dict[str, Any]) -> bool:
+    meta = pod.get("metadata") or {}
+    if names.ANN_INJECTED in (meta.get("annotations") or {}):
+        return True
+    spec = pod.get("spec") or {}
+    return any(
+        isinstance(c, dict) and c.get("name") == names.SIDECAR_CONTAINER
+        for key in ("initContainers", "containers")
+        for c in spec.get(key) or []
+    )
+
+
+def schedule_key(pod: dict[str, Any]) -> str | None:
+    """`<namespace>/<job name>` from the pod's job labels (PyTorchJob, TrainJob/JobSet): the same in
+    every pod of the job, so their sidecars poll on the same slots (frscope.sidecar.schedule). None:
+    the pod names no job (its sidecar polls on the interval's multiples since the epoch)."""
+    meta = pod.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    job = jobkinds.pod_job(labels) if isinstance(labels, dict) else None
+    if job is None:
+        return None
+    return f"{meta.get('namespace') or ''}/{job.job_name}"
+
+
+def sidecar_container(cfg: InjectionConfig, key: str | None = None) -> dict[str, Any]:
+    args = [
+        "sidecar",
+        f"--socket-dir={cfg.mount_path}",
+        f"--dump-dir={cfg.dump_dir}",
+        f"--install-bootstrap={cfg.bootstrap_dir}",
+        f"--port={cfg.port}",
+    ]
+    if cfg.poll_interval_s is not None:
+        args.append(f"--poll-interval={cfg.poll_interval_s:g}")
+    if cfg.stall_after_s is not None:
+        args.append(f"--stall-after={cfg.stall_after_s:g}")
+    if key:
+        args.append(f"--schedule-key={key}")
+    if cfg.operator_url:
+        args.append(f"--operator-url={cfg.operator_url}")
+    if cfg.operator_identity:
+        args += [f"--operator-identity={cfg.operator_identity}", f"--kube-token-dir={cfg.token_mount}"]
+    if cfg.log_format != "text":
+        args.append(f"--log-format={cfg.log_format}")
+    container: dict[str, Any] = {
+        "name": names.SIDECAR_CONTAINER,
+        "image": cfg.image,
+        "imagePullPolicy": cfg.image_pull_policy,
+        "args": args,
+        "env": [
+            {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        ],
+        "ports": [{"name": names.SIDECAR_PORT_NAME, "containerPort": cfg.port, "protocol": "TCP"}],
+        "volumeMounts": [{"name": names.SIDECAR_VOLUME, "mountPath": cfg.mount_path}],
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": names.SIDECAR_PORT_NAME}, "periodSeconds": 10},
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+    }
+    if cfg.operator_identity:
+        container["volumeMounts"].append({"name": names.SIDECAR_TOKEN_VOLUME, "mountPath": cfg.token_mount,
+                                          "readOnly": True})
+    if cfg.resources:
+        container["resources"] = copy.deepcopy(cfg.resources)
+    if cfg.native:
+        container["restartPolicy"] = "Always"
+        # A native sidecar must be up before the trainer starts: the trainer's bootstrap is in the volume.
+        container["startupProbe"] = {"httpGet": {"path": "/healthz", "port": names.SIDECAR_PORT_NAME},
+                                     "periodSeconds": 1, "failureThreshold": 60}
+    return container
+
+
+def token_volume(cfg: InjectionConfig) -> dict[str, Any]:
+    """The sidecar's projected tokens (mounted in the sidecar only, never in the trainer).
+
+    Readable by every user (0444): the kubelet writes them as root and hands them to the container's
+    user only when every container of the pod names the same runAsUser, which a trainer running as
+    root does not; with 0440 the sidecar (65532) could not read them. Only the
+    sidecar mounts the volume."""
+    expiry = cfg.token_expiration_s
+    return {"name": names.SIDECAR_TOKEN_VOLUME, "projected": {"defaultMode": 0o444, "sources": [
+        {"serviceAccountToken": {"audience": names.AUDIENCE_OPERATOR, "expirationSeconds": expiry,
+                                 "path": "operator-token"}},
+        {"serviceAccountToken": {"expirationSeconds": expiry, "path": "api-token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+    ]}}
+
+
+def trainer_env(cfg: InjectionConfig) -> list[dict[str, Any]]:
+    prefix = f"{cfg.dump_dir}/nccl_trace_rank_"
+    return [
+        {"name": "TORCH_FR_BUFFER_SIZE", "value": str(cfg.buffer_size)},
+        {"name": "TORCH_NCCL_TRACE_BUFFER_SIZE", "value": str(cfg.buffer_size)},
+        {"name": "TORCH_FR_DUMP_TEMP_FILE", "value": prefix},
+        {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": prefix},
+        {"name": "TORCH_NCCL_DUMP_ON_TIMEOUT", "value": "1"},
+        {"name": "FRSCOPE_SOCKET_DIR", "value": cfg.mount_path},
+        *([{"name": "TORCH_NCCL_ENABLE_TIMING", "value": "1"}] if cfg.nccl_timing else []),
+    ]
+
+
+def _trainers(containers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    named = [c for c in containers if c.get("name") in names.TRAINER_CONTAINERS]
+    return named or [c for c in containers if c.get("name") != names.SIDECAR_CONTAINER]
+
+
+def _add_env(container: dict[str, Any], cfg: InjectionConfig, image_pythonpath: str) -> None:
+    env = container.setdefault("env", [])
+    present = {e.get("name") for e in env if isinstance(e, dict)}
+    for var in trainer_env(cfg):
+        if var["name"] not in present:
+            env.append(var)
+    # PYTHONPATH: put the bootstrap first, keep whatever the pod sets (not an image's ENV: see docs).
+    for var in env:
+        if isinstance(var, dict) and var.get("name") == "PYTHONPATH" and "value" in var:
+            parts = str(var.get("value") or "").split(":")
+            if cfg.bootstrap_dir not in parts:
+                var["value"] = ":".join([cfg.bootstrap_dir, *[p for p in parts if p]])
+            break
+    else:
+        if "PYTHONPATH" not in present:
+            parts = [cfg.bootstrap_dir, *[p for p in image_pythonpath.split(":") if p and p != cfg.bootstrap_dir]]
+            env.append({"name": "PYTHONPATH", "value": ":".join(parts)})
+
+
+def inject(pod: dict[str, Any], cfg: InjectionConfig, *, namespace_opted_in: bool = False) -> dict[str, Any] | None:
+    """The pod with the sidecar added, or None: not opted in, already injected, or nothing to inject into.
+    `namespace_opted_in`: the pod's namespace carries the opt-in label (then only a pod label
+    `=false` keeps the sidecar out)."""
+    wanted = opted_in(pod, cfg) or (namespace_opted_in and not opted_out(pod, cfg))
+    if not wanted or already_injected(pod):
+        return None
+    out = copy.deepcopy(pod)
+    spec = out.setdefault("spec", {})
+    containers = [c for c in spec.get("containers") or [] if isinstance(c, dict)]
+    if not containers:
+        return None
+    volumes = spec.setdefault("volumes", [])
+    if not any(isinstance(v, dict) and v.get("name") == names.SIDECAR_VOLUME for v in volumes):
+        volumes.append({"name": names.SIDECAR_VOLUME, "emptyDir": {}})
+    if cfg.operator_identity and not any(isinstance(v, dict) and v.get("name") == names.SIDECAR_TOKEN_VOLUME
+                                         for v in volumes):
+        volumes.append(token_volume(cfg))
+    mount = {"name": names.SIDECAR_VOLUME, "mountPath": cfg.mount_path}
+    image_pythonpath = str(((out.get("metadata") or {}).get("annotations") or {}).get(names.ANN_PYTHONPATH) or "")
+    for trainer in _trainers(containers):
+        _add_env(trainer, cfg, image_pythonpath)
+        mounts = trainer.setdefault("volumeMounts", [])
+        if not any(isinstance(m, dict) and m.get("name") == names.SIDECAR_VOLUME for m in mounts):
+            mounts.append(dict(mount))
+        trainer["terminationMessagePolicy"] = "FallbackToLogsOnError"
+    sidecar = sidecar_container(cfg, schedule_key(out))
+    if cfg.native:
+        spec.setdefault("initContainers", []).append(sidecar)
+    else:
+        spec["containers"].append(sidecar)
+    meta = out.setdefault("metadata", {})
+    annotations = meta.setdefault("annotations", {})
+    annotations[names.ANN_INJECTED] = "native-sidecar" if cfg.native else "container"
+    if namespace_opted_in:
+        # The pod then carries the label like a pod opted in by hand: the PodMonitor scrapes it.
+        meta.setdefault("labels", {})[cfg.inject_label[0]] = cfg.inject_label[1]
+    return out
+
+
+def mutate(body: dict[str, Any], cfg: InjectionConfig, *, namespace_opted_in: bool = False) -> dict[str, Any] | None:
+    """`inject()` that never raises (the webhook fails open)."""
+    try:
+        return inject(body, cfg, namespace_opted_in=namespace_opted_in)
+    except Exception:
+        meta = body.get("metadata") or {}
+        log.exception("sidecar injection failed for pod %s/%s; admitting it unchanged",
+                      meta.get("namespace"), meta.get("name") or meta.get("generateName"))
+        return None
