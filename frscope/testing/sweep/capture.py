@@ -80,6 +80,8 @@ class Zygote:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 @dataclass
@@ -183,11 +185,11 @@ def _settle(job: RunningJob, deadline: float) -> bool:
     return False
 
 
-def _snapshot(job: RunningJob) -> tuple[list[bytes], list[wire.SnapshotError], int]:
+def _snapshot(job: RunningJob, only: list[int] | None = None) -> tuple[list[bytes], list[wire.SnapshotError], int]:
     pieces: list[bytes] = []
     errors: list[wire.SnapshotError] = []
     captured = time.time_ns()
-    for rank in job.ranks():
+    for rank in job.ranks() if only is None else only:
         if not job.alive(rank):
             kept = job.last_good.get(rank)
             if kept is not None:
@@ -216,7 +218,15 @@ def _poll_snapshot(job: RunningJob) -> tuple[list[bytes], list[wire.SnapshotErro
     after it (the sidecar's dump-dir watcher), whichever is newer."""
     pieces: list[bytes] = []
     errors: list[wire.SnapshotError] = []
+    live = [r for r in job.ranks() if job.alive(r)]
+    if live:  # a rank that outlived the others (stuck in teardown): read live, with stacks, and dumped
+        live_pieces, live_errors, _ = _snapshot(job, only=live)
+        pieces += live_pieces
+        errors += live_errors
+        _request_dumps(job)
     for rank in job.ranks():
+        if rank in live:
+            continue
         kept = job.last_good.get(rank)
         dump = job.cap / "json" / f"nccl_trace_rank_{rank}.json"
         dump_ns = dump.stat().st_mtime_ns if dump.exists() else None
@@ -251,13 +261,35 @@ def _exit_message(log: Path) -> str:
     return (errors or lines or [""])[-1][:400]
 
 
+def _finished_ns(job: RunningJob, rank: int) -> int | None:
+    try:
+        return (job.work / f"rank-{rank}.exit").stat().st_mtime_ns
+    except OSError:
+        return None
+
+
+def exits_source(spec: JobSpec) -> str:
+    """Where the job's exit codes come from, from the job's own seed (no draw): 'pods' (one pod per rank:
+    exit code, reason, message, finishedAt) or 'torchrun' (its failure summary also names the first
+    failure, the rank whose failure it saw first)."""
+    return "torchrun" if (spec.seed >> 1) & 1 else "pods"
+
+
 def _exits(job: RunningJob, killed: set[int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
+    finished = {r: _finished_ns(job, r) for r in job.ranks() if job.exit_code(r) is not None}
+    failed = [r for r in finished if job.exit_code(r) != 0 and finished[r] is not None]
+    first = min(failed, key=lambda r: finished[r] or 0) if failed else None
+    source = exits_source(job.spec)
     for rank in job.ranks():
         code = job.exit_code(rank)
         if code is None:
             continue
-        entry: dict[str, Any] = {"exit_code": code}
+        entry: dict[str, Any] = {"exit_code": code, "source": source}
+        if finished.get(rank) is not None:
+            entry["finished_at_ns"] = finished[rank]
+        if source == "torchrun" and rank == first:
+            entry["first_failure"] = True
         if rank not in killed:
             if code == 137 and job.spec.params.get("how") == "sigkill":
                 entry["reason"] = "OOMKilled"
@@ -279,13 +311,19 @@ def _poll_until_done(job: RunningJob, deadline: float) -> set[int]:
         live = [r for r in job.ranks() if job.alive(r)]
         if not live:
             break
+        if job.spec.cls == "teardown" and set(live) <= culprits and all(job.phase(r) == "teardown" for r in live):
+            time.sleep(max(0.0, HOLD_S - min(job.phase_age(r) for r in live)))
+            break  # the culprit stays stuck in teardown: captured live below
         if job.spec.cls == "timeout" and set(live) <= culprits:
             time.sleep(0.5)
             for rank in live:
                 pid = job.pid(rank)
                 if pid is not None:
-                    os.kill(pid, signal.SIGKILL)
-                    killed.add(rank)
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                        killed.add(rank)
+                    except ProcessLookupError:
+                        pass  # it ended on its own meanwhile
             time.sleep(0.3)
             continue
         for rank in live:
@@ -293,6 +331,11 @@ def _poll_until_done(job: RunningJob, deadline: float) -> set[int]:
                 _poll_trace(job, rank, 1.0)
         time.sleep(POLL_S)
     return killed
+
+
+def collect_mode(spec: JobSpec) -> str:
+    """The class's collection, unless the job's variant ends blocked instead (an all_to_all that hangs)."""
+    return "settle" if spec.params.get("a2a") == "hang" else spec.fault.collect
 
 
 def truth_of(spec: JobSpec) -> dict[str, Any]:
@@ -313,7 +356,8 @@ def truth_of(spec: JobSpec) -> dict[str, Any]:
         "summary": cls.summary,
         "culprit_ranks": spec.culprits,
         "accepted": accepted,
-        "accepted_without_stacks": accepted + [c for c in cls.no_stacks_accepted if c not in accepted],
+        # Also right in the forms without live stacks (pickle, JSON), with or without exit codes.
+        "accepted_without_stacks": [c for c in cls.no_stacks_accepted if c not in accepted],
         "accepted_with_exits": list(cls.with_exits or accepted),
         "undecidable": undecidable,
         "group": group,
@@ -344,9 +388,9 @@ def run_job(spec: JobSpec, zygote: Zygote, cap: Path) -> dict[str, Any]:
         if not _wait_sockets(job, deadline):
             job.events.append("not every socket answered")
         meta["up_s"] = round(time.monotonic() - started, 2)
-        if spec.fault.collect == "poll":
+        if collect_mode(spec) == "poll":
             killed = _poll_until_done(job, deadline)
-            meta["settled"] = not any(job.alive(r) for r in job.ranks())
+            meta["settled"] = all(not job.alive(r) for r in job.ranks() if r not in spec.culprits)
             pieces, errors, captured = _poll_snapshot(job)
         else:
             meta["settled"] = _settle(job, deadline)

@@ -60,7 +60,9 @@ CLASSES: dict[str, FaultClass] = {c.name: c for c in (
     FaultClass("hang-strided", "a rank stuck before its strided subgroup's collective", (NOT_JOINED,),
                min_world=4, layouts=("strided",)),
     FaultClass("two-hang", "two ranks of one node stuck at once", (NOT_JOINED,), min_world=4, culprits=2),
-    FaultClass("skip", "a rank skips one collective of a step and goes on", (NOT_JOINED,)),
+    # Its later collectives pair with the others' earlier ones: where those differ in kind, a type mismatch
+    # at the skipped one names the same rank.
+    FaultClass("skip", "a rank skips one collective of a step and goes on", (NOT_JOINED, TYPE)),
     FaultClass("cycle", "a rank skips its subgroup's collective and waits in the default group's: a cycle",
                (NOT_JOINED,), min_world=4, layouts=("strided", "grid")),
     FaultClass("order", "a rank calls the default group's collective before its subgroup's (the others the "
@@ -69,7 +71,8 @@ CLASSES: dict[str, FaultClass] = {c.name: c for c in (
     FaultClass("size", "a rank passes another shape with the same bytes (all_reduce, all_gather, "
                "reduce_scatter; subgroups too)", (SIZE,), min_world=3),
     FaultClass("dtype", "a rank passes int32 where the others pass float32 (same bytes)", (DTYPE,), min_world=3),
-    FaultClass("a2a", "all_to_all_single whose split sizes do not balance on one rank: the receiver aborts",
+    FaultClass("a2a", "all_to_all_single whose split sizes do not balance on one rank: one element more for "
+               "the first rank (it aborts) or one fewer (it waits; half of the jobs)",
                (SIZE,), collect="poll", min_world=4, layouts=("default",)),
     FaultClass("barrier", "uneven data: a rank calls barrier where the others all_reduce", (TYPE, NOT_JOINED),
                min_world=3, layouts=("default",)),
@@ -94,6 +97,9 @@ CLASSES: dict[str, FaultClass] = {c.name: c for c in (
                collect="poll", exits=True, layouts=("default", "grid")),
     FaultClass("early-exit", "uneven data: a rank finishes its loop early and exits 0", (STOPPED, NOT_JOINED,
                MISSING), with_exits=(STOPPED, NOT_JOINED), collect="poll", exits=True, layouts=("default",)),
+    FaultClass("teardown", "at the end every rank calls barrier, then destroy_process_group; one rank goes "
+               "straight to teardown and is stuck there (joining its workers); gloo then fails the others' barrier "
+               "and they exit", (NOT_JOINED,), collect="poll", exits=True, layouts=("default",)),
     FaultClass("after-timeout", "a rank stuck in Python; every dump taken after the others' collective timed out",
                (NOT_JOINED,), layouts=("default",)),
     FaultClass("straggler", "a rank late at every collective", (STRAGGLER,), timing=True),

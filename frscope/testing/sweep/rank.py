@@ -150,7 +150,8 @@ class Job:
         elif op == "broadcast":
             dist.broadcast(t, src=first, group=group)
         elif op == "all_gather_into_tensor":
-            out = torch.zeros((size * SHAPE[0], SHAPE[1]), dtype=t.dtype)
+            # The output's chunks have the rank's own input shape (gloo checks that locally).
+            out = torch.zeros((size * t.shape[0], t.shape[1]), dtype=t.dtype)
             dist.all_gather_into_tensor(out, t, group=group)
         elif op == "reduce_scatter_tensor":
             big = torch.ones((size * SHAPE[0], SHAPE[1]), dtype=t.dtype)
@@ -158,7 +159,13 @@ class Job:
                 big = big.reshape(size * SHAPE[1], SHAPE[0]).contiguous()
             dist.reduce_scatter_tensor(torch.zeros(SHAPE, dtype=t.dtype) if fault != "size" else t, big, group=group)
         elif op == "all_to_all_single":
-            if fault == "a2a":
+            if fault == "a2a" and self.params.get("a2a") == "hang":
+                # One element fewer for the group's first rank: it (and the ranks after it in gloo's
+                # exchange) wait for the rest until the collective's timeout.
+                splits = [1] + [2] * (size - 1)
+                dist.all_to_all_single(torch.zeros(2 * size), torch.ones(2 * size - 1),
+                                       output_split_sizes=[2] * size, input_split_sizes=splits, group=group)
+            elif fault == "a2a":
                 # One element more for the group's first rank: its receive does not match, it aborts.
                 splits = [3] + [2] * (size - 1)
                 dist.all_to_all_single(torch.zeros(2 * size), torch.ones(2 * size + 1),
@@ -261,6 +268,14 @@ class Job:
                 self.write_periodic()
         if self.cls == "early-exit" and self.culprit:
             return 0
+        if self.cls == "teardown":
+            self.mark("teardown")
+            try:
+                teardown(skip_barrier=self.culprit)
+            except RuntimeError as exc:
+                print(f"{type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+                self.write_dumps()
+                return 1
         self.mark("idle")
         wait_for_shutdown()
         return 0
@@ -323,6 +338,21 @@ def pipeline_forward(rank: int, world: int) -> None:
         dist.recv(activations, src=rank - 1)
     if rank < world - 1:
         dist.send(activations, dst=rank + 1)
+
+
+def teardown(skip_barrier: bool) -> None:
+    """The end of training: a barrier, then the process group goes. The culprit skips the barrier and gets
+    stuck after destroying its group, joining workers that never finish."""
+    if not skip_barrier:
+        dist.barrier()
+    dist.destroy_process_group()
+    if skip_barrier:
+        join_workers()
+
+
+def join_workers() -> None:
+    while True:
+        time.sleep(0.5)
 
 
 def wait_for_shutdown() -> None:

@@ -14,7 +14,7 @@ from frscope.testing.sweep.classes import CLASSES, FORMS
 def _frac(rows: list[dict[str, Any]], key: str = "right") -> str:
     if not rows:
         return "-"
-    right = sum(1 for r in rows if (r[key]["right"] if key == "torchfrtrace" else r[key]))
+    right = sum(1 for r in rows if (r[key]["right"] if key.startswith("torchfrtrace") else r[key]))
     return f"{right} / {len(rows)}"
 
 
@@ -50,16 +50,27 @@ def summarize(results: dict[str, Any]) -> dict[str, Any]:
             sel = [r for r in rows if r["class"] == cls and r["form"] == form]
             counts[cls][form] = [sum(r["right"] for r in sel), len(sel)]
     tft = [r for r in rows if r["form"] == "pickle" and "torchfrtrace" in r]
+    fixed = [r for r in rows if r["form"] == "pickle" and "torchfrtrace_pgfixed" in r]
+    fixed_by_class = {cls: [sum(r["torchfrtrace_pgfixed"]["right"] for r in fixed if r["class"] == cls),
+                            sum(1 for r in fixed if r["class"] == cls)] for cls in sorted({r["class"] for r in fixed})}
     return {
         "right": sum(r["right"] for r in rows), "total": len(rows),
         "jobs": len({r["job"] for r in rows}),
         "torchfrtrace": [sum(r["torchfrtrace"]["right"] for r in tft), len(tft)],
+        "torchfrtrace_pgfixed": [sum(r["torchfrtrace_pgfixed"]["right"] for r in fixed), len(fixed)],
+        "torchfrtrace_pgfixed_by_class": fixed_by_class,
         "by_class_form": counts,
         "misses": [{"job": r["job"], "form": r["form"], "class": r["class"], "truth": r["culprits"], "got": r["got"]}
                    for r in rows if not r["right"]],
         "batches": results.get("batches", []),
         "stuck_after_s": results.get("stuck_after_s"),
     }
+
+
+def _shown(root: Path) -> str:
+    home = str(Path.home())
+    text = str(root)
+    return "~" + text[len(home):] if text.startswith(home + "/") else text
 
 
 def render(results: dict[str, Any], root: Path) -> str:
@@ -69,6 +80,9 @@ def render(results: dict[str, Any], root: Path) -> str:
     jobs = summary["jobs"]
     classes = sorted({r["class"] for r in rows}, key=lambda c: list(CLASSES).index(c) if c in CLASSES else 99)
     tft_right, tft_total = summary["torchfrtrace"]
+    fix_right, fix_total = summary["torchfrtrace_pgfixed"]
+    pickle_rows = [r for r in rows if r["form"] == "pickle"]
+    pickle_right = sum(r["right"] for r in pickle_rows)
     commands = sorted({b["command"] for b in results.get("batches", [])})
     seeds = sorted({b["seed"] for b in results.get("batches", [])})
     worlds = sorted({r["world"] for r in rows})
@@ -91,11 +105,14 @@ def render(results: dict[str, Any], root: Path) -> str:
         "",
         "```",
         *commands,
-        f"scripts/fault_sweep.py score {root}",
-        f"scripts/fault_sweep.py report {root}",
+        f"scripts/fault_sweep.py score {_shown(root)}",
+        f"scripts/fault_sweep.py report {_shown(root)} --results-copy docs/accuracy-sweep.json",
         "```",
         "",
-        f"Seeds: {', '.join(map(str, seeds))}. Captures were analysed with `--stuck-after {summary['stuck_after_s']:g}`"
+        f"Seeds: {', '.join(map(str, seeds))}; generator at commit"
+        f" {', '.join(sorted({str(b.get('commit', '?')) for b in results.get('batches', [])}))}"
+        " (a later batch of the same command re-runs only the jobs whose captures were removed)."
+        f" Captures were analysed with `--stuck-after {summary['stuck_after_s']:g}`"
         " (the jobs were held ~3 s after they stopped moving; the default is 10 s).",
         "",
         "**Right** means: the first finding's category is one the class accepts and its culprit ranks are",
@@ -105,18 +122,26 @@ def render(results: dict[str, Any], root: Path) -> str:
         "",
         f"## frscope: **{right} of {total} verdicts right ({_pct(right, total)})** on {jobs} jobs",
         "",
-        f"torchfrtrace (torch's own analyzer, on the pickle form of the same jobs): **{tft_right} of {tft_total}"
-        f" right ({_pct(tft_right, tft_total)})**.",
+        "torchfrtrace (torch's own analyzer, `torchfrtrace DIR --prefix nccl_trace_rank_`, of the job's torch"
+        f" version) on the pickle form of the same jobs: **{tft_right} of {tft_total} right"
+        f" ({_pct(tft_right, tft_total)})**: it stops with a KeyError on gloo's `pg_config` (keyed `''` with",
+        "the ranks of whichever group was built last) or an AssertionError when a rank has no dump. On a",
+        "copy of the same dumps whose `pg_config` names each group with its real ranks (as ProcessGroupNCCL",
+        f"writes it; made by the sweep from what it built), torchfrtrace gets **{fix_right} of {fix_total}"
+        f" ({_pct(fix_right, fix_total)})**, frscope {pickle_right} of {len(pickle_rows)} on the originals."
+        " torchfrtrace is judged by the same rule, its first verdict mapped to frscope's words (a",
+        "collective with missing ranks = RankNotJoined, its mismatch types = the mismatch categories).",
         "",
-        "| class | jobs | snapshot | pickle | json | all forms | torchfrtrace (pickle) |",
-        "|---|---|---|---|---|---|---|",
+        "| class | jobs | snapshot | pickle | json | all forms | torchfrtrace | torchfrtrace, pg_config repaired |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for cls in classes:
         sel = [r for r in rows if r["class"] == cls]
         forms = [_frac([r for r in sel if r["form"] == f]) for f in FORMS]
         tft = [r for r in sel if r["form"] == "pickle" and "torchfrtrace" in r]
+        fixed = [r for r in sel if r["form"] == "pickle" and "torchfrtrace_pgfixed" in r]
         out.append(f"| {cls} | {len({r['job'] for r in sel})} | {' | '.join(forms)} | {_frac(sel)} | "
-                   f"{_frac(tft, 'torchfrtrace')} |")
+                   f"{_frac(tft, 'torchfrtrace')} | {_frac(fixed, 'torchfrtrace_pgfixed')} |")
     out += ["", "Other cuts:", "", "| cut | right |", "|---|---|"]
     cuts: list[tuple[str, Callable[[dict[str, Any]], bool]]] = [
         ("torch 2.13", lambda r: r["torch"] == "2.13"), ("torch 2.15", lambda r: r["torch"] == "2.15"),
@@ -145,12 +170,16 @@ def render(results: dict[str, Any], root: Path) -> str:
             if called:
                 text = "; ".join(f"{k} x{n}" for k, n in called.most_common())
                 out.append(f"| {cls} | {form} | {_frac(sel)} | {text} |")
-    out += ["", "torchfrtrace's answers on the same pickle dumps:", "", "| class | answers |", "|---|---|"]
+    out += ["", "torchfrtrace's answers on the same pickle dumps (as written; with pg_config repaired):", "",
+            "| class | as written | pg_config repaired: misses called |", "|---|---|---|"]
     for cls in classes:
         sel = [r for r in rows if r["class"] == cls and r["form"] == "pickle" and "torchfrtrace" in r]
         said = Counter(_tft_kind(r["torchfrtrace"]["got"]) for r in sel)
+        fixed_said = Counter(_tft_called(r) for r in sel
+                        if "torchfrtrace_pgfixed" in r and not r["torchfrtrace_pgfixed"]["right"])
         if said:
-            out.append(f"| {cls} | " + "; ".join(f"{k} x{n}" for k, n in said.most_common()) + " |")
+            out.append(f"| {cls} | " + "; ".join(f"{k} x{n}" for k, n in said.most_common()) + " | "
+                       + ("; ".join(f"{k} x{n}" for k, n in fixed_said.most_common()) or "-") + " |")
     out += ["", "## The classes", "", "| class | what the generator injects | right categories | "
             "undecidable where, and why |", "|---|---|---|---|"]
     for cls in classes:
@@ -164,6 +193,14 @@ def render(results: dict[str, Any], root: Path) -> str:
                         for reason in sorted(set(fc.undecidable.values()))) or "-"
         out.append(f"| {cls} | {fc.summary} | {cats} | {why} |")
     out += [
+        "",
+        "The `gil` class: a rank stuck in one C call that holds the GIL (a catastrophic regex). Its worker",
+        "server still answers `fr_trace_json` (a C++ handler, seen with torch 2.13 and 2.15), so the sidecar",
+        "snapshot holds its recorder, but not `dump_traceback` (the envelope records the timeout) nor any",
+        "Python handler; its own dump thread never runs, so the pickle and JSON forms lack that rank.",
+        "",
+        "The draw of a seed depends on the class table (`frscope/testing/sweep/classes.py`) of the commit",
+        "that ran it (`batches.jsonl` in the capture directory records the command, seed and commit).",
         "",
         "Also undecidable: a type, size or dtype mismatch on a group of two ranks (two ranks disagree and no",
         "third says which one is wrong); a rank stuck before a pipeline's p2p stage in the pickle and JSON",
@@ -191,6 +228,14 @@ def _layout_is(layout: str) -> Callable[[dict[str, Any]], bool]:
     return lambda row: bool(row["layout"] == layout)
 
 
+def _tft_called(row: dict[str, Any]) -> str:
+    verdict = row["torchfrtrace_pgfixed"]
+    if "category" not in verdict:
+        return _tft_kind(str(verdict["got"]))
+    return _called({"category": verdict["category"], "ranks": verdict["ranks"], "culprits": row["culprits"],
+                    "ambiguous": False, "got": verdict["got"]})
+
+
 def _tft_kind(got: str) -> str:
     if got.startswith("crashed"):
         tail = got.split(":", 1)[1].strip() if ":" in got else got
@@ -198,8 +243,58 @@ def _tft_kind(got: str) -> str:
     return got
 
 
-def write_report(root: Path, out: Path, results_copy: Path | None) -> None:
+def render_repeat(results: dict[str, Any], repeat: dict[str, Any], repeat_root: Path) -> list[str]:
+    """How stable verdicts are: the same jobs (same seed, same draws) run again, their verdicts compared."""
+    before = {(r["job"], r["form"]): r for r in results["rows"]}
+    pairs = [(before[(r["job"], r["form"])], r) for r in repeat["rows"] if (r["job"], r["form"]) in before]
+    changed = [(a, b) for a, b in pairs if a["got"] != b["got"]]
+    flipped = sum(1 for a, b in changed if a["right"] != b["right"])
+    jobs = len({b["job"] for _, b in pairs})
+    out = ["", "## Stability: the same jobs run again", "",
+           f"The first {jobs} jobs of the seed were run a second time (`scripts/fault_sweep.py run` with the same",
+           f"seed into {_shown(repeat_root)}): {len(pairs) - len(changed)} of {len(pairs)} verdicts were the same, "
+           f"{flipped} changed between right and wrong. Real jobs race (which rank's entry is created first, how",
+           "far a rank got before a peer died), so the evidence differs between runs of the same fault:", "",
+           "| job | form | this sweep | the second run |", "|---|---|---|---|"]
+    out += [f"| `{a['job']}` | {a['form']} | {a['got']}{'' if a['right'] else ' (wrong)'} | "
+            f"{b['got']}{'' if b['right'] else ' (wrong)'} |" for a, b in changed]
+    return out
+
+
+def write_report(root: Path, out: Path, results_copy: Path | None, repeat_root: Path | None = None) -> None:
     results = json.loads((root / "results.json").read_text())
-    out.write_text(render(results, root))
+    batches = root / "batches.jsonl"
+    if batches.exists():  # the runs as recorded now (results.json holds them as of its scoring)
+        results["batches"] = [json.loads(line) for line in batches.read_text().splitlines() if line.strip()]
+    text = render(results, root)
+    if repeat_root is not None:
+        repeat = json.loads((repeat_root / "results.json").read_text())
+        lines = render_repeat(results, repeat, repeat_root)
+        head, sep, tail = text.partition("\n## The classes\n")
+        text = head + "\n".join(lines) + "\n" + sep + tail
+    out.write_text(text)
     if results_copy is not None:
         results_copy.write_text(json.dumps(summarize(results), indent=1) + "\n")
+
+
+def render_misses(results: dict[str, Any], root: Path) -> str:
+    """Every miss, grouped by class: the job's directory, the truth and what frscope said (for whoever fixes
+    the analysis; the directory holds the captures, spec.json and truth.json)."""
+    rows: list[dict[str, Any]] = results["rows"]
+    summary = summarize(results)
+    out = [f"{summary['right']} of {summary['total']} verdicts right on {summary['jobs']} jobs "
+           f"(scored {results.get('scored_at', '?')}); captures under {root}", ""]
+    for cls in sorted({r["class"] for r in rows}, key=lambda c: list(CLASSES).index(c) if c in CLASSES else 99):
+        misses = [r for r in rows if r["class"] == cls and not r["right"]]
+        sel = [r for r in rows if r["class"] == cls]
+        if not misses:
+            continue
+        out.append(f"### {cls}: {len(sel) - len(misses)} / {len(sel)} right")
+        out.append("")
+        for r in misses:
+            extra = "".join((" copied" if r["copied"] else "", " +exits" if r["exits"] else ""))
+            others = [a for a in r.get("all") or []][1:4]
+            out.append(f"- `{root / r['job']}` [{r['form']}{extra}] w{r['world']} {r['layout']}: truth "
+                       f"{r['culprits']} -> frscope: {r['got']}" + (f" (then: {'; '.join(others)})" if others else ""))
+        out.append("")
+    return "\n".join(out)

@@ -39,16 +39,18 @@ def available_versions(wanted: list[str]) -> list[str]:
 
 
 def run_batch(seed: int, count: int, classes: list[str], versions: list[str], out: Path, parallel: int,
-              command: str, log: Any = sys.stderr, first: int = 0) -> list[dict[str, Any]]:
+              command: str, log: Any = sys.stderr, first: int = 0, max_world: int = 8) -> list[dict[str, Any]]:
     unknown = [c for c in classes if c not in CLASSES]
     if unknown:
         raise ValueError(f"unknown classes {unknown}; choose from {', '.join(CLASSES)}")
     out.mkdir(parents=True, exist_ok=True)
-    jobs = draw_jobs(seed, first + count, classes, versions)[first:]
+    jobs = draw_jobs(seed, first + count, classes, versions, max_world)[first:]
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
     index_path = out / "batches.jsonl"
     with index_path.open("a") as handle:
         handle.write(json.dumps({"command": command, "seed": seed, "count": count, "first": first,
-                                 "classes": classes, "torch": versions,
+                                 "classes": classes, "torch": versions, "max_world": max_world, "commit": commit,
                                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}) + "\n")
     todo = [j for j in jobs if not (out / j.job_id / "meta.json").exists()]
     zygotes: dict[str, Zygote] = {}

@@ -25,7 +25,7 @@ from frscope.records import exits_from_json, load_dumps
 from frscope.testing.sweep.capture import STUCK_AFTER_S, truth_of
 from frscope.testing.sweep.classes import FORMS
 from frscope.testing.sweep.runner import python_for
-from frscope.testing.sweep.spec import JobSpec
+from frscope.testing.sweep.spec import JobSpec, groups_of
 
 OPTIONS = AnalysisOptions(stall_after_s=STUCK_AFTER_S)
 FORM_DIRS = {"snapshot": "snapshot", "pickle": "pickle", "json": "json"}
@@ -117,28 +117,82 @@ def score_job(job_dir: Path) -> list[dict[str, Any]]:
 
 # -- torchfrtrace ---------------------------------------------------------------------------------------
 
-_CULPRIT = re.compile(r"[Cc]ulprit rank (\d+)")
+# torchfrtrace's words for what it found, as frscope's categories.
+_TFT_CATEGORIES = {
+    "COLLECTIVE_TYPE_MISMATCH": "CollectiveTypeMismatch",
+    "SIZE_OR_SYNTAX_MISMATCH": "SizeMismatch",
+    "COLLECTIVE_DTYPE_MISMATCH": "DtypeMismatch",
+    "COLLECTIVE_STATE_MISMATCH": "NotCompleted",
+}
+_CULPRIT = re.compile(r"Culprit rank (\d+); Error type: (\w+)")
+_MISSING = re.compile(r"missing ranks: \{([\d, ]*)\}")
 
 
-def torchfrtrace_verdict(job_dir: Path, truth: dict[str, Any]) -> dict[str, Any]:
-    out_path = job_dir / "torchfrtrace.txt"
-    rc_path = job_dir / "torchfrtrace.rc"
+def parse_torchfrtrace(text: str) -> tuple[str | None, list[int]]:
+    """torchfrtrace's first verdict: a mismatch ('Culprit rank N; Error type: X') or a collective that not
+    all ranks joined ('missing ranks: {..}'), whichever it printed first; (None, []) when neither."""
+    for line in text.splitlines():
+        culprit = _CULPRIT.search(line)
+        if culprit:
+            return _TFT_CATEGORIES.get(culprit.group(2), culprit.group(2)), [int(culprit.group(1))]
+        missing = _MISSING.search(line)
+        if missing:
+            return "RankNotJoined", sorted(int(r) for r in missing.group(1).replace(",", " ").split())
+    return None, []
+
+
+def torchfrtrace_verdict(job_dir: Path, truth: dict[str, Any], variant: str = "") -> dict[str, Any]:
+    """torchfrtrace judged by frscope's rule: its first verdict's category accepted (mapped to frscope's
+    words) and its ranks exactly the culprits; a healthy job right with no verdict."""
+    out_path = job_dir / f"torchfrtrace{variant}.txt"
+    rc_path = job_dir / f"torchfrtrace{variant}.rc"
     if not out_path.exists():
         return {"right": False, "got": "not run"}
     text = out_path.read_text(errors="replace")
     rc = int(rc_path.read_text().strip() or 1) if rc_path.exists() else 1
-    culprits = sorted({int(r) for r in _CULPRIT.findall(text)})
-    errors = "has errors" in text or "mismatch" in text.lower()
     if rc != 0:
         last = [ln for ln in text.splitlines() if ln.strip()][-1:] or [""]
         return {"right": False, "got": f"crashed (rc {rc}): {last[0][:120]}", "ranks": []}
+    category, ranks = parse_torchfrtrace(text)
     truth_ranks = sorted(truth["culprit_ranks"])
-    if not truth_ranks:
-        return {"right": not culprits and not errors, "got": "no finding" if not culprits else f"culprits {culprits}",
-                "ranks": culprits}
-    if not culprits:
-        return {"right": False, "got": "errors, no culprit named" if errors else "no finding", "ranks": []}
-    return {"right": culprits == truth_ranks, "got": f"culprits {culprits}", "ranks": culprits}
+    if category is None:
+        return {"right": not truth_ranks, "got": "no finding", "ranks": []}
+    got = f"{category} {ranks}"
+    accepted = set(truth["accepted"]) | set(truth.get("accepted_without_stacks", []))
+    return {"right": bool(truth_ranks) and ranks == truth_ranks and category in accepted, "got": got,
+            "category": category, "ranks": ranks}
+
+
+def repair_pg_config(job_dir: Path) -> Path | None:
+    """A copy of the job's pickle dumps whose `pg_config` names every group the rank belongs to with its
+    real ranks, as ProcessGroupNCCL writes it (gloo keys one entry '' with the wrong ranks, and torchfrtrace
+    fails on that with a KeyError before it analyses anything). The dumps are read with frscope's
+    allow-list unpickler and written back with pickle.dumps. Returns the copy's directory."""
+    import pickle
+
+    from frscope.records.safe_pickle import safe_loads
+
+    src = job_dir / "pickle"
+    if not src.is_dir():
+        return None
+    dst = job_dir / "pickle-pgfixed"
+    if dst.is_dir():
+        return dst
+    spec = JobSpec.from_json(json.loads((job_dir / "spec.json").read_text()))
+    groups = groups_of(spec)
+    tmp = job_dir / ".pickle-pgfixed.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    for path in sorted(src.iterdir()):
+        rank = int(path.name.rsplit("_", 1)[1])
+        dump = safe_loads(path.read_bytes(), str(path))
+        if not isinstance(dump, dict):
+            continue
+        dump["pg_config"] = {name: {"name": name, "desc": desc, "ranks": str(members)}
+                             for name, desc, members in groups if rank in members}
+        (tmp / path.name).write_bytes(pickle.dumps(dump))
+    tmp.replace(dst)
+    return dst
 
 
 def run_torchfrtrace(job_dirs: list[Path]) -> None:
@@ -146,10 +200,13 @@ def run_torchfrtrace(job_dirs: list[Path]) -> None:
     version (frscope/testing/sweep/tft_worker.py)."""
     by_version: dict[str, list[Path]] = {}
     for job in job_dirs:
-        if (job / "torchfrtrace.rc").exists() or not (job / "pickle").is_dir():
-            continue
         version = json.loads((job / "truth.json").read_text())["torch"]
-        by_version.setdefault(version, []).append(job / "pickle")
+        if not (job / "torchfrtrace.rc").exists() and (job / "pickle").is_dir():
+            by_version.setdefault(version, []).append(job / "pickle")
+        if not (job / "torchfrtrace-pgfixed.rc").exists():
+            fixed = repair_pg_config(job)
+            if fixed is not None:
+                by_version.setdefault(version, []).append(fixed)
     repo = Path(__file__).resolve().parents[3]
     for version, dirs in by_version.items():
         python = python_for(version)
@@ -173,9 +230,11 @@ def score_dir(root: Path, *, torchfrtrace: bool = True, classes: set[str] | None
         job_rows = score_job(job)
         truth = current_truth(job)
         tft = torchfrtrace_verdict(job, truth)
+        tft_fixed = torchfrtrace_verdict(job, truth, "-pgfixed")
         for row in job_rows:
             if row["form"] == "pickle":
                 row["torchfrtrace"] = tft
+                row["torchfrtrace_pgfixed"] = tft_fixed
         rows.extend(job_rows)
     batches = [json.loads(line) for line in (root / "batches.jsonl").read_text().splitlines()] \
         if (root / "batches.jsonl").exists() else []

@@ -89,9 +89,10 @@ def _layout_ops(layout: str) -> list[tuple[str, str]]:
     }[layout]
 
 
-def draw_job(rng: random.Random, index: int, cls_name: str, torch_version: str, seed: int) -> JobSpec:
+def draw_job(rng: random.Random, index: int, cls_name: str, torch_version: str, seed: int,
+             max_world: int = 8) -> JobSpec:
     cls = CLASSES[cls_name]
-    worlds = [w for w in range(cls.min_world, cls.max_world + 1)
+    worlds = [w for w in range(cls.min_world, min(cls.max_world, max_world) + 1)
               if any(_layout_ok(lay, w) for lay in cls.layouts)]
     # Small jobs are cheaper and as telling; 8 ranks still drawn often enough.
     world = rng.choices(worlds, weights=[3 if w <= 4 else 2 for w in worlds])[0]
@@ -118,12 +119,16 @@ def draw_job(rng: random.Random, index: int, cls_name: str, torch_version: str, 
         params["buckets"] = rng.randint(2, 4)
     job_id = f"{index:04d}-{cls_name}-w{world}-{layout}-t{torch_version}"
     file_forms_copied = rng.random() < 0.3
-    return JobSpec(
+    spec = JobSpec(
         job_id=job_id, cls=cls_name, world=world, layout=layout, tp=tp, steps=steps, fault_step=fault_step,
         op_index=op_index, culprits=sorted(culprits), torch=torch_version, seed=rng.randrange(1 << 30),
         copied_hours=round(rng.uniform(1.0, 20.0), 1) if file_forms_copied else 0.0,
         exits=cls.exits and rng.random() < 0.5, params=params,
     )
+    if cls_name == "a2a":
+        # From the job's own seed (no draw): the same seed keeps drawing the same jobs as before this variant.
+        spec.params["a2a"] = "hang" if spec.seed % 2 else "abort"
+    return spec
 
 
 def _fault_op(rng: random.Random, cls: str, ops: list[tuple[str, str]]) -> int:
@@ -158,12 +163,32 @@ def _culprits(rng: random.Random, cls: str, world: int, layout: str, tp: int, op
     return [rng.randrange(world)]
 
 
-def draw_jobs(seed: int, count: int, classes: list[str], torch_versions: list[str]) -> list[JobSpec]:
+def draw_jobs(seed: int, count: int, classes: list[str], torch_versions: list[str],
+              max_world: int = 8) -> list[JobSpec]:
     """`count` jobs, classes and versions in turn (so every class gets its share), the rest drawn."""
     rng = random.Random(seed)
     jobs = []
     for index in range(count):
         cls = classes[index % len(classes)]
         version = torch_versions[(index // len(classes)) % len(torch_versions)]
-        jobs.append(draw_job(rng, index, cls, version, seed))
+        jobs.append(draw_job(rng, index, cls, version, seed, max_world))
     return jobs
+
+
+def groups_of(spec: JobSpec) -> list[tuple[str, str, list[int]]]:
+    """Every process group of the job as torch names it: (pg name, desc, ranks), in creation order (the
+    default group '0', then each `new_group` call, which every rank makes, members or not). What the rank
+    program builds (`rank.py`, Job.init)."""
+    world, tp = spec.world, spec.tp
+    blocks = [list(range(s, s + tp)) for s in range(0, world, tp)] if tp else []
+    strides = [list(range(i, world, tp)) for i in range(tp)] if tp else []
+    layouts: dict[str, list[tuple[str, list[list[int]]]]] = {
+        "grid": [("tp", blocks), ("dp", strides)],
+        "hsdp": [("shard", blocks), ("replicate", strides)],
+        "strided": [("strided", [list(range(0, world, 2)), list(range(1, world, 2))])],
+    }
+    out = [("0", "default_pg", list(range(world)))]
+    for desc, partition in layouts.get(spec.layout, []):
+        for members in partition:
+            out.append((str(len(out)), desc, members))
+    return out

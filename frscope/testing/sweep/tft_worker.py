@@ -23,8 +23,13 @@ from torch.distributed.flight_recorder import fr_trace
 TIMEOUT_S = 60.0
 
 
+def _variant(directory: Path) -> str:
+    """'pickle' -> '' (torchfrtrace.txt), 'pickle-pgfixed' -> '-pgfixed' (torchfrtrace-pgfixed.txt)."""
+    return directory.name[len("pickle"):] if directory.name.startswith("pickle") else f"-{directory.name}"
+
+
 def run(directory: Path) -> int:
-    out = directory.parent / "torchfrtrace.txt"
+    out = directory.parent / f"torchfrtrace{_variant(directory)}.txt"
     pid = os.fork()
     if pid == 0:
         code = 1
@@ -63,7 +68,7 @@ def main() -> int:
         if not line.strip():
             continue
         rc = run(directory)
-        (directory.parent / "torchfrtrace.rc").write_text(f"{rc}\n")
+        (directory.parent / f"torchfrtrace{_variant(directory)}.rc").write_text(f"{rc}\n")
         sys.stdout.write(f"{rc}\n")
         sys.stdout.flush()
     return 0
