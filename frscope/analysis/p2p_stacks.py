@@ -44,13 +44,6 @@ def _in_python(ctx: Context, rank: int) -> bool:
     return bool(stack) and blocked_in(stack) is None
 
 
-def _not_in_p2p(ctx: Context, rank: int) -> bool:
-    """The rank has a live stack and it is in no point-to-point call: stuck in Python, or gone on to a
-    collective; either way it will not send (or receive) what its neighbour waits for."""
-    stack = ctx.live_stack(rank)
-    return bool(stack) and blocked_in(stack) not in P2P_FUNCTIONS
-
-
 def _pair_in_one_direction(ranks: list[int], blocked: dict[int, str]) -> bool:
     return len(ranks) == 2 and len({blocked[r] in RECEIVES for r in ranks}) == 1
 
@@ -105,11 +98,10 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         receiving = blocked[run[0]] in RECEIVES
         # Receivers wait on the stage before the first of them, senders on the stage after the last.
         waiter, partner = (run[0], run[0] - 1) if receiving else (run[-1], run[-1] + 1)
-        # The rank the run waits on breaks the chain when it is stuck in Python; or when it went on to a
-        # collective and the run reaches the end of the pipeline (every later stage waits behind it).
-        tail = run[-1] == last if receiving else run[0] == 0
-        if chain and partner in ctx.dumpset.dumps and partner not in blocked and (
-                _in_python(ctx, partner) or (tail and _not_in_p2p(ctx, partner))):
+        # The rank the run waits on breaks the chain when it is stuck in Python. One that went on to a
+        # collective may have skipped its send, but two ranks receiving from each other leave the same
+        # stacks (they carry no peer): such a run is a closed pairing.
+        if chain and partner in ctx.dumpset.dumps and partner not in blocked and _in_python(ctx, partner):
             culprits.append(partner)
             others = [r for r in run if r != waiter]
             behind = (f", and {plural(others)} wait{'s' if len(others) == 1 else ''} behind it in "

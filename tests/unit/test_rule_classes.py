@@ -248,16 +248,17 @@ def _snapshots(tmp_path: Path, per_rank: dict[int, list[dict[str, Any]]], stacks
     return analyze(load_dumps([tmp_path]), OLD)
 
 
-def test_a_pipeline_stage_that_skipped_its_send_is_named_from_the_stacks(tmp_path: Path) -> None:
-    """4 stages (gloo records no p2p): rank 1 skipped its send to rank 2 and went on to the step's
-    all_reduce, where rank 0 joins it; ranks 2 and 3 wait in recv, one behind the other."""
+def test_two_last_ranks_receiving_from_each_other_are_named_not_the_rank_before_them(tmp_path: Path) -> None:
+    """Sweep shape (4 ranks): 2 and 3 both recv from each other first; 0 and 1 wait in the all_reduce.
+    A pipeline stage 1 that skipped its send to 2 would leave the same stacks (they carry no peer):
+    the closed pair is named, and both of its ranks."""
     config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2, 3]"}}
     done = [gloo(s) for s in range(1, 4)]
     per_rank = {r: [*done, gloo(4, done=False)] if r in (0, 1) else list(done) for r in range(4)}
     stacks = {r: _stack(("all_reduce", C10D, 2800), ("step", "/app/train.py", 40)) for r in (0, 1)}
-    stacks |= {r: _stack(("recv", C10D, 2400), ("stage_forward", "/app/train.py", 31)) for r in (2, 3)}
+    stacks |= {r: _stack(("recv", C10D, 2400), ("exchange_halo", "/app/train.py", 31)) for r in (2, 3)}
     [root] = _snapshots(tmp_path, per_rank, stacks, config).findings
-    assert root.culprit_ranks == (1,), root.summary
+    assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (2, 3) and not root.ambiguous
 
 
 def test_a_p2p_deadlock_whose_one_rank_waits_at_another_call_site_names_that_rank(tmp_path: Path) -> None:
@@ -446,5 +447,15 @@ def test_a_killed_rank_without_a_dump_is_the_root_over_a_victim_whose_recorder_l
     peer = "RuntimeError: Read error: Connection reset by peer. This is typically caused by a remote worker hanging"
     exits = {0: RankExit(0, exit_code=1, message=peer), 1: RankExit(1, exit_code=1, message=peer),
              2: RankExit(2, exit_code=137, reason="OOMKilled"), 3: RankExit(3, exit_code=1, message=peer)}
+    [root] = analyze(load_dumps([tmp_path]), OLD, exits=exits).findings
+    assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (2,)
+
+
+def test_a_rank_that_exited_cleanly_without_a_dump_while_its_peers_wait_is_the_culprit(tmp_path: Path) -> None:
+    """Uneven data, 3 ranks: rank 2 ran out of batches, exited 0 and left no dump; ranks 0 and 1 wait
+    in all_reduce #3."""
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
+    write(tmp_path, {r: [gloo(1), gloo(2), gloo(3, done=False)] for r in (0, 1)}, config)
+    exits = {2: RankExit(2, exit_code=0, reason="Completed")}
     [root] = analyze(load_dumps([tmp_path]), OLD, exits=exits).findings
     assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (2,)

@@ -43,7 +43,7 @@ def left_early(facts: Facts) -> list[Proposal]:
     if not done:
         return []
     for gf in facts.groups:
-        members = [r for r in gf.group.ranks if r in done and r in facts.ctx.dumpset.dumps]
+        members = [r for r in gf.group.ranks if r in done]
         if not members:
             continue
         others = {r: t.last_seq for r, t in gf.tracks.items() if r not in done}
@@ -56,14 +56,17 @@ def left_early(facts: Facts) -> list[Proposal]:
             continue
         after = min(last[r] for r in early)
         ahead = sorted(r for r, seq in others.items() if seq > after)
+        unread = [r for r in early if r not in facts.ctx.dumpset.dumps]
         track = gf.tracks.get(ahead[0])
         bucket = track.by_seq.get(after + 1) if track is not None else None
         op = bucket[0].op if bucket else "collective"
         them = "its" if len(early) == 1 else "their"
         finding = Finding(
             category=Category.RANK_STOPPED, culprit_ranks=tuple(early), process_group=gf.ref,
-            summary=(f"{plural(early).capitalize()} ended cleanly (exit code 0) after "
-                     f"{f'#{after}' if after else 'no collective'} of {gf.ref.label()}, while {plural(ahead)} went on "
+            summary=(f"{plural(early).capitalize()} ended cleanly (exit code 0) "
+                     + ("and left no dump, " if unread else
+                        f"after {f'#{after}' if after else 'no collective'} of {gf.ref.label()}, ")
+                     + f"while {plural(ahead)} went on "
                      f"to {op} #{after + 1}, which needs every member: {them} loop ran out first (uneven data) or "
                      "returned early."),
             collective_seq_id=after + 1, op=op,
