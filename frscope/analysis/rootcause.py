@@ -136,16 +136,25 @@ def link(ctx: Context, findings: list[Finding], causes: Causes,
     return roots
 
 
-def _breaker(ctx: Context, cycle: list[Finding]) -> tuple[Finding, str] | None:
-    """The finding of the cycle whose culprit broke its own order of groups, with how it did."""
-    found: list[tuple[Finding, str]] = []
-    for finding in cycle:
-        for rank in finding.culprit_ranks[:MAX_HOPS]:
+def _breaker(ctx: Context, cycle: list[Finding], findings: list[Finding]) -> tuple[Finding, str, Finding] | None:
+    """The finding whose culprit broke its own order of groups, with how it did, and the member of the
+    cycle that culprit is named in. The finding is the cycle's own, or (the rank skipped a third
+    group, whose collective it never joined) the finding of the group it skipped."""
+    found: list[tuple[Finding, str, Finding]] = []
+    for member in cycle:
+        for rank in member.culprit_ranks[:MAX_HOPS]:
             breach = breach_of(ctx, rank)
-            if breach is not None and breach.usual == finding.process_group.name:
-                found.append((finding, describe(ctx, breach)))
+            if breach is None:
+                continue
+            if breach.usual == member.process_group.name:
+                found.append((member, describe(ctx, breach), member))
                 break
-    return found[0] if len(found) == 1 else None
+            skipped = next((f for f in findings if f.process_group.name == breach.usual and rank in f.culprit_ranks
+                            and f.category is Category.RANK_NOT_JOINED), None)
+            if skipped is not None:
+                found.append((skipped, describe(ctx, breach), member))
+                break
+    return found[0] if len({id(f[0]) for f in found}) == 1 else None
 
 
 def _break_cycles(ctx: Context, findings: list[Finding], parent: dict[int, Finding]) -> None:
@@ -159,10 +168,13 @@ def _break_cycles(ctx: Context, findings: list[Finding], parent: dict[int, Findi
         if current not in seen:
             continue  # reached a root: no cycle on this path
         cycle = [by_id[i] for i in seen[seen.index(current) :]]
-        breaker = _breaker(ctx, cycle)
+        breaker = _breaker(ctx, cycle, findings)
         root = breaker[0] if breaker else min(cycle, key=lambda f: (f.since_ns or 2**63, f.process_group.name))
+        if breaker is not None and all(root is not f for f in cycle):
+            # The skipped group's finding, outside the cycle: the cycle hangs from it.
+            parent[id(breaker[2])] = root
         # Every member's parent link is cut at the root; the others then nest under it.
-        del parent[id(root)]
+        parent.pop(id(root), None)
         labels = ", ".join(f"{f.op} #{f.collective_seq_id} of {f.process_group.label()}" for f in cycle)
         root.evidence.insert(
             0,

@@ -459,3 +459,27 @@ def test_a_rank_that_exited_cleanly_without_a_dump_while_its_peers_wait_is_the_c
     exits = {2: RankExit(2, exit_code=0, reason="Completed")}
     [root] = analyze(load_dumps([tmp_path]), OLD, exits=exits).findings
     assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (2,)
+
+
+def test_a_swap_whose_skipped_group_is_outside_the_cycle_names_the_swapper(tmp_path: Path) -> None:
+    """2 x 2 grid, each step tp, dp, world. At step 3 rank 2 calls world before tp: rank 0 waits for it
+    in dp {0, 2}, which with world forms the cycle; the group rank 2 skipped (tp {2, 3}) is outside it."""
+    names = {"1": "tp", "2": "tp", "3": "dp", "4": "dp"}
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+              **{n: {"name": n, "desc": d, "ranks": r} for n, d, r in
+                 (("1", "tp", "[0, 1]"), ("2", "tp", "[2, 3]"), ("3", "dp", "[0, 2]"), ("4", "dp", "[1, 3]"))}}
+    tp = {0: "1", 1: "1", 2: "2", 3: "2"}
+    dp = {0: "3", 1: "4", 2: "3", 3: "4"}
+    per_rank: dict[int, list[dict[str, Any]]] = {}
+    for rank in range(4):
+        ops = [(g, step, 1) for step in (1, 2) for g in (tp[rank], dp[rank], "0")]
+        if rank == 2:
+            ops.append(("0", 3, 0))
+        elif rank == 3:
+            ops.append((tp[rank], 3, 0))
+        else:
+            ops += [(tp[rank], 3, 1), (dp[rank], 3, 0)]
+        per_rank[rank] = [gloo(seq, pg=(g, names.get(g, "default_pg")), done=bool(done), created_ns=b.T0 + i * MS)
+                          for i, (g, seq, done) in enumerate(ops)]
+    [root] = run(tmp_path, per_rank, config).findings
+    assert root.culprit_ranks == (2,) and root.process_group.name == "2", root.summary
