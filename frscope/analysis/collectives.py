@@ -305,10 +305,12 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     entered = [e for r in joined for e in tracks[r].by_seq.get(seq, ())]
     created = [e.time_created_ns for e in entered if e.time_created_ns]
     since = min(created) if created else None
-    now = ctx.now_for(joined)
+    # The latest read of any member counts: one read long after the others entered, and still not in
+    # it, shows the collective stood still that long.
+    now = ctx.now_for(sorted(tracks))
     age = (now - since) / 1e9 if (now is not None and since is not None) else None
     stalled = age is None or age >= ctx.options.stall_after_s or bool(failed & (set(group.ranks) | set(tracks)))
-    source = ctx.age_source(joined) if age is not None else None
+    source = ctx.age_source(sorted(tracks)) if age is not None else None
     timeouts = [e.timeout_ms for e in entered if e.timeout_ms]
     if age is not None and timeouts and age > min(timeouts) / 1000:
         # The collective's own timeout ended it (it failed then): the recorders were read later. Its

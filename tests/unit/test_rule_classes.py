@@ -483,3 +483,18 @@ def test_a_swap_whose_skipped_group_is_outside_the_cycle_names_the_swapper(tmp_p
                           for i, (g, seq, done) in enumerate(ops)]
     [root] = run(tmp_path, per_rank, config).findings
     assert root.culprit_ranks == (2,) and root.process_group.name == "2", root.summary
+
+
+def test_a_rank_stuck_in_teardown_read_after_the_others_failed_is_named(tmp_path: Path) -> None:
+    """At the end every rank calls barrier; rank 1 went straight to destroy_process_group and is stuck
+    there. Gloo failed the others' barrier a few ms in (retired); rank 1 was read 3 s later, still not in it."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2, 3]"}}
+    steps = [gloo(s, created_ns=b.T0 + s * 300 * MS) for s in range(1, 6)]
+    per_rank = {r: [*steps, gloo(6, op="barrier", created_ns=b.T0 + 1810 * MS)] for r in (0, 2, 3)}
+    per_rank[1] = list(steps)
+    captured = {0: b.T0 + 1830 * MS, 2: b.T0 + 1840 * MS, 3: b.T0 + 1850 * MS, 1: b.T0 + 4900 * MS}
+    stacks = {1: _stack(("join_workers", "/app/train.py", 355), ("teardown", "/app/train.py", 350))}
+    report = _snapshots(tmp_path, per_rank, stacks, config, captured)
+    [root] = analyze(load_dumps([tmp_path]), AnalysisOptions(stall_after_s=2.0)).findings
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (1,)
+    assert report.findings  # also with the hour-later 'now' the helper uses
