@@ -62,6 +62,8 @@ def cause_of_rank(ctx: Context, causes: Causes, rank: int, before_record: int | 
                 rank in causes.unrecorded_p2p.culprit_ranks or blocked_in(ctx.live_stack(rank)) in P2P_FUNCTIONS
             ):
                 return causes.unrecorded_p2p
+            if causes.missing is not None and _last_group_lacks_a_member(ctx, dump.entries):
+                return causes.missing
             return None
         if not entry.is_p2p:
             return causes.at_point.get((entry.pg_name, entry.collective_seq_id))
@@ -74,6 +76,19 @@ def cause_of_rank(ctx: Context, causes: Causes, rank: int, before_record: int | 
             return None
         rank = peer  # blocked on its p2p partner: whatever the partner waits for
     return None
+
+
+def _last_group_lacks_a_member(ctx: Context, entries: Sequence[Entry]) -> bool:
+    """The rank's last collective was in a group known only from the entries that is smaller than
+    another group of the same description (a grid's sibling groups are the same size): a member left
+    no dump. That collective failed with the missing member, and the rank stopped there."""
+    last = entries[-1] if len(entries) else None
+    if last is None or last.is_p2p:
+        return False
+    group = ctx.dumpset.groups.get(last.pg_name)
+    if group is None or group.membership_source != "entries":
+        return False
+    return any(g.desc == group.desc and len(g.ranks) > len(group.ranks) for g in ctx.dumpset.groups.values())
 
 
 def _culprit_record(ctx: Context, finding: Finding, rank: int) -> int | None:

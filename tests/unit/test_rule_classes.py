@@ -498,3 +498,21 @@ def test_a_rank_stuck_in_teardown_read_after_the_others_failed_is_named(tmp_path
     [root] = analyze(load_dumps([tmp_path]), AnalysisOptions(stall_after_s=2.0)).findings
     assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (1,)
     assert report.findings  # also with the hour-later 'now' the helper uses
+
+
+def test_a_rank_whose_last_subgroup_lost_an_unseen_member_is_not_blamed_over_the_missing_rank(
+        tmp_path: Path) -> None:
+    """4 ranks, strided subgroups {0, 2} and {1, 3} (gloo's '' pg_config: membership from the entries).
+    Rank 0 raised and left no dump; rank 2's subgroup collective with it failed, so rank 2 never reached
+    world #3, which ranks 1 and 3 entered (retired as it failed). The subgroup seen as {2} is smaller than
+    its sibling {1, 3}: a member left no dump, and rank 2 stopped there."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1]"}}
+    a, c = ("1", "strided"), ("2", "strided")
+    per_rank = {2: [gloo(1, pg=a), gloo(1), gloo(2, pg=a), gloo(2), gloo(3, pg=a)],
+                1: [gloo(1, pg=c), gloo(1), gloo(2, pg=c), gloo(2), gloo(3, pg=c), gloo(3)],
+                3: [gloo(1, pg=c), gloo(1), gloo(2, pg=c), gloo(2), gloo(3, pg=c), gloo(3)]}
+    for entries in per_rank.values():
+        for i, e in enumerate(entries):
+            e["time_created_ns"] = b.T0 + i * 300 * MS
+    report = analyze(load_dumps([write(tmp_path, per_rank, config)], world_size=4), OLD)
+    assert report.findings[0].culprit_ranks == (0,)
