@@ -516,3 +516,15 @@ def test_a_rank_whose_last_subgroup_lost_an_unseen_member_is_not_blamed_over_the
             e["time_created_ns"] = b.T0 + i * 300 * MS
     report = analyze(load_dumps([write(tmp_path, per_rank, config)], world_size=4), OLD)
     assert report.findings[0].culprit_ranks == (0,)
+
+
+def test_a_pipeline_stage_stuck_without_stacks_gives_two_candidates(tmp_path: Path) -> None:
+    """6 stages, pickle form: stage 4 is stuck before its recv; stage 3's send to it waits, stage 5 waits
+    in recv. Only the world all_reduce shows it: ranks 3-5 never joined. The stuck stage is the first or
+    the second of them."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1]"}}
+    done = [gloo(s) for s in range(1, 4)]
+    per_rank = {r: [*done, gloo(4, done=False)] if r < 3 else list(done) for r in range(6)}
+    [root] = run(tmp_path, per_rank, config).findings
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (3, 4) and root.ambiguous
+    assert any("Live stacks decide" in e for e in root.evidence)

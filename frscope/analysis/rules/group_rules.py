@@ -39,6 +39,8 @@ def hangs(facts: Facts) -> list[Proposal]:
                 "gloo retires a collective that failed (timed out, or lost a peer) as if it had finished. The "
                 f"{'rank is' if len(hang.culprit_ranks) == 1 else 'ranks are'} either stuck before it (a live "
                 "stack shows where) or stopped after the dump was taken (the exit code decides)")
+        if hang is not None and hang.category is Category.RANK_NOT_JOINED:
+            _pipeline_candidates(facts, gf.group.ranks, hang)
         if hang is not None:
             if (note := unresponsive_note(facts, hang.culprit_ranks)) is not None:
                 hang.evidence.insert(0, note)
@@ -68,6 +70,31 @@ def _stuck_together(facts: Facts, hangs: list[Proposal]) -> Proposal | None:
         together.ranks.update(proposal.finding.ranks)
         together.culprit_stacks.update(proposal.finding.culprit_stacks)
     return Proposal(together, "hang", [])
+
+
+def _pipeline_candidates(facts: Facts, members: tuple[int, ...], hang: Finding) -> None:
+    """Without stacks, a pipeline stage stuck before its receive shows only as the ranks missing from
+    the next collective: it, every later stage (each waits in recv behind it) and often the stage
+    before it (its send waits for the receive). They are the last ranks of the group, in a row, none
+    with a collective open. The stuck stage is the first or the second of them: those two are the
+    candidates; the rest wait behind them. Live stacks decide (gloo records no p2p op)."""
+    culprits = list(hang.culprit_ranks)
+    if len(culprits) < 3 or culprits != list(range(culprits[0], culprits[0] + len(culprits))):
+        return
+    if culprits[-1] != max(members) or any(facts.ctx.live_stack(r) for r in culprits):
+        return
+    if not all(_free(facts, r) for r in culprits):
+        return
+    behind = culprits[2:]
+    hang.culprit_ranks = tuple(culprits[:2])
+    hang.ambiguous = True
+    hang.summary = (f"Ranks {culprits[0]} and {culprits[1]} are the candidates: " + hang.summary[0].lower()
+                    + hang.summary[1:])
+    hang.evidence.append(
+        f"ranks {culprits[0]}-{culprits[-1]}, the last of the group in a row, never joined it and none has a "
+        f"collective open: the shape of a pipeline stage stuck before its receive (gloo records no p2p op). "
+        f"The stuck stage is rank {culprits[0]} or {culprits[1]} (whose send to it may wait); "
+        f"{plural(behind)} wait behind it. Live stacks decide")
 
 
 def _free(facts: Facts, rank: int) -> bool:
