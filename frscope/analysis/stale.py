@@ -50,9 +50,12 @@ def _newest(ctx: Context, rank: int) -> int | None:
 
 
 def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
-                exits: Mapping[int, RankExit]) -> dict[int, Stale]:
+                exits: Mapping[int, RankExit], unresponsive: frozenset[int] = frozenset()) -> dict[int, Stale]:
     """Members whose dump ends before collectives all the other members finished; with exit evidence
-    that a rank failed, also before collectives all the others entered."""
+    that a rank failed, or a read clearly older than the next collective every other member entered
+    (a rank whose collector kept its last good read: it was not read again because it was gone), also
+    before collectives all the others entered. `unresponsive` ranks (their worker server gave no
+    answer) keep an old read while alive: only the first two tests apply to them."""
     if len(tracks) < 2:
         return {}
     # (Membership known only from the entries is enough here: a rank with entries of the group is a
@@ -77,6 +80,10 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
             out[rank] = Stale(rank, track.last_seq, others_done, None, None)
         elif exit is not None and exit.failed and track.last_seq < others_entered:
             out[rank] = Stale(rank, track.last_seq, track.last_seq, None, None)
+        elif rank not in unresponsive and track.last_seq < others_entered:
+            read_early = Stale(rank, track.last_seq, track.last_seq, _newest(ctx, rank), None)
+            if _read_before(ctx, read_early, tracks):
+                out[rank] = read_early
     if not out or len(out) == len(tracks):
         return {}
     others_newest = max((n for r in with_entries if r not in out and (n := _newest(ctx, r))), default=None)

@@ -528,3 +528,15 @@ def test_a_pipeline_stage_stuck_without_stacks_gives_two_candidates(tmp_path: Pa
     [root] = run(tmp_path, per_rank, config).findings
     assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (3, 4) and root.ambiguous
     assert any("Live stacks decide" in e for e in root.evidence)
+
+
+def test_a_recorder_read_before_the_others_began_a_collective_some_still_wait_in_is_stale(tmp_path: Path) -> None:
+    """Crash after a periodic read, 3 ranks: rank 2's last read (0.3 s before the others began #4) ends
+    at #3; rank 1's #4 failed (retired) and rank 0 was read while still waiting in it. Nobody finished
+    #4 for certain, yet the read is older than #4: the collector kept it because the rank was gone."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}}
+    steps = [gloo(s, created_ns=b.T0 + s * 300 * MS) for s in range(1, 5)]
+    per_rank = {0: [*steps[:3], gloo(4, done=False, created_ns=b.T0 + 1200 * MS)], 1: list(steps), 2: steps[:3]}
+    captured = {0: b.T0 + 1600 * MS, 1: b.T0 + 1600 * MS, 2: b.T0 + 900 * MS}
+    [root] = _snapshots(tmp_path, per_rank, {}, config, captured).findings
+    assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (2,)

@@ -113,6 +113,7 @@ def gather_facts(ctx: Context, exits: Mapping[int, RankExit]) -> Facts:
     dumpset = ctx.dumpset
     failed = frozenset(r for r, e in exits.items() if e.failed)
     any_missing = bool(dumpset.missing_ranks)
+    unresponsive = unresponsive_ranks(ctx)
     groups: list[GroupFacts] = []
     default_ref: GroupRef | None = None
     for name, group in dumpset.groups.items():
@@ -121,7 +122,7 @@ def gather_facts(ctx: Context, exits: Mapping[int, RankExit]) -> Facts:
             if default_ref is None or not is_default_group(default_ref.name, default_ref.desc):
                 default_ref = ref
         tracks = group_tracks(ctx, group)
-        stale = stale_ranks(ctx, group, tracks, exits) if tracks else {}
+        stale = stale_ranks(ctx, group, tracks, exits, unresponsive) if tracks else {}
         live = {r: t for r, t in tracks.items() if r not in stale} if stale else tracks
         point = stuck_point(ctx, group, live, failed) if live else None
         waiting, op = _waiting(live, point)
@@ -132,7 +133,7 @@ def gather_facts(ctx: Context, exits: Mapping[int, RankExit]) -> Facts:
                                  suspects))
     return Facts(ctx, exits, failed, groups,
                  default_ref or GroupRef("0", "default_pg", tuple(range(dumpset.world_size))),
-                 unresponsive_ranks(ctx))
+                 unresponsive)
 
 
 def progress(facts: Facts) -> list[GroupProgress]:
