@@ -540,3 +540,20 @@ def test_a_recorder_read_before_the_others_began_a_collective_some_still_wait_in
     captured = {0: b.T0 + 1600 * MS, 1: b.T0 + 1600 * MS, 2: b.T0 + 900 * MS}
     [root] = _snapshots(tmp_path, per_rank, {}, config, captured).findings
     assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (2,)
+
+
+def test_the_last_rank_of_a_grid_that_left_no_dump_is_named_though_no_dump_lists_it(tmp_path: Path) -> None:
+    """2x2 dp x tp with gloo: pg_config's '' entry lists [0, 1] and rank 3 (holding the GIL) left no dump,
+    so no dump names it. The 'tp' groups {0, 1} and {2} (seen) split the job into parts of two: rank 3
+    exists, and it is the one rank 2 waits for in tp and rank 1 in dp."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1]"}}
+    tp0, tp1, dp0, dp1 = ("1", "tp"), ("2", "tp"), ("3", "dp"), ("4", "dp")
+    per_rank = {
+        0: [gloo(1), gloo(1, pg=tp0), gloo(1, pg=dp0, done=False)],
+        1: [gloo(1), gloo(1, pg=tp0), gloo(1, pg=dp1, done=False)],
+        2: [gloo(1), gloo(1, pg=tp1, done=False)],
+    }
+    report = run(tmp_path, per_rank, config)
+    assert report.world_size == 4 and report.missing_ranks == (3,)
+    assert report.findings[0].culprit_ranks == (3,)
+    assert report.findings[0].category in (Category.MISSING_DUMPS, Category.RANK_NOT_JOINED)
