@@ -64,7 +64,8 @@ def cause_of_rank(ctx: Context, causes: Causes, rank: int, before_record: int | 
                 return causes.unrecorded_p2p
             if causes.missing is not None and _last_group_lacks_a_member(ctx, dump.entries):
                 return causes.missing
-            return None
+            failed = failed_wait(ctx, rank)
+            return causes.at_point.get(failed) if failed is not None else None
         if not entry.is_p2p:
             return causes.at_point.get((entry.pg_name, entry.collective_seq_id))
         for finding in causes.p2p:
@@ -75,6 +76,20 @@ def cause_of_rank(ctx: Context, causes: Causes, rank: int, before_record: int | 
         if peer is None:
             return None
         rank = peer  # blocked on its p2p partner: whatever the partner waits for
+    return None
+
+
+def failed_wait(ctx: Context, rank: int) -> tuple[str, int] | None:
+    """(group, seq) of the rank's last collective when a member of that group with a recorder never
+    entered it: it cannot have finished without that member, so gloo retired it as it failed (timed
+    out, or lost a peer), and the rank waited there until then. None otherwise."""
+    dump = ctx.dumpset.dumps.get(rank)
+    last = dump.entries[-1] if dump is not None and len(dump.entries) else None
+    if last is None or last.is_p2p or not last.completed:
+        return None
+    tracks = ctx.tracks.get(last.pg_name, {})
+    if any(r != rank and t.by_seq and t.last_seq < last.collective_seq_id for r, t in tracks.items()):
+        return last.pg_name, last.collective_seq_id
     return None
 
 

@@ -557,3 +557,19 @@ def test_the_last_rank_of_a_grid_that_left_no_dump_is_named_though_no_dump_lists
     assert report.world_size == 4 and report.missing_ranks == (3,)
     assert report.findings[0].culprit_ranks == (3,)
     assert report.findings[0].category in (Category.MISSING_DUMPS, Category.RANK_NOT_JOINED)
+
+
+def test_a_rank_whose_last_collective_failed_waiting_for_a_stuck_peer_is_not_named_with_it(tmp_path: Path) -> None:
+    """2x2 dp x tp: rank 3 is stuck in Python before tp #2. Rank 2 waited in tp #2 until gloo timed it out
+    (retired, as if finished), so it never joined dp #2, where rank 0 waits. Rank 2 is not a second rank
+    stuck outside any collective: its tp #2 cannot have finished without rank 3, which never entered it."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1]"}}
+    tp0, tp1, dp0, dp1 = ("1", "tp"), ("2", "tp"), ("3", "dp"), ("4", "dp")
+    per_rank = {
+        0: [gloo(1, pg=tp0), gloo(1, pg=dp0), gloo(2, pg=tp0), gloo(2, pg=dp0, done=False)],
+        1: [gloo(1, pg=tp0), gloo(1, pg=dp1), gloo(2, pg=tp0), gloo(2, pg=dp1, done=False)],
+        2: [gloo(1, pg=tp1), gloo(1, pg=dp0), gloo(2, pg=tp1)],
+        3: [gloo(1, pg=tp1), gloo(1, pg=dp1)],
+    }
+    [root] = run(tmp_path, per_rank, config).findings
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (3,)
