@@ -10,8 +10,8 @@ from frscope.analysis.findings import Category, Finding
 from frscope.analysis.history import scan_history
 from frscope.analysis.ops import VARIABLE_SIZE_OPS, numel
 from frscope.analysis.p2p import recorded_p2p
-from frscope.analysis.rules.facts import Facts, unresponsive_note
 from frscope.analysis.rootcause import failed_wait
+from frscope.analysis.rules.facts import Facts, unresponsive_note
 from frscope.analysis.rules.proposal import Proposal
 from frscope.analysis.stale import stopped_finding
 from frscope.analysis.tracks import blocked_entry
