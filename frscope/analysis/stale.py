@@ -106,9 +106,11 @@ READ_GAP_S = 0.1  # a recorder read this much before the others began a collecti
 
 def _read_before(ctx: Context, stale: Stale, tracks: dict[int, Track]) -> bool:
     """The rank's recorder was read (its file written, its snapshot taken) clearly before any other
-    member began the first collective it lacks, and no live stack says it was alive when read: the dump
-    is older than that collective, not a rank left behind by it (one that never joined a collective the
-    others began before the read is RankNotJoined, as after the others' timeout)."""
+    member began the latest collective it lacks that every other member entered, and no live stack says
+    it was alive when read: the dump is older than that collective, not a rank left behind by it (one
+    that never joined a collective the others began before the read is RankNotJoined, as after the
+    others' timeout). Another member enters a collective only after its previous ones returned, so a read
+    older than the latest one is stale though it may follow the first."""
     rank = stale.rank
     dump = ctx.dumpset.dumps.get(rank)
     if dump is None or ctx.live_stack(rank):
@@ -116,7 +118,8 @@ def _read_before(ctx: Context, stale: Stale, tracks: dict[int, Track]) -> bool:
     read = dump.captured_at_ns  # its own read (not the analysis' 'now'), sane only after its newest entry
     if read is None or (stale.newest_ns is not None and read < stale.newest_ns):
         return False
-    seq = stale.last_seq + 1
+    # The latest collective every other member entered: it began last, so the gap is widest there.
+    seq = min((t.last_seq for r, t in tracks.items() if r != rank and t.by_seq), default=stale.last_seq + 1)
     began = [b[0].time_created_ns for r, t in tracks.items()
              if r != rank and (b := t.by_seq.get(seq)) and b[0].time_created_ns]
     return read is not None and bool(began) and (min(began) - read) / 1e9 >= READ_GAP_S

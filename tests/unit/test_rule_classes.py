@@ -573,3 +573,16 @@ def test_a_rank_whose_last_collective_failed_waiting_for_a_stuck_peer_is_not_nam
     }
     [root] = run(tmp_path, per_rank, config).findings
     assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (3,)
+
+
+def test_a_recorder_read_just_after_the_others_began_the_next_collective_but_before_the_one_after_is_stale(
+        tmp_path: Path) -> None:
+    """Rank 2's last read (10 ms after the others began #4) ends at #3; the others finished #4 and began
+    #5 0.29 s after that read. A member begins #5 only after #4 returned, and #4 needs rank 2: its read
+    is older than what the others did next, so the dump is stale, not a rank that never joined #4."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}}
+    steps = [gloo(s, created_ns=b.T0 + s * 300 * MS) for s in range(1, 6)]
+    per_rank = {0: list(steps), 1: list(steps), 2: steps[:3]}
+    captured = {0: b.T0 + 1600 * MS, 1: b.T0 + 1600 * MS, 2: b.T0 + 1210 * MS}
+    [root] = _snapshots(tmp_path, per_rank, {}, config, captured).findings
+    assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (2,)

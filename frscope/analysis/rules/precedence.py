@@ -87,7 +87,7 @@ def _same_point_parents(proposals: list[Proposal], owners: dict[Point, Proposal]
             # The others went on past where its recorder ends, up to a mismatch that kills its receiver:
             # it was alive until then, and its dump is older than its end.
             cause = next((m for m in aborting if m.process_group.name == finding.process_group.name
-                          and m.collective_seq_id is not None and m.collective_seq_id > finding.collective_seq_id
+                          and m.collective_seq_id is not None and m.collective_seq_id >= finding.collective_seq_id
                           and not set(m.culprit_ranks) & set(finding.culprit_ranks)), None)
             if cause is not None:
                 parent[id(finding)] = cause
