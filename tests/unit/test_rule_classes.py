@@ -586,3 +586,13 @@ def test_a_recorder_read_just_after_the_others_began_the_next_collective_but_bef
     captured = {0: b.T0 + 1600 * MS, 1: b.T0 + 1600 * MS, 2: b.T0 + 1210 * MS}
     [root] = _snapshots(tmp_path, per_rank, {}, config, captured).findings
     assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (2,)
+
+
+def test_a_rank_missing_from_a_collective_its_peer_waits_in_says_what_decides_without_stacks(tmp_path: Path) -> None:
+    """Copied files, no stacks, no exit codes: rank 0 idle after #2 while rank 1 waits in #3. Stuck in
+    Python or ended after a periodic dump: the finding names rank 0 and says the exit code decides."""
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}}
+    per_rank = {0: [gloo(1), gloo(2)], 1: [gloo(1), gloo(2), gloo(3, done=False)]}
+    [root] = run(tmp_path, per_rank, config).findings
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (0,)
+    assert any("exit code decides" in e for e in root.evidence)

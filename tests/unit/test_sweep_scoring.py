@@ -105,6 +105,31 @@ def test_a_two_rank_mismatch_is_undecidable() -> None:
     assert truth_of(spec)["undecidable"] == {}
 
 
+def test_a_stale_dump_is_undecidable_only_in_copied_files_without_exit_codes() -> None:
+    """The stale rank named as not joined is right only where its read time is lost (copied files) and
+    no exit code is passed; the crash must be named wherever the evidence can decide."""
+    ops = {"ops": [["all_reduce", "world"]]}
+    copied = JobSpec("x", "stale", 4, "default", 0, 7, 3, 0, [2], "2.13", 1, 8.0, False, ops)
+    truth = truth_of(copied)
+    assert set(truth["undecidable"]) == {"pickle", "json"}
+    not_joined = _report(_finding(Category.RANK_NOT_JOINED, (2,)))
+    verdict = judge(not_joined, truth, "pickle", False)
+    assert verdict["right"] and verdict["undecidable"]
+    assert not judge(not_joined, truth, "snapshot", False)["right"], "the snapshot keeps its read time"
+    assert not judge(_report(_finding(Category.RANK_NOT_JOINED, (1,))), truth, "pickle", False)["right"]
+    for spec in (JobSpec("x", "stale", 4, "default", 0, 7, 3, 0, [2], "2.13", 1, 0.0, False, ops),
+                 JobSpec("x", "stale", 4, "default", 0, 7, 3, 0, [2], "2.13", 1, 8.0, True, ops)):
+        assert truth_of(spec)["undecidable"] == {}
+        assert not judge(not_joined, truth_of(spec), "pickle", spec.exits)["right"]
+
+
+def test_a_miss_in_an_undecidable_form_is_flagged_apart_from_the_others() -> None:
+    truth = _truth("pipeline", [2])
+    assert judge(_report(), truth, "pickle", False) == {
+        "right": False, "got": "no finding", "category": None, "ranks": [], "ambiguous": False, "undecidable": True}
+    assert "undecidable" not in judge(_report(), truth, "snapshot", False)
+
+
 def test_torchfrtrace_output_is_read_as_its_first_verdict() -> None:
     text = "\n".join([
         "Collective sequence number: 2 has errors",

@@ -40,6 +40,15 @@ def hangs(facts: Facts) -> list[Proposal]:
                 "gloo retires a collective that failed (timed out, or lost a peer) as if it had finished. The "
                 f"{'rank is' if len(hang.culprit_ranks) == 1 else 'ranks are'} either stuck before it (a live "
                 "stack shows where) or stopped after the dump was taken (the exit code decides)")
+        elif (hang is not None and hang.category is Category.RANK_NOT_JOINED
+              and all(_free(facts, r) and not facts.ctx.live_stack(r) and r not in facts.exits
+                      for r in hang.culprit_ranks)):
+            one = len(hang.culprit_ranks) == 1
+            hang.evidence.append(
+                f"no live stack and no exit code for {plural(list(hang.culprit_ranks))}: "
+                f"{'it is' if one else 'they are'} either busy outside torch.distributed (a live stack shows where) "
+                f"or {'its process' if one else 'their processes'} ended after the dump was taken (the exit code "
+                "decides; a copied file's time no longer says when the dump was taken)")
         if hang is not None and hang.category is Category.RANK_NOT_JOINED:
             _pipeline_candidates(facts, gf.group.ranks, hang)
         if hang is not None:

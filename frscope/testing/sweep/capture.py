@@ -348,6 +348,10 @@ def truth_of(spec: JobSpec) -> dict[str, Any]:
     if op == "pipeline_forward" and spec.cls != "healthy":  # stuck before a p2p stage: the chain waits
         accepted += [c for c in (P2P, NOT_JOINED) if c not in accepted]
         undecidable = {form: P2P_WHY for form in ("pickle", "json")}
+    accepted_undecidable: list[str] = []
+    if cls.copied_undecidable and float(spec.copied_hours or 0) > 0 and not spec.exits:
+        undecidable.update({form: cls.copied_undecidable for form in ("pickle", "json")})
+        accepted_undecidable = [c for c in cls.copied_accepted if c not in accepted]
     if spec.cls in ("type", "size", "dtype") and group_size == 2:
         why = "two ranks disagree and no third says which one is wrong"
         undecidable = {form: why for form in ("snapshot", "pickle", "json")}
@@ -360,6 +364,8 @@ def truth_of(spec: JobSpec) -> dict[str, Any]:
         "accepted_without_stacks": [c for c in cls.no_stacks_accepted if c not in accepted],
         "accepted_with_exits": list(cls.with_exits or accepted),
         "undecidable": undecidable,
+        # Also right in the undecidable forms (with the culprits named as the rule below says).
+        "accepted_undecidable": accepted_undecidable,
         "group": group,
         "group_size": group_size,
         "op": op,

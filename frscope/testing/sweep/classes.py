@@ -47,11 +47,25 @@ class FaultClass:
     no_stacks_accepted: tuple[str, ...] = ()
     # Exit codes mean something here (ranks exit): the sweep passes them for about half of the jobs.
     exits: bool = False
+    # Why the pickle and JSON forms cannot decide when their files were copied (the read times lost) and
+    # no exit code is passed ('' where they still can), and what is then also right for the culprits.
+    copied_undecidable: str = ""
+    copied_accepted: tuple[str, ...] = ()
 
 
 _NO_STACKS = ("pickle", "json")
 P2P_WHY = ("gloo records no point-to-point op: without live stacks only the ranks missing from the next "
             "collective show, and the recorder cannot tell which of them started the deadlock")
+
+STALE_COPIED_WHY = (
+    "a copied file's mtime is the copy's, so when the stale rank's recorder was read is lost: a crash after "
+    "a periodic dump and a rank stuck in Python while the others' collective timed out (gloo retires it "
+    "either way) leave the same recorders. The finding names the rank as not joined and says that its exit "
+    "code decides")
+# Also undecidable, but not from the spec (so scored as misses): a stale rank whose last read came less
+# than READ_GAP_S (0.1 s, frscope.analysis.stale) before the others began what it lacks, in any form
+# without exit codes. A read that close may be of a rank alive and about to join (a healthy job read
+# one rank after another looks the same); only the exit code tells a crash from that.
 
 CLASSES: dict[str, FaultClass] = {c.name: c for c in (
     FaultClass("healthy", "jitter, several groups, every op type; no fault", (), layouts=LAYOUTS),
@@ -91,7 +105,8 @@ CLASSES: dict[str, FaultClass] = {c.name: c for c in (
                (STOPPED, NOT_JOINED, MISSING), with_exits=(STOPPED,), collect="poll", exits=True,
                layouts=("default", "grid", "strided")),
     FaultClass("stale", "a crashed rank that left a stale periodic dump", (STOPPED,), collect="poll",
-               exits=True, layouts=("default", "grid")),
+               exits=True, layouts=("default", "grid"), copied_undecidable=STALE_COPIED_WHY,
+               copied_accepted=(NOT_JOINED,)),
     FaultClass("timeout", "a rank stuck in Python; the others hit the collective timeout and exit, then the "
                "launcher kills it", (NOT_JOINED, STOPPED, MISSING), with_exits=(NOT_JOINED, STOPPED),
                collect="poll", exits=True, layouts=("default", "grid")),

@@ -191,6 +191,9 @@ def render(results: dict[str, Any], root: Path) -> str:
             cats += f" (with exit codes: {', '.join(fc.with_exits)})"
         why = "; ".join(f"{', '.join(sorted(k for k, v in fc.undecidable.items() if v == reason))}: {reason}"
                         for reason in sorted(set(fc.undecidable.values()))) or "-"
+        if fc.copied_undecidable:
+            why = ("" if why == "-" else why + "; ") + (f"pickle, json copied without exit codes: "
+                                                        f"{fc.copied_undecidable}")
         out.append(f"| {cls} | {fc.summary} | {cats} | {why} |")
     out += [
         "",
@@ -206,6 +209,10 @@ def render(results: dict[str, Any], root: Path) -> str:
         "third says which one is wrong); a rank stuck before a pipeline's p2p stage in the pickle and JSON",
         "forms (gloo records no p2p op). What would decide them: the ranks' live stacks (the sidecar's",
         "snapshot has them) for p2p; for a two-rank mismatch, the call site in each rank's recorder frames.",
+        "A stale dump read less than 0.1 s before the others began what it lacks is undecidable too (a rank",
+        "read just before it joined looks the same), but the spec cannot tell which jobs those are: they are",
+        "scored as misses. The exit codes decide them. Verdicts in undecidable forms are counted apart",
+        "(`score` prints them as UNDECIDED, and `undecidable: true` in results.json).",
         "",
         "## The fixture corpus",
         "",

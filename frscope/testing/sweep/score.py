@@ -47,24 +47,28 @@ def judge(report: Report | None, truth: dict[str, Any], form: str, with_exits: b
     accepted = truth["accepted_with_exits"] if with_exits else truth["accepted"]
     if form != "snapshot":
         accepted = accepted + [c for c in truth.get("accepted_without_stacks", []) if c not in accepted]
+    undecidable = form in truth.get("undecidable", {})
+    if undecidable:
+        accepted = accepted + [c for c in truth.get("accepted_undecidable", []) if c not in accepted]
+    flag = {"undecidable": True} if undecidable else {}
     if report is None:
-        return {"right": False, "got": "no dump loaded", "category": None, "ranks": [], "ambiguous": False}
+        return {"right": False, "got": "no dump loaded", "category": None, "ranks": [], "ambiguous": False, **flag}
     findings = report.findings
     if not findings:
-        return {"right": not culprits, "got": "no finding", "category": None, "ranks": [], "ambiguous": False}
+        return {"right": not culprits, "got": "no finding", "category": None, "ranks": [], "ambiguous": False,
+                **flag}
     top = findings[0]
     ranks = sorted(top.culprit_ranks)
     got = f"{top.category.value} {ranks}" + (" (ambiguous)" if top.ambiguous else "")
     base = {"got": got, "category": top.category.value, "ranks": ranks, "ambiguous": top.ambiguous,
             "all": [f"{f.category.value} {sorted(f.culprit_ranks)}" for f in findings][:6],
-            "summary": top.summary[:300]}
+            "summary": top.summary[:300], **flag}
     if not culprits:
         return {**base, "right": False}
     if top.category.value not in accepted:
         return {**base, "right": False}
     if ranks == culprits and not top.ambiguous:
         return {**base, "right": True}
-    undecidable = form in truth.get("undecidable", {})
     if undecidable and top.ambiguous and set(culprits) <= set(ranks) and len(ranks) <= 2 * len(culprits):
         return {**base, "right": True, "ambiguous_right": True}
     if ranks == culprits and undecidable:
@@ -239,6 +243,7 @@ def score_dir(root: Path, *, torchfrtrace: bool = True, classes: set[str] | None
     batches = [json.loads(line) for line in (root / "batches.jsonl").read_text().splitlines()] \
         if (root / "batches.jsonl").exists() else []
     right = sum(r["right"] for r in rows)
+    decidable = [r for r in rows if not r.get("undecidable")]
     results = {"root": str(root), "batches": batches, "stuck_after_s": STUCK_AFTER_S,
                "scored_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                "right": right, "total": len(rows), "rows": rows}
@@ -246,11 +251,22 @@ def score_dir(root: Path, *, torchfrtrace: bool = True, classes: set[str] | None
     path.write_text(json.dumps(results, indent=0) + "\n")
     by_class: Counter[str] = Counter()
     by_class_right: Counter[str] = Counter()
+    by_class_undecidable: Counter[str] = Counter()
+    by_class_undecidable_right: Counter[str] = Counter()
     for r in rows:
         by_class[r["class"]] += 1
         by_class_right[r["class"]] += r["right"]
-    lines = [f"{right} of {len(rows)} verdicts right ({len(jobs)} jobs); results in {path}"]
-    lines += [f"  {c}: {by_class_right[c]} / {n}" for c, n in sorted(by_class.items())]
+        if r.get("undecidable"):
+            by_class_undecidable[r["class"]] += 1
+            by_class_undecidable_right[r["class"]] += r["right"]
+    lines = [f"{right} of {len(rows)} verdicts right ({len(jobs)} jobs); results in {path}",
+             f"  forms the evidence can decide: {sum(r['right'] for r in decidable)} of {len(decidable)} right; "
+             f"undecidable ones (truth.json says why): {len(rows) - len(decidable)} verdicts, "
+             f"{right - sum(r['right'] for r in decidable)} of them naming the culprits as candidates"]
+    lines += [f"  {c}: {by_class_right[c]} / {n}" + (
+        f" (of them in undecidable forms: {by_class_undecidable_right[c]} / {by_class_undecidable[c]})"
+        if by_class_undecidable[c] else "") for c, n in sorted(by_class.items())]
     misses = [r for r in rows if not r["right"]]
-    lines += [f"  MISS {r['job']} [{r['form']}] truth {r['culprits']} got {r['got']}" for r in misses[:200]]
+    lines += [f"  {'UNDECIDED' if r.get('undecidable') else 'MISS'} {r['job']} [{r['form']}] truth {r['culprits']} "
+              f"got {r['got']}" for r in misses[:200]]
     return "\n".join(lines)
