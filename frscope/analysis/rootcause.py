@@ -62,7 +62,7 @@ def cause_of_rank(ctx: Context, causes: Causes, rank: int, before_record: int | 
                 rank in causes.unrecorded_p2p.culprit_ranks or blocked_in(ctx.live_stack(rank)) in P2P_FUNCTIONS
             ):
                 return causes.unrecorded_p2p
-            if causes.missing is not None and _last_group_lacks_a_member(ctx, dump.entries):
+            if causes.missing is not None and last_group_lacks_a_member(ctx, dump.entries):
                 return causes.missing
             failed = failed_wait(ctx, rank)
             return causes.at_point.get(failed) if failed is not None else None
@@ -93,7 +93,7 @@ def failed_wait(ctx: Context, rank: int) -> tuple[str, int] | None:
     return None
 
 
-def _last_group_lacks_a_member(ctx: Context, entries: Sequence[Entry]) -> bool:
+def last_group_lacks_a_member(ctx: Context, entries: Sequence[Entry]) -> bool:
     """The rank's last collective was in a group known only from the entries that is smaller than
     another group of the same description (a grid's sibling groups are the same size): a member left
     no dump. That collective failed with the missing member, and the rank stopped there."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from frscope.analysis.collectives import StuckPoint
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
+from frscope.analysis.rootcause import failed_wait, last_group_lacks_a_member
 from frscope.analysis.tracks import Track, newest_created
 from frscope.analysis.wording import fmt_duration, plural
 from frscope.records import GroupInfo, RankExit
@@ -89,6 +90,8 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     others_newest = max((n for r in with_entries if r not in out and (n := _newest(ctx, r))), default=None)
     found: dict[int, Stale] = {}
     for rank, s in out.items():
+        if _waits_elsewhere(ctx, rank, group.name):
+            continue
         newest = _newest(ctx, rank)
         exit = exits.get(rank)
         # Recorders read one after another while a job runs differ by a few collectives: without the
@@ -99,6 +102,19 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
                 continue
         found[rank] = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
     return found
+
+
+def _waits_elsewhere(ctx: Context, rank: int, group: str) -> bool:
+    """The rank's recorder ends in another group's collective that it still waits in, or that failed for
+    want of a member (one that never entered it, or left no dump): the recorder is current, the rank was
+    held there, and what the others recorded past it here failed without it (gloo retires it anyway)."""
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None or not len(dump.entries):
+        return False
+    last = dump.entries[-1]
+    if last.is_p2p or last.pg_name == group:
+        return False
+    return not last.completed or failed_wait(ctx, rank) is not None or last_group_lacks_a_member(ctx, dump.entries)
 
 
 READ_GAP_S = 0.1  # a recorder read this much before the others began a collective cannot show it

@@ -596,3 +596,24 @@ def test_a_rank_missing_from_a_collective_its_peer_waits_in_says_what_decides_wi
     [root] = run(tmp_path, per_rank, config).findings
     assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (0,)
     assert any("exit code decides" in e for e in root.evidence)
+
+
+def test_a_rank_held_in_a_subgroup_by_a_killed_peer_is_not_stale_in_the_default_group(tmp_path: Path) -> None:
+    """2x2 dp x tp, collective timeout: rank 2 hung before dp #1 (killed later: 137, no dump). Rank 0 waited
+    in dp #1 with it until gloo timed that out (retired), so it never entered the default group's #1,
+    which ranks 1 and 3 recorded as retired too. Rank 0's recorder is not stale: it was held by rank 2."""
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1]"}}
+    world, tp0, tp1, dp0, dp1 = GLOO_DEFAULT, ("1", "tp"), ("2", "tp"), ("3", "dp"), ("4", "dp")
+    at = [{"created_ns": b.T0 + step * 300 * MS} for step in range(4)]
+    per_rank = {
+        0: [gloo(1, pg=tp0, **at[1]), gloo(1, pg=dp0, **at[2])],
+        1: [gloo(1, pg=tp0, **at[1]), gloo(1, pg=dp1, **at[2]), gloo(1, pg=world, **at[3])],
+        3: [gloo(1, pg=tp1, **at[1]), gloo(1, pg=dp1, **at[2]), gloo(1, pg=world, **at[3])],
+    }
+    write(tmp_path, per_rank, config)
+    timed_out = "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation"
+    exits = {r: RankExit(r, exit_code=1, message=timed_out) for r in (0, 1, 3)}
+    exits[2] = RankExit(2, exit_code=137, reason="Error")
+    report = analyze(load_dumps([tmp_path]), OLD, exits=exits)
+    assert report.missing_ranks == (2,)
+    assert report.findings[0].culprit_ranks == (2,) and report.findings[0].category is Category.RANK_STOPPED
