@@ -83,7 +83,7 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
             out[rank] = Stale(rank, track.last_seq, track.last_seq, None, None)
         elif rank not in unresponsive and track.last_seq < others_entered:
             read_early = Stale(rank, track.last_seq, track.last_seq, _newest(ctx, rank), None)
-            if _read_before(ctx, read_early, tracks):
+            if read_before(ctx, read_early, tracks):
                 out[rank] = read_early
     if not out or len(out) == len(tracks):
         return {}
@@ -98,7 +98,7 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         # runner's word that the rank failed, its dump must also be much older than the others'.
         if not (exit is not None and exit.failed) and newest and others_newest:
             stale = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
-            if (others_newest - newest) / 1e9 < ctx.options.stall_after_s and not _read_before(ctx, stale, tracks):
+            if (others_newest - newest) / 1e9 < ctx.options.stall_after_s and not read_before(ctx, stale, tracks):
                 continue
         found[rank] = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
     return found
@@ -120,7 +120,7 @@ def _waits_elsewhere(ctx: Context, rank: int, group: str) -> bool:
 READ_GAP_S = 0.1  # a recorder read this much before the others began a collective cannot show it
 
 
-def _read_before(ctx: Context, stale: Stale, tracks: dict[int, Track]) -> bool:
+def read_before(ctx: Context, stale: Stale, tracks: dict[int, Track]) -> bool:
     """The rank's recorder was read (its file written, its snapshot taken) clearly before any other
     member began the latest collective it lacks that every other member entered, and no live stack says
     it was alive when read: the dump is older than that collective, not a rank left behind by it (one

@@ -617,3 +617,16 @@ def test_a_rank_held_in_a_subgroup_by_a_killed_peer_is_not_stale_in_the_default_
     report = analyze(load_dumps([tmp_path]), OLD, exits=exits)
     assert report.missing_ranks == (2,)
     assert report.findings[0].culprit_ranks == (2,) and report.findings[0].category is Category.RANK_STOPPED
+
+
+def test_an_empty_recorder_read_clearly_before_the_others_latest_collective_is_a_rank_that_stopped(
+        tmp_path: Path) -> None:
+    """Uneven data: rank 1 ran out of batches and exited; its last read (empty) came 50 ms before the
+    others' #1 and 0.4 s before their #2, both of which they retired (failed without it). The read is dated:
+    it is older than what the others did next, not a rank that never joined."""
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
+    steps = [gloo(s, created_ns=b.T0 + (s - 1) * 350 * MS) for s in (1, 2)]
+    per_rank: dict[int, list[dict[str, Any]]] = {0: list(steps), 1: [], 2: list(steps)}
+    captured = {0: b.T0 + 400 * MS, 1: b.T0 - 50 * MS, 2: b.T0 + 400 * MS}
+    [root] = _snapshots(tmp_path, per_rank, {}, config, captured).findings
+    assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (1,)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from frscope.analysis.collectives import StuckPoint, stuck_point
 from frscope.analysis.context import Context
 from frscope.analysis.findings import GroupProgress, GroupRef, RankProgress
-from frscope.analysis.stale import Stale, stale_ranks
+from frscope.analysis.stale import Stale, read_before, stale_ranks
 from frscope.analysis.tracks import Track, newest_created
 from frscope.analysis.wording import plural
 from frscope.records import GroupInfo, RankExit
@@ -76,8 +76,9 @@ def group_tracks(ctx: Context, group: GroupInfo) -> dict[int, Track]:
     """The group's members that have a dump. A member with no entry of the group counts as having
     entered nothing while nobody has completed anything there, and also when its recorder ends before
     the others' oldest entry of the group (a dump taken before the group's first collective: a stale
-    periodic dump). Otherwise its entries of the group were evicted from its ring buffer (a real
-    member cannot miss a completed collective) and it is left out."""
+    periodic dump), or when its empty recorder was read clearly before the others began what they all
+    entered last. Otherwise its entries of the group were evicted from its ring buffer (a real member
+    cannot miss a completed collective) and it is left out."""
     tracks = ctx.tracks.get(group.name, {})
     mine = {r: tracks[r] for r in group.ranks if r in tracks}
     without = [r for r in group.ranks if r in ctx.dumpset.dumps and r not in mine]
@@ -91,7 +92,10 @@ def group_tracks(ctx: Context, group: GroupInfo) -> dict[int, Track]:
         # An empty recorder has no time: it may be a read from before the rank's first collective (a
         # collector between two full reads) as well as a stale dump. Only a dated one is judged.
         before = certain and oldest is not None and newest is not None and newest < oldest
-        if nothing_done or before:
+        # An empty recorder is dated by its read alone: one read clearly before the others began what
+        # they all entered last is as old as a dated one.
+        read_early = certain and newest is None and bool(mine) and read_before(ctx, Stale(rank, 0, 0, None, None), mine)
+        if nothing_done or before or read_early:
             mine[rank] = Track(rank)
     return mine
 
