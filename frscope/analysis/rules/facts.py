@@ -85,6 +85,7 @@ def group_tracks(ctx: Context, group: GroupInfo) -> dict[int, Track]:
     if not without:
         return mine
     nothing_done = all(t.next_seq <= t.first_seq for t in mine.values() if t.by_seq)
+    all_done = all(t.next_seq > t.last_seq for t in mine.values() if t.by_seq)
     oldest = min((c for t in mine.values() if t.by_seq and (c := _first_created(t))), default=None)
     certain = group.membership_source != "entries"
     for rank in without:
@@ -93,8 +94,10 @@ def group_tracks(ctx: Context, group: GroupInfo) -> dict[int, Track]:
         # collector between two full reads) as well as a stale dump. Only a dated one is judged.
         before = certain and oldest is not None and newest is not None and newest < oldest
         # An empty recorder is dated by its read alone: one read clearly before the others began what
-        # they all entered last is as old as a dated one.
-        read_early = certain and newest is None and bool(mine) and read_before(ctx, Stale(rank, 0, 0, None, None), mine)
+        # they all entered last, which they all recorded as done (no wait here whose age could still
+        # say it is young), is as old as a dated one.
+        read_early = (certain and newest is None and all_done and bool(mine)
+                      and read_before(ctx, Stale(rank, 0, 0, None, None), mine))
         if nothing_done or before or read_early:
             mine[rank] = Track(rank)
     return mine
