@@ -290,11 +290,15 @@ def _add_views(
 
 
 def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
-                failed: frozenset[int] = frozenset()) -> StuckPoint | None:
+                failed: frozenset[int] = frozenset(), gone: frozenset[int] = frozenset()) -> StuckPoint | None:
     """`failed`: ranks whose process the runner says failed. A member of the group among them means its
     collective can never complete, however young it is: the gather that follows an exit must not call
     the group merely busy (seen on a real node: a rank its 5 s collective timeout ended, and a crash
-    whose peers were a second into the next collective when their exits were read)."""
+    whose peers were a second into the next collective when their exits were read). `gone`: ranks whose
+    collector says their process is gone (its socket is gone, refused, or the process exited): the same
+    holds where a member never entered the collective and nobody went past it (a job that ended cleanly
+    has every member in its last one, whose entry may not be retired yet; a member that went on shows
+    the collective finished, and the one missing from it holds an older read)."""
     if not tracks:
         return None
     seq = min(t.next_seq for t in tracks.values())
@@ -309,7 +313,9 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     # it, shows the collective stood still that long.
     now = ctx.now_for(sorted(tracks))
     age = (now - since) / 1e9 if (now is not None and since is not None) else None
-    stalled = age is None or age >= ctx.options.stall_after_s or bool(failed & (set(group.ranks) | set(tracks)))
+    members = set(group.ranks) | set(tracks)
+    stalled = (age is None or age >= ctx.options.stall_after_s or bool(failed & members)
+               or bool(not_joined and gone & members and max(t.last_seq for t in tracks.values()) == seq))
     source = ctx.age_source(sorted(tracks)) if age is not None else None
     timeouts = [e.timeout_ms for e in entered if e.timeout_ms]
     if age is not None and timeouts and age > min(timeouts) / 1000:

@@ -630,3 +630,26 @@ def test_an_empty_recorder_read_clearly_before_the_others_latest_collective_is_a
     captured = {0: b.T0 + 400 * MS, 1: b.T0 - 50 * MS, 2: b.T0 + 400 * MS}
     [root] = _snapshots(tmp_path, per_rank, {}, config, captured).findings
     assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (1,)
+
+
+def test_a_young_wait_for_a_rank_whose_process_is_gone_is_a_hang(tmp_path: Path) -> None:
+    """Ranks 0 and 2 entered all_reduce #3 0.2 s before the envelope was taken; rank 1 never did, and its
+    sidecar says its socket is gone. Young, but it can never complete: rank 1 is named."""
+    from frscope.wire import snapshot_envelope_bytes, snapshot_head, snapshot_piece
+
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
+    steps = [gloo(s, created_ns=b.T0 + s * 300 * MS) for s in (1, 2)]
+    waiting = gloo(3, done=False, created_ns=b.T0 + 900 * MS)
+    pieces = []
+    for rank, entries in {0: [*steps, waiting], 1: list(steps), 2: [*steps, dict(waiting)]}.items():
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        read = b.T0 + (890 if rank == 1 else 1100) * MS
+        pieces.append(json.dumps(snapshot_piece(rank, read, "worker-server", None,
+                                                b.dump(entries, world=0, pg_config=config))).encode())
+    head = snapshot_head(pod="job-0", namespace="ns", node="n", captured_at_ns=b.T0 + 1100 * MS, reason="stall")
+    body = snapshot_envelope_bytes(head, pieces, [{"rank": 1, "message": "rank-1.sock: socket is gone"}])
+    (tmp_path / "job-0.json").write_bytes(body)
+    options = AnalysisOptions(stall_after_s=2.0)
+    [root] = analyze(load_dumps([tmp_path]), options).findings
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (1,)

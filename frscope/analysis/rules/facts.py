@@ -54,6 +54,14 @@ class Facts:
 
 # How a collector says a rank did not answer (frscope's sidecar: "<socket>: no answer within 5 s").
 _NO_ANSWER = ("no answer", "timed out", "did not answer")
+# How a collector says a rank's process is gone (the sidecar: "<socket>: socket is gone", "cannot
+# connect: Connection refused"; the demo launcher and the sweep: "process exited with code N").
+_GONE = ("socket is gone", "cannot connect", "connection refused", "process exited")
+
+
+def gone_ranks(ctx: Context) -> frozenset[int]:
+    return frozenset(p.rank for p in ctx.dumpset.problems
+                     if p.rank is not None and any(w in p.message.lower() for w in _GONE))
 
 
 def unresponsive_ranks(ctx: Context) -> frozenset[int]:
@@ -121,6 +129,7 @@ def gather_facts(ctx: Context, exits: Mapping[int, RankExit]) -> Facts:
     failed = frozenset(r for r, e in exits.items() if e.failed)
     any_missing = bool(dumpset.missing_ranks)
     unresponsive = unresponsive_ranks(ctx)
+    gone = gone_ranks(ctx)
     groups: list[GroupFacts] = []
     default_ref: GroupRef | None = None
     for name, group in dumpset.groups.items():
@@ -131,7 +140,7 @@ def gather_facts(ctx: Context, exits: Mapping[int, RankExit]) -> Facts:
         tracks = group_tracks(ctx, group)
         stale = stale_ranks(ctx, group, tracks, exits, unresponsive) if tracks else {}
         live = {r: t for r, t in tracks.items() if r not in stale} if stale else tracks
-        point = stuck_point(ctx, group, live, failed) if live else None
+        point = stuck_point(ctx, group, live, failed, gone) if live else None
         waiting, op = _waiting(live, point)
         missing = tuple(r for r in group.ranks if r not in dumpset.dumps)
         suspects = bool(missing or (any_missing and group.membership_source == "entries"))
