@@ -51,12 +51,16 @@ def _newest(ctx: Context, rank: int) -> int | None:
 
 
 def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
-                exits: Mapping[int, RankExit], unresponsive: frozenset[int] = frozenset()) -> dict[int, Stale]:
+                exits: Mapping[int, RankExit], unresponsive: frozenset[int] = frozenset(),
+                gone: frozenset[int] = frozenset()) -> dict[int, Stale]:
     """Members whose dump ends before collectives all the other members finished; with exit evidence
     that a rank failed, or a read clearly older than the next collective every other member entered
     (a rank whose collector kept its last good read: it was not read again because it was gone), also
     before collectives all the others entered. `unresponsive` ranks (their worker server gave no
-    answer) keep an old read while alive: only the first two tests apply to them."""
+    answer) keep an old read while alive: only the first two tests apply to them. A `gone` rank (its
+    collector says its process is gone) whose first missing collective another member recorded done
+    well before its timeout (`_ended_early`) is stale however close its read: that collective either
+    finished with it (its read is older) or failed as it went away."""
     if len(tracks) < 2:
         return {}
     # (Membership known only from the entries is enough here: a rank with entries of the group is a
@@ -83,7 +87,8 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
             out[rank] = Stale(rank, track.last_seq, track.last_seq, None, None)
         elif rank not in unresponsive and track.last_seq < others_entered:
             read_early = Stale(rank, track.last_seq, track.last_seq, _newest(ctx, rank), None)
-            if read_before(ctx, read_early, tracks):
+            if read_before(ctx, read_early, tracks) or (rank in gone and _ended_early(ctx, rank, track.last_seq + 1,
+                                                                                      tracks)):
                 out[rank] = read_early
     if not out or len(out) == len(tracks):
         return {}
@@ -96,12 +101,29 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         exit = exits.get(rank)
         # Recorders read one after another while a job runs differ by a few collectives: without the
         # runner's word that the rank failed, its dump must also be much older than the others'.
-        if not (exit is not None and exit.failed) and newest and others_newest:
+        certain = (exit is not None and exit.failed) or (rank in gone and _ended_early(ctx, rank, s.last_seq + 1,
+                                                                                        tracks))
+        if not certain and newest and others_newest:
             stale = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
             if (others_newest - newest) / 1e9 < ctx.options.stall_after_s and not read_before(ctx, stale, tracks):
                 continue
         found[rank] = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
     return found
+
+
+def _ended_early(ctx: Context, rank: int, seq: int, tracks: dict[int, Track]) -> bool:
+    """Another member recorded `seq` done (gloo: retired) in a read taken well before its timeout could
+    have ended it: it finished, or failed because a member went away, not because one hung."""
+    for other, track in tracks.items():
+        bucket = track.by_seq.get(seq)
+        dump = ctx.dumpset.dumps.get(other)
+        if other == rank or not bucket or dump is None or dump.captured_at_ns is None:
+            continue
+        first = bucket[0]
+        if all(e.completed for e in bucket) and first.timeout_ms and first.time_created_ns \
+                and dump.captured_at_ns < first.time_created_ns + first.timeout_ms * 1_000_000 // 2:
+            return True
+    return False
 
 
 def _waits_elsewhere(ctx: Context, rank: int, group: str) -> bool:

@@ -653,3 +653,25 @@ def test_a_young_wait_for_a_rank_whose_process_is_gone_is_a_hang(tmp_path: Path)
     options = AnalysisOptions(stall_after_s=2.0)
     [root] = analyze(load_dumps([tmp_path]), options).findings
     assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (1,)
+
+
+def test_a_gone_rank_whose_first_missing_collective_ended_long_before_its_timeout_is_stale(tmp_path: Path) -> None:
+    """Rank 2's last read came 20 ms before the others began #3 (too close to date it stale by itself), and
+    its sidecar says its socket is gone. The others recorded #3 done 0.3 s after it began, with a 10 min
+    timeout: it finished with rank 2 (so the read is older) or failed as rank 2 went away. Not a hang."""
+    from frscope.wire import snapshot_envelope_bytes, snapshot_head, snapshot_piece
+
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}}
+    steps = [gloo(s, created_ns=b.T0 + s * 300 * MS) for s in (1, 2, 3)]
+    pieces = []
+    for rank, entries in {0: list(steps), 1: [dict(e) for e in steps], 2: [dict(e) for e in steps[:2]]}.items():
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        read = b.T0 + (880 if rank == 2 else 1200) * MS
+        pieces.append(json.dumps(snapshot_piece(rank, read, "worker-server", None,
+                                                b.dump(entries, world=0, pg_config=config))).encode())
+    head = snapshot_head(pod="job-0", namespace="ns", node="n", captured_at_ns=b.T0 + 1300 * MS, reason="stall")
+    errors = [{"rank": 2, "message": "rank-2.sock: socket is gone"}]
+    (tmp_path / "job-0.json").write_bytes(snapshot_envelope_bytes(head, pieces, errors))
+    [root] = analyze(load_dumps([tmp_path]), AnalysisOptions(stall_after_s=2.0)).findings
+    assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (2,)

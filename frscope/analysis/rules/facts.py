@@ -138,7 +138,7 @@ def gather_facts(ctx: Context, exits: Mapping[int, RankExit]) -> Facts:
             if default_ref is None or not is_default_group(default_ref.name, default_ref.desc):
                 default_ref = ref
         tracks = group_tracks(ctx, group)
-        stale = stale_ranks(ctx, group, tracks, exits, unresponsive) if tracks else {}
+        stale = stale_ranks(ctx, group, tracks, exits, unresponsive, gone) if tracks else {}
         live = {r: t for r, t in tracks.items() if r not in stale} if stale else tracks
         point = stuck_point(ctx, group, live, failed, gone) if live else None
         waiting, op = _waiting(live, point)

@@ -63,9 +63,11 @@ STALE_COPIED_WHY = (
     "either way) leave the same recorders. The finding names the rank as not joined and says that its exit "
     "code decides")
 # Also undecidable, but not from the spec (so scored as misses): a stale rank whose last read came less
-# than READ_GAP_S (0.1 s, frscope.analysis.stale) before the others began what it lacks, in any form
-# without exit codes. A read that close may be of a rank alive and about to join (a healthy job read
-# one rank after another looks the same); only the exit code tells a crash from that.
+# than READ_GAP_S (0.1 s, frscope.analysis.stale) before the others began what it lacks, in the pickle
+# and JSON forms without exit codes. A read that close may be of a rank alive and about to join (a
+# healthy job read one rank after another looks the same). The snapshot decides it where the collector
+# says the rank's process is gone and the others recorded that collective done long before its timeout;
+# otherwise only the exit code tells a crash from that.
 
 CLASSES: dict[str, FaultClass] = {c.name: c for c in (
     FaultClass("healthy", "jitter, several groups, every op type; no fault", (), layouts=LAYOUTS),
