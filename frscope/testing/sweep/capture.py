@@ -28,7 +28,7 @@ from typing import IO, Any
 
 from frscope import wire
 from frscope.demo.unix_http import WorkerServerError, call_handler
-from frscope.testing.sweep.classes import CLASSES, NOT_JOINED, P2P, P2P_WHY
+from frscope.testing.sweep.classes import CLASSES, NOT_JOINED, P2P, PIPELINE_WHY
 from frscope.testing.sweep.spec import JobSpec
 
 POLL_S = 0.3
@@ -347,7 +347,7 @@ def truth_of(spec: JobSpec) -> dict[str, Any]:
     accepted = list(cls.accepted)
     if op == "pipeline_forward" and spec.cls != "healthy":  # stuck before a p2p stage: the chain waits
         accepted += [c for c in (P2P, NOT_JOINED) if c not in accepted]
-        undecidable = {form: P2P_WHY for form in ("pickle", "json")}
+        undecidable = {form: PIPELINE_WHY for form in ("pickle", "json")}
     accepted_undecidable: list[str] = []
     if cls.copied_undecidable and float(spec.copied_hours or 0) > 0 and not spec.exits:
         undecidable.update({form: cls.copied_undecidable for form in ("pickle", "json")})

@@ -69,6 +69,13 @@ STALE_COPIED_WHY = (
 # says the rank's process is gone and the others recorded that collective done long before its timeout;
 # otherwise only the exit code tells a crash from that.
 
+PIPELINE_WHY = (
+    "gloo records no point-to-point op: without live stacks a stage stuck before its receive shows at most as "
+    "the ranks missing from the next collective (the stuck one or the one before it: two candidates), and "
+    "where every rank sits in send/recv each recorder is idle with nothing pending, which is also what a "
+    "healthy job between collectives shows: no finding is then all the recorders allow. The live stacks "
+    "(the snapshot form) decide")
+
 CLASSES: dict[str, FaultClass] = {c.name: c for c in (
     FaultClass("healthy", "jitter, several groups, every op type; no fault", (), layouts=LAYOUTS),
     FaultClass("hang", "a rank stuck in a Python function before one of the step's collectives", (NOT_JOINED,),
@@ -97,7 +104,7 @@ CLASSES: dict[str, FaultClass] = {c.name: c for c in (
                min_world=3, culprits=2,
                layouts=("default",)),
     FaultClass("pipeline", "a pipeline stage stuck before its recv: the later stages wait one behind the other",
-               (P2P, NOT_JOINED), undecidable={f: P2P_WHY for f in _NO_STACKS}, min_world=3,
+               (P2P, NOT_JOINED), undecidable={f: PIPELINE_WHY for f in _NO_STACKS}, min_world=3,
                layouts=("pipeline",)),
     FaultClass("async", "async bucketed all_reduces: a rank stuck before issuing its buckets", (NOT_JOINED,),
                layouts=("default",)),
