@@ -90,15 +90,15 @@ def sidecar_not_ready(pods: list[dict[str, Any]]) -> list[str]:
 
 async def pods_injected(client: KubeClient, namespace: str, job: str | None) -> CheckResult:
     pods = await _job_pods(client, namespace, job)
-    what = f"job {job}" if job else f"opted-in pods of {namespace}"
+    what = f"job {job}" if job else f"the opted-in pods of {namespace}"
     if not pods:
-        return skipped("injected", f"no pods of {what} yet")
+        return skipped("injected", f"no pods yet ({what})")
     missing = not_injected(pods)
     if missing:
-        return failed("injected", f"{len(missing)} of {len(pods)} pods of {what} have no sidecar: "
+        return failed("injected", f"{len(missing)} of {len(pods)} pods ({what}) have no sidecar: "
                       + ", ".join(missing[:5]), "fix the opt-in and webhook checks, then recreate those pods "
                       "(the webhook only sees pods as they are created)")
-    return passed("injected", f"all {len(pods)} pods of {what} have the sidecar")
+    return passed("injected", f"all {len(pods)} pods ({what}) have the sidecar")
 
 
 async def sidecars_ready(client: KubeClient, namespace: str, job: str | None) -> CheckResult:
