@@ -171,3 +171,22 @@ def test_kubeconfig_problems_are_named(tmp_path: Path) -> None:
         kubeconfig.load(plugin)
     with pytest.raises(kubeconfig.KubeconfigError, match="no context named 'other'"):
         kubeconfig.load(plugin, "other")
+
+
+def _event(reason: str, when: str, job: str = "llm") -> dict[str, Any]:
+    return {"reason": reason, "lastTimestamp": when, "involvedObject": {"name": job}, "message": when}
+
+
+def test_recent_unreachable_events_of_the_job_newest_first() -> None:
+    from frscope.doctor.operator_reach import recent_unreachable
+
+    now = datetime.datetime(2026, 6, 1, 12, 0, tzinfo=datetime.UTC)
+    events = [_event("SidecarsUnreachable", "2026-06-01T11:30:00Z"),
+              _event("SidecarsUnreachable", "2026-06-01T11:50:00Z"),
+              _event("SidecarsUnreachable", "2026-06-01T10:00:00Z"),  # older than an hour
+              _event("SidecarsUnreachable", "2026-06-01T11:55:00Z", job="other"),
+              _event("RankNotJoined", "2026-06-01T11:59:00Z"),
+              {"reason": "SidecarsUnreachable", "lastTimestamp": "garbage"}]
+    assert [e["message"] for e in recent_unreachable(events, now, "llm")] == ["2026-06-01T11:50:00Z",
+                                                                             "2026-06-01T11:30:00Z"]
+    assert len(recent_unreachable(events, now)) == 3
