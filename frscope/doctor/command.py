@@ -11,7 +11,7 @@ from pathlib import Path
 
 import aiohttp
 
-from frscope.doctor import cluster_checks, job_checks, operator_reach
+from frscope.doctor import cluster_checks, job_checks, operator_reach, ranks_served
 from frscope.doctor.kubeconfig import KubeconfigError, load
 from frscope.doctor.result import EXIT_UNREACHABLE, CheckResult, exit_code, failed, render_line
 from frscope.operator.kube.api_client import KubeClient
@@ -51,6 +51,7 @@ def _checks(namespace: str | None, job: str | None) -> list[tuple[str, Check]]:
             ("opt-in", lambda c: job_checks.opted_in(c, namespace, job)),
             ("injected", lambda c: job_checks.pods_injected(c, namespace, job)),
             ("sidecars", lambda c: job_checks.sidecars_ready(c, namespace, job)),
+            ("ranks-served", lambda c: ranks_served.ranks_served(c, namespace, job)),
             ("operator-reach", lambda c: operator_reach.operator_reaches_sidecars(c, namespace, job)),
         ]
     return checks

@@ -101,8 +101,13 @@ async def pods_injected(client: KubeClient, namespace: str, job: str | None) -> 
     return passed("injected", f"all {len(pods)} pods ({what}) have the sidecar")
 
 
+async def injected_pods(client: KubeClient, namespace: str, job: str | None) -> list[dict[str, Any]]:
+    """The pods of the job (or the opted-in pods of the namespace) that carry the sidecar."""
+    return [p for p in await _job_pods(client, namespace, job) if _sidecar(p) is not None]
+
+
 async def sidecars_ready(client: KubeClient, namespace: str, job: str | None) -> CheckResult:
-    pods = [p for p in await _job_pods(client, namespace, job) if _sidecar(p) is not None]
+    pods = await injected_pods(client, namespace, job)
     if not pods:
         return skipped("sidecars", "no injected pods to check")
     down = sidecar_not_ready(pods)

@@ -9,6 +9,7 @@ real pods."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import datetime
 import json
 import secrets
@@ -123,7 +124,7 @@ def test_a_good_setup_passes_every_check(kube: ControlPlane, good: Install, trai
     assert code == 0, out
     assert outcomes == {"kubernetes-version": "ok", "operator": "ok", "webhook": "ok", "webhook-ca": "ok",
                         "crd": "ok", "network-policy": "ok", "opt-in": "ok", "injected": "skip",
-                        "sidecars": "skip", "operator-reach": "ok"}, out
+                        "sidecars": "skip", "ranks-served": "skip", "operator-reach": "ok"}, out
     assert "all checks passed" in out
 
 
@@ -233,3 +234,98 @@ def test_an_unreachable_cluster_exits_2(kube: ControlPlane, tmp_path: Path) -> N
     assert code == 2, out
     assert "cannot reach the API server https://127.0.0.1:1" in out
     assert time.monotonic() - started < 60
+
+
+# -- ranks served: real sidecars asked through the API server's pod proxy ---------------------------
+
+WORKER_SERVER = """
+import sys, time
+import torch.distributed  # the worker server only after torch.distributed has finished importing
+from torch._C._distributed_c10d import _WorkerServer
+server = _WorkerServer(sys.argv[1])
+print("serving", flush=True)
+time.sleep(600)
+"""
+
+
+def _host_address() -> str:
+    """This machine's non-loopback IPv4 address: the API server refuses to proxy to loopback."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: only the route is looked up
+        except OSError:
+            pytest.skip("no non-loopback IPv4 address to run a sidecar on")
+        address = str(probe.getsockname()[0])
+    if address.startswith("127."):
+        pytest.skip("no non-loopback IPv4 address to run a sidecar on")
+    return address
+
+
+def _injected_pod(kube: ControlPlane, namespace: str, name: str, address: str, port: int) -> None:
+    kube.apply({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {"frscope.io/inject": "true", "training.kubeflow.org/job-name": "llm"},
+                     "annotations": {"frscope.io/injected": "native-sidecar"}},
+        "spec": {"initContainers": [{"name": "frscope-sidecar", "image": "frscope:e2e", "restartPolicy": "Always",
+                                     "ports": [{"name": "frscope", "containerPort": port}]}],
+                 "containers": [{"name": "pytorch", "image": "registry.invalid/train:1"}]}})
+    running = {"running": {"startedAt": _now()}}
+    kube.kubectl("patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge", "-p", json.dumps({
+        "status": {"phase": "Running", "podIP": address, "podIPs": [{"ip": address}], "startTime": _now(),
+                   "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": _now()}],
+                   "initContainerStatuses": [{"name": "frscope-sidecar", "image": "frscope:e2e", "imageID": "",
+                                              "ready": True, "restartCount": 0, "started": True, "state": running}],
+                   "containerStatuses": [{"name": "pytorch", "image": "registry.invalid/train:1", "imageID": "",
+                                          "ready": True, "restartCount": 0, "started": True, "state": running}]}}))
+
+
+@contextlib.contextmanager
+def _sidecar(directory: Path, address: str) -> Iterator[int]:
+    """A real `frscope sidecar` on `address`, serving the rank sockets of `directory`; yields its port."""
+    port_file = directory / "port"
+    with open(directory / "sidecar.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "frscope", "sidecar", "--socket-dir", str(directory),
+                                 "--evidence-dir", "none", "--host", address, "--port", "0", "--port-file",
+                                 str(port_file), "--poll-interval", "1"],
+                                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            yield int(_wait_for("the sidecar's port", lambda: port_file.exists() and port_file.read_text().strip()))
+        finally:
+            proc.terminate()
+            proc.wait(timeout=15)
+
+
+def test_a_sidecar_serving_no_rank_fails_ranks_served(kube: ControlPlane, good: Install, training_namespace: str,
+                                                      tmp_path: Path) -> None:
+    address = _host_address()
+    kube.kubectl("label", "namespace", training_namespace, "frscope.io/inject=true")
+    served, idle = tmp_path / "served", tmp_path / "idle"
+    served.mkdir()
+    idle.mkdir()
+    rank = subprocess.Popen([sys.executable, "-c", WORKER_SERVER, str(served / "rank-0.sock")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        assert rank.stdout is not None and rank.stdout.readline().strip() == b"serving"
+        with _sidecar(served, address) as port_served, _sidecar(idle, address) as port_idle:
+            _injected_pod(kube, training_namespace, "llm-master-0", address, port_served)
+            _injected_pod(kube, training_namespace, "llm-worker-0", address, port_idle)
+
+            def ranks_line() -> str | None:
+                code, outcomes, out = doctor(kube, "--namespace", training_namespace, "--job", "llm")
+                line = next(x for x in out.splitlines() if "ranks-served:" in x)
+                return line if "did not answer" not in line else None  # a sidecar still starting
+
+            line = _wait_for("both sidecars answering", ranks_line, timeout=30)
+            assert line.startswith("[FAIL]") and "llm-worker-0" in line and "llm-master-0" not in line, line
+            assert "serve no rank" in line
+            kube.kubectl("delete", "pod", "llm-worker-0", "-n", training_namespace, "--grace-period=0", "--force")
+            code, outcomes, out = doctor(kube, "--namespace", training_namespace, "--job", "llm")
+            assert outcomes["ranks-served"] == "ok" and "1 sidecars serve 1 ranks" in out, out
+    finally:
+        rank.kill()
+        rank.wait(timeout=10)
+        if rank.stdout is not None:
+            rank.stdout.close()

@@ -190,3 +190,17 @@ def test_recent_unreachable_events_of_the_job_newest_first() -> None:
     assert [e["message"] for e in recent_unreachable(events, now, "llm")] == ["2026-06-01T11:50:00Z",
                                                                              "2026-06-01T11:30:00Z"]
     assert len(recent_unreachable(events, now)) == 3
+
+
+def test_the_sidecar_port_and_a_readyz_answer() -> None:
+    from frscope.doctor.ranks_served import ranks_of, sidecar_port
+
+    pod = {"spec": {"initContainers": [{"name": "frscope-sidecar", "ports": [
+        {"name": "other", "containerPort": 1}, {"name": "frscope", "containerPort": 9402}]}]}}
+    assert sidecar_port(pod) == 9402
+    assert sidecar_port({"spec": {"containers": [{"name": "pytorch", "ports": [{"name": "frscope",
+                                                                                "containerPort": 9402}]}]}}) is None
+    assert ranks_of({"ready": True, "ranks": 8}) == 8
+    assert ranks_of({"ready": True, "ranks": 0}) == 0
+    assert ranks_of({"ready": False}) is None and ranks_of("503 text") is None
+    assert ranks_of({"ready": True, "ranks": "8"}) is None
