@@ -105,20 +105,25 @@ async def webhook_ca_bundle(client: KubeClient) -> CheckResult:
                   "for the Service")
 
 
-async def report_crd(client: KubeClient) -> CheckResult:
-    name = f"{names.REPORT_PLURAL}.{names.REPORT_GROUP}"
+# frscope's own CRDs (charts/frscope/crds/) and what each holds.
+OWN_CRDS = ((f"{names.REPORT_PLURAL}.{names.REPORT_GROUP}", names.REPORT_VERSION, "reports"),
+            (f"{names.NODE_LEDGER_PLURAL}.{names.REPORT_GROUP}", names.REPORT_VERSION, "the node ledger"))
+
+
+async def own_crds(client: KubeClient) -> CheckResult:
     fix = "kubectl apply --server-side -f charts/frscope/crds/ (Helm installs CRDs once and never upgrades them)"
-    try:
-        crd = await client.get(CRDS, None, name)
-    except NotFound:
-        return failed("crd", f"CRD {name} is not installed: the operator cannot write reports", fix)
-    served = {v.get("name") for v in (crd.get("spec") or {}).get("versions") or [] if v.get("served")}
-    established = any(c.get("type") == "Established" and c.get("status") == "True"
-                      for c in (crd.get("status") or {}).get("conditions") or [])
-    if names.REPORT_VERSION not in served or not established:
-        return failed("crd", f"CRD {name} serves {sorted(v for v in served if v)} (established: {established}), "
-                      f"this frscope needs {names.REPORT_VERSION}", fix)
-    return passed("crd", f"CRD {name} serves {names.REPORT_VERSION}")
+    for name, version, holds in OWN_CRDS:
+        try:
+            crd = await client.get(CRDS, None, name)
+        except NotFound:
+            return failed("crd", f"CRD {name} is not installed: the operator cannot write {holds}", fix)
+        served = {v.get("name") for v in (crd.get("spec") or {}).get("versions") or [] if v.get("served")}
+        established = any(c.get("type") == "Established" and c.get("status") == "True"
+                          for c in (crd.get("status") or {}).get("conditions") or [])
+        if version not in served or not established:
+            return failed("crd", f"CRD {name} serves {sorted(v for v in served if v)} (established: "
+                          f"{established}), this frscope needs {version}", fix)
+    return passed("crd", "CRDs " + ", ".join(name for name, _, _ in OWN_CRDS) + " serve what this frscope writes")
 
 
 async def network_policies(client: KubeClient) -> CheckResult:

@@ -43,7 +43,7 @@ def _checks(namespace: str | None, job: str | None) -> list[tuple[str, Check]]:
         ("operator", cluster_checks.operator_available),
         ("webhook", cluster_checks.webhook_service),
         ("webhook-ca", cluster_checks.webhook_ca_bundle),
-        ("crd", cluster_checks.report_crd),
+        ("crd", cluster_checks.own_crds),
         ("network-policy", cluster_checks.network_policies),
     ]
     if namespace:

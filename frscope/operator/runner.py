@@ -25,6 +25,7 @@ from frscope.operator.actions import Actor
 from frscope.operator.engine.controller import Controller, PodLister
 from frscope.operator.engine.settings import OperatorConfig, WebhookConfig
 from frscope.operator.evidence.gather import Decoder
+from frscope.operator.evidence.incident_archive import IncidentArchive
 from frscope.operator.evidence.push_store import Full, PushStore
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.evidence.spill import EvidenceDir
@@ -32,6 +33,7 @@ from frscope.operator.injection import InjectionConfig, native_sidecars_supporte
 from frscope.operator.kube import BearerAuth, KubeClient, TokenFile
 from frscope.operator.kube.pod_tokens import PodTokens
 from frscope.operator.kube.resources import PODS
+from frscope.operator.ledger import LedgerMetrics, NodeLedger
 from frscope.operator.model.objects import JobRef
 from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.model.store import JobStore
@@ -39,6 +41,7 @@ from frscope.operator.publish import Publisher
 from frscope.operator.serve.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
 from frscope.operator.serve.guards import metrics_guard
 from frscope.operator.serve.handlers import register_watchers, register_webhook
+from frscope.operator.serve.live_windows import LiveWindows
 from frscope.operator.serve.login import Login, login
 from frscope.operator.serve.operator_http import Health, OperatorHttp
 from frscope.operator.serve.status_poller import StatusPoller
@@ -59,6 +62,7 @@ class Operator:
     metrics: OperatorMetrics
     kube: KubeClient
     reviewer: Reviewer
+    ledger: NodeLedger | None = None
 
 
 def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -171,7 +175,14 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     sidecar_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=4),
                                             auto_decompress=False)
     metrics = OperatorMetrics(registry)
-    store = JobStore()
+    # each job's latest incident view, kept across restarts next to the kept pushes (--evidence-dir)
+    archive = IncidentArchive(config.evidence_dir / "incidents") if config.evidence_dir is not None else None
+    store = JobStore(on_latest=archive.save_soon if archive is not None else None)
+    if archive is not None:
+        kept_views = await asyncio.to_thread(lambda: list(archive.load()))
+        for ref, latest in kept_views:
+            store.restore(ref, latest)
+        log.info("evidence dir %s: %d incident view(s) kept from before", config.evidence_dir, len(kept_views))
     spill = EvidenceDir(config.evidence_dir) if config.evidence_dir is not None else None
     pushes = PushStore(on_drop=spill.remove if spill is not None else None)
     if spill is not None:
@@ -196,11 +207,13 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
                         metrics_guard=metrics_guard(config.metrics_auth, reviewer), decoder=decoder)
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
-    operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer)
+    ledger = (NodeLedger(kube, LedgerMetrics(registry), config.node_ledger, config.actions, instance=config.instance)
+              if config.node_ledger is not None else None)
+    operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer, ledger)
 
     kopf_registry = kopf.OperatorRegistry()
     # Every kopf login reads the credentials again: a rotated token is picked up, never a stale one.
-    register_watchers(kopf_registry, controller, lambda: login(settings).info, config.job_kinds)
+    register_watchers(kopf_registry, controller, lambda: login(settings).info, config.job_kinds, ledger=ledger)
     if config.webhook is not None:
         injection = await injection_for(config.webhook, kube)
         log.info("sidecar injection: %s sidecar, image %s", "native" if injection.native else "plain",
@@ -240,6 +253,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
             await ready.wait()
             health.ready = True
             tasks.append(asyncio.create_task(poller.run()))
+            if ledger is not None:
+                tasks.append(asyncio.create_task(ledger.run()))
             if on_ready is not None:
                 result = on_ready(operator)
                 if result is not None:
@@ -263,6 +278,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         await asyncio.gather(*tasks, return_exceptions=True)
         await controller.close()
         await asyncio.to_thread(decoder.close)
+        if archive is not None:
+            await asyncio.to_thread(archive.close)
         await http.stop()
         await sidecar_session.close()
         await kube.close()
@@ -271,7 +288,11 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
 def mount_default_ui(operator: Operator) -> None:
     """The web UI at /ui/ (docs/timeline.md): the watched jobs, their verdicts, a live page per job;
     behind `--ui-auth`."""
-    mount_ui(operator.http, operator.store, guard=ui_guard(operator.config.ui_auth, operator.reviewer))
+    config = operator.config
+    live = (LiveWindows(operator.store, operator.controller.sidecars, entries=config.live_entries,
+                        interval_s=config.live_interval_s) if config.live_entries > 0 else None)
+    mount_ui(operator.http, operator.store, guard=ui_guard(config.ui_auth, operator.reviewer), live=live,
+             ledger=operator.ledger)
 
 
 def run_operator(config: OperatorConfig) -> int:

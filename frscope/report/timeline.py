@@ -30,6 +30,7 @@ from typing import Any
 from frscope.analysis import Report, op_label
 from frscope.analysis.tracks import Track, build_tracks
 from frscope.records import COMPLETED, STARTED, DumpSet, Entry
+from frscope.report.rank_times import ColumnSpread, build_rank_times, column_spread, spread_fields
 from frscope.report.timeline_cells import (
     S_COMPLETED,
     S_IN_FLIGHT,
@@ -68,6 +69,7 @@ class _GroupGrid:
         col_t: list[float | None],
         col_dur: list[float | None],
         lags: list[tuple[float, int, int]],
+        col_spread: list[ColumnSpread | None],
     ) -> None:
         self.rows = rows
         self.seqs = seqs
@@ -75,7 +77,11 @@ class _GroupGrid:
         self.exceptions = exceptions  # per row: (col, cell) where the row differs, ascending col
         self.col_t = col_t
         self.col_dur = col_dur
+        self.col_spread = col_spread  # per column: the ranks' own durations and arrivals
         self.lags = lags  # (lag_ms, row, col)
+
+    def col_t_for(self, keep: list[int] | None) -> list[float | None]:
+        return self.col_t if keep is None else [self.col_t[c] for c in keep]
 
     def runs_for(self, keep: list[int] | None) -> tuple[list[list[int]], list[int], int]:
         """(patterns, row_pattern, total runs) over the kept columns (indices into self.seqs)."""
@@ -123,12 +129,15 @@ def _grid(
     col_cell: list[int] = []
     col_t: list[float | None] = []
     col_dur: list[float | None] = []
+    col_spread: list[ColumnSpread | None] = []
     lags: list[tuple[float, int, int]] = []
     for col, seq in enumerate(seqs):
         keys: list[RawKey | None] = []
         buckets: list[list[Entry] | None] = []
         created: list[tuple[int, int]] = []  # (row, ns)
         durations: list[float] = []
+        slowest_row = -1
+        slowest_d = -1.0
         candidate: RawKey | None = None
         count = 0
         # Hot loop (every entry of every rank): inlined, and a Boyer-Moore majority vote on the way.
@@ -168,6 +177,8 @@ def _grid(
                 created.append((i, ns))
             if d is not None:
                 durations.append(d)
+                if d > slowest_d:
+                    slowest_d, slowest_row = d, i
         consensus = -1
         for i, k in enumerate(keys):
             if k is not None and k == candidate:
@@ -190,7 +201,8 @@ def _grid(
         else:
             col_t.append(None)
         col_dur.append(round(median(durations), 3) if durations else None)
-    return _GroupGrid(rows, seqs, col_cell, exceptions, col_t, col_dur, lags)
+        col_spread.append(column_spread(created, durations, slowest_row, rows))
+    return _GroupGrid(rows, seqs, col_cell, exceptions, col_t, col_dur, lags, col_spread)
 
 
 def _choose_columns(grid: _GroupGrid, must: set[int], budget: int, tail: int) -> list[int]:
@@ -241,6 +253,11 @@ def build_timeline(
             keeps[gi] = _choose_columns(grid, must, share, min(opts.tail_columns, share))
             encoded[gi] = grid.runs_for(keeps[gi])
 
+    rank_times = build_rank_times(
+        [(name, grid.rows, [grid.seqs[c] for c in (keeps[gi] or range(len(grid.seqs)))], grid.col_t_for(keeps[gi]))
+         for gi, (name, _desc, grid) in enumerate(grids)],
+        tracks, t0, opts.max_rank_times, primary_group=next((m["group"] for m in marks if not m["consequence"]), None),
+    )
     lag_budget = opts.max_lags
     groups_out: list[dict[str, Any]] = []
     for gi, (name, desc, grid) in enumerate(grids):
@@ -270,6 +287,8 @@ def build_timeline(
                 "col_cell": [grid.col_cell[c] for c in cols],
                 "col_t_ms": [grid.col_t[c] for c in cols],
                 "col_dur_ms": [grid.col_dur[c] for c in cols],
+                **spread_fields([grid.col_spread[c] for c in cols]),
+                "rank_times": rank_times.get(name),
                 "patterns": patterns,
                 "row_pattern": row_pattern,
                 "lags": [x for lag, row, col in lags for x in (row, col, lag)],

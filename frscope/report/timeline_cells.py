@@ -22,6 +22,7 @@ DEFAULT_TAIL_COLUMNS = 256
 DEFAULT_LAG_THRESHOLD_MS = 50.0
 DEFAULT_MAX_LAGS = 20_000
 DEFAULT_MAX_SITE_RANKS = 8
+DEFAULT_MAX_RANK_TIMES = 131_072  # 128 collectives of 1,024 ranks
 
 # Raw cell key: compared with == only (sizes are lists: unhashable, cheap to compare).
 RawKey = tuple[Any, ...]
@@ -36,6 +37,9 @@ class TimelineOptions:
     # call sites come from the frames, which may be re-read from each rank's file: ask this many ranks
     # at most (besides the culprits)
     max_site_ranks: int = DEFAULT_MAX_SITE_RANKS
+    # each rank's own times (created, started, duration) for this many cells at most, the most recent
+    # collectives of every group first (docs/timeline.md, "Each rank's own times")
+    max_rank_times: int = DEFAULT_MAX_RANK_TIMES
 
 
 class Tables:

@@ -4,6 +4,7 @@ provider it implements (`JobProvider`). Imports report/analysis/records only (im
 See docs/timeline.md."""
 
 from frscope.webui.memory import MemoryProvider
+from frscope.webui.nodes import NodeIncidentRow, NodeProvider, NodeSummary
 from frscope.webui.provider import JobDetail, JobProvider, JobSummary, RankStatus, detail_revision
 from frscope.webui.routes import create_app
 
@@ -12,6 +13,9 @@ __all__ = [
     "JobProvider",
     "JobSummary",
     "MemoryProvider",
+    "NodeIncidentRow",
+    "NodeProvider",
+    "NodeSummary",
     "RankStatus",
     "create_app",
     "detail_revision",

@@ -14,6 +14,7 @@ from frscope.operator import names
 from frscope.operator.actions import ActionOptions
 from frscope.operator.evidence.gather import GatherOptions
 from frscope.operator.injection import InjectionConfig
+from frscope.operator.ledger import NodeLedgerOptions
 from frscope.operator.model import jobkinds
 
 
@@ -88,10 +89,16 @@ class OperatorConfig:
     # volume there); None: in memory only.
     evidence_dir: Path | None = None
     report_limit_bytes: int = 512 * 1024
+    # The web UI's live window of a job someone looks at (docs/timeline.md, "Live window"): the newest
+    # entries per rank asked of its sidecars every `live_interval_s`; 0 entries: no live window.
+    live_entries: int = 256
+    live_interval_s: float = 1.0
     peering: str | None = None  # kopf peering name; None: standalone (one replica)
     webhook: WebhookConfig | None = None
     # Acting on a diagnosis (docs/actions.md): what is allowed, the default policy, limits.
     actions: ActionOptions = field(default_factory=ActionOptions)
+    # The node ledger (docs/actions.md, "The node ledger"); None: off (--node-ledger off).
+    node_ledger: NodeLedgerOptions | None = field(default_factory=NodeLedgerOptions)
     # The watchdog timeout assumed when neither the recorder nor the pods' env states it (None: torch's).
     default_watchdog_timeout_s: float | None = None
     instance: str = field(default_factory=socket.gethostname)

@@ -66,6 +66,10 @@ DISCOVERY: dict[str, Any] = {
 }
 
 
+# Cluster-scoped resources the fake keeps (under namespace '').
+CLUSTER_SCOPED = frozenset({"nodes", "flightrecordernodes"})
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
@@ -118,7 +122,7 @@ class FakeKube:
     def put(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
-        meta.setdefault("namespace", "ml")
+        meta.setdefault("namespace", "" if plural in CLUSTER_SCOPED else "ml")
         meta.setdefault("uid", str(uuid.uuid4()))
         meta["resourceVersion"] = str(next(self._rv))
         key = (plural, meta["namespace"], meta["name"])
@@ -197,6 +201,8 @@ class FakeKube:
         rest = parts[2:] if parts[0] == "api" else parts[3:]
         if len(rest) == 1 and request.method == "GET":  # cluster-wide list or watch
             return await self._list_or_watch(request, rest[0], None)
+        if rest and rest[0] != "namespaces" and rest[0] in CLUSTER_SCOPED:  # /PLURAL[/NAME[/SUB]]: namespace ''
+            rest = ["namespaces", "", *rest]
         if len(rest) < 3 or rest[0] != "namespaces":
             return web.json_response(status_body(404, "NotFound", path), status=404)
         namespace, plural = rest[1], rest[2]
