@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 STATUS_SCHEMA = "frscope.sidecar.status/v1"
 SNAPSHOT_SCHEMA = "frscope.sidecar.snapshot/v1"
@@ -199,6 +199,12 @@ class GroupStatusDoc(TypedDict):
     stalled_since_ns: int | None
     no_progress_s: float
     stall_threshold_s: float
+    # Suspected: in flight with no progress past the group's own rhythm; stays true once stalled (the
+    # confirmed state), until progress. Absent in documents of sidecars that predate suspicions.
+    suspected: NotRequired[bool]
+    suspected_since_ns: NotRequired[int | None]
+    suspect_threshold_s: NotRequired[float]
+    usual_wait_s: NotRequired[float]
 
 
 class RankStatusDoc(TypedDict):
@@ -241,6 +247,7 @@ class StatusDoc(TypedDict):
     node: str
     captured_at_ns: int
     stalled: bool
+    suspected: NotRequired[bool]  # some group is suspected (or stalled)
     ranks: dict[str, RankStatusDoc]
     dump_dir: DumpDirDoc
     evidence: EvidenceDoc
@@ -276,6 +283,8 @@ class SidecarStatus:
     ranks_up: int
     ranks_down: int
     ranks: tuple[RankUp, ...] = ()  # per rank, by rank (the web UI's per-rank status)
+    # Groups suspected but not (yet) stalled: a stall not confirmed yet (docs/sidecar.md).
+    suspects: tuple[GroupStall, ...] = ()
 
 
 def parse_status(obj: Any) -> SidecarStatus:
@@ -283,6 +292,7 @@ def parse_status(obj: Any) -> SidecarStatus:
     if not isinstance(obj, dict) or obj.get("schema") != STATUS_SCHEMA:
         raise WireError(f"/v1/status: not a {STATUS_SCHEMA} object")
     stalls: list[GroupStall] = []
+    suspects: list[GroupStall] = []
     per_rank: list[RankUp] = []
     up = down = 0
     ranks = obj.get("ranks")
@@ -302,16 +312,18 @@ def parse_status(obj: Any) -> SidecarStatus:
         per_rank.append(RankUp(rank, bool(rank_obj.get("up")), str(error)[:200] if error else None, restarts))
         groups = rank_obj.get("groups")
         for group, g in (groups.items() if isinstance(groups, dict) else []):
-            if isinstance(g, dict) and g.get("stalled"):
-                age = g.get("inflight_age_s")
-                stalls.append(GroupStall(rank, str(group), str(g.get("desc") or ""),
-                                         str(g["inflight_op"]) if g.get("inflight_op") else None,
-                                         _int(g.get("inflight_seq")),
-                                         float(age) if isinstance(age, (int, float)) else None, restarts))
+            if not isinstance(g, dict) or not (g.get("stalled") or g.get("suspected")):
+                continue
+            age = g.get("inflight_age_s")
+            found = GroupStall(rank, str(group), str(g.get("desc") or ""),
+                               str(g["inflight_op"]) if g.get("inflight_op") else None,
+                               _int(g.get("inflight_seq")),
+                               float(age) if isinstance(age, (int, float)) else None, restarts)
+            (stalls if g.get("stalled") else suspects).append(found)
     return SidecarStatus(
         pod=str(obj.get("pod") or ""), namespace=str(obj.get("namespace") or ""),
         stalled=bool(obj.get("stalled")) or bool(stalls), stalls=tuple(stalls), ranks_up=up, ranks_down=down,
-        ranks=tuple(sorted(per_rank, key=lambda r: r.rank)),
+        ranks=tuple(sorted(per_rank, key=lambda r: r.rank)), suspects=tuple(suspects),
     )
 
 

@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from frscope import __version__
 from frscope.sidecar.evidence import EvidenceStore
-from frscope.sidecar.progress import StallTracker
+from frscope.sidecar.progress import SUSPICION_OUTCOMES, StallTracker
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0)
 POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -51,6 +51,30 @@ class SidecarMetrics:
         )
         self.stalls = Counter(
             "frscope_stalls", "Stalls detected (transitions to stalled)", rp, registry=registry
+        )
+        self.suspected = Gauge(
+            "frscope_collective_suspected",
+            "1 while the group has a collective in flight with no progress for longer than its rhythm allows "
+            "(suspected; stays 1 once the stall is confirmed, until the group makes progress)",
+            rp, registry=registry,
+        )
+        self.suspect_threshold = Gauge(
+            "frscope_collective_suspect_threshold_seconds",
+            "No progress with a collective in flight for this long makes the group suspected: 3 x its usual wait, "
+            "within --suspect-min and --suspect-after, at most the stall threshold",
+            rp, registry=registry,
+        )
+        self.usual_wait = Gauge(
+            "frscope_collective_usual_wait_seconds",
+            "The longest a collective of the group waited with no progress in its recent episodes that ended in "
+            "progress, as the polls saw it (the group's rhythm; 0: none seen waiting)",
+            rp, registry=registry,
+        )
+        self.suspected_stalls = Counter(
+            "frscope_suspected_stalls",
+            "Suspected stalls by how they ended: resumed (the group made progress before --stall-after), "
+            "confirmed (it became a stall)",
+            ["outcome"], registry=registry,
         )
         self.collectives = Counter(
             "frscope_collectives",
@@ -121,6 +145,8 @@ class SidecarMetrics:
             self.recorder_fetches.labels(cause=cause)
         for result in PUSH_RESULTS:
             self.pushes.labels(result=result)
+        for outcome in SUSPICION_OUTCOMES:
+            self.suspected_stalls.labels(outcome=outcome)
 
     def show_progress(self, tracker: StallTracker, now_ns: int) -> None:
         """Every tracked group's progress gauges, after a poll round."""
@@ -134,6 +160,9 @@ class SidecarMetrics:
             self.stalled.labels(**labels).set(1 if group.stalled else 0)
             self.inflight_age.labels(**labels).set(group.inflight_age_s(now_ns) or 0.0)
             self.stall_threshold.labels(**labels).set(group.threshold_s)
+            self.suspected.labels(**labels).set(1 if group.suspected else 0)
+            self.suspect_threshold.labels(**labels).set(group.suspect_threshold_s)
+            self.usual_wait.labels(**labels).set(group.rhythm.usual_wait_s)
 
     def show_evidence(self, evidence: EvidenceStore) -> None:
         """What the evidence dir holds, after a scan or a capture."""

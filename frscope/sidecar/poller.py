@@ -12,13 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from frscope.sidecar.client import PROGRESS_PROBES, WorkerClient, WorkerError
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.metrics import SidecarMetrics
-from frscope.sidecar.progress import GroupState, StallTracker, without_inflight
+from frscope.sidecar.progress import GroupState, StallTracker, SuspicionEnd, without_inflight
 from frscope.sidecar.ranks import RankState, read_meta, scan_sockets
 from frscope.sidecar.recorder import digest
 
@@ -36,8 +36,11 @@ class Round:
     """What one poll round found."""
 
     newly: list[GroupState]  # groups that became stalled
-    capture: bool  # a stall capture is due (every live rank's full recorder was fetched for it)
+    # The capture due ("stall" or "suspect"; every live rank's full recorder was fetched for it), or None.
+    capture: str | None
     exits: list[int]  # ranks whose trainer exited (went down with the socket refused or gone)
+    suspected: list[GroupState] = field(default_factory=list)  # groups suspected at this round (not yet stalls)
+    ended: list[SuspicionEnd] = field(default_factory=list)  # suspicions that ended at this round
 
 
 class Poller:
@@ -57,11 +60,12 @@ class Poller:
         for state in self.ranks.values():
             await state.client.close()
 
-    async def round(self, want_full: bool, capture_wanted: Callable[[], bool],
+    async def round(self, want_full: bool, capture_wanted: Callable[[str], bool],
                     periodic: bool | None = None) -> Round:
         """One round over every local rank. `want_full`: every rank's full recorder, whatever its
-        progress probe says. `capture_wanted` is asked when groups became stalled: if it says yes,
-        every live rank's full recorder of this moment is fetched for the capture. `periodic`: this
+        progress probe says. `capture_wanted(reason)` is asked when groups became stalled ("stall") or
+        suspected ("suspect"): if it says yes, every live rank's full recorder of this moment is
+        fetched for the capture. `periodic`: this
         round is the schedule's periodic full read (`schedule.PollSlot`); None: every
         --full-poll-every rounds of the rank's own count."""
         t0 = time.perf_counter()
@@ -99,7 +103,12 @@ class Poller:
             newly.extend(stalled)
             if down:
                 went_down.append(rank)
-        capture = bool(newly) and capture_wanted()
+        raised, ended = self.tracker.drain()
+        capture: str | None = None
+        if newly and capture_wanted("stall"):
+            capture = "stall"
+        elif any(not g.stalled for g in raised) and capture_wanted("suspect"):
+            capture = "suspect"
         if capture:
             # Every live rank's full recorder of this moment (a rank that only answered its probe
             # this round is fetched now); the capture then takes every rank's stacks.
@@ -112,6 +121,9 @@ class Poller:
                 newly.extend(g for g in extra if (g.rank, g.sample.pg) not in seen)
                 if down:
                     went_down.append(state.rank)
+            more_raised, more_ended = self.tracker.drain()
+            raised.extend(more_raised)
+            ended.extend(more_ended)
         self.last_round_ns = now_ns
         self.metrics.show_progress(self.tracker, now_ns)
         self.polls_done += 1
@@ -129,8 +141,28 @@ class Poller:
                 group.sample.inflight_op, group.sample.inflight_seq,
                 f" for {age:.1f} s" if age is not None else "", (now_ns - group.progress_ns) / 1e9, group.threshold_s,
             )
+        suspected = [g for g in raised if not g.stalled]
+        self._report_suspicions(suspected, ended, now_ns)
         exits = [r for r in went_down if self.ranks[r].reason in EXIT_REASONS and self.ranks[r].ever_up]
-        return Round(newly, capture, exits)
+        return Round(newly, capture, exits, suspected, ended)
+
+    def _report_suspicions(self, suspected: list[GroupState], ended: list[SuspicionEnd], now_ns: int) -> None:
+        for group in suspected:
+            age = group.inflight_age_s(now_ns)
+            log.warning(
+                "suspected stall: rank %d, group %s%s: %s #%s in flight%s, no progress for %.1f s (its usual "
+                "wait %.1f s, suspected after %.1f s, a stall after %.1f s)",
+                group.rank, group.sample.pg, f" ({group.sample.desc})" if group.sample.desc else "",
+                group.sample.inflight_op, group.sample.inflight_seq, f" for {age:.1f} s" if age is not None else "",
+                (now_ns - group.progress_ns) / 1e9, group.rhythm.usual_wait_s, group.suspect_threshold_s,
+                group.threshold_s,
+            )
+        for end in ended:
+            self.metrics.suspected_stalls.labels(outcome=end.outcome).inc()
+            if end.outcome == "resumed":
+                log.info("suspected stall resumed: rank %d, group %s moved on after %.1f s without progress "
+                         "(%.1f s after the suspicion)", end.group.rank, end.group.sample.pg, end.quiet_s,
+                         end.after_s)
 
     async def _poll_rank(
         self, state: RankState, now_ns: int, previous_round: int | None, force_full: bool = False,

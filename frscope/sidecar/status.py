@@ -32,6 +32,10 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
                 "stalled_since_ns": group.stalled_since_ns,
                 "no_progress_s": round((now_ns - group.progress_ns) / 1e9, 3),
                 "stall_threshold_s": group.threshold_s,
+                "suspected": group.suspected,
+                "suspected_since_ns": group.suspected_since_ns,
+                "suspect_threshold_s": group.suspect_threshold_s,
+                "usual_wait_s": round(group.rhythm.usual_wait_s, 3),
             }
         by_rank[str(rank)] = {
             "up": state.up,
@@ -57,6 +61,7 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
         "node": config.node,
         "captured_at_ns": last_round_ns or now_ns,
         "stalled": any(g.stalled for g in tracker.groups.values()),
+        "suspected": any(g.suspected for g in tracker.groups.values()),
         "ranks": by_rank,
         "dump_dir": {
             "path": str(config.dump_dir) if config.dump_dir else None,
