@@ -1,0 +1,85 @@
+"""A training-shaped gloo job with a rhythm of its own, for the stall and straggler tests and the
+detection benchmark (bench/detection.py). Run as a script, one process per rank (frscope.testing.
+rhythm_launch starts it): it imports nothing of frscope, so the zero-code bootstrap on PYTHONPATH is
+what serves its recorder.
+
+Each step: compute (a sleep of --step-s, plus a random 0..--jitter-s, times --slow-factor on the
+--culprit), then --layers all_reduces on the default group. Optional phases between steps:
+  --pause-every N --pause-s S   every rank pauses S seconds with nothing in flight (a checkpoint
+                                written by every rank, an evaluation without collectives)
+  --lone-every N --lone-s S     only rank 0 pauses (it writes the checkpoint); the others wait in
+                                the next step's first all_reduce
+  --hang-step K                 the culprit never returns from `stuck_in_python` before step K's
+                                compute; it first writes the time it stopped to <out>/hang-<rank>
+Every rank writes <out>/done-<rank> after its last step and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import random
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--step-s", type=float, default=0.25)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--jitter-s", type=float, default=0.0)
+    p.add_argument("--culprit", type=int, default=1)
+    p.add_argument("--slow-factor", type=float, default=1.0)
+    p.add_argument("--slow-from-step", type=int, default=0)
+    p.add_argument("--pause-every", type=int, default=0)
+    p.add_argument("--pause-s", type=float, default=0.0)
+    p.add_argument("--lone-every", type=int, default=0)
+    p.add_argument("--lone-s", type=float, default=0.0)
+    p.add_argument("--hang-step", type=int, default=-1)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-lifetime", type=float, default=3600.0)
+    return p.parse_args()
+
+
+def stuck_in_python(out: Path, rank: int) -> None:
+    (out / f"hang-{rank}").write_text(str(time.time_ns()))
+    while True:
+        time.sleep(1.0)
+
+
+def main() -> int:
+    args = parse()
+    deadline = time.monotonic() + args.max_lifetime
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.max_lifetime))
+    rank = dist.get_rank()
+    rng = random.Random(args.seed * 1000 + rank)
+    grads = torch.ones(64)
+    for step in range(args.steps):
+        if time.monotonic() > deadline:
+            os._exit(3)
+        if step == args.hang_step and rank == args.culprit:
+            stuck_in_python(args.out, rank)
+        if args.pause_every and step and step % args.pause_every == 0:
+            time.sleep(args.pause_s)
+        if args.lone_every and step and step % args.lone_every == 0 and rank == 0:
+            time.sleep(args.lone_s)
+        compute = args.step_s + rng.uniform(0.0, args.jitter_s)
+        if rank == args.culprit and step >= args.slow_from_step:
+            compute *= args.slow_factor
+        time.sleep(compute)
+        for _layer in range(args.layers):
+            dist.all_reduce(grads)
+    (args.out / f"done-{rank}").write_text(str(time.time_ns()))
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
