@@ -207,6 +207,18 @@ class GroupStatusDoc(TypedDict):
     usual_wait_s: NotRequired[float]
 
 
+class LatenessDoc(TypedDict):
+    """A rank against the pod's other ranks (frscope.analysis.lateness), over the last 60 s."""
+
+    group: str
+    lateness_s: float
+    share: float
+    late: int
+    compared: int
+    window_s: float
+    straggler: bool
+
+
 class RankStatusDoc(TypedDict):
     up: bool
     error: str | None
@@ -216,6 +228,7 @@ class RankStatusDoc(TypedDict):
     progress_probe: str | None
     restart_count: int | None  # torchrun's TORCHELASTIC_RESTART_COUNT of the serving process (bootstrap)
     groups: dict[str, GroupStatusDoc]
+    lateness: NotRequired[LatenessDoc | None]  # None: not compared (the pod's only rank, or no arrivals yet)
 
 
 class DumpFileDoc(TypedDict):

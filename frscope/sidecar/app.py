@@ -265,7 +265,7 @@ class Sidecar:
 
     def status(self) -> StatusDoc:
         return status_document(self.config, self.ranks, self.tracker, self.evidence, self.dumps,
-                                self.poller.last_round_ns, time.time_ns())
+                                self.poller.last_round_ns, time.time_ns(), self.poller.lateness)
 
 
 def _write_port_file(path: Path, port: int) -> None:

@@ -43,7 +43,7 @@ class SidecarConfig:
     suspect_min_s: float = 4.0
     # Full recorder (fr_trace_json) every this many polls; the polls between ask the cheap progress
     # probe only (and fetch the full recorder when it suggests a stall). 1: every poll.
-    full_poll_every: int = 30
+    full_poll_every: int = 15
     # The job's identity (frscope.sidecar.schedule): every pod of a job polls on the same wall-clock
     # slots, at a phase drawn from it. "": the multiples of the interval since the epoch.
     schedule_key: str = ""
@@ -129,7 +129,7 @@ _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
     ("--port-file", "port_file", "FRSCOPE_PORT_FILE", "path", None, "write the bound port here once listening"),
     ("--poll-interval", "poll_interval_s", "FRSCOPE_POLL_INTERVAL", "float", 2.0,
      "seconds between polls (a cheap progress probe of every rank; see --full-poll-every)"),
-    ("--full-poll-every", "full_poll_every", "FRSCOPE_FULL_POLL_EVERY", "int", 30,
+    ("--full-poll-every", "full_poll_every", "FRSCOPE_FULL_POLL_EVERY", "int", 15,
      "fetch every rank's full recorder every N polls; between, a cheap progress probe (full recorder "
      "at once when progress stops with a collective in flight); 1: full recorder at every poll"),
     ("--schedule-key", "schedule_key", "FRSCOPE_SCHEDULE_KEY", "str", "",

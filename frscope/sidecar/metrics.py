@@ -7,9 +7,12 @@ ids, shapes or job ids in labels: those are values or live in /v1/status.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from frscope import __version__
+from frscope.analysis.lateness import RankLateness
 from frscope.sidecar.evidence import EvidenceStore
 from frscope.sidecar.progress import SUSPICION_OUTCOMES, StallTracker
 
@@ -95,6 +98,22 @@ class SidecarMetrics:
             "minus a rank's rate is how long the others wait for it (docs/sidecar.md)",
             ["rank"], registry=registry,
         )
+        self.lateness = Gauge(
+            "frscope_rank_lateness_seconds",
+            "How late the rank arrives, on average, at the collectives where the pod's other ranks wait for it "
+            "(the last 60 s of its recorder; 0: never the one waited for)",
+            ["rank"], registry=registry,
+        )
+        self.lateness_ratio = Gauge(
+            "frscope_rank_lateness_ratio",
+            "Fraction of the job's time the pod's other ranks spent waiting for this rank (the last 60 s)",
+            ["rank"], registry=registry,
+        )
+        self.straggler = Gauge(
+            "frscope_rank_straggler",
+            "1 while the rank is a straggler: late far more often than chance, costing the job >= 10% of its time",
+            ["rank"], registry=registry,
+        )
         self.worker_up = Gauge(
             "frscope_worker_up", "1 when the rank's worker server answered the last poll", ["rank"],
             registry=registry,
@@ -163,6 +182,15 @@ class SidecarMetrics:
             self.suspected.labels(**labels).set(1 if group.suspected else 0)
             self.suspect_threshold.labels(**labels).set(group.suspect_threshold_s)
             self.usual_wait.labels(**labels).set(group.rhythm.usual_wait_s)
+
+    def show_lateness(self, found: dict[int, RankLateness], ranks: Mapping[int, object]) -> None:
+        """Every local rank's lateness against the others (0 where not compared), after a poll round."""
+        for rank in ranks:
+            got = found.get(rank)
+            label = str(rank)
+            self.lateness.labels(rank=label).set(got.lateness_s if got else 0.0)
+            self.lateness_ratio.labels(rank=label).set(got.share if got else 0.0)
+            self.straggler.labels(rank=label).set(1 if got is not None and got.straggler else 0)
 
     def show_evidence(self, evidence: EvidenceStore) -> None:
         """What the evidence dir holds, after a scan or a capture."""

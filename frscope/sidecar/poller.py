@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from frscope.analysis.lateness import RankLateness, rank_lateness
 from frscope.sidecar.client import PROGRESS_PROBES, WorkerClient, WorkerError
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.metrics import SidecarMetrics
@@ -52,6 +53,8 @@ class Poller:
         self.ready = False
         self.polls_done = 0
         self.last_round_ns: int | None = None
+        # Lateness of each local rank against the others (two or more ranks up), after every round.
+        self.lateness: dict[int, RankLateness] = {}
         self._socket_dir_missing_logged = False
         self._parse_slot = asyncio.Semaphore(1)
         self._fetch_slots = asyncio.Semaphore(max(1, config.max_concurrency))
@@ -143,8 +146,29 @@ class Poller:
             )
         suspected = [g for g in raised if not g.stalled]
         self._report_suspicions(suspected, ended, now_ns)
+        self._update_lateness()
         exits = [r for r in went_down if self.ranks[r].reason in EXIT_REASONS and self.ranks[r].ever_up]
         return Round(newly, capture, exits, suspected, ended)
+
+    def _update_lateness(self) -> None:
+        """Which local rank the others keep waiting for (frscope.analysis.lateness), from the arrivals of
+        the ranks' kept recorders; a rank becoming or ceasing to be a straggler is logged once."""
+        arrivals = {
+            rank: {pg: g.sample.arrivals for pg, g in self.tracker.for_rank(rank).items() if g.sample.arrivals}
+            for rank, state in self.ranks.items() if state.up
+        }
+        found = rank_lateness(arrivals) if len(arrivals) >= 2 else {}
+        for rank, now in found.items():
+            before = self.lateness.get(rank)
+            if now.straggler and (before is None or not before.straggler):
+                log.warning("straggler: rank %d is late at %d of the last %d collectives of group %s, by %.3f s on "
+                            "average: it costs the job %.0f%% of its time", rank, now.late, now.compared, now.group,
+                            now.lateness_s, 100 * now.share)
+            elif before is not None and before.straggler and not now.straggler:
+                log.info("straggler: rank %d keeps up again (it costs the job %.0f%% of its time)", rank,
+                         100 * now.share)
+        self.lateness = found
+        self.metrics.show_lateness(found, self.ranks)
 
     def _report_suspicions(self, suspected: list[GroupState], ended: list[SuspicionEnd], now_ns: int) -> None:
         for group in suspected:

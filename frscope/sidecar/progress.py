@@ -21,12 +21,14 @@ interval.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from frscope.analysis.tracks import build_tracks
 from frscope.records import DumpSet, Entry, RankDump
 from frscope.sidecar.rhythm import Rhythm
+
+ARRIVALS_KEPT = 128
 
 # How a suspicion ended: the label values of frscope_suspected_stalls_total{outcome}.
 SUSPICION_OUTCOMES = ("resumed", "confirmed")
@@ -48,6 +50,9 @@ class GroupSample:
     inflight_timeout_ms: int | None
     # The newest enqueue or (where the recorder dates them) completion time of the group's entries.
     newest_progress_ns: int | None
+    # (collective_seq_id, enqueue time) of its newest ARRIVALS_KEPT collectives: the rank's arrivals,
+    # compared across ranks for lateness (frscope.analysis.lateness).
+    arrivals: tuple[tuple[int, int], ...] = ()
 
     @property
     def key(self) -> tuple[int, int, int, int]:
@@ -111,8 +116,18 @@ def sample_groups(dump: RankDump) -> dict[str, GroupSample]:
             inflight_created_ns=open_entry.time_created_ns if open_entry is not None else None,
             inflight_timeout_ms=open_entry.timeout_ms if open_entry is not None else None,
             newest_progress_ns=newest or None,
+            arrivals=_arrivals(track.by_seq),
         )
     return out
+
+
+def _arrivals(by_seq: Mapping[int, list[Entry]]) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
+    for seq in sorted(by_seq)[-ARRIVALS_KEPT:]:
+        created = by_seq[seq][0].time_created_ns if by_seq[seq] else None
+        if created:
+            out.append((seq, created))
+    return tuple(out)
 
 
 @dataclass(slots=True)

@@ -4,17 +4,26 @@ evidence, cheap enough for the operator to poll every pod at a bounded rate."""
 from __future__ import annotations
 
 from frscope import wire
+from frscope.analysis.lateness import RankLateness
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.dumpdir import DumpDirWatcher
 from frscope.sidecar.evidence import EvidenceStore
 from frscope.sidecar.progress import StallTracker
 from frscope.sidecar.ranks import RankState
-from frscope.wire import DumpFileDoc, GroupStatusDoc, RankStatusDoc, StatusDoc
+from frscope.wire import DumpFileDoc, GroupStatusDoc, LatenessDoc, RankStatusDoc, StatusDoc
+
+
+def _lateness_doc(found: RankLateness | None) -> LatenessDoc | None:
+    if found is None:
+        return None
+    return {"group": found.group, "lateness_s": round(found.lateness_s, 4), "share": round(found.share, 4),
+            "late": found.late, "compared": found.compared, "window_s": round(found.window_s, 3),
+            "straggler": found.straggler}
 
 
 def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker: StallTracker,
                     evidence: EvidenceStore, dumps: DumpDirWatcher | None, last_round_ns: int | None,
-                    now_ns: int) -> StatusDoc:
+                    now_ns: int, lateness: dict[int, RankLateness] | None = None) -> StatusDoc:
     by_rank: dict[str, RankStatusDoc] = {}
     for rank, state in sorted(ranks.items()):
         groups: dict[str, GroupStatusDoc] = {}
@@ -46,6 +55,7 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
             "progress_probe": (state.probe[0] or None) if state.probe is not None else None,
             "restart_count": restarts if isinstance(restarts := state.meta.get("restart_count"), int) else None,
             "groups": groups,
+            "lateness": _lateness_doc((lateness or {}).get(rank)),
         }
     capture = evidence.latest()
     dump_files: list[DumpFileDoc] = []

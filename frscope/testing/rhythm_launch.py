@@ -119,6 +119,6 @@ def start_rhythm_job(world: int, ranks_per_pod: int, job_args: list[str], *, lif
                 os.kill(proc.pid, signal.SIGKILL)
         for proc in procs.values():
             proc.wait(timeout=30)
-        for log in files:
-            log.close()
+        for file in files:
+            file.close()
         shutil.rmtree(work_dir, ignore_errors=True)

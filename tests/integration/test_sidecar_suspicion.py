@@ -119,3 +119,27 @@ async def test_a_lone_checkpoint_is_suspected_then_resumed_and_learned() -> None
             assert value(registry, "frscope_suspected_stalls_total", outcome="confirmed") == 0
             assert value(registry, "frscope_suspected_stalls_total", outcome="resumed") == 1
             assert value(registry, "frscope_stalls_total", rank="1", pg="0") == 0
+
+
+@pytest.mark.timeout(300)
+async def test_a_persistent_straggler_is_reported_with_its_cost() -> None:
+    # Rank 2 computes 1.2 x as long as the others at every step, from step 20 on.
+    args = ["--steps", "600", "--step-s", "0.25", "--jitter-s", "0.02", "--culprit", "2", "--slow-factor", "1.2",
+            "--slow-from-step", "20"]
+    with start_rhythm_job(3, 3, args, lifetime_s=250) as job:
+        job.wait_for_sockets()
+        registry = CollectorRegistry()
+        async with running(default_config(job.pods[0]), registry) as sidecar:
+            await wait_until(lambda: 2 in sidecar.poller.lateness and sidecar.poller.lateness[2].straggler, 180,
+                             "rank 2 reported as a straggler", step_s=0.5)
+            found = sidecar.poller.lateness
+            assert not found[0].straggler and not found[1].straggler
+            assert 0.1 <= found[2].share <= 0.3 and found[2].lateness_s >= 0.03
+            assert value(registry, "frscope_rank_straggler", rank="2") == 1
+            assert value(registry, "frscope_rank_straggler", rank="0") == 0
+            assert value(registry, "frscope_rank_lateness_seconds", rank="2") >= 0.03
+            status, headers, body = await get(sidecar, "/v1/status")
+            st = decode(headers, body)
+            assert st["ranks"]["2"]["lateness"]["straggler"] is True
+            assert st["ranks"]["0"]["lateness"]["straggler"] is False
+            assert not sidecar.tracker.suspected  # a straggler is no hang
