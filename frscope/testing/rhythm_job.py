@@ -5,12 +5,17 @@ what serves its recorder.
 
 Each step: compute (a sleep of --step-s, plus a random 0..--jitter-s, times --slow-factor on the
 --culprit), then --layers all_reduces on the default group. Optional phases between steps:
-  --pause-every N --pause-s S   every rank pauses S seconds with nothing in flight (a checkpoint
-                                written by every rank, an evaluation without collectives)
+  --pause-every N --pause-s S   every rank pauses S seconds (up to --pause-max-s, drawn the same on
+                                every rank) with nothing in flight (a checkpoint written by every
+                                rank, an evaluation without collectives)
+  --eval-every N --eval-steps M  M evaluation steps: half the compute, one all_reduce each
   --lone-every N --lone-s S     only rank 0 pauses (it writes the checkpoint); the others wait in
                                 the next step's first all_reduce
-  --hang-step K                 the culprit never returns from `stuck_in_python` before step K's
-                                compute; it first writes the time it stopped to <out>/hang-<rank>
+  --hang-step K                 the culprit never returns from `stuck_in_python`, at a random point
+                                of step K's compute; it first writes the time it stopped to
+                                <out>/hang-<rank>
+  --slow-factor F               the culprit's compute takes F x as long from --slow-from-step on (it
+                                writes the time that step began to <out>/slow-<rank>)
 Every rank writes <out>/done-<rank> after its last step and exits 0.
 """
 
@@ -39,6 +44,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--slow-from-step", type=int, default=0)
     p.add_argument("--pause-every", type=int, default=0)
     p.add_argument("--pause-s", type=float, default=0.0)
+    p.add_argument("--pause-max-s", type=float, default=0.0)
+    p.add_argument("--eval-every", type=int, default=0)
+    p.add_argument("--eval-steps", type=int, default=0)
     p.add_argument("--lone-every", type=int, default=0)
     p.add_argument("--lone-s", type=float, default=0.0)
     p.add_argument("--hang-step", type=int, default=-1)
@@ -59,19 +67,27 @@ def main() -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.max_lifetime))
     rank = dist.get_rank()
     rng = random.Random(args.seed * 1000 + rank)
+    shared = random.Random(args.seed)  # the same draws on every rank
     grads = torch.ones(64)
     for step in range(args.steps):
         if time.monotonic() > deadline:
             os._exit(3)
-        if step == args.hang_step and rank == args.culprit:
-            stuck_in_python(args.out, rank)
         if args.pause_every and step and step % args.pause_every == 0:
-            time.sleep(args.pause_s)
+            time.sleep(shared.uniform(args.pause_s, max(args.pause_s, args.pause_max_s)))
+        if args.eval_every and step and step % args.eval_every == 0:
+            for _eval in range(args.eval_steps):
+                time.sleep(args.step_s / 2)
+                dist.all_reduce(grads)
         if args.lone_every and step and step % args.lone_every == 0 and rank == 0:
             time.sleep(args.lone_s)
         compute = args.step_s + rng.uniform(0.0, args.jitter_s)
-        if rank == args.culprit and step >= args.slow_from_step:
+        if rank == args.culprit and step >= args.slow_from_step and args.slow_factor != 1.0:
+            if step == args.slow_from_step:
+                (args.out / f"slow-{rank}").write_text(str(time.time_ns()))
             compute *= args.slow_factor
+        if step == args.hang_step and rank == args.culprit:
+            time.sleep(rng.uniform(0.0, compute))
+            stuck_in_python(args.out, rank)
         time.sleep(compute)
         for _layer in range(args.layers):
             dist.all_reduce(grads)

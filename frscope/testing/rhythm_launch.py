@@ -50,6 +50,14 @@ class RhythmJob:
                 return int(text)
         return None
 
+    def slow_started_ns(self) -> int | None:
+        """When the culprit's first slow step began (it writes slow-<rank>), None before."""
+        for path in self.out.glob("slow-*"):
+            text = path.read_text().strip()
+            if text:
+                return int(text)
+        return None
+
     def finished(self) -> bool:
         return all(proc.poll() is not None for proc in self.procs.values())
 
