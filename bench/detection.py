@@ -6,8 +6,8 @@ What it runs (real gloo jobs on loopback, frscope.testing.rhythm_job through the
 one real `frscope sidecar` process per pod with its defaults: probe every 2 s, full recorder every
 30 s, suspected after 4-15 s by each group's rhythm, --stall-after 60 s):
   - hangs: 4 ranks in 2 pods of 2, steps of --step-periods seconds (2 all_reduces each, 10% jitter);
-    at a random step (6-12) a random rank stops at a random point of its compute, in a Python
-    function. Measured from that moment (the rank writes it): *suspected*, the first /v1/status of
+    at a random step about 25-30 s in (the sidecars are up and have seen the job's rhythm; at least
+    the 6th step) a random rank stops at a random point of its compute, in a Python function. Measured from that moment (the rank writes it): *suspected*, the first /v1/status of
     any pod that says so (read every 0.25 s); *named*, when the snapshots gathered then from every
     sidecar, as the operator gathers them, analyzed by frscope.analysis (the operator's code), name
     that rank (RankNotJoined).
@@ -120,7 +120,7 @@ def run_hang(index: int, step_s: float, seed: int) -> HangRun:
     culprit = rng.randrange(4)
     run = HangRun(step_s, culprit)
     args = ["--steps", "100000", "--step-s", str(step_s), "--jitter-s", str(step_s / 10), "--culprit", str(culprit),
-            "--hang-step", str(rng.randint(6, 12)), "--seed", str(seed)]
+            "--hang-step", str(max(6, int(25 / step_s)) + rng.randint(0, 5)), "--seed", str(seed)]
     with start_rhythm_job(4, 2, args, lifetime_s=600) as job:
         sidecars = sidecars_for(job)
         try:
