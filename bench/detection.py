@@ -7,10 +7,11 @@ one real `frscope sidecar` process per pod with its defaults: probe every 2 s, f
 30 s, suspected after 4-15 s by each group's rhythm, --stall-after 60 s):
   - hangs: 4 ranks in 2 pods of 2, steps of --step-periods seconds (2 all_reduces each, 10% jitter);
     at a random step about 25-30 s in (the sidecars are up and have seen the job's rhythm; at least
-    the 6th step) a random rank stops at a random point of its compute, in a Python function. Measured from that moment (the rank writes it): *suspected*, the first /v1/status of
-    any pod that says so (read every 0.25 s); *named*, when the snapshots gathered then from every
-    sidecar, as the operator gathers them, analyzed by frscope.analysis (the operator's code), name
-    that rank (RankNotJoined).
+    the 6th step) a random rank stops at a random point of its compute, in a Python function.
+    Measured from that moment (the rank writes it): *suspected*, the first /v1/status of any pod
+    that says so (read every 0.25 s); *named*, when the snapshots gathered then from every sidecar,
+    as the operator gathers them, analyzed by frscope.analysis (the operator's code), name that
+    rank (RankNotJoined).
   - healthy: 4 ranks in 2 pods, --healthy-minutes each, steps of 0.2, 1 and 3 s with 30% jitter,
     every ~60 s every rank checkpoints 30-45 s (nothing in flight), evaluation phases (10 steps of
     half the compute). Counted: suspicions (a pod's status turning suspected), confirmed stalls,
