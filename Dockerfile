@@ -19,7 +19,7 @@ WORKDIR /src
 # Dependencies first (a layer that survives source changes), then the package itself.
 # setup.py only declares the optional C scanner: the slim image has no compiler, so the build skips it with a
 # warning and frscope reads dumps with its pure-Python path (frscope/records/scan.py).
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml setup.py README.md LICENSE ./
 COPY frscope ./frscope
 RUN /opt/frscope/bin/pip install . \
     && /opt/frscope/bin/pip uninstall --yes pip setuptools \

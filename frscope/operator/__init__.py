@@ -2,11 +2,11 @@
 from the sidecars when a job hangs, analyzes it with frscope.analysis, and writes the diagnosis into
 the job (condition, Events, FlightRecorderReport). See docs/operator.md.
 
-Layers, bottom up: `names`, `objects` (typed views of watched objects), `kube` (API client, typed
-errors, retries), `sidecars`/`gather`/`push` (evidence), `diagnose`, `incidents` (dedupe),
-`publish` (condition, Events, report object), `controller` (the logic), `poller`, `http`,
-`webhook`, `handlers` (kopf), `runner` (wiring), `command` (CLI).
+Layers, top down (each imports only those below it; the contract is in pyproject.toml): `command` (CLI),
+`runner` (wiring), `serve` (kopf handlers, HTTP, web UI, status sweep), `engine` (settings, controller),
+`actions` | `injection`, `publish`, `evidence` (sidecars, gather, pushes, exits, diagnosis), `model`
+(job kinds, objects, signals, incidents, store, metrics), `kube` (API client), `names`.
 
-For the web UI: `store.JobsView` (read-only jobs and their latest diagnosis) and
-`http.OperatorHttp.add_routes()`; `runner.serve(..., mount=...)` hands both over before start.
+For the web UI: `model.store.JobsView` (read-only jobs and their latest diagnosis) and
+`serve.operator_http.OperatorHttp.add_routes()`; `runner.serve(..., mount=...)` hands both over before start.
 """

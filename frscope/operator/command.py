@@ -1,11 +1,32 @@
-"""`frscope operator`: the CLI's entry into this package (frscope/cli.py calls these two)."""
+"""`frscope operator`: the CLI's entry into this package (frscope/cli.py calls `add_parser`), and its
+options: flags, with environment variables for what the Helm chart sets.
+
+Every flag also reads an environment variable, FRSCOPE_<FLAG> (a flag wins); `--help` lists them
+with their defaults, which are the dataclasses' of `engine.settings`. The chart (charts/frscope/templates/
+deployment.yaml) passes `--namespace`, `--http-port`, `--webhook-port`, `--webhook-cert-dir`,
+`--peering`, `--log-level`, `--log-format`, `--sidecar-auth`, `--sidecar-token-file`, `--ui-auth` as
+flags, and the sidecar injection settings as FRSCOPE_* environment variables (listed in
+docs/operator.md).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import socket
 import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
-from frscope.operator.config import add_arguments, from_args
+from frscope import logs
+from frscope.operator import names
+from frscope.operator.actions import ActionOptions, CordonOptions, Policy, parse_allowed, parse_policy
+from frscope.operator.engine.settings import SIDECAR_AUTH_MODES, UI_AUTH_MODES, OperatorConfig, WebhookConfig
+from frscope.operator.evidence.gather import GatherOptions
+from frscope.operator.injection import InjectionConfig
+from frscope.operator.model import jobkinds
 
 
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
@@ -34,3 +55,181 @@ def cmd_operator(args: argparse.Namespace) -> int:
     except (kopf.LoginError, ValueError, OSError) as exc:
         print(f"frscope operator: {exc}", file=sys.stderr)
         return 1
+
+
+_DEFAULTS = OperatorConfig(instance="-")
+_GATHER = GatherOptions()
+_WEBHOOK = WebhookConfig()
+_ACTIONS = ActionOptions()
+
+
+def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
+    """Every flag with its FRSCOPE_* variable (a flag wins) and its default, which is the config
+    dataclasses' (declared there once)."""
+    env = os.environ if env is None else env
+
+    def add(flag: str, default: object, text: str, kind: Callable[[str], Any] = str, **more: Any) -> None:
+        var = "FRSCOPE_" + flag.lstrip("-").upper().replace("-", "_")
+        raw = env.get(var)
+        value = default
+        if raw:
+            try:
+                value = kind(raw)
+            except ValueError as exc:
+                parser.error(f"{var}={raw!r}: {exc}")
+        shown = "unset" if default is None else default
+        parser.add_argument(flag, type=kind, default=value, help=f"{text} [env {var}; default {shown}]", **more)
+
+    raw_namespaces = env.get("FRSCOPE_WATCH_NAMESPACES", "")
+    parser.add_argument(
+        "--namespace", action="append", dest="namespaces", metavar="NAMESPACE",
+        default=[n.strip() for n in raw_namespaces.split(",") if n.strip()],
+        help="watch this namespace (repeat for more) [env FRSCOPE_WATCH_NAMESPACES, comma-separated; "
+             "default: every namespace]")
+    raw_kinds = env.get("FRSCOPE_JOB_KINDS", "")
+    parser.add_argument(
+        "--job-kind", action="append", dest="job_kinds", metavar="KIND",
+        default=[k.strip() for k in raw_kinds.split(",") if k.strip()],
+        help=f"watch this job kind (repeat, or comma-separated: {', '.join(jobkinds.KEYS)}) "
+             "[env FRSCOPE_JOB_KINDS, comma-separated; default: every kind]")
+    add("--http-host", _DEFAULTS.http_host, "address of /healthz, /readyz, /metrics, /v1/push and the web UI")
+    add("--http-port", _DEFAULTS.http_port, "port of the same", int)
+    add("--poll-interval", _DEFAULTS.poll_interval_s, "seconds between sweeps over every sidecar's /v1/status", float)
+    add("--poll-timeout", _DEFAULTS.poll_timeout_s, "seconds for one /v1/status request", float)
+    add("--poll-max-rps", _DEFAULTS.poll_max_rps, "status requests per second, at most", float)
+    add("--poll-concurrency", _DEFAULTS.poll_concurrency, "status requests in flight, at most", int)
+    add("--gather-timeout", _GATHER.overall_timeout_s, "seconds for a whole gather (every pod of a job)", float)
+    add("--gather-pod-timeout", _GATHER.per_pod_timeout_s, "seconds for one pod's snapshot", float)
+    add("--gather-attempts", _GATHER.attempts, "tries per pod", int)
+    add("--gather-concurrency", _GATHER.concurrency, "snapshots fetched (and held until decoded) at once", int)
+    add("--decode-processes", _DEFAULTS.decode_processes,
+        "worker processes that decode snapshots in parallel (0: threads in the operator)", int)
+    add("--max-entries-per-rank", _GATHER.max_entries,
+        "newest recorder entries kept per rank (bounds memory at 1,000s of ranks; 0: all)", int)
+    add("--stuck-after", _DEFAULTS.stuck_after_s,
+        "analysis: a collective in flight at least this many seconds (at the capture) counts as stuck "
+        "(the sidecar's --stall-after is another threshold: no progress for that long)", float)
+    # The name this flag had until the two thresholds got a name each.
+    parser.add_argument("--stall-after", dest="stuck_after", type=float, default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
+    add("--clock-skew-ms", _DEFAULTS.clock_skew_ms,
+        "analysis: clock skew allowed between hosts before lateness counts", float)
+    add("--cooldown", _DEFAULTS.cooldown_s,
+        "seconds before a job attempt with nothing to report is gathered again", float)
+    add("--exit-settle", _DEFAULTS.exit_settle_s,
+        "seconds a gather waits for the kubelet to report the end of a trainer whose sidecar pushed its "
+        "exit (or, during a crash, that delivered no live rank), so that the report has every pod's exit "
+        "code and message; a pod whose trainer restarts meanwhile is not waited for", float)
+    add("--sidecar-auth", _DEFAULTS.sidecar_auth,
+        "pushes: the pod's service-account token, reviewed by the API server (kubernetes), the shared "
+        "secret of --sidecar-token-file (token), or nothing (none)", choices=SIDECAR_AUTH_MODES)
+    add("--sidecar-token-file", _DEFAULTS.sidecar_token_file,
+        f"bearer token shown to the sidecars: the projected token (audience {names.AUDIENCE_SIDECAR}) or "
+        "the shared secret; re-read when it changes", Path)
+    add("--evidence-dir", _DEFAULTS.evidence_dir,
+        "directory where accepted pushes are also kept, so that a restart keeps them; unset: in memory only", Path)
+    add("--ui-auth", _DEFAULTS.ui_auth,
+        "web UI: a bearer token with `get pytorchjobs` in the job's namespace (kubernetes), that or "
+        "kubectl port-forward (port-forward), or nothing (none)", choices=UI_AUTH_MODES)
+    add("--report-limit", _DEFAULTS.report_limit_bytes, "bytes per FlightRecorderReport object", int)
+    add("--peering", _DEFAULTS.peering, "kopf peering name (several replicas, one active); unset: standalone")
+    add("--webhook-port", None, "serve the sidecar-injection webhook on this port; unset: no webhook", int)
+    add("--webhook-host", _WEBHOOK.host, "address the webhook listens on")
+    add("--webhook-cert-dir", _WEBHOOK.cert_dir, "directory with tls.crt, tls.key (and ca.crt) of the webhook", Path)
+    add("--webhook-managed", _WEBHOOK.managed, "create/patch a MutatingWebhookConfiguration of this name")
+    add("--webhook-public-host", _WEBHOOK.public_host, "host name the API server uses (managed configuration)")
+    add("--sidecar-mode", _WEBHOOK.sidecar_mode,
+        "native sidecar (init container, restartPolicy Always), a plain container, or auto (from the "
+        "server version)", choices=("auto", "native", "container"))
+    add("--allow-actions", "", "what the operator may do on a diagnosis: any of restart,stop,cordon (empty: "
+        "nothing; anything else a job asks for is a dry run)")
+    add("--default-policy", _ACTIONS.default_policy.value,
+        f"policy of jobs whose {names.ANN_ON_DIAGNOSIS} annotation (and namespace's) is unset",
+        choices=[p.value for p in Policy])
+    add("--action-rate", _ACTIONS.rate_per_hour, "actions (restart, stop, cordon) per namespace in any hour, at most",
+        int)
+    add("--cordon-min-jobs", _ACTIONS.cordon.min_jobs,
+        "cordon a node only when this many jobs' reports blame it within --cordon-window", int)
+    add("--cordon-window", _ACTIONS.cordon.window_s, "seconds (see --cordon-min-jobs)", float)
+    add("--cordon-max-nodes", _ACTIONS.cordon.max_nodes, "nodes carrying frscope's taint at once, at most", int)
+    add("--default-watchdog-timeout", _DEFAULTS.default_watchdog_timeout_s,
+        "seconds, for the GPU time saved when the recorder and the pods' env say nothing (unset: torch's, "
+        "600 for NCCL, 1800 otherwise)", float)
+    logs.add_arguments(parser, env)
+
+
+def _env_float(env: Mapping[str, str], key: str) -> float | None:
+    value = env.get(key)
+    return float(value) if value else None
+
+
+def inject_label_from_env(env: Mapping[str, str]) -> tuple[str, str]:
+    """FRSCOPE_INJECT_LABEL `key=value` (default `frscope.io/inject=true`)."""
+    key, _, value = (env.get("FRSCOPE_INJECT_LABEL") or "").partition("=")
+    return key.strip() or names.INJECT_KEY, value.strip() or "true"
+
+
+def injection_from_env(env: Mapping[str, str]) -> InjectionConfig:
+    resources_text = env.get("FRSCOPE_SIDECAR_RESOURCES")
+    resources = json.loads(resources_text) if resources_text else {}
+    return InjectionConfig(
+        image=env.get("FRSCOPE_SIDECAR_IMAGE") or "frscope:latest",
+        image_pull_policy=env.get("FRSCOPE_SIDECAR_IMAGE_PULL_POLICY") or "IfNotPresent",
+        port=int(env.get("FRSCOPE_SIDECAR_PORT") or 9402),
+        buffer_size=int(env.get("FRSCOPE_RECORDER_BUFFER_SIZE") or 2000),
+        poll_interval_s=_env_float(env, "FRSCOPE_SIDECAR_POLL_INTERVAL"),
+        stall_after_s=_env_float(env, "FRSCOPE_SIDECAR_STALL_AFTER"),
+        operator_url=env.get("FRSCOPE_SIDECAR_OPERATOR_URL") or None,
+        resources=resources if isinstance(resources, dict) else {},
+        inject_label=inject_label_from_env(env),
+        operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
+        token_expiration_s=int(env.get("FRSCOPE_TOKEN_EXPIRATION_SECONDS") or 3600),
+        log_format=(env.get("FRSCOPE_SIDECAR_LOG_FORMAT") or "text").strip().lower(),
+        nccl_timing=(env.get("FRSCOPE_NCCL_TIMING") or "true").strip().lower() not in ("0", "false", "no", "off"),
+    )
+
+
+def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> OperatorConfig:
+    env = os.environ if env is None else env
+    webhook = None
+    if args.webhook_port:
+        webhook = WebhookConfig(
+            port=args.webhook_port, host=args.webhook_host, cert_dir=args.webhook_cert_dir,
+            managed=args.webhook_managed, public_host=args.webhook_public_host,
+            sidecar_mode=args.sidecar_mode, injection=injection_from_env(env),
+        )
+    return OperatorConfig(
+        namespaces=tuple(args.namespaces),
+        job_kinds=jobkinds.parse_keys(args.job_kinds) if args.job_kinds else jobkinds.ALL,
+        inject_label=inject_label_from_env(env),
+        http_host=args.http_host,
+        http_port=args.http_port,
+        poll_interval_s=args.poll_interval,
+        poll_timeout_s=args.poll_timeout,
+        poll_max_rps=args.poll_max_rps,
+        poll_concurrency=args.poll_concurrency,
+        gather=GatherOptions(per_pod_timeout_s=args.gather_pod_timeout, overall_timeout_s=args.gather_timeout,
+                             attempts=args.gather_attempts, concurrency=args.gather_concurrency,
+                             max_entries=args.max_entries_per_rank),
+        stuck_after_s=args.stuck_after,
+        clock_skew_ms=args.clock_skew_ms,
+        cooldown_s=args.cooldown,
+        exit_settle_s=args.exit_settle,
+        decode_processes=args.decode_processes,
+        sidecar_auth=args.sidecar_auth,
+        sidecar_token_file=args.sidecar_token_file,
+        evidence_dir=args.evidence_dir,
+        ui_auth=args.ui_auth,
+        report_limit_bytes=args.report_limit,
+        peering=args.peering,
+        webhook=webhook,
+        actions=ActionOptions(
+            allowed=parse_allowed(args.allow_actions), default_policy=parse_policy(args.default_policy) or Policy.NONE,
+            rate_per_hour=args.action_rate, namespaces=tuple(args.namespaces),
+            cordon=CordonOptions(min_jobs=args.cordon_min_jobs, window_s=args.cordon_window,
+                                 max_nodes=args.cordon_max_nodes)),
+        default_watchdog_timeout_s=args.default_watchdog_timeout,
+        instance=env.get("POD_NAME") or socket.gethostname(),
+        log_level=args.log_level,
+        log_format=args.log_format,
+    )

@@ -21,26 +21,26 @@ from prometheus_client import CollectorRegistry
 
 from frscope import logs
 from frscope.operator import names
-from frscope.operator.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
 from frscope.operator.actions import Actor
-from frscope.operator.config import OperatorConfig, WebhookConfig
-from frscope.operator.controller import Controller, PodLister
-from frscope.operator.gather import Decoder
-from frscope.operator.handlers import register_watchers, register_webhook
-from frscope.operator.http import Health, OperatorHttp
+from frscope.operator.engine.controller import Controller, PodLister
+from frscope.operator.engine.settings import OperatorConfig, WebhookConfig
+from frscope.operator.evidence.gather import Decoder
+from frscope.operator.evidence.push_store import Full, PushStore
+from frscope.operator.evidence.sidecars import SidecarClient
+from frscope.operator.evidence.spill import EvidenceDir
+from frscope.operator.injection import InjectionConfig, native_sidecars_supported
 from frscope.operator.kube import BearerAuth, KubeClient, TokenFile
 from frscope.operator.kube.resources import PODS
-from frscope.operator.login import Login, login
-from frscope.operator.metrics import OperatorMetrics
-from frscope.operator.objects import JobRef
-from frscope.operator.poller import StatusPoller
+from frscope.operator.model.objects import JobRef
+from frscope.operator.model.operator_metrics import OperatorMetrics
+from frscope.operator.model.store import JobStore
 from frscope.operator.publish import Publisher
-from frscope.operator.push import Full, PushStore
-from frscope.operator.sidecars import SidecarClient
-from frscope.operator.spill import EvidenceDir
-from frscope.operator.store import JobStore
-from frscope.operator.ui import mount_ui, ui_guard
-from frscope.operator.webhook import InjectionConfig, native_sidecars_supported
+from frscope.operator.serve.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
+from frscope.operator.serve.handlers import register_watchers, register_webhook
+from frscope.operator.serve.login import Login, login
+from frscope.operator.serve.operator_http import Health, OperatorHttp
+from frscope.operator.serve.status_poller import StatusPoller
+from frscope.operator.serve.ui import mount_ui, ui_guard
 
 log = logging.getLogger(__name__)
 
@@ -168,10 +168,10 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     reviewer = Reviewer(kube)
     publisher = Publisher(kube, instance=config.instance)
     shown, push_auth = sidecar_auth(config, reviewer)
+    decoder = Decoder(config.decode_processes)
     controller = Controller(config, store=store, pushes=pushes,
                             sidecars=SidecarClient(sidecar_session, auth=shown),
-                            publisher=publisher, metrics=metrics,
-                            decoder=Decoder(config.decode_processes),
+                            publisher=publisher, metrics=metrics, decoder=decoder,
                             actor=Actor(kube, publisher, metrics, config.actions, instance=config.instance),
                             pod_lister=job_pod_lister(kube, config.inject_label))
     health = Health()
@@ -218,7 +218,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
                  " /ui/" if mount is not None else "")
         tasks.append(asyncio.create_task(_heartbeat(health)))
         tasks.append(asyncio.create_task(stopper()))
-        await controller.decoder.warm_up()
+        await decoder.warm_up()
 
         async def when_ready() -> None:
             await ready.wait()
@@ -246,7 +246,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await controller.close()
-        await asyncio.to_thread(controller.decoder.close)
+        await asyncio.to_thread(decoder.close)
         await http.stop()
         await sidecar_session.close()
         await kube.close()

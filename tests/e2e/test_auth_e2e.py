@@ -213,8 +213,8 @@ async def test_the_operators_client_follows_a_rotated_token(kube: ControlPlane, 
     import kopf
 
     from frscope.operator.kube import PYTORCHJOBS, Unauthorized
-    from frscope.operator.login import login
     from frscope.operator.runner import kube_client
+    from frscope.operator.serve.login import login
 
     kube.apply(pytorchjob(namespace))
     token_file = tmp_path / "token"
@@ -278,8 +278,8 @@ async def test_the_sidecar_accepts_the_operators_token_only(kube: ControlPlane, 
                                                            tmp_path: Path) -> None:
     import aiohttp
 
+    from frscope.operator.evidence.sidecars import SidecarClient, SidecarError
     from frscope.operator.kube import TokenFile
-    from frscope.operator.sidecars import SidecarClient, SidecarError
 
     for account in ("operator", "trainer"):
         kube.kubectl("create", "serviceaccount", account, "-n", namespace)

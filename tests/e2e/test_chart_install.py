@@ -142,7 +142,7 @@ def test_describe_prints_each_culprit_frame_on_its_own_line(kube: ControlPlane, 
     """A report built from a real hang, stored through the chart's CRD: `kubectl describe` keeps each
     frame of the culprit's stack on its own, indented line."""
     from frscope.analysis import AnalysisOptions, analyze
-    from frscope.operator.objects import JobRef
+    from frscope.operator.model.objects import JobRef
     from frscope.operator.publish import build_report_cr
     from frscope.records import load_dumps
 

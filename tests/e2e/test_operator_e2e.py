@@ -446,10 +446,10 @@ async def test_api_client_against_the_real_server(kube: ControlPlane, report_crd
         Resource,
         retry_on_conflict,
     )
-    from frscope.operator.login import login
-    from frscope.operator.objects import JobRef
+    from frscope.operator.model.objects import JobRef
     from frscope.operator.publish import build_event, make_condition
     from frscope.operator.runner import kube_client
+    from frscope.operator.serve.login import login
 
     kube.apply(pytorchjob(namespace))
     set_job_conditions(kube, namespace, training_conditions("Created", "Running"))

@@ -299,8 +299,8 @@ def test_the_real_jobset_controller_s_pods_map_to_their_jobset(kube: ControlPlan
 
     created = wait_for("the JobSet's pods", pods, 120,
                        diagnostics=lambda: f"controller exit code {jobset_controller.poll()}")
-    from frscope.operator import jobkinds
-    from frscope.operator.objects import pod_info
+    from frscope.operator.model import jobkinds
+    from frscope.operator.model.objects import pod_info
 
     views = sorted((pod_info(p) for p in created), key=lambda v: v.replica_index or 0)
     assert [(v.job_name, v.family, v.replica_type, v.replica_index) for v in views] == [

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from frscope import cli
-from frscope.operator.evidence import from_bytes
+from frscope.operator.evidence.pod_evidence import from_bytes
 from frscope.sidecar.dumpdir import DumpDirWatcher
 from tests import hostile
 from tests.unit import builders as b

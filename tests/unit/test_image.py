@@ -84,11 +84,11 @@ def test_dockerignore_sends_only_the_package() -> None:
                  "charts/frscope/Chart.yaml", "testenv/build", "frscope/__pycache__/cli.cpython-311.pyc",
                  "frscope/records/_frscan.cpython-311-x86_64-linux-gnu.so"):
         assert _ignored(path, patterns), path
-    for path in ("pyproject.toml", "setup.py", "README.md", "frscope/cli.py", "frscope/records/_frscan.c",
+    for path in ("pyproject.toml", "setup.py", "README.md", "LICENSE", "frscope/cli.py", "frscope/records/_frscan.c",
                  "frscope/report/assets/timeline.js",
                  "frscope/sidecar/bootstrap/sitecustomize.py"):
         assert not _ignored(path, patterns), path
     copied = [src for i in _stages()[0] if i.startswith("COPY ") and "--from" not in i for src in i.split()[1:-1]]
-    assert {"pyproject.toml", "setup.py", "README.md", "frscope"} <= set(copied), copied
+    assert {"pyproject.toml", "setup.py", "README.md", "LICENSE", "frscope"} <= set(copied), copied
     for source in copied:
         assert not _ignored(source.rstrip("/"), patterns), f"the Dockerfile copies {source}, which is ignored"

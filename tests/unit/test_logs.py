@@ -16,7 +16,7 @@ import pytest
 
 from frscope import logs
 from frscope.cli import build_parser, main
-from frscope.operator.config import from_args
+from frscope.operator.command import from_args
 
 
 def _operator_args(*argv: str, env: dict[str, str] | None = None) -> object:

@@ -15,16 +15,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from frscope.operator import jobkinds, names
+from frscope.operator import names
 from frscope.operator.actions import cordon, jobs, record
 from frscope.operator.actions.cordon import CordonOptions
 from frscope.operator.actions.impact import Saving, saving
 from frscope.operator.actions.policy import Decision, Policy, decide, requested_policy
 from frscope.operator.actions.record import ActionRecord
-from frscope.operator.jobkinds import JobKind
 from frscope.operator.kube import NAMESPACES, REPORTS, Conflict, Forbidden, KubeClient, KubeError, NotFound
-from frscope.operator.metrics import OperatorMetrics
-from frscope.operator.objects import JobRef
+from frscope.operator.model import jobkinds
+from frscope.operator.model.jobkinds import JobKind
+from frscope.operator.model.objects import JobRef
+from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.publish import Publisher, clip_line
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from frscope.operator import names
 from frscope.operator.actions.impact import parse_time
 from frscope.operator.actions.policy import NODE_CATEGORIES
 from frscope.operator.kube import EVENTS, NODES, REPORTS, AlreadyExists, KubeClient, retry_on_conflict
-from frscope.operator.objects import JobRef
+from frscope.operator.model.objects import JobRef
 from frscope.operator.publish import build_event
 
 

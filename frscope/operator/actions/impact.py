@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from frscope.analysis import Finding
-from frscope.operator.objects import WATCHDOG_TIMEOUT_ENV, PodInfo
+from frscope.operator.model.objects import WATCHDOG_TIMEOUT_ENV, PodInfo
 from frscope.records import DumpSet
 
 DEFAULT_TIMEOUT_S = {"nccl": 600.0}

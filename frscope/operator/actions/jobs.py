@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from frscope.operator import jobkinds, names
+from frscope.operator import names
 from frscope.operator.actions.impact import parse_time
-from frscope.operator.jobkinds import JobKind
 from frscope.operator.kube import PODS, Conflict, Forbidden, KubeClient, NotFound, Resource
-from frscope.operator.objects import JobRef
+from frscope.operator.model import jobkinds
+from frscope.operator.model.jobkinds import JobKind
+from frscope.operator.model.objects import JobRef
 
 # Kueue's Workload: v1beta2 since Kueue v0.15 (the storage version of v0.17), v1beta1 before (still
 # served, deprecated). `spec.active` is the same field in both.

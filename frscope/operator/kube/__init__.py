@@ -1,9 +1,7 @@
 """The operator's Kubernetes API client: typed resources, typed errors, retries with backoff, rotating tokens."""
 
-from frscope.operator.kube.backoff import Backoff, retrying
-from frscope.operator.kube.client import JSON_PATCH, MERGE_PATCH, KubeClient, Resource, retry_on_conflict
-from frscope.operator.kube.credentials import BearerAuth, StaticToken, TokenFile
-from frscope.operator.kube.errors import (
+from frscope.operator.kube.api_client import JSON_PATCH, MERGE_PATCH, KubeClient, Resource, retry_on_conflict
+from frscope.operator.kube.api_errors import (
     AlreadyExists,
     ApiError,
     BadRequest,
@@ -19,6 +17,8 @@ from frscope.operator.kube.errors import (
     Unauthorized,
     error_for,
 )
+from frscope.operator.kube.backoff import Backoff, retrying
+from frscope.operator.kube.credentials import BearerAuth, StaticToken, TokenFile
 from frscope.operator.kube.resources import (
     EVENTS,
     NAMESPACES,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from frscope.operator import names
-from frscope.operator.kube.client import Resource
+from frscope.operator.kube.api_client import Resource
 
 PODS = Resource("", "v1", "pods", "Pod")
 EVENTS = Resource("", "v1", "events", "Event")

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from frscope.operator import names
-from frscope.operator.jobkinds import CONDITION_MESSAGE_MAX, JobKind
+from frscope.operator.model.jobkinds import CONDITION_MESSAGE_MAX, JobKind
 
 
 def make_condition(reason: str, message: str, now: str) -> dict[str, Any]:

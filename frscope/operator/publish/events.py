@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from frscope.operator import names
-from frscope.operator.objects import JobRef, dns_name
+from frscope.operator.model.objects import JobRef, dns_name
 
 MESSAGE_LIMIT = 1024
 _CAMEL = re.compile(r"^[A-Z][A-Za-z0-9]*$")

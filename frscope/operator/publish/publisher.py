@@ -14,11 +14,10 @@ A job deleted meanwhile ends the publish quietly (`JobGone`).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from frscope.operator import names
-from frscope.operator.incidents import IncidentRecord
 from frscope.operator.kube import (
     EVENTS,
     REPORTS,
@@ -28,7 +27,8 @@ from frscope.operator.kube import (
     NotFound,
     retry_on_conflict,
 )
-from frscope.operator.objects import JobRef, job_conditions
+from frscope.operator.model.incidents import IncidentRecord
+from frscope.operator.model.objects import JobRef, job_conditions
 from frscope.operator.publish.condition import for_kind, make_condition, needs_write, place_condition
 from frscope.operator.publish.events import build_event
 
@@ -50,6 +50,14 @@ class Publication:
     condition_message: str
     events: tuple[tuple[str, str], ...]  # (reason, message)
     event_incident: str = ""  # what the Events' names are derived from (default: the incident id)
+    # The condition asserted on the job, made once from the reason, message and the record's time (the
+    # controller keeps asserting this same dict when the training operator rewrites the list).
+    condition: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.condition:
+            object.__setattr__(self, "condition",
+                               make_condition(self.condition_reason, self.condition_message, self.record.at))
 
 
 @dataclass(slots=True)
@@ -151,8 +159,7 @@ class Publisher:
                 log.error("job %s: Event %s not posted: %s", pub.job.key, reason, exc)
 
     async def _condition(self, pub: Publication) -> None:
-        ours = make_condition(pub.condition_reason, pub.condition_message, pub.record.at)
-        await self.assert_condition(pub.job, ours)
+        await self.assert_condition(pub.job, pub.condition)
 
     async def assert_condition(self, ref: JobRef, ours: dict[str, Any]) -> bool:
         """Put `ours` first in the job's conditions through the status subresource. False: no write needed."""
@@ -186,5 +193,4 @@ class Publisher:
 def _without_report(pub: Publication) -> Publication:
     record = IncidentRecord(pub.record.id, pub.record.attempt, pub.record.group, pub.record.seq,
                             pub.record.category, "", pub.record.at)
-    return Publication(pub.job, record, pub.report_object, pub.condition_reason, pub.condition_message, pub.events,
-                       pub.event_incident)
+    return replace(pub, record=record)

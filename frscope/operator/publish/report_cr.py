@@ -14,7 +14,7 @@ from typing import Any
 
 from frscope.analysis import Finding, Report, fmt_ranks
 from frscope.operator import names
-from frscope.operator.objects import JobRef, dns_name
+from frscope.operator.model.objects import JobRef, dns_name
 from frscope.report import report_to_dict
 
 DEFAULT_LIMIT_BYTES = 512 * 1024

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from frscope.operator.actions import ActionOptions, Actor, Policy
 from frscope.operator.kube import KubeClient
-from frscope.operator.metrics import OperatorMetrics
-from frscope.operator.objects import JobRef
+from frscope.operator.model.objects import JobRef
+from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.publish import Publisher
 from tests.unit.operator.fakes import FakeKube
 

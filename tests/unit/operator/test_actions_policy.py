@@ -12,7 +12,7 @@ from frscope.operator.actions.cordon import blaming_jobs
 from frscope.operator.actions.impact import saving
 from frscope.operator.actions.policy import decide, requested_policy
 from frscope.operator.actions.record import actions_since
-from frscope.operator.objects import pod_info
+from frscope.operator.model.objects import pod_info
 
 ANN = "frscope.io/on-diagnosis"
 

@@ -13,16 +13,16 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from frscope.operator import names
-from frscope.operator.config import OperatorConfig
-from frscope.operator.controller import Controller
-from frscope.operator.evidence import from_snapshot
-from frscope.operator.gather import GatherOptions
+from frscope.operator.engine.controller import Controller
+from frscope.operator.engine.settings import OperatorConfig
+from frscope.operator.evidence.gather import GatherOptions
+from frscope.operator.evidence.pod_evidence import from_snapshot
+from frscope.operator.evidence.push_store import PushStore
+from frscope.operator.evidence.sidecars import SidecarClient, parse_snapshot
 from frscope.operator.kube import KubeClient
-from frscope.operator.metrics import OperatorMetrics
+from frscope.operator.model.operator_metrics import OperatorMetrics
+from frscope.operator.model.store import JobStore
 from frscope.operator.publish import Publisher
-from frscope.operator.push import PushStore
-from frscope.operator.sidecars import SidecarClient, parse_snapshot
-from frscope.operator.store import JobStore
 from tests.unit.operator import builders
 from tests.unit.operator.fakes import FakeKube, StandInSidecar
 
@@ -227,7 +227,7 @@ async def test_job_deleted_mid_gather_is_not_a_crash(
     for s in stand_ins:
         s.mode, s.delay_s = "slow", 0.5
     statuses = {s.pod: s.status_obj() for s in stand_ins}
-    from frscope.operator.sidecars import parse_status
+    from frscope.operator.evidence.sidecars import parse_status
 
     controller.on_status(controller.store.jobs()[0].key, {p: parse_status(o) for p, o in statuses.items()})
     await asyncio.sleep(0.1)  # the gather is under way
@@ -347,7 +347,7 @@ async def test_status_sweep_is_rate_bounded_and_skips_pods_without_endpoints(
         hang_ranks: dict[int, Any]) -> None:
     import time
 
-    from frscope.operator.poller import StatusPoller
+    from frscope.operator.serve.status_poller import StatusPoller
 
     controller = make_controller(kube_client, session)
     stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
@@ -371,7 +371,7 @@ async def test_a_jobs_first_stall_is_signalled_before_the_sweep_ends(
     polls competed with it); the next sweep polls them all and, the job known stalled, decides at its end."""
     import asyncio
 
-    from frscope.operator.poller import StatusPoller
+    from frscope.operator.serve.status_poller import StatusPoller
 
     controller = make_controller(kube_client, session)
     stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)

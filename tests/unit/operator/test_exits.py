@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from frscope.operator.evidence import PodEvidence
-from frscope.operator.exits import pod_ranks, rank_exits
-from frscope.operator.objects import pod_info
+from frscope.operator.evidence.pod_evidence import PodEvidence
+from frscope.operator.evidence.trainer_exits import pod_ranks, rank_exits
+from frscope.operator.model.objects import pod_info
 from frscope.records import RankDump
 from tests.unit.operator.builders import pod, terminated
 

@@ -13,11 +13,12 @@ import aiohttp
 import pytest
 
 from frscope.analysis import AnalysisOptions
-from frscope.operator.diagnose import diagnose_sync
-from frscope.operator.evidence import from_snapshot
-from frscope.operator.gather import GatherOptions, Target, gather
-from frscope.operator.push import PushStore
-from frscope.operator.sidecars import SidecarClient, parse_snapshot
+from frscope.operator.evidence.diagnosis import diagnose_sync
+from frscope.operator.evidence.gather import GatherOptions, Target, gather
+from frscope.operator.evidence.pod_evidence import from_snapshot
+from frscope.operator.evidence.push_store import PushStore
+from frscope.operator.evidence.settle import take_pushes
+from frscope.operator.evidence.sidecars import SidecarClient, parse_snapshot
 from tests.unit.operator.fakes import StandInSidecar
 
 Make = Callable[..., Awaitable[StandInSidecar]]
@@ -96,8 +97,8 @@ async def test_pushed_snapshots_stand_in_for_unreachable_and_deleted_pods(
     pushes.put(from_snapshot(parse_snapshot(down.snapshot_obj(), "push", size_bytes=10), origin="push"))
     gone = parse_snapshot({**ok.snapshot_obj(), "pod": "train-master-1", "ranks": [a[1]]}, "push", size_bytes=10)
     pushes.put(from_snapshot(gone, origin="push"))
-    got = await gather(client, "ml", [Target(ok.pod, ok.endpoint), Target(down.pod, down.endpoint)], FAST,
-                       pushes, push_pods={"train-master-1"})
+    got = await gather(client, "ml", [Target(ok.pod, ok.endpoint), Target(down.pod, down.endpoint)], FAST)
+    take_pushes(got, pushes.for_namespace_pods("ml", {ok.pod, down.pod, "train-master-1"}), {})
     assert got.failures == {}
     assert got.from_push == {"train-worker-0", "train-master-1"}
     diagnosis = diagnose_sync(got, 4, AnalysisOptions(stall_after_s=0.5))
@@ -120,7 +121,7 @@ async def test_only_the_newest_entries_are_kept(sidecars: Make, client: SidecarC
 @pytest.mark.timeout(60)
 async def test_decoding_in_worker_processes(sidecars: Make, client: SidecarClient,
                                             hang_ranks: dict[int, Any]) -> None:
-    from frscope.operator.gather import Decoder
+    from frscope.operator.evidence.gather import Decoder
 
     a, b = split(hang_ranks)
     ok0, ok1 = await sidecars("p0", a), await sidecars("p1", b)
@@ -141,8 +142,8 @@ async def test_decoding_in_worker_processes(sidecars: Make, client: SidecarClien
 async def test_gzip_bodies_are_inflated_by_the_decoder_with_a_cap(sidecars: Make, hang_ranks: dict[int, Any]) -> None:
     import gzip as gz
 
-    from frscope.operator.evidence import from_bytes
-    from frscope.operator.sidecars import SidecarError
+    from frscope.operator.evidence.pod_evidence import from_bytes
+    from frscope.operator.evidence.sidecars import SidecarError
 
     s0 = await sidecars("p0", hang_ranks, mode="gzip")
     async with aiohttp.ClientSession(auto_decompress=False) as session:  # as the operator's session

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from frscope.operator import jobkinds
-from frscope.operator.objects import JobRef, job_ref, job_world_size, pod_info
+from frscope.operator.model import jobkinds
+from frscope.operator.model.objects import JobRef, job_ref, job_world_size, pod_info
+from frscope.operator.model.signals import SignalKind, job_condition_signal
+from frscope.operator.model.store import JobStore
 from frscope.operator.publish.condition import for_kind, make_condition, place_condition
-from frscope.operator.signals import SignalKind, job_condition_signal
-from frscope.operator.store import JobStore
 
 
 def trainjob_pod(name: str, job: str, index: int, *, container: str = "node") -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from frscope.operator.objects import JobKey, dns_name, job_world_size, pod_info, pods_digest
-from frscope.operator.signals import SignalKind, job_condition_signal, watchdog_match, watchdog_signals
+from frscope.operator.model.objects import JobKey, dns_name, job_world_size, pod_info, pods_digest
+from frscope.operator.model.signals import SignalKind, job_condition_signal, watchdog_match, watchdog_signals
 from tests.unit.operator import builders
 
 

@@ -18,8 +18,8 @@ from aiohttp import web
 from prometheus_client import CollectorRegistry
 
 from frscope.operator import names
-from frscope.operator.config import OperatorConfig
-from frscope.operator.gather import GatherOptions
+from frscope.operator.engine.settings import OperatorConfig
+from frscope.operator.evidence.gather import GatherOptions
 from frscope.operator.runner import Operator, serve
 from tests.unit.operator import builders
 from tests.unit.operator.fakes import FakeKube, StandInSidecar

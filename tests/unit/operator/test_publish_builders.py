@@ -9,7 +9,7 @@ import pytest
 
 from frscope.analysis import AnalysisOptions, analyze
 from frscope.operator import names
-from frscope.operator.objects import JobRef
+from frscope.operator.model.objects import JobRef
 from frscope.operator.publish import build_event, build_report_cr, make_condition, needs_write, place_condition
 from frscope.records import assemble, normalize_dump
 from tests.unit.operator.fakes import real_snapshots

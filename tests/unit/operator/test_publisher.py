@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from frscope.operator import names
-from frscope.operator.incidents import IncidentRecord, report_facts
 from frscope.operator.kube import KubeClient
-from frscope.operator.objects import JobRef
+from frscope.operator.model.incidents import IncidentRecord, report_facts
+from frscope.operator.model.objects import JobRef
 from frscope.operator.publish import JobGone, Publication, Publisher, build_report_cr, make_condition
 from tests.unit.operator import builders
 from tests.unit.operator.fakes import FakeKube

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from frscope.operator.evidence import PodEvidence, from_snapshot
-from frscope.operator.push import Full, PushStore
-from frscope.operator.sidecars import parse_snapshot
+from frscope.operator.evidence.pod_evidence import PodEvidence, from_snapshot
+from frscope.operator.evidence.push_store import Full, PushStore
+from frscope.operator.evidence.sidecars import parse_snapshot
 
 
 def ev(pod: str, size: int, namespace: str = "ml") -> PodEvidence:

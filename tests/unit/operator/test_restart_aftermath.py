@@ -18,19 +18,19 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from frscope.operator.access import POD_NAME_EXTRA, POD_UID_EXTRA, Identity, KubernetesPush
 from frscope.operator.actions import ActionOptions, Actor, Policy
-from frscope.operator.config import OperatorConfig
-from frscope.operator.controller import Controller
-from frscope.operator.evidence import from_snapshot
-from frscope.operator.gather import GatherOptions
+from frscope.operator.engine.controller import Controller
+from frscope.operator.engine.settings import OperatorConfig
+from frscope.operator.evidence.gather import GatherOptions
+from frscope.operator.evidence.pod_evidence import from_snapshot
+from frscope.operator.evidence.push_store import PushStore
+from frscope.operator.evidence.sidecars import SidecarClient, parse_snapshot
 from frscope.operator.kube import KubeClient
-from frscope.operator.metrics import OperatorMetrics
-from frscope.operator.objects import pod_info, pods_digest
+from frscope.operator.model.objects import pod_info, pods_digest
+from frscope.operator.model.operator_metrics import OperatorMetrics
+from frscope.operator.model.store import JobStore
 from frscope.operator.publish import Publisher
-from frscope.operator.push import PushStore
-from frscope.operator.sidecars import SidecarClient, parse_snapshot
-from frscope.operator.store import JobStore
+from frscope.operator.serve.access import POD_NAME_EXTRA, POD_UID_EXTRA, Identity, KubernetesPush
 from tests.unit.operator import builders
 from tests.unit.operator.fakes import FakeKube, StandInSidecar
 

@@ -10,14 +10,14 @@ from pathlib import Path
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from frscope.operator.access import SharedTokenPush
-from frscope.operator.evidence import PodEvidence
-from frscope.operator.http import Health, OperatorHttp
+from frscope.operator.evidence.pod_evidence import PodEvidence
+from frscope.operator.evidence.push_store import PushStore
+from frscope.operator.evidence.spill import EvidenceDir
 from frscope.operator.kube import StaticToken
-from frscope.operator.metrics import OperatorMetrics
-from frscope.operator.objects import JobKey
-from frscope.operator.push import PushStore
-from frscope.operator.spill import EvidenceDir
+from frscope.operator.model.objects import JobKey
+from frscope.operator.model.operator_metrics import OperatorMetrics
+from frscope.operator.serve.access import SharedTokenPush
+from frscope.operator.serve.operator_http import Health, OperatorHttp
 from tests.unit.operator.fakes import StandInSidecar
 
 TTL = 3600.0

@@ -1,4 +1,4 @@
-"""The web UI over the operator's store (`frscope.operator.ui`), fed through the operator's own path: kopf-shaped
+"""The web UI over the operator's store (`frscope.operator.serve.ui`), fed through the operator's own path: kopf-shaped
 job and pod bodies into the controller, the status poller sweeping stand-in sidecars (REAL recorder snapshots of
 a hung gloo job), the controller's diagnosis and publication against a fake API server."""
 
@@ -11,18 +11,18 @@ import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from frscope.operator.config import OperatorConfig
-from frscope.operator.controller import Controller
-from frscope.operator.gather import GatherOptions
-from frscope.operator.http import Health, OperatorHttp
+from frscope.operator.engine.controller import Controller
+from frscope.operator.engine.settings import OperatorConfig
+from frscope.operator.evidence.gather import GatherOptions
+from frscope.operator.evidence.push_store import PushStore
+from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.kube import Backoff, KubeClient
-from frscope.operator.metrics import OperatorMetrics
-from frscope.operator.poller import StatusPoller
+from frscope.operator.model.operator_metrics import OperatorMetrics
+from frscope.operator.model.store import JobStore, without_report
 from frscope.operator.publish import Publisher
-from frscope.operator.push import PushStore
-from frscope.operator.sidecars import SidecarClient
-from frscope.operator.store import JobStore, without_report
-from frscope.operator.ui import OperatorJobs, mount_ui
+from frscope.operator.serve.operator_http import Health, OperatorHttp
+from frscope.operator.serve.status_poller import StatusPoller
+from frscope.operator.serve.ui import OperatorJobs, mount_ui
 from tests.unit.operator import builders
 from tests.unit.operator.fakes import FakeKube, StandInSidecar, real_snapshots
 

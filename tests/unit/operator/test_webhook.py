@@ -6,8 +6,8 @@ import copy
 from typing import Any
 
 from frscope.operator import names
-from frscope.operator.config import injection_from_env
-from frscope.operator.webhook import InjectionConfig, inject, mutate, native_sidecars_supported
+from frscope.operator.command import injection_from_env
+from frscope.operator.injection import InjectionConfig, inject, mutate, native_sidecars_supported
 
 
 def training_pod(opt_in: str | None = "label", env: list[dict[str, Any]] | None = None) -> dict[str, Any]:

@@ -13,9 +13,9 @@ import pytest
 
 from frscope import wire
 from frscope.analysis import AnalysisOptions
-from frscope.operator.diagnose import diagnose_sync
-from frscope.operator.evidence import from_bytes
-from frscope.operator.gather import Gathered
+from frscope.operator.evidence.diagnosis import diagnose_sync
+from frscope.operator.evidence.gather import Gathered
+from frscope.operator.evidence.pod_evidence import from_bytes
 from frscope.records.columns import EntryTable
 from frscope.report.serialize import report_to_dict
 from frscope.synthetic import make_plan
@@ -98,7 +98,7 @@ def test_evidence_is_columnar_and_cut_before_normalizing() -> None:
 async def test_group_rank_lists_decoded_in_worker_processes_are_shared() -> None:
     """Each rank lists its default group's N members; decoded in a worker, each arrives with its own
     copy (8,192 ranks: ~300 KiB a rank). A gather keeps one tuple per distinct list."""
-    from frscope.operator.gather import Decoder
+    from frscope.operator.evidence.gather import Decoder
 
     plan = make_plan(64, entries=50, shape="nccl", scenario="not_joined", seed=1)
     bodies = [envelope(f"p{r}", [wire.snapshot_piece(r, T_NS, "s", None, plan.dump(r, json_shape=True))])

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from frscope.operator import names
-from frscope.operator.webhook import InjectionConfig, inject, schedule_key
+from frscope.operator.injection import InjectionConfig, inject, schedule_key
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.schedule import next_slot, phase_s
 from tests.unit.sidecar.test_probe import fetches, sidecar, worker

@@ -19,8 +19,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from frscope.operator.evidence import PodEvidence, from_bytes
-from frscope.operator.sidecars import SidecarError
+from frscope.operator.evidence.pod_evidence import PodEvidence, from_bytes
+from frscope.operator.evidence.sidecars import SidecarError
 
 log = logging.getLogger("frscope.operator")
 

@@ -21,14 +21,14 @@ from collections.abc import Callable, Iterable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from frscope.operator.access import OpenPush, PushAuth, Refused
-from frscope.operator.admission import PushAdmission
-from frscope.operator.evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes
-from frscope.operator.metrics import OperatorMetrics
-from frscope.operator.objects import JobKey
-from frscope.operator.push import Full
-from frscope.operator.sidecars import SidecarError
-from frscope.operator.spill import EvidenceDir
+from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes
+from frscope.operator.evidence.push_store import Full
+from frscope.operator.evidence.sidecars import SidecarError
+from frscope.operator.evidence.spill import EvidenceDir
+from frscope.operator.model.objects import JobKey
+from frscope.operator.model.operator_metrics import OperatorMetrics
+from frscope.operator.serve.access import OpenPush, PushAuth, Refused
+from frscope.operator.serve.push_gate import PushGate
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class OperatorHttp:
     def __init__(self, *, registry: CollectorRegistry, metrics: OperatorMetrics, health: Health,
                  on_push: PushHandler, push_auth: PushAuth | None = None,
                  max_push_bytes: int = 256 * 1024 * 1024, max_entries: int = DEFAULT_MAX_ENTRIES,
-                 spill: EvidenceDir | None = None, admission: PushAdmission | None = None) -> None:
+                 spill: EvidenceDir | None = None, gate: PushGate | None = None) -> None:
         self._registry = registry
         self._metrics = metrics
         self._health = health
@@ -68,7 +68,7 @@ class OperatorHttp:
         self._spill = spill  # accepted bodies are kept there too (--evidence-dir): a restart keeps them
         self._push_auth: PushAuth = push_auth if push_auth is not None else OpenPush()
         self._max_entries = max_entries
-        self._admission = admission if admission is not None else PushAdmission()
+        self._gate = gate if gate is not None else PushGate()
         self.app = web.Application(client_max_size=max_push_bytes)
         self.app.add_routes([
             web.get("/healthz", self._healthz),
@@ -100,18 +100,18 @@ class OperatorHttp:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def _push(self, request: web.Request) -> web.Response:
-        retry_after = self._admission.try_enter()
+        retry_after = self._gate.try_enter()
         if retry_after is not None:
             # Before the token review and the body: a storm's excess costs a response line each.
             self._metrics.pushes.labels(result="throttled").inc()
-            return web.json_response({"error": f"{self._admission.in_flight} pushes are being taken in; "
+            return web.json_response({"error": f"{self._gate.in_flight} pushes are being taken in; "
                                       f"retry after {retry_after} s", "retry_after_s": retry_after},
                                      status=429, headers={"Retry-After": str(retry_after)})
         started = time.monotonic()
         try:
             return await self._take_push(request)
         finally:
-            self._admission.leave(time.monotonic() - started)
+            self._gate.leave(time.monotonic() - started)
 
     async def _take_push(self, request: web.Request) -> web.Response:
         try:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from frscope.analysis import AnalysisOptions, Report, analyze
-from frscope.operator.gather import Gathered
+from frscope.operator.evidence.gather import Gathered
 from frscope.records import DumpSet, LoadProblem, RankDump, RankExit, assemble
 
 
@@ -39,7 +39,7 @@ def build_dumpset(gathered: Gathered, world_size: int | None) -> DumpSet:
 
 def diagnose_sync(gathered: Gathered, world_size: int | None, options: AnalysisOptions,
                   exits: Mapping[int, RankExit] | None = None) -> Diagnosis:
-    """`exits`: how ranks' containers ended (`frscope.operator.exits.rank_exits`), evidence beside the dumps."""
+    """`exits`: how ranks' containers ended (`trainer_exits.rank_exits`), evidence beside the dumps."""
     dumpset = build_dumpset(gathered, world_size)
     return Diagnosis(analyze(dumpset, options, exits=exits), dumpset, dict(gathered.failures))
 

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from frscope.operator.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, gunzip_capped, parse_snapshot
+from frscope.operator.evidence.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, gunzip_capped, parse_snapshot
 from frscope.records import DumpError, LoadProblem, RankDump, normalize_dump
 from frscope.records.limits import describe, valid_rank
 from frscope.wire import SidecarSnapshot, entries_dropped, window_piece

@@ -12,9 +12,10 @@ from typing import Any, cast
 
 import kopf
 
-from frscope.operator import jobkinds, names
-from frscope.operator.controller import Controller
-from frscope.operator.webhook import NAMESPACE_WEBHOOK_ID, WEBHOOK_ID, InjectionConfig, mutate
+from frscope.operator import names
+from frscope.operator.engine.controller import Controller
+from frscope.operator.injection import NAMESPACE_WEBHOOK_ID, WEBHOOK_ID, InjectionConfig, mutate
+from frscope.operator.model import jobkinds
 
 
 def register_watchers(registry: kopf.OperatorRegistry, controller: Controller,

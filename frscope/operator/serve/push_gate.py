@@ -20,7 +20,7 @@ from collections.abc import Callable
 MAX_RETRY_AFTER_S = 120  # the sidecar caps a longer one at this anyway
 
 
-class PushAdmission:
+class PushGate:
     def __init__(self, max_in_flight: int = 8, *, window_s: float = 10.0, decode_s: float = 0.05,
                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> None:
         self.max_in_flight = max(1, max_in_flight)

@@ -17,10 +17,7 @@ from typing import Any, TypeVar
 
 import aiohttp
 
-from frscope.operator.bodies import read_capped
-from frscope.operator.kube.backoff import Backoff, retrying
-from frscope.operator.kube.credentials import BearerAuth
-from frscope.operator.kube.errors import (
+from frscope.operator.kube.api_errors import (
     AlreadyExists,
     ApiError,
     Conflict,
@@ -30,6 +27,9 @@ from frscope.operator.kube.errors import (
     Unauthorized,
     error_for,
 )
+from frscope.operator.kube.backoff import Backoff, retrying
+from frscope.operator.kube.bodies import read_capped
+from frscope.operator.kube.credentials import BearerAuth
 
 T = TypeVar("T")
 

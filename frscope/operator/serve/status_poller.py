@@ -11,9 +11,9 @@ import asyncio
 import logging
 import time
 
-from frscope.operator.controller import Controller
-from frscope.operator.objects import JobKey
-from frscope.operator.sidecars import SidecarError
+from frscope.operator.engine.controller import Controller
+from frscope.operator.evidence.sidecars import SidecarError
+from frscope.operator.model.objects import JobKey
 from frscope.wire import SidecarStatus
 
 log = logging.getLogger(__name__)

@@ -10,16 +10,16 @@ import random
 import aiohttp
 from prometheus_client import CollectorRegistry
 
-from frscope.operator.admission import MAX_RETRY_AFTER_S, PushAdmission
-from frscope.operator.http import Health, OperatorHttp
-from frscope.operator.metrics import OperatorMetrics
-from frscope.operator.objects import JobKey
+from frscope.operator.model.objects import JobKey
+from frscope.operator.model.operator_metrics import OperatorMetrics
+from frscope.operator.serve.operator_http import Health, OperatorHttp
+from frscope.operator.serve.push_gate import MAX_RETRY_AFTER_S, PushGate
 from tests.unit.operator.fakes import StandInSidecar
 
 
 def test_past_the_limit_a_push_is_refused_with_a_spread_retry_after() -> None:
     now = [0.0]
-    gate = PushAdmission(2, window_s=10.0, decode_s=1.0, clock=lambda: now[0], rng=random.Random(7))
+    gate = PushGate(2, window_s=10.0, decode_s=1.0, clock=lambda: now[0], rng=random.Random(7))
     assert gate.try_enter() is None and gate.try_enter() is None
     waits = [gate.try_enter() for _ in range(200)]
     assert all(w is not None and 1 <= w <= MAX_RETRY_AFTER_S for w in waits)
@@ -39,8 +39,8 @@ async def test_a_storm_over_http_is_taken_a_few_at_a_time(hang_ranks: dict[int, 
     would), the third is answered 429 with Retry-After at once; once one finishes, the next is accepted."""
     http = OperatorHttp(registry=CollectorRegistry(), metrics=OperatorMetrics(CollectorRegistry()),
                         health=Health(max_silence_s=60), on_push=lambda e: JobKey("ml", "train"),
-                        admission=PushAdmission(2))
-    gate = http._admission
+                        gate=PushGate(2))
+    gate = http._gate
     assert gate.try_enter() is None and gate.try_enter() is None
     port = await http.start("127.0.0.1", 0)
     body = gzip.compress(json.dumps(StandInSidecar("train-worker-0", {0: hang_ranks[0]}).snapshot_obj()

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from frscope.operator import names
-from frscope.operator.kube.client import Resource
+from frscope.operator.kube.api_client import Resource
 
 # A pod's job, by family: the label that names it.
 LABEL_PYTORCHJOB_NAME: Final = "training.kubeflow.org/job-name"

@@ -36,7 +36,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from frscope.operator import jobkinds, names
+from frscope.operator import names
+from frscope.operator.model import jobkinds
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from frscope.operator.evidence import PodEvidence
-from frscope.operator.objects import PodInfo, Termination
+from frscope.operator.evidence.pod_evidence import PodEvidence
+from frscope.operator.model.objects import PodInfo, Termination
 from frscope.records import RankExit
 from frscope.records.exits import one_line
 from frscope.records.torchrun_exits import torchrun_failures
@@ -95,3 +95,15 @@ def rank_exits(pods: Iterable[PodInfo], evidence: dict[str, PodEvidence],
                 source=source,
             )
     return out
+
+
+def ended_runs(pods: tuple[PodInfo, ...]) -> str:
+    """The trainer runs that have ended, as known now (pod uid, container, run, exit code), one string:
+    it changes when the kubelet reports another end."""
+    return ",".join(sorted(f"{p.uid}/{t.container}/{t.run}/{t.exit_code}" for p in pods for t in p.terminations))
+
+
+def ended_set(pods: tuple[PodInfo, ...]) -> frozenset[str]:
+    """`ended_runs` as a set: the ends that one moment knew and another did not."""
+    text = ended_runs(pods)
+    return frozenset(text.split(",")) if text else frozenset()

@@ -2,9 +2,9 @@
 
 Each pod gets `attempts` tries of at most `per_pod_timeout_s` each (backoff between them); the whole
 gather stops at `overall_timeout_s`. Each body is decoded and normalized as soon as it arrives, in a
-worker thread (`evidence.from_bytes`, at most `decode_threads` at once), so the raw JSON of 1,000s of
-ranks is never held at once. A pod that could not be fetched falls back on its latest push; one with
-neither is a failure with its reason, which the report names. Never raises for a pod.
+worker thread (`pod_evidence.from_bytes`, at most `decode_threads` at once), so the raw JSON of 1,000s of
+ranks is never held at once. A pod that could not be fetched is a failure with its reason, which the
+report names, unless a push of it stands in (`settle.collect`). Never raises for a pod.
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from frscope.operator.evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes, share_groups
+from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes, share_groups
+from frscope.operator.evidence.sidecars import SidecarClient, SidecarError
 from frscope.operator.kube.backoff import Backoff
-from frscope.operator.push import PushStore
-from frscope.operator.sidecars import SidecarClient, SidecarError
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,9 +140,8 @@ async def _cancel_all(tasks: list[asyncio.Task[PodEvidence]]) -> None:
 
 
 async def gather(client: SidecarClient, namespace: str, targets: list[Target], options: GatherOptions,
-                 pushes: PushStore | None = None, push_pods: set[str] | None = None,
                  decoder: Decoder | None = None) -> Gathered:
-    """`push_pods`: more pods of the job whose pushes count (pods already deleted, for one)."""
+    """Every target fetched (what they pushed is added by `settle.collect`)."""
     started = time.monotonic()
     result = Gathered(namespace)
     decoder = decoder or Decoder()
@@ -178,16 +176,5 @@ async def gather(client: SidecarClient, namespace: str, targets: list[Target], o
                 result.failures[target.pod] = f"{type(exc).__name__}: {exc}"
             else:
                 result.pods[target.pod] = task.result()
-    if pushes is not None:
-        wanted = {t.pod for t in targets} | (push_pods or set())
-        uids = {t.pod: t.uid for t in targets if t.uid}
-        for pod, evidence in pushes.for_namespace_pods(namespace, wanted).items():
-            if evidence.pod_uid and uids.get(pod, evidence.pod_uid) != evidence.pod_uid:
-                continue  # the previous pod of that name pushed it (a job's pods keep their names)
-            fetched = result.pods.get(pod)
-            if fetched is None or not fetched.dumps:
-                result.pods[pod] = evidence
-                result.from_push.add(pod)
-                result.failures.pop(pod, None)
     result.duration_s = time.monotonic() - started
     return result

@@ -15,7 +15,7 @@ from typing import Any
 import aiohttp
 
 from frscope import wire
-from frscope.operator.bodies import read_capped
+from frscope.operator.kube.bodies import read_capped
 from frscope.operator.kube.credentials import BearerAuth
 from frscope.wire import SidecarSnapshot, SidecarStatus
 

@@ -11,7 +11,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from frscope.operator import jobkinds, names
+from frscope.operator import names
+from frscope.operator.model import jobkinds
 
 
 @dataclass(frozen=True, slots=True, order=True)

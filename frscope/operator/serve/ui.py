@@ -29,11 +29,11 @@ from typing import Any
 
 from aiohttp import web
 
-from frscope.operator.access import Identity, Reviewer, bearer
-from frscope.operator.http import OperatorHttp
 from frscope.operator.kube import KubeError
-from frscope.operator.objects import JobKey
-from frscope.operator.store import JobsView, JobView
+from frscope.operator.model.objects import JobKey
+from frscope.operator.model.store import JobsView, JobView
+from frscope.operator.serve.access import Identity, Reviewer, bearer
+from frscope.operator.serve.operator_http import OperatorHttp
 from frscope.webui import JobDetail, JobSummary, RankStatus, create_app
 from frscope.webui.app import DEFAULT_POLL_S, VISIBLE_NAMESPACE
 

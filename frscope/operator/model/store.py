@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from frscope.operator.objects import JobKey, JobRef, PodInfo
+from frscope.operator.model.objects import JobKey, JobRef, PodInfo
 from frscope.wire import SidecarStatus
 
 

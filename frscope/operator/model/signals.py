@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from frscope.operator.jobkinds import PYTORCHJOB, JobKind
-from frscope.operator.objects import JobKey, PodInfo
+from frscope.operator.model.jobkinds import PYTORCHJOB, JobKind
+from frscope.operator.model.objects import JobKey, PodInfo
 
 
 class SignalKind(StrEnum):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from frscope.analysis import Category
-from frscope.operator.signals import SignalKind
+from frscope.operator.model.signals import SignalKind
 
 GATHER_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120)
 

@@ -18,7 +18,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from frscope.operator.evidence import PodEvidence
+from frscope.operator.evidence.pod_evidence import PodEvidence
 
 
 @dataclass(frozen=True, slots=True)

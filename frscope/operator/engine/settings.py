@@ -1,0 +1,104 @@
+"""The operator's settings: one frozen dataclass for the whole operator (`OperatorConfig`) and one for its
+webhook; the defaults live here once. `frscope.operator.command` fills them from flags and FRSCOPE_*
+environment variables."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from frscope import logs
+from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
+from frscope.operator import names
+from frscope.operator.actions import ActionOptions
+from frscope.operator.evidence.gather import GatherOptions
+from frscope.operator.injection import InjectionConfig
+from frscope.operator.model import jobkinds
+
+
+@dataclass(frozen=True, slots=True)
+class WebhookConfig:
+    port: int = 9443
+    host: str = "0.0.0.0"
+    cert_dir: Path | None = None  # tls.crt, tls.key (and ca.crt, only used for a managed configuration)
+    # Create/patch a MutatingWebhookConfiguration of this name (kopf-managed); None: the chart owns it.
+    managed: str | None = None
+    # Hostname the API server uses to reach the webhook, for a managed configuration.
+    public_host: str | None = None
+    # 'auto' (from the server version), 'native' or 'container'.
+    sidecar_mode: str = "auto"
+    injection: InjectionConfig = field(default_factory=InjectionConfig)
+
+
+SIDECAR_AUTH_MODES = ("kubernetes", "token", "none")
+UI_AUTH_MODES = ("kubernetes", "port-forward", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    # The job kinds watched (jobkinds.ALL: PyTorchJob, TrainJob, JobSet); the chart's RBAC follows them.
+    job_kinds: tuple[jobkinds.JobKind, ...] = jobkinds.ALL
+    # The opt-in label (FRSCOPE_INJECT_LABEL, the chart's webhook.injectLabel): every pod frscope serves
+    # carries it (the webhook puts it on pods of opted-in namespaces too), so it is also the server-side
+    # selector of the operator's pod watch, whatever the job kinds.
+    inject_label: tuple[str, str] = (names.INJECT_KEY, "true")
+    http_host: str = "0.0.0.0"
+    http_port: int = 8080
+    # Bounded-rate status polling of every watched pod's sidecar.
+    poll_interval_s: float = 15.0
+    poll_timeout_s: float = 5.0
+    poll_max_rps: float = 200.0
+    poll_concurrency: int = 64
+    gather: GatherOptions = field(default_factory=GatherOptions)
+    # Analysis: a collective in flight at least this long (at the capture) counts as stuck.
+    stuck_after_s: float = DEFAULT_STALL_AFTER_S
+    clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS
+    # After a gather that found nothing to report, the same job attempt is not gathered again for this long.
+    cooldown_s: float = 30.0
+    # A gather that finds a pod's sidecar pushed at its trainer's exit (or, during a crash, a pod that
+    # delivered no live rank) waits at most this long for the kubelet to report that container's end
+    # (its exit code and message), so that a crash is diagnosed with every pod's exit rather than the
+    # first one's. Under torchrun a container ends when its agent does, and the agent gives its
+    # surviving workers 30 s after SIGTERM before it kills them: 45 s covers that and the kubelet's
+    # report (10 s was too short in a CI run on the real node: no exit known, rank 0 "missing").
+    exit_settle_s: float = 45.0
+    # Worker processes that decode snapshot bodies (0: threads in the operator's process).
+    decode_processes: int = 2
+    # How the sidecars and the operator prove who they are (docs/operator.md, "Authentication"):
+    # 'kubernetes' (service-account tokens, audience-bound), 'token' (one shared secret), 'none'.
+    sidecar_auth: str = "kubernetes"
+    # The token shown to the sidecars: the projected token (audience frscope.io/sidecar) with
+    # 'kubernetes', the shared secret with 'token'. Re-read whenever the file changes.
+    sidecar_token_file: Path | None = None
+    # Who may use the web UI: 'kubernetes' (a bearer token, TokenReview + SubjectAccessReview `get
+    # pytorchjobs` in the job's namespace), 'port-forward' (that, or a loopback connection, which in a
+    # pod only `kubectl port-forward` can make), 'none'.
+    ui_auth: str = "port-forward"
+    max_push_bytes: int = 256 * 1024 * 1024
+    # Where accepted pushes are also kept, so that a restart does not lose them (the chart mounts a
+    # volume there); None: in memory only.
+    evidence_dir: Path | None = None
+    report_limit_bytes: int = 512 * 1024
+    peering: str | None = None  # kopf peering name; None: standalone (one replica)
+    webhook: WebhookConfig | None = None
+    # Acting on a diagnosis (docs/actions.md): what is allowed, the default policy, limits.
+    actions: ActionOptions = field(default_factory=ActionOptions)
+    # The watchdog timeout assumed when neither the recorder nor the pods' env states it (None: torch's).
+    default_watchdog_timeout_s: float | None = None
+    instance: str = field(default_factory=socket.gethostname)
+    log_level: str = logs.DEFAULT_LEVEL
+    log_format: str = logs.DEFAULT_FORMAT
+
+    def __post_init__(self) -> None:
+        if self.poll_interval_s <= 0 or self.poll_timeout_s <= 0 or self.poll_max_rps <= 0:
+            raise ValueError("poll interval, timeout and rate must be > 0")
+        if self.cooldown_s < 0 or self.stuck_after_s < 0 or self.exit_settle_s < 0:
+            raise ValueError("--cooldown, --stuck-after and --exit-settle must be >= 0")
+        if self.sidecar_auth not in SIDECAR_AUTH_MODES:
+            raise ValueError(f"--sidecar-auth must be one of {', '.join(SIDECAR_AUTH_MODES)}")
+        if self.ui_auth not in UI_AUTH_MODES:
+            raise ValueError(f"--ui-auth must be one of {', '.join(UI_AUTH_MODES)}")
+        if self.sidecar_auth == "token" and self.sidecar_token_file is None:
+            raise ValueError("--sidecar-auth token needs --sidecar-token-file (the shared secret)")
