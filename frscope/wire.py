@@ -288,6 +288,18 @@ class RankUp:
 
 
 @dataclass(frozen=True, slots=True)
+class RankLate:
+    """A rank the sidecar reports as a straggler among its pod's ranks (its `lateness` document)."""
+
+    rank: int
+    group: str
+    lateness_s: float
+    share: float  # fraction of the job's time the others spent waiting for it
+    late: int
+    compared: int
+
+
+@dataclass(frozen=True, slots=True)
 class SidecarStatus:
     pod: str
     namespace: str
@@ -298,6 +310,7 @@ class SidecarStatus:
     ranks: tuple[RankUp, ...] = ()  # per rank, by rank (the web UI's per-rank status)
     # Groups suspected but not (yet) stalled: a stall not confirmed yet (docs/sidecar.md).
     suspects: tuple[GroupStall, ...] = ()
+    stragglers: tuple[RankLate, ...] = ()  # ranks the sidecar reports as stragglers
 
 
 def parse_status(obj: Any) -> SidecarStatus:
@@ -306,6 +319,7 @@ def parse_status(obj: Any) -> SidecarStatus:
         raise WireError(f"/v1/status: not a {STATUS_SCHEMA} object")
     stalls: list[GroupStall] = []
     suspects: list[GroupStall] = []
+    stragglers: list[RankLate] = []
     per_rank: list[RankUp] = []
     up = down = 0
     ranks = obj.get("ranks")
@@ -323,6 +337,11 @@ def parse_status(obj: Any) -> SidecarStatus:
         error = rank_obj.get("error")
         restarts = _int(rank_obj.get("restart_count"))
         per_rank.append(RankUp(rank, bool(rank_obj.get("up")), str(error)[:200] if error else None, restarts))
+        late = rank_obj.get("lateness")
+        if isinstance(late, dict) and late.get("straggler") is True:
+            stragglers.append(RankLate(rank, str(late.get("group") or "")[:200], _float(late.get("lateness_s")),
+                                       _float(late.get("share")), _int(late.get("late")) or 0,
+                                       _int(late.get("compared")) or 0))
         groups = rank_obj.get("groups")
         for group, g in (groups.items() if isinstance(groups, dict) else []):
             if not isinstance(g, dict) or not (g.get("stalled") or g.get("suspected")):
@@ -337,7 +356,12 @@ def parse_status(obj: Any) -> SidecarStatus:
         pod=str(obj.get("pod") or ""), namespace=str(obj.get("namespace") or ""),
         stalled=bool(obj.get("stalled")) or bool(stalls), stalls=tuple(stalls), ranks_up=up, ranks_down=down,
         ranks=tuple(sorted(per_rank, key=lambda r: r.rank)), suspects=tuple(suspects),
+        stragglers=tuple(stragglers),
     )
+
+
+def _float(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _int(value: Any) -> int | None:
