@@ -178,7 +178,7 @@ class Suspicions:
         rank_pods = {d.rank: pod for pod, evidence in gathered.pods.items() for d in evidence.dumps}
         pods, nodes = culprit_placement(finding, rank_pods, view.pods)
         waited = time.time() - suspicion.since_wall
-        verdict = one_line(finding)
+        verdict = one_line(finding).rstrip(".")
         where = f"; pod {', '.join(pods)}" if pods else ""
         where += f" on node {', '.join(nodes)}" if nodes else ""
         condition = make_condition(finding.category.value, clip_line(f"Suspected, not confirmed: {verdict}"),
