@@ -181,6 +181,7 @@ class HealthyRun:
     confirmed: float = 0.0
     stragglers: list[str] = field(default_factory=list)
     polls: int = 0
+    seen: list[str] = field(default_factory=list)  # at each suspicion: the suspected groups, the ranks' phases
 
 
 def run_healthy(step_s: float, minutes: float, seed: int) -> HealthyRun:
@@ -202,6 +203,13 @@ def run_healthy(step_s: float, minutes: float, seed: int) -> HealthyRun:
                     if now and not was[i]:
                         run.suspicions += 1
                         since[i] = time.monotonic()
+                        groups = [f"rank {r} {pg}: {g.get('inflight_op')} #{g.get('inflight_seq')} quiet "
+                                  f"{g.get('no_progress_s')} s (usual wait {g.get('usual_wait_s')} s)"
+                                  for r, doc in st["ranks"].items() for pg, g in doc["groups"].items()
+                                  if g.get("suspected")]
+                        phases = ", ".join(f"rank {r}: {p} for {s:.1f} s" for r, (p, s) in sorted(job.phases().items()))
+                        run.seen.append(f"{'; '.join(groups)} [{phases}]")
+                        print(f"healthy {step_s:g} s: suspected: {run.seen[-1]}", flush=True)
                     elif was[i] and not now:
                         run.suspected_s.append(time.monotonic() - since[i])
                     was[i] = now
@@ -303,6 +311,9 @@ def summary(hangs: list[HangRun], healthy: list[HealthyRun], stragglers: list[St
         lasted = ", ".join(f"{d:.1f}" for d in h.suspected_s) or "-"
         lines.append(f"| {h.step_s:g} s | {h.minutes:g} | {h.suspicions} | {lasted} | {h.confirmed:g} | "
                      f"{len(set(h.stragglers))} |")
+    for h in healthy:
+        for seen in h.seen:
+            lines.append(f"- {h.step_s:g} s job, suspected: {seen}")
     lines.append("")
     lines.append(f"### Stragglers ({len(stragglers)}: 3 ranks in one pod)")
     lines.append("")

@@ -16,7 +16,9 @@ Each step: compute (a sleep of --step-s, plus a random 0..--jitter-s, times --sl
                                 <out>/hang-<rank>
   --slow-factor F               the culprit's compute takes F x as long from --slow-from-step on (it
                                 writes the time that step began to <out>/slow-<rank>)
-Every rank writes <out>/done-<rank> after its last step and exits 0.
+Every rank writes <out>/done-<rank> after its last step and exits 0, and keeps <out>/phase-<rank>
+saying what it does now (`step N`, `pause`, `eval`, `lone`) and since when (ns): what a benchmark
+reads when something is suspected.
 """
 
 from __future__ import annotations
@@ -55,6 +57,12 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
+def mark(out: Path, rank: int, phase: str) -> None:
+    tmp = out / f".phase-{rank}"
+    tmp.write_text(f"{phase} {time.time_ns()}")
+    tmp.replace(out / f"phase-{rank}")
+
+
 def stuck_in_python(out: Path, rank: int) -> None:
     (out / f"hang-{rank}").write_text(str(time.time_ns()))
     while True:
@@ -73,13 +81,17 @@ def main() -> int:
         if time.monotonic() > deadline:
             os._exit(3)
         if args.pause_every and step and step % args.pause_every == 0:
+            mark(args.out, rank, "pause")
             time.sleep(shared.uniform(args.pause_s, max(args.pause_s, args.pause_max_s)))
         if args.eval_every and step and step % args.eval_every == 0:
+            mark(args.out, rank, "eval")
             for _eval in range(args.eval_steps):
                 time.sleep(args.step_s / 2)
                 dist.all_reduce(grads)
         if args.lone_every and step and step % args.lone_every == 0 and rank == 0:
+            mark(args.out, rank, "lone")
             time.sleep(args.lone_s)
+        mark(args.out, rank, f"step {step}")
         compute = args.step_s + rng.uniform(0.0, args.jitter_s)
         if rank == args.culprit and step >= args.slow_from_step and args.slow_factor != 1.0:
             if step == args.slow_from_step:

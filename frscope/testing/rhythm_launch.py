@@ -58,6 +58,18 @@ class RhythmJob:
                 return int(text)
         return None
 
+    def phases(self) -> dict[int, tuple[str, float]]:
+        """Per rank: what it does now (rhythm_job's phase marker) and for how many seconds."""
+        out: dict[int, tuple[str, float]] = {}
+        now = time.time_ns()
+        for rank in self.ranks():
+            try:
+                phase, _, since = (self.out / f"phase-{rank}").read_text().rpartition(" ")
+                out[rank] = (phase, (now - int(since)) / 1e9)
+            except (OSError, ValueError):
+                continue
+        return out
+
     def finished(self) -> bool:
         return all(proc.poll() is not None for proc in self.procs.values())
 
