@@ -49,9 +49,12 @@ from frscope.wire import GroupStall, RankLate, SidecarStatus
 
 log = logging.getLogger(__name__)
 
-# The analysis' own stall threshold for a suspicion's gather: half the youngest suspected wait (the
-# sidecar already judged the wait against the job's rhythm), at least this.
+# The analysis' own stall threshold for a suspicion's gather (its default, 10 s, would call a 5 s old
+# hang healthy): half the youngest suspected wait (the sidecar already judged the wait against the
+# job's rhythm), at least MIN_ANALYSIS_STALL_S; for a pushed suspicion, which carries no ages, half the
+# sidecar's default --suspect-min.
 MIN_ANALYSIS_STALL_S = 1.0
+PUSHED_ANALYSIS_STALL_S = 2.0
 
 
 @dataclass(slots=True)
@@ -161,9 +164,9 @@ class Suspicions:
         gathered = await collect(self.sidecars, view, self.config.gather, self.pushes, gone_pods=set(),
                                  decoder=self.decoder)
         self.metrics.gather_duration.observe(gathered.duration_s)
-        stall_s = self.config.stuck_after_s
+        stall_s = min(self.config.stuck_after_s, PUSHED_ANALYSIS_STALL_S)
         if suspicion.youngest_age_s is not None:
-            stall_s = min(stall_s, max(MIN_ANALYSIS_STALL_S, suspicion.youngest_age_s / 2))
+            stall_s = min(self.config.stuck_after_s, max(MIN_ANALYSIS_STALL_S, suspicion.youngest_age_s / 2))
         options = AnalysisOptions(stall_after_s=stall_s, clock_skew_ms=self.config.clock_skew_ms)
         diagnosis = await diagnose(gathered, view.world_size, options)
         report = diagnosis.report

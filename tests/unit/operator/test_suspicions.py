@@ -11,9 +11,12 @@ import aiohttp
 
 from frscope.operator import names
 from frscope.operator.engine.controller import Controller
+from frscope.operator.engine.settings import OperatorConfig
+from frscope.operator.evidence.pod_evidence import from_snapshot
+from frscope.operator.evidence.sidecars import parse_snapshot
 from frscope.operator.kube import KubeClient
 from tests.unit.operator.fakes import FakeKube, StandInSidecar
-from tests.unit.operator.test_controller import Make, make_controller, session, setup_job
+from tests.unit.operator.test_controller import CONFIG, Make, make_controller, session, setup_job
 
 __all__ = ["session"]  # the fixture, shared with test_controller
 
@@ -137,3 +140,24 @@ async def test_a_straggler_is_an_event_once_per_episode(
     assert sorted((k, r) for k, r, _m in events(fake_kube)) == [("Normal", names.REASON_STRAGGLER_GONE),
                                                                 ("Warning", names.REASON_STRAGGLER)]
     assert controller.metrics.registry.get_sample_value("frscope_operator_stragglers_total") == 1
+
+
+async def test_a_pushed_suspicion_is_published_with_the_default_analysis_threshold(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    # The operator's --stuck-after default (10 s) would call a few seconds old hang healthy: a suspicion
+    # is analyzed with its own threshold. The push carries no ages; the fixture's hang is 14 s old.
+    config = OperatorConfig(decode_processes=0, stuck_after_s=30.0, cooldown_s=60, exit_settle_s=5.0,
+                            gather=CONFIG.gather)
+    controller = make_controller(kube_client, session, config)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    for s in stand_ins:
+        s.stalled, s.suspected = False, True
+    worker = stand_ins[1]
+    pushed = from_snapshot(parse_snapshot({**worker.snapshot_obj(), "reason": "suspect"}, "push", size_bytes=100),
+                           origin="push")
+    assert controller.on_push(pushed) is not None
+    await controller.idle()
+    assert (ours(fake_kube)["status"], ours(fake_kube)["reason"]) == ("Unknown", "RankNotJoined")
+    assert [r for _k, r, _m in events(fake_kube)] == [names.REASON_SUSPECTED]
+    assert "pushed a suspected stall" in events(fake_kube)[0][2]
