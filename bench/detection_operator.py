@@ -97,7 +97,8 @@ def make_pod(plane: Any, job: str, uid: str, name: str, replica: str, port: int)
     plane.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": NAMESPACE, "labels": {
-            "frscope.io/inject": "true", "training.kubeflow.org/job-name": job, "training.kubeflow.org/replica-type": replica,
+            "frscope.io/inject": "true", "training.kubeflow.org/job-name": job,
+            "training.kubeflow.org/replica-type": replica,
             "training.kubeflow.org/replica-index": "0", "training.kubeflow.org/operator-name": "pytorchjob-controller"},
             "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job, "uid": uid,
                                  "controller": True, "blockOwnerDeletion": True}]},
@@ -204,6 +205,9 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--results", default=str(REPO / "bench" / "RESULTS.md"))
     args = parser.parse_args()
+    # Ctrl-C (or SIGINT to a run started in the background, which inherits it ignored) ends the run
+    # through its cleanup: ranks, sidecars, the operator and the control plane are stopped.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     periods = [float(p) for p in args.step_periods.split(",")]
     cluster = load_cluster()
     work = Path(tempfile.mkdtemp(prefix="frscope-detect-op-"))
