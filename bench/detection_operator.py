@@ -124,9 +124,22 @@ def condition(plane: Any, job: str) -> dict[str, Any] | None:
 
 
 def run_hang(plane: Any, index: int, step_s: float, seed: int, work: Path, op_url: str, token: Path) -> dict[str, Any]:
+    """One hang; a job whose rank 0 lost the race for its free port (EADDRINUSE) is started again."""
+    for attempt in range(3):
+        try:
+            return run_hang_once(plane, index, step_s, seed, work, op_url, token, attempt)
+        except RuntimeError as exc:
+            if "exited early" not in str(exc) or attempt == 2:
+                raise
+            print(f"hang {index}: the job did not start ({str(exc)[-120:]}); again", flush=True)
+    raise AssertionError("unreachable")
+
+
+def run_hang_once(plane: Any, index: int, step_s: float, seed: int, work: Path, op_url: str, token: Path,
+                  attempt: int) -> dict[str, Any]:
     rng = random.Random(seed)
     culprit = rng.randrange(4)
-    name = f"train-{index}"
+    name = f"train-{index}" + (f"-{attempt}" if attempt else "")
     args = ["--steps", "100000", "--step-s", str(step_s), "--jitter-s", str(step_s / 10), "--culprit", str(culprit),
             "--hang-step", str(max(6, int(25 / step_s)) + rng.randint(0, 5)), "--seed", str(seed)]
     result: dict[str, Any] = {"step_s": step_s, "culprit": culprit, "suspected_s": None, "note": ""}
