@@ -6,11 +6,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.frscope-installed
 
 .PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster cluster-node \
-	cluster-node-down torch-venvs node-images controllers
+	cluster-node-down torch-venvs node-images controllers accuracy-sweep
 
 # setup.py and the C scanner too: `pip install -e .` builds frscope/records/_frscan.c in place (optional: without a
 # compiler frscope reads dumps with the pure-Python path), so a change to either rebuilds it.
-$(STAMP): pyproject.toml setup.py frscope/records/_frscan.c
+$(STAMP): pyproject.toml setup.py frscope/records/_frscan.c frscope/records/_frscan_fields.h
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch comes from pip's cache after the first install (several GB: the CUDA build runs on the CPU)
@@ -106,6 +106,23 @@ controllers: deps-apt
 test:
 	$(MAKE) -j3 check deps-apt testenv torch-venvs node-images controllers
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The accuracy benchmark (issue 23, not part of `make test`): SWEEP_JOBS real torch jobs with faults drawn
+# from SWEEP_SEED (frscope/testing/sweep), run a few at a time at low priority, captured under
+# ~/.cache/frscope-sweep/<seed> (re-running skips jobs already captured), scored (frscope and torchfrtrace),
+# and docs/accuracy.md written from it. torch 2.15 joins when `make torch-venvs` has built its venv. A scored
+# second run of the first jobs in $(SWEEP_DIR)-repeat (run ... --jobs 52 --out that; score it) adds the
+# report's stability section.
+SWEEP_SEED ?= 2313
+SWEEP_JOBS ?= 325
+SWEEP_PARALLEL ?= 3
+SWEEP_DIR ?= $(HOME)/.cache/frscope-sweep/$(SWEEP_SEED)
+accuracy-sweep: $(STAMP)
+	nice -n 10 $(BIN)/python scripts/fault_sweep.py run --seed $(SWEEP_SEED) --jobs $(SWEEP_JOBS) \
+	  --parallel $(SWEEP_PARALLEL) --out $(SWEEP_DIR)
+	nice -n 10 $(BIN)/python scripts/fault_sweep.py score $(SWEEP_DIR) > /dev/null
+	$(BIN)/python scripts/fault_sweep.py report $(SWEEP_DIR) --results-copy docs/accuracy-sweep.json \
+	  $$(test -f $(SWEEP_DIR)-repeat/results.json && echo --repeat $(SWEEP_DIR)-repeat)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -35,6 +35,7 @@ class OptionalBuildExt(build_ext):
 
 
 setup(
-    ext_modules=[Extension("frscope.records._frscan", ["frscope/records/_frscan.c"], optional=True)],
+    ext_modules=[Extension("frscope.records._frscan", ["frscope/records/_frscan.c"],
+                           depends=["frscope/records/_frscan_fields.h"], optional=True)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -4,7 +4,7 @@
 What runs (each in its own process, all ended by PID):
 - the sidecar farm: this script with `farm`: N aiohttp sites on 127.0.0.1, one per simulated pod, serving
   the documented sidecar API (/v1/status, /v1/snapshot, gzip) from synthetic NCCL-shaped recorders
-  (frscope.synthetic, scenario `not_joined`: one rank never joins a collective; known answer);
+  (frscope.testing.synthetic, scenario `not_joined`: one rank never joins a collective; known answer);
 - the real kube-apiserver + etcd from testenv (no controller manager: nothing here needs it), with the
   PyTorchJob and FlightRecorderReport CRDs; the job and its N pods are created through the API, each pod's
   status patched like a kubelet's (podIP 127.0.0.1, its sidecar's port named `frscope`);
@@ -51,7 +51,7 @@ def farm(args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from frscope import wire
-    from frscope.synthetic import make_plan
+    from frscope.testing.synthetic import make_plan
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -259,7 +259,7 @@ def write_results(rows: list[dict[str, Any]]) -> None:
         SECTION, "",
         "`bench/operator_scale.py`: `frscope operator` (defaults, 5 s status sweep) against the real kube-apiserver",
         "and etcd from testenv; one simulated sidecar per pod on loopback (aiohttp, gzip) serving synthetic",
-        "NCCL-shaped recorders of 2,000 entries per rank (`frscope.synthetic`, scenario `not_joined`). Time is",
+        "NCCL-shaped recorders of 2,000 entries per rank (`frscope.testing.synthetic`, scenario `not_joined`). Time is",
         "from every sidecar reporting the stall to frscope's condition on the job; it includes waiting for the",
         "next status sweep. RSS is the operator process's peak (VmHWM).",
         "",

@@ -216,7 +216,7 @@ def ensure_set(workdir: Path, ranks: int, entries: int, scenario: str, seed: int
         if sum(1 for _ in os.scandir(directory)) == expected:
             return directory, truth, None
     shutil.rmtree(directory, ignore_errors=True)
-    argv = [sys.executable, "-m", "frscope.synthetic", str(directory), "--ranks", str(ranks),
+    argv = [sys.executable, "-m", "frscope.testing.synthetic", str(directory), "--ranks", str(ranks),
             "--entries", str(entries), "--shape", "nccl", "--scenario", scenario, "--format", "pickle",
             "--seed", str(seed), "--jobs", str(jobs), "--truth", str(truth_path), *layout]
     print(f"  generating {name} ...", flush=True)
@@ -388,7 +388,7 @@ def write_results(path: Path, results: list[SetResult], info: dict[str, str], co
         "The machine is shared with other engineers' builds and test runs, so wall times carry their load; "
         "CPU time (user+sys of the measured process) is less sensitive to it and is shown beside.")
     add(f"- Command: `{command}`")
-    add("- Dumps: `python -m frscope.synthetic DIR --ranks N --entries 2000 --shape nccl --scenario not_joined "
+    add("- Dumps: `python -m frscope.testing.synthetic DIR --ranks N --entries 2000 --shape nccl --scenario not_joined "
         "--format pickle --seed 0` (plus `--tp`/`--pp` where the command gives them): one plain pickle "
         "(protocol 2, like torch) per rank, 2,000-entry ring "
         "buffers that wrapped, 3-D parallel job (by default tp 8 x pp 2 x dp N/16: every rank in 4 groups), ~12 "
@@ -517,7 +517,7 @@ def write_results(path: Path, results: list[SetResult], info: dict[str, str], co
         add("")
         for r in gens:
             add(f"- {r.ranks:,} ranks: {r.gen_s:.0f} s for {r.files_mib:,.0f} MiB "
-                "(`python -m frscope.synthetic ... --jobs 2`)")
+                "(`python -m frscope.testing.synthetic ... --jobs 2`)")
         add("")
     text = "\n".join(lines) + "\n"
     marker = "<!-- notes below are kept across runs -->"

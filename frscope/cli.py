@@ -25,6 +25,7 @@ from pathlib import Path
 from frscope import __version__
 from frscope.analysis import AnalysisOptions, Report, analyze
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
+from frscope.analysis.perf import analyze_perf
 from frscope.demo.faults import DEMO_FAULTS
 from frscope.records import DEFAULT_MAX_BYTES, DumpSet, RankExit, exits_from_json, load_dumps
 from frscope.records.limits import MAX_RANK
@@ -32,6 +33,7 @@ from frscope.report import render_markdown, render_text, report_to_dict
 from frscope.report.entries import render_entries
 from frscope.report.filters import Filters
 from frscope.report.html import render_report_html
+from frscope.report.perf import perf_to_dict, render_perf_text
 from frscope.report.trace import build_trace
 
 _SERVICES = {
@@ -98,8 +100,14 @@ def _options(args: argparse.Namespace) -> AnalysisOptions:
 
 def _emit(report: Report, dumpset: DumpSet, args: argparse.Namespace, filters: Filters) -> int:
     findings = filters.apply(report.findings)
+    perf = analyze_perf(dumpset, args.clock_skew_ms, keep_group=filters.group_ok if filters.groups else None,
+                        keep_op=filters.op_ok if filters.ops else None,
+                        keep_rank=filters.rank_ok if filters.ranks is not None else None) if args.perf else None
     if args.entries:
         out = render_entries(dumpset, filters, args.last)
+    elif perf is not None:
+        out = json.dumps(perf_to_dict(perf), indent=2, allow_nan=False) + "\n" if args.format == "json" \
+            else render_perf_text(perf)
     elif args.format == "json":
         out = json.dumps(report_to_dict(report, findings=findings), indent=2, allow_nan=False) + "\n"
     elif args.format == "markdown":
@@ -111,7 +119,8 @@ def _emit(report: Report, dumpset: DumpSet, args: argparse.Namespace, filters: F
     else:
         sys.stdout.write(out)
     if args.html:
-        Path(args.html).write_text(render_report_html(report, dumpset, findings), encoding="utf-8")
+        Path(args.html).write_text(render_report_html(
+            report, dumpset, findings, perf=perf_to_dict(perf) if perf is not None else None), encoding="utf-8")
         print(f"frscope analyze: timeline written to {args.html} (opens offline in a browser)", file=sys.stderr)
     if args.trace:
         with open(args.trace, "w", encoding="utf-8") as handle:
@@ -235,6 +244,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     analyze_p.add_argument("--op", help="only these ops, e.g. all_reduce,broadcast (or ALLREDUCE)")
     analyze_p.add_argument("--pg", help="only these process groups (name or description)")
     analyze_p.add_argument("--rank", help="only these ranks, e.g. 0-7,12")
+    analyze_p.add_argument(
+        "--perf", action="store_true",
+        help="where the time goes (a slow job, not a hung one): per group/op/size the time waiting for late peers "
+        "and in transfer, and the ranks that make the others wait, the costliest first",
+    )
     analyze_p.add_argument("--entries", action="store_true", help="print collectives side by side across ranks")
     analyze_p.add_argument("--last", type=int, help="with --entries: only the last N collectives per group")
     analyze_p.add_argument("--max-bytes", type=_size, default=DEFAULT_MAX_BYTES, help="size cap per file (e.g. 512M)")

@@ -17,6 +17,7 @@ no frscope imports, nothing but the standard library (import-linter keeps it so)
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, NotRequired, TypedDict
 
@@ -32,6 +33,21 @@ ENTRIES_DROPPED_KEY = "entries_dropped"
 # buffer is a million long, and a number past that is a typo or a probe).
 SNAPSHOT_WINDOW_MIN = 1
 SNAPSHOT_WINDOW_MAX = 1_000_000
+
+
+# A status document is a few KiB per rank; one past this is refused before it is parsed.
+STATUS_MAX_BYTES = 1024 * 1024
+# Ints in a status document: seqs, counts and ranks are int64 at most.
+_INT64 = (1 << 63) - 1
+_MAX_RANK = 1 << 20
+
+# The audience of the tokens the operator mints for one pod's sidecar (TokenRequest); the sidecar
+# accepts only its own pod's, so a token shown to one sidecar opens no other.
+SIDECAR_AUDIENCE = "frscope.io/sidecar"
+
+
+def sidecar_audience(namespace: str, pod: str) -> str:
+    return f"{SIDECAR_AUDIENCE}/{namespace}/{pod}"
 
 
 class WireError(ValueError):
@@ -313,8 +329,33 @@ class SidecarStatus:
     stragglers: tuple[RankLate, ...] = ()  # ranks the sidecar reports as stragglers
 
 
+def loads_status(raw: bytes) -> SidecarStatus:
+    """A `/v1/status` answer's bytes -> what the operator needs; WireError for anything else. Bounded:
+    at most STATUS_MAX_BYTES, nesting only as deep as the interpreter allows (a RecursionError is a
+    WireError), numbers of any size read as "not given". Meant to run off the event loop."""
+    if len(raw) > STATUS_MAX_BYTES:
+        raise WireError(f"/v1/status: {len(raw)} bytes, more than {STATUS_MAX_BYTES}")
+    try:
+        obj = json.loads(raw)
+    except RecursionError as exc:
+        raise WireError("/v1/status: nested too deeply") from exc
+    except ValueError as exc:
+        raise WireError(f"/v1/status: not JSON ({str(exc)[:120]})") from exc
+    return parse_status(obj)
+
+
 def parse_status(obj: Any) -> SidecarStatus:
-    """What the operator needs of a status document (stalled groups, ranks up). WireError if not one."""
+    """What the operator needs of a status document (stalled groups, ranks up). WireError if not one;
+    nothing else is raised, whatever the values (a 400-digit age is no age)."""
+    try:
+        return _parse_status(obj)
+    except WireError:
+        raise
+    except (ValueError, TypeError, OverflowError, RecursionError) as exc:
+        raise WireError(f"/v1/status: unreadable ({type(exc).__name__})") from exc
+
+
+def _parse_status(obj: Any) -> SidecarStatus:
     if not isinstance(obj, dict) or obj.get("schema") != STATUS_SCHEMA:
         raise WireError(f"/v1/status: not a {STATUS_SCHEMA} object")
     stalls: list[GroupStall] = []
@@ -330,39 +371,52 @@ def parse_status(obj: Any) -> SidecarStatus:
             up += 1
         else:
             down += 1
-        try:
-            rank = int(rank_text)
-        except ValueError:
+        digits = isinstance(rank_text, str) and rank_text.isascii() and rank_text.isdigit() and len(rank_text) < 8
+        rank = int(rank_text) if digits else _MAX_RANK
+        if rank >= _MAX_RANK:
             continue
         error = rank_obj.get("error")
         restarts = _int(rank_obj.get("restart_count"))
-        per_rank.append(RankUp(rank, bool(rank_obj.get("up")), str(error)[:200] if error else None, restarts))
+        per_rank.append(RankUp(rank, bool(rank_obj.get("up")), _text(error) if error else None, restarts))
         late = rank_obj.get("lateness")
         if isinstance(late, dict) and late.get("straggler") is True:
-            stragglers.append(RankLate(rank, str(late.get("group") or "")[:200], _float(late.get("lateness_s")),
-                                       _float(late.get("share")), _int(late.get("late")) or 0,
+            stragglers.append(RankLate(rank, _text(late.get("group") or ""), _seconds(late.get("lateness_s")) or 0.0,
+                                       _seconds(late.get("share")) or 0.0, _int(late.get("late")) or 0,
                                        _int(late.get("compared")) or 0))
         groups = rank_obj.get("groups")
         for group, g in (groups.items() if isinstance(groups, dict) else []):
             if not isinstance(g, dict) or not (g.get("stalled") or g.get("suspected")):
                 continue
-            age = g.get("inflight_age_s")
-            found = GroupStall(rank, str(group), str(g.get("desc") or ""),
-                               str(g["inflight_op"]) if g.get("inflight_op") else None,
-                               _int(g.get("inflight_seq")),
-                               float(age) if isinstance(age, (int, float)) else None, restarts)
+            found = GroupStall(rank, _text(group), _text(g.get("desc") or ""),
+                               _text(g["inflight_op"]) if g.get("inflight_op") else None,
+                               _int(g.get("inflight_seq")), _seconds(g.get("inflight_age_s")), restarts)
             (stalls if g.get("stalled") else suspects).append(found)
     return SidecarStatus(
-        pod=str(obj.get("pod") or ""), namespace=str(obj.get("namespace") or ""),
+        pod=_text(obj.get("pod") or ""), namespace=_text(obj.get("namespace") or ""),
         stalled=bool(obj.get("stalled")) or bool(stalls), stalls=tuple(stalls), ranks_up=up, ranks_down=down,
         ranks=tuple(sorted(per_rank, key=lambda r: r.rank)), suspects=tuple(suspects),
         stragglers=tuple(stragglers),
     )
 
 
-def _float(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
-
-
 def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    ok = isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value <= _INT64
+    return value if ok else None
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int) and abs(value) > 1 << 53:
+        return None
+    got = float(value)
+    return got if math.isfinite(got) else None
+
+
+def _text(value: Any, limit: int = 200) -> str:
+    """A string of the document (capped), never str() of a container (its repr may be enormous)."""
+    if isinstance(value, str):
+        return value[:limit]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and _int(value) is not None:
+        return str(value)
+    return "?" if value is not None else ""

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Score frscope's verdicts on the project's own real-torch fixtures (tests/data/real) and write
-docs/accuracy.md.
+docs/accuracy-fixtures.md.
 
-    .venv/bin/python scripts/accuracy.py                          # writes docs/accuracy.md
+    .venv/bin/python scripts/accuracy.py                          # writes docs/accuracy-fixtures.md
     .venv/bin/python scripts/accuracy.py --print                  # only prints it
     .venv/bin/python scripts/accuracy.py --baseline 9b6204b       # adds a column: frscope at that commit
 
@@ -140,10 +140,10 @@ def baseline(commit: str) -> dict[str, tuple[bool, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--print", action="store_true", help="print the table, do not write docs/accuracy.md")
+    parser.add_argument("--print", action="store_true", help="print the table, do not write docs/accuracy-fixtures.md")
     parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--baseline", metavar="COMMIT", help="also score frscope as it was at this commit (a column)")
-    parser.add_argument("--out", type=Path, default=REPO / "docs" / "accuracy.md")
+    parser.add_argument("--out", type=Path, default=REPO / "docs" / "accuracy-fixtures.md")
     args = parser.parse_args(argv)
     if args.json:
         print(json.dumps({_label(c): run_case(c) for c in CASES}))

@@ -210,6 +210,32 @@ def _self_consistency(
         _add_views(ctx, finding, ref.name, buckets, culprits, sorted(set(buckets) - set(bad)))
         return finding
     ops = {e.op for b in buckets.values() for e in b}
+    uneven = (_unbalanced_minority(buckets, complete=len(buckets) == size)
+              if ops and ops <= VARIABLE_SIZE_OPS and not ops & ROOTED_OPS else None)
+    if uneven is not None:
+        culprits, balanced = uneven
+        entry = buckets[culprits[0]][0]
+        finding = Finding(
+            category=Category.SIZE_MISMATCH,
+            culprit_ranks=tuple(culprits),
+            process_group=ref,
+            summary=(
+                f"{plural(culprits).capitalize()} called {entry.op} #{seq} of {ref.label()} sending "
+                f"{numel(entry.input_sizes)} elements and expecting {numel(entry.output_sizes)}, where "
+                f"{plural(balanced)} send as many as they receive: "
+                f"{'its' if len(culprits) == 1 else 'their'} split sizes do not balance."
+            ),
+            collective_seq_id=seq,
+            op=entry.op,
+            input_sizes=entry.input_sizes,
+            output_sizes=entry.output_sizes,
+            since_ns=min((b[0].time_created_ns for b in buckets.values() if b[0].time_created_ns), default=None),
+        )
+        finding.evidence.append(
+            "with gloo, the rank that receives more than it expects aborts at once without a dump: it is the "
+            "victim, the unbalanced sender the cause")
+        _add_views(ctx, finding, ref.name, buckets, culprits, balanced)
+        return finding
     if len(buckets) == size and ops and ops <= VARIABLE_SIZE_OPS and not ops & ROOTED_OPS:
         sent = sum(numel(e.input_sizes) for b in buckets.values() for e in b)
         received = sum(numel(e.output_sizes) for b in buckets.values() for e in b)
@@ -228,6 +254,20 @@ def _self_consistency(
             )
             _add_views(ctx, finding, ref.name, buckets, sorted(buckets), [])
             return finding
+    return None
+
+
+def _unbalanced_minority(buckets: dict[int, Bucket], complete: bool) -> tuple[list[int], list[int]] | None:
+    """all_to_all: the ranks whose input and output sizes differ, when most ranks' are equal (an even
+    exchange) and at least two are: a rank with one split more or less is the odd one out. With every
+    member there and the totals even, uneven ranks make up for each other (routed tokens): no finding."""
+    balance = {r: sum(numel(e.input_sizes) - numel(e.output_sizes) for e in b) for r, b in buckets.items()}
+    if complete and not sum(balance.values()):
+        return None
+    odd = sorted(r for r, d in balance.items() if d)
+    even = sorted(r for r, d in balance.items() if not d)
+    if odd and len(even) >= 2 and len(odd) < len(even):
+        return odd, even
     return None
 
 
@@ -262,12 +302,24 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     if not joined:
         return None  # every rank is done with everything it enqueued: idle, not stuck
     not_joined = sorted(set(tracks) - set(joined))
-    created = [e.time_created_ns for r in joined for e in tracks[r].by_seq.get(seq, ()) if e.time_created_ns]
+    entered = [e for r in joined for e in tracks[r].by_seq.get(seq, ())]
+    created = [e.time_created_ns for e in entered if e.time_created_ns]
     since = min(created) if created else None
-    now = ctx.now_for(joined)
+    # The latest read of any member counts: one read long after the others entered, and still not in
+    # it, shows the collective stood still that long.
+    now = ctx.now_for(sorted(tracks))
     age = (now - since) / 1e9 if (now is not None and since is not None) else None
     stalled = age is None or age >= ctx.options.stall_after_s or bool(failed & (set(group.ranks) | set(tracks)))
-    return StuckPoint(seq, joined, not_joined, since, age, stalled, ctx.age_source(joined) if age is not None else None)
+    source = ctx.age_source(sorted(tracks)) if age is not None else None
+    timeouts = [e.timeout_ms for e in entered if e.timeout_ms]
+    if age is not None and timeouts and age > min(timeouts) / 1000:
+        # The collective's own timeout ended it (it failed then): the recorders were read later. Its
+        # age is no longer than the timeout; the report says so.
+        timeout_s = min(timeouts) / 1000
+        source = f"{source}; capped at the collective's {fmt_duration(timeout_s)} timeout, which ended it " \
+                 f"{fmt_duration(age - timeout_s)} before the recorders were read"
+        age = timeout_s
+    return StuckPoint(seq, joined, not_joined, since, age, stalled, source)
 
 
 def _stuck_finding(

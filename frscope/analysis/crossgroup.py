@@ -4,9 +4,13 @@ A rank that skips a subgroup's collective and goes on to the default group's mak
 its subgroup peers wait for it in the subgroup, and it waits for them in the default group. Both
 findings blame someone, and the first of the cycle in time is an accident of timing. What is not an
 accident is each rank's own habit: training is a loop, so every rank's ring buffer shows which group
-it turns to after which, step after step. The rank whose last move (from the group of its last
-finished collective to the group it is blocked in) never happened before, while another move from
-that group always did, broke the order: it skipped what it always did next.
+it turns to after which, step after step. Where a rank's order of groups repeats (a step of several
+collectives in several groups), the collective it is blocked in must belong to the group its own
+loop comes to next; the rank whose open collective does not broke the order. Without a repeating
+order, the rank whose last move (from the group of its last finished collective to the group it is
+blocked in) never happened before, while another move from that group always did, broke it: it
+skipped what it always did next. Neither needs the creation times, which for the two sides of such
+a cycle are often within a millisecond of each other.
 """
 
 from __future__ import annotations
@@ -15,8 +19,12 @@ from collections import Counter
 from dataclasses import dataclass
 
 from frscope.analysis.context import Context
+from frscope.records.membership import is_default_group
 
-MIN_HABIT = 2  # the usual next group must have followed at least this often
+MIN_HABIT = 2  # the usual next group must have followed at least this often (a loop: seen this many times)
+MAX_PERIOD = 64  # collectives per step, at most, for the repeating order of groups
+MAX_WINDOW = 4 * MAX_PERIOD
+MAX_COMPARED = 64  # ranks whose program order a rank is compared with
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +39,173 @@ class Breach:
     skipped_seq: int  # the collective of `usual` it skipped (its last seq there + 1)
 
 
+def _labels(ctx: Context, rank: int) -> tuple[list[tuple[str, int]], tuple[str, int] | None]:
+    """The rank's collectives as (group, seq), coalesced ops once, in the order it issued them: the ones
+    before its first open collective, and that one (None when nothing is open)."""
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None:
+        return [], None
+    done: list[tuple[str, int]] = []
+    for entry in dump.entries:
+        if entry.is_p2p:
+            continue
+        label = (entry.pg_name, entry.collective_seq_id)
+        if not entry.completed:
+            return done, label
+        if not done or done[-1] != label:
+            done.append(label)
+    return done, None
+
+
+def _loop(groups: list[str], now: str) -> tuple[int, int] | None:
+    """The rank's loop as (period, end): `groups[:end]` repeats with `period` over a stretch that holds
+    every group the rank used (and the open one's: a run of one group inside a step is no loop), at
+    least `MIN_HABIT` times; `end` is within the last period (a rank may have left its loop a
+    collective or two before the one it is blocked in). The stretch that reaches furthest back wins
+    (the shortest period of equals, the latest end)."""
+    n = len(groups)
+    used = {*groups, now}
+    best: tuple[int, int, int, int] | None = None  # (matches, -period, end, period)
+    for period in range(1, min(MAX_PERIOD, n // MIN_HABIT) + 1):
+        for end in range(n, max(n - period, MIN_HABIT * period) - 1, -1):
+            j = end - 1
+            while j >= period and groups[j] == groups[j - period]:
+                j -= 1
+            matches = end - 1 - j
+            if matches < (MIN_HABIT - 1) * period or not used <= set(groups[end - matches - period : end]):
+                continue
+            key = (matches, -period, end, period)
+            if best is None or key > best:
+                best = key
+    return (best[3], best[2]) if best else None
+
+
+def _periodic_breach(done: list[tuple[str, int]], now: tuple[str, int], rank: int) -> Breach | bool | None:
+    """Training is a loop: the order of groups a rank issued repeats step after step. The rank that,
+    since its loop's last clean period, issued a collective of another group than its loop comes to
+    next (the open one, or one just before it) broke the order. False: the order repeats and the rank
+    kept it; None: no repeating order to judge by."""
+    window = done[-MAX_WINDOW:]
+    groups = [g for g, _ in window]
+    found = _loop(groups, now[0])
+    if found is None:
+        return None
+    period, end = found
+    loop = groups[end - period : end]
+    tail = [*window[end:], now]
+    for i, (group, seq) in enumerate(tail):
+        expected = loop[i % period]
+        if group == expected:
+            continue
+        before = window[end + i - 1] if end + i - 1 >= 0 else tail[0]
+        last_seq = max((s for g, s in done[: len(done) - len(window) + end + i] if g == expected), default=0)
+        return Breach(rank, before[0], before[1], group, seq, expected, end // period, last_seq + 1)
+    return False
+
+
 def breach_of(ctx: Context, rank: int) -> Breach | None:
+    done, now = _labels(ctx, rank)
+    if now is None or not done:
+        return None
+    periodic = _periodic_breach(done, now, rank)
+    if periodic is not None:
+        return periodic if isinstance(periodic, Breach) else None
+    return _program_breach(ctx, rank) or _habit_breach(ctx, rank)
+
+
+Op = tuple[str, str, int]  # (group desc, group name, seq)
+
+
+def _segment(ctx: Context, rank: int, default: str) -> tuple[int, list[Op]] | None:
+    """The rank's collectives since its last finished collective of the default group (k), up to and
+    including its first open one: (k, [(desc, group, seq), ...]). None when nothing is open."""
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None:
+        return None
+    k = 0
+    ops: list[Op] = []
+    for entry in dump.entries:
+        if entry.is_p2p:
+            continue
+        op = (entry.pg_desc, entry.pg_name, entry.collective_seq_id)
+        if entry.pg_name == default and entry.completed:
+            k = entry.collective_seq_id
+            ops = []
+            continue
+        if not ops or ops[-1] != op:
+            ops.append(op)
+        if not entry.completed:
+            return k, ops
+    return None
+
+
+def _program_breach(ctx: Context, rank: int) -> Breach | None:
+    """Without a loop of its own to judge by (a fault in the first steps): every rank runs the same
+    program, so after the same default-group collective the ranks issue the same kinds of groups (by
+    their description: tp, dp, ...) in the same order. The rank that, there, issued another kind than
+    most ranks did at that place broke the order (its own group of the usual kind is what it skipped)."""
+    default = next((n for n, g in ctx.dumpset.groups.items() if is_default_group(n, g.desc)), None)
+    if default is None:
+        return None
+    mine = _segment(ctx, rank, default)
+    if mine is None:
+        return None
+    k, ops = mine
+    others: list[list[Op]] = []
+    for other in sorted(ctx.dumpset.dumps)[:MAX_COMPARED]:
+        if other == rank:
+            continue
+        seg = _segment_after(ctx, other, default, k)
+        if seg:
+            others.append(seg)
+    for i, (desc, name, seq) in enumerate(ops):
+        kinds = Counter(seg[i][0] for seg in others if len(seg) > i)
+        if sum(kinds.values()) < MIN_HABIT:
+            return None
+        usual, count = kinds.most_common(1)[0]
+        if desc == usual or count * 2 <= sum(kinds.values()):
+            continue
+        groups = {n for d, n, _s in _all_ops(ctx, rank) if d == usual}
+        if len(groups) != 1:
+            return None
+        group = groups.pop()
+        last_seq = max((s for d, n, s in _all_ops(ctx, rank) if n == group), default=0)
+        before = ops[i - 1] if i else (default, default, k)
+        return Breach(rank, before[1], before[2], name, seq, group, count, last_seq + 1)
+    return None
+
+
+def _all_ops(ctx: Context, rank: int) -> list[Op]:
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None:
+        return []
+    return [(e.pg_desc, e.pg_name, e.collective_seq_id) for e in dump.entries if not e.is_p2p]
+
+
+def _segment_after(ctx: Context, rank: int, default: str, k: int) -> list[Op]:
+    """The rank's collectives after default-group collective #k (before #k + 1), coalesced."""
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None:
+        return []
+    ops: list[Op] = []
+    inside = k == 0
+    for entry in dump.entries:
+        if entry.is_p2p:
+            continue
+        if entry.pg_name == default:
+            if inside:
+                break
+            inside = entry.collective_seq_id == k
+            continue
+        op = (entry.pg_desc, entry.pg_name, entry.collective_seq_id)
+        if inside and (not ops or ops[-1] != op):
+            ops.append(op)
+    return ops
+
+
+def _habit_breach(ctx: Context, rank: int) -> Breach | None:
+    """Without a repeating order: the rank's last move between groups never happened before, while
+    another move from that group always did."""
     dump = ctx.dumpset.dumps.get(rank)
     if dump is None:
         return None

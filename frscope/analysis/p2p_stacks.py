@@ -44,6 +44,36 @@ def _in_python(ctx: Context, rank: int) -> bool:
     return bool(stack) and blocked_in(stack) is None
 
 
+def _pair_in_one_direction(ranks: list[int], blocked: dict[int, str]) -> bool:
+    return len(ranks) == 2 and len({blocked[r] in RECEIVES for r in ranks}) == 1
+
+
+def _odd_ones(ctx: Context, ranks: list[int], blocked: dict[int, str]) -> list[int] | None:
+    """Among ranks that wait on each other, the few that differ from the rest: by where they called
+    the op (every rank runs the same program, so the odd call site is the one off the path), else by how
+    far their recorder got (the rank a step ahead or behind). None when nothing sets a minority apart."""
+    def site(rank: int) -> object:
+        frame = user_frame(ctx.live_stack(rank))
+        return (blocked[rank], frame.filename, frame.line) if frame else (blocked[rank],)
+
+    def progress(rank: int) -> object:
+        dump = ctx.dumpset.dumps.get(rank)
+        return tuple(sorted((g, t.last_completed) for g, tracks in ctx.tracks.items()
+                            if (t := tracks.get(rank)) is not None)) if dump is not None else None
+
+    for key in (site, progress):
+        classes: dict[object, list[int]] = {}
+        for rank in ranks:
+            classes.setdefault(key(rank), []).append(rank)
+        if len(classes) < 2:
+            continue
+        biggest = max(classes.values(), key=len)
+        if sum(len(v) == len(biggest) for v in classes.values()) > 1:
+            continue  # no single majority
+        return sorted(r for r in ranks if r not in biggest)
+    return None
+
+
 def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     """Ranks whose live stack sits in send/recv although the recorder shows nothing pending there."""
     blocked: dict[int, str] = {}
@@ -58,11 +88,20 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     culprits: list[int] = []
     pairings: list[str] = []
     closed: list[int] = []
-    for run in _runs(blocked):
+    runs = _runs(blocked)
+    # A pipeline's first stage receives from nobody and its last sends to nobody: a receiver at the
+    # first rank (or a sender at the last) means these waits are no chain of stages.
+    last = max(ctx.dumpset.dumps, default=0)
+    chain = not any((blocked[r[0]] in RECEIVES and r[0] == 0) or (blocked[r[-1]] not in RECEIVES and r[-1] == last)
+                    for r in runs)
+    for run in runs:
         receiving = blocked[run[0]] in RECEIVES
         # Receivers wait on the stage before the first of them, senders on the stage after the last.
         waiter, partner = (run[0], run[0] - 1) if receiving else (run[-1], run[-1] + 1)
-        if partner in ctx.dumpset.dumps and partner not in blocked and _in_python(ctx, partner):
+        # The rank the run waits on breaks the chain when it is stuck in Python. One that went on to a
+        # collective may have skipped its send, but two ranks receiving from each other leave the same
+        # stacks (they carry no peer): such a run is a closed pairing.
+        if chain and partner in ctx.dumpset.dumps and partner not in blocked and _in_python(ctx, partner):
             culprits.append(partner)
             others = [r for r in run if r != waiter]
             behind = (f", and {plural(others)} wait{'s' if len(others) == 1 else ''} behind it in "
@@ -74,6 +113,16 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
             )
         else:
             closed.extend(run)
+    odd = _odd_ones(ctx, closed, blocked) if len(closed) > 2 else None
+    if closed and odd:
+        culprits.extend(odd)
+        rest = [r for r in closed if r not in odd]
+        pairings.append(
+            f"{plural(closed)} wait in {'/'.join(sorted({blocked[r] for r in closed}))} with no partner making "
+            f"progress; {plural(odd)} {'differs' if len(odd) == 1 else 'differ'} from {plural(rest)}: "
+            + "; ".join(f"rank {r} in {blocked[r]}{_site(ctx, r)}" for r in [*odd, *rest][:6])
+        )
+        closed = []
     if closed:
         culprits.extend(closed)
         ops = sorted({blocked[r] for r in closed})
@@ -99,7 +148,8 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         process_group=ref,
         summary=summary,
         op=blocked[first_blocked],
-        ambiguous=bool(closed) and len(culprits) > 1,
+        # Two ranks that both receive (or both send) first deadlock together: both are the culprits.
+        ambiguous=bool(closed) and len(culprits) > 1 and not _pair_in_one_direction(closed, blocked),
     )
     for rank in culprits[: ctx.options.max_rank_views]:
         finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)

@@ -62,6 +62,8 @@ def cause_of_rank(ctx: Context, causes: Causes, rank: int, before_record: int | 
                 rank in causes.unrecorded_p2p.culprit_ranks or blocked_in(ctx.live_stack(rank)) in P2P_FUNCTIONS
             ):
                 return causes.unrecorded_p2p
+            if causes.missing is not None and _last_group_lacks_a_member(ctx, dump.entries):
+                return causes.missing
             return None
         if not entry.is_p2p:
             return causes.at_point.get((entry.pg_name, entry.collective_seq_id))
@@ -76,6 +78,19 @@ def cause_of_rank(ctx: Context, causes: Causes, rank: int, before_record: int | 
     return None
 
 
+def _last_group_lacks_a_member(ctx: Context, entries: Sequence[Entry]) -> bool:
+    """The rank's last collective was in a group known only from the entries that is smaller than
+    another group of the same description (a grid's sibling groups are the same size): a member left
+    no dump. That collective failed with the missing member, and the rank stopped there."""
+    last = entries[-1] if len(entries) else None
+    if last is None or last.is_p2p:
+        return False
+    group = ctx.dumpset.groups.get(last.pg_name)
+    if group is None or group.membership_source != "entries":
+        return False
+    return any(g.desc == group.desc and len(g.ranks) > len(group.ranks) for g in ctx.dumpset.groups.values())
+
+
 def _culprit_record(ctx: Context, finding: Finding, rank: int) -> int | None:
     """For NotCompleted: the culprit's own entry; its device is busy with something older than it."""
     if finding.category is not Category.NOT_COMPLETED or finding.collective_seq_id is None:
@@ -85,11 +100,13 @@ def _culprit_record(ctx: Context, finding: Finding, rank: int) -> int | None:
     return bucket[0].record_id if bucket else None
 
 
-def link(ctx: Context, findings: list[Finding], causes: Causes) -> list[Finding]:
-    """Nest consequences under their causes; return the roots."""
-    parent: dict[int, Finding] = {}
+def link(ctx: Context, findings: list[Finding], causes: Causes,
+         parent: dict[int, Finding] | None = None) -> list[Finding]:
+    """Nest consequences under their causes; return the roots. `parent`: links already decided (a
+    finding -> its cause), kept as they are."""
+    parent = dict(parent or {})
     for finding in findings:
-        if finding.category not in HANGS:
+        if finding.category not in HANGS or id(finding) in parent:
             continue
         for rank in finding.culprit_ranks:
             cause = cause_of_rank(ctx, causes, rank, _culprit_record(ctx, finding, rank))
@@ -134,16 +151,25 @@ def link(ctx: Context, findings: list[Finding], causes: Causes) -> list[Finding]
     return roots
 
 
-def _breaker(ctx: Context, cycle: list[Finding]) -> tuple[Finding, str] | None:
-    """The finding of the cycle whose culprit broke its own order of groups, with how it did."""
-    found: list[tuple[Finding, str]] = []
-    for finding in cycle:
-        for rank in finding.culprit_ranks[:MAX_HOPS]:
+def _breaker(ctx: Context, cycle: list[Finding], findings: list[Finding]) -> tuple[Finding, str, Finding] | None:
+    """The finding whose culprit broke its own order of groups, with how it did, and the member of the
+    cycle that culprit is named in. The finding is the cycle's own, or (the rank skipped a third
+    group, whose collective it never joined) the finding of the group it skipped."""
+    found: list[tuple[Finding, str, Finding]] = []
+    for member in cycle:
+        for rank in member.culprit_ranks[:MAX_HOPS]:
             breach = breach_of(ctx, rank)
-            if breach is not None and breach.usual == finding.process_group.name:
-                found.append((finding, describe(ctx, breach)))
+            if breach is None:
+                continue
+            if breach.usual == member.process_group.name:
+                found.append((member, describe(ctx, breach), member))
                 break
-    return found[0] if len(found) == 1 else None
+            skipped = next((f for f in findings if f.process_group.name == breach.usual and rank in f.culprit_ranks
+                            and f.category is Category.RANK_NOT_JOINED), None)
+            if skipped is not None:
+                found.append((skipped, describe(ctx, breach), member))
+                break
+    return found[0] if len({id(f[0]) for f in found}) == 1 else None
 
 
 def _break_cycles(ctx: Context, findings: list[Finding], parent: dict[int, Finding]) -> None:
@@ -157,10 +183,13 @@ def _break_cycles(ctx: Context, findings: list[Finding], parent: dict[int, Findi
         if current not in seen:
             continue  # reached a root: no cycle on this path
         cycle = [by_id[i] for i in seen[seen.index(current) :]]
-        breaker = _breaker(ctx, cycle)
+        breaker = _breaker(ctx, cycle, findings)
         root = breaker[0] if breaker else min(cycle, key=lambda f: (f.since_ns or 2**63, f.process_group.name))
+        if breaker is not None and all(root is not f for f in cycle):
+            # The skipped group's finding, outside the cycle: the cycle hangs from it.
+            parent[id(breaker[2])] = root
         # Every member's parent link is cut at the root; the others then nest under it.
-        del parent[id(root)]
+        parent.pop(id(root), None)
         labels = ", ".join(f"{f.op} #{f.collective_seq_id} of {f.process_group.label()}" for f in cycle)
         root.evidence.insert(
             0,

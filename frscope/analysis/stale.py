@@ -53,16 +53,23 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
                 exits: Mapping[int, RankExit]) -> dict[int, Stale]:
     """Members whose dump ends before collectives all the other members finished; with exit evidence
     that a rank failed, also before collectives all the others entered."""
-    if group.membership_source == "entries" or len(tracks) < 2:
-        return {}  # membership guessed from the entries: a non-member would look stale
+    if len(tracks) < 2:
+        return {}
+    # (Membership known only from the entries is enough here: a rank with entries of the group is a
+    # member, and one without any is not in `tracks`.)
     with_entries = {r: t for r, t in tracks.items() if t.by_seq}
-    if len(with_entries) < 2:
+    if not with_entries:
         return {}
     out: dict[int, Stale] = {}
     # The two lowest 'finished' marks are enough: each rank is compared with the others' minimum.
     done = sorted((t.last_completed, r) for r, t in with_entries.items())
     entered = sorted((t.last_seq, r) for r, t in with_entries.items())
-    for rank, track in with_entries.items():
+    # A member whose recorder holds nothing of the group (a dump taken before its first collective)
+    # while every member with entries finished some.
+    for rank in tracks.keys() - with_entries.keys():
+        if done[0][0] > 0:
+            out[rank] = Stale(rank, 0, done[0][0], None, None)
+    for rank, track in with_entries.items() if len(with_entries) > 1 else ():
         others_done = done[1][0] if done[0][1] == rank else done[0][0]
         others_entered = entered[1][0] if entered[0][1] == rank else entered[0][0]
         exit = exits.get(rank)
@@ -70,7 +77,7 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
             out[rank] = Stale(rank, track.last_seq, others_done, None, None)
         elif exit is not None and exit.failed and track.last_seq < others_entered:
             out[rank] = Stale(rank, track.last_seq, track.last_seq, None, None)
-    if not out or len(out) == len(with_entries):
+    if not out or len(out) == len(tracks):
         return {}
     others_newest = max((n for r in with_entries if r not in out and (n := _newest(ctx, r))), default=None)
     found: dict[int, Stale] = {}
@@ -80,10 +87,32 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         # Recorders read one after another while a job runs differ by a few collectives: without the
         # runner's word that the rank failed, its dump must also be much older than the others'.
         if not (exit is not None and exit.failed) and newest and others_newest:
-            if (others_newest - newest) / 1e9 < ctx.options.stall_after_s:
+            stale = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
+            if (others_newest - newest) / 1e9 < ctx.options.stall_after_s and not _read_before(ctx, stale, tracks):
                 continue
         found[rank] = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
     return found
+
+
+READ_GAP_S = 0.1  # a recorder read this much before the others began a collective cannot show it
+
+
+def _read_before(ctx: Context, stale: Stale, tracks: dict[int, Track]) -> bool:
+    """The rank's recorder was read (its file written, its snapshot taken) clearly before any other
+    member began the first collective it lacks, and no live stack says it was alive when read: the dump
+    is older than that collective, not a rank left behind by it (one that never joined a collective the
+    others began before the read is RankNotJoined, as after the others' timeout)."""
+    rank = stale.rank
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None or ctx.live_stack(rank):
+        return False
+    read = dump.captured_at_ns  # its own read (not the analysis' 'now'), sane only after its newest entry
+    if read is None or (stale.newest_ns is not None and read < stale.newest_ns):
+        return False
+    seq = stale.last_seq + 1
+    began = [b[0].time_created_ns for r, t in tracks.items()
+             if r != rank and (b := t.by_seq.get(seq)) and b[0].time_created_ns]
+    return read is not None and bool(began) and (min(began) - read) / 1e9 >= READ_GAP_S
 
 
 def _exit_text(exit: RankExit | None) -> str:
@@ -109,10 +138,11 @@ def stopped_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], stale
         waited = f" for {fmt_duration(point.age_s)}" if point.age_s is not None else ""
         where = f" The others now stand at #{point.seq}{waited}."
     exit_text = _exit_text(exits.get(ranks[0]))
+    ends = f"ends at #{first.last_seq} of {ref.label()}" if first.last_seq else f"holds nothing of {ref.label()}"
     if first.done_seq >= seq:
         summary = (
-            f"{plural(ranks).capitalize()} stopped early: {'its' if len(ranks) == 1 else 'their'} recorder ends at "
-            f"#{first.last_seq} of {ref.label()}, yet {plural(others)} finished {op} #{seq}"
+            f"{plural(ranks).capitalize()} stopped early: {'its' if len(ranks) == 1 else 'their'} recorder {ends}, "
+            f"yet {plural(others)} finished {op} #{seq}"
             f"{f'-#{first.done_seq}' if first.done_seq > seq else ''}, which needs every member: the dump is stale "
             f"(taken before), and the rank stopped after that (crashed, killed, or its dump was never refreshed)"
             f"{exit_text}.{older}{where}"
@@ -120,7 +150,7 @@ def stopped_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], stale
     else:
         summary = (
             f"{plural(ranks).capitalize()} stopped early{exit_text}: {'its' if len(ranks) == 1 else 'their'} "
-            f"recorder ends at #{first.last_seq} of {ref.label()}, and {plural(others)} went on to {op} #{seq} "
+            f"recorder {ends}, and {plural(others)} went on to {op} #{seq} "
             f"without it.{older}{where}"
         )
     finding = Finding(
@@ -146,7 +176,9 @@ def stopped_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], stale
         if stack:
             finding.culprit_stacks[rank] = stack
         finding.evidence.append(
-            f"rank {rank}: recorder ends at #{info.last_seq} of {ref.label()}; every other member finished "
+            f"rank {rank}: recorder "
+            + (f"ends at #{info.last_seq}" if info.last_seq else "holds nothing")
+            + f" of {ref.label()}; every other member finished "
             f"up to #{info.done_seq}"
         )
     for rank in others[:3]:
@@ -178,6 +210,23 @@ def crash_signature(ctx: Context, missing: tuple[int, ...]) -> tuple[GroupRef, i
     return best
 
 
+def finished_then_failed(tracks: dict[int, Track], ref: GroupRef, seq: int, waiting: tuple[int, ...],
+                         exits: Mapping[int, RankExit], failed_without_dump: tuple[int, ...] = ()) -> list[int] | None:
+    """The members that finished `seq` (which `waiting` never completed) and whose process then failed,
+    likeliest first failure first; None when there are none, or when the likeliest first failure is a
+    member without a dump."""
+    if any(r not in tracks or not tracks[r].by_seq for r in ref.ranks):
+        # A member left no record at all (killed before any dump): that peer is the one gone, and the
+        # ranks that finished and then failed are the aftermath (their watchdog), not the cause.
+        return None
+    gone = sorted(r for r, t in tracks.items() if r not in waiting and t.last_completed >= seq
+                  and (e := exits.get(r)) is not None and e.failed)
+    if not gone:
+        return None
+    culprits = most_likely_first([*gone, *failed_without_dump], exits)
+    return culprits if set(culprits) <= set(gone) else None
+
+
 def left_after_finishing(ctx: Context, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint,
                          waiting: tuple[int, ...], exits: Mapping[int, RankExit],
                          failed_without_dump: tuple[int, ...] = ()) -> Finding | None:
@@ -190,17 +239,11 @@ def left_after_finishing(ctx: Context, ref: GroupRef, tracks: dict[int, Track], 
     reasoning names that one (seen on a real node: the rank that finished and failed was a victim whose
     error blamed its peer, the one that raised left an empty recorder)."""
     seq = point.seq
-    if any(r not in tracks or not tracks[r].by_seq for r in ref.ranks):
-        # A member left no record at all (killed before any dump): that peer is the one gone, and the
-        # ranks that finished and then failed are the aftermath (their watchdog), not the cause.
+    culprits = finished_then_failed(tracks, ref, seq, waiting, exits, failed_without_dump)
+    if culprits is None:
         return None
     gone = sorted(r for r, t in tracks.items() if r not in waiting and t.last_completed >= seq
                   and (e := exits.get(r)) is not None and e.failed)
-    if not gone:
-        return None
-    culprits = most_likely_first([*gone, *failed_without_dump], exits)
-    if not set(culprits) <= set(gone):
-        return None
     sample = next((b[0] for r in waiting if (b := tracks[r].by_seq.get(seq))), None)
     op = sample.op if sample else "collective"
     since = f" for {fmt_duration(point.age_s)}" if point.age_s is not None else ""

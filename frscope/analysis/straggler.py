@@ -13,11 +13,22 @@ from statistics import median
 from frscope.analysis.arrivals import arrivals, durations_ms, lateness_ms, middles, upper_middle
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
+from frscope.analysis.stragglers_steps import ALPHA, binomial_tail
 from frscope.analysis.tracks import Track
 from frscope.analysis.wording import plural
 
 MIN_SAMPLES = 5
 LAST_SHARE = 0.6  # last to arrive in at least this share of the sampled collectives
+
+
+def last_counts(tracks: dict[int, Track]) -> tuple[dict[int, int], int]:
+    """How often each rank arrived last at the group's sampled collectives, and how many were sampled."""
+    arrived = arrivals(tracks)
+    ranks = arrived.ranks
+    counts = dict.fromkeys(ranks, 0)
+    for times in arrived.rows:
+        counts[ranks[len(times) - 1 - times[::-1].index(max(times))]] += 1
+    return counts, len(arrived)
 
 
 def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
@@ -36,12 +47,17 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
     top = max(last_count.values())
     if top / samples < LAST_SHARE:
         return None
-    mids = middles(arrived, upper_middle)
+    # The middle arrival of two ranks is the later one: with two, lateness is measured from the other.
+    mids = middles(arrived, upper_middle if len(ranks) > 2 else min)
     lateness = {r: lateness_ms(arrived, r, mids) for r in ranks if last_count[r] == top}
     worst = max(lateness, key=lambda r: (last_count[r], median(lateness[r])))
     late_ms = median(lateness[worst])
     share = last_count[worst] / samples
     if share < LAST_SHARE or late_ms < ctx.options.clock_skew_ms:
+        return None
+    # Unbiased jitter makes each rank last 1/n of the time: with few ranks (two: half the time) a share
+    # over LAST_SHARE happens by chance, so the count must also be beyond chance (all ranks together).
+    if binomial_tail(last_count[worst], samples, 1 / len(ranks)) * len(ranks) >= ALPHA:
         return None
     waited = {r: durations_ms(arrived, tracks[r]) for r in ranks}
     evidence = [

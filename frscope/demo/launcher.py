@@ -28,7 +28,7 @@ from typing import IO
 
 import frscope
 from frscope.demo.faults import FAULTS, culprit_ranks
-from frscope.demo.snapshot import (
+from frscope.demo.socket_snapshot import (
     Snapshot,
     fetch_trace,
     progress_signature,

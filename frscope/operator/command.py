@@ -4,7 +4,7 @@ options: flags, with environment variables for what the Helm chart sets.
 Every flag also reads an environment variable, FRSCOPE_<FLAG> (a flag wins); `--help` lists them
 with their defaults, which are the dataclasses' of `engine.settings`. The chart (charts/frscope/templates/
 deployment.yaml) passes `--namespace`, `--http-port`, `--webhook-port`, `--webhook-cert-dir`,
-`--peering`, `--log-level`, `--log-format`, `--sidecar-auth`, `--sidecar-token-file`, `--ui-auth` as
+`--peering`, `--log-level`, `--log-format`, `--sidecar-auth`, `--sidecar-token-file`, `--ui-auth`, `--metrics-auth` as
 flags, and the sidecar injection settings as FRSCOPE_* environment variables (listed in
 docs/operator.md).
 """
@@ -21,11 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from frscope import logs
+from frscope.analysis.suspicion import LedgerPolicy
 from frscope.operator import names
 from frscope.operator.actions import ActionOptions, CordonOptions, Policy, parse_allowed, parse_policy
 from frscope.operator.engine.settings import SIDECAR_AUTH_MODES, UI_AUTH_MODES, OperatorConfig, WebhookConfig
 from frscope.operator.evidence.gather import GatherOptions
 from frscope.operator.injection import InjectionConfig
+from frscope.operator.ledger import FencingOptions, NodeLedgerOptions
+from frscope.operator.ledger.fencing import MODES as FENCING_MODES
 from frscope.operator.model import jobkinds
 
 
@@ -61,6 +64,7 @@ _DEFAULTS = OperatorConfig(instance="-")
 _GATHER = GatherOptions()
 _WEBHOOK = WebhookConfig()
 _ACTIONS = ActionOptions()
+_LEDGER = NodeLedgerOptions()
 
 
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
@@ -131,7 +135,13 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add("--ui-auth", _DEFAULTS.ui_auth,
         "web UI: a bearer token with `get pytorchjobs` in the job's namespace (kubernetes), that or "
         "kubectl port-forward (port-forward), or nothing (none)", choices=UI_AUTH_MODES)
+    add("--metrics-auth", _DEFAULTS.metrics_auth,
+        "/metrics: a bearer token allowed `get` on the URL /metrics (kubernetes), that or kubectl port-forward "
+        "(port-forward), or nothing (none)", choices=UI_AUTH_MODES)
     add("--report-limit", _DEFAULTS.report_limit_bytes, "bytes per FlightRecorderReport object", int)
+    add("--live-entries", _DEFAULTS.live_entries,
+        "web UI: newest collectives per rank in a watched job's live window (0: no live window)", int)
+    add("--live-interval", _DEFAULTS.live_interval_s, "web UI: seconds between live window refreshes", float)
     add("--peering", _DEFAULTS.peering, "kopf peering name (several replicas, one active); unset: standalone")
     add("--webhook-port", None, "serve the sidecar-injection webhook on this port; unset: no webhook", int)
     add("--webhook-host", _WEBHOOK.host, "address the webhook listens on")
@@ -152,6 +162,26 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         "cordon a node only when this many jobs' reports blame it within --cordon-window", int)
     add("--cordon-window", _ACTIONS.cordon.window_s, "seconds (see --cordon-min-jobs)", float)
     add("--cordon-max-nodes", _ACTIONS.cordon.max_nodes, "nodes carrying frscope's taint at once, at most", int)
+    policy, fence = _LEDGER.policy, _LEDGER.fencing
+    add("--node-ledger", "on", "the node ledger: FlightRecorderNode objects, node suspicion, fencing "
+        "(docs/actions.md)", choices=("on", "off"))
+    add("--node-ledger-half-life", policy.half_life_s, "seconds after which an incident's weight on a node halves",
+        float)
+    add("--node-suspect-score", policy.suspect_score, "a node is suspected from this score ...", float)
+    add("--node-suspect-jobs", policy.suspect_jobs, "... with evidence from at least this many different jobs", int)
+    add("--node-ledger-memory", policy.memory_s, "seconds after which an incident is forgotten", float)
+    add("--node-ledger-refresh", _LEDGER.refresh_s, "seconds between two refreshes of the ledger's scores", float)
+    add("--node-fencing", fence.mode, "what the ledger does with a node ready to fence (dry-run: says what it "
+        "would do)", choices=FENCING_MODES)
+    add("--node-fence-taint", "off", "also taint a fenced node frscope.io/suspect-node:NoSchedule",
+        choices=("on", "off"))
+    add("--node-fence-incidents", policy.fence_incidents,
+        "fence a suspected node implicated in at least this many weighing incidents ...", int)
+    add("--node-fence-jobs", policy.fence_jobs, "... of at least this many different jobs ...", int)
+    add("--node-fence-window", policy.fence_window_s, "... within this many seconds", float)
+    add("--node-fence-keep-healthy", fence.keep_healthy,
+        "never fence a node when fewer other healthy nodes of its pool would remain", int)
+    add("--node-pool-labels", ",".join(fence.pool_labels), "node labels naming a node's pool, the first present wins")
     add("--default-watchdog-timeout", _DEFAULTS.default_watchdog_timeout_s,
         "seconds, for the GPU time saved when the recorder and the pods' env say nothing (unset: torch's, "
         "600 for NCCL, 1800 otherwise)", float)
@@ -220,9 +250,13 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         decode_processes=args.decode_processes,
         sidecar_auth=args.sidecar_auth,
         sidecar_token_file=args.sidecar_token_file,
+        operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
         evidence_dir=args.evidence_dir,
         ui_auth=args.ui_auth,
+        metrics_auth=args.metrics_auth,
         report_limit_bytes=args.report_limit,
+        live_entries=args.live_entries,
+        live_interval_s=args.live_interval,
         peering=args.peering,
         webhook=webhook,
         actions=ActionOptions(
@@ -230,8 +264,22 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
             rate_per_hour=args.action_rate, namespaces=tuple(args.namespaces),
             cordon=CordonOptions(min_jobs=args.cordon_min_jobs, window_s=args.cordon_window,
                                  max_nodes=args.cordon_max_nodes)),
+        node_ledger=_node_ledger(args),
         default_watchdog_timeout_s=args.default_watchdog_timeout,
         instance=env.get("POD_NAME") or socket.gethostname(),
         log_level=args.log_level,
         log_format=args.log_format,
     )
+
+
+def _node_ledger(args: argparse.Namespace) -> NodeLedgerOptions | None:
+    if args.node_ledger == "off":
+        return None
+    policy = LedgerPolicy(half_life_s=args.node_ledger_half_life, suspect_score=args.node_suspect_score,
+                          suspect_jobs=args.node_suspect_jobs, fence_incidents=args.node_fence_incidents,
+                          fence_jobs=args.node_fence_jobs, fence_window_s=args.node_fence_window,
+                          memory_s=args.node_ledger_memory)
+    labels = tuple(label.strip() for label in args.node_pool_labels.split(",") if label.strip())
+    fencing = FencingOptions(mode=args.node_fencing, taint=args.node_fence_taint == "on",
+                             keep_healthy=args.node_fence_keep_healthy, pool_labels=labels)
+    return NodeLedgerOptions(policy=policy, fencing=fencing, refresh_s=args.node_ledger_refresh)

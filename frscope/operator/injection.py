@@ -23,7 +23,9 @@ What an opted-in pod gets:
   audience (to read the cluster's issuer keys, which every service account may) and the cluster CA;
   and `--operator-identity`, so the sidecar accepts the operator's token only;
 - `TORCH_NCCL_ENABLE_TIMING=1` in the trainer unless turned off (`nccl_timing`);
-- the annotation `frscope.io/injected`, which makes a second pass a no-op.
+- the annotation `frscope.io/injected` (informational: a pod can set it itself; a second pass is a
+  no-op because the `frscope` container is there, and the operator trusts a sidecar only when it is as
+  injected, `sidecar_as_injected`).
 
 Opt-in: the pod label (`inject_label`), or the same label on the pod's namespace (a second webhook,
 `NAMESPACE_WEBHOOK_ID`, whose namespaceSelector picks those namespaces; a pod label `=false` opts out).
@@ -33,11 +35,12 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from frscope.operator import names
 from frscope.operator.model import jobkinds
+from frscope.operator.model.objects import PodInfo, pod_info
 
 log = logging.getLogger(__name__)
 
@@ -105,15 +108,62 @@ def opted_out(pod: dict[str, Any], cfg: InjectionConfig) -> bool:
 
 
 def already_injected(pod: dict[str, Any]) -> bool:
-    meta = pod.get("metadata") or {}
-    if names.ANN_INJECTED in (meta.get("annotations") or {}):
-        return True
+    """A container named like the sidecar is there (a second pass, or one the pod brought itself: the
+    webhook then leaves the pod alone, and `sidecar_as_injected` decides whether the operator trusts
+    it). The `frscope.io/injected` annotation alone proves nothing: a pod can set it."""
     spec = pod.get("spec") or {}
     return any(
         isinstance(c, dict) and c.get("name") == names.SIDECAR_CONTAINER
         for key in ("initContainers", "containers")
         for c in spec.get(key) or []
     )
+
+
+# Where the API server's ServiceAccount admission mounts the pod's API token into every container.
+SERVICE_ACCOUNT_MOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+
+def _image_repository(image: str) -> str:
+    """`registry/repo:tag@digest` -> `registry/repo` (a chart upgrade changes the tag of new pods only)."""
+    image = image.split("@", 1)[0]
+    slash = image.rfind("/")
+    colon = image.rfind(":")
+    return image[:colon] if colon > slash else image
+
+
+def sidecar_as_injected(pod: dict[str, Any], cfg: InjectionConfig) -> str | None:
+    """None when the pod's `frscope` port is served by a sidecar as the webhook injects it; else why not.
+
+    The operator shows a pod's sidecar a credential (and reads its answers as evidence) only then: the
+    container named `frscope`, with the configured image's repository (any tag: pods injected before an
+    upgrade keep theirs), no `command` (the image's entry point), no environment but the downward-API
+    variables the webhook sets (a PYTHONPATH would run other code in the image), mounts only at the
+    webhook's paths, the one port named `frscope`, which no other container declares."""
+    spec = pod.get("spec") or {}
+    containers = [c for key in ("initContainers", "containers") for c in spec.get(key) or [] if isinstance(c, dict)]
+    ours = [c for c in containers if c.get("name") == names.SIDECAR_CONTAINER]
+    if len(ours) != 1:
+        return "no container named frscope"
+    sidecar = ours[0]
+    for other in containers:
+        if other is not sidecar and any(isinstance(p, dict) and p.get("name") == names.SIDECAR_PORT_NAME
+                                        for p in other.get("ports") or []):
+            return f"container {str(other.get('name'))[:60]!r} declares the frscope port"
+    if _image_repository(str(sidecar.get("image") or "")) != _image_repository(cfg.image):
+        return f"image {str(sidecar.get('image'))[:120]!r} is not {_image_repository(cfg.image)}"
+    if sidecar.get("command") or sidecar.get("envFrom") or sidecar.get("workingDir"):
+        return "command, envFrom or workingDir set"
+    allowed_env = {"POD_NAME", "POD_NAMESPACE", "NODE_NAME"}
+    env = [e.get("name") for e in sidecar.get("env") or [] if isinstance(e, dict)]
+    if any(name not in allowed_env for name in env):
+        return "environment other than the webhook's"
+    mounts = {m.get("mountPath") for m in sidecar.get("volumeMounts") or [] if isinstance(m, dict)}
+    if not mounts <= {cfg.mount_path, cfg.token_mount, SERVICE_ACCOUNT_MOUNT}:
+        return "mounts other than the webhook's"
+    ports = [p for p in sidecar.get("ports") or [] if isinstance(p, dict) and p.get("name") == names.SIDECAR_PORT_NAME]
+    if len(ports) != 1:
+        return "not one frscope port"
+    return None
 
 
 def schedule_key(pod: dict[str, Any]) -> str | None:
@@ -192,7 +242,7 @@ def token_volume(cfg: InjectionConfig) -> dict[str, Any]:
 
     Readable by every user (0444): the kubelet writes them as root and hands them to the container's
     user only when every container of the pod names the same runAsUser, which a trainer running as
-    root does not; with 0440 the sidecar (65532) could not read them (found on a real node). Only the
+    root does not; with 0440 the sidecar (65532) could not read them. Only the
     sidecar mounts the volume."""
     expiry = cfg.token_expiration_s
     return {"name": names.SIDECAR_TOKEN_VOLUME, "projected": {"defaultMode": 0o444, "sources": [
@@ -278,6 +328,16 @@ def inject(pod: dict[str, Any], cfg: InjectionConfig, *, namespace_opted_in: boo
         # The pod then carries the label like a pod opted in by hand: the PodMonitor scrapes it.
         meta.setdefault("labels", {})[cfg.inject_label[0]] = cfg.inject_label[1]
     return out
+
+
+def polled_pod(body: dict[str, Any], cfg: InjectionConfig | None) -> tuple[PodInfo, str | None]:
+    """The pod as the operator polls it, and why its sidecar is not trusted (None: it is). With the webhook
+    on (`cfg`), a `frscope` port not served by the sidecar as injected is dropped: no endpoint."""
+    pod = pod_info(body)
+    if cfg is None or pod.sidecar_port is None:
+        return pod, None
+    why = sidecar_as_injected(body, cfg)
+    return (pod, None) if why is None else (replace(pod, sidecar_port=None), why)
 
 
 def mutate(body: dict[str, Any], cfg: InjectionConfig, *, namespace_opted_in: bool = False) -> dict[str, Any] | None:

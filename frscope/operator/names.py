@@ -13,6 +13,9 @@ REPORT_GROUP: Final = "frscope.io"
 REPORT_VERSION: Final = "v1alpha1"
 REPORT_KIND: Final = "FlightRecorderReport"
 REPORT_PLURAL: Final = "flightrecorderreports"
+# The node ledger's CRD (charts/frscope/crds/flightrecordernode.yaml): cluster-scoped, one per node.
+NODE_LEDGER_KIND: Final = "FlightRecorderNode"
+NODE_LEDGER_PLURAL: Final = "flightrecordernodes"
 
 # Kubeflow training operator (v1); the other kinds watched are in jobkinds.py.
 JOB_GROUP: Final = "kubeflow.org"
@@ -87,3 +90,14 @@ REASON_CORDONED: Final = "SuspectNodeCordoned"
 REASON_DRY_RUN: Final = "DiagnosisActionDryRun"
 REASON_ACTION_SKIPPED: Final = "DiagnosisActionSkipped"
 REASON_ACTION_FAILED: Final = "DiagnosisActionFailed"
+
+# The node ledger (frscope/operator/ledger, docs/actions.md "The node ledger"). On a node the ledger
+# cordoned: the report of the incident that made it ready to fence (namespace/name).
+ANN_FENCED: Final = f"{PREFIX}/fenced"
+# Node Events of the ledger (in `default`, where node Events live).
+REASON_NODE_SUSPECTED: Final = "NodeSuspected"
+REASON_NODE_FENCED: Final = "SuspectNodeFenced"
+REASON_NODE_FENCE_DRY_RUN: Final = "SuspectNodeFenceDryRun"
+REASON_NODE_FENCE_SKIPPED: Final = "SuspectNodeFenceSkipped"
+REASON_NODE_FENCE_FAILED: Final = "SuspectNodeFenceFailed"
+REASON_NODE_RELEASED: Final = "SuspectNodeReleased"

@@ -25,18 +25,23 @@ from frscope.operator.actions import Actor
 from frscope.operator.engine.controller import Controller, PodLister
 from frscope.operator.engine.settings import OperatorConfig, WebhookConfig
 from frscope.operator.evidence.gather import Decoder
+from frscope.operator.evidence.incident_archive import IncidentArchive
 from frscope.operator.evidence.push_store import Full, PushStore
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.evidence.spill import EvidenceDir
 from frscope.operator.injection import InjectionConfig, native_sidecars_supported
 from frscope.operator.kube import BearerAuth, KubeClient, TokenFile
+from frscope.operator.kube.pod_tokens import PodTokens
 from frscope.operator.kube.resources import PODS
+from frscope.operator.ledger import LedgerMetrics, NodeLedger
 from frscope.operator.model.objects import JobRef
 from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.model.store import JobStore
 from frscope.operator.publish import Publisher
 from frscope.operator.serve.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
+from frscope.operator.serve.guards import metrics_guard
 from frscope.operator.serve.handlers import register_watchers, register_webhook
+from frscope.operator.serve.live_windows import LiveWindows
 from frscope.operator.serve.login import Login, login
 from frscope.operator.serve.operator_http import Health, OperatorHttp
 from frscope.operator.serve.status_poller import StatusPoller
@@ -57,6 +62,7 @@ class Operator:
     metrics: OperatorMetrics
     kube: KubeClient
     reviewer: Reviewer
+    ledger: NodeLedger | None = None
 
 
 def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -125,7 +131,8 @@ def webhook_server(webhook: WebhookConfig) -> kopf.WebhookServer:
 
 
 def sidecar_auth(config: OperatorConfig, reviewer: Reviewer) -> tuple[BearerAuth | None, PushAuth]:
-    """The token shown to the sidecars, and how pushes are checked (`--sidecar-auth`)."""
+    """The token shown to the sidecars, and how pushes are checked (`--sidecar-auth`). With Kubernetes
+    identity and a known operator identity the sidecars get per-pod tokens instead (`pod_tokens`)."""
     shown = TokenFile(config.sidecar_token_file) if config.sidecar_token_file is not None else None
     if config.sidecar_auth == "kubernetes":
         return shown, KubernetesPush(reviewer)
@@ -133,6 +140,18 @@ def sidecar_auth(config: OperatorConfig, reviewer: Reviewer) -> tuple[BearerAuth
         assert shown is not None  # OperatorConfig insists
         return shown, SharedTokenPush(shown)
     return shown, OpenPush()
+
+
+def pod_tokens(config: OperatorConfig, kube: KubeClient) -> PodTokens | None:
+    """Per-pod tokens for the sidecars (TokenRequest, audience naming the pod) with Kubernetes identity."""
+    if config.sidecar_auth != "kubernetes":
+        return None
+    if not config.operator_identity:
+        log.warning("--sidecar-auth kubernetes without FRSCOPE_OPERATOR_IDENTITY: no per-pod tokens can be "
+                    "minted, and the sidecars accept no other")
+        return None
+    expiry = config.webhook.injection.token_expiration_s if config.webhook is not None else 3600
+    return PodTokens(kube, config.operator_identity, lifetime_s=expiry)
 
 
 async def _heartbeat(health: Health) -> None:
@@ -156,7 +175,14 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     sidecar_session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=4),
                                             auto_decompress=False)
     metrics = OperatorMetrics(registry)
-    store = JobStore()
+    # each job's latest incident view, kept across restarts next to the kept pushes (--evidence-dir)
+    archive = IncidentArchive(config.evidence_dir / "incidents") if config.evidence_dir is not None else None
+    store = JobStore(on_latest=archive.save_soon if archive is not None else None)
+    if archive is not None:
+        kept_views = await asyncio.to_thread(lambda: list(archive.load()))
+        for ref, latest in kept_views:
+            store.restore(ref, latest)
+        log.info("evidence dir %s: %d incident view(s) kept from before", config.evidence_dir, len(kept_views))
     spill = EvidenceDir(config.evidence_dir) if config.evidence_dir is not None else None
     pushes = PushStore(on_drop=spill.remove if spill is not None else None)
     if spill is not None:
@@ -170,21 +196,24 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     shown, push_auth = sidecar_auth(config, reviewer)
     decoder = Decoder(config.decode_processes)
     controller = Controller(config, store=store, pushes=pushes,
-                            sidecars=SidecarClient(sidecar_session, auth=shown),
+                            sidecars=SidecarClient(sidecar_session, auth=shown, tokens=pod_tokens(config, kube)),
                             publisher=publisher, metrics=metrics, decoder=decoder,
                             actor=Actor(kube, publisher, metrics, config.actions, instance=config.instance),
                             pod_lister=job_pod_lister(kube, config.inject_label))
     health = Health()
     http = OperatorHttp(registry=registry, metrics=metrics, health=health, on_push=controller.on_push,
                         push_auth=push_auth, max_push_bytes=config.max_push_bytes,
-                        max_entries=config.gather.max_entries, spill=spill)
+                        max_entries=config.gather.max_entries, spill=spill,
+                        metrics_guard=metrics_guard(config.metrics_auth, reviewer), decoder=decoder)
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
-    operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer)
+    ledger = (NodeLedger(kube, LedgerMetrics(registry), config.node_ledger, config.actions, instance=config.instance)
+              if config.node_ledger is not None else None)
+    operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer, ledger)
 
     kopf_registry = kopf.OperatorRegistry()
     # Every kopf login reads the credentials again: a rotated token is picked up, never a stale one.
-    register_watchers(kopf_registry, controller, lambda: login(settings).info, config.job_kinds)
+    register_watchers(kopf_registry, controller, lambda: login(settings).info, config.job_kinds, ledger=ledger)
     if config.webhook is not None:
         injection = await injection_for(config.webhook, kube)
         log.info("sidecar injection: %s sidecar, image %s", "native" if injection.native else "plain",
@@ -224,6 +253,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
             await ready.wait()
             health.ready = True
             tasks.append(asyncio.create_task(poller.run()))
+            if ledger is not None:
+                tasks.append(asyncio.create_task(ledger.run()))
             if on_ready is not None:
                 result = on_ready(operator)
                 if result is not None:
@@ -247,6 +278,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         await asyncio.gather(*tasks, return_exceptions=True)
         await controller.close()
         await asyncio.to_thread(decoder.close)
+        if archive is not None:
+            await asyncio.to_thread(archive.close)
         await http.stop()
         await sidecar_session.close()
         await kube.close()
@@ -255,7 +288,11 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
 def mount_default_ui(operator: Operator) -> None:
     """The web UI at /ui/ (docs/timeline.md): the watched jobs, their verdicts, a live page per job;
     behind `--ui-auth`."""
-    mount_ui(operator.http, operator.store, guard=ui_guard(operator.config.ui_auth, operator.reviewer))
+    config = operator.config
+    live = (LiveWindows(operator.store, operator.controller.sidecars, entries=config.live_entries,
+                        interval_s=config.live_interval_s) if config.live_entries > 0 else None)
+    mount_ui(operator.http, operator.store, guard=ui_guard(config.ui_auth, operator.reviewer), live=live,
+             ledger=operator.ledger)
 
 
 def run_operator(config: OperatorConfig) -> int:

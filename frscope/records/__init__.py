@@ -3,6 +3,7 @@
 from frscope.records.errors import (
     DumpError,
     DumpTooLarge,
+    DumpTooSlow,
     MalformedDump,
     TruncatedDump,
     UnknownFormat,
@@ -39,6 +40,7 @@ __all__ = [
     "DumpError",
     "DumpSet",
     "DumpTooLarge",
+    "DumpTooSlow",
     "Entry",
     "Frame",
     "GroupInfo",

@@ -6,7 +6,7 @@
  * arena of tagged C values (no Python object per value), then reads the top-level dict's "entries" list entry by
  * entry: ints and floats go into int64/double buffers, everything else (groups, op names, states, timeouts,
  * threads, shapes, stacks) is interned by content into small tables whose distinct values alone become Python
- * objects. Python (frscope.records.scan) then checks those distinct values with fastcols' own rules.
+ * objects. Python (frscope.records.scan) then checks those distinct values with the field table's rules (records/fields.py).
  *
  * Safety: it never imports, calls or builds anything but None, bool, int, float, str, list, tuple and dict.
  * GLOBAL, REDUCE, BUILD, persistent ids and every other opcode outside the list below make it decline, as do: a
@@ -28,7 +28,6 @@ typedef struct { int64_t start, count, next; } Chunk;
 typedef struct { int64_t first, last, count; uint32_t kind; } Node;
 
 #define MAX_DEPTH 32
-#define MAX_FRAME_REFS (1 << 20)
 
 typedef struct {
     const uint8_t *d;
@@ -561,17 +560,9 @@ static int64_t intern_multi(Scan *s, Interner *t, Buf *b, Val **vs, int k) {
 
 /* --- the entries --------------------------------------------------------------------------------- */
 
-enum {
-    F_RECORD_ID, F_PG, F_SEQ, F_P2P_SEQ, F_IS_P2P, F_NAME, F_CREATED, F_IN_SIZES, F_IN_DTYPES, F_OUT_SIZES,
-    F_OUT_DTYPES, F_STATE, F_STARTED, F_COMPLETED, F_RETIRED, F_TIMEOUT, F_THREAD_ID, F_THREAD_NAME,
-    F_REQUIRED, F_DURATION = F_REQUIRED, F_FRAMES, F_COUNT
-};
-static const char *FIELD_NAMES[F_COUNT] = {
-    "record_id", "process_group", "collective_seq_id", "p2p_seq_id", "is_p2p", "profiling_name",
-    "time_created_ns", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "state",
-    "time_discovered_started_ns", "time_discovered_completed_ns", "retired", "timeout_ms", "thread_id",
-    "thread_name", "duration_ms", "frames",
-};
+/* The entry fields (their enum, names and lowest values) come from frscope/records/fields.py, the one table
+   the Python readers use too. */
+#include "_frscan_fields.h"
 
 #define KCACHE 256
 static size_t FIELD_LENS[F_COUNT];
@@ -673,9 +664,9 @@ static PyObject *extract(Scan *s) {
         });
         for (int f = 0; f < F_REQUIRED; f++) if (!fv[f]) goto fail;
         int64_t *row = ints + 6 * i;
-        if (fv[F_RECORD_ID]->kind != K_INT || fv[F_RECORD_ID]->v < 0) goto fail;
-        if (fv[F_SEQ]->kind != K_INT || fv[F_SEQ]->v < -1) goto fail;
-        if (fv[F_P2P_SEQ]->kind != K_INT || fv[F_P2P_SEQ]->v < -1) goto fail;
+        if (fv[F_RECORD_ID]->kind != K_INT || fv[F_RECORD_ID]->v < FIELD_MIN[F_RECORD_ID]) goto fail;
+        if (fv[F_SEQ]->kind != K_INT || fv[F_SEQ]->v < FIELD_MIN[F_SEQ]) goto fail;
+        if (fv[F_P2P_SEQ]->kind != K_INT || fv[F_P2P_SEQ]->v < FIELD_MIN[F_P2P_SEQ]) goto fail;
         row[0] = fv[F_RECORD_ID]->v;
         row[1] = fv[F_SEQ]->v;
         row[2] = fv[F_P2P_SEQ]->v;
@@ -683,7 +674,7 @@ static PyObject *extract(Scan *s) {
         for (int t = 0; t < 3; t++) {
             Val *x = fv[TIMES[t]];
             if (x->kind == K_NONE) row[3 + t] = 0;
-            else if (x->kind == K_INT && x->v >= 0) row[3 + t] = x->v;
+            else if (x->kind == K_INT && x->v >= FIELD_MIN[TIMES[t]]) row[3 + t] = x->v;
             else goto fail;
         }
         int64_t code;
@@ -711,7 +702,7 @@ static PyObject *extract(Scan *s) {
             double x;
             uint64_t u = (uint64_t)dv->v;
             memcpy(&x, &u, 8);
-            dur[i] = (x >= 0.0 && x <= 1e12) ? x : Py_NAN;
+            dur[i] = (x >= 0.0 && x <= MAX_DURATION_MS) ? x : Py_NAN;
         } else goto fail;
         if ((code = intern_multi(s, &tabs[T_SHAPE], &b, fv + F_IN_SIZES, 4)) < 0 || add_code(s, &tabs[T_SHAPE], code))
             goto fail;

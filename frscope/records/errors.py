@@ -17,6 +17,11 @@ class DumpError(Exception):
         super().__init__(f"{source}{where}:{what} {message}")
         self.message = message
 
+    @property
+    def what(self) -> str:
+        """The message with the field it is about (a problem's text: the source and rank go beside it)."""
+        return f"field {self.field!r}: {self.message}" if self.field else self.message
+
     def __reduce__(self) -> tuple[object, ...]:
         # Raised in decoder processes too: travel back whole (the keyword-only fields included).
         return (_rebuild, (type(self), self.source, self.message, self.rank, self.field))
@@ -50,3 +55,9 @@ class MalformedDump(DumpError):
     """Decoded, but not shaped like a Flight Recorder dump."""
 
     kind = "malformed"
+
+
+class DumpTooSlow(DumpError):
+    """Decoding took longer than the file's CPU-time cap (`limits.cpu_budget_s`); it was stopped."""
+
+    kind = "too-slow"

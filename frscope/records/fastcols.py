@@ -1,6 +1,6 @@
 """The fast way from a decoded entry list to an `EntryTable`: one pass, straight into columns.
 
-`normalize.normalize_rows` (the reference) builds a tuple of 23 normalized values per entry, and
+`rowwise.normalize_rows` (the reference) builds a tuple of 23 normalized values per entry, and
 `EntryTable.from_rows` then transposes them. Most dumps are regular: every entry has every field torch
 writes, with the type torch writes, in range. For those, one loop reads each entry's fields once (one
 `itemgetter` call), checks their types with `type(x) is int` and the like, and appends ints to the
@@ -24,37 +24,25 @@ from operator import itemgetter, lt
 from typing import Any
 
 from frscope.records.columns import EntryTable, _code_type
+from frscope.records.fields import (
+    ID_MIN,
+    MAX_DURATION_MS,
+    MAX_FRAME_REFS,
+    MAX_STACKS,
+    MAX_STATE,
+    REQUIRED,
+    SEQ_MIN,
+    TIME_MIN,
+    regular_dtypes,
+    regular_group,
+    regular_sizes,
+    regular_thread,
+    short_text,
+)
 from frscope.records.limits import MAX_INT64
 from frscope.records.model import LazyFrames, frames_from_raw
 
-_FIELDS = (
-    "record_id",
-    "process_group",
-    "collective_seq_id",
-    "p2p_seq_id",
-    "is_p2p",
-    "profiling_name",
-    "time_created_ns",
-    "input_sizes",
-    "input_dtypes",
-    "output_sizes",
-    "output_dtypes",
-    "state",
-    "time_discovered_started_ns",
-    "time_discovered_completed_ns",
-    "retired",
-    "timeout_ms",
-    "thread_id",
-    "thread_name",
-)
-_GET = itemgetter(*_FIELDS)
-_MAX_MS = 1e12  # as normalize: a duration is >= 0 and below ~30 years
-_MAX_SHAPES = 1024  # as normalize._clean_sizes / _clean_dtypes
-_MAX_DIMS = 64
-_MAX_DTYPE = 40
-_MAX_NAME = 200
-_MAX_STACKS = 256  # distinct stacks a rank keeps in its table (more: frames stay in the file)
-_MAX_FRAME_REFS = 1 << 20  # frame references in a rank's entries, at most
+_GET = itemgetter(*REQUIRED)
 
 _FLAG_OF = {
     (False, None): 0, (True, None): 1,
@@ -65,30 +53,6 @@ _FLAG_OF = {
 
 class _NotRegular(Exception):
     """This entry list needs the row-by-row reference."""
-
-
-def _short_text(value: Any, limit: int) -> bool:
-    return type(value) is str and len(value) <= limit
-
-
-def _clean_sizes(value: Any) -> bool:
-    """What normalize keeps as it is: a list of at most 1,024 shapes, each a list of at most 64 int64
-    dims >= -1."""
-    if type(value) is not list or len(value) > _MAX_SHAPES:
-        return False
-    for shape in value:
-        if type(shape) is not list or len(shape) > _MAX_DIMS:
-            return False
-        for dim in shape:
-            if type(dim) is not int or not -1 <= dim <= MAX_INT64:
-                return False
-    return True
-
-
-def _clean_dtypes(value: Any) -> bool:
-    if type(value) is not list or len(value) > _MAX_SHAPES:
-        return False
-    return all(type(d) is str and 0 < len(d) <= _MAX_DTYPE for d in value)
 
 
 _Frame = tuple[str, str, int]
@@ -127,13 +91,13 @@ class _Stacks:
             self.failed = True
             return
         self.refs += len(raw)
-        if self.refs > _MAX_FRAME_REFS:  # checked before the list is walked: a crafted list can be long
+        if self.refs > MAX_FRAME_REFS:  # checked before the list is walked: a crafted list can be long
             self.failed = True
             return
         content = _stack_content(raw, self.one)
         code = self.index.get(content)
         if code is None:
-            if len(self.index) >= _MAX_STACKS:
+            if len(self.index) >= MAX_STACKS:
                 self.failed = True
                 return
             code = self.index[content] = len(self.index)
@@ -154,7 +118,7 @@ def table_from_entries(raw_entries: list[Any], lazy_frames: LazyFrames | None,
                        parse_name: Callable[[str], tuple[str | None, str, int | None]]
                        ) -> tuple[EntryTable, str | None] | None:
     """The table and the backend, or None when the entries are not all regular (see the module doc).
-    `parse_name` is normalize.parse_profiling_name (passed in: normalize imports this module)."""
+    `parse_name` is fields.parse_profiling_name."""
     if not raw_entries or lazy_frames is None:
         return None
     try:
@@ -198,8 +162,8 @@ def _table(raw: list[Any], lazy_frames: LazyFrames,
     for entry in raw:
         (rid, pg, sq, p2p, is_p2p, name, t_created, input_sizes, input_dtypes, output_sizes, output_dtypes, state,
          t_started, t_completed, retired, timeout, thread_id, thread_name) = _GET(entry)
-        if type(rid) is not int or not 0 <= rid <= top or type(sq) is not int or not -1 <= sq <= top \
-                or type(p2p) is not int or not -1 <= p2p <= top:
+        if type(rid) is not int or not ID_MIN <= rid <= top or type(sq) is not int or not SEQ_MIN <= sq <= top \
+                or type(p2p) is not int or not SEQ_MIN <= p2p <= top:
             raise _NotRegular
         record_id.append(rid)
         seq.append(sq)
@@ -207,15 +171,15 @@ def _table(raw: list[Any], lazy_frames: LazyFrames,
         # Times: None or 0 is 'not recorded' (stored as 0).
         if t_created is None:
             t_created = 0
-        elif type(t_created) is not int or not 0 <= t_created <= top:
+        elif type(t_created) is not int or not TIME_MIN <= t_created <= top:
             raise _NotRegular
         if t_started is None:
             t_started = 0
-        elif type(t_started) is not int or not 0 <= t_started <= top:
+        elif type(t_started) is not int or not TIME_MIN <= t_started <= top:
             raise _NotRegular
         if t_completed is None:
             t_completed = 0
-        elif type(t_completed) is not int or not 0 <= t_completed <= top:
+        elif type(t_completed) is not int or not TIME_MIN <= t_completed <= top:
             raise _NotRegular
         created.append(t_created)
         started.append(t_started)
@@ -227,7 +191,7 @@ def _table(raw: list[Any], lazy_frames: LazyFrames,
             pg = tuple(pg)
         code = pg_index.get(pg)
         if code is None:
-            if len(pg) != 2 or not _short_text(pg[0], _MAX_NAME) or not _short_text(pg[1], _MAX_NAME):
+            if not regular_group(pg):
                 raise _NotRegular
             code = pg_index[pg] = len(pg_index)
         pg_codes.append(code)
@@ -246,7 +210,7 @@ def _table(raw: list[Any], lazy_frames: LazyFrames,
 
         code = state_index.get(state)
         if code is None:
-            if not _short_text(state, _MAX_DTYPE):
+            if not short_text(state, MAX_STATE):
                 raise _NotRegular
             code = state_index[state] = len(state_index)
         state_codes.append(code)
@@ -261,9 +225,8 @@ def _table(raw: list[Any], lazy_frames: LazyFrames,
         pair = (thread_id, thread_name)
         code = thread_index.get(pair)
         if code is None:
-            for value in pair:
-                if value is not None and not _short_text(value, _MAX_NAME):
-                    raise _NotRegular
+            if not regular_thread(pair):
+                raise _NotRegular
             code = thread_index[pair] = len(thread_index)
         thread_codes.append(code)
 
@@ -272,7 +235,7 @@ def _table(raw: list[Any], lazy_frames: LazyFrames,
             spent = nan
         elif type(spent) is not float:
             raise _NotRegular
-        elif not 0.0 <= spent <= _MAX_MS:
+        elif not 0.0 <= spent <= MAX_DURATION_MS:
             spent = nan  # NaN, inf and out of range read 'not recorded'
         duration.append(spent)
 
@@ -287,8 +250,8 @@ def _table(raw: list[Any], lazy_frames: LazyFrames,
                 older_shape[op_code], last_shape[op_code] = seen, other  # type: ignore[assignment]
                 shape_codes.append(other[1])
             else:
-                if not (_clean_sizes(input_sizes) and _clean_sizes(output_sizes) and _clean_dtypes(input_dtypes)
-                        and _clean_dtypes(output_dtypes)):
+                if not (regular_sizes(input_sizes) and regular_sizes(output_sizes) and regular_dtypes(input_dtypes)
+                        and regular_dtypes(output_dtypes)):
                     raise _NotRegular
                 key = (tuple(map(tuple, input_sizes)), tuple(input_dtypes), tuple(map(tuple, output_sizes)),
                        tuple(output_dtypes))

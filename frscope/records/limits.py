@@ -12,6 +12,7 @@ import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 try:
@@ -40,10 +41,65 @@ MIN_JSON_BYTES_PER_CONTAINER = 8
 # Text taken from a dump into a message or a name: at most this many characters.
 MAX_TEXT = 120
 
+# CPU time one file's decoding may take: a floor plus so much per MiB of the file. Real dumps decode at
+# tens of MiB per CPU-second on the slowest (reference) path; a pickle of 150,000 int keys that all hash
+# alike (2 MiB) takes minutes, quadratically, inside one opcode, where no check between opcodes runs.
+CPU_FLOOR_S = 5.0
+CPU_S_PER_MIB = 1.0
+# A gzipped file is budgeted as if this many times its size (real dumps compress 5-10x).
+GZIP_RATIO = 32
+
 
 def memory_budget(size: int) -> int:
     """Bytes the decoded objects of a `size`-byte file may take."""
     return MEMORY_MULTIPLE * size + MEMORY_FLOOR_BYTES
+
+
+def cpu_budget_s(size: int, gzipped: bool = False) -> float:
+    """CPU seconds the decoding of a `size`-byte file may take."""
+    return CPU_FLOOR_S + CPU_S_PER_MIB * size * (GZIP_RATIO if gzipped else 1) / (1 << 20)
+
+
+def file_cpu_budget_s(path: Path) -> float:
+    """`cpu_budget_s` of a file on disk, from its size and gzip magic."""
+    try:
+        with path.open("rb") as handle:
+            gzipped = handle.read(2) == b"\x1f\x8b"
+            size = os.fstat(handle.fileno()).st_size
+    except OSError:
+        return cpu_budget_s(0)
+    return cpu_budget_s(size, gzipped)
+
+
+def cpu_used_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF) if resource is not None else None
+    return usage.ru_utime + usage.ru_stime if usage is not None else 0.0
+
+
+@contextmanager
+def cpu_time_cap(seconds: float) -> Iterator[None]:
+    """While decoding one file, let this process use at most `seconds` more CPU time; past that the
+    kernel ends it with SIGXCPU. The work that overruns is one C call (a dict
+    insertion that probes every earlier key): no check inside the process can interrupt it, so the cap
+    is for processes that exist to decode (the loader's workers, `isolate`'s children), whose parent
+    reports the death as this file's problem. The soft limit is restored afterwards; no core file."""
+    if resource is None:
+        yield
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_CPU)
+    cap = math.ceil(cpu_used_s() + seconds)
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if soft != resource.RLIM_INFINITY and soft <= cap:
+        yield
+        return
+    core = resource.getrlimit(resource.RLIMIT_CORE)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, core[1]))
+    resource.setrlimit(resource.RLIMIT_CPU, (cap, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
 def rss_bytes() -> int | None:

@@ -24,10 +24,11 @@ from typing import Any
 from frscope import wire
 from frscope.records import scan
 from frscope.records.columns import EntryTable, unify_signatures
+from frscope.records.envelope import envelope_problems, piece_dump
 from frscope.records.errors import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, UnknownFormat
 from frscope.records.gcpause import gc_paused
-from frscope.records.isolate import call_isolated
-from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, printable, valid_rank
+from frscope.records.isolate import call_isolated, capped
+from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, file_cpu_budget_s, printable, valid_rank
 from frscope.records.membership import build_groups
 from frscope.records.model import (
     CAPTURED_MTIME,
@@ -261,7 +262,7 @@ def load_path(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, columnar: bool = F
         if not wire.is_snapshot_envelope(raw):
             return [_one_rank(path, raw, rank, LazyFrames(_EntriesReader(path, max_bytes)), columnar)]
     except DumpError as exc:
-        return [LoadProblem(exc.source, _with_field(exc), rank=valid_rank(exc.rank if exc.rank is not None else rank))]
+        return [LoadProblem(exc.source, exc.what, rank=valid_rank(exc.rank if exc.rank is not None else rank))]
     try:
         envelope = wire.parse_snapshot(raw)
     except wire.WireError as exc:
@@ -269,21 +270,9 @@ def load_path(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, columnar: bool = F
     del raw
     pod = f"{printable(str(envelope.namespace))}/{printable(str(envelope.pod))}"
     where = f"{source} (pod {pod})" if envelope.pod else source
-    out: list[RankDump | LoadProblem] = [
-        LoadProblem(where, printable(str(message)), rank=valid_rank(r)) for r, message in envelope.errors
-    ]
+    out: list[RankDump | LoadProblem] = [*envelope_problems(envelope.errors, where)]
     for index, piece in enumerate(envelope.ranks):
-        hint = piece.get("rank")
-        hint = valid_rank(hint) if isinstance(hint, int) and not isinstance(hint, bool) else None
-        piece_source = f"{where} rank {hint}" if hint is not None else f"{where} piece {index}"
-        try:
-            dump = normalize_dump(piece, piece_source, hint, columnar=columnar)
-        except DumpError as exc:
-            out.append(LoadProblem(exc.source, _with_field(exc), rank=valid_rank(exc.rank)))
-            continue
-        if dump.captured_at_ns is None:
-            dump.captured_at_ns = envelope.captured_at_ns
-        out.append(dump)
+        out.append(piece_dump(piece, where, index, columnar=columnar, captured_at_ns=envelope.captured_at_ns))
     if not envelope.ranks and not envelope.errors:
         out.append(LoadProblem(where, "a sidecar snapshot with no rank in it (no rank had answered the sidecar)"))
     return out
@@ -322,7 +311,7 @@ def _load_one(path: Path, max_bytes: int, columnar: bool = False) -> list[RankDu
     try:
         return load_path(path, max_bytes, columnar)
     except DumpError as exc:
-        return [LoadProblem(exc.source, _with_field(exc), rank=_safe_rank_value(exc.rank))]
+        return [LoadProblem(exc.source, exc.what, rank=valid_rank(exc.rank))]
     except (RecursionError, MemoryError) as exc:
         return [LoadProblem(str(path), f"too deeply nested or too large to read ({type(exc).__name__})",
                             rank=_safe_rank(path))]
@@ -331,18 +320,10 @@ def _load_one(path: Path, max_bytes: int, columnar: bool = False) -> list[RankDu
                             rank=_safe_rank(path))]
 
 
-def _with_field(exc: DumpError) -> str:
-    return f"field {exc.field!r}: {exc.message}" if exc.field else exc.message
-
-
-def _safe_rank_value(rank: int | None) -> int | None:
-    return valid_rank(rank)
-
-
 def _load_in_child(path: Path, max_bytes: int, columnar: bool = False) -> list[RankDump | LoadProblem]:
-    """One file in a process of its own (`isolate`): only the file that kills it is lost."""
+    """One file in a process of its own (`isolate`), CPU-capped: only the file that kills it is lost."""
     try:
-        return call_isolated(str(path), _load_one, path, max_bytes, columnar)
+        return call_isolated(str(path), _load_one, path, max_bytes, columnar, cpu_s=file_cpu_budget_s(path))
     except DumpError as exc:
         return [LoadProblem(exc.source, exc.message, rank=_safe_rank(path))]
 
@@ -382,7 +363,8 @@ def _load_chunk(paths: list[Path], max_bytes: int, columnar: bool = False) -> li
     as columns or constructor tuples, frames as a file reference), much smaller than the raw dumps."""
     gc.disable()
     faulthandler.disable()  # a crash on crafted input is reported by the parent, file by file
-    return [[_ship(result) for result in _load_one(path, max_bytes, columnar)] for path in paths]
+    # Past a file's CPU cap the kernel ends this worker; the parent then reads the rest one process each.
+    return [[_ship(result) for result in capped(path, _load_one, path, max_bytes, columnar)] for path in paths]
 
 
 # Below this many files a pool costs more than it saves.
@@ -456,8 +438,8 @@ def load_dumps(
                 for items in results:
                     take(items)
             except BrokenProcessPool:
-                # A worker died (results arrive in file order: the rest are not done). Each remaining
-                # file gets a process of its own, so only the one that kills it is lost.
+                # A worker died or hit a CPU cap (results arrive in file order: the rest are not done).
+                # Each remaining file gets a process of its own, so only the one that kills it is lost.
                 for path in files[done:]:
                     take(_load_in_child(path, max_bytes, columnar))
         finally:

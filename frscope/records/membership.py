@@ -5,7 +5,8 @@ named the group, so gloo dumps key the default group '' with ranks '[]' (or the 
 group was built last), while the entries say ('0', 'default_pg'). torchfrtrace trusts pg_config and
 dies with KeyError: ('0', 1). Here a group's identity is the name its entries carry; its members are
 the ranks its pg_config says by majority across dumps, else (default group) the whole world, else
-the ranks whose dumps hold entries of that group.
+the ranks whose dumps hold entries of that group. The world is at least as big as every rank any
+dump's `pg_config` lists, so a rank that left no dump is missing even when no other dump names it.
 """
 
 from __future__ import annotations
@@ -45,9 +46,14 @@ def build_groups(
 
     votes: dict[str, Counter[tuple[int, ...]]] = {}
     config_desc: dict[str, str] = {}
+    # Every rank any group lists is a rank of the job, also in gloo's unnamed '' entry (whose list is
+    # some group's, not necessarily the default group's): the world is at least that big.
+    listed = 0
     for dump in dumps.values():
         for cfg in dump.pg_config.values():
-            # Gloo's unnamed '' entry carries wrong ranks: never trust it.
+            if cfg.ranks:
+                listed = max(listed, max(cfg.ranks) + 1)
+            # Gloo's unnamed '' entry names no group: its ranks are not a membership.
             if not cfg.name or cfg.ranks is None:
                 continue
             votes.setdefault(cfg.name, Counter())[cfg.ranks] += 1
@@ -55,7 +61,7 @@ def build_groups(
 
     # Every rank here is below limits.MAX_RANK (normalize refuses others), so `range(world)` is bounded.
     hint = world_size_hint if world_size_hint is not None and 0 < world_size_hint <= MAX_RANK else 0
-    world = max([hint, *(r + 1 for r in dumps)] or [0])
+    world = max([hint, listed, *(r + 1 for r in dumps)] or [0])
     for name, counter in votes.items():
         ranks = counter.most_common(1)[0][0]
         world = max(world, max(ranks) + 1)

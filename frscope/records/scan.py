@@ -1,12 +1,13 @@
 """The optional C scanner (`_frscan`): a regular pickle dump straight into an `EntryTable`, no dict per entry.
 
 The reference for one pickle dump is `safe_pickle.safe_loads` (the allow-list unpickler) and then
-`fastcols.table_from_entries` (or, for irregular entries, `normalize.normalize_rows`). `_frscan.scan` walks the
+`fastcols.table_from_entries` (or, for irregular entries, `rowwise.normalize_rows`). `_frscan.scan` walks the
 pickle's opcodes itself (plain containers and scalars only: no global, no call, nothing else) and fills the same
 columns, interning every field that is not an int or a float into a small table of distinct values. Here those
-distinct values are checked with fastcols' own rules, so the scanner accepts exactly the dumps fastcols keeps
-unchanged, and builds the same table. Whenever anything is not the regular shape, the scanner or this module
-declines (None) and the caller reads the file the reference way, which also reports whatever is wrong with it.
+distinct values are checked with the field table's rules (`fields`, as fastcols applies them), so the scanner
+accepts exactly the dumps fastcols keeps unchanged, and builds the same table. Whenever anything is not the
+regular shape, the scanner or this module declines (None) and the caller reads the file the reference way, which
+also reports whatever is wrong with it.
 
 The extension is built by `pip install -e .` / `setup.py build_ext --inplace` where a C compiler exists
 (the container image has none: it reads with the reference path). `FRSCOPE_NO_SCANNER=1` turns it off.
@@ -22,14 +23,15 @@ from operator import lt
 from typing import Any
 
 from frscope.records.columns import EntryTable, _code_type
-from frscope.records.fastcols import (
-    _MAX_DTYPE,
-    _MAX_NAME,
-    _MAX_STACKS,
-    _clean_dtypes,
-    _clean_sizes,
-    _short_text,
-    _stack_content,
+from frscope.records.fastcols import _stack_content
+from frscope.records.fields import (
+    MAX_STACKS,
+    MAX_STATE,
+    regular_dtypes,
+    regular_group,
+    regular_sizes,
+    regular_thread,
+    short_text,
 )
 from frscope.records.limits import MAX_INT64, memory_budget
 from frscope.records.model import LazyFrames
@@ -71,19 +73,15 @@ def _table(got: tuple[Any, ...], lazy_frames: LazyFrames,
            ) -> tuple[dict[str, Any], EntryTable, str | None] | None:
     (meta, n, cols, dur, flags, pg_codes, pgs, names, name_codes, name_counts, states, state_codes, timeouts,
      timeout_codes, threads, thread_codes, shapes, shape_codes, stack_codes, stack_raws) = got
-    # fastcols' checks, once per distinct value (the scanner checked the types of ints, floats and flags).
-    for pg in pgs:
-        if len(pg) != 2 or not _short_text(pg[0], _MAX_NAME) or not _short_text(pg[1], _MAX_NAME):
-            return None
-    if not all(_short_text(s, _MAX_DTYPE) for s in states):
+    # The table's checks (records.fields, as fastcols applies them), once per distinct value; the scanner
+    # checked the types of ints, floats and flags and the ints' lowest values from the same table.
+    if not all(map(regular_group, pgs)) or not all(short_text(s, MAX_STATE) for s in states):
         return None
-    for pair in threads:
-        for value in pair:
-            if value is not None and not _short_text(value, _MAX_NAME):
-                return None
+    if not all(map(regular_thread, threads)):
+        return None
     for input_sizes, input_dtypes, output_sizes, output_dtypes in shapes:
-        if not (_clean_sizes(input_sizes) and _clean_sizes(output_sizes) and _clean_dtypes(input_dtypes)
-                and _clean_dtypes(output_dtypes)):
+        if not (regular_sizes(input_sizes) and regular_sizes(output_sizes) and regular_dtypes(input_dtypes)
+                and regular_dtypes(output_dtypes)):
             return None
 
     table = EntryTable.__new__(EntryTable)
@@ -128,7 +126,7 @@ def _stacks(raw_codes: bytes | None, raws: list[Any] | None, record_id: array[in
             ) -> tuple[array[int], list[Any]] | tuple[None, None]:
     """As fastcols._Stacks.result: each entry's stack as a code into the rank's distinct stacks (contents by
     frames_from_raw), the last entry's stack per record id when ids repeat; None when frames are not lists or
-    there are more than 256 distinct stacks. The scanner keyed stacks by their frame dicts' identity: equal
+    there are more than MAX_STACKS distinct stacks. The scanner keyed stacks by their frame dicts' identity: equal
     contents of different dicts become one stack here."""
     if raw_codes is None or raws is None:
         return None, None
@@ -139,7 +137,7 @@ def _stacks(raw_codes: bytes | None, raws: list[Any] | None, record_id: array[in
         content = _stack_content(raw, one)
         code = index.get(content)
         if code is None:
-            if len(index) >= _MAX_STACKS:
+            if len(index) >= MAX_STACKS:
                 return None, None
             code = index[content] = len(index)
         remap.append(code)

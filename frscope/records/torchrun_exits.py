@@ -4,8 +4,8 @@ Under torchrun the container's exit code is the agent's (1 whenever a worker fai
 tail, which `FallbackToLogsOnError` makes the termination message, ends with the agent's
 `ChildFailedError` summary: one block per failed worker (global rank, local rank, exit code, a
 traceback line) and the first failure as "Root Cause". Read as one exit for the whole pod, every rank
-of the pod would seem to have crashed with code 1 and the message would be the summary's rule lines
-(seen on a real node). This reads the blocks, so each rank gets its own exit code (a worker the agent
+of the pod would seem to have crashed with code 1 and the message would be the summary's rule lines.
+This reads the blocks, so each rank gets its own exit code (a worker the agent
 stopped: SIGTERM) and its own last error line: the `[rank<N>]: ...` line torch prefixes to a rank's
 uncaught exception, when the tail still holds it, else the block's traceback line.
 

@@ -2,7 +2,8 @@
 
 from frscope.report.markdown import render_markdown
 from frscope.report.oneline import one_line
-from frscope.report.serialize import SCHEMA, finding_to_dict, report_to_dict, verdict
+from frscope.report.serialize import SCHEMA, finding_to_dict, report_to_dict
 from frscope.report.text import render_text
+from frscope.report.verdict import verdict
 
 __all__ = ["SCHEMA", "finding_to_dict", "one_line", "render_markdown", "render_text", "report_to_dict", "verdict"]

@@ -2,29 +2,30 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from frscope.analysis import Finding, op_label
+from frscope.records.limits import MAX_RANK
+
+# One part of a rank list ('3' or '0-7'); the web page's rank box matches its parts with this same
+# pattern (frscope/report/html.py sends it; timeline_list.js parseRankList), so both read `0-7,12` alike.
+RANK_PART = r"\s*([0-9]+)\s*(?:-\s*([0-9]+)\s*)?"
+_RANK_PART = re.compile(RANK_PART)
 
 
 def parse_ranks(text: str) -> frozenset[int]:
     """'0-7,12,14-15' -> {0..7, 12, 14, 15}. Raises ValueError with the offending part."""
     ranks: set[int] = set()
     for part in text.split(","):
-        part = part.strip()
-        if not part:
+        if not part.strip():
             continue
-        lo, sep, hi = part.partition("-")
-        try:
-            if sep:
-                start, end = int(lo), int(hi)
-                if end < start:
-                    raise ValueError
-                ranks.update(range(start, end + 1))
-            else:
-                ranks.add(int(part))
-        except ValueError:
-            raise ValueError(f"bad rank range {part!r} (expected e.g. 0-7,12)") from None
+        m = _RANK_PART.fullmatch(part)
+        lo = int(m[1]) if m else 0
+        hi = int(m[2]) if m and m[2] is not None else lo
+        if m is None or hi < lo or hi >= MAX_RANK:
+            raise ValueError(f"bad rank range {part.strip()!r} (expected e.g. 0-7,12)")
+        ranks.update(range(lo, hi + 1))
     return frozenset(ranks)
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 from frscope.analysis import Finding, Report
 from frscope.records import DumpSet
+from frscope.records.limits import MAX_RANK
+from frscope.report.filters import RANK_PART
 from frscope.report.serialize import finite, report_to_dict
 from frscope.report.timeline import TimelineOptions, build_timeline
 
@@ -36,6 +38,13 @@ _LIVE_CSP = (
 def asset(name: str) -> str:
     """The viewer's inline CSS / JS (frscope/report/assets/)."""
     return resources.files("frscope.report").joinpath("assets", name).read_text(encoding="utf-8")
+
+
+def viewer_script() -> str:
+    """timeline.js, timeline_panels.js and timeline_list.js in one closure (they share its functions and
+    state)."""
+    parts = (asset("timeline.js"), asset("timeline_panels.js"), asset("timeline_list.js"))
+    return '(function () {\n  "use strict";\n' + "".join(parts) + "})();\n"
 
 
 def embed_json(obj: Any) -> str:
@@ -61,14 +70,18 @@ def _body(noscript: str, nav: str) -> str:
     <h2>Findings</h2>
     <div id="fr-findings-body"></div>
     <div id="fr-status" class="status-summary"></div>
+    <div id="fr-perf" hidden></div>
   </aside>
   <section id="fr-timeline" class="panel">
     <h2>Collectives across ranks</h2>
     <div id="fr-empty" class="hint" hidden>No recorder data yet.</div>
     <div id="fr-timeline-body">
       <div id="fr-toolbar">
-        <label>group <select id="fr-group"></select></label>
-        <label>ranks <input id="fr-ranks" type="text" placeholder="all, e.g. 0-127" spellcheck="false"></label>
+        <label>group <input id="fr-group-search" type="search" placeholder="search groups" spellcheck="false">
+          <select id="fr-group"></select> <span id="fr-group-count" class="hint"></span></label>
+        <label>ranks <input id="fr-ranks" type="text" placeholder="all, e.g. 0-7,12" spellcheck="false"></label>
+        <label>jump to <input id="fr-jump" type="text" placeholder="rank 12 or #340" spellcheck="false"></label>
+        <span id="fr-jump-msg" class="hint"></span>
         <span>x axis
           <label><input type="radio" name="fr-mode" id="fr-mode-seq" value="seq" checked> sequence</label>
           <label><input type="radio" name="fr-mode" id="fr-mode-time" value="time"> time</label>
@@ -76,8 +89,10 @@ def _body(noscript: str, nav: str) -> str:
         <button type="button" id="fr-zoom-stuck">zoom to stuck collective</button>
         <button type="button" id="fr-reset">reset view</button>
         <button type="button" id="fr-ops-all">all ops</button>
+        <a id="fr-trace" hidden download>trace.json (Perfetto)</a>
       </div>
       <div id="fr-ops" title="op filter"></div>
+      <div id="fr-state-filter" title="state filter"></div>
       <div id="fr-states"></div>
       <div id="fr-canvas-wrap">
         <canvas id="fr-canvas" aria-label="collective timeline"></canvas>
@@ -85,6 +100,19 @@ def _body(noscript: str, nav: str) -> str:
       </div>
       <div class="hint" id="fr-sampled"></div>
       <div id="fr-details"></div>
+      <div id="fr-list">
+        <div class="fr-list-bar"><h2>Collectives</h2>
+          <label>sort <select id="fr-list-sort">
+            <option value="seq">by sequence id</option>
+            <option value="duration">longest duration first</option>
+            <option value="wait">longest wait for the last rank first</option>
+            <option value="spread">widest arrival spread first</option>
+          </select></label> <span id="fr-list-count" class="hint"></span></div>
+        <div id="fr-list-scroll">
+          <div id="fr-list-head" class="fr-list-row head"></div>
+          <div id="fr-list-viewport"><div id="fr-list-spacer"></div><div id="fr-list-rows"></div></div>
+        </div>
+      </div>
     </div>
   </section>
 </main>"""
@@ -99,14 +127,20 @@ def render_html(
     status: dict[str, Any] | None = None,
     revision: str | None = None,
     nav: tuple[str, str] | None = None,
+    perf: dict[str, Any] | None = None,
 ) -> str:
     """The page for a report dict (report_to_dict) and timeline data (build_timeline).
 
     `live`: {"data_url", "summary_url", "events_url", "poll_s", "title"} for the operator's live page;
     `status`: per-rank status {rank: {"state": ..., "detail": ...}} drawn next to the rank axis;
-    `nav`: (href, text) of a link back (the web UI's job list).
+    `nav`: (href, text) of a link back (the web UI's job list);
+    `perf`: where the time goes (frscope.report.perf.perf_to_dict), shown in the findings panel.
     """
-    data = {"report": report, "timeline": timeline, "live": live, "status": status or {}, "revision": revision}
+    data = {
+        "report": report, "timeline": timeline, "live": live, "status": status or {}, "revision": revision,
+        "perf": perf,
+        "syntax": {"rank_part": RANK_PART, "max_rank": MAX_RANK},
+    }
     verdict = report.get("verdict") if report else None
     noscript = html.escape(str(verdict) if verdict else "frscope")
     csp = _LIVE_CSP if live else _STATIC_CSP
@@ -121,7 +155,7 @@ def render_html(
         f"<style>\n{asset('timeline.css')}</style>\n</head>\n<body>\n"
         f"{_body(noscript, nav_html)}\n"
         f'<script type="application/json" id="frscope-data">{embed_json(data)}</script>\n'
-        f"<script>\n{asset('timeline.js')}</script>\n"
+        f"<script>\n{viewer_script()}</script>\n"
         "</body>\n</html>\n"
     )
 
@@ -133,8 +167,9 @@ def render_report_html(
     *,
     title: str | None = None,
     options: TimelineOptions | None = None,
+    perf: dict[str, Any] | None = None,
 ) -> str:
-    """`frscope analyze --html`: the report and its timeline in one file."""
+    """`frscope analyze --html`: the report and its timeline in one file (`perf`: perf_to_dict, with --perf)."""
     report_dict = report_to_dict(report, findings=findings)
     timeline = build_timeline(dumpset, report, options)
-    return render_html(report_dict, timeline, title=title or f"frscope: {report_dict['verdict'][:120]}")
+    return render_html(report_dict, timeline, title=title or f"frscope: {report_dict['verdict'][:120]}", perf=perf)

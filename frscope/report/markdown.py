@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from frscope.analysis import Finding, Report, fmt_ranks
-from frscope.report.serialize import verdict
+from frscope.report.verdict import verdict
 
 
 def _finding(finding: Finding, level: int) -> list[str]:

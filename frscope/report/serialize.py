@@ -9,6 +9,7 @@ from typing import Any
 from frscope.analysis import Finding, Report, op_label
 from frscope.analysis.findings import RankView
 from frscope.records import Frame
+from frscope.report.verdict import verdict
 
 SCHEMA = "frscope.report/v1"
 
@@ -71,16 +72,6 @@ def finding_to_dict(finding: Finding) -> dict[str, Any]:
         "culprit_stacks": {str(r): frames_to_list(f) for r, f in sorted(finding.culprit_stacks.items())},
         "consequences": [finding_to_dict(c) for c in finding.consequences],
     }
-
-
-def verdict(report: Report) -> str:
-    if report.findings:
-        return report.findings[0].summary
-    groups = len(report.groups)
-    return (
-        f"No problem found: {len(report.ranks_loaded)} rank{'s' if len(report.ranks_loaded) != 1 else ''}, "
-        f"{groups} process group{'s' if groups != 1 else ''}; no collective is stuck or mismatched."
-    )
 
 
 def finite(obj: Any) -> Any:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from frscope.analysis import Finding, Report, fmt_ranks
 from frscope.records import Frame
-from frscope.report.serialize import verdict
+from frscope.report.verdict import verdict
 
 MAX_FRAMES = 12
 

@@ -25,199 +25,29 @@ docs/timeline.md.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
 from typing import Any
 
-from frscope.analysis import Finding, Report, op_label
-from frscope.analysis.stacks import user_frame
+from frscope.analysis import Report, op_label
 from frscope.analysis.tracks import Track, build_tracks
 from frscope.records import COMPLETED, STARTED, DumpSet, Entry
-
-TIMELINE_SCHEMA = "frscope.timeline/v1"
-
-# Cell states; the index is what the cells table stores.
-STATES = ("completed", "scheduled", "started", "in_flight", "not_entered", "not_recorded", "no_dump")
-S_COMPLETED, S_SCHEDULED, S_STARTED, S_IN_FLIGHT, S_NOT_ENTERED, S_NOT_RECORDED, S_NO_DUMP = range(len(STATES))
-
-DEFAULT_MAX_RUNS = 200_000
-DEFAULT_TAIL_COLUMNS = 256
-DEFAULT_LAG_THRESHOLD_MS = 50.0
-DEFAULT_MAX_LAGS = 20_000
-DEFAULT_MAX_SITE_RANKS = 8
-
-# Raw cell key: compared with == only (sizes are lists: unhashable, cheap to compare).
-_RawKey = tuple[Any, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class TimelineOptions:
-    max_runs: int = DEFAULT_MAX_RUNS
-    tail_columns: int = DEFAULT_TAIL_COLUMNS
-    lag_threshold_ms: float = DEFAULT_LAG_THRESHOLD_MS
-    max_lags: int = DEFAULT_MAX_LAGS
-    # call sites come from the frames, which may be re-read from each rank's file: ask this many ranks
-    # at most (besides the culprits)
-    max_site_ranks: int = DEFAULT_MAX_SITE_RANKS
-
-
-class _Tables:
-    """Interned strings and cells shared by every group."""
-
-    def __init__(self) -> None:
-        self.strings: list[str] = [""]
-        self._string_ids: dict[str, int] = {"": 0}
-        self.op_names: list[str] = []
-        self._op_ids: dict[str, int] = {}
-        self.cells: list[list[int]] = []
-        self._cell_ids: dict[tuple[Any, ...], int] = {}
-        self._reps: list[tuple[int, Entry] | None] = []  # the entry each cell was first seen in
-
-    def string(self, text: str) -> int:
-        found = self._string_ids.get(text)
-        if found is None:
-            found = self._string_ids[text] = len(self.strings)
-            self.strings.append(text)
-        return found
-
-    def op(self, name: str) -> int:
-        found = self._op_ids.get(name)
-        if found is None:
-            found = self._op_ids[name] = len(self.op_names)
-            self.op_names.append(name)
-        return found
-
-    def absent(self, state: int) -> int:
-        key = ("", state)
-        found = self._cell_ids.get(key)
-        if found is None:
-            found = self._cell_ids[key] = len(self.cells)
-            self.cells.append([-1, state, 0, 0, 0, 0, 0, 1])
-            self._reps.append(None)
-        return found
-
-    def cell(self, raw: _RawKey, bucket: list[Entry], rank: int) -> int:
-        op, state, in_sizes, in_dtypes, out_sizes, out_dtypes = raw
-        key = (op, state, repr(in_sizes), repr(in_dtypes), repr(out_sizes), repr(out_dtypes))
-        found = self._cell_ids.get(key)
-        if found is not None:
-            return found
-        found = self._cell_ids[key] = len(self.cells)
-        self._reps.append((rank, bucket[0]))
-        self.cells.append(
-            [
-                self.op(op),
-                state,
-                self.string(_shapes(in_sizes)),
-                self.string(", ".join(in_dtypes)),
-                self.string(_shapes(out_sizes)),
-                self.string(", ".join(out_dtypes)),
-                0,  # call site: resolve_sites()
-                len(bucket),
-            ]
-        )
-        return found
-
-    def resolve_sites(self, preferred: set[int], max_ranks: int) -> None:
-        """Call sites from the recorder's frames. Frames may be lazy (re-read from the rank's file on
-        first use), so only the ranks in `preferred` plus up to `max_ranks` others are asked."""
-        allowed = set(preferred)
-        budget = max_ranks
-        for i, rep in enumerate(self._reps):
-            if rep is None:
-                continue
-            rank, entry = rep
-            if rank not in allowed:
-                if budget <= 0:
-                    continue
-                budget -= 1
-                allowed.add(rank)
-            site = user_frame(entry.frames)
-            if site is not None:
-                self.cells[i][6] = self.string(f"{site.filename}:{site.line} ({site.name})")
-
-
-def _shapes(sizes: list[Any]) -> str:
-    return " ".join(
-        "[" + ", ".join(str(d) for d in shape) + "]" if isinstance(shape, list) else str(shape) for shape in sizes
-    )
-
-
-def _bucket_state(bucket: list[Entry], in_flight: bool) -> int:
-    if all(e.state == COMPLETED or e.retired is True for e in bucket):
-        return S_COMPLETED
-    if in_flight:
-        return S_IN_FLIGHT
-    if any(e.state == STARTED for e in bucket):
-        return S_STARTED
-    return S_SCHEDULED
-
-
-def _raw_key(bucket: list[Entry], in_flight: bool) -> _RawKey:
-    state = _bucket_state(bucket, in_flight)
-    if len(bucket) == 1:
-        e = bucket[0]
-        return (e.op, state, e.input_sizes, e.input_dtypes, e.output_sizes, e.output_dtypes)
-    ops = {e.op for e in bucket}
-    return (
-        bucket[0].op if len(ops) == 1 else "coalesced",
-        state,
-        [s for e in bucket for s in e.input_sizes],
-        [d for e in bucket for d in e.input_dtypes],
-        [s for e in bucket for s in e.output_sizes],
-        [d for e in bucket for d in e.output_dtypes],
-    )
-
-
-def _absent_state(track: Track | None, seq: int, has_dump: bool) -> int:
-    if not has_dump:
-        return S_NO_DUMP
-    if track is None or not track.by_seq or seq > track.last_seq:
-        return S_NOT_ENTERED
-    return S_NOT_RECORDED
-
-
-def _duration(bucket: list[Entry]) -> float | None:
-    total = 0.0
-    for e in bucket:
-        if e.duration_ms is not None:
-            total += e.duration_ms
-        elif e.time_started_ns and e.time_completed_ns and e.time_completed_ns >= e.time_started_ns:
-            total += (e.time_completed_ns - e.time_started_ns) / 1e6
-        else:
-            return None
-    return total
-
-
-def _median(values: list[int] | list[float]) -> float:
-    values.sort()
-    n = len(values)
-    mid = n // 2
-    return values[mid] if n % 2 else (values[mid - 1] + values[mid]) / 2
-
-
-def _finding_marks(findings: list[Finding]) -> list[dict[str, Any]]:
-    marks: list[dict[str, Any]] = []
-
-    def walk(finding: Finding, root: int, depth: int) -> None:
-        marks.append(
-            {
-                "finding": root,
-                "consequence": depth > 0,
-                "category": finding.category.value,
-                "group": finding.process_group.name,
-                "seq": finding.collective_seq_id,
-                "op": finding.op,
-                "op_label": op_label(finding.op) if finding.op else None,
-                "culprit_ranks": list(finding.culprit_ranks),
-                "summary": finding.summary,
-            }
-        )
-        for c in finding.consequences:
-            walk(c, root, depth + 1)
-
-    for i, f in enumerate(findings):
-        walk(f, i, 0)
-    return marks
+from frscope.report.rank_times import ColumnSpread, build_rank_times, column_spread, spread_fields
+from frscope.report.timeline_cells import (
+    S_COMPLETED,
+    S_IN_FLIGHT,
+    S_NO_DUMP,
+    S_SCHEDULED,
+    S_STARTED,
+    STATES,
+    TIMELINE_SCHEMA,
+    RawKey,
+    Tables,
+    TimelineOptions,
+    absent_state,
+    bucket_duration,
+    finding_marks,
+    median,
+    raw_key,
+)
 
 
 def _columns(tracks: dict[int, Track]) -> list[int]:
@@ -239,6 +69,7 @@ class _GroupGrid:
         col_t: list[float | None],
         col_dur: list[float | None],
         lags: list[tuple[float, int, int]],
+        col_spread: list[ColumnSpread | None],
     ) -> None:
         self.rows = rows
         self.seqs = seqs
@@ -246,7 +77,11 @@ class _GroupGrid:
         self.exceptions = exceptions  # per row: (col, cell) where the row differs, ascending col
         self.col_t = col_t
         self.col_dur = col_dur
+        self.col_spread = col_spread  # per column: the ranks' own durations and arrivals
         self.lags = lags  # (lag_ms, row, col)
+
+    def col_t_for(self, keep: list[int] | None) -> list[float | None]:
+        return self.col_t if keep is None else [self.col_t[c] for c in keep]
 
     def runs_for(self, keep: list[int] | None) -> tuple[list[list[int]], list[int], int]:
         """(patterns, row_pattern, total runs) over the kept columns (indices into self.seqs)."""
@@ -281,7 +116,7 @@ class _GroupGrid:
 
 def _grid(
     dumpset: DumpSet,
-    tables: _Tables,
+    tables: Tables,
     rows: list[int],
     tracks: dict[int, Track],
     lag_threshold_ms: float,
@@ -294,13 +129,16 @@ def _grid(
     col_cell: list[int] = []
     col_t: list[float | None] = []
     col_dur: list[float | None] = []
+    col_spread: list[ColumnSpread | None] = []
     lags: list[tuple[float, int, int]] = []
     for col, seq in enumerate(seqs):
-        keys: list[_RawKey | None] = []
+        keys: list[RawKey | None] = []
         buckets: list[list[Entry] | None] = []
         created: list[tuple[int, int]] = []  # (row, ns)
         durations: list[float] = []
-        candidate: _RawKey | None = None
+        slowest_row = -1
+        slowest_d = -1.0
+        candidate: RawKey | None = None
         count = 0
         # Hot loop (every entry of every rank): inlined, and a Boyer-Moore majority vote on the way.
         for i, track in enumerate(row_tracks):
@@ -320,13 +158,13 @@ def _grid(
                     state = S_STARTED
                 else:
                     state = S_SCHEDULED
-                key: _RawKey = (e.op, state, e.input_sizes, e.input_dtypes, e.output_sizes, e.output_dtypes)
+                key: RawKey = (e.op, state, e.input_sizes, e.input_dtypes, e.output_sizes, e.output_dtypes)
                 d = e.duration_ms
                 if d is None and e.time_started_ns and e.time_completed_ns:
                     d = (e.time_completed_ns - e.time_started_ns) / 1e6
             else:
-                key = _raw_key(bucket, in_flight)
-                d = _duration(bucket)
+                key = raw_key(bucket, in_flight)
+                d = bucket_duration(bucket)
             keys.append(key)
             if count == 0:
                 candidate, count = key, 1
@@ -339,6 +177,8 @@ def _grid(
                 created.append((i, ns))
             if d is not None:
                 durations.append(d)
+                if d > slowest_d:
+                    slowest_d, slowest_row = d, i
         consensus = -1
         for i, k in enumerate(keys):
             if k is not None and k == candidate:
@@ -346,13 +186,13 @@ def _grid(
                     consensus = tables.cell(k, buckets[i], rows[i])  # type: ignore[arg-type]
                 continue
             if k is None:
-                cell = tables.absent(_absent_state(row_tracks[i], seq, has_dump[i]))
+                cell = tables.absent(absent_state(row_tracks[i], seq, has_dump[i]))
             else:
                 cell = tables.cell(k, buckets[i], rows[i])  # type: ignore[arg-type]
             exceptions[i].append((col, cell))
         col_cell.append(consensus)
         if created and t0 is not None:
-            median_ns = _median([ns for _, ns in created])
+            median_ns = median([ns for _, ns in created])
             col_t.append(round((median_ns - t0) / 1e6, 3))
             for row, ns in created:
                 lag = (ns - median_ns) / 1e6
@@ -360,8 +200,9 @@ def _grid(
                     lags.append((round(lag, 3), row, col))
         else:
             col_t.append(None)
-        col_dur.append(round(_median(durations), 3) if durations else None)
-    return _GroupGrid(rows, seqs, col_cell, exceptions, col_t, col_dur, lags)
+        col_dur.append(round(median(durations), 3) if durations else None)
+        col_spread.append(column_spread(created, durations, slowest_row, rows))
+    return _GroupGrid(rows, seqs, col_cell, exceptions, col_t, col_dur, lags, col_spread)
 
 
 def _choose_columns(grid: _GroupGrid, must: set[int], budget: int, tail: int) -> list[int]:
@@ -380,11 +221,11 @@ def build_timeline(
 ) -> dict[str, Any]:
     """The timeline data (see the module docstring and docs/timeline.md). Pure; linear in the entries."""
     opts = options or TimelineOptions()
-    tables = _Tables()
+    tables = Tables()
     tables.absent(S_NO_DUMP)  # cell 0 is always a plain 'no dump' cell
     tracks = build_tracks(dumpset)
     findings = report.findings if report is not None else []
-    marks = _finding_marks(findings)
+    marks = finding_marks(findings)
 
     t0: int | None = None
     for dump in dumpset.dumps.values():
@@ -412,6 +253,11 @@ def build_timeline(
             keeps[gi] = _choose_columns(grid, must, share, min(opts.tail_columns, share))
             encoded[gi] = grid.runs_for(keeps[gi])
 
+    rank_times = build_rank_times(
+        [(name, grid.rows, [grid.seqs[c] for c in (keeps[gi] or range(len(grid.seqs)))], grid.col_t_for(keeps[gi]))
+         for gi, (name, _desc, grid) in enumerate(grids)],
+        tracks, t0, opts.max_rank_times, primary_group=next((m["group"] for m in marks if not m["consequence"]), None),
+    )
     lag_budget = opts.max_lags
     groups_out: list[dict[str, Any]] = []
     for gi, (name, desc, grid) in enumerate(grids):
@@ -441,6 +287,8 @@ def build_timeline(
                 "col_cell": [grid.col_cell[c] for c in cols],
                 "col_t_ms": [grid.col_t[c] for c in cols],
                 "col_dur_ms": [grid.col_dur[c] for c in cols],
+                **spread_fields([grid.col_spread[c] for c in cols]),
+                "rank_times": rank_times.get(name),
                 "patterns": patterns,
                 "row_pattern": row_pattern,
                 "lags": [x for lag, row, col in lags for x in (row, col, lag)],
@@ -488,3 +336,6 @@ def build_timeline(
         "lag_threshold_ms": opts.lag_threshold_ms,
         "groups": groups_out,
     }
+
+
+__all__ = ["STATES", "TIMELINE_SCHEMA", "TimelineOptions", "build_timeline"]

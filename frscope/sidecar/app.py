@@ -29,7 +29,14 @@ from pathlib import Path
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from frscope.sidecar.auth import BearerToken, IssuerKeys, OperatorVerifier, default_api_server, push_token
+from frscope.sidecar.auth import (
+    BearerToken,
+    IssuerKeys,
+    OperatorVerifier,
+    accepted_audiences,
+    default_api_server,
+    push_token,
+)
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.dumpdir import DumpDirWatcher, DumpFile
 from frscope.sidecar.evidence import Capture, EvidenceStore
@@ -67,7 +74,8 @@ class Sidecar:
         verifier: OperatorVerifier | None = None
         if config.operator_identity:
             keys = IssuerKeys(config.api_server or default_api_server(), config.kube_token_dir)
-            verifier = OperatorVerifier(keys, config.operator_identity)
+            audiences = accepted_audiences(config.namespace, config.pod)
+            verifier = OperatorVerifier(keys, config.operator_identity, audiences)
         self.auth = BearerToken(config.token_file, verifier)
         self.poller = Poller(config, self.tracker, self.metrics)
         self.snapshots = Snapshots(config, self.poller, self.tracker, self.evidence, self.dumps, self.metrics)

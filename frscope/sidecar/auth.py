@@ -1,12 +1,17 @@
 """The sidecar's side of Kubernetes identity (docs/sidecar-api.md, "Authentication").
 
-Inbound: the operator calls with its own projected service-account token, audience
-`frscope.io/sidecar`. The sidecar checks it OFFLINE, against the cluster's service-account issuer
+Inbound: the operator calls with a token of its own service account that it minted for this pod
+(TokenRequest), audience `frscope.io/sidecar/<namespace>/<pod>` (`pod_audience`): a token shown to
+one sidecar, or captured by a pod posing as one, opens no other pod's sidecar. The sidecar checks it
+OFFLINE, against the cluster's service-account issuer
 keys: `/.well-known/openid-configuration` (the issuer) and `/openid/v1/jwks` (the public keys),
 which every service account may read by default (ClusterRole system:service-account-issuer-
 discovery). No TokenReview, so the training pods' service account needs no permission at all.
-Checked: the signature (RS256 or ES256), the issuer, the audience, the expiry (and nbf), and that
-the subject is the operator's service account. The keys are fetched once, again when a token names
+Checked (PyJWT: the JWS, signature, issuer and audience; here: the times against the caller's clock
+and the subject): the signature (RS256 or ES256), the issuer, the audience, the expiry (and nbf), and
+that the subject is the operator's service account. Any malformed token is a 401 (never a 500); a
+refused token is remembered (bounded, `REFUSED_MAX`, for `REFUSED_TTL_S`) and refused again at the
+cost of a dict lookup. The keys are fetched once, again when a token names
 a key not yet seen (key rotation; at most every `REFETCH_MIN_S`), and every `KEYS_TTL_S`.
 
 Outbound: pushes carry the pod's own projected token for the operator's audience, read from its file
@@ -30,24 +35,25 @@ import logging
 import os
 import ssl
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import jwt as pyjwt
 from aiohttp import web
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec, padding, rsa
-from cryptography.hazmat.primitives.asymmetric.utils import encode_dss_signature
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
+from frscope import wire
 
 log = logging.getLogger("frscope.sidecar")
 
 PROBES = frozenset({"/healthz", "/readyz"})  # the kubelet has no token
 TOKEN_RELOAD_S = 30.0
 
-AUDIENCE_SIDECAR = "frscope.io/sidecar"  # = frscope.operator.names.AUDIENCE_SIDECAR (the sidecar imports no operator)
+AUDIENCE_SIDECAR = wire.SIDECAR_AUDIENCE  # = frscope.operator.names.AUDIENCE_SIDECAR
 OPERATOR_TOKEN = "operator-token"
 API_TOKEN = "api-token"
 CA_FILE = "ca.crt"
@@ -57,6 +63,8 @@ KEYS_TTL_S = 3600.0
 REFETCH_MIN_S = 30.0
 MAX_DOC_BYTES = 1024 * 1024
 PASSED_MAX = 8  # tokens remembered as checked (the operator's current one, and a few renewed ones)
+REFUSED_MAX = 1024  # tokens remembered as refused
+REFUSED_TTL_S = REFETCH_MIN_S
 
 
 class TokenRejected(Exception):
@@ -68,41 +76,42 @@ class TokenRejected(Exception):
         self.reason = reason
 
 
-def _b64decode(part: str) -> bytes:
-    try:
-        return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
-    except (binascii.Error, ValueError) as exc:
-        raise TokenRejected(401, "malformed token") from exc
+# The audience of the tokens the operator mints for one pod's sidecar (TokenRequest): a token shown to
+# one sidecar opens no other pod's.
+pod_audience = wire.sidecar_audience
+
+
+def accepted_audiences(namespace: str, pod: str) -> tuple[str, ...]:
+    """What this sidecar accepts: its own pod's audience only."""
+    return (pod_audience(namespace, pod),)
 
 
 def _b64int(text: Any) -> int:
     if not isinstance(text, str):
         raise ValueError("not a base64url integer")
-    return int.from_bytes(_b64decode(text), "big")
+    try:
+        raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError("not a base64url integer") from exc
+    return int.from_bytes(raw, "big")
 
 
 @dataclass(frozen=True, slots=True)
 class Jwt:
+    """A token whose header was read (not yet verified)."""
+
+    token: str
     header: dict[str, Any]
-    claims: dict[str, Any]
-    signing_input: bytes
-    signature: bytes
 
 
 def parse_jwt(token: str) -> Jwt:
     if len(token) > MAX_TOKEN_BYTES:
         raise TokenRejected(401, "token too long")
-    parts = token.split(".")
-    if len(parts) != 3:
-        raise TokenRejected(401, "not a JWT")
     try:
-        header = json.loads(_b64decode(parts[0]))
-        claims = json.loads(_b64decode(parts[1]))
-    except ValueError as exc:
+        header = pyjwt.get_unverified_header(token)
+    except (pyjwt.PyJWTError, ValueError, TypeError, RecursionError) as exc:
         raise TokenRejected(401, "malformed token") from exc
-    if not isinstance(header, dict) or not isinstance(claims, dict):
-        raise TokenRejected(401, "malformed token")
-    return Jwt(header, claims, f"{parts[0]}.{parts[1]}".encode(), _b64decode(parts[2]))
+    return Jwt(token, header)
 
 
 PublicKey = rsa.RSAPublicKey | ec.EllipticCurvePublicKey
@@ -116,51 +125,58 @@ def key_from_jwk(jwk: dict[str, Any]) -> PublicKey | None:
         if jwk.get("kty") == "EC" and jwk.get("crv") == "P-256":
             return ec.EllipticCurvePublicNumbers(_b64int(jwk.get("x")), _b64int(jwk.get("y")),
                                                  ec.SECP256R1()).public_key()
-    except (ValueError, TokenRejected):
+    except ValueError:
         return None
     return None
 
 
-def _signature_ok(jwt: Jwt, key: PublicKey) -> bool:
+def _fits(alg: str, key: PublicKey) -> bool:
+    """The key can check this algorithm (no RSA key for ES256, no other curve than P-256)."""
+    if alg == "RS256":
+        return isinstance(key, rsa.RSAPublicKey)
+    return isinstance(key, ec.EllipticCurvePublicKey) and isinstance(key.curve, ec.SECP256R1)
+
+
+def verify(jwt: Jwt, keys: dict[str, PublicKey], *, issuer: str, audience: str | tuple[str, ...], subject: str,
+           now: float) -> dict[str, Any]:
+    """The token's claims; TokenRejected unless `jwt` is signed by one of `keys` (by kid, else any) and its
+    claims say: this issuer, one of these audiences, not expired, and this subject. The signature, the
+    issuer and the audience are PyJWT's checks; the times are checked against `now` here."""
     alg = jwt.header.get("alg")
-    try:
-        if alg == "RS256" and isinstance(key, rsa.RSAPublicKey):
-            key.verify(jwt.signature, jwt.signing_input, padding.PKCS1v15(), hashes.SHA256())
-            return True
-        if alg == "ES256" and isinstance(key, ec.EllipticCurvePublicKey) and len(jwt.signature) == 64:
-            der = encode_dss_signature(int.from_bytes(jwt.signature[:32], "big"),
-                                       int.from_bytes(jwt.signature[32:], "big"))
-            key.verify(der, jwt.signing_input, ec.ECDSA(hashes.SHA256()))
-            return True
-    except InvalidSignature:
-        return False
-    return False
-
-
-def verify(jwt: Jwt, keys: dict[str, PublicKey], *, issuer: str, audience: str, subject: str,
-           now: float) -> None:
-    """Raise TokenRejected unless `jwt` is signed by one of `keys` (by kid, else any) and its claims
-    say: this issuer, this audience, not expired, and this subject."""
-    if jwt.header.get("alg") not in ("RS256", "ES256"):
-        raise TokenRejected(401, f"signature algorithm {str(jwt.header.get('alg'))[:20]!r} not accepted")
+    if alg not in ("RS256", "ES256"):
+        raise TokenRejected(401, f"signature algorithm {str(alg)[:20]!r} not accepted")
+    audiences = (audience,) if isinstance(audience, str) else audience
     kid = jwt.header.get("kid")
     candidates = [keys[kid]] if isinstance(kid, str) and kid in keys else list(keys.values())
-    if not any(_signature_ok(jwt, key) for key in candidates):
+    claims: dict[str, Any] | None = None
+    for key in candidates:
+        if not _fits(alg, key):
+            continue
+        try:
+            claims = pyjwt.decode(jwt.token, key, algorithms=[alg], audience=list(audiences), issuer=issuer,
+                                  options={"require": ["iss", "aud"], "verify_exp": False, "verify_nbf": False,
+                                           "verify_iat": False, "verify_sub": False, "verify_jti": False})
+            break
+        except pyjwt.InvalidSignatureError:
+            continue
+        except (pyjwt.InvalidAudienceError, pyjwt.MissingRequiredClaimError) as exc:
+            if isinstance(exc, pyjwt.MissingRequiredClaimError) and exc.claim == "iss":
+                raise TokenRejected(401, "token from another issuer") from exc
+            raise TokenRejected(401, f"token not for audience {audiences[0]}") from exc
+        except pyjwt.InvalidIssuerError as exc:
+            raise TokenRejected(401, "token from another issuer") from exc
+        except (pyjwt.PyJWTError, ValueError, TypeError, RecursionError) as exc:
+            raise TokenRejected(401, "malformed token") from exc
+    if claims is None:
         raise TokenRejected(401, "bad signature (not signed by this cluster's service-account issuer)")
-    c = jwt.claims
-    if c.get("iss") != issuer:
-        raise TokenRejected(401, "token from another issuer")
-    aud = c.get("aud")
-    audiences = [aud] if isinstance(aud, str) else aud if isinstance(aud, list) else []
-    if audience not in audiences:
-        raise TokenRejected(401, f"token not for audience {audience}")
-    exp, nbf = c.get("exp"), c.get("nbf")
+    exp, nbf = claims.get("exp"), claims.get("nbf")
     if not isinstance(exp, (int, float)) or isinstance(exp, bool) or now > exp + LEEWAY_S:
         raise TokenRejected(401, "token expired")
     if isinstance(nbf, (int, float)) and not isinstance(nbf, bool) and now + LEEWAY_S < nbf:
         raise TokenRejected(401, "token not valid yet")
-    if c.get("sub") != subject:
-        raise TokenRejected(403, f"token of {str(c.get('sub'))[:200]}, not of the operator ({subject})")
+    if claims.get("sub") != subject:
+        raise TokenRejected(403, f"token of {str(claims.get('sub'))[:200]}, not of the operator ({subject})")
+    return claims
 
 
 def default_api_server() -> str:
@@ -224,15 +240,19 @@ class IssuerKeys:
 
 
 class OperatorVerifier:
-    """Checks that a request comes from the operator (its service account, for the sidecar audience)."""
+    """Checks that a request comes from the operator (its service account, for this sidecar's audience)."""
 
-    def __init__(self, keys: IssuerKeys, operator: str, audience: str = AUDIENCE_SIDECAR) -> None:
+    def __init__(self, keys: IssuerKeys, operator: str, audience: str | tuple[str, ...] = AUDIENCE_SIDECAR) -> None:
         self.keys = keys
         self.operator = operator
         self.audience = audience
-        # The operator shows the same token at every poll until the kubelet renews it: a token that
-        # passed is remembered (by digest, with its expiry) so the signature is checked once per token.
+        # The operator shows the same token at every poll until it renews it: a token that passed is
+        # remembered (by digest, with its expiry) so the signature is checked once per token.
         self._passed: dict[bytes, float] = {}
+        # A token that was refused is refused again without parsing or signature checks, for a while (a
+        # key that rotated in is fetched at most every REFETCH_MIN_S): a storm of bad tokens costs one
+        # dict lookup each once seen. Bounded: the oldest are forgotten first.
+        self._refused: OrderedDict[bytes, tuple[float, TokenRejected]] = OrderedDict()
 
     async def check(self, authorization: str) -> None:
         scheme, _, token = authorization.partition(" ")
@@ -245,16 +265,31 @@ class OperatorVerifier:
             if time.time() <= expiry + LEEWAY_S:
                 return
             del self._passed[digest]
+        refused = self._refused.get(digest)
+        if refused is not None:
+            if time.monotonic() < refused[0]:
+                raise refused[1]
+            del self._refused[digest]
+        try:
+            claims = await self._verify(token)
+        except TokenRejected as exc:
+            if exc.status in (401, 403):
+                if len(self._refused) >= REFUSED_MAX:
+                    self._refused.popitem(last=False)
+                self._refused[digest] = (time.monotonic() + REFUSED_TTL_S, exc)
+            raise
+        if len(self._passed) >= PASSED_MAX:
+            self._passed.clear()
+        self._passed[digest] = float(claims["exp"])
+
+    async def _verify(self, token: str) -> dict[str, Any]:
         jwt = parse_jwt(token)
         kid = jwt.header.get("kid")
         await self.keys.refresh(force=isinstance(kid, str) and kid not in self.keys.keys)
         if self.keys.issuer is None:
             raise TokenRejected(503, "the cluster's service-account issuer keys are not available yet")
-        verify(jwt, self.keys.keys, issuer=self.keys.issuer, audience=self.audience, subject=self.operator,
-               now=time.time())
-        if len(self._passed) >= PASSED_MAX:
-            self._passed.clear()
-        self._passed[digest] = float(jwt.claims["exp"])
+        return verify(jwt, self.keys.keys, issuer=self.keys.issuer, audience=self.audience, subject=self.operator,
+                      now=time.time())
 
 
 def push_token(token_dir: Path) -> str | None:
@@ -329,6 +364,10 @@ class BearerToken:
             except TokenRejected as exc:
                 headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
                 return web.json_response({"error": exc.reason}, status=exc.status, headers=headers)
+            except Exception:  # a token nobody foresaw: refused, never a 500 with a trace
+                log.exception("token check failed")
+                return web.json_response({"error": "malformed token"}, status=401,
+                                         headers={"WWW-Authenticate": "Bearer"})
             return await handler(request)
         if self._token is None:
             return await handler(request)

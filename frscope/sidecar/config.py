@@ -95,6 +95,9 @@ class SidecarConfig:
             raise ValueError("size caps must be > 0")
         if self.evidence_max_files < 1 or self.memory_captures < 1:
             raise ValueError("--evidence-max-files and --memory-captures must be >= 1")
+        if self.operator_identity and not (self.namespace and self.pod):
+            raise ValueError("--operator-identity needs the pod's namespace and name (--namespace/--pod, or "
+                             "POD_NAMESPACE/POD_NAME from the downward API): tokens are accepted per pod")
         if self.token_file is not None and self.operator_identity:
             raise ValueError("--token-file (a shared secret) and --operator-identity (Kubernetes identity) "
                              "exclude each other")
@@ -171,8 +174,9 @@ _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
     ("--token-file", "token_file", "FRSCOPE_TOKEN_FILE", "path", None,
      "bearer token file (e.g. a mounted Secret); protects everything but /healthz and /readyz"),
     ("--operator-identity", "operator_identity", "FRSCOPE_OPERATOR_IDENTITY", "str", None,
-     "accept only this service account's tokens (system:serviceaccount:NS:NAME, audience frscope.io/sidecar), "
-     "checked offline against the cluster's issuer keys; push with the pod's own token"),
+     "accept only this service account's tokens (system:serviceaccount:NS:NAME) minted for this pod (audience "
+     "frscope.io/sidecar/<namespace>/<pod>), checked offline against the cluster's issuer keys; push with the "
+     "pod's own token"),
     ("--kube-token-dir", "kube_token_dir", "FRSCOPE_KUBE_TOKEN_DIR", "path", "/var/run/secrets/frscope",
      "with --operator-identity: the projected tokens (operator-token, api-token) and ca.crt"),
     ("--api-server", "api_server", "FRSCOPE_API_SERVER", "str", None,

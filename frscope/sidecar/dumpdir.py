@@ -21,7 +21,7 @@ from typing import Any
 
 from frscope.records import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, decode_bytes, normalize_dump
 from frscope.records.isolate import call_isolated, can_isolate
-from frscope.records.limits import describe
+from frscope.records.limits import describe, file_cpu_budget_s
 from frscope.records.loader import rank_from_name, read_capped
 from frscope.wire import snapshot_piece_bytes, unwrap_snapshot
 
@@ -221,7 +221,8 @@ class DumpDirWatcher:
         source = str(item.path)
         try:
             if self.isolate:
-                parsed = call_isolated(source, _decode_file, item.path, self.max_bytes)
+                parsed = call_isolated(source, _decode_file, item.path, self.max_bytes,
+                                       cpu_s=file_cpu_budget_s(item.path))
             else:
                 parsed = _decode_file(item.path, self.max_bytes)
         except TruncatedDump as exc:

@@ -67,6 +67,7 @@ class JobDetail:
     report: dict[str, Any] | None = None  # frscope.report.report_to_dict() shape
     timeline: dict[str, Any] | None = None  # frscope.report.timeline.build_timeline() shape
     ranks: dict[int, RankStatus] = field(default_factory=dict)
+    perf: dict[str, Any] | None = None  # frscope.report.perf.perf_to_dict(): where the time goes
     # Must change whenever anything above changes; None: the web UI hashes the content (costs a JSON
     # encoding of the timeline per change check, cached per report/timeline object).
     revision: str | None = None
@@ -77,6 +78,7 @@ class JobDetail:
             "report": self.report,
             "timeline": self.timeline,
             "status": {str(r): s.to_dict() for r, s in sorted(self.ranks.items())},
+            "perf": self.perf,
             "revision": revision,
         }
 

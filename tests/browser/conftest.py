@@ -11,7 +11,7 @@ import asyncio
 import os
 import shutil
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,8 @@ def state(page: Any) -> dict[str, Any]:
 class LiveServer:
     """An aiohttp app on 127.0.0.1 in a thread; `call()` runs a function on its loop and waits."""
 
-    def __init__(self, app: web.Application) -> None:
+    def __init__(self, app: web.Application | Callable[[], Awaitable[web.Application]]) -> None:
+        # a factory builds the app on the server's own loop (for apps that open client sessions)
         self.app = app
         self.port = 0
         self._loop = asyncio.new_event_loop()
@@ -74,9 +75,9 @@ class LiveServer:
     def _run(self) -> None:
         loop = self._loop
         asyncio.set_event_loop(loop)
-        runner = web.AppRunner(self.app, shutdown_timeout=2.0)
-
         async def main() -> None:
+            app = self.app if isinstance(self.app, web.Application) else await self.app()
+            runner = web.AppRunner(app, shutdown_timeout=2.0)
             self._stop = asyncio.Event()
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -78,7 +78,7 @@ def test_operator_ui_follows_the_watched_job(browser: Any, artifacts: Path, oper
         wait_ready(page)
         assert page.url.endswith("/ui/jobs/ml/train")
         assert "No report yet" in page.inner_text("#fr-verdict")  # the status-only view
-        assert "ok: 0-3" in page.inner_text("#fr-status")
+        assert "ok: 4 ranks (0-3)" in page.inner_text("#fr-status")
         first = state(page)
         assert first["culpritRanks"] == [] and first["status"]["2"]["state"] == "ok"
         page.evaluate("() => (window.__notReloaded = true)")
@@ -91,7 +91,7 @@ def test_operator_ui_follows_the_watched_job(browser: Any, artifacts: Path, oper
         page.wait_for_function("() => (window.frscope.state().status['2'] || {}).state === 'stalled'",
                                timeout=15_000)
         assert state(page)["culpritRanks"] == []
-        assert "stalled: 2-3" in page.inner_text("#fr-status")
+        assert "stalled: 2 ranks (2-3)" in page.inner_text("#fr-status")
 
         # The diagnosis is published: the page follows without a reload and highlights the culprit.
         operator_ui.set(lambda: setattr(rig.kube, "delay_s", 0.0))

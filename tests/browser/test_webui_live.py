@@ -85,7 +85,7 @@ def test_live_page_follows_the_job(browser: Any, artifacts: Path) -> None:
             assert after["revision"] != first["revision"]
             assert after["culpritRanks"] == [1] and after["highlightedRanks"] == [1] and after["stuckVisible"]
             assert "never joined" in page.inner_text("#fr-verdict")
-            assert "stalled: 0, 2-3" in page.inner_text("#fr-status")
+            assert "stalled: 3 ranks (0, 2-3)" in page.inner_text("#fr-status")
             assert "RankNotJoined" in page.inner_text("#fr-findings")
 
             # a status-only change (ranks) also arrives
@@ -116,5 +116,38 @@ def test_live_page_falls_back_to_polling(browser: Any) -> None:
             wait_ready(page)
             server.call(lambda: provider.put("ns", "job", report=hang_report, timeline=hang_timeline))
             page.wait_for_function("() => window.frscope.state().culpritRanks.length === 1", timeout=20_000)
+        finally:
+            context.close()
+
+
+def test_ranks_now_says_how_many_and_which_as_the_dots_do(browser: Any) -> None:
+    """Two ranks reported (rank 0 stalled, rank 1 ok, as on a 2-rank hang): the "Ranks now" line names
+    each state's count and ranks, and each rank's dot has its state's colour (the line once read
+    "ok: 1, stalled: 0", rank lists that looked like counts)."""
+    report, timeline = real("p2p")
+    provider = MemoryProvider()
+    provider.put("ml", "two", report=report, timeline=timeline,
+                 ranks={0: RankStatus("stalled", "in recv"), 1: RankStatus("ok")})
+    with LiveServer(create_app(provider, poll_s=0.2)) as server:
+        context = browser.new_context(viewport={"width": 1200, "height": 800})
+        page = context.new_page()
+        try:
+            page.goto(server.url("/jobs/ml/two"))
+            wait_ready(page)
+            pills = page.eval_on_selector_all(
+                "#fr-status .pill",
+                "els => els.map(e => [e.dataset.state, e.dataset.count, e.dataset.ranks, e.textContent])")
+            assert [p[:3] for p in pills] == [["ok", "1", "1"], ["stalled", "1", "0"]]
+            assert "stalled: 1 rank (0)" in pills[1][3] and "ok: 1 rank (1)" in pills[0][3]
+            g = next(g for g in timeline["groups"] if 0 in g["ranks"] and 1 in g["ranks"])
+            page.evaluate(f"() => window.frscope.setGroup({g['name']!r})")
+            colours = page.evaluate("""(seq) => {
+                const c = document.getElementById('fr-canvas'), ctx = c.getContext('2d');
+                const dpr = window.devicePixelRatio || 1;
+                return [0, 1].map(r => { const b = window.frscope.cellBox(r, seq);
+                  const px = ctx.getImageData(Math.round(62 * dpr), Math.round(b.cy * dpr), 1, 1).data;
+                  return Array.from(px).slice(0, 3); });
+            }""", g["seqs"][0])
+            assert colours == [[0xef, 0x6c, 0x00], [0x2e, 0x7d, 0x32]], colours  # stalled orange, ok green
         finally:
             context.close()

@@ -310,7 +310,9 @@ async def test_the_sidecar_accepts_the_operators_token_only(kube: ControlPlane, 
         def status(token: str | None) -> tuple[int, Any]:
             return http("GET", base + "/v1/status", token=token)
 
-        operator_token = request_token(kube, namespace, "operator", audience=SIDECAR_AUDIENCE)
+        # What the operator mints for this pod (TokenRequest, the audience naming the pod).
+        own_audience = f"{SIDECAR_AUDIENCE}/{namespace}/train-worker-0"
+        operator_token = request_token(kube, namespace, "operator", audience=own_audience)
         code, answer = status(operator_token)
         assert code == 200 and answer["pod"] == "train-worker-0", answer
         assert http("GET", base + "/healthz")[0] == 200 and http("GET", base + "/metrics")[0] == 200
@@ -319,8 +321,12 @@ async def test_the_sidecar_accepts_the_operators_token_only(kube: ControlPlane, 
             "the API server's audience": (status(request_token(kube, namespace, "operator")), 401),
             "the operator's own audience": (status(request_token(kube, namespace, "operator",
                                                                   audience=OPERATOR_AUDIENCE)), 401),
-            "another account": (status(request_token(kube, namespace, "trainer", audience=SIDECAR_AUDIENCE)), 403),
-            "expired": (status(mint(kube, namespace, "operator", lifetime_s=60, audience=SIDECAR_AUDIENCE,
+            "the shared sidecar audience": (status(request_token(kube, namespace, "operator",
+                                                                  audience=SIDECAR_AUDIENCE)), 401),
+            "another pod's audience": (status(request_token(kube, namespace, "operator",
+                                                             audience=f"{SIDECAR_AUDIENCE}/{namespace}/other")), 401),
+            "another account": (status(request_token(kube, namespace, "trainer", audience=own_audience)), 403),
+            "expired": (status(mint(kube, namespace, "operator", lifetime_s=60, audience=own_audience,
                                     issued_ago_s=600)), 401),
             "forged": (status(forged(operator_token)), 401),
         }

@@ -23,6 +23,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 RUNBOOKS = CHART.parents[1] / "docs" / "runbooks.md"
 RENDERED = ["defaults", "all-on", "monitoring-off", "namespaced", "install"]
+OPERATOR_ROLE = "frs-frscope-operator"
+LEDGER_ROLE = "frs-frscope-operator-ledger"  # the node ledger's (templates/rbac-ledger.yaml), on by default
 STANDARD = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
             "app.kubernetes.io/managed-by", "helm.sh/chart")
 
@@ -81,6 +83,7 @@ def test_defaults_render_the_operator_webhook_and_dashboard_but_no_monitoring(
     assert _kinds(objs) == {
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "Secret",
         "MutatingWebhookConfiguration", "ConfigMap", "NetworkPolicy",
+        "Role", "RoleBinding",  # minting the operator's own per-pod tokens for the sidecars
     }
     for obj in objs:
         if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}:
@@ -206,7 +209,7 @@ def _rules(obj: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_rbac_is_least_privilege(rendered: dict[str, list[dict[str, Any]]]) -> None:
-    role = one(rendered["defaults"], "ClusterRole")
+    role = one(rendered["defaults"], "ClusterRole", OPERATOR_ROLE)
     granted = {(g, r, v) for rule in _rules(role) for g in rule["apiGroups"] for r in rule["resources"]
                for v in rule["verbs"]}
     assert not [rule for rule in _rules(role) if "*" in rule["verbs"] + rule["resources"] + rule["apiGroups"]]
@@ -226,7 +229,7 @@ def test_rbac_is_least_privilege(rendered: dict[str, list[dict[str, Any]]]) -> N
         ("events.k8s.io", "events", "create"), ("events.k8s.io", "events", "patch"),
         *{("frscope.io", "flightrecorderreports", v) for v in ("create", "update", "patch", "delete")},
     }
-    binding = one(rendered["defaults"], "ClusterRoleBinding")
+    binding = one(rendered["defaults"], "ClusterRoleBinding", OPERATOR_ROLE)
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "frs-frscope", "namespace": "frscope-system"}]
 
@@ -244,16 +247,19 @@ def test_namespaced_install_grants_namespaced_rights_per_namespace(
     rendered: dict[str, list[dict[str, Any]]],
 ) -> None:
     objs = rendered["namespaced"]
-    cluster = one(objs, "ClusterRole")
+    cluster = one(objs, "ClusterRole", OPERATOR_ROLE)
     assert {r for rule in _rules(cluster) for r in rule["resources"]} == {
         "customresourcedefinitions", "namespaces", "tokenreviews", "subjectaccessreviews"}
     assert all(set(rule["verbs"]) <= {"get", "list", "watch"} for rule in _rules(cluster)
                if not rule["resources"][0].endswith("reviews"))
-    roles = of_kind(objs, "Role")
+    tokens = [r for r in of_kind(objs, "Role") if r["metadata"]["name"].endswith("-operator-tokens")]
+    assert [(t["metadata"]["namespace"], _rules(t)[0]["resources"], _rules(t)[0]["resourceNames"])
+            for t in tokens] == [("frscope-system", ["serviceaccounts/token"], ["frs-frscope"])]
+    roles = [r for r in of_kind(objs, "Role") if r["metadata"]["name"] == OPERATOR_ROLE]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert "pytorchjobs" in {r for rule in _rules(role) for r in rule["resources"]}
-    bindings = of_kind(objs, "RoleBinding")
+    bindings = [b for b in of_kind(objs, "RoleBinding") if b["metadata"]["name"] == OPERATOR_ROLE]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     args = _deployment_pod(objs)["spec"]["containers"][0]["args"]
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
@@ -265,7 +271,7 @@ def test_peering_allows_replicas_and_grants_only_the_named_peering(
     objs = rendered["all-on"]
     deploy = one(objs, "Deployment")
     assert deploy["spec"]["replicas"] == 2 and "strategy" not in deploy["spec"]
-    (peering,) = [r for r in _rules(one(objs, "ClusterRole")) if r["apiGroups"] == ["kopf.dev"]]
+    (peering,) = [r for r in _rules(one(objs, "ClusterRole", OPERATOR_ROLE)) if r["apiGroups"] == ["kopf.dev"]]
     assert peering["resourceNames"] == ["frscope"] and "create" not in peering["verbs"]
 
 
@@ -301,6 +307,8 @@ def test_monitoring_objects_carry_extra_labels_and_scrape_the_right_ports(
     assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["http"]
     assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # the per-job diagnosis gauge keeps the job's namespace
+    # /metrics wants a token allowed `get /metrics` (auth.metrics): Prometheus sends its own.
+    assert sm["spec"]["endpoints"][0]["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
     alerts = {r["alert"]: r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
     assert set(alerts) == {"FrscopeCollectiveStalled", "FrscopeDiagnosisMade", "FrscopeSidecarDown"}
     for alert in alerts.values():
@@ -381,6 +389,7 @@ def test_auth_defaults_project_the_tokens_and_tell_the_webhook(rendered: dict[st
     pod = _deployment_pod(rendered["defaults"])["spec"]
     container = pod["containers"][0]
     assert "--sidecar-auth=kubernetes" in container["args"] and "--ui-auth=port-forward" in container["args"]
+    assert "--metrics-auth=port-forward" in container["args"]
     assert "--sidecar-token-file=/var/run/secrets/frscope/sidecar/token" in container["args"]
     [volume] = [v for v in pod["volumes"] if v["name"] == "sidecar-token"]
     [source] = volume["projected"]["sources"]
@@ -446,4 +455,36 @@ def test_service_account_name_is_required_when_not_created(helm: Helm) -> None:
     assert "serviceAccount.name is required" in proc.stderr
     objs = objects(helm, sets=["serviceAccount.create=false", "serviceAccount.name=shared"])
     assert "ServiceAccount" not in _kinds(objs)
-    assert one(objs, "ClusterRoleBinding")["subjects"][0]["name"] == "shared"
+    assert one(objs, "ClusterRoleBinding", OPERATOR_ROLE)["subjects"][0]["name"] == "shared"
+    assert one(objs, "ClusterRoleBinding", LEDGER_ROLE)["subjects"][0]["name"] == "shared"
+
+
+def test_the_node_ledgers_rbac_and_flags_follow_its_values(helm: Helm) -> None:
+    """On by default: nodes read and its own FlightRecorderNodes, never nodes patched; fencing `cordon`
+    adds nodes patch; with watched namespaces its node Events get a Role in `default`; off: nothing."""
+    def ledger_rules(objs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+        role = one(objs, "ClusterRole", LEDGER_ROLE)
+        return {(g, r, v) for rule in _rules(role) for g in rule["apiGroups"] for r in rule["resources"]
+                for v in rule["verbs"]}
+
+    def args(objs: list[dict[str, Any]]) -> list[str]:
+        return list(_deployment_pod(objs)["spec"]["containers"][0]["args"])
+
+    defaults = objects(helm, sets=[])
+    granted = ledger_rules(defaults)
+    assert {r for _, r, _ in granted} == {"nodes", "flightrecordernodes"}
+    assert {v for _, r, v in granted if r == "nodes"} == {"get", "list"}
+    assert "--node-ledger=on" in args(defaults) and "--node-fencing=dry-run" in args(defaults)
+    assert "--node-fence-taint=off" in args(defaults)
+    fencing = objects(helm, sets=["nodeLedger.fencing.mode=cordon", "nodeLedger.fencing.taint=true",
+                                  "operator.watchNamespaces={team-a}"])
+    assert ("", "nodes", "patch") in ledger_rules(fencing)
+    assert "--node-fencing=cordon" in args(fencing) and "--node-fence-taint=on" in args(fencing)
+    events = one(fencing, "Role", "frs-frscope-operator-ledger-events")
+    assert events["metadata"]["namespace"] == "default"
+    assert _rules(events) == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
+    off = objects(helm, sets=["nodeLedger.enabled=false"])
+    assert not [o for o in off if "ledger" in o["metadata"]["name"]]
+    assert "--node-ledger=off" in args(off) and not [a for a in args(off) if a.startswith("--node-fenc")]
+    bad = helm.run("template", "frs", str(CHART), "--set", "nodeLedger.fencing.mode=always", check=False)
+    assert bad.returncode != 0 and "nodeLedger" in bad.stderr

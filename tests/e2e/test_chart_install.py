@@ -253,6 +253,7 @@ def _can_i(kube: ControlPlane, user: str, verb: str, resource: str, *args: str) 
 
 JOBS = "pytorchjobs.kubeflow.org"
 REPORTS = "flightrecorderreports.frscope.io"
+LEDGER = "flightrecordernodes.frscope.io"
 CRDS = "customresourcedefinitions.apiextensions.k8s.io"
 
 # What the operator needs (docs/install.md, "Permissions"): (verb, resource, extra kubectl args).
@@ -270,6 +271,9 @@ NEEDED = [
     *[(v, REPORTS, ()) for v in ("get", "list", "watch", "create", "update", "patch", "delete")],
     ("list", CRDS, ()),
     ("watch", CRDS, ()),
+    # The node ledger (nodeLedger.enabled, on by default): implicated nodes read, its own objects.
+    *[(v, "nodes", ()) for v in ("get", "list")],
+    *[(v, LEDGER, ()) for v in ("get", "list", "watch", "create", "update", "patch", "delete")],
 ]
 
 # Things it must not be able to do.
@@ -294,7 +298,8 @@ BEYOND = [
     ("impersonate", "users", ()),
     ("impersonate", "serviceaccounts", ()),
     ("create", "serviceaccounts", ("--subresource=token",)),
-    ("list", "nodes", ()),
+    # Fencing a node is opt-in (nodeLedger.fencing.mode cordon, or the cordon action).
+    *[(v, "nodes", ()) for v in ("patch", "update", "delete")],
     ("list", "namespaces", ()),
     ("create", "namespaces", ()),
     ("create", "leases.coordination.k8s.io", ()),
@@ -308,6 +313,12 @@ def test_operator_can_do_what_it_needs(kube: ControlPlane, installed: Install) -
     for ns in ("default", installed.namespace, "some-team"):
         cant = [(v, r, a) for v, r, a in NEEDED if not _can_i(kube, installed.user, v, r, "-n", ns, *a)]
         assert not cant, f"{installed.user} cannot {cant} in {ns}"
+    # Per-pod tokens for the sidecars: tokens of its own account, in its own namespace, and no other.
+    own = f"serviceaccounts/{installed.service_account}"
+    assert _can_i(kube, installed.user, "create", own, "-n", installed.namespace, "--subresource=token")
+    assert not _can_i(kube, installed.user, "create", "serviceaccounts/default", "-n", installed.namespace,
+                      "--subresource=token")
+    assert not _can_i(kube, installed.user, "create", own, "-n", "some-team", "--subresource=token")
 
 
 def test_operator_can_do_nothing_beyond(kube: ControlPlane, installed: Install) -> None:
@@ -363,6 +374,8 @@ def test_the_whole_rule_set_is_exactly_the_needed_one(kube: ControlPlane, instal
         "events.events.k8s.io": {"create", "patch"},
         REPORTS: {"get", "list", "watch", "create", "update", "patch", "delete"},
         CRDS: {"list", "watch"},
+        "nodes": {"get", "list"},
+        LEDGER: {"get", "list", "watch", "create", "update", "patch", "delete"},
     }
 
 
@@ -422,14 +435,18 @@ def test_namespaced_install_is_limited_to_its_namespaces(helm: Helm, kube: Contr
             for ns in (other, install.namespace, "default"):
                 assert not _can_i(kube, user, "watch", JOBS, "-n", ns)
                 assert not _can_i(kube, user, "list", "pods", "-n", ns)
-                assert not _can_i(kube, user, "create", "events", "-n", ns)
+                # The node ledger's node Events live in `default` (a Role there), nowhere else outside.
+                assert _can_i(kube, user, "create", "events", "-n", ns) is (ns == "default")
             assert not _can_i(kube, user, "list", JOBS, "--all-namespaces")
             # kopf's namespace observer (watching a list of namespaces): read-only.
             assert _can_i(kube, user, "watch", "namespaces")
             assert not _can_i(kube, user, "create", "namespaces")
             assert _rules_list(kube, user, other) == {CRDS: {"list", "watch"}, "namespaces": {"list", "watch"},
                                                       "tokenreviews.authentication.k8s.io": {"create"},
-                                                      "subjectaccessreviews.authorization.k8s.io": {"create"}}
+                                                      "subjectaccessreviews.authorization.k8s.io": {"create"},
+                                                      "nodes": {"get", "list"},
+                                                      LEDGER: {"get", "list", "watch", "create", "update",
+                                                               "patch", "delete"}}
             # The NetworkPolicy (endPort ranges included) is accepted in each training namespace.
             for ns in (team_a, team_b):
                 policy = _get(kube, "networkpolicy", f"{install.release}-frscope-sidecar", "-n", ns)

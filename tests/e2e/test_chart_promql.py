@@ -56,6 +56,7 @@ OPERATOR_JOB = f"{RELEASE}-frscope"  # what the ServiceMonitor's target gets (th
 # The job's namespace: a real one in the API server for the operator's part.
 ML = f"ml-{secrets.token_hex(3)}"
 JOB = "demo"
+NODE = f"gpu-{secrets.token_hex(3)}"
 POD_LABEL = "__meta_kubernetes_pod_label_"
 # A TrainJob's pod (created by the JobSet controller: JobSet's labels only) ...
 TARGET_LABELS = {"namespace": ML, "pod": "demo-node-0-0-x7k2p", f"{POD_LABEL}jobset_sigs_k8s_io_jobset_name": JOB,
@@ -76,7 +77,11 @@ NEEDS_DURATIONS = "frscope_collective_duration_seconds_bucket"
 # Only after a rank's worker server stopped answering (phase two below).
 NEEDS_POLL_ERRORS = "frscope_poll_errors_total"
 # Only with a real operator scraped as well (test_operator_queries_return_data).
-NEEDS_OPERATOR = "frscope_operator_"
+NEEDS_OPERATOR = ("frscope_operator_", "frscope_node_")  # the operator's metrics and its node ledger's
+
+
+def _needs_operator(expr: str) -> bool:
+    return any(prefix in expr for prefix in NEEDS_OPERATOR)
 
 
 def _free_port() -> int:
@@ -322,7 +327,7 @@ def test_every_dashboard_query_returns_data(stack: Stack, variables: dict[str, s
         metrics_text = response.read().decode()
     empty, checked = [], 0
     for title, ref, expr in _dashboard_targets():
-        if NEEDS_POLL_ERRORS in expr or (NEEDS_OPERATOR in expr and "or vector(0)" not in expr):
+        if NEEDS_POLL_ERRORS in expr or (_needs_operator(expr) and "or vector(0)" not in expr):
             continue  # phase two, or the operator's test
         promql = _grafana(expr, variables, time.monotonic() - stack.prometheus.started)
         if NEEDS_DURATIONS in expr:
@@ -403,6 +408,9 @@ def _job_and_pod(kube: ControlPlane, sidecar_port: int) -> None:
     kube.kubectl("patch", "pytorchjob", JOB, "-n", ML, "--subresource=status", "--type=merge",
                  "-p", json.dumps({"status": {"conditions": running}}))
     pod = TARGET_LABELS["pod"]
+    # The node the pod runs on: the operator's node ledger records the hang's culprit there (a rank that
+    # never joined: a code fault, score 0), which the dashboard's node panels show.
+    kube.apply({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}})
     kube.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {
@@ -417,6 +425,7 @@ def _job_and_pod(kube: ControlPlane, sidecar_port: int) -> None:
             "initContainers": [{"name": "frscope-sidecar", "image": "frscope:e2e", "restartPolicy": "Always",
                                 "ports": [{"name": "frscope", "containerPort": sidecar_port}]}],
             "containers": [{"name": "pytorch", "image": "registry.invalid/train:1"}],
+            "nodeName": NODE,
         },
     })
     running_state = {"running": {"startedAt": _now()}}
@@ -475,11 +484,16 @@ def test_operator_queries_return_data(stack: Stack, kube: ControlPlane, tmp_path
         time.sleep(3 * SCRAPE_S)
         conditions = kube.kubectl_json("get", "pytorchjob", JOB, "-n", ML)["status"]["conditions"]
         assert conditions[0]["reason"] == "RankNotJoined", conditions
+        _wait("the node ledger's entry", lambda: kube.kubectl(
+            "get", "flightrecordernode", NODE, check=False).returncode == 0, 30)  # the chart installed its CRD
+        ledger = kube.kubectl_json("get", "flightrecordernode", NODE)
+        assert (ledger["summary"]["state"], ledger["summary"]["score"]) == ("watched", 0), ledger
+        assert [i["evidence"] for i in ledger["incidents"]] == ["code"], ledger
 
         empty = []
         for variables in (_all_vars(), _selected_vars()):
             for title, ref, expr in _dashboard_targets():
-                if NEEDS_OPERATOR in expr:
+                if _needs_operator(expr):
                     promql = _grafana(expr, variables, time.monotonic() - prom.started)
                     if not prom.query_data(promql):
                         empty.append(f"{title} [{ref}]: {promql}")

@@ -674,7 +674,7 @@ def test_namespace_opt_in_through_the_charts_webhook_entries(kube: ControlPlane,
             both = create(pod("labelled-too", "true"))
             assert [c["name"] for c in both["spec"]["initContainers"]] == ["frscope-sidecar"]
             assert "initContainers" not in create(pod("opted-out", "false"))["spec"]
-            # A TrainJob's or JobSet's pod: its own entry (found on a real node: only PyTorchJob pods were sent).
+            # A TrainJob's or JobSet's pod: its own entry (with PyTorchJob's only, no other pod would be sent).
             of_jobset = create(pod("of-a-jobset", None, job=False, jobset=True))
             assert [c["name"] for c in of_jobset["spec"]["initContainers"]] == ["frscope-sidecar"]
             assert "initContainers" not in create(pod("jobset-opted-out", "false", job=False, jobset=True))["spec"]

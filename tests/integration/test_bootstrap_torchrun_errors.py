@@ -36,8 +36,8 @@ if rank == world - 1:
     raise RuntimeError("{MESSAGE}")
 dist.all_reduce(t)
 """
-# The raising rank's own exit: 1, or SIGABRT when gloo's teardown aborts the exiting process (seen in
-# a clean-clone CI run, without the bootstrap): torchrun reports a signal as its negative, a shell as 134.
+# The raising rank's own exit: 1, or SIGABRT when gloo's teardown aborts the exiting process (also
+# without the bootstrap): torchrun reports a signal as its negative, a shell as 134.
 RAISED_EXIT_CODES = (1, -6, 134)
 KUBELET_TAIL = 2048  # FallbackToLogsOnError: the log's last 2048 bytes (or 80 lines)
 

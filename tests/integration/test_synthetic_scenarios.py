@@ -11,7 +11,7 @@ import pytest
 
 from frscope.analysis import Category, analyze
 from frscope.records import load_dumps
-from frscope.synthetic import generate
+from frscope.testing.synthetic import generate
 
 CASES = [
     (scenario, shape)

@@ -189,10 +189,10 @@ def test_a_crashed_rank_is_in_the_report_with_its_exit_code_and_message(node: An
     assert worker["exitCode"] != 0, worker
     assert CRASH_MESSAGE in worker.get("message", ""), worker
 
-    # The crash's pods end seconds apart, and in the full suite the kubelet's word on the crashed pod came
-    # after the operator's crash wait in 4 of 4 clean-clone runs: the report then named the ranks that
-    # died of the crash. The operator revises the report in place when that end arrives; what a user
-    # reads once the pods have ended is the crashed rank.
+    # The crash's pods end seconds apart, and the kubelet's word on the crashed pod may come after the
+    # operator's crash wait: the report then names the ranks that died of the crash. The operator
+    # revises the report in place when that end arrives; what a user reads once the pods have ended is
+    # the crashed rank.
     def names_the_crashed_rank() -> dict[str, Any] | None:
         [now] = reports(node, ns)
         return dict(now) if now["diagnosis"]["who"]["culpritRanks"] == [crashed] else None

@@ -1,6 +1,6 @@
 """Small builders of raw recorder dumps, shaped exactly like torch 2.13's (see DESIGN.md), for unit
 tests that need a precise situation. Whole-job realism comes from tests/data/real (real torch jobs)
-and frscope.synthetic (large NCCL/gloo-shaped sets)."""
+and frscope.testing.synthetic (large NCCL/gloo-shaped sets)."""
 
 from __future__ import annotations
 

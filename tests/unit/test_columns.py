@@ -16,7 +16,7 @@ from frscope.records import Entry, load_dumps
 from frscope.records.columns import EntryTable, unify_signatures
 from frscope.records.model import LazyFrames
 from frscope.records.normalize import normalize_dump
-from frscope.synthetic import iter_dumps, make_plan
+from frscope.testing.synthetic import iter_dumps, make_plan
 
 
 def _key(value: Any) -> Any:
@@ -132,7 +132,7 @@ def test_group_index_matches_the_entries(tmp_path: Path) -> None:
 
 
 def test_tables_travel_between_processes_whole(tmp_path: Path) -> None:
-    from frscope.synthetic import generate
+    from frscope.testing.synthetic import generate
 
     generate(tmp_path, 16, entries=80, shape="nccl", fmt="pickle", scenario="size_mismatch", seed=2, tp=2, pp=2)
     inline = load_dumps([tmp_path], jobs=1)
@@ -174,7 +174,7 @@ def test_a_crafted_long_frames_list_is_left_in_the_file(monkeypatch: pytest.Monk
     """Past the cap on frame references a rank's stacks stay in the file, checked before a list is walked."""
     import frscope.records.fastcols as fastcols
 
-    monkeypatch.setattr(fastcols, "_MAX_FRAME_REFS", 500)
+    monkeypatch.setattr(fastcols, "MAX_FRAME_REFS", 500)
     raw = _dumps("gloo")[1]
     frame = raw["entries"][0]["frames"][0]
     raw["entries"][3] = {**raw["entries"][3], "frames": [frame] * 600}

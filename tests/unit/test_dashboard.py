@@ -17,6 +17,7 @@ DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "frscope" / "files"
 DS = {"type": "prometheus", "uid": "${datasource}"}
 # Collective metrics without a `pg` label (docs/sidecar.md): durations by op, time in collectives by rank.
 PER_RANK_ONLY = ("frscope_collective_duration_seconds_bucket", "frscope_collective_wait_seconds_total")
+OPERATOR_PREFIXES = ("frscope_operator_", "frscope_node_")
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +79,8 @@ def test_sidecar_queries_follow_the_filters(dashboard: dict[str, Any]) -> None:
     per-job diagnosis gauge (series removed with the job), which the diagnosis panels filter by."""
     for expr in _exprs(dashboard):
         for metric, selector in re.findall(r"(frscope_\w+)(?:\{([^}]*)\})?", expr):
-            if metric.startswith("frscope_operator_") and metric != "frscope_operator_job_diagnosis":
+            # The operator's own (and its node ledger's, by node) carry no job labels.
+            if metric.startswith(OPERATOR_PREFIXES) and metric != "frscope_operator_job_diagnosis":
                 assert not selector, expr
                 continue
             assert 'namespace=~"$namespace"' in selector, expr
@@ -99,6 +101,8 @@ def test_sidecar_queries_follow_the_filters(dashboard: dict[str, Any]) -> None:
         ("_duration_seconds_bucket", "durations by op"),
         ("frscope_operator_job_diagnosis", "diagnosed jobs, following $namespace/$job"),
         ("frscope_collective_wait_seconds_total", "step-boundary lateness per rank"),
+        ("frscope_node_suspicion", "the node ledger's suspicion per node"),
+        ("frscope_node_incidents_total", "incidents on nodes by evidence class"),
     ],
 )
 def test_required_panels_exist(dashboard: dict[str, Any], metric: str, what: str) -> None:

@@ -17,7 +17,7 @@ from frscope.analysis import analyze
 from frscope.records import DumpSet, Entry, RankExit, exits_from_json, load_dumps, scan
 from frscope.records.columns import EntryTable
 from frscope.report.serialize import report_to_dict
-from frscope.synthetic import SCENARIOS, generate
+from frscope.testing.synthetic import SCENARIOS, generate
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "real"
 FIXTURES = sorted(p.name for p in REAL.iterdir() if p.is_dir())

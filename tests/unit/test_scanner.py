@@ -22,7 +22,7 @@ from frscope.records.errors import DumpError
 from frscope.records.model import Entry, LazyFrames
 from frscope.records.normalize import entries_of, normalize_dump, parse_profiling_name
 from frscope.records.safe_pickle import safe_loads
-from frscope.synthetic import SCENARIOS, generate
+from frscope.testing.synthetic import SCENARIOS, generate
 
 pytestmark = pytest.mark.skipif(
     scan._frscan is None,

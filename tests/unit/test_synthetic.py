@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from frscope import synthetic
 from frscope.records import load_dumps
-from frscope.synthetic import GroundTruth, Plan, generate, make_plan, write_plan
+from frscope.testing import synthetic
+from frscope.testing.synthetic import GroundTruth, Plan, generate, make_plan, write_plan
 
 ENTRIES = 150
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -103,3 +104,26 @@ def test_window_piece_cuts_the_oldest_and_counts_them() -> None:
     bare = b.dump([b.entry(i) for i in range(1, 4)], world=2)
     assert wire.window_piece(bare, 2) and len(bare["entries"]) == 2 and wire.entries_dropped(bare) == 1
     assert wire.entries_dropped({"entries_dropped": -3}) == 0 and wire.entries_dropped({"entries_dropped": True}) == 0
+
+
+# -- hostile status answers (issue 26): a WireError, never another exception ----------------------------
+def _status_doc(**rank_fields: Any) -> dict[str, Any]:
+    group = {"stalled": True, "desc": "default_pg", "inflight_op": "all_reduce", "inflight_seq": 7,
+             "inflight_age_s": 30.0}
+    return {"schema": wire.STATUS_SCHEMA, "pod": "p", "namespace": "ns",
+            "ranks": {"0": {"up": True, "groups": {"0": {**group, **rank_fields}}}}}
+
+
+def test_a_hostile_status_answer_is_a_wire_error_or_read_safely() -> None:
+    huge = int("9" * 400)
+    got = wire.loads_status(json.dumps(_status_doc(inflight_age_s=huge, inflight_seq=huge)).encode())
+    assert got.stalls[0].age_s is None and got.stalls[0].seq is None  # a 400-digit number is no number
+    deep = b'{"schema": "frscope.sidecar.status/v1", "ranks": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    for raw in (deep, b"x" * (wire.STATUS_MAX_BYTES + 1), b'{"a": 1e999999}', b"\xff"):
+        with pytest.raises(wire.WireError):
+            wire.loads_status(raw)
+    odd = _status_doc(desc=["x"] * 10, inflight_op={"a": 1})
+    odd["ranks"]["99999999999999999999"] = {"up": True}
+    odd["pod"] = {"nested": "object"}
+    got = wire.loads_status(json.dumps(odd).encode())
+    assert [r.rank for r in got.ranks] == [0] and got.stalls[0].desc == "?" and got.pod == "?"

@@ -60,8 +60,16 @@ async def reports_for(kube: KubeClient, namespaces: tuple[str, ...]) -> list[dic
     return out
 
 
+def fenced_by_ledger(node: dict[str, Any]) -> bool:
+    """Cordoned by the node ledger (frscope/operator/ledger): unschedulable with its annotation."""
+    annotations = (node.get("metadata") or {}).get("annotations") or {}
+    return bool((node.get("spec") or {}).get("unschedulable")) and names.ANN_FENCED in annotations
+
+
 async def tainted_nodes(kube: KubeClient) -> list[str]:
-    return sorted(str((n.get("metadata") or {}).get("name")) for n in await kube.list(NODES) if has_taint(n))
+    """Nodes frscope holds: its taint (this action), or the node ledger's cordon. One budget for both."""
+    return sorted(str((n.get("metadata") or {}).get("name")) for n in await kube.list(NODES)
+                  if has_taint(n) or fenced_by_ledger(n))
 
 
 async def taint_node(kube: KubeClient, node: str, category: str, now: str) -> bool:

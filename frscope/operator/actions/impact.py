@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from frscope.analysis import Finding
@@ -34,11 +34,14 @@ class Impact:
     ranks: int
     culprit_pods: tuple[str, ...]
     culprit_nodes: tuple[str, ...]
+    # node -> the culprit ranks that ran there (what the node ledger records on each node).
+    culprit_ranks_by_node: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        by_node = {n: list(r[:256]) for n, r in sorted(self.culprit_ranks_by_node.items())[:64]}
         return {"watchdogTimeoutSeconds": self.timeout_s, "timeoutSource": self.timeout_source,
                 "gpus": self.gpus, "ranks": self.ranks, "culpritPods": list(self.culprit_pods[:64]),
-                "culpritNodes": list(self.culprit_nodes[:64])}
+                "culpritNodes": list(self.culprit_nodes[:64]), "culpritRanksByNode": by_node}
 
 
 def recorded_timeout_s(dumpset: DumpSet, finding: Finding) -> float | None:
@@ -73,12 +76,17 @@ def job_timeout(dumpset: DumpSet, finding: Finding, pods: Iterable[PodInfo], bac
 
 
 def culprit_placement(finding: Finding, rank_pods: dict[int, str], pods: Iterable[PodInfo]
-                      ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The pods and the nodes the culprit ranks ran on (sorted, unique)."""
+                      ) -> tuple[tuple[str, ...], tuple[str, ...], dict[str, tuple[int, ...]]]:
+    """The pods and the nodes the culprit ranks ran on (sorted, unique), and each node's culprit ranks."""
     nodes = {p.name: p.node for p in pods}
     culprit_pods = sorted({rank_pods[r] for r in finding.culprit_ranks if r in rank_pods})
     culprit_nodes = sorted({nodes[p] for p in culprit_pods if nodes.get(p)})
-    return tuple(culprit_pods), tuple(culprit_nodes)
+    by_node: dict[str, list[int]] = {}
+    for rank in sorted(set(finding.culprit_ranks)):
+        node = nodes.get(rank_pods.get(rank, ""), "")
+        if node:
+            by_node.setdefault(node, []).append(rank)
+    return tuple(culprit_pods), tuple(culprit_nodes), {n: tuple(r) for n, r in by_node.items()}
 
 
 def parse_time(text: Any) -> float | None:

@@ -30,6 +30,7 @@ from frscope.operator.evidence.pod_evidence import PodEvidence
 from frscope.operator.evidence.push_store import PushStore
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.evidence.trainer_exits import ended_runs
+from frscope.operator.injection import polled_pod
 from frscope.operator.kube import KubeError
 from frscope.operator.model import jobkinds
 from frscope.operator.model.incidents import Attempt, report_facts
@@ -40,7 +41,6 @@ from frscope.operator.model.objects import (
     job_conditions,
     job_ref,
     job_world_size,
-    pod_info,
     pods_digest,
 )
 from frscope.operator.model.operator_metrics import OperatorMetrics
@@ -85,6 +85,7 @@ class Controller:
                  publisher: Publisher, metrics: OperatorMetrics, decoder: Decoder | None = None,
                  actor: Actor | None = None, pod_lister: PodLister | None = None) -> None:
         self.config = config
+        self._untrusted: set[str] = set()  # uids of pods whose sidecar is not as injected (logged once)
         self.store = store
         self.pushes = pushes
         self.sidecars = sidecars
@@ -152,8 +153,20 @@ class Controller:
         if sig is not None:
             self.signal(sig)
 
+    def _pod(self, body: dict[str, Any]) -> PodInfo:
+        """The pod as the operator will use it (`injection.polled_pod`: a sidecar not as injected has no
+        endpoint, so it is never shown a credential nor asked)."""
+        pod, why = polled_pod(body, self.config.webhook.injection if self.config.webhook is not None else None)
+        if why is not None and pod.uid not in self._untrusted:
+            if len(self._untrusted) >= 65_536:
+                self._untrusted.clear()
+            self._untrusted.add(pod.uid)
+            log.warning("pod %s/%s: its frscope port is not served by the injected sidecar (%s); not polled",
+                        pod.namespace, pod.name, why)
+        return pod
+
     async def on_pod(self, event_type: str | None, body: dict[str, Any]) -> None:
-        pod = pod_info(body)
+        pod = self._pod(body)
         if not pod.job_name:
             return
         if event_type == "DELETED":
@@ -395,7 +408,7 @@ class Controller:
         known = {p.uid for p in view.pods} | set(state.retired)
         added = 0
         for body in listed:
-            pod = pod_info(body)
+            pod = self._pod(body)
             if pod.uid and pod.uid not in known and pod.job_name == view.key.name and not pod.deleting:
                 self.store.upsert_pod(pod)
                 added += 1

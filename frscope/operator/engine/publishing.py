@@ -45,9 +45,9 @@ class DiagnosisWriter:
         finding = diagnosis.report.findings[0]
         timeout_s, source = job_timeout(diagnosis.dumpset, finding, view.pods, diagnosis.report.backend,
                                         self.default_watchdog_timeout_s)
-        culprit_pods, culprit_nodes = culprit_placement(finding, rank_pods, view.pods)
+        culprit_pods, culprit_nodes, by_node = culprit_placement(finding, rank_pods, view.pods)
         ranks = view.world_size or diagnosis.report.world_size
-        return Impact(timeout_s, source, sum(p.gpus for p in view.pods), ranks, culprit_pods, culprit_nodes)
+        return Impact(timeout_s, source, sum(p.gpus for p in view.pods), ranks, culprit_pods, culprit_nodes, by_node)
 
     def _publication(self, view: JobView, sig: Signal, attempt: Attempt, key: IncidentKey, diagnosis: Diagnosis,
                      rank_pods: dict[int, str], revision: Basis | None, now: str) -> Publication:

@@ -14,6 +14,7 @@ from frscope.operator import names
 from frscope.operator.actions import ActionOptions
 from frscope.operator.evidence.gather import GatherOptions
 from frscope.operator.injection import InjectionConfig
+from frscope.operator.ledger import NodeLedgerOptions
 from frscope.operator.model import jobkinds
 
 
@@ -62,29 +63,42 @@ class OperatorConfig:
     # (its exit code and message), so that a crash is diagnosed with every pod's exit rather than the
     # first one's. Under torchrun a container ends when its agent does, and the agent gives its
     # surviving workers 30 s after SIGTERM before it kills them: 45 s covers that and the kubelet's
-    # report (10 s was too short in a CI run on the real node: no exit known, rank 0 "missing").
+    # report.
     exit_settle_s: float = 45.0
     # Worker processes that decode snapshot bodies (0: threads in the operator's process).
     decode_processes: int = 2
     # How the sidecars and the operator prove who they are (docs/operator.md, "Authentication"):
     # 'kubernetes' (service-account tokens, audience-bound), 'token' (one shared secret), 'none'.
     sidecar_auth: str = "kubernetes"
-    # The token shown to the sidecars: the projected token (audience frscope.io/sidecar) with
-    # 'kubernetes', the shared secret with 'token'. Re-read whenever the file changes.
+    # The token shown to the sidecars with 'token' (the shared secret; re-read whenever the file changes).
+    # With 'kubernetes' each sidecar is shown a token minted for its pod (`operator_identity`); this file
+    # (the chart's projected token for the shared audience) only when none can be minted.
     sidecar_token_file: Path | None = None
+    # system:serviceaccount:NS:NAME the operator runs as (FRSCOPE_OPERATOR_IDENTITY, set by the chart with
+    # 'kubernetes'): it mints per-pod tokens of this account for the sidecars (kube.pod_tokens).
+    operator_identity: str | None = None
     # Who may use the web UI: 'kubernetes' (a bearer token, TokenReview + SubjectAccessReview `get
     # pytorchjobs` in the job's namespace), 'port-forward' (that, or a loopback connection, which in a
     # pod only `kubectl port-forward` can make), 'none'.
     ui_auth: str = "port-forward"
+    # Who may read /metrics (it names every watched namespace's jobs and diagnoses): the same modes, with
+    # `get` on the non-resource URL /metrics for a token (the controller-runtime way).
+    metrics_auth: str = "port-forward"
     max_push_bytes: int = 256 * 1024 * 1024
     # Where accepted pushes are also kept, so that a restart does not lose them (the chart mounts a
     # volume there); None: in memory only.
     evidence_dir: Path | None = None
     report_limit_bytes: int = 512 * 1024
+    # The web UI's live window of a job someone looks at (docs/timeline.md, "Live window"): the newest
+    # entries per rank asked of its sidecars every `live_interval_s`; 0 entries: no live window.
+    live_entries: int = 256
+    live_interval_s: float = 1.0
     peering: str | None = None  # kopf peering name; None: standalone (one replica)
     webhook: WebhookConfig | None = None
     # Acting on a diagnosis (docs/actions.md): what is allowed, the default policy, limits.
     actions: ActionOptions = field(default_factory=ActionOptions)
+    # The node ledger (docs/actions.md, "The node ledger"); None: off (--node-ledger off).
+    node_ledger: NodeLedgerOptions | None = field(default_factory=NodeLedgerOptions)
     # The watchdog timeout assumed when neither the recorder nor the pods' env states it (None: torch's).
     default_watchdog_timeout_s: float | None = None
     instance: str = field(default_factory=socket.gethostname)
@@ -100,5 +114,7 @@ class OperatorConfig:
             raise ValueError(f"--sidecar-auth must be one of {', '.join(SIDECAR_AUTH_MODES)}")
         if self.ui_auth not in UI_AUTH_MODES:
             raise ValueError(f"--ui-auth must be one of {', '.join(UI_AUTH_MODES)}")
+        if self.metrics_auth not in UI_AUTH_MODES:
+            raise ValueError(f"--metrics-auth must be one of {', '.join(UI_AUTH_MODES)}")
         if self.sidecar_auth == "token" and self.sidecar_token_file is None:
             raise ValueError("--sidecar-auth token needs --sidecar-token-file (the shared secret)")

@@ -179,7 +179,7 @@ class Suspicions:
             return  # resumed or confirmed while gathering
         finding = report.findings[0]
         rank_pods = {d.rank: pod for pod, evidence in gathered.pods.items() for d in evidence.dumps}
-        pods, nodes = culprit_placement(finding, rank_pods, view.pods)
+        pods, nodes, _by_node = culprit_placement(finding, rank_pods, view.pods)
         waited = time.time() - suspicion.since_wall
         verdict = one_line(finding).rstrip(".")
         where = f"; pod {', '.join(pods)}" if pods else ""

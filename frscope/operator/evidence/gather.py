@@ -14,6 +14,7 @@ import functools
 import multiprocessing
 import time
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes, share_groups
@@ -50,14 +51,22 @@ class Decoder:
             loop = asyncio.get_running_loop()
             await asyncio.gather(*(loop.run_in_executor(self._pool, _noop) for _ in range(self.processes)))
 
-    async def decode(self, raw: bytes, endpoint: str, *, max_entries: int, pod: str, namespace: str,
-                     shared: dict[tuple[int, ...], tuple[int, ...]] | None = None) -> PodEvidence:
-        """`shared`: the gather's one tuple per distinct group rank list (`evidence.share_groups`)."""
-        call = functools.partial(from_bytes, raw, endpoint, origin="sidecar", max_entries=max_entries, pod=pod,
+    async def decode(self, raw: bytes, endpoint: str, *, max_entries: int, pod: str | None, namespace: str | None,
+                     shared: dict[tuple[int, ...], tuple[int, ...]] | None = None,
+                     origin: str = "sidecar") -> PodEvidence:
+        """`shared`: the gather's one tuple per distinct group rank list (`evidence.share_groups`).
+        `origin`: 'sidecar' (a fetched snapshot) or 'push'."""
+        call = functools.partial(from_bytes, raw, endpoint, origin=origin, max_entries=max_entries, pod=pod,
                                  namespace=namespace)
         if self._pool is None:
             return await asyncio.to_thread(call)  # in-process: normalize's cache shares them already
-        evidence = await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        try:
+            evidence = await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        except BrokenProcessPool:
+            # A body killed its worker (the pool is then unusable): this body fails, the next get a new pool.
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"))
+            raise SidecarError(endpoint, "the decoder process died decoding this body", retryable=False) from None
         return share_groups(evidence, shared if shared is not None else {})
 
     def close(self) -> None:
@@ -109,7 +118,8 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
             async with fetching:
                 raw = await client.snapshot_bytes(target.endpoint, options.per_pod_timeout_s,
                                                   refresh=options.refresh,
-                                                  last_entries=options.max_entries or None)
+                                                  last_entries=options.max_entries or None,
+                                                  pod=(namespace, target.pod))
                 async with decoding:
                     return await decoder.decode(raw, target.endpoint, max_entries=options.max_entries,
                                                 pod=target.pod, namespace=namespace, shared=shared)

@@ -17,11 +17,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frscope.operator.evidence.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, gunzip_capped, parse_snapshot
-from frscope.records import DumpError, LoadProblem, RankDump, normalize_dump
-from frscope.records.limits import describe, valid_rank
+from frscope.records import LoadProblem, RankDump
+from frscope.records.envelope import envelope_problems, piece_dump
+from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe
 from frscope.wire import SidecarSnapshot, entries_dropped, window_piece
 
 DEFAULT_MAX_ENTRIES = 200
+
+# What one body may cost before anything is built from it. A gzip body may inflate to at most
+# MAX_EXPANSION times its size plus EXPANSION_FLOOR (real snapshots compress 5-20x; 4 KiB of gzip can
+# hold 4 MiB of `{}`); a body, else each rank piece, may hold at most one JSON object/array per
+# MIN_JSON_BYTES_PER_CONTAINER bytes (real snapshots: ~80), which bounds the decoded objects to ~25x the
+# inflated size (a piece past it is that rank's problem); and a pod's body at most MAX_PIECES rank
+# pieces and errors (a pod hosts a node's ranks: 8-64, not a million).
+MAX_EXPANSION = 64
+EXPANSION_FLOOR = 1024 * 1024
+MAX_PIECES = 1024
 
 
 @dataclass(slots=True)
@@ -54,35 +65,29 @@ class PodEvidence:
 
 
 def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES) -> PodEvidence:
+    """A pod's snapshot -> its evidence, each rank read by `records.envelope` as the CLI reads an envelope,
+    after its cut to the newest `max_entries` entries (frscope.wire's cut, the one the sidecar makes for
+    ?entries=N: a sidecar that predates the window, or a push, sends the whole ring). Ranks go into
+    columns: ~30 KiB a rank of 200 entries instead of ~150 as `Entry` objects (8,192 ranks: 1.2 GiB)."""
     where = f"pod {snapshot.namespace}/{snapshot.pod} ({origin})"
     out = PodEvidence(snapshot.namespace, snapshot.pod, snapshot.reason, snapshot.captured_at_ns,
                       size_bytes=snapshot.size_bytes)
-    for rank, message in snapshot.errors:
-        out.problems.append(LoadProblem(where, message, rank=rank))
-    for raw in snapshot.ranks:
+    out.problems.extend(envelope_problems(snapshot.errors, where))
+    for index, raw in enumerate(snapshot.ranks):
         if isinstance(raw, _Unreadable):
             out.problems.append(LoadProblem(where, raw.why))
             continue
-        hint = raw.get("rank")
-        rank = valid_rank(hint)
-        source = f"{where} rank {rank if rank is not None else describe(hint)}"
-        # Cut to the window before normalizing (frscope.wire's cut, the one the sidecar makes for
-        # ?entries=N): a sidecar that predates the window, or a push, sends the whole ring.
         before = entries_dropped(raw)
         if max_entries > 0:
             window_piece(raw, max_entries)
-        try:
-            # normalize_dump refuses an out-of-range rank itself, naming the field. Columns, not a list
-            # of Entry objects: ~30 KiB a rank of 200 entries instead of ~150 (8,192 ranks: 1.2 GiB).
-            dump = normalize_dump(raw, source, hint if isinstance(hint, int) and not isinstance(hint, bool) else None,
-                                  columnar=True)
-        except DumpError as exc:
-            out.problems.append(LoadProblem(exc.source, exc.message, rank=valid_rank(exc.rank)))
+        got = piece_dump(raw, where, index, columnar=True)
+        if isinstance(got, LoadProblem):
+            out.problems.append(got)
             continue
         dropped = entries_dropped(raw)
         out.entries_dropped += dropped
         out.cut_here += dropped - before
-        out.dumps.append(dump)
+        out.dumps.append(got)
     return out
 
 
@@ -118,23 +123,41 @@ def _loads(raw: bytes | str) -> Any:
 _TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
 
 
-def _value_end(text: str, start: int) -> int:
-    """End of the JSON array/object starting at `start`, by bracket matching (strings skipped)."""
-    depth = 0
+def _value_span(text: str, start: int) -> tuple[int, int]:
+    """End and deepest nesting of the JSON array/object starting at `start`, by bracket matching
+    (strings skipped)."""
+    depth = deepest = 0
     for match in _TOKEN.finditer(text, start):
         token = match.group()
         if token in "[{":
             depth += 1
+            deepest = max(deepest, depth)
         elif token in "]}":
             depth -= 1
             if depth == 0:
-                return match.end()
+                return match.end(), deepest
     raise ValueError("unterminated value")
 
 
+def _value_end(text: str, start: int) -> int:
+    return _value_span(text, start)[0]
+
+
+# Deeper than this, a piece is not decoded (json's recursion would fail on it anyway).
+MAX_PIECE_DEPTH = 256
+
+
+def _dense(text: str | bytes) -> bool:
+    """More JSON objects/arrays than one per MIN_JSON_BYTES_PER_CONTAINER bytes (strings' brackets count
+    too: an upper bound). Real snapshots have one per ~80 bytes; `{}` repeated, one per 3."""
+    containers = text.count("{") + text.count("[") if isinstance(text, str) else text.count(b"{") + text.count(b"[")
+    return containers * MIN_JSON_BYTES_PER_CONTAINER > len(text)
+
+
 def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
-    """The snapshot envelope with each rank decoded on its own: a rank too deep to decode becomes
-    an `_Unreadable` (reported as that rank's problem); the others are kept."""
+    """The snapshot envelope with each rank decoded on its own: a rank too deep to decode, or made of
+    too many tiny objects and arrays, becomes an `_Unreadable` (reported as that rank's problem); the
+    others are kept. More than MAX_PIECES pieces refuse the body before any more is decoded."""
     try:
         text = raw.decode("utf-8")
         head = text.find('"ranks"')
@@ -149,6 +172,18 @@ def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
             i = ws.match(text, i).end()  # type: ignore[union-attr]
             if text[i : i + 1] == "]":
                 break
+            if len(ranks) >= MAX_PIECES:
+                raise SidecarError(endpoint, f"more than {MAX_PIECES} rank pieces in one pod's snapshot",
+                                   retryable=False)
+            if text[i : i + 1] in ("{", "["):
+                end, deepest = _value_span(text, i)
+                why = ("is nested too deeply to decode" if deepest > MAX_PIECE_DEPTH
+                       else "is made of tiny JSON objects and arrays: not a recorder" if _dense(text[i:end])
+                       else None)
+                if why is not None:
+                    ranks.append(_Unreadable(f"a rank's snapshot ({end - i} bytes) {why}"))
+                    i = end
+                    continue
             try:
                 value, i = decoder.raw_decode(text, i)
                 ranks.append(value)
@@ -157,6 +192,8 @@ def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
                 ranks.append(_Unreadable(f"a rank's snapshot ({end - i} bytes) is nested too deeply to decode"))
                 i = end
         rest = text[:start] + "[]" + text[i + 1 :]
+        if _dense(rest):
+            raise ValueError("the snapshot's other fields are made of tiny JSON objects and arrays")
         obj = _loads(rest)
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
         raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
@@ -168,16 +205,22 @@ def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
 def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
                pod: str | None = None, namespace: str | None = None) -> PodEvidence:
     """Inflate (if gzip), decode, validate and normalize one snapshot body (in a worker process or thread)."""
-    raw = gunzip_capped(raw, DEFAULT_MAX_SNAPSHOT_BYTES, endpoint)
+    if raw[:2] == b"\x1f\x8b":
+        raw = gunzip_capped(raw, min(DEFAULT_MAX_SNAPSHOT_BYTES, MAX_EXPANSION * len(raw) + EXPANSION_FLOOR),
+                            endpoint)
     try:
-        obj = _loads(raw)
+        # Too many containers for one body, or some rank's piece is nested too deeply for json: decode the
+        # ranks one by one instead (each checked on its own before it is decoded).
+        obj = _loads_rank_by_rank(raw, endpoint) if _dense(raw) else _loads(raw)
     except RecursionError:
-        # Some rank's piece is nested too deeply for json: decode the ranks one by one instead.
         obj = _loads_rank_by_rank(raw, endpoint)
     except (ValueError, UnicodeDecodeError) as exc:
         raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
     snapshot = parse_snapshot(obj, endpoint, size_bytes=len(raw))
     del obj
+    if len(snapshot.ranks) + len(snapshot.errors) > MAX_PIECES:
+        raise SidecarError(endpoint, f"{len(snapshot.ranks)} rank pieces and {len(snapshot.errors)} errors: more "
+                           f"than {MAX_PIECES} in one pod's snapshot", retryable=False)
     if pod:
         snapshot.pod = pod
     if namespace:

@@ -8,19 +8,20 @@ so that a sidecar that is down or answers garbage becomes a missing pod in the r
 
 from __future__ import annotations
 
-import json
+import asyncio
 import zlib
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
 from frscope import wire
+from frscope.operator.kube.api_errors import KubeError
 from frscope.operator.kube.bodies import read_capped
 from frscope.operator.kube.credentials import BearerAuth
 from frscope.wire import SidecarSnapshot, SidecarStatus
 
 DEFAULT_MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
-MAX_STATUS_BYTES = 8 * 1024 * 1024
+MAX_STATUS_BYTES = wire.STATUS_MAX_BYTES
 
 class SidecarError(Exception):
     """A sidecar could not be reached or did not answer as documented."""
@@ -72,6 +73,14 @@ def gunzip_capped(raw: bytes, limit: int, endpoint: str) -> bytes:
     return out
 
 
+class PodTokenSource(Protocol):
+    """Per-pod tokens (`kube.pod_tokens.PodTokens`): the one a pod's sidecar accepts, and no other."""
+
+    async def token(self, namespace: str, pod: str) -> str: ...
+
+    def forget(self, namespace: str, pod: str) -> None: ...
+
+
 class SidecarClient:
     """Talks to sidecars over one shared aiohttp session (connection pooling across 1,000s of pods).
 
@@ -79,23 +88,37 @@ class SidecarClient:
     until a decoder process inflates them: the event loop's process never inflates ~1 GiB of JSON."""
 
     def __init__(self, session: aiohttp.ClientSession, *, auth: BearerAuth | None = None,
-                 max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES) -> None:
+                 tokens: PodTokenSource | None = None, max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES) -> None:
         self._session = session
-        # The operator's token for the sidecars: asked for per request (a projected token rotates).
+        # The operator's token for the sidecars: asked for per request (a projected token rotates). With
+        # `tokens`, each pod's own (minted for that pod's audience) and never a shared one.
         self._auth = auth
+        self._tokens = tokens
         self._max_snapshot = max_snapshot_bytes
 
-    def _headers(self) -> dict[str, str]:
+    async def _headers(self, endpoint: str, pod: tuple[str, str] | None) -> dict[str, str]:
         headers = {"Accept": "application/json", "Accept-Encoding": "gzip"}
-        token = self._auth.token() if self._auth is not None else None
+        if self._tokens is not None:
+            if pod is None:
+                return headers  # no pod named: no credential at all
+            try:
+                token: str | None = await self._tokens.token(*pod)
+            except KubeError as exc:
+                raise SidecarError(endpoint, f"no token for the pod's sidecar: {exc}") from exc
+        else:
+            token = self._auth.token() if self._auth is not None else None
         if token:
             headers["Authorization"] = f"Bearer {token}"
         return headers
 
-    async def _get_bytes(self, url: str, endpoint: str, timeout_s: float, limit: int) -> bytes:
+    async def _get_bytes(self, url: str, endpoint: str, timeout_s: float, limit: int,
+                         pod: tuple[str, str] | None = None) -> bytes:
+        headers = await self._headers(endpoint, pod)
         try:
-            async with self._session.get(url, headers=self._headers(),
+            async with self._session.get(url, headers=headers,
                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                if resp.status == 401 and self._tokens is not None and pod is not None:
+                    self._tokens.forget(*pod)  # minted again at the next ask
                 if resp.status != 200:
                     text = (await resp.content.read(300)).decode("utf-8", "replace")
                     raise SidecarError(endpoint, f"HTTP {resp.status}: {' '.join(text.split())[:200]}",
@@ -107,17 +130,19 @@ class SidecarClient:
             raise SidecarError(endpoint, f"answer larger than {limit} bytes", retryable=False)
         return raw
 
-    async def status(self, endpoint: str, timeout_s: float) -> SidecarStatus:
-        raw = await self._get_bytes(f"{endpoint}/v1/status", endpoint, timeout_s, MAX_STATUS_BYTES)
+    async def status(self, endpoint: str, timeout_s: float, *, pod: tuple[str, str] | None = None) -> SidecarStatus:
+        """`pod`: (namespace, name) of the pod whose sidecar this is (its token is the one shown)."""
+        raw = await self._get_bytes(f"{endpoint}/v1/status", endpoint, timeout_s, MAX_STATUS_BYTES, pod)
         raw = gunzip_capped(raw, MAX_STATUS_BYTES, endpoint)
         try:
-            obj = json.loads(raw)
-        except ValueError as exc:
-            raise SidecarError(endpoint, f"answer is not JSON: {exc}", retryable=False) from exc
-        return parse_status(obj, endpoint)
+            # Off the event loop: one sidecar's answer must not stall the operator's other work.
+            return await asyncio.to_thread(wire.loads_status, raw)
+        except wire.WireError as exc:
+            raise SidecarError(endpoint, str(exc), retryable=False) from None
 
     async def snapshot_bytes(
-        self, endpoint: str, timeout_s: float, *, refresh: bool = True, last_entries: int | None = None
+        self, endpoint: str, timeout_s: float, *, refresh: bool = True, last_entries: int | None = None,
+        pod: tuple[str, str] | None = None,
     ) -> bytes:
         """The `/v1/snapshot` body, undecoded and maybe gzipped (`evidence.from_bytes` takes both, off the
         event loop)."""
@@ -127,4 +152,4 @@ class SidecarClient:
             # Only the newest entries per rank travel: the operator keeps no more than these.
             query.append(("entries", window))
         url = f"{endpoint}/v1/snapshot" + ("?" + "&".join(f"{k}={v}" for k, v in query) if query else "")
-        return await self._get_bytes(url, endpoint, timeout_s, self._max_snapshot)
+        return await self._get_bytes(url, endpoint, timeout_s, self._max_snapshot, pod)

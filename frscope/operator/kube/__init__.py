@@ -22,6 +22,7 @@ from frscope.operator.kube.credentials import BearerAuth, StaticToken, TokenFile
 from frscope.operator.kube.resources import (
     EVENTS,
     NAMESPACES,
+    NODE_LEDGER,
     NODES,
     PODS,
     PYTORCHJOBS,
@@ -35,6 +36,7 @@ __all__ = [
     "JSON_PATCH",
     "MERGE_PATCH",
     "NAMESPACES",
+    "NODE_LEDGER",
     "NODES",
     "PODS",
     "PYTORCHJOBS",

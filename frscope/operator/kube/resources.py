@@ -14,3 +14,5 @@ SUBJECTACCESSREVIEWS = Resource("authorization.k8s.io", "v1", "subjectaccessrevi
                                 namespaced=False)
 NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
+NODE_LEDGER = Resource(names.REPORT_GROUP, names.REPORT_VERSION, names.NODE_LEDGER_PLURAL, names.NODE_LEDGER_KIND,
+                       namespaced=False)

@@ -83,8 +83,8 @@ def watchdog_signals(pod: PodInfo) -> list[Signal]:
 
 def exit_signals(pod: PodInfo) -> list[Signal]:
     """A trainer run that ended in failure without the watchdog's words (those are `watchdog_signals`):
-    a rank crashed or was killed. Its exit is evidence the gather before it did not have (seen on a
-    real node: the sidecar's exit push arrives before the kubelet reports the container's end)."""
+    a rank crashed or was killed. Its exit is evidence the gather before it did not have (the sidecar's
+    exit push can arrive before the kubelet reports the container's end)."""
     out: list[Signal] = []
     for term in pod.terminations:
         failed = term.reason == "OOMKilled" or (term.exit_code is not None and term.exit_code != 0)

@@ -8,7 +8,7 @@ each one's latest diagnosis from here and never writes.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
@@ -52,6 +52,9 @@ class JobView:
     latest: LatestDiagnosis | None
     ranks: tuple[RankSeen, ...] = ()  # by rank, from the last status sweep
     ranks_changed_at: float | None = None  # time.time() when `ranks` last changed
+    # an incident kept from before an operator restart (`JobStore.restore`) whose job has not been seen
+    # since: only its latest diagnosis is known
+    archived: bool = False
 
     @property
     def key(self) -> JobKey:
@@ -100,8 +103,20 @@ class JobStore:
 
     GONE_POD_MEMORY_S = 3600.0
 
-    def __init__(self) -> None:
+    def __init__(self, on_latest: Callable[[JobRef, LatestDiagnosis], None] | None = None) -> None:
         self._jobs: dict[JobKey, _Job] = {}
+        # incident views kept from before a restart, until their job shows up again (or is gone for good)
+        self._archived: dict[JobKey, tuple[JobRef, LatestDiagnosis]] = {}
+        self._on_latest = on_latest  # e.g. keep it on disk (evidence.incident_archive)
+
+    def restore(self, ref: JobRef, latest: LatestDiagnosis) -> None:
+        """An incident view kept from before a restart: shown as the job's latest diagnosis when the job
+        (same uid) is seen again, and listed as archived until then."""
+        job = self._jobs.get(ref.key)
+        if job is None or job.ref is None:
+            self._archived[ref.key] = (ref, latest)
+        elif job.ref.uid == ref.uid and job.latest is None:
+            job.latest = latest
 
     # -- writes (operator) -------------------------------------------------------------------------
     def upsert_job(self, ref: JobRef, *, world_size: int | None, conditions: Iterable[dict[str, Any]]) -> None:
@@ -111,6 +126,9 @@ class JobStore:
         job.ref = ref
         job.raw_world_size = world_size
         job.conditions = tuple(dict(c) for c in conditions)
+        kept = self._archived.pop(ref.key, None)
+        if kept is not None and kept[0].uid == ref.uid and job.latest is None:
+            job.latest = kept[1]
 
     def accepts(self, ref: JobRef) -> bool:
         """False for a job whose key (namespace/name) is taken by a watched job of another kind: a
@@ -120,6 +138,7 @@ class JobStore:
 
     def remove_job(self, key: JobKey) -> None:
         self._jobs.pop(key, None)
+        self._archived.pop(key, None)
 
     def upsert_pod(self, pod: PodInfo) -> None:
         key = JobKey(pod.namespace, pod.job_name)
@@ -188,6 +207,8 @@ class JobStore:
         job = self._jobs.get(key)
         if job is not None:
             job.latest = latest
+            if self._on_latest is not None and job.ref is not None:
+                self._on_latest(job.ref, latest)
 
     # -- reads -------------------------------------------------------------------------------------
     def _view(self, job: _Job) -> JobView | None:
@@ -202,13 +223,23 @@ class JobStore:
         return JobView(job.ref, world_size, job.conditions, pods, job.stalled, job.status_checked_at,
                        job.latest, job.ranks, job.ranks_changed_at)
 
+    def _archived_view(self, key: JobKey) -> JobView | None:
+        kept = self._archived.get(key)
+        if kept is None or (key in self._jobs and self._jobs[key].ref is not None):
+            return None
+        ref, latest = kept
+        return JobView(ref, latest.report.get("world_size") if isinstance(latest.report.get("world_size"), int)
+                       else None, (), (), False, None, latest, archived=True)
+
     def jobs(self) -> list[JobView]:
-        views = (self._view(j) for _, j in sorted(self._jobs.items()))
+        views = [self._view(j) for _, j in sorted(self._jobs.items())]
+        views += [self._archived_view(k) for k in sorted(self._archived)]
         return [v for v in views if v is not None]
 
     def job(self, key: JobKey) -> JobView | None:
         job = self._jobs.get(key)
-        return self._view(job) if job is not None else None
+        view = self._view(job) if job is not None else None
+        return view if view is not None else self._archived_view(key)
 
     def gone_pods(self, key: JobKey) -> set[str]:
         job = self._jobs.get(key)

@@ -9,7 +9,10 @@
   SubjectAccessReview: may this user `get` PyTorchJobs in the namespace of the job asked for?
 
 Answers are cached for a short while (bounded), so a page that polls every 2 s, or a flood of bad
-tokens, does not become a flood of reviews.
+tokens, does not become a flood of reviews: the same bad token is reviewed once per `CACHE_S`, and a
+client (by address) whose tokens were refused `FAILURES_BURST` times gets `RateLimited` (429) without
+a review until its budget refills (one a `FAILURE_REFILL_S`). A token longer than `MAX_TOKEN_BYTES` is
+refused without one.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ POD_UID_EXTRA = "authentication.kubernetes.io/pod-uid"
 SERVICE_ACCOUNT_PREFIX = "system:serviceaccount:"
 CACHE_S = 30.0
 CACHE_MAX = 4096
+MAX_TOKEN_BYTES = 16 * 1024
+FAILURES_BURST = 10  # refused tokens a client may show before it must wait
+FAILURE_REFILL_S = 6.0  # ... one more every this many seconds (10 a minute)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +93,43 @@ class _Cache:
             self._items.popitem(last=False)
 
 
+class RateLimited(Exception):
+    """A client whose tokens were refused too often: answer 429 with Retry-After, review nothing."""
+
+    def __init__(self, retry_after_s: int) -> None:
+        super().__init__(f"too many refused tokens from this client; retry after {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+
+
+class FailureBudget:
+    """Per client: how many refused tokens it may still show (a token bucket, bounded in clients)."""
+
+    def __init__(self, burst: int = FAILURES_BURST, refill_s: float = FAILURE_REFILL_S,
+                 max_clients: int = CACHE_MAX) -> None:
+        self._burst = burst
+        self._refill_s = refill_s
+        self._max = max_clients
+        self._clients: OrderedDict[str, tuple[float, float]] = OrderedDict()  # client -> (tokens, at)
+
+    def _level(self, client: str, now: float) -> float:
+        tokens, at = self._clients.get(client, (float(self._burst), now))
+        return min(float(self._burst), tokens + (now - at) / self._refill_s)
+
+    def check(self, client: str) -> None:
+        """RateLimited when `client` has no refusals left."""
+        now = time.monotonic()
+        level = self._level(client, now)
+        if level < 1.0:
+            raise RateLimited(max(1, int((1.0 - level) * self._refill_s + 0.999)))
+
+    def refused(self, client: str) -> None:
+        now = time.monotonic()
+        self._clients[client] = (max(0.0, self._level(client, now) - 1.0), now)
+        self._clients.move_to_end(client)
+        while len(self._clients) > self._max:
+            self._clients.popitem(last=False)
+
+
 class Reviewer:
     """TokenReview and SubjectAccessReview through the operator's client (RBAC: create on both)."""
 
@@ -94,32 +137,45 @@ class Reviewer:
         self._kube = kube
         self._tokens = _Cache(cache_s, cache_max)
         self._access = _Cache(cache_s, cache_max)
+        self._failures = FailureBudget(max_clients=cache_max)
+        self.reviews = 0  # TokenReviews asked of the API server
 
-    async def authenticate(self, token: str, audience: str | None) -> Identity | None:
-        """The token's user when the API server accepts it (for `audience`, if given), else None."""
+    async def authenticate(self, token: str, audience: str | None, client: str | None = None) -> Identity | None:
+        """The token's user when the API server accepts it (for `audience`, if given), else None.
+        `client` (the caller's address): RateLimited once its tokens were refused too often."""
         key = hashlib.sha256(f"{audience}\0{token}".encode()).hexdigest()
         hit, cached = self._tokens.get(key)
         if hit:
             return cached if isinstance(cached, Identity) else None
+        if client is not None:
+            self._failures.check(client)
+        identity = await self._review(token, audience) if len(token) <= MAX_TOKEN_BYTES else None
+        self._tokens.put(key, identity)
+        if identity is None and client is not None:
+            self._failures.refused(client)
+        return identity
+
+    async def _review(self, token: str, audience: str | None) -> Identity | None:
+        self.reviews += 1
         spec: dict[str, Any] = {"token": token}
         if audience:
             spec["audiences"] = [audience]
         answer = await self._kube.create(TOKENREVIEWS, None, {
             "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": spec})
-        identity = _identity(answer.get("status") or {}, audience)
-        self._tokens.put(key, identity)
-        return identity
+        return _identity(answer.get("status") or {}, audience)
 
-    async def allowed(self, who: Identity, *, verb: str, namespace: str, group: str = names.JOB_GROUP,
-                      resource: str = names.JOB_PLURAL) -> bool:
-        key = hashlib.sha256(_access_key(who, verb, namespace, group, resource).encode()).hexdigest()
+    async def allowed(self, who: Identity, *, verb: str, namespace: str = "", group: str = names.JOB_GROUP,
+                      resource: str = names.JOB_PLURAL, path: str | None = None) -> bool:
+        """May `who` do `verb` on `resource` in `namespace` (or, with `path`, on that non-resource URL)?"""
+        key = hashlib.sha256(_access_key(who, verb, namespace, group, resource, path or "").encode()).hexdigest()
         hit, cached = self._access.get(key)
         if hit:
             return bool(cached)
-        spec: dict[str, Any] = {
-            "user": who.username, "groups": list(who.groups),
-            "resourceAttributes": {"verb": verb, "group": group, "resource": resource, "namespace": namespace},
-        }
+        spec: dict[str, Any] = {"user": who.username, "groups": list(who.groups)}
+        if path is not None:
+            spec["nonResourceAttributes"] = {"path": path, "verb": verb}
+        else:
+            spec["resourceAttributes"] = {"verb": verb, "group": group, "resource": resource, "namespace": namespace}
         if who.uid:
             spec["uid"] = who.uid
         if who.extra:
@@ -152,12 +208,13 @@ def _identity(status: dict[str, Any], audience: str | None) -> Identity | None:
 
 # -- who may push ----------------------------------------------------------------------------------
 class Refused(Exception):
-    """A request that is not let in: 401 (who are you?) or 403 (not you)."""
+    """A request that is not let in: 401 (who are you?), 403 (not you), 429 (too many refused tokens)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, *, retry_after_s: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +230,7 @@ class Caller:
 class OpenPush:
     """`--sidecar-auth none`: anyone may push, for any pod (development only)."""
 
-    async def caller(self, authorization: str) -> Caller:
+    async def caller(self, authorization: str, client: str | None = None) -> Caller:
         return Caller("anonymous")
 
 
@@ -183,7 +240,7 @@ class SharedTokenPush:
     def __init__(self, auth: BearerAuth) -> None:
         self._auth = auth
 
-    async def caller(self, authorization: str) -> Caller:
+    async def caller(self, authorization: str, client: str | None = None) -> Caller:
         expected = self._auth.token()
         given = bearer(authorization)
         if not expected or given is None or not hmac.compare_digest(given.encode(), expected.encode()):
@@ -198,13 +255,15 @@ class KubernetesPush:
         self._reviewer = reviewer
         self._audience = audience
 
-    async def caller(self, authorization: str) -> Caller:
+    async def caller(self, authorization: str, client: str | None = None) -> Caller:
         token = bearer(authorization)
         if token is None:
             raise Refused(401, "a bearer token is required (the pod's service-account token, "
                                f"audience {self._audience})")
         try:
-            who = await self._reviewer.authenticate(token, self._audience)
+            who = await self._reviewer.authenticate(token, self._audience, client)
+        except RateLimited as exc:
+            raise Refused(429, str(exc), retry_after_s=exc.retry_after_s) from exc
         except KubeError as exc:
             raise Refused(503, f"the token could not be reviewed: {exc}") from exc
         if who is None:

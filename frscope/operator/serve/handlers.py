@@ -15,12 +15,14 @@ import kopf
 from frscope.operator import names
 from frscope.operator.engine.controller import Controller
 from frscope.operator.injection import NAMESPACE_WEBHOOK_ID, WEBHOOK_ID, InjectionConfig, mutate
+from frscope.operator.ledger import NodeLedger
 from frscope.operator.model import jobkinds
 
 
 def register_watchers(registry: kopf.OperatorRegistry, controller: Controller,
                       relogin: Callable[[], kopf.ConnectionInfo],
-                      kinds: tuple[jobkinds.JobKind, ...] = (jobkinds.PYTORCHJOB,)) -> None:
+                      kinds: tuple[jobkinds.JobKind, ...] = (jobkinds.PYTORCHJOB,),
+                      ledger: NodeLedger | None = None) -> None:
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
         return relogin()
@@ -36,6 +38,8 @@ def register_watchers(registry: kopf.OperatorRegistry, controller: Controller,
     @kopf.on.event(names.REPORT_GROUP, names.REPORT_VERSION, names.REPORT_PLURAL, registry=registry)
     async def report_event(event: kopf.RawEvent, **_: Any) -> None:
         await controller.on_report(event.get("type"), dict(event["object"]))
+        if ledger is not None:  # the node ledger records each report's incident on its nodes, once
+            await ledger.on_report(event.get("type"), dict(event["object"]))
 
     # One pod watch per label family of the enabled kinds (TrainJob and JobSet pods share JobSet's).
     pod_labels = {jobkinds.FAMILY_KUBEFLOW_V1: jobkinds.LABEL_PYTORCHJOB_NAME,

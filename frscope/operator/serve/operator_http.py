@@ -3,8 +3,9 @@ web UI.
 
     GET  /healthz   200 while the event loop turns and kopf's watchers are running (liveness)
     GET  /readyz    200 once kopf has started (readiness)
-    GET  /metrics   Prometheus text of the injected registry
-    POST /v1/push   a sidecar's snapshot body (docs/sidecar-api.md), gzip or plain, checked by `push_auth`
+    GET  /metrics   Prometheus text of the injected registry, behind `--metrics-auth` (`guards`)
+    POST /v1/push   a sidecar's snapshot body (docs/sidecar-api.md), gzip or plain, checked by `push_auth`;
+                    `max_push_bytes` caps it as sent, `pod_evidence` what it may inflate to
                     (by default the pod's own service-account token: the pod and namespace come from it)
 
 Other components add their routes with `OperatorHttp.add_routes()` (or `add_subapp()`) before
@@ -21,13 +22,15 @@ from collections.abc import Callable, Iterable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes
+from frscope.operator.evidence.gather import Decoder
+from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, PodEvidence
 from frscope.operator.evidence.push_store import Full
 from frscope.operator.evidence.sidecars import SidecarError
 from frscope.operator.evidence.spill import EvidenceDir
 from frscope.operator.model.objects import JobKey
 from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.serve.access import OpenPush, PushAuth, Refused
+from frscope.operator.serve.guards import Check
 from frscope.operator.serve.push_gate import PushGate
 
 log = logging.getLogger(__name__)
@@ -60,7 +63,8 @@ class OperatorHttp:
     def __init__(self, *, registry: CollectorRegistry, metrics: OperatorMetrics, health: Health,
                  on_push: PushHandler, push_auth: PushAuth | None = None,
                  max_push_bytes: int = 256 * 1024 * 1024, max_entries: int = DEFAULT_MAX_ENTRIES,
-                 spill: EvidenceDir | None = None, gate: PushGate | None = None) -> None:
+                 spill: EvidenceDir | None = None, gate: PushGate | None = None,
+                 metrics_guard: Check | None = None, decoder: Decoder | None = None) -> None:
         self._registry = registry
         self._metrics = metrics
         self._health = health
@@ -69,6 +73,10 @@ class OperatorHttp:
         self._push_auth: PushAuth = push_auth if push_auth is not None else OpenPush()
         self._max_entries = max_entries
         self._gate = gate if gate is not None else PushGate()
+        self._metrics_guard = metrics_guard  # `--metrics-auth` (guards.metrics_guard); None: open
+        # Push bodies decode where fetched snapshots do (the decode processes): json holds the GIL for a
+        # whole body, which in a thread of this process would stall the event loop.
+        self._decoder = decoder if decoder is not None else Decoder()
         self.app = web.Application(client_max_size=max_push_bytes)
         self.app.add_routes([
             web.get("/healthz", self._healthz),
@@ -95,7 +103,11 @@ class OperatorHttp:
         ready = self._health.ready and self._health.alive()[0]
         return web.json_response({"ready": ready}, status=200 if ready else 503)
 
-    async def _metrics_text(self, _: web.Request) -> web.Response:
+    async def _metrics_text(self, request: web.Request) -> web.Response:
+        if self._metrics_guard is not None:
+            refused = await self._metrics_guard(request)
+            if refused is not None:
+                return refused
         body = generate_latest(self._registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
@@ -115,11 +127,13 @@ class OperatorHttp:
 
     async def _take_push(self, request: web.Request) -> web.Response:
         try:
-            caller = await self._push_auth.caller(request.headers.get("Authorization", ""))
+            caller = await self._push_auth.caller(request.headers.get("Authorization", ""), request.remote)
         except Refused as exc:
             self._metrics.pushes.labels(result="rejected").inc()
             log.warning("push refused (%d): %s", exc.status, exc.message)
             headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+            if exc.retry_after_s is not None:
+                headers = {"Retry-After": str(exc.retry_after_s)}
             return web.json_response({"error": exc.message}, status=exc.status, headers=headers)
         # An authenticated pod speaks for itself only: its token names it; headers that name another
         # pod are refused (and the body's own pod/namespace fields are overridden).
@@ -134,14 +148,15 @@ class OperatorHttp:
         namespace = caller.namespace or claimed[0]
         pod = caller.pod or claimed[1]
         try:
-            raw = await request.read()  # aiohttp has already undone Content-Encoding: gzip
+            # As it came (the server does not undo Content-Encoding): `from_bytes` inflates it off the
+            # event loop, to at most a multiple of its size (pod_evidence.MAX_EXPANSION).
+            raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": "body too large"}, status=413)
         try:
-            evidence = await asyncio.to_thread(
-                from_bytes, raw, "push", origin="push", max_entries=self._max_entries,
-                pod=pod, namespace=namespace)
+            evidence = await self._decoder.decode(raw, "push", origin="push", max_entries=self._max_entries,
+                                                  pod=pod, namespace=namespace)
         except SidecarError as exc:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": f"not a sidecar snapshot: {exc.message}"}, status=400)
@@ -167,7 +182,9 @@ class OperatorHttp:
 
     # -- lifecycle ---------------------------------------------------------------------------------
     async def start(self, host: str, port: int) -> int:
-        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None)
+        # Request bodies are not inflated by aiohttp (a 16 KiB gzip push would become its whole
+        # inflation in memory before any check): pushes are inflated capped by `from_bytes`.
+        self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None, auto_decompress=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
         await site.start()

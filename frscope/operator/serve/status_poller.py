@@ -32,11 +32,16 @@ class StatusPoller:
     async def _one(self, key: JobKey, pod: str, endpoint: str) -> SidecarStatus | str:
         async with self._semaphore:
             try:
-                status = await self._controller.sidecars.status(endpoint, self._timeout_s)
+                status = await self._controller.sidecars.status(endpoint, self._timeout_s,
+                                                                pod=(key.namespace, pod))
             except SidecarError as exc:
                 self._controller.metrics.status_poll_errors.inc()
                 log.debug("status poll failed: %s", exc)
                 return exc.message
+            except Exception as exc:  # one pod's answer never ends the sweep for the others
+                self._controller.metrics.status_poll_errors.inc()
+                log.warning("status poll of %s failed: %s", endpoint, type(exc).__name__)
+                return f"unreadable answer ({type(exc).__name__})"
         if status.stalls:
             # A job's first stall is signalled on the answer that reports it, not at the sweep's end.
             self._controller.on_first_stall(key, pod, status)

@@ -13,32 +13,35 @@ Everything here reads immutable snapshots; nothing is written.
 
 Access (`ui_guard`, `--ui-auth`): a bearer token the API server accepts (TokenReview), and a
 SubjectAccessReview `get pytorchjobs` in the namespace of the job asked for; the job list shows the
-namespaces the caller may read. With 'port-forward' (the default) a loopback connection is let in
-too: inside the operator's pod only `kubectl port-forward` makes one, and the API server has
-authorized that (`pods/portforward` in the operator's namespace).
+namespaces the caller may read. With 'port-forward' (the default) a `kubectl port-forward` connection
+is let in too (`guards.port_forwarded`: from 127.0.0.1/::1, `Host` naming loopback, no proxy headers).
 """
 
 from __future__ import annotations
 
 import datetime
 import hashlib
-import ipaddress
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
+from frscope.operator import names
 from frscope.operator.kube import KubeError
+from frscope.operator.ledger import NodeLedger
 from frscope.operator.model.objects import JobKey
 from frscope.operator.model.store import JobsView, JobView
-from frscope.operator.serve.access import Identity, Reviewer, bearer
+from frscope.operator.serve.access import Identity, Reviewer
+from frscope.operator.serve.guards import authenticated, port_forwarded, refuse
+from frscope.operator.serve.live_windows import LiveWindow, LiveWindows
 from frscope.operator.serve.operator_http import OperatorHttp
-from frscope.webui import JobDetail, JobSummary, RankStatus, create_app
-from frscope.webui.app import DEFAULT_POLL_S, VISIBLE_NAMESPACE
+from frscope.webui import JobDetail, JobSummary, NodeIncidentRow, NodeSummary, RankStatus, create_app
+from frscope.webui.routes import DEFAULT_POLL_S, VISIBLE_NAMESPACE, VISIBLE_NODES
 
 UI_PREFIX = "/ui"
 MAX_MISSING_RANKS = 65_536  # list ranks nobody reports only for a plausible world size
+FIRST_WINDOW_WAIT_S = 8.0
 
 
 def _epoch(rfc3339: str) -> float | None:
@@ -78,7 +81,7 @@ def job_summary(view: JobView, ranks: dict[int, RankStatus] | None = None) -> Jo
         name=view.ref.name,
         verdict=(str(report.get("verdict") or latest.verdict)) if latest is not None else None,
         healthy=(bool(healthy) if healthy is not None else False) if latest is not None else None,
-        state=view.state,
+        state=view.state or ("archived (kept from before an operator restart)" if view.archived else ""),
         stalled=view.stalled or any(s.state == "stalled" for s in ranks.values()),
         category=latest.category if latest is not None else None,
         culprit_ranks=tuple(latest.culprit_ranks) if latest is not None else (),
@@ -87,9 +90,10 @@ def job_summary(view: JobView, ranks: dict[int, RankStatus] | None = None) -> Jo
     )
 
 
-def _revision(summary: JobSummary, ranks: dict[int, RankStatus], view: JobView) -> str:
+def _revision(summary: JobSummary, ranks: dict[int, RankStatus], view: JobView, live: LiveWindow | None) -> str:
     latest = view.latest
     small: dict[str, Any] = {
+        "live": live.fingerprint if live is not None else None,
         "summary": summary.to_dict(),
         "ranks": [[r, s.state, s.detail] for r, s in sorted(ranks.items())],
         # a new diagnosis is a new LatestDiagnosis (incident, time): its report and timeline come with it
@@ -99,11 +103,20 @@ def _revision(summary: JobSummary, ranks: dict[int, RankStatus], view: JobView) 
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-class OperatorJobs:
-    """`frscope.webui.JobProvider` over the operator's store (answers from memory, synchronously)."""
+def shows_incident(view: JobView, ranks: dict[int, RankStatus]) -> bool:
+    """Whether the page shows the latest diagnosis's timeline rather than the live window: while the job
+    is stalled, or one of its ranks is stalled or failed (the incident is still what is going on)."""
+    return view.latest is not None and view.latest.timeline is not None and (
+        view.stalled or any(s.state in ("stalled", "failed") for s in ranks.values()))
 
-    def __init__(self, store: JobsView) -> None:
+
+class OperatorJobs:
+    """`frscope.webui.JobProvider` over the operator's store (answers from memory, synchronously), with
+    the live window of the jobs someone looks at (`live`)."""
+
+    def __init__(self, store: JobsView, live: LiveWindows | None = None) -> None:
         self._store = store
+        self._live = live
 
     def jobs(self) -> list[JobSummary]:
         return [job_summary(v) for v in self._store.jobs()]
@@ -115,32 +128,39 @@ class OperatorJobs:
         ranks = rank_status(view)
         summary = job_summary(view, ranks)
         latest = view.latest
+        timeline = latest.timeline if latest is not None else None
+        window = None
+        perf = None
+        if self._live is not None and not view.archived:  # an archived job has no pods to ask
+            self._live.watch(view.key)
+            window = self._live.window(view.key)
+            if window is not None and window.timeline is not None and not shows_incident(view, ranks):
+                timeline = window.timeline
+                perf = window.perf
+            else:
+                window = None
         return JobDetail(
             summary=summary,
             report=latest.report if latest is not None else None,
-            timeline=latest.timeline if latest is not None else None,
+            timeline=timeline,
             ranks=ranks,
-            revision=_revision(summary, ranks, view),
+            perf=perf,
+            revision=_revision(summary, ranks, view, window),
         )
+
+    async def fresh_timeline(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The live window's timeline, waiting a few seconds for the first one (`GET .../trace.json`)."""
+        if self._live is None:
+            return None
+        window = await self._live.wait_for(JobKey(namespace, name), FIRST_WINDOW_WAIT_S)
+        return window.timeline if window is not None else None
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _loopback(request: web.Request) -> bool:
-    try:
-        return request.remote is not None and ipaddress.ip_address(request.remote).is_loopback
-    except ValueError:
-        return False
-
-
-def _refuse(status: int, message: str) -> web.Response:
-    headers = {"WWW-Authenticate": 'Bearer realm="frscope"'} if status == 401 else None
-    return web.json_response({"error": message}, status=status, headers=headers)
-
-
 def ui_guard(mode: str, reviewer: Reviewer | None) -> Any:
-    """The aiohttp middleware of `--ui-auth` (None for 'none')."""
+    """The aiohttp middleware of `--ui-auth` (None for 'none'); see `guards`."""
     if mode == "none":
         return None
     if reviewer is None:
@@ -148,26 +168,28 @@ def ui_guard(mode: str, reviewer: Reviewer | None) -> Any:
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if mode == "port-forward" and _loopback(request):
+        if mode == "port-forward" and port_forwarded(request):
             return await handler(request)
-        token = bearer(request.headers.get("Authorization", ""))
-        if token is None:
-            return _refuse(401, "a bearer token is required (or use kubectl port-forward)")
-        try:
-            who = await reviewer.authenticate(token, None)
-        except KubeError as exc:
-            return _refuse(503, f"the token could not be reviewed: {exc}")
-        if who is None:
-            return _refuse(401, "token refused by the API server")
+        who = await authenticated(request, reviewer)
+        if isinstance(who, web.Response):
+            return who
         namespace = request.match_info.get("namespace")
         if namespace is not None:
             if not await _may_read(reviewer, who, namespace):
-                return _refuse(403, f"{who.username} may not get pytorchjobs in namespace {namespace}")
+                return refuse(403, f"{who.username} may not get pytorchjobs in namespace {namespace}")
         else:
             async def visible(ns: str) -> bool:
                 return await _may_read(reviewer, who, ns)
 
+            async def nodes_visible() -> bool:
+                try:
+                    return await reviewer.allowed(who, verb="list", namespace="", group=names.REPORT_GROUP,
+                                                  resource=names.NODE_LEDGER_PLURAL)
+                except KubeError:
+                    return False
+
             request[VISIBLE_NAMESPACE] = visible
+            request[VISIBLE_NODES] = nodes_visible
         return await handler(request)
 
     return guard
@@ -180,9 +202,32 @@ async def _may_read(reviewer: Reviewer, who: Identity, namespace: str) -> bool:
         return False
 
 
+class LedgerNodes:
+    """`frscope.webui.NodeProvider` over the node ledger's latest read (answers from memory)."""
+
+    def __init__(self, ledger: NodeLedger) -> None:
+        self._ledger = ledger
+
+    def nodes(self) -> list[NodeSummary]:
+        out = []
+        for entry, assessment in list(self._ledger.latest.values()):
+            recent = tuple(NodeIncidentRow(i.at, i.job, i.category, i.evidence.value, i.weight, i.why)
+                           for i in reversed(entry.incidents[-8:]))
+            out.append(NodeSummary(
+                node=entry.node, score=assessment.score, incidents=assessment.incidents, jobs=assessment.jobs,
+                last_incident=assessment.last_incident, state=assessment.state.value, why=assessment.why,
+                pool=entry.pool, fence=entry.fence.state if entry.fence else "",
+                fence_message=entry.fence.message if entry.fence else "", recent=recent))
+        return out
+
+
 def mount_ui(http: OperatorHttp, store: JobsView, *, prefix: str = UI_PREFIX, poll_s: float = DEFAULT_POLL_S,
-             guard: Any = None) -> None:
+             guard: Any = None, live: LiveWindows | None = None, ledger: NodeLedger | None = None) -> None:
     """Serve the web UI at `{prefix}/` in the operator's HTTP server (call before it starts), behind
-    `guard` (`ui_guard()`) when given."""
-    http.add_subapp(prefix, create_app(OperatorJobs(store), poll_s=poll_s,
-                                       middlewares=[guard] if guard is not None else []))
+    `guard` (`ui_guard()`) when given; `live`: follow the jobs looked at (stopped with the server); with the
+    node ledger, its page at `{prefix}/nodes`."""
+    app = create_app(OperatorJobs(store, live), poll_s=poll_s, middlewares=[guard] if guard is not None else [],
+                     nodes=LedgerNodes(ledger) if ledger is not None else None)
+    if live is not None:
+        app.on_cleanup.append(live.close)
+    http.add_subapp(prefix, app)

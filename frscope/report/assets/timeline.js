@@ -5,11 +5,13 @@
  * (timeline shape: frscope/report/timeline.py and docs/timeline.md).
  * Everything that comes from a dump (paths, names, stacks) is put in the page with textContent only.
  *
- * window.frscope is a small API for people and tests: state(), setOps(), setGroup(), setRankRange(),
- * setMode(), zoomToStuck(), reset(), cellAt(rank, seq), load(data).
+ * window.frscope is a small API for people and tests: state(), setOps(), setGroup(), setRanks(),
+ * setRankRange(), setStates(), setMode(), zoomToStuck(), reset(), cellAt(rank, seq), jump(), load(data).
+ *
+ * frscope/report/html.py puts this file, timeline_panels.js (findings panel, status, live updates) and
+ * timeline_list.js (own times, list view, filters, start-up) in one closure: they share its functions
+ * and state.
  */
-(function () {
-  "use strict";
 
   var OP_COLORS = {
     ALLREDUCE: [0, 114, 178], BROADCAST: [230, 159, 0], REDUCE: [86, 180, 233], ALLGATHER: [0, 158, 115],
@@ -26,7 +28,7 @@
   var HATCH = 1, PLAIN = 0;
 
   var R = null, T = null, LIVE = null, STATUS = {}, REVISION = null;
-  var S = {group: 0, ops: null, rankLo: null, rankHi: null, mode: "seq", view: null, hover: null, pinned: null};
+  var S = {group: 0, ops: null, ranks: null, rankText: "", states: null, mode: "seq", view: null, hover: null, pinned: null};
   var D = null; // derived data for the shown group
   var LAST = {drawnCells: 0, drawnByOp: {}, renderMs: 0, highlighted: [], stuckVisible: false, cols: 0, rows: 0,
     axisSpanMs: null, waitMs: null};
@@ -86,7 +88,7 @@
     var rows = [];
     for (var i = 0; i < g.ranks.length; i++) {
       var r = g.ranks[i];
-      if ((S.rankLo == null || r >= S.rankLo) && (S.rankHi == null || r <= S.rankHi)) rows.push(i);
+      if (!S.ranks || rankIn(S.ranks, r)) rows.push(i);
     }
     var culprit = {};
     (T.culprit_ranks || []).forEach(function (r) { culprit[r] = true; });
@@ -136,6 +138,7 @@
     var color = new Uint32Array(n), hatch = new Uint32Array(n), kind = new Uint8Array(n), label = new Int16Array(n);
     for (var i = 0; i < n; i++) {
       var cell = T.cells[i], op = cell[0], st = cell[1];
+      if (S.states && !S.states.has(st)) { label[i] = op < 0 ? -1 : T.op_label_of[op]; color[i] = 0; continue; }
       if (op < 0) {
         label[i] = -1;
         var a = ABSENT_RGB[st] || [230, 230, 230];
@@ -160,6 +163,10 @@
   function fullView() {
     if (S.mode === "time" && D.hasTime) return {x0: D.tMin, x1: D.tMax, r0: 0, r1: D.rows.length};
     return {x0: 0, x1: Math.max(D.ncols, 1), r0: 0, r1: D.rows.length};
+  }
+  function isFullView(v) {
+    var f = fullView(), eps = 1e-6 * Math.max(1, Math.abs(f.x1 - f.x0));
+    return Math.abs(v.x0 - f.x0) <= eps && Math.abs(v.x1 - f.x1) <= eps && v.r0 <= 0 && v.r1 >= f.r1;
   }
   function defaultView() {
     // Time mode opens on everything, up to when the recorders were read: a 14 s wait is 14 s of the
@@ -411,6 +418,7 @@
         ctx.fill();
       });
     }
+    drawOwnTimes(ctx, view, r0, r1, rowH, plotW, plotH);
     ctx.save();
     ctx.beginPath(); ctx.rect(GUTTER_L - 2, GUTTER_T - 2, plotW + 4, plotH + 4); ctx.clip();
     // finding columns (the stuck collective first)
@@ -485,6 +493,15 @@
     LAST.stuckVisible = stuckVisible;
   }
 
+  function columnView(c, r0, r1) {
+    // a view around column c (and rows r0..r1): the stuck collective, or one jumped to
+    if (S.mode === "time" && D.hasTime && D.starts[c] != null) {
+      var span = Math.max((D.ends[c] - D.starts[c]) * 3, (D.tMax - D.tMin) / 50);
+      return clampView({x0: D.starts[c] - span / 2, x1: D.starts[c] + span / 2, r0: r0, r1: r1});
+    }
+    return clampView({x0: c - 30, x1: c + 10, r0: r0, r1: r1});
+  }
+
   function primaryColumn() {
     var p = T.primary;
     if (!p || p.group !== D.g.name) return -1;
@@ -539,6 +556,7 @@
       created_ms: g.col_t_ms[col], duration_ms: g.col_dur_ms[col], late_ms: null, culprit: (T.culprit_ranks || []).indexOf(rank) >= 0
     };
     for (var j = 0; j + 2 < g.lags.length; j += 3) if (g.lags[j] === row && g.lags[j + 1] === col) info.late_ms = g.lags[j + 2];
+    addOwnTimes(info, groupIdx, row, col);
     if (info.state === "in_flight" && info.created_ms != null && T.captured_ms && T.captured_ms[String(rank)] != null) {
       info.waiting_ms = T.captured_ms[String(rank)] - info.created_ms - (info.late_ms || 0);
     }
@@ -554,9 +572,7 @@
       lines.push(["input", (info.input_sizes || "-") + "  " + (info.input_dtypes || "")]);
       lines.push(["output", (info.output_sizes || "-") + "  " + (info.output_dtypes || "")]);
       if (info.entries > 1) lines.push(["coalesced", info.entries + " ops share this sequence id"]);
-      if (info.created_ms != null) lines.push(["created", fmtMs(info.created_ms) + " (median of the group)"]);
-      if (info.late_ms != null) lines.push(["late", "this rank +" + fmtMs(info.late_ms) + " after the median"]);
-      if (info.duration_ms != null) lines.push(["duration", fmtMs(info.duration_ms) + " (median)"]);
+      ownTimeLines(info, lines);
       if (info.waiting_ms != null) lines.push(["waiting", fmtMs(info.waiting_ms) + " until the recorder was read"]);
       lines.push(["call site", info.call_site || "not recorded (no stack in this dump)"]);
     }
@@ -596,115 +612,10 @@
     box.appendChild(table);
   }
 
-  /* ---------- findings panel ---------- */
-
-  function frameLines(frames, max) {
-    var pre = el("div", {class: "stack"});
-    (frames || []).slice(0, max || 14).forEach(function (f, i) {
-      var lib = /\/torch\/|site-packages|dist-packages|\/lib\/python3|<frozen /.test(f.filename);
-      var line = el("div", {class: lib ? null : "user", text: f.name + "  " + f.filename + ":" + f.line});
-      pre.appendChild(line);
-      if (i === 0 && !frames.length) pre.appendChild(el("div", {text: "(empty)"}));
-    });
-    if (frames && frames.length > (max || 14)) pre.appendChild(el("div", {text: "... " + (frames.length - (max || 14)) + " more frames"}));
-    return pre;
-  }
-
-  function findingNode(f, consequence) {
-    var box = el("div", {class: "finding" + (consequence ? " consequence" : ""), "data-category": f.category});
-    box.appendChild(el("div", null, el("span", {class: "cat", text: f.category}), " ",
-      el("span", {class: "bucket", text: "(" + f.bucket + ")" + (f.ambiguous ? " - no majority: culprits are candidates" : "")})));
-    box.appendChild(el("div", {class: "summary", text: f.summary}));
-    var dl = el("dl");
-    function row(k, v) { if (v != null && v !== "") { dl.appendChild(el("dt", {text: k})); dl.appendChild(el("dd", {text: v})); } }
-    row("culprit ranks", fmtRanks(f.culprit_ranks));
-    var pg = f.process_group || {};
-    row("group", pg.name + (pg.desc && pg.desc !== "undefined" ? " (" + pg.desc + ")" : "") + ", " + (pg.ranks || []).length + " ranks");
-    if (f.op) row("collective", f.op + (f.collective_seq_id != null ? " #" + f.collective_seq_id : "") + (f.p2p_seq_id != null ? " p2p #" + f.p2p_seq_id : ""));
-    if (f.input_sizes) row("sizes", JSON.stringify(f.input_sizes));
-    if (f.input_dtypes) row("dtypes", f.input_dtypes.join(", "));
-    if (f.stalled_for_s != null) row("stalled for", fmtMs(f.stalled_for_s * 1000));
-    if (f.late_by_ms != null) row("late by", fmtMs(f.late_by_ms));
-    box.appendChild(dl);
-    if (f.evidence && f.evidence.length) {
-      var ul = el("ul");
-      f.evidence.forEach(function (e) { ul.appendChild(el("li", {text: e})); });
-      box.appendChild(ul);
-    }
-    Object.keys(f.culprit_stacks || {}).slice(0, 2).forEach(function (r) {
-      box.appendChild(el("div", {class: "hint", text: "rank " + r + " now (most recent call first):"}));
-      box.appendChild(frameLines(f.culprit_stacks[r]));
-    });
-    Object.keys(f.culprit_frames || {}).slice(0, 2).forEach(function (r) {
-      box.appendChild(el("div", {class: "hint", text: "rank " + r + " enqueued the op from:"}));
-      box.appendChild(frameLines(f.culprit_frames[r]));
-    });
-    (f.consequences || []).forEach(function (c) {
-      var det = el("details", null, el("summary", {text: "consequence: " + c.category}));
-      det.appendChild(findingNode(c, true));
-      box.appendChild(det);
-    });
-    return box;
-  }
-
-  function renderHeader() {
-    var v = $("fr-verdict");
-    var healthy = !R || R.healthy;
-    v.textContent = R ? R.verdict : "No report yet: waiting for the first diagnosis.";
-    v.className = R ? (healthy ? "ok" : "bad") : "";
-    var meta = [];
-    if (R) {
-      meta.push((R.ranks_loaded || []).length + " of " + R.world_size + " ranks loaded");
-      if (R.missing_ranks && R.missing_ranks.length) meta.push("missing: " + fmtRanks(R.missing_ranks));
-      if (R.backend) meta.push(R.backend);
-      if (R.versions && R.versions.length) meta.push("format " + R.versions.join(", "));
-      meta.push((R.groups || []).length + " process groups");
-    }
-    $("fr-meta").textContent = meta.join(" \u00b7 ");
-    if (LIVE && LIVE.title) document.title = LIVE.title + (R && !R.healthy ? " \u2014 stuck" : "");
-  }
-
-  function renderFindings() {
-    var box = $("fr-findings-body");
-    clear(box);
-    if (!R) { box.appendChild(el("div", {class: "hint", text: "No diagnosis yet."})); renderStatus(); return; }
-    if (!R.findings || !R.findings.length) box.appendChild(el("div", {class: "healthy", text: R.verdict}));
-    (R.findings || []).forEach(function (f) { box.appendChild(findingNode(f, false)); });
-    if (R.problems && R.problems.length) {
-      var det = el("details", {class: "problems"}, el("summary", {text: R.problems.length + " file(s) with problems"}));
-      var ul = el("ul");
-      R.problems.forEach(function (p) { ul.appendChild(el("li", {text: p.source + (p.rank != null ? " (rank " + p.rank + ")" : "") + ": " + p.message})); });
-      det.appendChild(ul);
-      box.appendChild(det);
-    }
-    renderStatus();
-  }
-
-  function renderStatus() {
-    var box = $("fr-status");
-    clear(box);
-    var keys = Object.keys(STATUS || {});
-    if (!keys.length) return;
-    var by = {};
-    keys.forEach(function (k) { var s = STATUS[k].state || "unknown"; (by[s] = by[s] || []).push(+k); });
-    box.appendChild(el("h2", {text: "Ranks now"}));
-    Object.keys(by).sort().forEach(function (s) {
-      box.appendChild(el("span", {class: "pill", "data-state": s}, el("span", {class: "swatch", style: "background:" + statusColor(s)}),
-        " " + s + ": " + fmtRanks(by[s])));
-    });
-  }
-
   /* ---------- toolbar ---------- */
 
   function buildToolbar() {
-    var sel = $("fr-group");
-    clear(sel);
-    T.groups.forEach(function (g, i) {
-      var label = g.name + (g.desc && g.desc !== "undefined" ? " (" + g.desc + ")" : "") + " \u2014 " + g.ranks.length + " ranks, " +
-        (g.seq_range ? "#" + g.seq_range[0] + "-" + g.seq_range[1] : "no collectives");
-      sel.appendChild(el("option", {value: String(i), text: label}));
-    });
-    sel.value = String(S.group);
+    fillGroups();
     var ops = $("fr-ops");
     clear(ops);
     T.op_labels.forEach(function (lab) {
@@ -733,23 +644,16 @@
     S.ops = all ? null : on;
     buildColors();
     render();
-  }
-
-  function parseRange(text) {
-    text = (text || "").trim();
-    if (!text) return [null, null];
-    var m = /^(\d+)\s*(?:-\s*(\d+))?$/.exec(text);
-    if (!m) return null;
-    var lo = +m[1], hi = m[2] != null ? +m[2] : lo;
-    return lo <= hi ? [lo, hi] : [hi, lo];
+    changed();
   }
 
   function wire() {
     $("fr-group").addEventListener("change", function () { api.setGroup(+this.value, true); });
     $("fr-ranks").addEventListener("change", function () {
-      var r = parseRange(this.value);
-      this.setCustomValidity(r ? "" : "expected e.g. 0-127");
-      if (r) api.setRankRange(r[0], r[1]);
+      var text = this.value;
+      try { parseRankList(text); } catch (err) { this.setCustomValidity(err.message); this.title = err.message; return; }
+      this.setCustomValidity(""); this.title = "";
+      api.setRanks(text);
     });
     $("fr-mode-seq").addEventListener("change", function () { api.setMode("seq"); });
     $("fr-mode-time").addEventListener("change", function () { api.setMode("time"); });
@@ -834,8 +738,9 @@
       STATUS = data.status || {};
       REVISION = data.revision != null ? data.revision : REVISION;
       var tl = data.timeline;
-      renderHeader();
+      renderHeader(tl);
       renderFindings();
+      renderPerf(data.perf || null);
       if (!tl || !tl.groups || !tl.groups.length) {
         T = tl || null;
         $("fr-timeline-body").hidden = true;
@@ -846,7 +751,8 @@
       }
       $("fr-timeline-body").hidden = false;
       $("fr-empty").hidden = true;
-      var keepView = sameGroup && S.view;
+      // a view the person zoomed or panned is kept; one showing everything follows the new data (live)
+      var keepView = sameGroup && S.view && !isFullView(S.view);
       T = tl;
       if (!sameGroup) S.group = defaultGroup();
       var view = S.view;
@@ -855,13 +761,15 @@
       if (S.pinned && S.pinned.group === S.group) showDetails(S.pinned); else { S.pinned = null; showDetails(null); }
       buildToolbar();
       render();
+      changed();
     },
     state: function () {
       return {
         group: D ? D.g.name : null, mode: S.mode, ops: S.ops ? Array.from(S.ops).sort() : null,
-        rankRange: [S.rankLo, S.rankHi], view: S.view, drawnCells: LAST.drawnCells, drawnByOp: LAST.drawnByOp,
+        ranks: S.rankText, states: S.states ? Array.from(S.states).map(function (i) { return T.states[i]; }).sort() : null,
+        rankRange: rankRangeOf(S.ranks), view: S.view, drawnCells: LAST.drawnCells, drawnByOp: LAST.drawnByOp,
         culpritRanks: T ? (T.culprit_ranks || []) : [], highlightedRanks: LAST.highlighted, stuckVisible: LAST.stuckVisible,
-        stuck: T ? T.primary : null, axisSpanMs: LAST.axisSpanMs, waitMs: LAST.waitMs, renderMs: LAST.renderMs, rows: LAST.rows, cols: LAST.cols, revision: REVISION,
+        stuck: T ? T.primary : null, axisSpanMs: LAST.axisSpanMs, ownMarks: LAST.ownMarks || 0, waitMs: LAST.waitMs, renderMs: LAST.renderMs, rows: LAST.rows, cols: LAST.cols, revision: REVISION,
         verdict: R ? R.verdict : null, status: STATUS
       };
     },
@@ -870,6 +778,7 @@
       $("fr-ops").querySelectorAll("input[type=checkbox]").forEach(function (b) { b.checked = !S.ops || S.ops.has(b.value); });
       buildColors();
       render();
+      changed();
     },
     setGroup: function (which, fromUi) {
       var idx = typeof which === "number" && fromUi ? which : -1;
@@ -877,12 +786,23 @@
       if (idx < 0) throw new Error("no group " + which);
       S.group = idx; S.view = null; S.pinned = null;
       $("fr-group").value = String(idx);
-      derive(); showDetails(null); buildToolbar(); render();
+      derive(); showDetails(null); buildToolbar(); render(); changed();
     },
-    setRankRange: function (lo, hi) {
-      S.rankLo = lo; S.rankHi = hi; S.view = null;
-      $("fr-ranks").value = lo == null ? "" : lo + "-" + hi;
-      derive(); render();
+    setRankRange: function (lo, hi) { api.setRanks(lo == null ? "" : lo + "-" + hi); },
+    setRanks: function (text) {
+      // a rank list like the CLI's --rank (0-7,12); throws on bad input, naming the bad part
+      var ranges = parseRankList(text || "");
+      S.ranks = ranges.length ? ranges : null; S.rankText = ranges.length ? String(text).trim() : ""; S.view = null;
+      $("fr-ranks").value = S.rankText;
+      derive(); render(); changed();
+    },
+    setStates: function (names) {
+      S.states = names == null ? null : new Set(names.map(function (n) {
+        var i = T.states.indexOf(n);
+        if (i < 0) throw new Error("no state " + n + " (one of " + T.states.join(", ") + ")");
+        return i;
+      }));
+      syncStateBoxes(); buildColors(); render(); changed();
     },
     setMode: function (mode) {
       S.mode = mode === "time" ? "time" : "seq"; S.view = null;
@@ -893,12 +813,7 @@
       var c = primaryColumn();
       if (c < 0 && D.findingCols.length) c = D.findingCols[0];
       if (c < 0) return;
-      if (S.mode === "time" && D.hasTime && D.starts[c] != null) {
-        var span = Math.max((D.ends[c] - D.starts[c]) * 3, (D.tMax - D.tMin) / 50);
-        S.view = clampView({x0: D.starts[c] - span / 2, x1: D.starts[c] + span / 2, r0: 0, r1: D.rows.length});
-      } else {
-        S.view = clampView({x0: c - 30, x1: c + 10, r0: 0, r1: D.rows.length});
-      }
+      S.view = columnView(c, 0, D.rows.length);
       render();
     },
     reset: function () { S.view = null; render(); },
@@ -923,61 +838,9 @@
   function start() {
     var node = $("frscope-data");
     var data = JSON.parse(node.textContent);
+    SYNTAX = data.syntax || SYNTAX;
     wire();
+    wireList();
     api.load(data);
     if (data.live) startLive(data.live);
   }
-
-  /* ---------- live updates (operator web UI only) ---------- */
-
-  function startLive(live) {
-    var badge = $("fr-live");
-    badge.hidden = false;
-    function mark(ok, text) { badge.textContent = text; badge.className = ok ? "live" : "live stale"; }
-    mark(true, "\u25CF live");
-    var fetching = false, wanted = null, timer = null;
-    function refresh(rev) {
-      if (rev != null && rev === REVISION) return;
-      if (fetching) { wanted = rev; return; }
-      fetching = true;
-      fetch(live.data_url, {headers: {Accept: "application/json"}, cache: "no-store"}).then(function (r) {
-        if (!r.ok) throw new Error("HTTP " + r.status);
-        return r.json();
-      }).then(function (data) {
-        api.load(data);
-        mark(true, "\u25CF live \u00b7 updated " + new Date().toLocaleTimeString());
-      }).catch(function (err) {
-        mark(false, "\u25CF disconnected (" + err.message + "), retrying");
-      }).then(function () {
-        fetching = false;
-        if (wanted != null && wanted !== REVISION) { var w = wanted; wanted = null; refresh(w); }
-      });
-    }
-    function poll() {
-      if (timer) return;
-      timer = setInterval(function () {
-        fetch(live.summary_url, {cache: "no-store"}).then(function (r) { return r.json(); })
-          .then(function (s) { refresh(s.revision); }).catch(function (err) { mark(false, "\u25CF disconnected (" + err.message + ")"); });
-      }, (live.poll_s || 3) * 1000);
-    }
-    if (window.EventSource && live.events_url) {
-      var es = new EventSource(live.events_url), errors = 0;
-      es.addEventListener("job", function (ev) {
-        errors = 0;
-        var msg = JSON.parse(ev.data);
-        refresh(msg.revision);
-      });
-      es.onerror = function () {
-        errors += 1;
-        mark(false, "\u25CF reconnecting");
-        // CLOSED: the browser gave up (an HTTP error, a proxy that does not stream); else it retries
-        if (es.readyState === 2 || errors >= 3) { es.close(); poll(); }
-      };
-    } else {
-      poll();
-    }
-  }
-
-  if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", start);
-  else start();
-})();

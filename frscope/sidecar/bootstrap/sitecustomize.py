@@ -26,7 +26,7 @@ In a worker of torchrun's agent, an uncaught exception is also written to the er
 names (TORCHELASTIC_ERROR_FILE), as torch's own `@record` does, unless something wrote it already. The
 agent then prints the exception in its failure summary, the end of the container's log: the part that
 Kubernetes keeps as the termination message (its last 2 KiB). Without it the summary says only "To
-enable traceback see ...", and the rank's own error scrolled out of those 2 KiB (seen on a real node).
+enable traceback see ...", and the rank's own error has scrolled out of those 2 KiB.
 
 Environment: FRSCOPE_SOCKET_DIR (default /run/frscope), FRSCOPE_BOOTSTRAP=0 to switch it off. Any
 other `sitecustomize` that this file shadows on sys.path (Debian's, a venv's) is still run. The

@@ -66,6 +66,10 @@ DISCOVERY: dict[str, Any] = {
 }
 
 
+# Cluster-scoped resources the fake keeps (under namespace '').
+CLUSTER_SCOPED = frozenset({"nodes", "flightrecordernodes"})
+
+
 def merge_patch(target: Any, patch: Any) -> Any:
     if not isinstance(patch, dict):
         return copy.deepcopy(patch)
@@ -118,7 +122,7 @@ class FakeKube:
     def put(self, plural: str, obj: dict[str, Any]) -> dict[str, Any]:
         obj = copy.deepcopy(obj)
         meta = obj.setdefault("metadata", {})
-        meta.setdefault("namespace", "ml")
+        meta.setdefault("namespace", "" if plural in CLUSTER_SCOPED else "ml")
         meta.setdefault("uid", str(uuid.uuid4()))
         meta["resourceVersion"] = str(next(self._rv))
         key = (plural, meta["namespace"], meta["name"])
@@ -197,6 +201,8 @@ class FakeKube:
         rest = parts[2:] if parts[0] == "api" else parts[3:]
         if len(rest) == 1 and request.method == "GET":  # cluster-wide list or watch
             return await self._list_or_watch(request, rest[0], None)
+        if rest and rest[0] != "namespaces" and rest[0] in CLUSTER_SCOPED:  # /PLURAL[/NAME[/SUB]]: namespace ''
+            rest = ["namespaces", "", *rest]
         if len(rest) < 3 or rest[0] != "namespaces":
             return web.json_response(status_body(404, "NotFound", path), status=404)
         namespace, plural = rest[1], rest[2]
@@ -269,7 +275,9 @@ class StandInSidecar:
     """One pod's sidecar API, fed with real frscope snapshots of the ranks it 'hosts'.
 
     mode: 'ok' | 'down' (503) | 'garbage' (200, not JSON) | 'wrong-schema' | 'slow' (sleeps `delay_s`)
-    | 'flaky' (503 for the first `flaky_failures` snapshot requests, then ok).
+    | 'flaky' (503 for the first `flaky_failures` snapshot requests, then ok)
+    | hostile status answers: 'status-overflow' (a 400-digit age), 'status-deep' (nested 5,000 deep),
+    'status-huge' (a valid status padded to 2 MiB).
     """
 
     def __init__(self, pod: str, ranks: dict[int, dict[str, Any]], *, namespace: str = "ml", stalled: bool = True,
@@ -326,8 +334,21 @@ class StandInSidecar:
             await asyncio.sleep(self.delay_s)
         return None
 
+    def _hostile_status(self) -> bytes | None:
+        if self.mode == "status-overflow":
+            text = json.dumps(self.status_obj())
+            return text.replace('"inflight_age_s": 74.2', '"inflight_age_s": ' + "9" * 400).encode()
+        if self.mode == "status-deep":
+            return b'{"schema": "frscope.sidecar.status/v1", "ranks": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+        if self.mode == "status-huge":
+            return json.dumps({**self.status_obj(), "padding": "x" * (2 << 20)}).encode()
+        return None
+
     async def _status(self, _: web.Request) -> web.Response:
         self.status_requests += 1
+        hostile = self._hostile_status()
+        if hostile is not None:
+            return web.Response(body=hostile, content_type="application/json")
         bad = await self._misbehave()
         return bad or web.json_response(self.status_obj())
 

@@ -250,8 +250,8 @@ async def test_healthy_job_is_not_reported_and_not_regathered_at_once(
 
 async def test_a_trainer_run_that_ends_in_failure_is_gathered_again_within_the_cooldown(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make) -> None:
-    """The sidecar's exit push arrives before the kubelet reports the container's end (seen on a real
-    node): that gather finds nothing, and the exit that follows is new evidence, not a repeat."""
+    """The sidecar's exit push arrives before the kubelet reports the container's end: that gather
+    finds nothing, and the exit that follows is new evidence, not a repeat."""
     from tests.unit.operator.fakes import real_snapshots
 
     controller = make_controller(kube_client, session)
@@ -290,8 +290,8 @@ async def test_push_from_a_deleted_pod_counts(
 async def test_a_pod_whose_trainer_ended_is_not_asked_its_exit_push_counts(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
         hang_ranks: dict[int, Any]) -> None:
-    """Its sidecar is being stopped with the pod: asking it would wait out the gather's timeouts (30-40 s
-    on a real node); what it pushed at the exit is its evidence."""
+    """Its sidecar is being stopped with the pod: asking it would wait out the gather's timeouts (30-40
+    s); what it pushed at the exit is its evidence."""
     controller = make_controller(kube_client, session)
     stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
     worker = stand_ins[1]
@@ -308,8 +308,8 @@ async def test_a_pod_whose_trainer_ended_is_not_asked_its_exit_push_counts(
 
 async def test_a_failed_rank_is_reported_from_its_exit_when_nothing_could_be_gathered(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession) -> None:
-    """A rank that exited a second after joining, before any sidecar read a recorder (seen on a real
-    node): the kubelet's word is the evidence."""
+    """A rank that exited a second after joining, before any sidecar read a recorder: the kubelet's
+    word is the evidence."""
     controller = make_controller(kube_client, session)
     stored = fake_kube.put("pytorchjobs", builders.job(workers=1, nproc=1))
     await controller.on_job(None, stored)
@@ -470,9 +470,9 @@ async def crashed_job_with_exit_pushes(fake_kube: FakeKube, controller: Controll
 
 async def test_a_crash_waits_for_every_pods_exit_before_naming_the_culprit(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession) -> None:
-    """Seen on a real node (tests/node/test_exits.py): rank 3 raised, and the kubelet reported the end
-    of the *other* pod first (its ranks failed on gloo's 'Connection closed by peer'). Both sidecars had
-    pushed at the exit. Diagnosed at once, rank 0 was named; the gather waits for the crashed pod's end
+    """Rank 3 raises, and the kubelet reports the end of the *other* pod first (its ranks failed on
+    gloo's 'Connection closed by peer'). Both sidecars have pushed at the exit. Diagnosed at once, rank 0
+    would be named; the gather waits for the crashed pod's end
     (its torchrun summary names rank 3 the first failure) and names rank 3. The pushes are the real
     node's (tests/data/node/torchrun-crash-unread)."""
     controller = make_controller(kube_client, session)
@@ -517,8 +517,8 @@ async def test_the_wait_for_an_exit_the_kubelet_never_reports_is_bounded(
 
 async def test_a_crashed_pods_end_that_comes_after_the_report_revises_it(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession) -> None:
-    """Seen in clean-clone runs of the node suite: the crash wait ended before the kubelet's word on the
-    crashed pod, and the report named the ranks that died of the crash. When that end arrives the
+    """The crash wait ends before the kubelet's word on the crashed pod, and the report names the ranks
+    that died of the crash. When that end arrives the
     attempt is diagnosed again and the same report object is rewritten (one report, one incident), the
     job's condition follows, and a DiagnosisRevised Event says what changed. The same end seen again
     rewrites nothing."""
@@ -579,11 +579,10 @@ class GoingDownSidecar(StandInSidecar):
 
 async def test_a_crash_waits_for_the_pods_that_delivered_no_live_rank(
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession) -> None:
-    """Seen on a real node (tests/node/test_exits.py): rank 0 raised; the worker's sidecar pushed at its
-    ranks' exit, and the gather that push started asked it again while it still answered (empty
-    recorders, sockets gone), while the master pod, whose rank raised, delivered nothing. Diagnosed at
-    once, ranks 0-1 were 'missing'; the gather waits for both pods' ends (no live rank in either) and
-    names rank 0 from the master's torchrun summary."""
+    """Rank 0 raises; the worker's sidecar pushes at its ranks' exit, and the gather that push starts
+    asks it again while it still answers (empty recorders, sockets gone), while the master pod, whose
+    rank raised, delivers nothing. Diagnosed at once, ranks 0-1 would be 'missing'; the gather waits for
+    both pods' ends (no live rank in either) and names rank 0 from the master's torchrun summary."""
     import json
 
     controller = make_controller(kube_client, session)

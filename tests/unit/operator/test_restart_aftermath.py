@@ -1,12 +1,12 @@
 """After frscope restarts a hung job, what its deleted pods do is not a new incident.
 
-Seen on the real node (tests/node/test_actions.py): the restart deleted both pods; their trainers were
-SIGKILLed at the end of the grace period (exit 137), their sidecars pushed at the exit, the training
-operator set Restarting and made new pods of the same names. The operator diagnosed each of those as a
-new incident (RankStopped from the 137, MissingDumps from the old pushes under the new pods' attempt),
-overwrote the job's condition, and the new pods' own hang, in an attempt already 'diagnosed', was never
-reported. Here the same sequence runs through the Controller with the real Actor over the fake API
-server and stand-in sidecars serving real recorder snapshots of a hung gloo job.
+The restart deletes both pods; their trainers are SIGKILLed at the end of the grace period (exit 137),
+their sidecars push at the exit, the training operator sets Restarting and makes new pods of the same
+names. Taken as new incidents (RankStopped from the 137, MissingDumps from the old pushes under the new
+pods' attempt), they would overwrite the job's condition, and the new pods' own hang, in an attempt
+already 'diagnosed', would never be reported. Here the same sequence runs through the Controller with
+the real Actor over the fake API server and stand-in sidecars serving real recorder snapshots of a hung
+gloo job.
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ async def test_the_deleted_pods_aftermath_is_no_new_incident_and_the_new_pods_ha
     assert all(fake_kube.get("pods", "ml", pod["metadata"]["name"]) is None for _, pod in first)
     await controller.on_report("MODIFIED", report)  # the report's watch event, as kopf delivers it
 
-    # The aftermath, as the real node showed it: each sidecar pushes at its trainer's exit (SIGKILL at the
+    # The aftermath (as tests/node/test_actions.py sees it): each sidecar pushes at its trainer's exit (SIGKILL at the
     # end of the grace period), the kubelet reports the 137 on the pod being deleted, the pod goes, the
     # training operator sets Restarting and makes new pods of the same names (not yet running).
     for sidecar, pod in first:
@@ -159,7 +159,7 @@ async def test_a_restart_claimed_by_an_operator_that_died_is_finished_by_the_nex
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
         hang_ranks: dict[int, Any]) -> None:
     """The claim names the pods (now retired), which are still running: their signals are not a new
-    incident, but the claimed restart is still carried out (tests/e2e/test_actions_e2e.py found this)."""
+    incident, but the claimed restart is still carried out."""
     job, pods, report = await claimed_restart(fake_kube, kube_client, session, sidecars, hang_ranks,
                                               restart_policy="ExitCode")
 
@@ -180,8 +180,8 @@ async def test_a_claimed_restart_whose_pods_are_gone_is_finished_without_any_sig
         fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
         hang_ranks: dict[int, Any], report_first: bool) -> None:
     """An operator claimed the restart, deleted the pods and died before writing the outcome; by the time
-    its successor starts the pods are gone (a clean-clone CI run of tests/e2e/test_actions_e2e.py: the
-    action stayed 'acting' for good). No pod, no sidecar, no signal: the successor finishes the claim
+    its successor starts the pods are gone (else the action would stay 'acting' for good). No pod, no sidecar,
+    no signal: the successor finishes the claim
     from the report alone, whichever of the report and the job its watches deliver first."""
     job, pods, report = await claimed_restart(fake_kube, kube_client, session, sidecars, hang_ranks)
     for _, pod in pods:
@@ -237,7 +237,7 @@ async def test_a_push_is_told_from_its_pods_successor_by_the_uid_its_token_is_bo
     """The kubelet binds a pod's projected token to the pod's name and uid; TokenReview returns both
     (the real API server's answer is exercised in tests/e2e/test_auth_e2e.py)."""
     class Reviewer:
-        async def authenticate(self, token: str, audience: str | None) -> Identity | None:
+        async def authenticate(self, token: str, audience: str | None, client: str | None = None) -> Identity | None:
             return Identity("system:serviceaccount:ml:default", extra={
                 POD_NAME_EXTRA: ("train-worker-0",), POD_UID_EXTRA: ("uid-1",)})
 

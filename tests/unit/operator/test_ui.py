@@ -38,14 +38,14 @@ class Rig:
         self.kube = FakeKube()
         self.sidecars: list[StandInSidecar] = []
 
-    async def start(self, *, ui_poll_s: float = 0.2) -> Rig:
+    async def start(self, *, ui_poll_s: float = 0.2, store: JobStore | None = None) -> Rig:
         await self.kube.start()
         self.kube_client = KubeClient(aiohttp.ClientSession(), self.kube.url,
                                       backoff=Backoff(attempts=4, base_s=0.01, cap_s=0.05), timeout_s=5)
         self.session = aiohttp.ClientSession()
         registry = CollectorRegistry()
         metrics = OperatorMetrics(registry)
-        self.store = JobStore()
+        self.store = store if store is not None else JobStore()
         self.controller = Controller(CONFIG, store=self.store, pushes=PushStore(),
                                      sidecars=SidecarClient(self.session),
                                      publisher=Publisher(self.kube_client, instance="op-0"), metrics=metrics)

@@ -18,7 +18,7 @@ from frscope.operator.evidence.gather import Gathered
 from frscope.operator.evidence.pod_evidence import from_bytes
 from frscope.records.columns import EntryTable
 from frscope.report.serialize import report_to_dict
-from frscope.synthetic import make_plan
+from frscope.testing.synthetic import make_plan
 from tests.unit.operator.fakes import real_snapshots
 
 T_NS = 1_800_000_000_000_000_000

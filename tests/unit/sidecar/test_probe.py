@@ -121,7 +121,7 @@ async def test_progressing_rank_gets_the_full_recorder_every_n_polls(tmp_path: P
 async def test_the_first_progress_after_an_empty_recorder_is_read_at_once(tmp_path: Path) -> None:
     """A rank found just after joining has an empty recorder; its first collectives are read at the
     next poll that sees the probe move (once), not a minute later: a rank that crashes a few steps in
-    then leaves them (seen on a real node, where quick crashes left only empty recorders)."""
+    then leaves them (else a quick crash leaves only empty recorders)."""
     async with worker(tmp_path) as w:
         sc = sidecar(tmp_path)
         await sc.poll_once()  # joined, nothing recorded yet

@@ -73,7 +73,7 @@ async def test_job_page_embeds_data_and_relative_live_urls(client: TestClient[we
 async def test_data_and_summary(client: TestClient[web.Request, web.Application], provider: MemoryProvider) -> None:
     r = await client.get("/ui/jobs/ml/resnet/data", headers={"Accept-Encoding": "gzip"})
     data = await r.json()
-    assert set(data) == {"summary", "report", "timeline", "status", "revision"}
+    assert set(data) == {"summary", "report", "timeline", "status", "perf", "revision"}
     assert data["report"]["findings"][0]["culprit_ranks"] == [1]
     first = data["revision"]
     r = await client.get("/ui/jobs/ml/resnet/summary")
@@ -83,6 +83,23 @@ async def test_data_and_summary(client: TestClient[web.Request, web.Application]
     assert (await r.json())["revision"] != first
     r = await client.get("/ui/jobs/ml/gone/summary")
     assert (await r.json())["gone"] is True
+
+
+async def test_trace_json_of_the_timeline_shown(client: TestClient[web.Request, web.Application]) -> None:
+    r = await client.get("/ui/jobs/ml/resnet/trace.json", headers={"Accept-Encoding": "gzip"})
+    assert r.status == 200 and "attachment" in r.headers["Content-Disposition"]
+    assert r.headers["Content-Disposition"].endswith('ml-resnet-trace.json"')
+    trace = await r.json()
+    slices = [e for e in trace["traceEvents"] if e["ph"] != "M"]
+    assert {e["pid"] for e in slices} == {0, 1, 2, 3}
+    # the hang: ranks 0, 2, 3 wait in all_reduce #4 until the capture (a long slice), rank 1 never entered it
+    waits = [e for e in slices if e["name"] == "all_reduce #4"]
+    assert sorted(e["pid"] for e in waits) == [0, 2, 3]
+    assert all(e["ph"] == "X" and e["dur"] > 1e6 and e["args"]["in_flight_at_capture"] for e in waits)
+    r = await client.get("/ui/jobs/ml/empty/trace.json")  # nothing recorded yet, no live window: 404
+    assert r.status == 404
+    r = await client.get("/ui/jobs/ml/nope/trace.json")
+    assert r.status == 404
 
 
 async def _next_event(stream: Any) -> dict[str, Any]:

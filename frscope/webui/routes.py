@@ -7,6 +7,9 @@
     GET /jobs/{namespace}/{name}/summary     JSON {revision, verdict, healthy, ...} (polling fallback)
     GET /jobs/{namespace}/{name}/events      server-sent events: `job` {revision, verdict, ...} on connect
                                              and whenever the provider's answer changes
+    GET /jobs/{namespace}/{name}/trace.json  the timeline shown as a Chrome/Perfetto trace (a provider with
+                                             `fresh_timeline(namespace, name)` is asked when it has none yet)
+    GET /nodes, /api/nodes                   the node ledger (with a NodeProvider; `nodes.py`)
 
 The page fetches `data` again only when the revision it is told about differs from the one it shows.
 Every URL the pages use is relative, so the mount prefix does not matter.
@@ -19,6 +22,7 @@ import contextlib
 import html
 import inspect
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, TypeVar, cast
@@ -27,17 +31,24 @@ from urllib.parse import quote
 from aiohttp import web
 
 from frscope.report.html import asset, embed_json, render_html
+from frscope.report.trace import trace_from_timeline
+from frscope.webui.nodes import NodeProvider, nodes_page, ordered
 from frscope.webui.provider import JobDetail, JobProvider, JobSummary, detail_revision
 
 T = TypeVar("T")
 
-DEFAULT_POLL_S = 2.0
+DEFAULT_POLL_S = 1.0  # how often an event stream asks the provider (in memory: cheap)
 KEEPALIVE_S = 15.0
 UI_KEY: web.AppKey[WebUI] = cast("web.AppKey[WebUI]", web.AppKey("frscope_webui", object))
 # Set on a request by an access-control middleware: may this caller see jobs of that namespace? The
 # job list shows only those (a namespace the caller may not read is left out, not refused).
 VISIBLE_NAMESPACE = "frscope.visible_namespace"
 NamespaceCheck = Callable[[str], Awaitable[bool]]
+# Set the same way: may this caller see the node ledger (cluster-scoped)? Unset: yes. A typed request key
+# where aiohttp has them (3.12+: a plain string key warns).
+VISIBLE_NODES: Any = (web.RequestKey("frscope_visible_nodes", object) if hasattr(web, "RequestKey")
+                      else "frscope.visible_nodes")
+NodesCheck = Callable[[], Awaitable[bool]]
 
 
 async def _resolve(value: T | Awaitable[T]) -> T:
@@ -57,9 +68,11 @@ def _summary_json(summary: JobSummary | None, revision: str) -> dict[str, Any]:
 
 class WebUI:
     def __init__(
-        self, provider: JobProvider, *, poll_s: float = DEFAULT_POLL_S, keepalive_s: float = KEEPALIVE_S
+        self, provider: JobProvider, *, poll_s: float = DEFAULT_POLL_S, keepalive_s: float = KEEPALIVE_S,
+        nodes: NodeProvider | None = None,
     ) -> None:
         self.provider = provider
+        self.node_provider = nodes
         self.poll_s = poll_s
         self.keepalive_s = keepalive_s
         self.closing = asyncio.Event()
@@ -85,11 +98,27 @@ class WebUI:
             raise web.HTTPFound(request.path + "/")
         jobs = await self._jobs(request)
         data = {"jobs": [j.to_dict() for j in jobs], "poll_s": max(self.poll_s, 3.0)}
-        return web.Response(text=_jobs_page(jobs, data), content_type="text/html", headers=_NO_STORE)
+        page = _jobs_page(jobs, data, nodes_link=self.node_provider is not None)
+        return web.Response(text=page, content_type="text/html", headers=_NO_STORE)
 
     async def jobs_json(self, request: web.Request) -> web.Response:
         jobs = await self._jobs(request)
         return web.json_response({"jobs": [j.to_dict() for j in jobs]}, headers=_NO_STORE)
+
+    # -- the node ledger ---------------------------------------------------------------------------
+    async def _nodes(self, request: web.Request) -> list[Any]:
+        if self.node_provider is None:
+            raise web.HTTPNotFound(text="the node ledger is off (--node-ledger off)")
+        allowed: NodesCheck | None = request.get(VISIBLE_NODES)
+        if allowed is not None and not await allowed():
+            raise web.HTTPForbidden(text="you may not list flightrecordernodes")
+        return ordered(await _resolve(self.node_provider.nodes()))
+
+    async def nodes_page(self, request: web.Request) -> web.Response:
+        return web.Response(text=nodes_page(await self._nodes(request)), content_type="text/html", headers=_NO_STORE)
+
+    async def nodes_json(self, request: web.Request) -> web.Response:
+        return web.json_response({"nodes": [n.to_dict() for n in await self._nodes(request)]}, headers=_NO_STORE)
 
     # -- one job -----------------------------------------------------------------------------------
     async def job_page(self, request: web.Request) -> web.Response:
@@ -102,6 +131,7 @@ class WebUI:
             "data_url": f"{here}/data",
             "summary_url": f"{here}/summary",
             "events_url": f"{here}/events",
+            "trace_url": f"{here}/trace.json",
             "poll_s": max(self.poll_s, 1.0),
             "title": f"{namespace}/{name}",
         }
@@ -113,6 +143,7 @@ class WebUI:
             status={str(r): s.to_dict() for r, s in sorted(detail.ranks.items())},
             revision=revision,
             nav=("../../", f"\u2190 jobs \u00b7 {namespace}/{name}"),
+            perf=detail.perf,
         )
         return web.Response(text=page, content_type="text/html", headers=_NO_STORE)
 
@@ -121,6 +152,24 @@ class WebUI:
         if detail is None:
             raise web.HTTPNotFound(text=f"no watched job {namespace}/{name}")
         response = web.json_response(detail.to_dict(detail_revision(detail)), headers=_NO_STORE)
+        response.enable_compression()
+        return response
+
+    async def job_trace(self, request: web.Request) -> web.Response:
+        """The timeline the page shows (the live window, or the incident's) as a Chrome/Perfetto trace."""
+        namespace, name, detail = await self._job(request)
+        if detail is None:
+            raise web.HTTPNotFound(text=f"no watched job {namespace}/{name}")
+        timeline = detail.timeline
+        fresh = getattr(self.provider, "fresh_timeline", None)
+        if timeline is None and fresh is not None:
+            timeline = await fresh(namespace, name)
+        if timeline is None:
+            raise web.HTTPNotFound(text=f"no collectives recorded for {namespace}/{name} yet")
+        body = await asyncio.to_thread(lambda: json.dumps(trace_from_timeline(timeline), separators=(",", ":")))
+        filename = re.sub(r"[^A-Za-z0-9._-]", "_", f"{namespace}-{name}")[:120] + "-trace.json"
+        response = web.Response(text=body, content_type="application/json", headers={
+            **_NO_STORE, "Content-Disposition": f'attachment; filename="{filename}"'})
         response.enable_compression()
         return response
 
@@ -153,6 +202,7 @@ class WebUI:
 
 
 _NO_STORE = {"Cache-Control": "no-store"}
+_NODES_LINK = ' <a href="nodes">The node ledger</a>: nodes implicated across jobs.'
 
 _JOBS_CSP = (
     "default-src 'none'; style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:; "
@@ -198,7 +248,7 @@ _JOBS_JS = """
 """
 
 
-def _jobs_page(jobs: Sequence[JobSummary], data: dict[str, Any]) -> str:
+def _jobs_page(jobs: Sequence[JobSummary], data: dict[str, Any], *, nodes_link: bool = False) -> str:
     rows = "".join(
         f'<tr data-job="{html.escape(j.namespace)}/{html.escape(j.name)}"><td>{html.escape(j.namespace)}/'
         f"{html.escape(j.name)}</td><td></td><td></td><td>{html.escape(j.verdict or 'not diagnosed')}</td>"
@@ -212,7 +262,8 @@ def _jobs_page(jobs: Sequence[JobSummary], data: dict[str, Any]) -> str:
         f"<title>frscope: watched jobs</title>\n<style>\n{asset('timeline.css')}</style>\n</head>\n<body>\n"
         '<header id="fr-header"><div class="brand">frscope &middot; watched jobs</div>'
         '<h1 id="fr-verdict">PyTorch jobs watched by frscope</h1>'
-        '<div id="fr-meta">Each job\'s latest diagnosis; open a job for its live collective timeline.</div></header>\n'
+        '<div id="fr-meta">Each job\'s latest diagnosis; open a job for its live collective timeline.'
+        f'{_NODES_LINK if nodes_link else ""}</div></header>\n'
         '<div style="padding:14px 20px"><table class="jobs"><thead><tr><th>job</th><th>state</th><th>progress</th>'
         f'<th>verdict</th><th>updated</th></tr></thead><tbody id="jobs-body">{rows}</tbody></table></div>\n'
         f'<script type="application/json" id="frscope-jobs">{embed_json(data)}</script>\n'
@@ -222,11 +273,11 @@ def _jobs_page(jobs: Sequence[JobSummary], data: dict[str, Any]) -> str:
 
 def create_app(
     provider: JobProvider, *, poll_s: float = DEFAULT_POLL_S, keepalive_s: float = KEEPALIVE_S,
-    middlewares: Iterable[Any] = (),
+    middlewares: Iterable[Any] = (), nodes: NodeProvider | None = None,
 ) -> web.Application:
     """The web UI as an aiohttp application, to mount with `add_subapp(prefix, app)` (or to run alone).
-    `middlewares` run before every route (the operator's access control)."""
-    ui = WebUI(provider, poll_s=poll_s, keepalive_s=keepalive_s)
+    `middlewares` run before every route (the operator's access control); `nodes`: the node ledger's page."""
+    ui = WebUI(provider, poll_s=poll_s, keepalive_s=keepalive_s, nodes=nodes)
     app = web.Application(middlewares=list(middlewares))
     app[UI_KEY] = ui
     app.on_shutdown.append(ui.on_shutdown)
@@ -238,6 +289,9 @@ def create_app(
             web.get("/jobs/{namespace}/{name}/data", ui.job_data),
             web.get("/jobs/{namespace}/{name}/summary", ui.job_summary),
             web.get("/jobs/{namespace}/{name}/events", ui.job_events),
+            web.get("/jobs/{namespace}/{name}/trace.json", ui.job_trace),
+            web.get("/nodes", ui.nodes_page),
+            web.get("/api/nodes", ui.nodes_json),
         ]
     )
     return app

@@ -1,0 +1,158 @@
+"""The live window of a job someone is looking at: the last N collectives of every rank, from its sidecars,
+every `interval_s`, healthy or not, before any diagnosis.
+
+A web UI request for a job (its page, data, event stream or trace) marks the job as watched; while it
+was asked about within `linger_s`, each of its pods' sidecars is asked for `GET /v1/snapshot?entries=N`
+(what the sidecar already holds: no extra poll of the ranks) every `interval_s`, the answers go through
+the same loader as a diagnosis, and the timeline (frscope.report.timeline, each rank's own times
+included) is built off the event loop. Only the timeline is kept, one per watched job; jobs nobody looks
+at cost nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from frscope.analysis.perf import analyze_perf
+from frscope.operator.evidence.diagnosis import build_dumpset
+from frscope.operator.evidence.gather import Decoder, GatherOptions, Target, gather
+from frscope.operator.evidence.sidecars import SidecarClient
+from frscope.operator.model.objects import JobKey
+from frscope.operator.model.store import JobsView
+from frscope.records import DumpSet
+from frscope.report.perf import perf_to_dict
+from frscope.report.timeline import build_timeline
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LIVE_ENTRIES = 256
+DEFAULT_LIVE_INTERVAL_S = 1.0
+DEFAULT_LIVE_LINGER_S = 60.0
+MAX_WATCHED = 32  # jobs followed at once (the most recently asked about)
+
+
+@dataclass(frozen=True, slots=True)
+class LiveWindow:
+    at: float  # time.time() when the sidecars answered
+    timeline: dict[str, Any] | None  # None: no rank had entries yet
+    pods: int  # pods that answered
+    failures: dict[str, str]  # pod -> why it did not
+    fingerprint: str  # changes when what the page draws changes
+    perf: dict[str, Any] | None = None  # where the time goes in the window (frscope.report.perf)
+
+
+def _views(dumpset: DumpSet) -> tuple[dict[str, Any], dict[str, Any]]:
+    return build_timeline(dumpset, None), perf_to_dict(analyze_perf(dumpset))
+
+
+def fingerprint(timeline: dict[str, Any] | None) -> str:
+    """What changes when a rank records, starts or completes a collective: each group's newest seq and its
+    cells' encoding (cheap: no hashing of the whole timeline)."""
+    if timeline is None:
+        return "-"
+    parts = [(g["name"], g["seq_range"], g["col_cell"][-8:], len(g["patterns"]), g["row_pattern"][:64],
+              sum(len(p) for p in g["patterns"])) for g in timeline["groups"]]
+    text = json.dumps([parts, timeline.get("ranks_loaded")], separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class LiveWindows:
+    def __init__(self, store: JobsView, client: SidecarClient, *, entries: int = DEFAULT_LIVE_ENTRIES,
+                 interval_s: float = DEFAULT_LIVE_INTERVAL_S, linger_s: float = DEFAULT_LIVE_LINGER_S,
+                 decoder: Decoder | None = None) -> None:
+        self.store = store
+        self.client = client
+        self.entries = entries
+        self.interval_s = interval_s
+        self.linger_s = linger_s
+        self.decoder = decoder or Decoder()
+        self._asked: dict[JobKey, float] = {}  # job -> monotonic time it was last asked about
+        self._windows: dict[JobKey, LiveWindow] = {}
+        self._updated: dict[JobKey, asyncio.Event] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def watch(self, key: JobKey) -> None:
+        """A request asked about this job: follow it (starts the loop on first use)."""
+        if self._closed:
+            return
+        self._asked[key] = time.monotonic()
+        if len(self._asked) > MAX_WATCHED:
+            oldest = min(self._asked, key=self._asked.__getitem__)
+            self._asked.pop(oldest, None)
+            self._windows.pop(oldest, None)
+        if self._task is None or self._task.done():
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return  # asked outside the event loop (a test, a thread): the next request starts it
+            self._task = loop.create_task(self.run())
+
+    def window(self, key: JobKey) -> LiveWindow | None:
+        return self._windows.get(key)
+
+    async def wait_for(self, key: JobKey, timeout_s: float) -> LiveWindow | None:
+        """The job's window, waiting up to `timeout_s` for the first one (a trace asked for at once)."""
+        self.watch(key)
+        if key not in self._windows:
+            event = self._updated.setdefault(key, asyncio.Event())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout_s)
+        return self._windows.get(key)
+
+    async def refresh(self, key: JobKey) -> LiveWindow | None:
+        view = self.store.job(key)
+        if view is None:
+            self._asked.pop(key, None)
+            self._windows.pop(key, None)
+            return None
+        targets = [Target(p.name, p.endpoint, None, p.uid) for p in view.pods]
+        options = GatherOptions(per_pod_timeout_s=max(1.0, self.interval_s * 2), overall_timeout_s=self.interval_s * 3,
+                                attempts=1, max_entries=self.entries, refresh=False)
+        gathered = await gather(self.client, key.namespace, targets, options, decoder=self.decoder)
+        dumpset = build_dumpset(gathered, view.world_size)
+        timeline, perf = await asyncio.to_thread(_views, dumpset) if dumpset.dumps else (None, None)
+        window = LiveWindow(time.time(), timeline, len(gathered.pods), dict(gathered.failures),
+                            fingerprint(timeline), perf)
+        self._windows[key] = window
+        event = self._updated.pop(key, None)
+        if event is not None:
+            event.set()
+        return window
+
+    async def _refresh_logged(self, key: JobKey) -> None:
+        try:
+            await self.refresh(key)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("live window of %s failed", key)
+
+    async def run(self) -> None:
+        while not self._closed:
+            started = time.monotonic()
+            for key, asked in list(self._asked.items()):
+                if started - asked > self.linger_s:
+                    self._asked.pop(key, None)
+                    self._windows.pop(key, None)
+            await asyncio.gather(*(self._refresh_logged(key) for key in list(self._asked)))
+            if not self._asked:
+                return
+            # a refresh that took longer than the interval (a 1,024-rank job on a busy operator) waits as
+            # long again: the live windows never take more than about half of the operator's time
+            took = time.monotonic() - started
+            await asyncio.sleep(max(0.1, self.interval_s - took, took if took > self.interval_s else 0.0))
+
+    async def close(self, *_: Any) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,35 @@
+"""A sidecar's snapshot envelope (`frscope.wire`: `/v1/snapshot`, a push, a sidecar evidence capture)
+-> one `RankDump` per rank piece, or the problem naming the piece. The CLI's loader and the operator's
+evidence both read envelopes with these two functions; one bad piece never sinks the others."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from frscope.records.errors import DumpError
+from frscope.records.limits import printable, valid_rank
+from frscope.records.model import LoadProblem, RankDump
+from frscope.records.normalize import normalize_dump
+
+
+def envelope_problems(errors: Iterable[tuple[Any, Any]], where: str) -> list[LoadProblem]:
+    """The ranks the sidecar could not read (rank, message), as problems of the envelope's `where`."""
+    return [LoadProblem(where, printable(str(message)), rank=valid_rank(rank)) for rank, message in errors]
+
+
+def piece_dump(piece: dict[str, Any], where: str, index: int, *, columnar: bool,
+               captured_at_ns: int | None = None) -> RankDump | LoadProblem:
+    """One rank's piece (the `index`th of an envelope from `where`) -> its RankDump, named by the rank it
+    says it is (or by its index when that is no rank), with `captured_at_ns` (the envelope's) where the
+    piece has no capture time of its own; or the problem that names why not."""
+    hint = piece.get("rank")
+    rank = valid_rank(hint) if isinstance(hint, int) and not isinstance(hint, bool) else None
+    source = f"{where} rank {rank}" if rank is not None else f"{where} piece {index}"
+    try:
+        dump = normalize_dump(piece, source, rank, columnar=columnar)
+    except DumpError as exc:
+        return LoadProblem(exc.source, exc.what, rank=valid_rank(exc.rank))
+    if dump.captured_at_ns is None:
+        dump.captured_at_ns = captured_at_ns
+    return dump

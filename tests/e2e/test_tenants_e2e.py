@@ -1,0 +1,157 @@
+"""Tenants cannot borrow the operator's credential (issue 26), on the real API server (testenv):
+
+- the operator mints, with the TokenRequest API and exactly the chart's Role, a token per pod whose
+  audience names the pod; a real sidecar accepts its own pod's token and refuses another pod's, the
+  shared audience's and a token nested 1,500 deep (401, not 500); the operator's client shows each
+  pod its own token and mints once per pod while the token is fresh.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import ssl
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+from tests.e2e.sa_tokens import request_token
+from tests.e2e.test_auth_e2e import http
+from tests.e2e.test_operator_e2e import ROOT, namespace, wait_for  # noqa: F401  (fixtures used by name)
+
+if TYPE_CHECKING:
+    from testenv.cluster import ControlPlane
+
+pytestmark = [pytest.mark.e2e]
+
+
+def chart_token_role(kube: ControlPlane, account: str, home: Path) -> list[dict[str, Any]]:
+    """The chart's rules for minting the operator's own tokens, for `account` (rendered by the real helm)."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "HELM_CACHE_HOME": str(home / "cache"),
+           "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
+    proc = subprocess.run([str(kube.bin_dir / "helm"), "template", "frs", str(ROOT / "charts" / "frscope"),
+                           "--namespace", "frscope-system"], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    [role] = [o for o in yaml.safe_load_all(proc.stdout)
+              if o and o["kind"] == "Role" and o["metadata"]["name"].endswith("-operator-tokens")]
+    rules = role["rules"]
+    assert [(r["resources"], r["verbs"]) for r in rules] == [(["serviceaccounts/token"], ["create"])]
+    return [{**r, "resourceNames": [account]} for r in rules]
+
+
+def b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+@pytest.mark.timeout(180)
+async def test_a_token_minted_for_one_pod_opens_only_that_pods_sidecar(kube: ControlPlane, namespace: str,
+                                                                       tmp_path: Path) -> None:
+    import aiohttp
+
+    from frscope.operator.evidence.sidecars import SidecarClient, SidecarError
+    from frscope.operator.kube import KubeClient, StaticToken
+    from frscope.operator.kube.pod_tokens import PodTokens
+    from frscope.wire import sidecar_audience
+
+    for account in ("operator", "trainer"):
+        kube.kubectl("create", "serviceaccount", account, "-n", namespace)
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "operator-tokens", "namespace": namespace},
+                "rules": chart_token_role(kube, "operator", tmp_path / "helm-home")})
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "operator-tokens", "namespace": namespace},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "operator-tokens"},
+                "subjects": [{"kind": "ServiceAccount", "name": "operator", "namespace": namespace}]})
+    identity = f"system:serviceaccount:{namespace}:operator"
+    tokens_dir = tmp_path / "tokens"
+    tokens_dir.mkdir()
+    (tokens_dir / "api-token").write_text(request_token(kube, namespace, "trainer"))
+    (tokens_dir / "ca.crt").write_bytes(kube.ca_file.read_bytes())
+    port_file = tmp_path / "port"
+    log = open(tmp_path / "sidecar.log", "wb")  # closed below
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "frscope", "sidecar", "--socket-dir", str(tmp_path), "--evidence-dir", "none",
+         "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file), "--pod", "train-worker-0",
+         "--namespace", namespace, "--operator-identity", identity,
+         "--kube-token-dir", str(tokens_dir), "--api-server", kube.server],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
+    ssl_context = ssl.create_default_context(cafile=str(kube.ca_file))
+    operator_api_token = request_token(kube, namespace, "operator")
+    try:
+        port = int(wait_for("the sidecar's port", lambda: port_file.exists() and port_file.read_text().strip(), 60))
+        base = f"http://127.0.0.1:{port}"
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context)) as api, \
+                aiohttp.ClientSession() as session:
+            minter = PodTokens(KubeClient(api, kube.server, auth=StaticToken(operator_api_token)), identity)
+            client = SidecarClient(session, tokens=minter)
+            got = await client.status(base, 10, pod=(namespace, "train-worker-0"))
+            assert got.pod == "train-worker-0"
+            await client.status(base, 10, pod=(namespace, "train-worker-0"))
+            assert minter.minted == 1  # cached while fresh
+            # The token minted for another pod (what a pod posing as a sidecar would capture): refused.
+            with pytest.raises(SidecarError, match="HTTP 401"):
+                await client.status(base, 10, pod=(namespace, "train-worker-1"))
+            with pytest.raises(SidecarError, match="HTTP 401"):
+                await client.status(base, 10)  # no pod named: no credential at all
+            own = await minter.token(namespace, "train-worker-0")
+        claims = json.loads(base64.urlsafe_b64decode(own.split(".")[1] + "=="))
+        assert claims["aud"] == [sidecar_audience(namespace, "train-worker-0")] and claims["sub"] == identity
+
+        def status(token: str) -> int:
+            return http("GET", base + "/v1/status", token=token)[0]
+
+        header, rest = own.split(".", 1)
+        deep = b64(json.dumps({"alg": "RS256", "x": [[[]]]}).replace("[[[]]]", "[" * 1500 + "]" * 1500).encode())
+        refused = {
+            "the shared audience": status(request_token(kube, namespace, "operator", audience="frscope.io/sidecar")),
+            "another pod's audience": status(request_token(kube, namespace, "operator",
+                                                           audience=sidecar_audience(namespace, "train-worker-1"))),
+            "a header nested 1,500 deep": status(f"{deep}.{rest}"),
+        }
+        assert refused == dict.fromkeys(refused, 401)
+        assert status(own) == 200
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_storm_of_bad_push_tokens_costs_a_bounded_number_of_reviews(kube: ControlPlane) -> None:
+    """50 refused tokens from one client at the operator's real push endpoint, reviewed by the real API
+    server: 10 TokenReviews, then 429 with Retry-After and no review."""
+    import aiohttp
+    from prometheus_client import CollectorRegistry
+
+    from frscope.operator.kube import KubeClient, StaticToken
+    from frscope.operator.model.operator_metrics import OperatorMetrics
+    from frscope.operator.serve.access import FAILURES_BURST, KubernetesPush, Reviewer
+    from frscope.operator.serve.operator_http import Health, OperatorHttp
+
+    ssl_context = ssl.create_default_context(cafile=str(kube.ca_file))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=ssl_context)) as api, \
+            aiohttp.ClientSession() as session:
+        reviewer = Reviewer(KubeClient(api, kube.server, auth=StaticToken(kube.admin_token)))
+        registry = CollectorRegistry()
+        http_server = OperatorHttp(registry=registry, metrics=OperatorMetrics(registry), health=Health(),
+                                   on_push=lambda evidence: None, push_auth=KubernetesPush(reviewer))
+        port = await http_server.start("127.0.0.1", 0)
+        try:
+            codes = []
+            for i in range(50):
+                async with session.post(f"http://127.0.0.1:{port}/v1/push", data=b"{}",
+                                        headers={"Authorization": f"Bearer not-a-token-{i}"}) as resp:
+                    codes.append(resp.status)
+            assert codes == [401] * FAILURES_BURST + [429] * (50 - FAILURES_BURST)
+            assert reviewer.reviews == FAILURES_BURST
+        finally:
+            await http_server.stop()

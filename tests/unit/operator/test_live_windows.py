@@ -1,0 +1,73 @@
+"""The live window (`serve/live_windows.py`) against stand-in sidecars that serve REAL recorder snapshots
+(a real gloo job's, tests/data/real) over real HTTP: what it keeps, when it stops, jobs that go away."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from frscope.operator.evidence.sidecars import SidecarClient
+from frscope.operator.model.objects import JobKey, JobRef, PodInfo
+from frscope.operator.model.store import JobStore
+from frscope.operator.serve.live_windows import LiveWindows
+from frscope.operator.serve.ui import OperatorJobs
+from tests.unit.operator.fakes import StandInSidecar, real_snapshots
+
+KEY = JobKey("ml", "train")
+
+
+def _pod(name: str, port: int) -> PodInfo:
+    return PodInfo("ml", name, f"uid-{name}", "train", "Worker", 0, "127.0.0.1", port, "Running", 0, (), False)
+
+
+async def test_window_follows_the_sidecars_and_stops_when_nobody_looks() -> None:
+    ranks = real_snapshots("straggler")
+    sidecar = await StandInSidecar("train-worker-0", ranks, stalled=False).start()
+    store = JobStore()
+    store.upsert_job(JobRef("ml", "train", "uid"), world_size=4, conditions=[{"type": "Running"}])
+    store.upsert_pod(_pod("train-worker-0", sidecar.port))
+    async with aiohttp.ClientSession() as session:
+        live = LiveWindows(store, SidecarClient(session), entries=16, interval_s=0.2, linger_s=0.6)
+        try:
+            ui = OperatorJobs(store, live)
+            assert ui.job("ml", "train") is not None  # asking starts the loop
+            window = await live.wait_for(KEY, 10)
+            assert window is not None and window.timeline is not None and window.failures == {}
+            group = next(g for g in window.timeline["groups"] if g["name"] == "0")
+            # the newest 16 entries of every rank: the window, with each rank's own times
+            assert len(group["seqs"]) <= 16 and group["seqs"][-1] == 20
+            assert group["rank_times"]["created_us"] is not None
+            assert window.perf is not None and window.perf["costs"][0]["rank"] == 2
+            detail = ui.job("ml", "train")
+            assert detail is not None and detail.timeline is window.timeline and detail.perf is window.perf
+            served = sidecar.snapshot_requests
+            await asyncio.sleep(0.7)
+            assert sidecar.snapshot_requests > served  # refreshed while looked at
+            await asyncio.sleep(1.2)  # nobody asked for linger_s: it stops, the window is let go
+            stopped = sidecar.snapshot_requests
+            await asyncio.sleep(0.5)
+            assert sidecar.snapshot_requests == stopped and live.window(KEY) is None
+            # the job goes away: its window too
+            ui.job("ml", "train")
+            assert await live.wait_for(KEY, 10) is not None
+            store.remove_job(KEY)
+            await asyncio.sleep(0.5)
+            assert live.window(KEY) is None
+        finally:
+            await live.close()
+            await sidecar.close()
+
+
+async def test_an_unreachable_sidecar_is_a_failure_not_a_crash() -> None:
+    store = JobStore()
+    store.upsert_job(JobRef("ml", "train", "uid"), world_size=2, conditions=[])
+    store.upsert_pod(_pod("train-worker-0", 9))  # nothing listens there
+    async with aiohttp.ClientSession() as session:
+        live = LiveWindows(store, SidecarClient(session), interval_s=0.2)
+        try:
+            window = await live.wait_for(KEY, 10)
+            assert window is not None and window.timeline is None and "train-worker-0" in window.failures
+            assert OperatorJobs(store, live).job("ml", "train") is not None
+        finally:
+            await live.close()
