@@ -39,6 +39,7 @@ from frscope.report.trace import build_trace
 _SERVICES = {
     "sidecar": ("frscope.sidecar.main", "collect local ranks' recorders, detect stalls, serve metrics and the API"),
     "operator": ("frscope.operator.command", "watch PyTorchJobs, gather from the sidecars, write the diagnosis (kopf)"),
+    "doctor": ("frscope.doctor.command", "check the cluster's frscope setup: operator, webhook, CRD, opt-in, pods"),
 }
 
 EXIT_HEALTHY = 0

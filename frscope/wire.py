@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 STATUS_SCHEMA = "frscope.sidecar.status/v1"
 SNAPSHOT_SCHEMA = "frscope.sidecar.snapshot/v1"
@@ -215,6 +215,24 @@ class GroupStatusDoc(TypedDict):
     stalled_since_ns: int | None
     no_progress_s: float
     stall_threshold_s: float
+    # Suspected: in flight with no progress past the group's own rhythm; stays true once stalled (the
+    # confirmed state), until progress. Absent in documents of sidecars that predate suspicions.
+    suspected: NotRequired[bool]
+    suspected_since_ns: NotRequired[int | None]
+    suspect_threshold_s: NotRequired[float]
+    usual_wait_s: NotRequired[float]
+
+
+class LatenessDoc(TypedDict):
+    """A rank against the pod's other ranks (frscope.analysis.lateness), over the last 60 s."""
+
+    group: str
+    lateness_s: float
+    share: float
+    late: int
+    compared: int
+    window_s: float
+    straggler: bool
 
 
 class RankStatusDoc(TypedDict):
@@ -226,6 +244,7 @@ class RankStatusDoc(TypedDict):
     progress_probe: str | None
     restart_count: int | None  # torchrun's TORCHELASTIC_RESTART_COUNT of the serving process (bootstrap)
     groups: dict[str, GroupStatusDoc]
+    lateness: NotRequired[LatenessDoc | None]  # None: not compared (the pod's only rank, or no arrivals yet)
 
 
 class DumpFileDoc(TypedDict):
@@ -257,6 +276,7 @@ class StatusDoc(TypedDict):
     node: str
     captured_at_ns: int
     stalled: bool
+    suspected: NotRequired[bool]  # some group is suspected (or stalled)
     ranks: dict[str, RankStatusDoc]
     dump_dir: DumpDirDoc
     evidence: EvidenceDoc
@@ -284,6 +304,18 @@ class RankUp:
 
 
 @dataclass(frozen=True, slots=True)
+class RankLate:
+    """A rank the sidecar reports as a straggler among its pod's ranks (its `lateness` document)."""
+
+    rank: int
+    group: str
+    lateness_s: float
+    share: float  # fraction of the job's time the others spent waiting for it
+    late: int
+    compared: int
+
+
+@dataclass(frozen=True, slots=True)
 class SidecarStatus:
     pod: str
     namespace: str
@@ -292,6 +324,9 @@ class SidecarStatus:
     ranks_up: int
     ranks_down: int
     ranks: tuple[RankUp, ...] = ()  # per rank, by rank (the web UI's per-rank status)
+    # Groups suspected but not (yet) stalled: a stall not confirmed yet (docs/sidecar.md).
+    suspects: tuple[GroupStall, ...] = ()
+    stragglers: tuple[RankLate, ...] = ()  # ranks the sidecar reports as stragglers
 
 
 def loads_status(raw: bytes) -> SidecarStatus:
@@ -324,6 +359,8 @@ def _parse_status(obj: Any) -> SidecarStatus:
     if not isinstance(obj, dict) or obj.get("schema") != STATUS_SCHEMA:
         raise WireError(f"/v1/status: not a {STATUS_SCHEMA} object")
     stalls: list[GroupStall] = []
+    suspects: list[GroupStall] = []
+    stragglers: list[RankLate] = []
     per_rank: list[RankUp] = []
     up = down = 0
     ranks = obj.get("ranks")
@@ -341,16 +378,24 @@ def _parse_status(obj: Any) -> SidecarStatus:
         error = rank_obj.get("error")
         restarts = _int(rank_obj.get("restart_count"))
         per_rank.append(RankUp(rank, bool(rank_obj.get("up")), _text(error) if error else None, restarts))
+        late = rank_obj.get("lateness")
+        if isinstance(late, dict) and late.get("straggler") is True:
+            stragglers.append(RankLate(rank, _text(late.get("group") or ""), _seconds(late.get("lateness_s")) or 0.0,
+                                       _seconds(late.get("share")) or 0.0, _int(late.get("late")) or 0,
+                                       _int(late.get("compared")) or 0))
         groups = rank_obj.get("groups")
         for group, g in (groups.items() if isinstance(groups, dict) else []):
-            if isinstance(g, dict) and g.get("stalled"):
-                stalls.append(GroupStall(rank, _text(group), _text(g.get("desc") or ""),
-                                         _text(g["inflight_op"]) if g.get("inflight_op") else None,
-                                         _int(g.get("inflight_seq")), _seconds(g.get("inflight_age_s")), restarts))
+            if not isinstance(g, dict) or not (g.get("stalled") or g.get("suspected")):
+                continue
+            found = GroupStall(rank, _text(group), _text(g.get("desc") or ""),
+                               _text(g["inflight_op"]) if g.get("inflight_op") else None,
+                               _int(g.get("inflight_seq")), _seconds(g.get("inflight_age_s")), restarts)
+            (stalls if g.get("stalled") else suspects).append(found)
     return SidecarStatus(
         pod=_text(obj.get("pod") or ""), namespace=_text(obj.get("namespace") or ""),
         stalled=bool(obj.get("stalled")) or bool(stalls), stalls=tuple(stalls), ranks_up=up, ranks_down=down,
-        ranks=tuple(sorted(per_rank, key=lambda r: r.rank)),
+        ranks=tuple(sorted(per_rank, key=lambda r: r.rank)), suspects=tuple(suspects),
+        stragglers=tuple(stragglers),
     )
 
 

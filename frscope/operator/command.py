@@ -209,6 +209,8 @@ def injection_from_env(env: Mapping[str, str]) -> InjectionConfig:
         buffer_size=int(env.get("FRSCOPE_RECORDER_BUFFER_SIZE") or 2000),
         poll_interval_s=_env_float(env, "FRSCOPE_SIDECAR_POLL_INTERVAL"),
         stall_after_s=_env_float(env, "FRSCOPE_SIDECAR_STALL_AFTER"),
+        suspect_after_s=_env_float(env, "FRSCOPE_SIDECAR_SUSPECT_AFTER"),
+        suspect_min_s=_env_float(env, "FRSCOPE_SIDECAR_SUSPECT_MIN"),
         operator_url=env.get("FRSCOPE_SIDECAR_OPERATOR_URL") or None,
         resources=resources if isinstance(resources, dict) else {},
         inject_label=inject_label_from_env(env),

@@ -60,6 +60,8 @@ class InjectionConfig:
     native: bool = True  # init container with restartPolicy Always (decided from the server version)
     poll_interval_s: float | None = None
     stall_after_s: float | None = None
+    suspect_after_s: float | None = None  # the sidecar's --suspect-after / --suspect-min (None: its default)
+    suspect_min_s: float | None = None
     operator_url: str | None = None
     resources: dict[str, Any] = field(default_factory=dict)
     inject_label: tuple[str, str] = (names.INJECT_KEY, "true")
@@ -188,6 +190,10 @@ def sidecar_container(cfg: InjectionConfig, key: str | None = None) -> dict[str,
         args.append(f"--poll-interval={cfg.poll_interval_s:g}")
     if cfg.stall_after_s is not None:
         args.append(f"--stall-after={cfg.stall_after_s:g}")
+    if cfg.suspect_after_s is not None:
+        args.append(f"--suspect-after={cfg.suspect_after_s:g}")
+    if cfg.suspect_min_s is not None:
+        args.append(f"--suspect-min={cfg.suspect_min_s:g}")
     if key:
         args.append(f"--schedule-key={key}")
     if cfg.operator_url:

@@ -64,6 +64,14 @@ REASON_SIDECARS_UNREACHABLE: Final = "SidecarsUnreachable"
 REASON_DIAGNOSIS_INCOMPLETE: Final = "DiagnosisIncomplete"
 # A report rewritten with trainer ends the kubelet reported after it was written (controller._revise).
 REASON_REVISED: Final = "DiagnosisRevised"
+# A stall a sidecar suspects, not yet confirmed (engine/suspicions.py): Warning; the job moving on:
+# Normal. A straggler reported by a sidecar: Warning; keeping up again: Normal.
+REASON_SUSPECTED: Final = "SuspectedStall"
+REASON_RESUMED: Final = "Resumed"
+REASON_STRAGGLER: Final = "Straggler"
+REASON_STRAGGLER_GONE: Final = "StragglerKeepsUp"
+# The condition's reason while a job that was suspected moved on before the stall was confirmed.
+CONDITION_REASON_RESUMED: Final = "Resumed"
 
 # Acting on a diagnosis (frscope/operator/actions, docs/actions.md). The policy annotation, on the job
 # or on its Namespace (the namespace's default); the value is one of actions.policy.Policy.

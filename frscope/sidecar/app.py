@@ -62,7 +62,8 @@ class Sidecar:
         self.config = config
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = SidecarMetrics(self.registry)
-        self.tracker = StallTracker(config.stall_after_s, config.stall_timeout_fraction)
+        self.tracker = StallTracker(config.stall_after_s, config.stall_timeout_fraction,
+                                    suspect_after_s=config.suspect_after_s, suspect_min_s=config.suspect_min_s)
         self.evidence = EvidenceStore(config.evidence_dir, max_files=config.evidence_max_files,
                                       max_bytes=config.evidence_max_bytes, memory=config.memory_captures)
         self.dumps = (
@@ -144,9 +145,10 @@ class Sidecar:
             await asyncio.to_thread(_write_port_file, self.config.port_file, self.port)
         log.info(
             "frscope sidecar listening on %s:%d; sockets %s, dump dir %s, evidence %s; poll every %g s, "
-            "stall after %g s",
+            "suspected after %g-%g s (by each group's rhythm), a stall after %g s",
             self.config.host, self.port, self.config.socket_dir, self.config.dump_dir or "(none)",
-            self.config.evidence_dir or "(memory only)", self.config.poll_interval_s, self.config.stall_after_s,
+            self.config.evidence_dir or "(memory only)", self.config.poll_interval_s, self.config.suspect_min_s,
+            self.config.suspect_after_s, self.config.stall_after_s,
         )
 
     def build_app(self) -> web.Application:
@@ -213,9 +215,9 @@ class Sidecar:
         full read (None: each rank's own count). A new stall is captured (every live rank's recorder
         and stacks) unless the current capture still holds; a trainer exit is pushed."""
         async with self._poll_lock:
-            found = await self.poller.round(full, lambda: self.current_capture() is None, periodic)
+            found = await self.poller.round(full, self._capture_wanted, periodic)
             if found.capture:
-                await self.capture("stall")  # (takes every live rank's stacks too)
+                await self.capture(found.capture)  # (takes every live rank's stacks too)
             elif stacks:
                 await self.poller.fetch_stacks()
             if found.exits and self.pusher is not None:
@@ -229,6 +231,12 @@ class Sidecar:
         if self.pusher is not None:
             self.pusher.submit(reason, capture.body_gz)
         return capture
+
+    def _capture_wanted(self, reason: str) -> bool:
+        """A new capture for this episode: none holds yet, or a suspicion's capture holds and the stall
+        is confirmed now (the confirmed stall is captured, and pushed, as before suspicions existed)."""
+        current = self.current_capture()
+        return current is None or (reason == "stall" and current.reason == "suspect")
 
     def current_capture(self) -> Capture | None:
         return self.snapshots.current_capture()
@@ -265,7 +273,7 @@ class Sidecar:
 
     def status(self) -> StatusDoc:
         return status_document(self.config, self.ranks, self.tracker, self.evidence, self.dumps,
-                                self.poller.last_round_ns, time.time_ns())
+                                self.poller.last_round_ns, time.time_ns(), self.poller.lateness)
 
 
 def _write_port_file(path: Path, port: int) -> None:

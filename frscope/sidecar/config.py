@@ -35,11 +35,15 @@ class SidecarConfig:
     host: str = "0.0.0.0"
     port: int = DEFAULT_PORT
     port_file: Path | None = None
-    poll_interval_s: float = 10.0
+    poll_interval_s: float = 2.0
     stall_after_s: float = 60.0
+    # Suspected stalls (frscope.sidecar.rhythm): in flight with no progress for 3 x the group's usual
+    # wait, never sooner than suspect_min_s, at the latest after suspect_after_s. 0: no suspicions.
+    suspect_after_s: float = 15.0
+    suspect_min_s: float = 4.0
     # Full recorder (fr_trace_json) every this many polls; the polls between ask the cheap progress
     # probe only (and fetch the full recorder when it suggests a stall). 1: every poll.
-    full_poll_every: int = 6
+    full_poll_every: int = 15
     # The job's identity (frscope.sidecar.schedule): every pod of a job polls on the same wall-clock
     # slots, at a phase drawn from it. "": the multiples of the interval since the epoch.
     schedule_key: str = ""
@@ -79,6 +83,10 @@ class SidecarConfig:
             raise ValueError("--full-poll-every must be >= 1")
         if self.stall_after_s <= 0:
             raise ValueError("--stall-after must be > 0")
+        if self.suspect_after_s < 0 or self.suspect_min_s < 0:
+            raise ValueError("--suspect-after and --suspect-min must be >= 0")
+        if self.suspect_after_s and self.suspect_min_s > self.suspect_after_s:
+            raise ValueError("--suspect-min must not exceed --suspect-after")
         if not 0 < self.stall_timeout_fraction <= 1:
             raise ValueError("--stall-timeout-fraction must be in (0, 1]")
         if self.request_timeout_s <= 0 or self.stacks_timeout_s <= 0:
@@ -122,8 +130,9 @@ _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
     ("--host", "host", "FRSCOPE_HOST", "str", "0.0.0.0", "address to listen on"),
     ("--port", "port", "FRSCOPE_PORT", "int", DEFAULT_PORT, "TCP port of the API and /metrics (0: any free port)"),
     ("--port-file", "port_file", "FRSCOPE_PORT_FILE", "path", None, "write the bound port here once listening"),
-    ("--poll-interval", "poll_interval_s", "FRSCOPE_POLL_INTERVAL", "float", 10.0, "seconds between polls"),
-    ("--full-poll-every", "full_poll_every", "FRSCOPE_FULL_POLL_EVERY", "int", 6,
+    ("--poll-interval", "poll_interval_s", "FRSCOPE_POLL_INTERVAL", "float", 2.0,
+     "seconds between polls (a cheap progress probe of every rank; see --full-poll-every)"),
+    ("--full-poll-every", "full_poll_every", "FRSCOPE_FULL_POLL_EVERY", "int", 15,
      "fetch every rank's full recorder every N polls; between, a cheap progress probe (full recorder "
      "at once when progress stops with a collective in flight); 1: full recorder at every poll"),
     ("--schedule-key", "schedule_key", "FRSCOPE_SCHEDULE_KEY", "str", "",
@@ -131,7 +140,12 @@ _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
      "wall-clock slots, at a phase drawn from it, so the job's periodic full reads fall into one step; "
      "unset: the multiples of --poll-interval since the epoch"),
     ("--stall-after", "stall_after_s", "FRSCOPE_STALL_AFTER", "float", 60.0,
-     "seconds a collective may be in flight with no progress before it is a stall"),
+     "seconds a collective may be in flight with no progress before it is a stall (confirmed)"),
+    ("--suspect-after", "suspect_after_s", "FRSCOPE_SUSPECT_AFTER", "float", 15.0,
+     "a collective in flight with no progress is suspected a stall after 3 x its group's usual wait, at the "
+     "latest after this many seconds (never later than --stall-after); 0: no suspicions"),
+    ("--suspect-min", "suspect_min_s", "FRSCOPE_SUSPECT_MIN", "float", 4.0,
+     "never suspect a collective in flight with no progress sooner than this many seconds"),
     ("--stall-timeout-fraction", "stall_timeout_fraction", "FRSCOPE_STALL_TIMEOUT_FRACTION", "float", 0.5,
      "--stall-after is capped at this fraction of the in-flight entry's timeout_ms"),
     ("--request-timeout", "request_timeout_s", "FRSCOPE_REQUEST_TIMEOUT", "float", 5.0,

@@ -7,11 +7,14 @@ ids, shapes or job ids in labels: those are values or live in /v1/status.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from frscope import __version__
+from frscope.analysis.lateness import RankLateness
 from frscope.sidecar.evidence import EvidenceStore
-from frscope.sidecar.progress import StallTracker
+from frscope.sidecar.progress import SUSPICION_OUTCOMES, StallTracker
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0)
 POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -52,6 +55,30 @@ class SidecarMetrics:
         self.stalls = Counter(
             "frscope_stalls", "Stalls detected (transitions to stalled)", rp, registry=registry
         )
+        self.suspected = Gauge(
+            "frscope_collective_suspected",
+            "1 while the group has a collective in flight with no progress for longer than its rhythm allows "
+            "(suspected; stays 1 once the stall is confirmed, until the group makes progress)",
+            rp, registry=registry,
+        )
+        self.suspect_threshold = Gauge(
+            "frscope_collective_suspect_threshold_seconds",
+            "No progress with a collective in flight for this long makes the group suspected: 3 x its usual wait, "
+            "within --suspect-min and --suspect-after, at most the stall threshold",
+            rp, registry=registry,
+        )
+        self.usual_wait = Gauge(
+            "frscope_collective_usual_wait_seconds",
+            "The longest a collective of the group waited with no progress in its recent episodes that ended in "
+            "progress, as the polls saw it (the group's rhythm; 0: none seen waiting)",
+            rp, registry=registry,
+        )
+        self.suspected_stalls = Counter(
+            "frscope_suspected_stalls",
+            "Suspected stalls by how they ended: resumed (the group made progress before --stall-after), "
+            "confirmed (it became a stall)",
+            ["outcome"], registry=registry,
+        )
         self.collectives = Counter(
             "frscope_collectives",
             "Collectives and p2p ops the rank enqueued, as seen in its recorder",
@@ -69,6 +96,22 @@ class SidecarMetrics:
             "TORCH_NCCL_ENABLE_TIMING=1), else sampled at every poll (a collective in flight counts the time "
             "since the rank's previous poll). The rank that arrives late waits least: the job's highest rate "
             "minus a rank's rate is how long the others wait for it (docs/sidecar.md)",
+            ["rank"], registry=registry,
+        )
+        self.lateness = Gauge(
+            "frscope_rank_lateness_seconds",
+            "How late the rank arrives, on average, at the collectives where the pod's other ranks wait for it "
+            "(the last 60 s of its recorder; 0: never the one waited for)",
+            ["rank"], registry=registry,
+        )
+        self.lateness_ratio = Gauge(
+            "frscope_rank_lateness_ratio",
+            "Fraction of the job's time the pod's other ranks spent waiting for this rank (the last 60 s)",
+            ["rank"], registry=registry,
+        )
+        self.straggler = Gauge(
+            "frscope_rank_straggler",
+            "1 while the rank is a straggler: late far more often than chance, costing the job >= 10% of its time",
             ["rank"], registry=registry,
         )
         self.worker_up = Gauge(
@@ -121,6 +164,8 @@ class SidecarMetrics:
             self.recorder_fetches.labels(cause=cause)
         for result in PUSH_RESULTS:
             self.pushes.labels(result=result)
+        for outcome in SUSPICION_OUTCOMES:
+            self.suspected_stalls.labels(outcome=outcome)
 
     def show_progress(self, tracker: StallTracker, now_ns: int) -> None:
         """Every tracked group's progress gauges, after a poll round."""
@@ -134,6 +179,18 @@ class SidecarMetrics:
             self.stalled.labels(**labels).set(1 if group.stalled else 0)
             self.inflight_age.labels(**labels).set(group.inflight_age_s(now_ns) or 0.0)
             self.stall_threshold.labels(**labels).set(group.threshold_s)
+            self.suspected.labels(**labels).set(1 if group.suspected else 0)
+            self.suspect_threshold.labels(**labels).set(group.suspect_threshold_s)
+            self.usual_wait.labels(**labels).set(group.rhythm.usual_wait_s)
+
+    def show_lateness(self, found: dict[int, RankLateness], ranks: Mapping[int, object]) -> None:
+        """Every local rank's lateness against the others (0 where not compared), after a poll round."""
+        for rank in ranks:
+            got = found.get(rank)
+            label = str(rank)
+            self.lateness.labels(rank=label).set(got.lateness_s if got else 0.0)
+            self.lateness_ratio.labels(rank=label).set(got.share if got else 0.0)
+            self.straggler.labels(rank=label).set(1 if got is not None and got.straggler else 0)
 
     def show_evidence(self, evidence: EvidenceStore) -> None:
         """What the evidence dir holds, after a scan or a capture."""

@@ -12,13 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from frscope.analysis.lateness import RankLateness, rank_lateness
 from frscope.sidecar.client import PROGRESS_PROBES, WorkerClient, WorkerError
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.metrics import SidecarMetrics
-from frscope.sidecar.progress import GroupState, StallTracker, without_inflight
+from frscope.sidecar.progress import GroupState, StallTracker, SuspicionEnd, without_inflight
 from frscope.sidecar.ranks import RankState, read_meta, scan_sockets
 from frscope.sidecar.recorder import digest
 
@@ -36,8 +37,11 @@ class Round:
     """What one poll round found."""
 
     newly: list[GroupState]  # groups that became stalled
-    capture: bool  # a stall capture is due (every live rank's full recorder was fetched for it)
+    # The capture due ("stall" or "suspect"; every live rank's full recorder was fetched for it), or None.
+    capture: str | None
     exits: list[int]  # ranks whose trainer exited (went down with the socket refused or gone)
+    suspected: list[GroupState] = field(default_factory=list)  # groups suspected at this round (not yet stalls)
+    ended: list[SuspicionEnd] = field(default_factory=list)  # suspicions that ended at this round
 
 
 class Poller:
@@ -49,6 +53,8 @@ class Poller:
         self.ready = False
         self.polls_done = 0
         self.last_round_ns: int | None = None
+        # Lateness of each local rank against the others (two or more ranks up), after every round.
+        self.lateness: dict[int, RankLateness] = {}
         self._socket_dir_missing_logged = False
         self._parse_slot = asyncio.Semaphore(1)
         self._fetch_slots = asyncio.Semaphore(max(1, config.max_concurrency))
@@ -57,11 +63,12 @@ class Poller:
         for state in self.ranks.values():
             await state.client.close()
 
-    async def round(self, want_full: bool, capture_wanted: Callable[[], bool],
+    async def round(self, want_full: bool, capture_wanted: Callable[[str], bool],
                     periodic: bool | None = None) -> Round:
         """One round over every local rank. `want_full`: every rank's full recorder, whatever its
-        progress probe says. `capture_wanted` is asked when groups became stalled: if it says yes,
-        every live rank's full recorder of this moment is fetched for the capture. `periodic`: this
+        progress probe says. `capture_wanted(reason)` is asked when groups became stalled ("stall") or
+        suspected ("suspect"): if it says yes, every live rank's full recorder of this moment is
+        fetched for the capture. `periodic`: this
         round is the schedule's periodic full read (`schedule.PollSlot`); None: every
         --full-poll-every rounds of the rank's own count."""
         t0 = time.perf_counter()
@@ -99,7 +106,12 @@ class Poller:
             newly.extend(stalled)
             if down:
                 went_down.append(rank)
-        capture = bool(newly) and capture_wanted()
+        raised, ended = self.tracker.drain()
+        capture: str | None = None
+        if newly and capture_wanted("stall"):
+            capture = "stall"
+        elif any(not g.stalled for g in raised) and capture_wanted("suspect"):
+            capture = "suspect"
         if capture:
             # Every live rank's full recorder of this moment (a rank that only answered its probe
             # this round is fetched now); the capture then takes every rank's stacks.
@@ -112,6 +124,9 @@ class Poller:
                 newly.extend(g for g in extra if (g.rank, g.sample.pg) not in seen)
                 if down:
                     went_down.append(state.rank)
+            more_raised, more_ended = self.tracker.drain()
+            raised.extend(more_raised)
+            ended.extend(more_ended)
         self.last_round_ns = now_ns
         self.metrics.show_progress(self.tracker, now_ns)
         self.polls_done += 1
@@ -129,8 +144,49 @@ class Poller:
                 group.sample.inflight_op, group.sample.inflight_seq,
                 f" for {age:.1f} s" if age is not None else "", (now_ns - group.progress_ns) / 1e9, group.threshold_s,
             )
+        suspected = [g for g in raised if not g.stalled]
+        self._report_suspicions(suspected, ended, now_ns)
+        self._update_lateness()
         exits = [r for r in went_down if self.ranks[r].reason in EXIT_REASONS and self.ranks[r].ever_up]
-        return Round(newly, capture, exits)
+        return Round(newly, capture, exits, suspected, ended)
+
+    def _update_lateness(self) -> None:
+        """Which local rank the others keep waiting for (frscope.analysis.lateness), from the arrivals of
+        the ranks' kept recorders; a rank becoming or ceasing to be a straggler is logged once."""
+        arrivals = {
+            rank: {pg: g.sample.arrivals for pg, g in self.tracker.for_rank(rank).items() if g.sample.arrivals}
+            for rank, state in self.ranks.items() if state.up
+        }
+        found = rank_lateness(arrivals) if len(arrivals) >= 2 else {}
+        for rank, now in found.items():
+            before = self.lateness.get(rank)
+            if now.straggler and (before is None or not before.straggler):
+                log.warning("straggler: rank %d is late at %d of the last %d collectives of group %s, by %.3f s on "
+                            "average: it costs the job %.0f%% of its time", rank, now.late, now.compared, now.group,
+                            now.lateness_s, 100 * now.share)
+            elif before is not None and before.straggler and not now.straggler:
+                log.info("straggler: rank %d keeps up again (it costs the job %.0f%% of its time)", rank,
+                         100 * now.share)
+        self.lateness = found
+        self.metrics.show_lateness(found, self.ranks)
+
+    def _report_suspicions(self, suspected: list[GroupState], ended: list[SuspicionEnd], now_ns: int) -> None:
+        for group in suspected:
+            age = group.inflight_age_s(now_ns)
+            log.warning(
+                "suspected stall: rank %d, group %s%s: %s #%s in flight%s, no progress for %.1f s (its usual "
+                "wait %.1f s, suspected after %.1f s, a stall after %.1f s)",
+                group.rank, group.sample.pg, f" ({group.sample.desc})" if group.sample.desc else "",
+                group.sample.inflight_op, group.sample.inflight_seq, f" for {age:.1f} s" if age is not None else "",
+                (now_ns - group.progress_ns) / 1e9, group.rhythm.usual_wait_s, group.suspect_threshold_s,
+                group.threshold_s,
+            )
+        for end in ended:
+            self.metrics.suspected_stalls.labels(outcome=end.outcome).inc()
+            if end.outcome == "resumed":
+                log.info("suspected stall resumed: rank %d, group %s moved on after %.1f s without progress "
+                         "(%.1f s after the suspicion)", end.group.rank, end.group.sample.pg, end.quiet_s,
+                         end.after_s)
 
     async def _poll_rank(
         self, state: RankState, now_ns: int, previous_round: int | None, force_full: bool = False,

@@ -4,7 +4,10 @@ Progress uses the analysis' notion (frscope.analysis.tracks): per group, the hig
 `collective_seq_id` enqueued and the first one not completed (gloo: not `retired`). A group is *in
 flight* when it has an entry that is not completed; it is *stalled* when it is in flight and its
 progress has not changed for the stall threshold: `--stall-after`, capped at a fraction of the
-in-flight entry's `timeout_ms`.
+in-flight entry's `timeout_ms`. Before that it is *suspected*: in flight with no progress for longer
+than its own rhythm allows (frscope.sidecar.rhythm: 3 x its usual wait, within `--suspect-min` and
+`--suspect-after`, and never later than the stall threshold). A suspicion ends when the group makes
+progress (`resumed`) or becomes a stall (`confirmed`).
 
 When does a group last make progress? The recorder dates enqueues (`time_created_ns`) and, with
 NCCL timing, completions (`time_discovered_completed_ns`); gloo dates no completion. When a poll
@@ -18,11 +21,17 @@ interval.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from frscope.analysis.tracks import build_tracks
 from frscope.records import DumpSet, Entry, RankDump
+from frscope.sidecar.rhythm import Rhythm
+
+ARRIVALS_KEPT = 128
+
+# How a suspicion ended: the label values of frscope_suspected_stalls_total{outcome}.
+SUSPICION_OUTCOMES = ("resumed", "confirmed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +50,9 @@ class GroupSample:
     inflight_timeout_ms: int | None
     # The newest enqueue or (where the recorder dates them) completion time of the group's entries.
     newest_progress_ns: int | None
+    # (collective_seq_id, enqueue time) of its newest ARRIVALS_KEPT collectives: the rank's arrivals,
+    # compared across ranks for lateness (frscope.analysis.lateness).
+    arrivals: tuple[tuple[int, int], ...] = ()
 
     @property
     def key(self) -> tuple[int, int, int, int]:
@@ -104,8 +116,18 @@ def sample_groups(dump: RankDump) -> dict[str, GroupSample]:
             inflight_created_ns=open_entry.time_created_ns if open_entry is not None else None,
             inflight_timeout_ms=open_entry.timeout_ms if open_entry is not None else None,
             newest_progress_ns=newest or None,
+            arrivals=_arrivals(track.by_seq),
         )
     return out
+
+
+def _arrivals(by_seq: Mapping[int, list[Entry]]) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
+    for seq in sorted(by_seq)[-ARRIVALS_KEPT:]:
+        created = by_seq[seq][0].time_created_ns if by_seq[seq] else None
+        if created:
+            out.append((seq, created))
+    return tuple(out)
 
 
 @dataclass(slots=True)
@@ -118,6 +140,11 @@ class GroupState:
     stalled: bool = False
     stalled_since_ns: int | None = None
     stall_count: int = 0
+    rhythm: Rhythm = field(default_factory=Rhythm)
+    suspect_threshold_s: float = 0.0
+    # Suspected: in flight and quiet past suspect_threshold_s; stays so once confirmed, until progress.
+    suspected: bool = False
+    suspected_since_ns: int | None = None
 
     def inflight_age_s(self, now_ns: int) -> float | None:
         if not self.sample.inflight:
@@ -128,11 +155,27 @@ class GroupState:
         return max(0.0, (now_ns - since) / 1e9)
 
 
+@dataclass(frozen=True, slots=True)
+class SuspicionEnd:
+    """A suspicion that ended at a poll: how, and how long after it was raised."""
+
+    group: GroupState
+    outcome: str  # one of SUSPICION_OUTCOMES
+    after_s: float  # seconds from the suspicion to its end
+    quiet_s: float  # how long the group had been quiet when it ended
+
+
 @dataclass(slots=True)
 class StallTracker:
     stall_after_s: float
     timeout_fraction: float
+    # Suspicion (rhythm.py): never sooner than suspect_min_s, at the latest suspect_after_s; 0: off.
+    suspect_after_s: float = 0.0
+    suspect_min_s: float = 0.0
     groups: dict[tuple[int, str], GroupState] = field(default_factory=dict)
+    # What the updates since the last `drain` raised and ended (the poller reports them).
+    raised: list[GroupState] = field(default_factory=list)
+    ended: list[SuspicionEnd] = field(default_factory=list)
 
     def threshold(self, sample: GroupSample) -> float:
         limit = self.stall_after_s
@@ -140,11 +183,17 @@ class StallTracker:
             limit = min(limit, self.timeout_fraction * sample.inflight_timeout_ms / 1000.0)
         return limit
 
+    def suspect_threshold(self, state: GroupState) -> float:
+        if self.suspect_after_s <= 0:
+            return state.threshold_s
+        return min(state.threshold_s, state.rhythm.threshold_s(self.suspect_min_s, self.suspect_after_s))
+
     def update(
         self, rank: int, samples: dict[str, GroupSample], now_ns: int, previous_poll_ns: int | None,
         *, moved: bool = False, changed_by_ns: int | None = None,
     ) -> list[GroupState]:
-        """Fold one poll of one rank in; returns the groups that became stalled at this poll.
+        """Fold one poll of one rank in; returns the groups that became stalled at this poll (the
+        suspicions raised and ended are kept for `drain`).
 
         `moved`: the rank's cheap progress probe changed since the previous poll although `samples`
         are the last full recorder's (see app.py): every group counts as progressing now.
@@ -154,6 +203,7 @@ class StallTracker:
         for pg, sample in samples.items():
             state = self.groups.get((rank, pg))
             dated = sample.newest_progress_ns
+            progressed = False
             if state is None:
                 progress_ns = now_ns
                 if sample.inflight and dated is not None:
@@ -165,10 +215,12 @@ class StallTracker:
                 old = state.sample
                 if moved:
                     state.progress_ns = now_ns
+                    progressed = True
                 elif sample.key != old.key:
                     state.progress_ns = min(changed_by_ns, now_ns) if changed_by_ns is not None else now_ns
                     if dated is not None and previous_poll_ns is not None and previous_poll_ns < dated <= now_ns:
                         state.progress_ns = dated
+                    progressed = True
                 if sample.inflight and (not old.inflight or sample.inflight_seq != old.inflight_seq
                                         or sample.inflight_op != old.inflight_op):
                     state.first_inflight_ns = now_ns
@@ -176,15 +228,46 @@ class StallTracker:
                     state.first_inflight_ns = None
                 state.sample = sample
                 state.threshold_s = self.threshold(sample)
-            stalled = sample.inflight and (now_ns - state.progress_ns) / 1e9 >= state.threshold_s
+            quiet_s = (now_ns - state.progress_ns) / 1e9
+            if progressed or not sample.inflight:
+                state.rhythm.resolve()
+            if sample.inflight and not progressed:
+                state.rhythm.observe(quiet_s)
+            state.suspect_threshold_s = self.suspect_threshold(state)
+            stalled = sample.inflight and quiet_s >= state.threshold_s
+            suspected = stalled or (sample.inflight and quiet_s >= state.suspect_threshold_s)
+            if suspected and not state.suspected:
+                state.suspected_since_ns = now_ns
+                self.raised.append(state)
+            elif state.suspected and not suspected and not state.stalled:
+                self._end(state, "resumed", now_ns, quiet_s)
             if stalled and not state.stalled:
+                self._end(state, "confirmed", now_ns, quiet_s)
                 state.stalled_since_ns = now_ns
                 state.stall_count += 1
                 newly.append(state)
             elif not stalled:
                 state.stalled_since_ns = None
             state.stalled = stalled
+            state.suspected = suspected
+            if not suspected:
+                state.suspected_since_ns = None
         return newly
+
+    def _end(self, state: GroupState, outcome: str, now_ns: int, quiet_s: float) -> None:
+        since = state.suspected_since_ns if state.suspected_since_ns is not None else now_ns
+        self.ended.append(SuspicionEnd(state, outcome, (now_ns - since) / 1e9, quiet_s))
+
+    def drain(self) -> tuple[list[GroupState], list[SuspicionEnd]]:
+        """The suspicions raised and ended since the last call (a stall raised and confirmed at the same
+        poll is in both: raised, and ended as confirmed)."""
+        raised, ended = self.raised, self.ended
+        self.raised, self.ended = [], []
+        return raised, ended
+
+    @property
+    def suspected(self) -> list[GroupState]:
+        return [s for s in self.groups.values() if s.suspected]
 
     def for_rank(self, rank: int) -> dict[str, GroupState]:
         return {pg: s for (r, pg), s in self.groups.items() if r == rank}

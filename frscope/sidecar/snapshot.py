@@ -126,8 +126,8 @@ class Snapshots:
         _body, body_gz = await asyncio.to_thread(
             assemble, head, sorted(pieces.items()), errors, self.config.max_snapshot_bytes
         )
-        stalled = {
-            (g.rank, g.sample.pg): g.sample.last_enqueued_seq or 0 for g in self.tracker.stalled
+        stalled = {  # (suspected groups: a confirmed stall is one too)
+            (g.rank, g.sample.pg): g.sample.last_enqueued_seq or 0 for g in self.tracker.suspected
         }
         capture = Capture(reason, now_ns, pieces, body_gz, stalled)
         written = await asyncio.to_thread(self.evidence.write, capture)
@@ -175,10 +175,12 @@ class Snapshots:
     async def render(
         self, reason: str, *, prefer_live: bool = False, last_entries: int | None = None
     ) -> tuple[bytes, bytes, str]:
-        """(body, its gzip, the reason it carries): `poll` becomes `stall` when a capture is served."""
+        """(body, its gzip, the reason it carries): `poll` becomes the capture's reason (`stall`, or
+        `suspect` before the stall is confirmed) when a capture is served."""
         chosen, errors, used_capture = self._choose(prefer_live)
         if used_capture and reason == "poll":
-            reason = "stall"
+            current = self.current_capture()
+            reason = current.reason if current is not None else "stall"
         head = self.head(reason, self.poller.last_round_ns or time.time_ns())
         if not chosen and not self.poller.ranks:
             # A sidecar restarted after the trainer died: serve the newest capture it kept on disk.

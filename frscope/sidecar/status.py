@@ -4,17 +4,26 @@ evidence, cheap enough for the operator to poll every pod at a bounded rate."""
 from __future__ import annotations
 
 from frscope import wire
+from frscope.analysis.lateness import RankLateness
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.dumpdir import DumpDirWatcher
 from frscope.sidecar.evidence import EvidenceStore
 from frscope.sidecar.progress import StallTracker
 from frscope.sidecar.ranks import RankState
-from frscope.wire import DumpFileDoc, GroupStatusDoc, RankStatusDoc, StatusDoc
+from frscope.wire import DumpFileDoc, GroupStatusDoc, LatenessDoc, RankStatusDoc, StatusDoc
+
+
+def _lateness_doc(found: RankLateness | None) -> LatenessDoc | None:
+    if found is None:
+        return None
+    return {"group": found.group, "lateness_s": round(found.lateness_s, 4), "share": round(found.share, 4),
+            "late": found.late, "compared": found.compared, "window_s": round(found.window_s, 3),
+            "straggler": found.straggler}
 
 
 def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker: StallTracker,
                     evidence: EvidenceStore, dumps: DumpDirWatcher | None, last_round_ns: int | None,
-                    now_ns: int) -> StatusDoc:
+                    now_ns: int, lateness: dict[int, RankLateness] | None = None) -> StatusDoc:
     by_rank: dict[str, RankStatusDoc] = {}
     for rank, state in sorted(ranks.items()):
         groups: dict[str, GroupStatusDoc] = {}
@@ -32,6 +41,10 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
                 "stalled_since_ns": group.stalled_since_ns,
                 "no_progress_s": round((now_ns - group.progress_ns) / 1e9, 3),
                 "stall_threshold_s": group.threshold_s,
+                "suspected": group.suspected,
+                "suspected_since_ns": group.suspected_since_ns,
+                "suspect_threshold_s": group.suspect_threshold_s,
+                "usual_wait_s": round(group.rhythm.usual_wait_s, 3),
             }
         by_rank[str(rank)] = {
             "up": state.up,
@@ -42,6 +55,7 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
             "progress_probe": (state.probe[0] or None) if state.probe is not None else None,
             "restart_count": restarts if isinstance(restarts := state.meta.get("restart_count"), int) else None,
             "groups": groups,
+            "lateness": _lateness_doc((lateness or {}).get(rank)),
         }
     capture = evidence.latest()
     dump_files: list[DumpFileDoc] = []
@@ -57,6 +71,7 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
         "node": config.node,
         "captured_at_ns": last_round_ns or now_ns,
         "stalled": any(g.stalled for g in tracker.groups.values()),
+        "suspected": any(g.suspected for g in tracker.groups.values()),
         "ranks": by_rank,
         "dump_dir": {
             "path": str(config.dump_dir) if config.dump_dir else None,

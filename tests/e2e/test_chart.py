@@ -410,6 +410,9 @@ def test_images_tags_digests_and_sidecar_settings(rendered: dict[str, list[dict[
     default_env = {e["name"]: e.get("value") for e in default_container["env"]}
     assert default_env["FRSCOPE_SIDECAR_IMAGE"] == "ghcr.io/frscope/frscope:0.1.0"
     assert json.loads(default_env["FRSCOPE_SIDECAR_RESOURCES"])["limits"]["memory"] == "128Mi"
+    # The sidecar's own defaults, stated by the chart: probe every 2 s, suspected after 4-15 s.
+    assert (default_env["FRSCOPE_SIDECAR_POLL_INTERVAL"], default_env["FRSCOPE_SIDECAR_SUSPECT_AFTER"],
+            default_env["FRSCOPE_SIDECAR_SUSPECT_MIN"]) == ("2", "15", "4")
 
 
 # --- the values schema -------------------------------------------------------------------------------

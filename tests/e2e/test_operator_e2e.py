@@ -427,6 +427,13 @@ def test_sidecar_down_gives_a_partial_report_and_an_event(kube: ControlPlane, re
     assert any("train-worker-0" in p for p in report["diagnosis"]["who"]["missingPods"])
     described = kube.kubectl("describe", "pytorchjob", JOB, "-n", namespace).stdout
     assert "SidecarsUnreachable" in described, described
+    # `frscope doctor` reads the same Event: its operator-reach check names the pod it could not reach.
+    doctor = subprocess.run([sys.executable, "-m", "frscope", "doctor", "--kubeconfig", str(kube.kubeconfig),
+                             "--namespace", namespace, "--job", JOB], capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert doctor.returncode == 1, doctor.stdout + doctor.stderr
+    [line] = [x for x in doctor.stdout.splitlines() if x.startswith("[FAIL] operator-reach:")]
+    assert "train-worker-0" in line, doctor.stdout
 
 
 # -- the client's view of what the API server decides ----------------------------------------------

@@ -64,6 +64,18 @@ def test_status_document_parses_into_stalls_and_ranks() -> None:
     with pytest.raises(wire.WireError, match="not a frscope.sidecar.status/v1 object"):
         wire.parse_status({"schema": wire.SNAPSHOT_SCHEMA})
 
+    # A suspected group (not yet a stall) is a suspect, not a stall; a confirmed one stays a stall only.
+    suspected = {**group, "stalled": False, "stalled_since_ns": None, "suspected": True, "inflight_age_s": 5.0}
+    confirmed = {**group, "suspected": True}
+    doc["ranks"]["3"]["groups"] = {"0": suspected, "1": confirmed}  # type: ignore[dict-item]
+    status = wire.parse_status(json.loads(json.dumps(doc)))
+    assert status.suspects == (wire.GroupStall(3, "0", "default_pg", "all_reduce", 9, 5.0),)
+    assert status.stalls == (wire.GroupStall(3, "1", "default_pg", "all_reduce", 9, 74.2),)
+    doc["ranks"]["3"]["groups"] = {"0": suspected}  # type: ignore[dict-item]
+    doc["stalled"] = False
+    status = wire.parse_status(json.loads(json.dumps(doc)))
+    assert not status.stalled and status.stalls == () and len(status.suspects) == 1
+
 
 @pytest.mark.parametrize("text", ["0", "-1", "x", "1.5", "", " ", "1000001", "99999999999", "²", "+5", "1e3"])
 def test_snapshot_window_out_of_bounds_is_refused(text: str) -> None:

@@ -24,6 +24,7 @@ from frscope.operator.engine.jobstate import Basis, JobState, job_fields
 from frscope.operator.engine.publishing import DiagnosisWriter
 from frscope.operator.engine.revisions import revisable
 from frscope.operator.engine.settings import OperatorConfig
+from frscope.operator.engine.suspicions import Suspicions
 from frscope.operator.evidence.gather import Decoder
 from frscope.operator.evidence.pod_evidence import PodEvidence
 from frscope.operator.evidence.push_store import PushStore
@@ -95,6 +96,9 @@ class Controller:
                                       default_watchdog_timeout_s=config.default_watchdog_timeout_s)
         self.incidents = IncidentHandler(config, store=store, pushes=pushes, sidecars=sidecars, writer=self.writer,
                                          metrics=metrics, decoder=decoder or Decoder(), actor=actor)
+        self.suspicions = Suspicions(config, store=store, pushes=pushes, sidecars=sidecars, publisher=publisher,
+                                     metrics=metrics, decoder=self.incidents.decoder, job_state=self._state,
+                                     spawn=self._spawn)
         self._jobs: dict[JobKey, JobState] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -130,6 +134,7 @@ class Controller:
         if event_type == "DELETED":
             self.store.remove_job(ref.key)
             self._jobs.pop(ref.key, None)
+            self.suspicions.forget(ref.key)
             self.metrics.job_gone(ref.key.namespace, ref.key.name)
             self._refresh_gauges()
             return
@@ -215,7 +220,21 @@ class Controller:
         if key is not None and evidence.reason in ("stall", "exit"):
             self.signal(Signal(SignalKind.SIDECAR_PUSH, key, f"pod {evidence.pod} pushed ({evidence.reason})",
                                pod=evidence.pod))
+        elif key is not None and evidence.reason == "suspect" and not self._confirmed_or_busy(key):
+            self.suspicions.suspect(key, f"pod {evidence.pod} pushed a suspected stall")
         return key
+
+    def _confirmed_or_busy(self, key: JobKey) -> bool:
+        """A stall is confirmed, or an incident is being handled: a suspicion would only race it."""
+        return self.store.is_stalled(key) or self.handling(key)
+
+    def on_first_suspect(self, key: JobKey, pod: str, status: SidecarStatus) -> None:
+        """One sidecar's answer during a sweep that suspects a stall (none confirmed): published now."""
+        if status.stalls or not status.suspects or self._confirmed_or_busy(key):
+            return
+        first = min(status.suspects, key=lambda s: (s.seq if s.seq is not None else 1 << 62, s.rank))
+        self.suspicions.suspect(key, f"sidecar of pod {pod}: rank {first.rank} waits in {first.op} #{first.seq} "
+                                     f"of group {first.group} for {first.age_s or 0:.0f} s", status.suspects)
 
     def on_status(self, key: JobKey, statuses: dict[str, SidecarStatus],
                   unreachable: dict[str, str] | None = None) -> None:
@@ -229,7 +248,9 @@ class Controller:
         stalls = [(pod, s) for pod, st in statuses.items() for s in st.stalls]
         self.store.set_status(key, stalled=bool(stalls) or any(st.stalled for st in statuses.values()))
         if stalls:
+            self.suspicions.confirmed(key)
             self._stall_signal(key, stalls)
+        self.suspicions.on_sweep(key, statuses)
 
     def handling(self, key: JobKey) -> bool:
         """Whether an incident of the job is being handled now (gathering, analyzing, publishing)."""
@@ -244,6 +265,7 @@ class Controller:
         if not status.stalls or self.store.is_stalled(key):
             return
         self.store.set_status(key, stalled=True)
+        self.suspicions.confirmed(key)
         self._stall_signal(key, [(pod, s) for s in status.stalls])
 
     def _stall_signal(self, key: JobKey, stalls: list[tuple[str, GroupStall]]) -> None:
@@ -267,10 +289,11 @@ class Controller:
         state.running = True
         self._spawn(self._run(sig.job, sig))
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def idle(self) -> None:
         """Wait until no incident is being handled (tests, shutdown)."""

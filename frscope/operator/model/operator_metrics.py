@@ -24,6 +24,16 @@ class OperatorMetrics:
             "frscope_operator_diagnoses", "Diagnoses published, by the top finding's category.",
             ["category"], registry=registry,
         )
+        self.suspicions = Counter(
+            "frscope_operator_suspected_stalls",
+            "Suspected stalls of jobs, by outcome: published (the culprit named, not confirmed), resumed (the "
+            "job moved on), confirmed (the sidecars' --stall-after passed), unnamed (the gather named no culprit).",
+            ["outcome"], registry=registry,
+        )
+        self.stragglers = Counter(
+            "frscope_operator_stragglers", "Stragglers reported on jobs (a rank newly reported by its sidecar).",
+            registry=registry,
+        )
         self.gather_duration = Histogram(
             "frscope_operator_gather_duration_seconds", "Time to gather every sidecar of a job.",
             buckets=GATHER_BUCKETS, registry=registry,
@@ -83,6 +93,8 @@ class OperatorMetrics:
             self.signals.labels(kind=kind.value)
         for result in ("accepted", "rejected", "throttled"):
             self.pushes.labels(result=result)
+        for outcome in ("published", "resumed", "confirmed", "unnamed"):
+            self.suspicions.labels(outcome=outcome)
 
     def job_diagnosed(self, namespace: str, job: str, category: str) -> None:
         """The job's latest diagnosis is of `category` (one series per job)."""

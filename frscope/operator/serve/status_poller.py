@@ -45,6 +45,8 @@ class StatusPoller:
         if status.stalls:
             # A job's first stall is signalled on the answer that reports it, not at the sweep's end.
             self._controller.on_first_stall(key, pod, status)
+        elif status.suspects:
+            self._controller.on_first_suspect(key, pod, status)
         return status
 
     async def sweep(self) -> None:

@@ -281,11 +281,13 @@ class StandInSidecar:
     """
 
     def __init__(self, pod: str, ranks: dict[int, dict[str, Any]], *, namespace: str = "ml", stalled: bool = True,
-                 mode: str = "ok", delay_s: float = 0.0, flaky_failures: int = 0) -> None:
+                 mode: str = "ok", delay_s: float = 0.0, flaky_failures: int = 0, suspected: bool = False) -> None:
         self.pod = pod
         self.namespace = namespace
         self.ranks = ranks
         self.stalled = stalled
+        self.suspected = suspected  # suspected, not confirmed (stalled: confirmed, suspected too)
+        self.lateness: dict[int, dict[str, Any]] = {}  # rank -> its /v1/status `lateness` document
         self.mode = mode
         self.delay_s = delay_s
         self.flaky_failures = flaky_failures
@@ -307,11 +309,14 @@ class StandInSidecar:
     def status_obj(self) -> dict[str, Any]:
         groups = {"0": {"desc": "default_pg", "last_enqueued_seq": 4, "last_completed_seq": 3,
                         "inflight_op": "all_reduce", "inflight_seq": 4, "inflight_age_s": 74.2,
-                        "stalled": self.stalled, "stalled_since_ns": 1}}
+                        "stalled": self.stalled, "stalled_since_ns": 1,
+                        "suspected": self.stalled or self.suspected}}
         return {"schema": "frscope.sidecar.status/v1", "pod": self.pod, "namespace": self.namespace,
                 "node": "n1", "captured_at_ns": 1, "stalled": self.stalled,
+                "suspected": self.stalled or self.suspected,
                 "ranks": {str(r): {"up": True, "error": None, "last_poll_ns": 1, "groups": groups,
-                                   "restart_count": self.restart_count} for r in self.ranks}}
+                                   "restart_count": self.restart_count, "lateness": self.lateness.get(r)}
+                          for r in self.ranks}}
 
     def snapshot_obj(self) -> dict[str, Any]:
         return {"schema": "frscope.sidecar.snapshot/v1", "pod": self.pod, "namespace": self.namespace,

@@ -23,7 +23,9 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cfg.socket_dir == Path("/run/frscope")
     assert cfg.evidence_dir == Path("/run/frscope/evidence")
     assert cfg.dump_dir is None and cfg.token_file is None and cfg.operator_url is None
-    assert (cfg.port, cfg.poll_interval_s, cfg.stall_after_s) == (9402, 10.0, 60.0)
+    assert (cfg.port, cfg.poll_interval_s, cfg.stall_after_s) == (9402, 2.0, 60.0)
+    # A full recorder every 30 s, a probe every 2 s; suspected after 4-15 s by the group's rhythm.
+    assert (cfg.full_poll_every, cfg.suspect_min_s, cfg.suspect_after_s) == (15, 4.0, 15.0)
     assert cfg.pod  # the host name
 
 

@@ -1,0 +1,20 @@
+"""The versions frscope is tested with: the one table `frscope doctor` and README.md's table follow.
+
+Only what a test runs is listed (README.md names each test). A server outside the table may work;
+doctor says it is untested rather than broken.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# Kubernetes minor versions whose API server the e2e tier (testenv) and the node tier run.
+TESTED_KUBERNETES: Final = frozenset({(1, 36)})
+
+
+def kubernetes_tested(version: tuple[int, int]) -> bool:
+    return version in TESTED_KUBERNETES
+
+
+def tested_text() -> str:
+    return ", ".join(f"{a}.{b}" for a, b in sorted(TESTED_KUBERNETES))

@@ -1,0 +1,264 @@
+"""Suspected stalls and stragglers the sidecars report (docs/operator.md, "Suspected stalls and
+stragglers"): published at once as *not yet confirmed*, cleared when the job moves on.
+
+A sidecar suspects a group when a collective has waited far beyond the group's own rhythm (4-15 s,
+long before its `--stall-after`) and pushes its capture (`reason: suspect`); the status sweep sees
+it too. The operator then gathers every pod of the job at once (the gather of a confirmed stall:
+windowed snapshots of fresh recorders, `GatherOptions`), analyzes, and writes:
+  - frscope's condition on the job with status `Unknown`: reason the finding's category, message
+    "suspected, not confirmed: ..." (Kubernetes' way of saying the condition is not known yet);
+  - a Warning Event `SuspectedStall` naming the culprit rank, its pod and node;
+  - `frscope_operator_suspected_stalls_total{outcome="published"}`.
+No report object: the FlightRecorderReport is written when the stall is confirmed, by the incident
+flow, which replaces the condition with status `True`. When a sweep finds no pod of the job suspected
+or stalled any more, the suspicion is over: the condition turns status `False`, reason `Resumed`,
+and a Normal Event `Resumed` says after how long.
+
+Stragglers: a rank its sidecar reports as a straggler gets a Warning Event `Straggler` on the job
+(rank, pod, node, its share of the job's time), once per episode, and a Normal `StragglerKeepsUp`
+when its sidecar stops reporting it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from frscope.analysis import AnalysisOptions
+from frscope.operator import names
+from frscope.operator.actions import culprit_placement
+from frscope.operator.engine.jobstate import JobState, job_fields
+from frscope.operator.engine.publishing import rfc3339
+from frscope.operator.engine.settings import OperatorConfig
+from frscope.operator.evidence.diagnosis import diagnose
+from frscope.operator.evidence.gather import Decoder
+from frscope.operator.evidence.push_store import PushStore
+from frscope.operator.evidence.settle import collect
+from frscope.operator.evidence.sidecars import SidecarClient
+from frscope.operator.kube import KubeError
+from frscope.operator.model.objects import JobKey, JobRef
+from frscope.operator.model.operator_metrics import OperatorMetrics
+from frscope.operator.model.store import JobStore, JobView
+from frscope.operator.publish import JobGone, Publisher, clip_line, make_condition
+from frscope.report import one_line
+from frscope.wire import GroupStall, RankLate, SidecarStatus
+
+log = logging.getLogger(__name__)
+
+# The analysis' own stall threshold for a suspicion's gather (its default, 10 s, would call a 5 s old
+# hang healthy): half the youngest suspected wait (the sidecar already judged the wait against the
+# job's rhythm), at least MIN_ANALYSIS_STALL_S; for a pushed suspicion, which carries no ages, half the
+# sidecar's default --suspect-min.
+MIN_ANALYSIS_STALL_S = 1.0
+PUSHED_ANALYSIS_STALL_S = 2.0
+
+
+@dataclass(slots=True)
+class Suspicion:
+    since_wall: float
+    since_mono: float
+    detail: str
+    youngest_age_s: float | None
+    published: bool = False
+    task: asyncio.Task[None] | None = None
+
+
+@dataclass(slots=True)
+class Straggling:
+    pod: str
+    since_wall: float
+    late: RankLate
+
+
+@dataclass(slots=True)
+class JobWatch:
+    suspicion: Suspicion | None = None
+    stragglers: dict[int, Straggling] = field(default_factory=dict)
+
+
+class Suspicions:
+    def __init__(self, config: OperatorConfig, *, store: JobStore, pushes: PushStore, sidecars: SidecarClient,
+                 publisher: Publisher, metrics: OperatorMetrics, decoder: Decoder,
+                 job_state: Callable[[JobKey], JobState],
+                 spawn: Callable[[Coroutine[Any, Any, None]], asyncio.Task[None]]) -> None:
+        self.config = config
+        self.store = store
+        self.pushes = pushes
+        self.sidecars = sidecars
+        self.publisher = publisher
+        self.metrics = metrics
+        self.decoder = decoder
+        self._job_state = job_state
+        self._spawn = spawn
+        self._jobs: dict[JobKey, JobWatch] = {}
+
+    def _watch(self, key: JobKey) -> JobWatch:
+        watch = self._jobs.get(key)
+        if watch is None:
+            watch = self._jobs[key] = JobWatch()
+        return watch
+
+    def current(self, key: JobKey) -> Suspicion | None:
+        watch = self._jobs.get(key)
+        return watch.suspicion if watch is not None else None
+
+    # -- suspicions ----------------------------------------------------------------------------------
+
+    def suspect(self, key: JobKey, detail: str, suspects: tuple[GroupStall, ...] = ()) -> None:
+        """A sidecar suspects a stall of the job (a push or a status answer): gather and publish it
+        now, unless the job already has a suspicion (or a confirmed stall: the caller's to know)."""
+        watch = self._watch(key)
+        if watch.suspicion is not None:
+            return
+        ages = [s.age_s for s in suspects if s.age_s is not None]
+        suspicion = Suspicion(time.time(), time.monotonic(), detail, min(ages) if ages else None)
+        watch.suspicion = suspicion
+        log.info("job %s: suspected stall (%s): gathering at once", key, detail, extra=job_fields(key))
+        suspicion.task = self._spawn(self._publish(key, suspicion))
+
+    def confirmed(self, key: JobKey) -> None:
+        """The stall is confirmed (a sidecar's --stall-after passed): the incident flow takes over."""
+        watch = self._jobs.get(key)
+        suspicion = watch.suspicion if watch is not None else None
+        if watch is None or suspicion is None:
+            return
+        watch.suspicion = None
+        if suspicion.task is not None and not suspicion.task.done():
+            suspicion.task.cancel()
+        self.metrics.suspicions.labels(outcome="confirmed").inc()
+        log.info("job %s: suspected stall confirmed after %.1f s", key, time.monotonic() - suspicion.since_mono,
+                 extra=job_fields(key))
+
+    def on_sweep(self, key: JobKey, statuses: dict[str, SidecarStatus]) -> None:
+        """One sweep's answers for the job: a suspicion is over when no pod that answered suspects or
+        has a stall; stragglers come and go."""
+        if not statuses:
+            return
+        watch = self._watch(key)
+        suspicion = watch.suspicion
+        quiet = not any(st.suspects or st.stalls or st.stalled for st in statuses.values())
+        if suspicion is not None and quiet:
+            watch.suspicion = None
+            if suspicion.task is not None and not suspicion.task.done():
+                suspicion.task.cancel()
+            self.metrics.suspicions.labels(outcome="resumed").inc()
+            after = time.monotonic() - suspicion.since_mono
+            log.info("job %s: suspected stall resumed after %.0f s", key, after, extra=job_fields(key))
+            if suspicion.published:
+                self._spawn(self._resumed(key, suspicion, after))
+        self._stragglers(key, watch, statuses)
+
+    def forget(self, key: JobKey) -> None:
+        watch = self._jobs.pop(key, None)
+        if watch is not None and watch.suspicion is not None and watch.suspicion.task is not None:
+            watch.suspicion.task.cancel()
+
+    async def _publish(self, key: JobKey, suspicion: Suspicion) -> None:
+        view = self.store.job(key)
+        if view is None:
+            return
+        gathered = await collect(self.sidecars, view, self.config.gather, self.pushes, gone_pods=set(),
+                                 decoder=self.decoder)
+        self.metrics.gather_duration.observe(gathered.duration_s)
+        stall_s = min(self.config.stuck_after_s, PUSHED_ANALYSIS_STALL_S)
+        if suspicion.youngest_age_s is not None:
+            stall_s = min(self.config.stuck_after_s, max(MIN_ANALYSIS_STALL_S, suspicion.youngest_age_s / 2))
+        options = AnalysisOptions(stall_after_s=stall_s, clock_skew_ms=self.config.clock_skew_ms)
+        diagnosis = await diagnose(gathered, view.world_size, options)
+        report = diagnosis.report
+        if report.healthy or not report.findings:
+            self.metrics.suspicions.labels(outcome="unnamed").inc()
+            log.info("job %s: suspected stall: the gather named no culprit (%d ranks)", key, len(report.ranks_loaded),
+                     extra=job_fields(key))
+            return
+        if self.current(key) is not suspicion or self.store.is_stalled(key):
+            return  # resumed or confirmed while gathering
+        finding = report.findings[0]
+        rank_pods = {d.rank: pod for pod, evidence in gathered.pods.items() for d in evidence.dumps}
+        pods, nodes, _by_node = culprit_placement(finding, rank_pods, view.pods)
+        waited = time.time() - suspicion.since_wall
+        verdict = one_line(finding).rstrip(".")
+        where = f"; pod {', '.join(pods)}" if pods else ""
+        where += f" on node {', '.join(nodes)}" if nodes else ""
+        condition = make_condition(finding.category.value, clip_line(f"Suspected, not confirmed: {verdict}"),
+                                   rfc3339())
+        condition["status"] = "Unknown"
+        message = clip_line(f"suspected stall, not confirmed yet ({suspicion.detail}; confirmed at the sidecars' "
+                            f"--stall-after): {verdict}{where}")
+        if await self._write(view, condition, names.REASON_SUSPECTED, message, suspicion, "Warning"):
+            suspicion.published = True
+            self.metrics.suspicions.labels(outcome="published").inc()
+            log.warning("job %s: suspected stall published %.1f s after the suspicion: %s%s", key, waited, verdict,
+                        where, extra=job_fields(key))
+
+    async def _resumed(self, key: JobKey, suspicion: Suspicion, after_s: float) -> None:
+        view = self.store.job(key)
+        if view is None or self.store.is_stalled(key):
+            return
+        condition = make_condition(names.CONDITION_REASON_RESUMED,
+                                   f"The job moved on after {after_s:.0f} s: the suspected stall was not one",
+                                   rfc3339())
+        condition["status"] = "False"
+        await self._write(view, condition, names.REASON_RESUMED,
+                          f"resumed after {after_s:.0f} s: the suspected stall ({suspicion.detail}) was not one",
+                          suspicion, "Normal")
+
+    async def _write(self, view: JobView, condition: dict[str, Any], reason: str, message: str,
+                     suspicion: Suspicion, event_type: str) -> bool:
+        """The condition (kept first and re-asserted like a diagnosis') and one Event; False if the job
+        is gone or the API server refused the condition."""
+        try:
+            await self.publisher.assert_condition(view.ref, condition)
+            self._job_state(view.key).asserted = (view.ref.uid, condition)
+            await self._event(view.ref, reason, message, f"s{int(suspicion.since_wall * 1000)}", event_type)
+        except JobGone:
+            return False
+        except KubeError as exc:
+            self.metrics.publish_errors.labels(step="condition").inc()
+            log.error("job %s: %s not published: %s", view.key, reason, exc, extra=job_fields(view.key))
+            return False
+        return True
+
+    async def _event(self, ref: JobRef, reason: str, message: str, incident: str, event_type: str) -> None:
+        try:
+            await self.publisher.post_event(ref, reason=reason, message=clip_line(message), incident=incident,
+                                            now=rfc3339(), event_type=event_type)
+        except KubeError as exc:
+            self.metrics.publish_errors.labels(step="event").inc()
+            log.error("job %s: Event %s not posted: %s", ref.key, reason, exc, extra=job_fields(ref.key))
+
+    # -- stragglers ------------------------------------------------------------------------------------
+
+    def _stragglers(self, key: JobKey, watch: JobWatch, statuses: dict[str, SidecarStatus]) -> None:
+        view = self.store.job(key)
+        if view is None:
+            return
+        nodes = {p.name: p.node for p in view.pods}
+        now: dict[int, tuple[str, RankLate]] = {
+            late.rank: (pod, late) for pod, st in statuses.items() for late in st.stragglers
+        }
+        answered = set(statuses)
+        for rank, (pod, late) in sorted(now.items()):
+            if rank in watch.stragglers:
+                watch.stragglers[rank].late = late
+                continue
+            watch.stragglers[rank] = Straggling(pod, time.time(), late)
+            self.metrics.stragglers.inc()
+            node = f" on node {nodes[pod]}" if nodes.get(pod) else ""
+            message = (f"rank {rank} (pod {pod}{node}) is a straggler: late at {late.late} of the last "
+                       f"{late.compared} collectives of group {late.group} by {late.lateness_s:.3f} s on average; "
+                       f"it costs the job {100 * late.share:.0f}% of its time")
+            log.warning("job %s: %s", key, message, extra=job_fields(key))
+            self._spawn(self._event(view.ref, names.REASON_STRAGGLER, message,
+                                    f"late{rank}-{int(time.time() * 1000)}", "Warning"))
+        for rank in [r for r, s in watch.stragglers.items() if r not in now and s.pod in answered]:
+            gone = watch.stragglers.pop(rank)
+            message = (f"rank {rank} (pod {gone.pod}) keeps up again after {time.time() - gone.since_wall:.0f} s "
+                       f"as a straggler")
+            log.info("job %s: %s", key, message, extra=job_fields(key))
+            self._spawn(self._event(view.ref, names.REASON_STRAGGLER_GONE, message,
+                                    f"kept{rank}-{int(time.time() * 1000)}", "Normal"))

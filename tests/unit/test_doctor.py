@@ -1,0 +1,206 @@
+"""The pure parts of `frscope doctor`: the certificate check (on real certificates made here), the
+NetworkPolicy verdict, pod injection and readiness, the kubeconfig reader, results and exit codes.
+The checks against a cluster are in tests/e2e/test_doctor_e2e.py."""
+
+from __future__ import annotations
+
+import base64
+import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from frscope.doctor import kubeconfig, versions
+from frscope.doctor.certs import serving_cert_problems
+from frscope.doctor.job_checks import not_injected, pytorchjob_templates_opted_in, sidecar_not_ready
+from frscope.doctor.policies import shuts_out_prometheus
+from frscope.doctor.result import Outcome, exit_code, failed, passed, render_line, skipped
+
+NOW = datetime.datetime(2026, 6, 1, tzinfo=datetime.UTC)
+SERVICE = "frscope.frscope-system.svc"
+
+
+def _cert(subject: str, issuer: tuple[x509.Name, ec.EllipticCurvePrivateKey] | None, *, dns: tuple[str, ...] = (),
+          days: int = 30) -> tuple[bytes, x509.Name, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)])
+    issuer_name, issuer_key = issuer or (name, key)
+    builder = (x509.CertificateBuilder().subject_name(name).issuer_name(issuer_name).public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(NOW - datetime.timedelta(days=1)).not_valid_after(NOW + datetime.timedelta(days=days)))
+    if dns:
+        builder = builder.add_extension(x509.SubjectAlternativeName([x509.DNSName(d) for d in dns]), critical=False)
+    cert = builder.sign(issuer_key, hashes.SHA256())
+    return cert.public_bytes(serialization.Encoding.PEM), name, key
+
+
+@pytest.fixture(scope="module")
+def ca() -> tuple[bytes, x509.Name, ec.EllipticCurvePrivateKey]:
+    return _cert("frscope-ca", None)
+
+
+def test_a_serving_certificate_the_bundle_signed_passes(ca: Any) -> None:
+    pem, name, key = ca
+    serving, _, _ = _cert(SERVICE, (name, key), dns=(SERVICE, "frscope"))
+    assert serving_cert_problems(pem, serving, SERVICE, NOW) == []
+    other_ca, _, _ = _cert("other-ca", None)
+    assert serving_cert_problems(other_ca + pem, serving, SERVICE, NOW) == []  # a bundle of several
+
+
+def test_a_bundle_of_another_ca_is_named(ca: Any) -> None:
+    pem, name, key = ca
+    serving, _, _ = _cert(SERVICE, (name, key), dns=(SERVICE,))
+    other_ca, _, _ = _cert("other-ca", None)
+    [problem] = serving_cert_problems(other_ca, serving, SERVICE, NOW)
+    assert "did not sign" in problem and "frscope-ca" in problem
+
+
+def test_expired_and_misnamed_certificates_are_named(ca: Any) -> None:
+    pem, name, key = ca
+    serving, _, _ = _cert("x", (name, key), dns=("elsewhere.svc",), days=1)
+    problems = serving_cert_problems(pem, serving, SERVICE, NOW + datetime.timedelta(days=10))
+    assert any("not now" in p for p in problems)
+    assert any(f"does not name {SERVICE}" in p and "elsewhere.svc" in p for p in problems)
+
+
+def test_garbage_is_a_problem_not_a_crash(ca: Any) -> None:
+    assert "not PEM certificates" in serving_cert_problems(b"junk", ca[0], SERVICE, NOW)[0]
+    assert "not PEM" in serving_cert_problems(ca[0], b"", SERVICE, NOW)[0]
+
+
+def _policy(*rules: dict[str, Any]) -> dict[str, Any]:
+    return {"spec": {"ingress": list(rules)}}
+
+
+OWN = {"namespaceSelector": {}, "podSelector": {"matchLabels": {"frscope.io/inject": "true"}}}
+OPERATOR = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "frscope"}}}
+PROMETHEUS = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+
+
+def test_a_policy_admitting_only_frscope_shuts_prometheus_out() -> None:
+    assert shuts_out_prometheus(_policy({"from": [OWN], "ports": [{"port": 8080}]}, {"ports": [{"port": 9443}]}))
+    assert shuts_out_prometheus(_policy({"from": [OPERATOR], "ports": [{"port": 9402}]}))
+
+
+def test_a_policy_with_a_prometheus_peer_or_open_rules_admits_it() -> None:
+    assert not shuts_out_prometheus(_policy({"from": [OWN, PROMETHEUS], "ports": [{"port": 8080}]}))
+    assert not shuts_out_prometheus(_policy({"ports": [{"port": 8080}]}))
+    assert not shuts_out_prometheus({"spec": {}})
+
+
+def _pod(name: str, *, annotated: bool = True, native: bool = True, ready: bool | None = True) -> dict[str, Any]:
+    sidecar = {"name": "frscope-sidecar"}
+    spec: dict[str, Any] = ({"containers": [{"name": "pytorch"}], "initContainers": [sidecar]} if native
+                            else {"containers": [{"name": "pytorch"}, sidecar]})
+    meta: dict[str, Any] = {"name": name}
+    if annotated:
+        meta["annotations"] = {"frscope.io/injected": "native-sidecar"}
+    status: dict[str, Any] = {}
+    if ready is not None:
+        status["initContainerStatuses" if native else "containerStatuses"] = [{"name": "frscope-sidecar",
+                                                                               "ready": ready}]
+    return {"metadata": meta, "spec": spec, "status": status}
+
+
+def test_injection_needs_the_annotation_and_the_container() -> None:
+    plain = {"metadata": {"name": "plain"}, "spec": {"containers": [{"name": "pytorch"}]}}
+    pods = [_pod("a"), _pod("b", native=False), _pod("c", annotated=False), plain]
+    assert not_injected(pods) == ["c", "plain"]
+
+
+def test_a_sidecar_not_ready_or_not_started_is_named() -> None:
+    pods = [_pod("a"), _pod("b", ready=False), _pod("c", ready=None), _pod("d", native=False)]
+    assert sidecar_not_ready(pods) == ["b", "c"]
+
+
+def test_a_job_opts_in_only_when_every_template_is_labelled() -> None:
+    labelled = {"template": {"metadata": {"labels": {"frscope.io/inject": "true"}}}}
+    job = {"spec": {"pytorchReplicaSpecs": {"Master": labelled, "Worker": labelled}}}
+    assert pytorchjob_templates_opted_in(job)
+    job["spec"]["pytorchReplicaSpecs"]["Worker"] = {"template": {}}
+    assert not pytorchjob_templates_opted_in(job)
+    assert not pytorchjob_templates_opted_in({"spec": {}})
+
+
+def test_exit_codes_and_lines() -> None:
+    ok, skip = passed("crd", "fine"), skipped("injected", "no pods")
+    bad = failed("webhook", "no endpoint", "kubectl get pods")
+    assert exit_code([ok, skip]) == 0
+    assert exit_code([ok, bad]) == 1
+    assert render_line(ok) == "[  ok] crd: fine"
+    assert render_line(bad) == "[FAIL] webhook: no endpoint\n       -> kubectl get pods"
+    assert skip.outcome is Outcome.SKIP and not skip.failed
+
+
+def test_the_tested_versions_table() -> None:
+    assert versions.kubernetes_tested((1, 36))
+    assert not versions.kubernetes_tested((1, 24))
+    assert "1.36" in versions.tested_text()
+
+
+def _write_kubeconfig(path: Path, user: dict[str, Any], cluster: dict[str, Any]) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+        "clusters": [{"name": "k", "cluster": cluster}], "users": [{"name": "u", "user": user}]}))
+    return path
+
+
+def test_kubeconfig_token_file_and_ca_data(tmp_path: Path, ca: Any) -> None:
+    (tmp_path / "token").write_text("abc\n")
+    config = _write_kubeconfig(tmp_path / "config", {"tokenFile": "token"},
+                               {"server": "https://h:6443", "certificate-authority-data":
+                                base64.b64encode(ca[0]).decode()})
+    access = kubeconfig.load(config)
+    assert (access.server, access.token, access.context) == ("https://h:6443", "abc", "c")
+    assert access.ssl_context is not False
+
+
+def test_kubeconfig_problems_are_named(tmp_path: Path) -> None:
+    with pytest.raises(kubeconfig.KubeconfigError, match="cannot read"):
+        kubeconfig.load(tmp_path / "missing")
+    plugin = _write_kubeconfig(tmp_path / "plugin", {"exec": {"command": "aws"}},
+                               {"server": "https://h", "insecure-skip-tls-verify": True})
+    with pytest.raises(kubeconfig.KubeconfigError, match="plugin"):
+        kubeconfig.load(plugin)
+    with pytest.raises(kubeconfig.KubeconfigError, match="no context named 'other'"):
+        kubeconfig.load(plugin, "other")
+
+
+def _event(reason: str, when: str, job: str = "llm") -> dict[str, Any]:
+    return {"reason": reason, "lastTimestamp": when, "involvedObject": {"name": job}, "message": when}
+
+
+def test_recent_unreachable_events_of_the_job_newest_first() -> None:
+    from frscope.doctor.operator_reach import recent_unreachable
+
+    now = datetime.datetime(2026, 6, 1, 12, 0, tzinfo=datetime.UTC)
+    events = [_event("SidecarsUnreachable", "2026-06-01T11:30:00Z"),
+              _event("SidecarsUnreachable", "2026-06-01T11:50:00Z"),
+              _event("SidecarsUnreachable", "2026-06-01T10:00:00Z"),  # older than an hour
+              _event("SidecarsUnreachable", "2026-06-01T11:55:00Z", job="other"),
+              _event("RankNotJoined", "2026-06-01T11:59:00Z"),
+              {"reason": "SidecarsUnreachable", "lastTimestamp": "garbage"}]
+    assert [e["message"] for e in recent_unreachable(events, now, "llm")] == ["2026-06-01T11:50:00Z",
+                                                                             "2026-06-01T11:30:00Z"]
+    assert len(recent_unreachable(events, now)) == 3
+
+
+def test_the_sidecar_port_and_a_readyz_answer() -> None:
+    from frscope.doctor.ranks_served import ranks_of, sidecar_port
+
+    pod = {"spec": {"initContainers": [{"name": "frscope-sidecar", "ports": [
+        {"name": "other", "containerPort": 1}, {"name": "frscope", "containerPort": 9402}]}]}}
+    assert sidecar_port(pod) == 9402
+    assert sidecar_port({"spec": {"containers": [{"name": "pytorch", "ports": [{"name": "frscope",
+                                                                                "containerPort": 9402}]}]}}) is None
+    assert ranks_of({"ready": True, "ranks": 8}) == 8
+    assert ranks_of({"ready": True, "ranks": 0}) == 0
+    assert ranks_of({"ready": False}) is None and ranks_of("503 text") is None
+    assert ranks_of({"ready": True, "ranks": "8"}) is None
