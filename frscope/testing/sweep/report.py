@@ -73,7 +73,7 @@ def _shown(root: Path) -> str:
     return "~" + text[len(home):] if text.startswith(home + "/") else text
 
 
-def render(results: dict[str, Any], root: Path) -> str:
+def render(results: dict[str, Any], root: Path, report_command: str | None = None) -> str:
     rows: list[dict[str, Any]] = results["rows"]
     summary = summarize(results)
     right, total = summary["right"], summary["total"]
@@ -106,7 +106,7 @@ def render(results: dict[str, Any], root: Path) -> str:
         "```",
         *commands,
         f"scripts/fault_sweep.py score {_shown(root)}",
-        f"scripts/fault_sweep.py report {_shown(root)} --results-copy docs/accuracy-sweep.json",
+        report_command or f"scripts/fault_sweep.py report {_shown(root)} --results-copy docs/accuracy-sweep.json",
         "```",
         "",
         f"Seeds: {', '.join(map(str, seeds))}; generator at commit"
@@ -276,7 +276,14 @@ def write_report(root: Path, out: Path, results_copy: Path | None, repeat_root: 
     batches = root / "batches.jsonl"
     if batches.exists():  # the runs as recorded now (results.json holds them as of its scoring)
         results["batches"] = [json.loads(line) for line in batches.read_text().splitlines() if line.strip()]
-    text = render(results, root)
+    command = [f"scripts/fault_sweep.py report {_shown(root)}"]
+    if out.name != "accuracy.md":
+        command.append(f"--out docs/{out.name}")
+    if results_copy is not None:
+        command.append(f"--results-copy docs/{results_copy.name}")
+    if repeat_root is not None:
+        command.append(f"--repeat {_shown(repeat_root)}")
+    text = render(results, root, " ".join(command))
     if repeat_root is not None:
         repeat = json.loads((repeat_root / "results.json").read_text())
         lines = render_repeat(results, repeat, repeat_root)
