@@ -23,9 +23,11 @@ from typing import Any
 
 from frscope import wire
 from frscope.records import scan
+from frscope.records.bundle import BUNDLE_SCHEMA, BundleError, bundle_exits, bundle_windows, is_bundle
 from frscope.records.columns import EntryTable, unify_signatures
 from frscope.records.envelope import envelope_problems, piece_dump
 from frscope.records.errors import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, UnknownFormat
+from frscope.records.exits import RankExit
 from frscope.records.gcpause import gc_paused
 from frscope.records.isolate import call_isolated, capped
 from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, file_cpu_budget_s, printable, valid_rank
@@ -259,10 +261,42 @@ def load_path(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, columnar: bool = F
             if scanned is not None:
                 return [scanned]
         raw = decode_bytes(data, source, max_bytes)
+        if is_bundle(raw):
+            return _bundle_ranks(raw, source, columnar)
         if not wire.is_snapshot_envelope(raw):
             return [_one_rank(path, raw, rank, LazyFrames(_EntriesReader(path, max_bytes)), columnar)]
     except DumpError as exc:
         return [LoadProblem(exc.source, exc.what, rank=valid_rank(exc.rank if exc.rank is not None else rank))]
+    return _envelope_ranks(raw, source, columnar)
+
+
+def read_bundle_exits(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> list[RankExit]:
+    """How the ranks of the incident bundle at `path` ended (records.bundle); [] when the file is no
+    bundle (only a file whose first KiB names the bundle schema is decoded: a bundle writes it first).
+    DumpError or BundleError (naming the file and field) when the file cannot be read."""
+    source = str(path)
+    data = _gunzip(read_capped(path, max_bytes), source, max_bytes)
+    if BUNDLE_SCHEMA.encode() not in data[:1024]:
+        return []
+    raw = decode_bytes(data, source, max_bytes)
+    return bundle_exits(raw, source) if is_bundle(raw) else []
+
+
+def _bundle_ranks(raw: Any, source: str, columnar: bool) -> list[RankDump | LoadProblem]:
+    """An incident bundle's windows (records.bundle), each read as the envelope it is."""
+    try:
+        windows = bundle_windows(raw, source)
+    except BundleError as exc:
+        return [LoadProblem(source, printable(str(exc)))]
+    out: list[RankDump | LoadProblem] = []
+    for index, window in enumerate(windows):
+        out.extend(_envelope_ranks(window, f"{source} windows[{index}]", columnar))
+    if not windows:
+        out.append(LoadProblem(source, "an incident bundle with no window in it (field 'windows' is empty)"))
+    return out
+
+
+def _envelope_ranks(raw: Any, source: str, columnar: bool) -> list[RankDump | LoadProblem]:
     try:
         envelope = wire.parse_snapshot(raw)
     except wire.WireError as exc:
