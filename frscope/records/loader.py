@@ -23,14 +23,14 @@ from typing import Any
 
 from frscope import wire
 from frscope.records import scan
-from frscope.records.bundle import BUNDLE_SCHEMA, BundleError, bundle_exits, bundle_windows, is_bundle
+from frscope.records.bundle import BUNDLE_SCHEMA, bundle_exits, is_bundle
 from frscope.records.columns import EntryTable, unify_signatures
-from frscope.records.envelope import envelope_problems, piece_dump
+from frscope.records.envelope import bundle_ranks, envelope_ranks
 from frscope.records.errors import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, UnknownFormat
 from frscope.records.exits import RankExit
 from frscope.records.gcpause import gc_paused
 from frscope.records.isolate import call_isolated, capped
-from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, file_cpu_budget_s, printable, valid_rank
+from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, file_cpu_budget_s, valid_rank
 from frscope.records.membership import build_groups
 from frscope.records.model import (
     CAPTURED_MTIME,
@@ -262,12 +262,12 @@ def load_path(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, columnar: bool = F
                 return [scanned]
         raw = decode_bytes(data, source, max_bytes)
         if is_bundle(raw):
-            return _bundle_ranks(raw, source, columnar)
+            return bundle_ranks(raw, source, columnar=columnar)
         if not wire.is_snapshot_envelope(raw):
             return [_one_rank(path, raw, rank, LazyFrames(_EntriesReader(path, max_bytes)), columnar)]
     except DumpError as exc:
         return [LoadProblem(exc.source, exc.what, rank=valid_rank(exc.rank if exc.rank is not None else rank))]
-    return _envelope_ranks(raw, source, columnar)
+    return envelope_ranks(raw, source, columnar=columnar)
 
 
 def read_bundle_exits(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> list[RankExit]:
@@ -280,36 +280,6 @@ def read_bundle_exits(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> list[Ra
         return []
     raw = decode_bytes(data, source, max_bytes)
     return bundle_exits(raw, source) if is_bundle(raw) else []
-
-
-def _bundle_ranks(raw: Any, source: str, columnar: bool) -> list[RankDump | LoadProblem]:
-    """An incident bundle's windows (records.bundle), each read as the envelope it is."""
-    try:
-        windows = bundle_windows(raw, source)
-    except BundleError as exc:
-        return [LoadProblem(source, printable(str(exc)))]
-    out: list[RankDump | LoadProblem] = []
-    for index, window in enumerate(windows):
-        out.extend(_envelope_ranks(window, f"{source} windows[{index}]", columnar))
-    if not windows:
-        out.append(LoadProblem(source, "an incident bundle with no window in it (field 'windows' is empty)"))
-    return out
-
-
-def _envelope_ranks(raw: Any, source: str, columnar: bool) -> list[RankDump | LoadProblem]:
-    try:
-        envelope = wire.parse_snapshot(raw)
-    except wire.WireError as exc:
-        return [LoadProblem(source, printable(str(exc)))]
-    del raw
-    pod = f"{printable(str(envelope.namespace))}/{printable(str(envelope.pod))}"
-    where = f"{source} (pod {pod})" if envelope.pod else source
-    out: list[RankDump | LoadProblem] = [*envelope_problems(envelope.errors, where)]
-    for index, piece in enumerate(envelope.ranks):
-        out.append(piece_dump(piece, where, index, columnar=columnar, captured_at_ns=envelope.captured_at_ns))
-    if not envelope.ranks and not envelope.errors:
-        out.append(LoadProblem(where, "a sidecar snapshot with no rank in it (no rank had answered the sidecar)"))
-    return out
 
 
 def assemble(dumps: Iterable[RankDump], problems: list[LoadProblem], world_size: int | None = None) -> DumpSet:
