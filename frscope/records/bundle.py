@@ -17,7 +17,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from frscope import wire
 from frscope.records.exits import RankExit, exits_from_json
+from frscope.records.model import RankDump
 
 BUNDLE_SCHEMA = "frscope.incident-bundle/v1"
 # A bundle holds one envelope per pod; no job has more pods than ranks, and none has a million.
@@ -47,6 +49,34 @@ def make_bundle(*, job: Mapping[str, str], incident: Mapping[str, str], windows:
         "report": dict(report) if report is not None else None,
         "timeline": dict(timeline) if timeline is not None else None,
     }
+
+
+def dump_piece(dump: RankDump) -> dict[str, Any]:
+    """One loaded rank as the snapshot piece it was read from: the recorder in torch's JSON form (what
+    `records.normalize` reads back into the same RankDump), with its stacks and capture time."""
+    trace = {
+        "version": dump.version or None,
+        "comm_lib_version": dump.comm_lib_version,
+        "pg_config": {key: {"name": cfg.name, "desc": cfg.desc, "ranks": list(cfg.ranks) if cfg.ranks is not None
+                            else []} for key, cfg in dump.pg_config.items()},
+        "pg_status": {key: {"last_enqueued_collective": st.last_enqueued, "last_started_collective": st.last_started,
+                            "last_completed_collective": st.last_completed} for key, st in dump.pg_status.items()},
+        "entries": [entry.to_dict() for entry in dump.entries],
+    }
+    piece = wire.snapshot_piece(dump.rank, dump.captured_at_ns or 0, dump.source, dump.stacks, trace)
+    if dump.captured_at_ns is None:
+        del piece["captured_at_ns"]
+    if dump.host:
+        piece["host"] = dump.host
+    return piece
+
+
+def window(*, namespace: str, pod: str, dumps: Sequence[RankDump], reason: str = "incident") -> dict[str, Any]:
+    """A pod's loaded ranks as one snapshot envelope (frscope.wire), as a bundle holds them."""
+    captured = [d.captured_at_ns for d in dumps if d.captured_at_ns is not None]
+    head = wire.snapshot_head(pod=pod, namespace=namespace, node="", captured_at_ns=max(captured, default=0),
+                              reason=reason)
+    return {**head, "ranks": [dump_piece(d) for d in dumps], "errors": []}
 
 
 def bundle_windows(obj: Any, source: str) -> list[Any]:

@@ -11,8 +11,8 @@ import pytest
 
 from frscope import wire
 from frscope.cli import main
-from frscope.records import exits_from_json
-from frscope.records.bundle import make_bundle
+from frscope.records import exits_from_json, load_dumps
+from frscope.records.bundle import make_bundle, window
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "real"
 
@@ -101,3 +101,18 @@ def test_corrupt_and_oversized_bundles_are_refused(tmp_path: Path, capsys: pytes
     whole.write_bytes(good)
     assert main(["analyze", str(whole), "--no-progress", "--max-bytes", str(len(good) + 100)]) == 2
     assert f"{whole}" in (err := capsys.readouterr().err) and "cap" in err
+
+
+@pytest.mark.parametrize("fixture", ["crash", "crossgroup-6", "dtype-pickle", "none"])
+def test_loaded_ranks_written_back_give_the_same_verdict(fixture: str, tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """What the operator keeps: the ranks it loaded (RankDumps, not the bodies) written back as windows."""
+    _, direct = _analyze(capsys, str(REAL / fixture))
+    dumpset = load_dumps([REAL / fixture], jobs=1)
+    windows = [window(namespace="train", pod=f"job-worker-{d.rank}", dumps=[d]) for d in dumpset.dumps.values()]
+    bundle = make_bundle(job={"namespace": "train", "name": "job"}, incident={"id": "i-2"}, windows=windows,
+                         exits={}, report=None, timeline=None)
+    _, again = _analyze(capsys, str(_write(tmp_path / "b.json.gz", bundle)))
+    assert _verdict(again) == _verdict(direct)
+    assert [f["summary"] for f in again["findings"]] == [f["summary"] for f in direct["findings"]]
+    assert not [p for p in again["problems"] if p["kind"] == "error"]
