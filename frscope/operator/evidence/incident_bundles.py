@@ -5,8 +5,8 @@ One file per job, `<namespace>_<name>.json.gz`, replaced by the job's next incid
 as the incident views beside it, `incident_archive`): the ranks the diagnosis loaded, written back as one
 snapshot envelope per pod, with their stacks, the trainer exits, the report and the timeline. Built and
 written off the event loop (one writer thread, atomic temp file + rename). Bounded: a bundle whose gzip
-is over `max_bytes` is not kept (logged), at most `max_jobs` files (the oldest go first), and files older
-than `ttl_s` are removed at start and never served.
+is over `max_bytes` is not kept (logged), at most `max_jobs` files and `max_total_bytes` in all (the
+oldest go first), and files older than `ttl_s` are removed at start and never served.
 """
 
 from __future__ import annotations
@@ -31,16 +31,20 @@ log = logging.getLogger("frscope.operator")
 SUFFIX = ".json.gz"
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 DEFAULT_MAX_JOBS = 500
-DEFAULT_MAX_BYTES = 256 * 1024 * 1024  # gzip, per bundle
+DEFAULT_MAX_BYTES = 64 * 1024 * 1024  # gzip, per bundle
+# All bundles together: a quarter of the chart's default evidence volume (an emptyDir of 1 GiB: a pod
+# that writes past its sizeLimit is evicted), the rest left to the kept pushes and incident views.
+DEFAULT_MAX_TOTAL_BYTES = 256 * 1024 * 1024
 DEFAULT_TTL_S = 14 * 24 * 3600.0
 
 
 class IncidentBundles:
     def __init__(self, path: Path, *, max_jobs: int = DEFAULT_MAX_JOBS, max_bytes: int = DEFAULT_MAX_BYTES,
-                 ttl_s: float = DEFAULT_TTL_S) -> None:
+                 max_total_bytes: int = DEFAULT_MAX_TOTAL_BYTES, ttl_s: float = DEFAULT_TTL_S) -> None:
         self.path = path
         self.max_jobs = max_jobs
         self.max_bytes = max_bytes
+        self.max_total_bytes = max_total_bytes
         self.ttl_s = ttl_s
         path.mkdir(parents=True, exist_ok=True)
         self._writer = ThreadPoolExecutor(1, thread_name_prefix="frscope-incident-bundles")
@@ -121,11 +125,19 @@ class IncidentBundles:
         return [p for p in self.path.glob(f"*{SUFFIX}") if not p.name.startswith(".")]
 
     def _prune(self) -> None:
-        files = self._files()
-        if len(files) <= self.max_jobs:
-            return
-        for path in sorted(files, key=lambda p: p.stat().st_mtime)[: len(files) - self.max_jobs]:
-            path.unlink(missing_ok=True)
+        """Keep the newest bundles within `max_jobs` and `max_total_bytes`; remove the others."""
+        sized = []
+        for path in self._files():
+            try:
+                info = path.stat()
+            except OSError:
+                continue
+            sized.append((info.st_mtime, info.st_size, path))
+        total = 0
+        for kept, (_, size, path) in enumerate(sorted(sized, key=lambda item: item[0], reverse=True)):
+            total += size
+            if kept >= self.max_jobs or total > self.max_total_bytes:
+                path.unlink(missing_ok=True)
 
     def expire(self) -> int:
         """Remove the bundles older than `ttl_s` and left-over temp files; how many are kept."""

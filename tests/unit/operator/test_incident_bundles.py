@@ -88,6 +88,10 @@ def test_bounded_by_size_count_and_age(tmp_path: Path) -> None:
     assert bundles.expire() == 1
     assert bundles.kept("ml", "b", "i-b") is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ml_c.json.gz"]
+    (tmp_path / "ml_d.json.gz").write_bytes(b"x" * 500)  # the newest; with c, over the total budget
+    os.utime(tmp_path / "ml_d.json.gz", (time.time() + 200, time.time() + 200))
+    IncidentBundles(tmp_path, max_total_bytes=550)._prune()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ml_d.json.gz"]
 
 
 def test_a_bundle_over_the_cap_is_not_kept(tmp_path: Path) -> None:
