@@ -298,7 +298,8 @@ def mount_default_ui(operator: Operator) -> None:
     behind `--ui-auth`."""
     config = operator.config
     live = (LiveWindows(operator.store, operator.controller.sidecars, entries=config.live_entries,
-                        interval_s=config.live_interval_s) if config.live_entries > 0 else None)
+                        interval_s=config.live_interval_s, metrics=operator.metrics.perf)
+            if config.live_entries > 0 else None)
     mount_ui(operator.http, operator.store, guard=ui_guard(config.ui_auth, operator.reviewer), live=live,
              ledger=operator.ledger, bundles=operator.controller.writer.bundles)
 
