@@ -23,12 +23,14 @@ from typing import Any
 
 from frscope import wire
 from frscope.records import scan
+from frscope.records.bundle import BUNDLE_SCHEMA, bundle_exits, is_bundle
 from frscope.records.columns import EntryTable, unify_signatures
-from frscope.records.envelope import envelope_problems, piece_dump
+from frscope.records.envelope import bundle_ranks, envelope_ranks
 from frscope.records.errors import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, UnknownFormat
+from frscope.records.exits import RankExit
 from frscope.records.gcpause import gc_paused
 from frscope.records.isolate import call_isolated, capped
-from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, file_cpu_budget_s, printable, valid_rank
+from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, file_cpu_budget_s, valid_rank
 from frscope.records.membership import build_groups
 from frscope.records.model import (
     CAPTURED_MTIME,
@@ -259,23 +261,25 @@ def load_path(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, columnar: bool = F
             if scanned is not None:
                 return [scanned]
         raw = decode_bytes(data, source, max_bytes)
+        if is_bundle(raw):
+            return bundle_ranks(raw, source, columnar=columnar)
         if not wire.is_snapshot_envelope(raw):
             return [_one_rank(path, raw, rank, LazyFrames(_EntriesReader(path, max_bytes)), columnar)]
     except DumpError as exc:
         return [LoadProblem(exc.source, exc.what, rank=valid_rank(exc.rank if exc.rank is not None else rank))]
-    try:
-        envelope = wire.parse_snapshot(raw)
-    except wire.WireError as exc:
-        return [LoadProblem(source, printable(str(exc)))]
-    del raw
-    pod = f"{printable(str(envelope.namespace))}/{printable(str(envelope.pod))}"
-    where = f"{source} (pod {pod})" if envelope.pod else source
-    out: list[RankDump | LoadProblem] = [*envelope_problems(envelope.errors, where)]
-    for index, piece in enumerate(envelope.ranks):
-        out.append(piece_dump(piece, where, index, columnar=columnar, captured_at_ns=envelope.captured_at_ns))
-    if not envelope.ranks and not envelope.errors:
-        out.append(LoadProblem(where, "a sidecar snapshot with no rank in it (no rank had answered the sidecar)"))
-    return out
+    return envelope_ranks(raw, source, columnar=columnar)
+
+
+def read_bundle_exits(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> list[RankExit]:
+    """How the ranks of the incident bundle at `path` ended (records.bundle); [] when the file is no
+    bundle (only a file whose first KiB names the bundle schema is decoded: a bundle writes it first).
+    DumpError or BundleError (naming the file and field) when the file cannot be read."""
+    source = str(path)
+    data = _gunzip(read_capped(path, max_bytes), source, max_bytes)
+    if BUNDLE_SCHEMA.encode() not in data[:1024]:
+        return []
+    raw = decode_bytes(data, source, max_bytes)
+    return bundle_exits(raw, source) if is_bundle(raw) else []
 
 
 def assemble(dumps: Iterable[RankDump], problems: list[LoadProblem], world_size: int | None = None) -> DumpSet:
