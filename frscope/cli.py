@@ -28,9 +28,9 @@ from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_
 from frscope.analysis.perf import analyze_perf
 from frscope.demo.faults import DEMO_FAULTS
 from frscope.records import DEFAULT_MAX_BYTES, DumpSet, RankExit, exits_from_json, load_dumps
+from frscope.records.bundle_exits import read_bundle_exits
 from frscope.records.errors import DumpError
 from frscope.records.limits import MAX_RANK
-from frscope.records.loader import read_bundle_exits
 from frscope.report import render_markdown, render_text, report_to_dict
 from frscope.report.entries import render_entries
 from frscope.report.filters import Filters

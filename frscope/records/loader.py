@@ -23,11 +23,10 @@ from typing import Any
 
 from frscope import wire
 from frscope.records import scan
-from frscope.records.bundle import BUNDLE_SCHEMA, bundle_exits, is_bundle
+from frscope.records.bundle import is_bundle
 from frscope.records.columns import EntryTable, unify_signatures
 from frscope.records.envelope import bundle_ranks, envelope_ranks
 from frscope.records.errors import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, UnknownFormat
-from frscope.records.exits import RankExit
 from frscope.records.gcpause import gc_paused
 from frscope.records.isolate import call_isolated, capped
 from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, file_cpu_budget_s, valid_rank
@@ -147,7 +146,7 @@ def decode_bytes(data: bytes, source: str, max_bytes: int = DEFAULT_MAX_BYTES) -
     """Bytes of a pickle / JSON / gzip of either -> the decoded object. Never executes anything."""
     if not data.strip():
         raise TruncatedDump(source, "empty file (still being written?)")
-    data = _gunzip(data, source, max_bytes)
+    data = gunzip_capped(data, source, max_bytes)
     if data[:1] == b"\x80":
         return safe_loads(data, source)
     head = data.lstrip()[:1]
@@ -177,7 +176,7 @@ def decode_bytes(data: bytes, source: str, max_bytes: int = DEFAULT_MAX_BYTES) -
     raise UnknownFormat(source, "neither a pickle (starts with 0x80), JSON (starts with '{' or '[') nor gzip")
 
 
-def _gunzip(data: bytes, source: str, max_bytes: int) -> bytes:
+def gunzip_capped(data: bytes, source: str, max_bytes: int) -> bytes:
     """A gzipped dump's bytes decompressed (capped); any other bytes as they are."""
     if data[:2] == b"\x1f\x8b":
         try:
@@ -256,7 +255,7 @@ def load_path(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, columnar: bool = F
     try:
         data = read_capped(path, max_bytes)
         if columnar and scan.available():
-            data = _gunzip(data, source, max_bytes)
+            data = gunzip_capped(data, source, max_bytes)
             scanned = _scanned(path, data, rank, max_bytes)
             if scanned is not None:
                 return [scanned]
@@ -268,18 +267,6 @@ def load_path(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, columnar: bool = F
     except DumpError as exc:
         return [LoadProblem(exc.source, exc.what, rank=valid_rank(exc.rank if exc.rank is not None else rank))]
     return envelope_ranks(raw, source, columnar=columnar)
-
-
-def read_bundle_exits(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> list[RankExit]:
-    """How the ranks of the incident bundle at `path` ended (records.bundle); [] when the file is no
-    bundle (only a file whose first KiB names the bundle schema is decoded: a bundle writes it first).
-    DumpError or BundleError (naming the file and field) when the file cannot be read."""
-    source = str(path)
-    data = _gunzip(read_capped(path, max_bytes), source, max_bytes)
-    if BUNDLE_SCHEMA.encode() not in data[:1024]:
-        return []
-    raw = decode_bytes(data, source, max_bytes)
-    return bundle_exits(raw, source) if is_bundle(raw) else []
 
 
 def assemble(dumps: Iterable[RankDump], problems: list[LoadProblem], world_size: int | None = None) -> DumpSet:
