@@ -278,11 +278,12 @@ def journey(node: Any, prometheus: Prometheus, launcher: str, ns: str) -> None:
     started = time.monotonic()
 
     # Step 4: within 90 s of the hang, the diagnosis is on the job.
-    def condition() -> dict[str, Any] | None:
+    def condition() -> dict[str, Any] | None:  # confirmed: a suspected stall (status Unknown) comes first
         got = node.plane.kubectl_json("-n", ns, "get", "pytorchjob", name)
-        return next((c for c in got.get("status", {}).get("conditions", []) if c["type"] == CONDITION), None)
+        ours = next((c for c in got.get("status", {}).get("conditions", []) if c["type"] == CONDITION), None)
+        return ours if ours is not None and ours["status"] == "True" else None
 
-    ours = wait_for("frscope's condition on the job", condition, 90, 2, diagnostics=dump)
+    ours = wait_for("frscope's confirmed condition on the job", condition, 90, 2, diagnostics=dump)
     took = time.monotonic() - started
     described = node.kubectl("-n", ns, "describe", "pytorchjob", name).stdout
     events = " ".join(described.split("Events:")[1].split())

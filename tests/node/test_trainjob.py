@@ -195,8 +195,11 @@ def test_a_hang_in_a_trainjob_is_diagnosed_into_kubectl_describe(node: Any, trai
 
         wait_for("every rank up", ranks_up, 300, 2, diagnostics=dump)
         started = time.monotonic()
-        ours = wait_for("frscope's condition on the TrainJob", lambda: job_condition(node, ns, "trainjob", name),
-                        90, 2, diagnostics=dump)
+        def confirmed() -> dict[str, Any] | None:  # a suspected stall (status Unknown) comes first
+            got = job_condition(node, ns, "trainjob", name)
+            return got if got is not None and got["status"] == "True" else None
+
+        ours = wait_for("frscope's confirmed condition on the TrainJob", confirmed, 90, 2, diagnostics=dump)
         took = time.monotonic() - started
         print(f"trainjob: diagnosed {took:.0f}s after every rank was up")
         assert ours["status"] == "True" and f"Rank {stuck}" in ours["message"], ours

@@ -33,6 +33,12 @@ def put_node(fake: FakeKube, name: str, *, ready: bool = True, cordoned: bool = 
                        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}})
 
 
+def after_now(seconds: float) -> float:
+    """The `age_s` of a report gathered `seconds` after the real clock's now (NOW is taken at import, which
+    can be many minutes before a test runs in a whole-suite run)."""
+    return NOW - time.time() - seconds
+
+
 def report(fake: FakeKube, name: str, job: str, category: str, by_node: dict[str, list[int]], *,
            age_s: float = 600, action: dict[str, Any] | None = None) -> dict[str, Any]:
     obj: dict[str, Any] = {
@@ -130,11 +136,11 @@ async def test_fencing_cordons_and_a_persons_uncordon_is_recorded_once(nodes: Fa
     assert len(events(nodes, "SuspectNodeReleased")) == 1
     # One more job's incident after the release (gathered after it) is not enough: the fence rule counts only
     # incidents after a release.
-    await led.on_report("ADDED", report(nodes, "r-d", "d", "NotCompleted", {"n1": [1]}, age_s=-60))
+    await led.on_report("ADDED", report(nodes, "r-d", "d", "NotCompleted", {"n1": [1]}, age_s=after_now(60)))
     assert frnode(nodes, "n1")["fence"]["state"] == "released"
     assert not (nodes.get("nodes", "", "n1") or {})["spec"].get("unschedulable")
     # A second job's does.
-    await led.on_report("ADDED", report(nodes, "r-e", "e", "Straggler", {"n1": [1]}, age_s=-60))
+    await led.on_report("ADDED", report(nodes, "r-e", "e", "Straggler", {"n1": [1]}, age_s=after_now(60)))
     assert frnode(nodes, "n1")["fence"]["state"] == "fenced"
     assert frnode(nodes, "n1")["fence"]["releasedBy"] == "kubectl-uncordon"  # history kept
 
