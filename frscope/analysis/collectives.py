@@ -293,8 +293,8 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
                 failed: frozenset[int] = frozenset(), gone: frozenset[int] = frozenset()) -> StuckPoint | None:
     """`failed`: ranks whose process the runner says failed. A member of the group among them means its
     collective can never complete, however young it is: the gather that follows an exit must not call
-    the group merely busy (seen on a real node: a rank its 5 s collective timeout ended, and a crash
-    whose peers were a second into the next collective when their exits were read). `gone`: ranks whose
+    the group merely busy (a rank ended by a short collective timeout, or peers only a second into the
+    next collective when the exits are read). `gone`: ranks whose
     collector says their process is gone (its socket is gone, refused, or the process exited): the same
     holds where a member never entered the collective and nobody went past it (a job that ended cleanly
     has every member in its last one, whose entry may not be retired yet; a member that went on shows

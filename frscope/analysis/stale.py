@@ -280,12 +280,12 @@ def left_after_finishing(ctx: Context, ref: GroupRef, tracks: dict[int, Track], 
                          failed_without_dump: tuple[int, ...] = ()) -> Finding | None:
     """Ranks that finished the collective the others still wait in, and whose process then failed (the
     runner's word): the others wait for a peer that is gone, not for the network. With gloo, a rank that
-    completes an all_reduce and dies cuts the ring before its last sends reach the others (seen on a
-    real node: the crashed rank's recorder showed the collective completed, its peers' did not). The
+    completes an all_reduce and dies cuts the ring before its last sends reach the others (its recorder
+    shows the collective completed, its peers' do not). The
     launcher's first failure (torchrun's root cause) is the culprit when it names one. None when the
     likeliest first failure is a member without a dump (`failed_without_dump`): the missing-dump
-    reasoning names that one (seen on a real node: the rank that finished and failed was a victim whose
-    error blamed its peer, the one that raised left an empty recorder)."""
+    reasoning names that one (a rank that finished and then failed may be a victim whose error blames a
+    peer that raised and left an empty recorder)."""
     seq = point.seq
     culprits = finished_then_failed(tracks, ref, seq, waiting, exits, failed_without_dump)
     if culprits is None:

@@ -14,13 +14,13 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from frscope.operator.evidence.spill import replace_file
 from frscope.operator.model.objects import JobRef
 from frscope.operator.model.store import LatestDiagnosis
 from frscope.report.timeline import TIMELINE_SCHEMA
@@ -77,13 +77,9 @@ class IncidentArchive:
             },
         }
         body = gzip.compress(json.dumps(doc, separators=(",", ":"), allow_nan=False).encode(), compresslevel=3)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_bytes(body)
-            os.replace(tmp, target)
-        except OSError as exc:
-            log.error("incident archive: could not keep %s/%s: %s", ref.namespace, ref.name, exc)
-            tmp.unlink(missing_ok=True)
+        error = replace_file(target, body)
+        if error is not None:
+            log.error("incident archive: could not keep %s/%s: %s", ref.namespace, ref.name, error)
             return
         self._prune()
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import gzip
 import json
 import logging
-import os
 import re
 import time
 from collections.abc import Mapping
@@ -22,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from frscope.operator.evidence.diagnosis import Diagnosis
+from frscope.operator.evidence.spill import replace_file
 from frscope.operator.model.objects import JobRef
 from frscope.operator.model.store import LatestDiagnosis
 from frscope.records.bundle import make_bundle, window
@@ -90,13 +90,9 @@ class IncidentBundles:
                         ref.name, len(body), self.max_bytes)
             target.unlink(missing_ok=True)  # an older incident's bundle would be taken for this one's
             return
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_bytes(body)
-            os.replace(tmp, target)
-        except OSError as exc:
-            log.error("incident bundle: could not keep %s/%s: %s", ref.namespace, ref.name, exc)
-            tmp.unlink(missing_ok=True)
+        error = replace_file(target, body)
+        if error is not None:
+            log.error("incident bundle: could not keep %s/%s: %s", ref.namespace, ref.name, error)
             return
         self._prune()
 

@@ -29,6 +29,19 @@ _UID = re.compile(r"^[0-9a-f][-0-9a-f]{0,63}$")  # a pod uid (a UUID)
 SUFFIX = ".json.gz"
 
 
+
+def replace_file(target: Path, body: bytes) -> OSError | None:
+    """Write `body` to `target` in one step (a hidden temporary file, then a rename), so a reader never sees
+    half a file; the error, with the temporary file removed, when it cannot be written."""
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_bytes(body)
+        os.replace(tmp, target)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        return exc
+    return None
+
 class EvidenceDir:
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -56,13 +69,9 @@ class EvidenceDir:
                         namespace, pod, uid)
             return
         body = raw if raw[:2] == b"\x1f\x8b" else gzip.compress(raw, compresslevel=1)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_bytes(body)
-            tmp.replace(target)
-        except OSError as exc:
-            log.warning("evidence dir: could not keep the push of %s/%s: %s", namespace, pod, exc)
-            tmp.unlink(missing_ok=True)
+        error = replace_file(target, body)
+        if error is not None:
+            log.warning("evidence dir: could not keep the push of %s/%s: %s", namespace, pod, error)
             return
         for other in self._kept(namespace, pod):
             if other != target:
