@@ -45,6 +45,7 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
                 "suspected_since_ns": group.suspected_since_ns,
                 "suspect_threshold_s": group.suspect_threshold_s,
                 "usual_wait_s": round(group.rhythm.usual_wait_s, 3),
+                "arrivals": [[seq, ns] for seq, ns in sample.arrivals[-wire.STATUS_ARRIVALS:]],
             }
         by_rank[str(rank)] = {
             "up": state.up,

@@ -127,3 +127,15 @@ def test_a_hostile_status_answer_is_a_wire_error_or_read_safely() -> None:
     odd["pod"] = {"nested": "object"}
     got = wire.loads_status(json.dumps(odd).encode())
     assert [r.rank for r in got.ranks] == [0] and got.stalls[0].desc == "?" and got.pod == "?"
+
+
+def test_status_arrivals_are_read_per_rank_and_group_bounded_and_checked() -> None:
+    many = [[seq, 1_000 + seq] for seq in range(1, 201)]
+    doc = _status_doc(stalled=False, arrivals=many)
+    doc["ranks"]["0"]["groups"]["1"] = {"stalled": False, "arrivals": [[1, 5], "x", [2], [3, -1], [True, 7], [4, 9]]}
+    doc["ranks"]["0"]["groups"]["2"] = {"stalled": False, "arrivals": {"not": "a list"}}
+    got = wire.loads_status(json.dumps(doc).encode())
+    assert sorted(got.arrivals) == [0] and sorted(got.arrivals[0]) == ["0", "1"]
+    assert len(got.arrivals[0]["0"]) == wire.STATUS_ARRIVALS and got.arrivals[0]["0"][-1] == (200, 1_200)
+    assert got.arrivals[0]["1"] == ((1, 5), (4, 9))  # malformed pairs skipped, the good ones kept
+    assert got.stalls == ()
