@@ -70,14 +70,19 @@ def _group(group: str, by_pod: dict[str, dict[int, dict[int, int]]], skew_s: flo
     pods = sorted(by_pod)
     common = set.intersection(*(set(times) for by_rank in by_pod.values() for times in by_rank.values()))
     # per collective: per pod (its arrival, the rank it waited for)
-    rows: list[list[tuple[int, int]]] = []
-    for seq in sorted(common):
-        rows.append([max((times[seq], rank) for rank, times in by_pod[pod].items()) for pod in pods])
+    ordered = sorted(common)
+    rows: list[list[tuple[int, int]]] = [
+        [max((times[seq], rank) for rank, times in by_pod[pod].items()) for pod in pods] for seq in ordered
+    ]
     if not rows:
         return {}
     newest = max(max(t for t, _r in row) for row in rows)
-    rows = [row for row in rows if newest - min(t for t, _r in row) <= window_s * 1e9]
+    in_window = [i for i, row in enumerate(rows) if newest - min(t for t, _r in row) <= window_s * 1e9]
+    rows = [rows[i] for i in in_window]
     span_s = (newest - min(min(t for t, _r in row) for row in rows)) / 1e9
+    # The operator merges what sweeps saw, so collectives between sweeps may be missing (a group's
+    # seqs are consecutive): the share is over the part of the span the compared collectives cover.
+    covered = len(rows) / (ordered[in_window[-1]] - ordered[in_window[0]] + 1)
     gaps: dict[str, list[float]] = {pod: [] for pod in pods}
     last_ranks: dict[str, Counter[int]] = {pod: Counter() for pod in pods}
     for row in rows:
@@ -92,7 +97,7 @@ def _group(group: str, by_pod: dict[str, dict[int, dict[int, int]]], skew_s: flo
     out: dict[str, PodLateness] = {}
     for pod in pods:
         mine = gaps[pod]
-        share = sum(mine) / span_s if span_s > 0 else 0.0
+        share = sum(mine) / (span_s * covered) if span_s > 0 else 0.0
         biased = len(mine) >= MIN_LATE and binomial_tail(len(mine), events, p) < ALPHA / len(pods)
         named = last_ranks[pod].most_common(1)[0][0] if mine else -1
         out[pod] = PodLateness(pod, named, tuple(sorted(by_pod[pod])), group, sum(mine) / len(mine) if mine else 0.0,

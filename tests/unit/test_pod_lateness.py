@@ -55,3 +55,12 @@ def test_a_group_inside_one_pod_is_not_compared() -> None:
     # one rank per pod: the slow rank's pod is the slow pod
     found = pod_lateness({"a": {0: arrivals[0]}, "b": {1: arrivals[1]}})
     assert found["b"].straggler and found["b"].rank == 1 and not found["a"].straggler
+
+
+def test_collectives_missed_between_sweeps_do_not_dilute_the_cost() -> None:
+    full = by_pod(job(120, 0.25, {2: 0.07, 3: 0.07}, ranks=6))
+    holes = {pod: {r: {g: [p for p in pairs if (p[0] // 10) % 3 != 1] for g, pairs in groups.items()}
+                   for r, groups in by_rank.items()} for pod, by_rank in full.items()}
+    whole, seen = pod_lateness(full)["train-worker-1"], pod_lateness(holes)["train-worker-1"]
+    assert seen.straggler and seen.compared < whole.compared
+    assert abs(seen.share - whole.share) < 0.02
