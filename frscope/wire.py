@@ -42,8 +42,15 @@ _INT64 = (1 << 63) - 1
 _MAX_RANK = 1 << 20
 # Per rank and group, the status document carries its newest STATUS_ARRIVALS (collective_seq_id,
 # enqueue time in ns) pairs, for the operator's lateness across pods (frscope.analysis.pod_lateness);
-# a reader keeps at most that many of each list.
+# a reader keeps at most that many of each list. A document carries at most STATUS_ARRIVALS_TOTAL
+# pairs in all (about 250 KiB, well inside STATUS_MAX_BYTES): with many ranks and groups, fewer each.
 STATUS_ARRIVALS = 64
+STATUS_ARRIVALS_TOTAL = 8192
+
+
+def status_arrivals_each(lists: int) -> int:
+    """How many arrivals each of a status document's `lists` (rank, group) lists carries."""
+    return min(STATUS_ARRIVALS, STATUS_ARRIVALS_TOTAL // max(1, lists))
 
 # The audience of the tokens the operator mints for one pod's sidecar (TokenRequest); the sidecar
 # accepts only its own pod's, so a token shown to one sidecar opens no other.
