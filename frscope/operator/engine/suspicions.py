@@ -284,7 +284,8 @@ class Suspicions:
         watch.arrivals.add(statuses, nodes)
         found = pod_lateness(watch.arrivals.view(), skew_s=self.config.clock_skew_ms / 1000) \
             if len(watch.arrivals) >= 2 else {}
-        now = {pod: late for pod, late in found.items() if late.straggler}
+        # a pod late because of a rank its sidecar already reports (among its pod's ranks) is that Event's
+        now = {pod: late for pod, late in found.items() if late.straggler and late.rank not in watch.stragglers}
         for pod, late in sorted(now.items()):
             if pod in watch.pod_stragglers:
                 watch.pod_stragglers[pod].late = late

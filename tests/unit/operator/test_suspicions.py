@@ -200,3 +200,22 @@ async def test_a_slow_pod_is_a_straggler_across_pods_until_it_keeps_up(
     assert sorted((k, r) for k, r, _m in events(fake_kube)) == [("Normal", names.REASON_STRAGGLER_GONE),
                                                                 ("Warning", names.REASON_STRAGGLER)]
     assert controller.metrics.registry.get_sample_value("frscope_operator_stragglers_total") == 1
+
+
+async def test_a_rank_its_sidecar_reports_is_not_reported_again_across_pods(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    slow = job(60, 0.25, {2: 0.1}, ranks=4)
+    for s in stand_ins:
+        s.stalled = False
+        s.arrivals = {r: [[q, t] for q, t in slow[r]["0"]] for r in s.ranks}
+    stand_ins[1].lateness = {2: {"group": "0", "lateness_s": 0.1, "share": 0.28, "late": 60, "compared": 120,
+                                 "window_s": 20.0, "straggler": True}}
+    await sweep(controller, stand_ins)
+    [(kind, reason, message)] = events(fake_kube)
+    assert (kind, reason) == ("Warning", names.REASON_STRAGGLER) and "across pods" not in message
+    stand_ins[1].lateness = {}  # its sidecar no longer sees it; its pod is still the late one
+    await sweep(controller, stand_ins)
+    assert [m for _k, r, m in events(fake_kube) if r == names.REASON_STRAGGLER and "across pods" in m]
