@@ -28,6 +28,8 @@ from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_
 from frscope.analysis.perf import analyze_perf
 from frscope.demo.faults import DEMO_FAULTS
 from frscope.records import DEFAULT_MAX_BYTES, DumpSet, RankExit, exits_from_json, load_dumps
+from frscope.records.bundle_exits import read_bundle_exits
+from frscope.records.errors import DumpError
 from frscope.records.limits import MAX_RANK
 from frscope.report import render_markdown, render_text, report_to_dict
 from frscope.report.entries import render_entries
@@ -150,12 +152,21 @@ def cmd_analyze(args: argparse.Namespace) -> int:
             print(f"  - {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        exits = _exits(args.exits)
-    except ValueError as exc:
+        exits = {**_bundle_exits(args.paths, args.max_bytes), **_exits(args.exits)}
+    except (ValueError, DumpError) as exc:
         print(f"frscope analyze: {exc}", file=sys.stderr)
         return EXIT_USAGE
     report = analyze(dumpset, _options(args), exits=exits)
     return _emit(report, dumpset, args, filters)
+
+
+def _bundle_exits(paths: Sequence[str], max_bytes: int) -> dict[int, RankExit]:
+    """How ranks ended, from the incident bundles named on the command line (`--exits` overrides)."""
+    out: dict[int, RankExit] = {}
+    for path in map(Path, paths):
+        if path.is_file():
+            out.update((e.rank, e) for e in read_bundle_exits(path, max_bytes))
+    return out
 
 
 def _exits(path: str | None) -> dict[int, RankExit]:

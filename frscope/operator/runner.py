@@ -26,6 +26,7 @@ from frscope.operator.engine.controller import Controller, PodLister
 from frscope.operator.engine.settings import OperatorConfig, WebhookConfig
 from frscope.operator.evidence.gather import Decoder
 from frscope.operator.evidence.incident_archive import IncidentArchive
+from frscope.operator.evidence.incident_bundles import IncidentBundles
 from frscope.operator.evidence.push_store import Full, PushStore
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.evidence.spill import EvidenceDir
@@ -178,6 +179,11 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     # each job's latest incident view, kept across restarts next to the kept pushes (--evidence-dir)
     archive = IncidentArchive(config.evidence_dir / "incidents") if config.evidence_dir is not None else None
     store = JobStore(on_latest=archive.save_soon if archive is not None else None)
+    # each incident's evidence as one file, for `frscope analyze BUNDLE` and the web UI's download
+    bundles = IncidentBundles(config.evidence_dir / "bundles") if config.evidence_dir is not None else None
+    if bundles is not None:
+        log.info("evidence dir %s: %d incident bundle(s) kept from before", config.evidence_dir,
+                 await asyncio.to_thread(bundles.expire))
     if archive is not None:
         kept_views = await asyncio.to_thread(lambda: list(archive.load()))
         for ref, latest in kept_views:
@@ -199,7 +205,7 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
                             sidecars=SidecarClient(sidecar_session, auth=shown, tokens=pod_tokens(config, kube)),
                             publisher=publisher, metrics=metrics, decoder=decoder,
                             actor=Actor(kube, publisher, metrics, config.actions, instance=config.instance),
-                            pod_lister=job_pod_lister(kube, config.inject_label))
+                            pod_lister=job_pod_lister(kube, config.inject_label), bundles=bundles)
     health = Health()
     http = OperatorHttp(registry=registry, metrics=metrics, health=health, on_push=controller.on_push,
                         push_auth=push_auth, max_push_bytes=config.max_push_bytes,
@@ -280,6 +286,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         await asyncio.to_thread(decoder.close)
         if archive is not None:
             await asyncio.to_thread(archive.close)
+        if bundles is not None:
+            await asyncio.to_thread(bundles.close)
         await http.stop()
         await sidecar_session.close()
         await kube.close()
@@ -290,9 +298,10 @@ def mount_default_ui(operator: Operator) -> None:
     behind `--ui-auth`."""
     config = operator.config
     live = (LiveWindows(operator.store, operator.controller.sidecars, entries=config.live_entries,
-                        interval_s=config.live_interval_s) if config.live_entries > 0 else None)
+                        interval_s=config.live_interval_s, metrics=operator.metrics.perf)
+            if config.live_entries > 0 else None)
     mount_ui(operator.http, operator.store, guard=ui_guard(config.ui_auth, operator.reviewer), live=live,
-             ledger=operator.ledger)
+             ledger=operator.ledger, bundles=operator.controller.writer.bundles)
 
 
 def run_operator(config: OperatorConfig) -> int:

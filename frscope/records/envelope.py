@@ -1,12 +1,15 @@
-"""A sidecar's snapshot envelope (`frscope.wire`: `/v1/snapshot`, a push, a sidecar evidence capture)
--> one `RankDump` per rank piece, or the problem naming the piece. The CLI's loader and the operator's
-evidence both read envelopes with these two functions; one bad piece never sinks the others."""
+"""A sidecar's snapshot envelope (`frscope.wire`: `/v1/snapshot`, a push, a sidecar evidence capture,
+a window of an incident bundle) -> one `RankDump` per rank piece, or the problem naming the piece. The
+CLI's loader and the operator's evidence both read envelopes with these functions; one bad piece never
+sinks the others."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
+from frscope import wire
+from frscope.records.bundle import BundleError, bundle_windows
 from frscope.records.errors import DumpError
 from frscope.records.limits import printable, valid_rank
 from frscope.records.model import LoadProblem, RankDump
@@ -33,3 +36,34 @@ def piece_dump(piece: dict[str, Any], where: str, index: int, *, columnar: bool,
     if dump.captured_at_ns is None:
         dump.captured_at_ns = captured_at_ns
     return dump
+
+
+def bundle_ranks(raw: Any, source: str, *, columnar: bool) -> list[RankDump | LoadProblem]:
+    """An incident bundle's windows (records.bundle), each read as the envelope it is."""
+    try:
+        windows = bundle_windows(raw, source)
+    except BundleError as exc:
+        return [LoadProblem(source, printable(str(exc)))]
+    out: list[RankDump | LoadProblem] = []
+    for index, window in enumerate(windows):
+        out.extend(envelope_ranks(window, f"{source} windows[{index}]", columnar=columnar))
+    if not windows:
+        out.append(LoadProblem(source, "an incident bundle with no window in it (field 'windows' is empty)"))
+    return out
+
+
+def envelope_ranks(raw: Any, source: str, *, columnar: bool) -> list[RankDump | LoadProblem]:
+    """A snapshot envelope (decoded) from `source` -> its ranks and the problems naming its bad pieces."""
+    try:
+        envelope = wire.parse_snapshot(raw)
+    except wire.WireError as exc:
+        return [LoadProblem(source, printable(str(exc)))]
+    del raw
+    pod = f"{printable(str(envelope.namespace))}/{printable(str(envelope.pod))}"
+    where = f"{source} (pod {pod})" if envelope.pod else source
+    out: list[RankDump | LoadProblem] = [*envelope_problems(envelope.errors, where)]
+    for index, piece in enumerate(envelope.ranks):
+        out.append(piece_dump(piece, where, index, columnar=columnar, captured_at_ns=envelope.captured_at_ns))
+    if not envelope.ranks and not envelope.errors:
+        out.append(LoadProblem(where, "a sidecar snapshot with no rank in it (no rank had answered the sidecar)"))
+    return out

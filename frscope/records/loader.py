@@ -23,12 +23,13 @@ from typing import Any
 
 from frscope import wire
 from frscope.records import scan
+from frscope.records.bundle import is_bundle
 from frscope.records.columns import EntryTable, unify_signatures
-from frscope.records.envelope import envelope_problems, piece_dump
+from frscope.records.envelope import bundle_ranks, envelope_ranks
 from frscope.records.errors import DumpError, DumpTooLarge, MalformedDump, TruncatedDump, UnknownFormat
 from frscope.records.gcpause import gc_paused
 from frscope.records.isolate import call_isolated, capped
-from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, file_cpu_budget_s, printable, valid_rank
+from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe, file_cpu_budget_s, valid_rank
 from frscope.records.membership import build_groups
 from frscope.records.model import (
     CAPTURED_MTIME,
@@ -145,7 +146,7 @@ def decode_bytes(data: bytes, source: str, max_bytes: int = DEFAULT_MAX_BYTES) -
     """Bytes of a pickle / JSON / gzip of either -> the decoded object. Never executes anything."""
     if not data.strip():
         raise TruncatedDump(source, "empty file (still being written?)")
-    data = _gunzip(data, source, max_bytes)
+    data = gunzip_capped(data, source, max_bytes)
     if data[:1] == b"\x80":
         return safe_loads(data, source)
     head = data.lstrip()[:1]
@@ -175,7 +176,7 @@ def decode_bytes(data: bytes, source: str, max_bytes: int = DEFAULT_MAX_BYTES) -
     raise UnknownFormat(source, "neither a pickle (starts with 0x80), JSON (starts with '{' or '[') nor gzip")
 
 
-def _gunzip(data: bytes, source: str, max_bytes: int) -> bytes:
+def gunzip_capped(data: bytes, source: str, max_bytes: int) -> bytes:
     """A gzipped dump's bytes decompressed (capped); any other bytes as they are."""
     if data[:2] == b"\x1f\x8b":
         try:
@@ -254,28 +255,18 @@ def load_path(path: Path, max_bytes: int = DEFAULT_MAX_BYTES, columnar: bool = F
     try:
         data = read_capped(path, max_bytes)
         if columnar and scan.available():
-            data = _gunzip(data, source, max_bytes)
+            data = gunzip_capped(data, source, max_bytes)
             scanned = _scanned(path, data, rank, max_bytes)
             if scanned is not None:
                 return [scanned]
         raw = decode_bytes(data, source, max_bytes)
+        if is_bundle(raw):
+            return bundle_ranks(raw, source, columnar=columnar)
         if not wire.is_snapshot_envelope(raw):
             return [_one_rank(path, raw, rank, LazyFrames(_EntriesReader(path, max_bytes)), columnar)]
     except DumpError as exc:
         return [LoadProblem(exc.source, exc.what, rank=valid_rank(exc.rank if exc.rank is not None else rank))]
-    try:
-        envelope = wire.parse_snapshot(raw)
-    except wire.WireError as exc:
-        return [LoadProblem(source, printable(str(exc)))]
-    del raw
-    pod = f"{printable(str(envelope.namespace))}/{printable(str(envelope.pod))}"
-    where = f"{source} (pod {pod})" if envelope.pod else source
-    out: list[RankDump | LoadProblem] = [*envelope_problems(envelope.errors, where)]
-    for index, piece in enumerate(envelope.ranks):
-        out.append(piece_dump(piece, where, index, columnar=columnar, captured_at_ns=envelope.captured_at_ns))
-    if not envelope.ranks and not envelope.errors:
-        out.append(LoadProblem(where, "a sidecar snapshot with no rank in it (no rank had answered the sidecar)"))
-    return out
+    return envelope_ranks(raw, source, columnar=columnar)
 
 
 def assemble(dumps: Iterable[RankDump], problems: list[LoadProblem], world_size: int | None = None) -> DumpSet:

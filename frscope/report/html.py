@@ -90,6 +90,7 @@ def _body(noscript: str, nav: str) -> str:
         <button type="button" id="fr-reset">reset view</button>
         <button type="button" id="fr-ops-all">all ops</button>
         <a id="fr-trace" hidden download>trace.json (Perfetto)</a>
+        <a id="fr-bundle" hidden download title="frscope analyze BUNDLE">incident bundle</a>
       </div>
       <div id="fr-ops" title="op filter"></div>
       <div id="fr-state-filter" title="state filter"></div>

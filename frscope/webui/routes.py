@@ -9,6 +9,8 @@
                                              and whenever the provider's answer changes
     GET /jobs/{namespace}/{name}/trace.json  the timeline shown as a Chrome/Perfetto trace (a provider with
                                              `fresh_timeline(namespace, name)` is asked when it has none yet)
+    GET /jobs/{namespace}/{name}/bundle      the latest incident's evidence as one file, for `frscope analyze
+                                             BUNDLE` (a provider with `incident_bundle(namespace, name)`)
     GET /nodes, /api/nodes                   the node ledger (with a NodeProvider; `nodes.py`)
 
 The page fetches `data` again only when the revision it is told about differs from the one it shows.
@@ -25,6 +27,7 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar, cast
 from urllib.parse import quote
 
@@ -132,6 +135,7 @@ class WebUI:
             "summary_url": f"{here}/summary",
             "events_url": f"{here}/events",
             "trace_url": f"{here}/trace.json",
+            "bundle_url": f"{here}/bundle" if await self._bundle(namespace, name) is not None else None,
             "poll_s": max(self.poll_s, 1.0),
             "title": f"{namespace}/{name}",
         }
@@ -172,6 +176,23 @@ class WebUI:
             **_NO_STORE, "Content-Disposition": f'attachment; filename="{filename}"'})
         response.enable_compression()
         return response
+
+    async def _bundle(self, namespace: str, name: str) -> tuple[Path, str] | None:
+        kept = getattr(self.provider, "incident_bundle", None)
+        return cast("tuple[Path, str] | None", await kept(namespace, name)) if kept is not None else None
+
+    async def job_bundle(self, request: web.Request) -> web.StreamResponse:
+        """The latest incident's bundle (records.bundle), as a download."""
+        namespace, name, detail = await self._job(request)
+        if detail is None:
+            raise web.HTTPNotFound(text=f"no watched job {namespace}/{name}")
+        kept = await self._bundle(namespace, name)
+        if kept is None:
+            raise web.HTTPNotFound(text=f"no incident bundle kept for {namespace}/{name} (--evidence-dir)")
+        path, incident = kept
+        filename = re.sub(r"[^A-Za-z0-9._-]", "_", f"{namespace}-{name}-{incident}")[:160] + ".frscope-bundle.json.gz"
+        return web.FileResponse(path, headers={**_NO_STORE, "Content-Type": "application/gzip",
+                                               "Content-Disposition": f'attachment; filename="{filename}"'})
 
     async def job_summary(self, request: web.Request) -> web.Response:
         _, _, detail = await self._job(request)
@@ -290,6 +311,7 @@ def create_app(
             web.get("/jobs/{namespace}/{name}/summary", ui.job_summary),
             web.get("/jobs/{namespace}/{name}/events", ui.job_events),
             web.get("/jobs/{namespace}/{name}/trace.json", ui.job_trace),
+            web.get("/jobs/{namespace}/{name}/bundle", ui.job_bundle),
             web.get("/nodes", ui.nodes_page),
             web.get("/api/nodes", ui.nodes_json),
         ]

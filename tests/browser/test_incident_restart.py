@@ -3,17 +3,22 @@
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from frscope.analysis import AnalysisOptions, analyze
+from frscope.operator.evidence.diagnosis import Diagnosis
 from frscope.operator.evidence.incident_archive import IncidentArchive
+from frscope.operator.evidence.incident_bundles import IncidentBundles
 from frscope.operator.model.objects import JobRef
 from frscope.operator.model.store import JobStore, LatestDiagnosis
 from frscope.operator.serve.ui import OperatorJobs
 from frscope.records import load_dumps
+from frscope.records.bundle import BUNDLE_SCHEMA
 from frscope.report import report_to_dict
 from frscope.report.timeline import build_timeline
 from frscope.webui import create_app
@@ -27,14 +32,18 @@ def test_past_incident_renders_after_a_restart(browser: Any, tmp_path: Path, art
     dumpset = load_dumps([REAL / "hang"])
     report = analyze(dumpset, AnalysisOptions(stall_after_s=1.0))
     finding = report.findings[0]
-    IncidentArchive(tmp_path).save(JobRef("ml", "train", "uid-1"), LatestDiagnosis(
+    kept = LatestDiagnosis(
         incident="abc", category=finding.category.value, verdict=finding.summary,
         culprit_ranks=tuple(finding.culprit_ranks), report_name="train-abc", at="2026-12-04T21:00:00Z",
-        report=report_to_dict(report), timeline=build_timeline(dumpset, report)))
+        report=report_to_dict(report), timeline=build_timeline(dumpset, report))
+    IncidentArchive(tmp_path).save(JobRef("ml", "train", "uid-1"), kept)
+    bundles = IncidentBundles(tmp_path / "bundles")
+    bundles.save(JobRef("ml", "train", "uid-1"), kept, Diagnosis(report, dumpset, {}), {})
     store = JobStore()  # the restarted operator
     for ref, latest in IncidentArchive(tmp_path).load():
         store.restore(ref, latest)
-    with LiveServer(create_app(OperatorJobs(store), poll_s=0.2)) as server:
+    with LiveServer(create_app(OperatorJobs(store, None, IncidentBundles(tmp_path / "bundles")),
+                               poll_s=0.2)) as server:
         context = browser.new_context(viewport={"width": 1400, "height": 900})
         page = context.new_page()
         errors = PageErrors(page)
@@ -47,6 +56,12 @@ def test_past_incident_renders_after_a_restart(browser: Any, tmp_path: Path, art
             s = state(page)
             assert s["highlightedRanks"] == [1] and s["stuckVisible"] and "1" in s["verdict"]
             page.screenshot(path=str(artifacts / "incident-after-restart.png"), full_page=True)
+            # the past incident's bundle: linked from the page, downloadable, the evidence frscope analyze reads
+            assert page.is_visible("#fr-bundle")
+            download = page.request.get(server.url("/jobs/ml/") + str(page.get_attribute("#fr-bundle", "href")))
+            assert download.ok and "frscope-bundle.json.gz" in download.headers["content-disposition"]
+            bundle = json.loads(gzip.decompress(download.body()))
+            assert bundle["schema"] == BUNDLE_SCHEMA and bundle["incident"]["id"] == "abc"
             assert errors.items == []
         finally:
             context.close()

@@ -76,11 +76,12 @@ def test_ranges_use_rate_interval(dashboard: dict[str, Any]) -> None:
 def test_sidecar_queries_follow_the_filters(dashboard: dict[str, Any]) -> None:
     """Sidecar metrics get namespace/pod/training_job from the PodMonitor and carry rank/pg/op themselves;
     the operator's metrics carry no job labels (bounded), so they are not filtered by job, except its
-    per-job diagnosis gauge (series removed with the job), which the diagnosis panels filter by."""
+    per-job gauges (`frscope_operator_job_*`: the diagnosis, series removed with the job; the live
+    window's --perf numbers, removed with the window), which their panels filter by."""
     for expr in _exprs(dashboard):
         for metric, selector in re.findall(r"(frscope_\w+)(?:\{([^}]*)\})?", expr):
             # The operator's own (and its node ledger's, by node) carry no job labels.
-            if metric.startswith(OPERATOR_PREFIXES) and metric != "frscope_operator_job_diagnosis":
+            if metric.startswith(OPERATOR_PREFIXES) and not metric.startswith("frscope_operator_job_"):
                 assert not selector, expr
                 continue
             assert 'namespace=~"$namespace"' in selector, expr
@@ -103,6 +104,8 @@ def test_sidecar_queries_follow_the_filters(dashboard: dict[str, Any]) -> None:
         ("frscope_collective_wait_seconds_total", "step-boundary lateness per rank"),
         ("frscope_node_suspicion", "the node ledger's suspicion per node"),
         ("frscope_node_incidents_total", "incidents on nodes by evidence class"),
+        ("frscope_operator_job_perf_collective_seconds", "where the time goes: wait vs transfer (live window)"),
+        ("frscope_operator_job_perf_rank_cost_seconds", "the ranks that cost the job most (live window)"),
     ],
 )
 def test_required_panels_exist(dashboard: dict[str, Any], metric: str, what: str) -> None:
@@ -132,6 +135,15 @@ def test_links_to_the_operator_ui_and_kubectl_for_the_selected_job(dashboard: di
     [text] = [p for p in dashboard["panels"] if p["type"] == "text"]
     assert "kubectl get frr -n $namespace -l frscope.io/job=$job" in text["options"]["content"]
     assert text["description"]
+
+
+def test_perf_panels_say_when_they_are_empty(dashboard: dict[str, Any]) -> None:
+    """The live window exists only while someone has the job's page open: the panels say so."""
+    for metric in ("frscope_operator_job_perf_collective_seconds", "frscope_operator_job_perf_rank_cost_seconds"):
+        [panel] = [p for p in _panels(dashboard) if any(metric in t["expr"] for t in p["targets"])]
+        assert "page" in panel["fieldConfig"]["defaults"]["noValue"] or "live window" in panel["fieldConfig"][
+            "defaults"]["noValue"]
+        assert "page open" in panel["description"] and panel["fieldConfig"]["defaults"]["unit"] == "s"
 
 
 def test_durations_panel_says_why_it_is_empty(dashboard: dict[str, Any]) -> None:

@@ -26,6 +26,7 @@ from frscope.operator.engine.revisions import revisable
 from frscope.operator.engine.settings import OperatorConfig
 from frscope.operator.engine.suspicions import Suspicions
 from frscope.operator.evidence.gather import Decoder
+from frscope.operator.evidence.incident_bundles import IncidentBundles
 from frscope.operator.evidence.pod_evidence import PodEvidence
 from frscope.operator.evidence.push_store import PushStore
 from frscope.operator.evidence.sidecars import SidecarClient
@@ -83,7 +84,8 @@ PodLister = Callable[[JobRef], Awaitable[list[dict[str, Any]]]]
 class Controller:
     def __init__(self, config: OperatorConfig, *, store: JobStore, pushes: PushStore, sidecars: SidecarClient,
                  publisher: Publisher, metrics: OperatorMetrics, decoder: Decoder | None = None,
-                 actor: Actor | None = None, pod_lister: PodLister | None = None) -> None:
+                 actor: Actor | None = None, pod_lister: PodLister | None = None,
+                 bundles: IncidentBundles | None = None) -> None:
         self.config = config
         self._untrusted: set[str] = set()  # uids of pods whose sidecar is not as injected (logged once)
         self.store = store
@@ -93,7 +95,7 @@ class Controller:
         # The job's pods straight from the API server (the runner's: opted-in pods with the job's label).
         self.pod_lister = pod_lister
         self.writer = DiagnosisWriter(publisher, metrics, store, report_limit_bytes=config.report_limit_bytes,
-                                      default_watchdog_timeout_s=config.default_watchdog_timeout_s)
+                                      default_watchdog_timeout_s=config.default_watchdog_timeout_s, bundles=bundles)
         self.incidents = IncidentHandler(config, store=store, pushes=pushes, sidecars=sidecars, writer=self.writer,
                                          metrics=metrics, decoder=decoder or Decoder(), actor=actor)
         self.suspicions = Suspicions(config, store=store, pushes=pushes, sidecars=sidecars, publisher=publisher,

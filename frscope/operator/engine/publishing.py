@@ -15,6 +15,7 @@ from frscope.operator.engine.jobstate import Basis, JobState, job_fields
 from frscope.operator.engine.revisions import published_basis
 from frscope.operator.engine.ui_data import latest_diagnosis
 from frscope.operator.evidence.diagnosis import Diagnosis
+from frscope.operator.evidence.incident_bundles import IncidentBundles
 from frscope.operator.kube import KubeError
 from frscope.operator.model.incidents import Attempt, IncidentKey, IncidentRecord
 from frscope.operator.model.objects import JobKey
@@ -34,8 +35,10 @@ def rfc3339(now: float | None = None) -> str:
 
 class DiagnosisWriter:
     def __init__(self, publisher: Publisher, metrics: OperatorMetrics, store: JobStore, *,
-                 report_limit_bytes: int, default_watchdog_timeout_s: float | None) -> None:
+                 report_limit_bytes: int, default_watchdog_timeout_s: float | None,
+                 bundles: IncidentBundles | None = None) -> None:
         self.publisher = publisher
+        self.bundles = bundles  # each incident's evidence kept as one file (--evidence-dir)
         self.metrics = metrics
         self.store = store
         self.report_limit_bytes = report_limit_bytes
@@ -103,8 +106,10 @@ class DiagnosisWriter:
         if done.condition and state.first_signal_at is not None:
             self.metrics.signal_to_publish.observe(time.monotonic() - state.first_signal_at)
             state.first_signal_at = None
-        self.store.set_latest(view.key, await latest_diagnosis(view.key, key.digest, diagnosis,
-                                                               name if done.report else "", now))
+        latest = await latest_diagnosis(view.key, key.digest, diagnosis, name if done.report else "", now)
+        self.store.set_latest(view.key, latest)
+        if self.bundles is not None:
+            self.bundles.save_soon(view.ref, latest, diagnosis, rank_pods)
         log.warning("job %s: %s: %s (report %s)", view.key, finding.category.value, pub.condition_message, name,
                     extra=job_fields(view.key, key.digest))
         return name if done.report else None

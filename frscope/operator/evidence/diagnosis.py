@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from frscope.analysis import AnalysisOptions, Report, analyze
 from frscope.operator.evidence.gather import Gathered
@@ -21,6 +21,7 @@ class Diagnosis:
     report: Report
     dumpset: DumpSet
     missing_pods: dict[str, str]  # pod -> why no snapshot came from it
+    exits: dict[int, RankExit] = field(default_factory=dict)  # how ranks' containers ended (the analysis's)
 
 
 def build_dumpset(gathered: Gathered, world_size: int | None) -> DumpSet:
@@ -41,7 +42,7 @@ def diagnose_sync(gathered: Gathered, world_size: int | None, options: AnalysisO
                   exits: Mapping[int, RankExit] | None = None) -> Diagnosis:
     """`exits`: how ranks' containers ended (`trainer_exits.rank_exits`), evidence beside the dumps."""
     dumpset = build_dumpset(gathered, world_size)
-    return Diagnosis(analyze(dumpset, options, exits=exits), dumpset, dict(gathered.failures))
+    return Diagnosis(analyze(dumpset, options, exits=exits), dumpset, dict(gathered.failures), dict(exits or {}))
 
 
 async def diagnose(gathered: Gathered, world_size: int | None, options: AnalysisOptions,

@@ -1,8 +1,9 @@
 """The operator's Prometheus metrics, on an injected CollectorRegistry (tests make their own).
 
 Labels stay bounded: categories and signal kinds are closed sets; no pods or ranks. Job names appear
-in one gauge only, `frscope_operator_job_diagnosis`, whose series exist while the job does (removed
-when it is deleted), so the dashboard's diagnosis panels follow $namespace/$job.
+in `frscope_operator_job_diagnosis`, whose series exist while the job does (removed when it is
+deleted), so the dashboard's diagnosis panels follow $namespace/$job, and in the live windows'
+`frscope_operator_job_perf_*` (`perf_metrics`: only while a window is kept; a rank only for the top 3).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from frscope.analysis import Category
+from frscope.operator.model.perf_metrics import PerfMetrics
 from frscope.operator.model.signals import SignalKind
 
 GATHER_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120)
@@ -58,6 +60,7 @@ class OperatorMetrics:
             ["namespace", "training_job", "category"], registry=registry,
         )
         self._diagnosed: dict[tuple[str, str], str] = {}
+        self.perf = PerfMetrics(registry)
         self.jobs_watched = Gauge("frscope_operator_jobs_watched", "Training jobs being watched (any kind).",
                                   registry=registry)
         self.pods_watched = Gauge("frscope_operator_pods_watched", "Pods of watched jobs.", registry=registry)

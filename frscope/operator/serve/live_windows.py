@@ -25,6 +25,7 @@ from frscope.operator.evidence.diagnosis import build_dumpset
 from frscope.operator.evidence.gather import Decoder, GatherOptions, Target, gather
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.model.objects import JobKey
+from frscope.operator.model.perf_metrics import PerfMetrics
 from frscope.operator.model.store import JobsView
 from frscope.records import DumpSet
 from frscope.report.perf import perf_to_dict
@@ -66,8 +67,9 @@ def fingerprint(timeline: dict[str, Any] | None) -> str:
 class LiveWindows:
     def __init__(self, store: JobsView, client: SidecarClient, *, entries: int = DEFAULT_LIVE_ENTRIES,
                  interval_s: float = DEFAULT_LIVE_INTERVAL_S, linger_s: float = DEFAULT_LIVE_LINGER_S,
-                 decoder: Decoder | None = None) -> None:
+                 decoder: Decoder | None = None, metrics: PerfMetrics | None = None) -> None:
         self.store = store
+        self.metrics = metrics  # each kept window's --perf numbers as gauges
         self.client = client
         self.entries = entries
         self.interval_s = interval_s
@@ -86,8 +88,7 @@ class LiveWindows:
         self._asked[key] = time.monotonic()
         if len(self._asked) > MAX_WATCHED:
             oldest = min(self._asked, key=self._asked.__getitem__)
-            self._asked.pop(oldest, None)
-            self._windows.pop(oldest, None)
+            self._forget(oldest)
         if self._task is None or self._task.done():
             try:
                 loop = asyncio.get_running_loop()
@@ -110,8 +111,7 @@ class LiveWindows:
     async def refresh(self, key: JobKey) -> LiveWindow | None:
         view = self.store.job(key)
         if view is None:
-            self._asked.pop(key, None)
-            self._windows.pop(key, None)
+            self._forget(key)
             return None
         targets = [Target(p.name, p.endpoint, None, p.uid) for p in view.pods]
         options = GatherOptions(per_pod_timeout_s=max(1.0, self.interval_s * 2), overall_timeout_s=self.interval_s * 3,
@@ -122,10 +122,18 @@ class LiveWindows:
         window = LiveWindow(time.time(), timeline, len(gathered.pods), dict(gathered.failures),
                             fingerprint(timeline), perf)
         self._windows[key] = window
+        if self.metrics is not None and key in self._asked:
+            self.metrics.update(key.namespace, key.name, perf)
         event = self._updated.pop(key, None)
         if event is not None:
             event.set()
         return window
+
+    def _forget(self, key: JobKey) -> None:
+        self._asked.pop(key, None)
+        self._windows.pop(key, None)
+        if self.metrics is not None:
+            self.metrics.remove(key.namespace, key.name)
 
     async def _refresh_logged(self, key: JobKey) -> None:
         try:
@@ -140,8 +148,7 @@ class LiveWindows:
             started = time.monotonic()
             for key, asked in list(self._asked.items()):
                 if started - asked > self.linger_s:
-                    self._asked.pop(key, None)
-                    self._windows.pop(key, None)
+                    self._forget(key)
             await asyncio.gather(*(self._refresh_logged(key) for key in list(self._asked)))
             if not self._asked:
                 return
@@ -152,6 +159,8 @@ class LiveWindows:
 
     async def close(self, *_: Any) -> None:
         self._closed = True
+        for key in list(self._asked):
+            self._forget(key)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -19,15 +19,18 @@ is let in too (`guards.port_forwarded`: from 127.0.0.1/::1, `Host` naming loopba
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import hashlib
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from frscope.operator import names
+from frscope.operator.evidence.incident_bundles import IncidentBundles
 from frscope.operator.kube import KubeError
 from frscope.operator.ledger import NodeLedger
 from frscope.operator.model.objects import JobKey
@@ -114,9 +117,11 @@ class OperatorJobs:
     """`frscope.webui.JobProvider` over the operator's store (answers from memory, synchronously), with
     the live window of the jobs someone looks at (`live`)."""
 
-    def __init__(self, store: JobsView, live: LiveWindows | None = None) -> None:
+    def __init__(self, store: JobsView, live: LiveWindows | None = None,
+                 bundles: IncidentBundles | None = None) -> None:
         self._store = store
         self._live = live
+        self._bundles = bundles
 
     def jobs(self) -> list[JobSummary]:
         return [job_summary(v) for v in self._store.jobs()]
@@ -147,6 +152,15 @@ class OperatorJobs:
             perf=perf,
             revision=_revision(summary, ranks, view, window),
         )
+
+    async def incident_bundle(self, namespace: str, name: str) -> tuple[Path, str] | None:
+        """The kept bundle of the job's latest incident and the incident's id (`GET .../bundle`)."""
+        view = self._store.job(JobKey(namespace, name))
+        if self._bundles is None or view is None or view.latest is None:
+            return None
+        incident = view.latest.incident
+        path = await asyncio.to_thread(self._bundles.kept, namespace, name, incident)
+        return (path, incident) if path is not None else None
 
     async def fresh_timeline(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The live window's timeline, waiting a few seconds for the first one (`GET .../trace.json`)."""
@@ -222,11 +236,13 @@ class LedgerNodes:
 
 
 def mount_ui(http: OperatorHttp, store: JobsView, *, prefix: str = UI_PREFIX, poll_s: float = DEFAULT_POLL_S,
-             guard: Any = None, live: LiveWindows | None = None, ledger: NodeLedger | None = None) -> None:
+             guard: Any = None, live: LiveWindows | None = None, ledger: NodeLedger | None = None,
+             bundles: IncidentBundles | None = None) -> None:
     """Serve the web UI at `{prefix}/` in the operator's HTTP server (call before it starts), behind
     `guard` (`ui_guard()`) when given; `live`: follow the jobs looked at (stopped with the server); with the
     node ledger, its page at `{prefix}/nodes`."""
-    app = create_app(OperatorJobs(store, live), poll_s=poll_s, middlewares=[guard] if guard is not None else [],
+    app = create_app(OperatorJobs(store, live, bundles), poll_s=poll_s,
+                     middlewares=[guard] if guard is not None else [],
                      nodes=LedgerNodes(ledger) if ledger is not None else None)
     if live is not None:
         app.on_cleanup.append(live.close)

@@ -111,6 +111,7 @@
     var badge = $("fr-live");
     badge.hidden = false;
     if (live.trace_url) { $("fr-trace").href = live.trace_url; $("fr-trace").hidden = false; }
+    if (live.bundle_url) { $("fr-bundle").href = live.bundle_url; $("fr-bundle").hidden = false; }
     function mark(ok, text) { badge.textContent = text; badge.className = ok ? "live" : "live stale"; }
     mark(true, "\u25CF live");
     var fetching = false, wanted = null, timer = null;

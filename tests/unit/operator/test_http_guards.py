@@ -64,6 +64,13 @@ async def test_only_a_port_forward_connection_is_let_in_without_a_token(rig: Rig
     assert await rig.get(path, **{"X-Forwarded-For": "10.1.2.3"}) == 401  # a proxy in the pod
 
 
+async def test_an_incident_bundle_is_behind_the_same_guard(rig: Rig) -> None:
+    path = "/ui/jobs/ml/train/bundle"
+    assert await rig.get(path) == 404  # let in; no such job here
+    assert await rig.get(path, Host="attacker.example:8080") == 401
+    assert await rig.get(path, **{"X-Forwarded-For": "10.1.2.3"}) == 401
+
+
 async def test_a_storm_of_refused_tokens_costs_a_bounded_number_of_reviews() -> None:
     reviews: list[Any] = []
 

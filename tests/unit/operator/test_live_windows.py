@@ -6,9 +6,12 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.model.objects import JobKey, JobRef, PodInfo
+from frscope.operator.model.perf_metrics import PerfMetrics
 from frscope.operator.model.store import JobStore
 from frscope.operator.serve.live_windows import LiveWindows
 from frscope.operator.serve.ui import OperatorJobs
@@ -71,3 +74,38 @@ async def test_an_unreachable_sidecar_is_a_failure_not_a_crash() -> None:
             assert OperatorJobs(store, live).job("ml", "train") is not None
         finally:
             await live.close()
+
+
+async def test_the_windows_perf_numbers_are_gauges_while_the_window_is_kept() -> None:
+    """The real straggler job's live window: its --perf numbers scraped as the operator serves them (the
+    registry's exposition), the straggler (rank 2) first among at most 3 ranks; gone with the window."""
+    sidecar = await StandInSidecar("train-worker-0", real_snapshots("straggler"), stalled=False).start()
+    store = JobStore()
+    store.upsert_job(JobRef("ml", "train", "uid"), world_size=4, conditions=[{"type": "Running"}])
+    store.upsert_pod(_pod("train-worker-0", sidecar.port))
+    registry = CollectorRegistry()
+    metrics = PerfMetrics(registry)
+
+    def scraped() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(generate_latest(registry).decode())
+                for s in family.samples if s.name.startswith("frscope_operator_job_perf_")}
+
+    async with aiohttp.ClientSession() as session:
+        live = LiveWindows(store, SidecarClient(session), entries=16, interval_s=0.2, linger_s=0.6, metrics=metrics)
+        try:
+            OperatorJobs(store, live).job("ml", "train")
+            window = await live.wait_for(KEY, 10)
+            assert window is not None and window.perf is not None
+            got = scraped()
+            job = (("namespace", "ml"), ("training_job", "train"))
+            ranks = {dict(labels)["rank"]: value for (name, labels), value in got.items()
+                     if name == "frscope_operator_job_perf_rank_cost_seconds"}
+            assert 0 < len(ranks) <= 3 and max(ranks, key=ranks.__getitem__) == "2"
+            assert got[("frscope_operator_job_perf_window_seconds", job)] > 0
+            assert got[("frscope_operator_job_perf_collective_seconds", (*job[:1], ("part", "wait"), job[1]))] > 0
+            await asyncio.sleep(2.0)  # nobody looks: the window goes, and its series with it
+            assert live.window(KEY) is None and scraped() == {}
+        finally:
+            await live.close()
+            await sidecar.close()

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from frscope.operator.engine.controller import Controller
 from frscope.operator.engine.settings import OperatorConfig
 from frscope.operator.evidence.gather import GatherOptions
+from frscope.operator.evidence.incident_bundles import IncidentBundles
 from frscope.operator.evidence.push_store import PushStore
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.kube import Backoff, KubeClient
@@ -38,7 +39,8 @@ class Rig:
         self.kube = FakeKube()
         self.sidecars: list[StandInSidecar] = []
 
-    async def start(self, *, ui_poll_s: float = 0.2, store: JobStore | None = None) -> Rig:
+    async def start(self, *, ui_poll_s: float = 0.2, store: JobStore | None = None,
+                    bundles: IncidentBundles | None = None) -> Rig:
         await self.kube.start()
         self.kube_client = KubeClient(aiohttp.ClientSession(), self.kube.url,
                                       backoff=Backoff(attempts=4, base_s=0.01, cap_s=0.05), timeout_s=5)
@@ -48,11 +50,12 @@ class Rig:
         self.store = store if store is not None else JobStore()
         self.controller = Controller(CONFIG, store=self.store, pushes=PushStore(),
                                      sidecars=SidecarClient(self.session),
-                                     publisher=Publisher(self.kube_client, instance="op-0"), metrics=metrics)
+                                     publisher=Publisher(self.kube_client, instance="op-0"), metrics=metrics,
+                                     bundles=bundles)
         self.poller = StatusPoller(self.controller, interval_s=1, timeout_s=1, max_rps=1000, concurrency=8)
         self.http = OperatorHttp(registry=registry, metrics=metrics, health=Health(),
                                  on_push=self.controller.on_push)
-        mount_ui(self.http, self.store, poll_s=ui_poll_s)
+        mount_ui(self.http, self.store, poll_s=ui_poll_s, bundles=bundles)
         self.port = await self.http.start("127.0.0.1", 0)
         ranks = real_snapshots("hang")
         await self.controller.on_job(None, self.kube.put("pytorchjobs", builders.job(workers=1, nproc=2)))
