@@ -40,6 +40,17 @@ STATUS_MAX_BYTES = 1024 * 1024
 # Ints in a status document: seqs, counts and ranks are int64 at most.
 _INT64 = (1 << 63) - 1
 _MAX_RANK = 1 << 20
+# Per rank and group, the status document carries its newest STATUS_ARRIVALS (collective_seq_id,
+# enqueue time in ns) pairs, for the operator's lateness across pods (frscope.analysis.pod_lateness);
+# a reader keeps at most that many of each list. A document carries at most STATUS_ARRIVALS_TOTAL
+# pairs in all (about 250 KiB, well inside STATUS_MAX_BYTES): with many ranks and groups, fewer each.
+STATUS_ARRIVALS = 64
+STATUS_ARRIVALS_TOTAL = 8192
+
+
+def status_arrivals_each(lists: int) -> int:
+    """How many arrivals each of a status document's `lists` (rank, group) lists carries."""
+    return min(STATUS_ARRIVALS, STATUS_ARRIVALS_TOTAL // max(1, lists))
 
 # The audience of the tokens the operator mints for one pod's sidecar (TokenRequest); the sidecar
 # accepts only its own pod's, so a token shown to one sidecar opens no other.
@@ -221,6 +232,9 @@ class GroupStatusDoc(TypedDict):
     suspected_since_ns: NotRequired[int | None]
     suspect_threshold_s: NotRequired[float]
     usual_wait_s: NotRequired[float]
+    # The newest STATUS_ARRIVALS [collective_seq_id, enqueue ns] of the rank in the group (absent in
+    # documents of sidecars that predate lateness across pods).
+    arrivals: NotRequired[list[list[int]]]
 
 
 class LatenessDoc(TypedDict):
@@ -327,6 +341,8 @@ class SidecarStatus:
     # Groups suspected but not (yet) stalled: a stall not confirmed yet (docs/sidecar.md).
     suspects: tuple[GroupStall, ...] = ()
     stragglers: tuple[RankLate, ...] = ()  # ranks the sidecar reports as stragglers
+    # rank -> group -> its newest (collective_seq_id, enqueue ns), at most STATUS_ARRIVALS each
+    arrivals: dict[int, dict[str, tuple[tuple[int, int], ...]]] = field(default_factory=dict)
 
 
 def loads_status(raw: bytes) -> SidecarStatus:
@@ -362,6 +378,7 @@ def _parse_status(obj: Any) -> SidecarStatus:
     suspects: list[GroupStall] = []
     stragglers: list[RankLate] = []
     per_rank: list[RankUp] = []
+    arrivals: dict[int, dict[str, tuple[tuple[int, int], ...]]] = {}
     up = down = 0
     ranks = obj.get("ranks")
     for rank_text, rank_obj in (ranks.items() if isinstance(ranks, dict) else []):
@@ -385,7 +402,12 @@ def _parse_status(obj: Any) -> SidecarStatus:
                                        _int(late.get("compared")) or 0))
         groups = rank_obj.get("groups")
         for group, g in (groups.items() if isinstance(groups, dict) else []):
-            if not isinstance(g, dict) or not (g.get("stalled") or g.get("suspected")):
+            if not isinstance(g, dict):
+                continue
+            pairs = _arrivals(g.get("arrivals"))
+            if pairs:
+                arrivals.setdefault(rank, {})[_text(group)] = pairs
+            if not (g.get("stalled") or g.get("suspected")):
                 continue
             found = GroupStall(rank, _text(group), _text(g.get("desc") or ""),
                                _text(g["inflight_op"]) if g.get("inflight_op") else None,
@@ -395,8 +417,21 @@ def _parse_status(obj: Any) -> SidecarStatus:
         pod=_text(obj.get("pod") or ""), namespace=_text(obj.get("namespace") or ""),
         stalled=bool(obj.get("stalled")) or bool(stalls), stalls=tuple(stalls), ranks_up=up, ranks_down=down,
         ranks=tuple(sorted(per_rank, key=lambda r: r.rank)), suspects=tuple(suspects),
-        stragglers=tuple(stragglers),
+        stragglers=tuple(stragglers), arrivals=arrivals,
     )
+
+
+def _arrivals(value: Any) -> tuple[tuple[int, int], ...]:
+    """A group's `arrivals`: its newest STATUS_ARRIVALS well-formed [seq, ns] pairs (others skipped)."""
+    if not isinstance(value, list):
+        return ()
+    out: list[tuple[int, int]] = []
+    for pair in value[-STATUS_ARRIVALS:]:
+        if isinstance(pair, list) and len(pair) == 2:
+            seq, ns = _int(pair[0]), _int(pair[1])
+            if seq is not None and ns is not None and ns > 0:
+                out.append((seq, ns))
+    return tuple(out)
 
 
 def _int(value: Any) -> int | None:

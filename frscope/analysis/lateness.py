@@ -44,7 +44,7 @@ class RankLateness:
     straggler: bool
 
 
-def _tail(k: int, m: int, p: float) -> float:
+def binomial_tail(k: int, m: int, p: float) -> float:
     return sum(comb(m, i) * p**i * (1 - p) ** (m - i) for i in range(k, m + 1))
 
 
@@ -88,7 +88,7 @@ def _group_lateness(group: str, by_rank: dict[int, dict[int, int]], min_gap_s: f
     for rank in ranks:
         mine = gaps[rank]
         share = sum(mine) / span_s if span_s > 0 else 0.0
-        biased = len(mine) >= MIN_LATE and _tail(len(mine), events, p) < ALPHA / len(ranks)
+        biased = len(mine) >= MIN_LATE and binomial_tail(len(mine), events, p) < ALPHA / len(ranks)
         out[rank] = RankLateness(rank, group, sum(mine) / len(mine) if mine else 0.0, min(share, 1.0), len(mine),
                                  len(rows), span_s, biased and share >= min_share)
     return out

@@ -25,6 +25,8 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
                     evidence: EvidenceStore, dumps: DumpDirWatcher | None, last_round_ns: int | None,
                     now_ns: int, lateness: dict[int, RankLateness] | None = None) -> StatusDoc:
     by_rank: dict[str, RankStatusDoc] = {}
+    listed = sum(1 for rank in ranks for group in tracker.for_rank(rank).values() if group.sample.arrivals)
+    each = wire.status_arrivals_each(listed)
     for rank, state in sorted(ranks.items()):
         groups: dict[str, GroupStatusDoc] = {}
         for pg, group in sorted(tracker.for_rank(rank).items()):
@@ -45,6 +47,7 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
                 "suspected_since_ns": group.suspected_since_ns,
                 "suspect_threshold_s": group.suspect_threshold_s,
                 "usual_wait_s": round(group.rhythm.usual_wait_s, 3),
+                "arrivals": [[seq, ns] for seq, ns in sample.arrivals[-each:]] if each else [],
             }
         by_rank[str(rank)] = {
             "up": state.up,

@@ -7,12 +7,16 @@ confirmed. No timed assertions: bench/detection.py measures how fast."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
 
+from frscope import wire
 from frscope.analysis import AnalysisOptions, Category, analyze
+from frscope.analysis.pod_lateness import PodLateness, pod_lateness
+from frscope.operator.engine.job_arrivals import JobArrivals
 from frscope.records import assemble
 from frscope.sidecar.config import SidecarConfig
 from frscope.testing.rhythm_launch import start_rhythm_job
@@ -143,3 +147,42 @@ async def test_a_persistent_straggler_is_reported_with_its_cost() -> None:
             assert st["ranks"]["2"]["lateness"]["straggler"] is True
             assert st["ranks"]["0"]["lateness"]["straggler"] is False
             assert not sidecar.tracker.suspected  # a straggler is no hang
+
+
+@pytest.mark.timeout(300)
+async def test_a_slow_rank_alone_in_its_pod_is_a_straggler_across_pods() -> None:
+    # One rank per pod (three sidecars, each serving one real gloo rank): no sidecar can compare its
+    # ranks, so only the operator's comparison across pods (frscope.analysis.pod_lateness over the
+    # arrivals each /v1/status carries, merged over sweeps as the operator's JobArrivals does) sees
+    # rank 2 take 1.5 x the others' step. All sidecars share this host's clock: the default skew bound
+    # (20 ms) is still taken off every gap, as across hosts (at 1.2 x of a 0.25 s step, 50 ms late,
+    # what is left beyond the bound costs the job about 10%, the threshold itself).
+    args = ["--steps", "600", "--step-s", "0.25", "--jitter-s", "0.02", "--culprit", "2", "--slow-factor", "1.5",
+            "--slow-from-step", "20"]
+    with start_rhythm_job(3, 1, args, lifetime_s=250) as job:
+        job.wait_for_sockets()
+        async with contextlib.AsyncExitStack() as stack:
+            sidecars = {f"trainer-worker-{i}": await stack.enter_async_context(
+                running(default_config(job.pods[i], pod=f"trainer-worker-{i}"))) for i in range(3)}
+            merged = JobArrivals()
+            found: dict[str, PodLateness] = {}
+
+            async def sweep() -> bool:
+                statuses = {}
+                for pod, sidecar in sidecars.items():
+                    _status, headers, body = await get(sidecar, "/v1/status")
+                    statuses[pod] = wire.parse_status(decode(headers, body))
+                    assert all(r.get("lateness") is None for r in decode(headers, body)["ranks"].values())
+                merged.add(statuses, sidecars)
+                found.clear()
+                found.update(pod_lateness(merged.view()))
+                return "trainer-worker-2" in found and found["trainer-worker-2"].straggler
+
+            deadline = asyncio.get_running_loop().time() + 200
+            while not await sweep():
+                assert asyncio.get_running_loop().time() < deadline, f"rank 2's pod never named: {found}"
+                await asyncio.sleep(2.0)
+            slow = found["trainer-worker-2"]
+            assert slow.rank == 2 and slow.ranks == (2,) and slow.group == "0"
+            assert not found["trainer-worker-0"].straggler and not found["trainer-worker-1"].straggler
+            assert 0.15 <= slow.share <= 0.45 and slow.lateness_s >= 0.06

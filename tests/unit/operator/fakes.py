@@ -288,6 +288,7 @@ class StandInSidecar:
         self.stalled = stalled
         self.suspected = suspected  # suspected, not confirmed (stalled: confirmed, suspected too)
         self.lateness: dict[int, dict[str, Any]] = {}  # rank -> its /v1/status `lateness` document
+        self.arrivals: dict[int, list[list[int]]] = {}  # rank -> group 0's /v1/status `arrivals`
         self.mode = mode
         self.delay_s = delay_s
         self.flaky_failures = flaky_failures
@@ -314,7 +315,9 @@ class StandInSidecar:
         return {"schema": "frscope.sidecar.status/v1", "pod": self.pod, "namespace": self.namespace,
                 "node": "n1", "captured_at_ns": 1, "stalled": self.stalled,
                 "suspected": self.stalled or self.suspected,
-                "ranks": {str(r): {"up": True, "error": None, "last_poll_ns": 1, "groups": groups,
+                "ranks": {str(r): {"up": True, "error": None, "last_poll_ns": 1,
+                                   "groups": {"0": {**groups["0"], "arrivals": self.arrivals[r]}}
+                                   if r in self.arrivals else groups,
                                    "restart_count": self.restart_count, "lateness": self.lateness.get(r)}
                           for r in self.ranks}}
 

@@ -15,8 +15,10 @@ from frscope.operator.engine.settings import OperatorConfig
 from frscope.operator.evidence.pod_evidence import from_snapshot
 from frscope.operator.evidence.sidecars import parse_snapshot
 from frscope.operator.kube import KubeClient
+from tests.unit.operator import builders
 from tests.unit.operator.fakes import FakeKube, StandInSidecar
 from tests.unit.operator.test_controller import CONFIG, Make, make_controller, session, setup_job
+from tests.unit.test_lateness import job
 
 __all__ = ["session"]  # the fixture, shared with test_controller
 
@@ -161,3 +163,59 @@ async def test_a_pushed_suspicion_is_published_with_the_default_analysis_thresho
     assert (ours(fake_kube)["status"], ours(fake_kube)["reason"]) == ("Unknown", "RankNotJoined")
     assert [r for _k, r, _m in events(fake_kube)] == [names.REASON_SUSPECTED]
     assert "pushed a suspected stall" in events(fake_kube)[0][2]
+
+
+async def test_a_slow_pod_is_a_straggler_across_pods_until_it_keeps_up(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    # Both ranks of train-worker-0 (on node gpu-7) take 1.2x the others' step: no sidecar sees it among
+    # its own pod's ranks (both of its ranks are equally late); the operator compares the pods' arrivals.
+    # The arrivals are generated (a real slow node is tests/integration's); each sweep shows what a
+    # sidecar would: the newest arrivals up to that moment, at most wire.STATUS_ARRIVALS of them.
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    worker = builders.pod("train-worker-0", port=stand_ins[1].port)
+    worker["spec"]["nodeName"] = "gpu-7"
+    await controller.on_pod("MODIFIED", worker)
+    slow = job(60, 0.25, {2: 0.05, 3: 0.055}, ranks=4)
+    healthy = job(300, 0.25, {}, ranks=4, jitter_s=0.02, start_s=60 * 0.36)
+    arrivals = {r: slow[r]["0"] + [(seq + 120, t) for seq, t in healthy[r]["0"]] for r in slow}
+
+    async def sweep_up_to(seq: int) -> None:
+        for s in stand_ins:
+            s.stalled = False
+            s.arrivals = {r: [[q, t] for q, t in arrivals[r] if q <= seq][-80:] for r in s.ranks}
+        await sweep(controller, stand_ins)
+
+    for upto in (40, 80, 120):
+        await sweep_up_to(upto)
+    [(kind, reason, message)] = events(fake_kube)
+    assert (kind, reason) == ("Warning", names.REASON_STRAGGLER)
+    assert message.startswith("rank 3 (pod train-worker-0 on node gpu-7, ranks 2, 3) is a straggler across pods")
+    assert "group 0" in message and "it costs the job" in message
+    assert not [c for c in (fake_kube.get("pytorchjobs", "ml", "train") or {})["status"].get("conditions", [])
+                if c["type"] == names.CONDITION_TYPE]  # not a hang
+    for upto in range(180, 721, 60):  # > 60 s of healthy steps: the window forgets the slow ones
+        await sweep_up_to(upto)
+    assert sorted((k, r) for k, r, _m in events(fake_kube)) == [("Normal", names.REASON_STRAGGLER_GONE),
+                                                                ("Warning", names.REASON_STRAGGLER)]
+    assert controller.metrics.registry.get_sample_value("frscope_operator_stragglers_total") == 1
+
+
+async def test_a_rank_its_sidecar_reports_is_not_reported_again_across_pods(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    controller = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    slow = job(60, 0.25, {2: 0.1}, ranks=4)
+    for s in stand_ins:
+        s.stalled = False
+        s.arrivals = {r: [[q, t] for q, t in slow[r]["0"]] for r in s.ranks}
+    stand_ins[1].lateness = {2: {"group": "0", "lateness_s": 0.1, "share": 0.28, "late": 60, "compared": 120,
+                                 "window_s": 20.0, "straggler": True}}
+    await sweep(controller, stand_ins)
+    [(kind, reason, message)] = events(fake_kube)
+    assert (kind, reason) == ("Warning", names.REASON_STRAGGLER) and "across pods" not in message
+    stand_ins[1].lateness = {}  # its sidecar no longer sees it; its pod is still the late one
+    await sweep(controller, stand_ins)
+    assert [m for _k, r, m in events(fake_kube) if r == names.REASON_STRAGGLER and "across pods" in m]
