@@ -1,0 +1,79 @@
+"""The sidecar <-> operator wire format (docs/sidecar-api.md): this package is the only place that
+spells it, one sub-module per document.
+
+Three documents travel between frscope's parts:
+
+- the **snapshot piece** (`snapshot`): one rank's recorder with its capture metadata
+  (``{"frscope_snapshot": 1, "rank", "captured_at_ns", "source", "stacks", "trace"}``); the sidecar
+  serves it, the demo writes it as ``rank-<r>.json``, frscope.records reads it like a torch dump;
+- the **snapshot envelope** (`snapshot`, ``frscope.sidecar.snapshot/v1``): a pod's pieces plus
+  per-rank errors, served at ``/v1/snapshot``, pushed to the operator's ``/v1/push`` and kept on disk
+  by the sidecar;
+- the **status document** (`status`, ``frscope.sidecar.status/v1``): per rank and group progress and
+  recent arrivals, ``/v1/status``.
+
+`common` holds what they share (schema names, the per-pod token audience, `WireError`, bounded value
+readers). Writers (the sidecar, the demo) and readers (the operator, the CLI, frscope.records) import
+the names below, so a field renamed here is renamed for all of them. Pure: no I/O, no frscope imports
+outside this package, nothing but the standard library (import-linter keeps it so).
+"""
+
+from frscope.wire.common import (
+    ENTRIES_DROPPED_KEY,
+    SIDECAR_AUDIENCE,
+    SNAPSHOT_FORMAT,
+    SNAPSHOT_KEY,
+    SNAPSHOT_PIECE_KEYS,
+    SNAPSHOT_SCHEMA,
+    SNAPSHOT_WINDOW_MAX,
+    SNAPSHOT_WINDOW_MIN,
+    STATUS_MAX_BYTES,
+    STATUS_SCHEMA,
+    WireError,
+    sidecar_audience,
+)
+from frscope.wire.snapshot import (
+    SidecarSnapshot,
+    SnapshotError,
+    entries_dropped,
+    is_snapshot_envelope,
+    is_snapshot_piece,
+    parse_snapshot,
+    parse_window,
+    snapshot_envelope_bytes,
+    snapshot_head,
+    snapshot_piece,
+    snapshot_piece_bytes,
+    unwrap_snapshot,
+    window_piece,
+    window_query,
+)
+from frscope.wire.status import (
+    STATUS_ARRIVALS,
+    STATUS_ARRIVALS_TOTAL,
+    DumpDirDoc,
+    DumpFileDoc,
+    EvidenceDoc,
+    GroupStall,
+    GroupStatusDoc,
+    LatenessDoc,
+    RankLate,
+    RankStatusDoc,
+    RankUp,
+    SidecarStatus,
+    StatusDoc,
+    loads_status,
+    parse_status,
+    status_arrivals_each,
+)
+
+__all__ = [
+    "DumpDirDoc", "DumpFileDoc", "ENTRIES_DROPPED_KEY", "EvidenceDoc", "GroupStall", "GroupStatusDoc",
+    "LatenessDoc", "RankLate", "RankStatusDoc", "RankUp", "SIDECAR_AUDIENCE", "SNAPSHOT_FORMAT", "SNAPSHOT_KEY",
+    "SNAPSHOT_PIECE_KEYS", "SNAPSHOT_SCHEMA", "SNAPSHOT_WINDOW_MAX", "SNAPSHOT_WINDOW_MIN", "STATUS_ARRIVALS",
+    "STATUS_ARRIVALS_TOTAL", "STATUS_MAX_BYTES", "STATUS_SCHEMA", "SidecarSnapshot", "SidecarStatus",
+    "SnapshotError", "StatusDoc", "WireError", "entries_dropped", "is_snapshot_envelope", "is_snapshot_piece",
+    "loads_status", "parse_snapshot", "parse_status", "parse_window", "sidecar_audience", "snapshot_envelope_bytes",
+    "snapshot_head", "snapshot_piece", "snapshot_piece_bytes", "status_arrivals_each", "unwrap_snapshot",
+    "window_piece", "window_query",
+]

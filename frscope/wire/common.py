@@ -1,0 +1,63 @@
+"""What every document of the wire format shares: the schema names, the per-pod token audience, the
+error type, and the bounded readers of a document's values (ints, seconds, text)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+STATUS_SCHEMA = "frscope.sidecar.status/v1"
+SNAPSHOT_SCHEMA = "frscope.sidecar.snapshot/v1"
+# The key that marks a snapshot piece, and its format number (its value).
+SNAPSHOT_KEY = "frscope_snapshot"
+SNAPSHOT_FORMAT = 1
+SNAPSHOT_PIECE_KEYS = frozenset({SNAPSHOT_KEY, "rank", "captured_at_ns", "source", "stacks", "trace"})
+# A piece cut to its newest entries (`/v1/snapshot?entries=N`) says how many older ones it left out.
+ENTRIES_DROPPED_KEY = "entries_dropped"
+# `/v1/snapshot?entries=N`: the window's bounds (a recorder holds 2,000 entries by default; no ring
+# buffer is a million long, and a number past that is a typo or a probe).
+SNAPSHOT_WINDOW_MIN = 1
+SNAPSHOT_WINDOW_MAX = 1_000_000
+
+
+# A status document is a few KiB per rank; one past this is refused before it is parsed.
+STATUS_MAX_BYTES = 1024 * 1024
+# Ints in a status document: seqs, counts and ranks are int64 at most.
+INT64 = (1 << 63) - 1
+MAX_RANK = 1 << 20
+
+# The audience of the tokens the operator mints for one pod's sidecar (TokenRequest); the sidecar
+# accepts only its own pod's, so a token shown to one sidecar opens no other.
+SIDECAR_AUDIENCE = "frscope.io/sidecar"
+
+
+def sidecar_audience(namespace: str, pod: str) -> str:
+    return f"{SIDECAR_AUDIENCE}/{namespace}/{pod}"
+
+
+class WireError(ValueError):
+    """A document is not what this module's schema says (the message says which part)."""
+
+
+
+def read_int(value: Any) -> int | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and -INT64 <= value <= INT64
+    return value if ok else None
+
+
+def read_seconds(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int) and abs(value) > 1 << 53:
+        return None
+    got = float(value)
+    return got if math.isfinite(got) else None
+
+
+def read_text(value: Any, limit: int = 200) -> str:
+    """A string of the document (capped), never str() of a container (its repr may be enormous)."""
+    if isinstance(value, str):
+        return value[:limit]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and read_int(value) is not None:
+        return str(value)
+    return "?" if value is not None else ""
