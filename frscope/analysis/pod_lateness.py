@@ -38,6 +38,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS
 from frscope.analysis.lateness import ALPHA, MIN_GAP_S, MIN_LATE, MIN_SHARE, WINDOW_S, binomial_tail
@@ -52,9 +53,8 @@ MIN_COMPARED = 64
 MAX_COMPARED = 512
 
 
-@dataclass(frozen=True, slots=True)
-class PodArrival:
-    """One pod at one collective of one group."""
+class PodArrival(NamedTuple):
+    """One pod at one collective of one group (a tuple: a job's arrivals are many)."""
 
     created_ns: int  # its last member's enqueue, on the pod's clock
     late_rank: int  # that member
@@ -99,6 +99,11 @@ def pod_arrivals(by_rank: RankArrivals) -> dict[str, dict[int, PodArrival]]:
             if rows:
                 groups.setdefault(group, []).append((rank, rows))
     for group, members in groups.items():
+        if len(members) == 1:  # one rank in the group: its rows are the pod's arrivals
+            rank, rows = members[0]
+            out[group] = {row[0]: PodArrival(row[1], rank, w, rank)
+                          for row in rows for w in (row[2] if len(row) > 2 and row[2] >= 0 else NO_WAIT,)}
+            continue
         merged: dict[int, list[int]] = {}  # seq -> [created, late rank, wait, wait rank, members seen]
         for rank, rows in members:
             for row in rows:

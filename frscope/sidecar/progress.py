@@ -53,6 +53,9 @@ class GroupSample:
     # (collective_seq_id, enqueue time) of its newest ARRIVALS_KEPT collectives: the rank's arrivals,
     # compared across ranks for lateness (frscope.analysis.lateness).
     arrivals: tuple[tuple[int, int], ...] = ()
+    # (collective_seq_id, wait in ns) of those the recorder dates (NCCL with timing: `duration_ms`, the
+    # wait for the last peer plus the transfer), for the operator's skew-free comparison across pods.
+    waits: tuple[tuple[int, int], ...] = ()
 
     @property
     def key(self) -> tuple[int, int, int, int]:
@@ -117,6 +120,7 @@ def sample_groups(dump: RankDump) -> dict[str, GroupSample]:
             inflight_timeout_ms=open_entry.timeout_ms if open_entry is not None else None,
             newest_progress_ns=newest or None,
             arrivals=_arrivals(track.by_seq),
+            waits=_waits(track.by_seq),
         )
     return out
 
@@ -127,6 +131,15 @@ def _arrivals(by_seq: Mapping[int, list[Entry]]) -> tuple[tuple[int, int], ...]:
         created = by_seq[seq][0].time_created_ns if by_seq[seq] else None
         if created:
             out.append((seq, created))
+    return tuple(out)
+
+
+def _waits(by_seq: Mapping[int, list[Entry]]) -> tuple[tuple[int, int], ...]:
+    out: list[tuple[int, int]] = []
+    for seq in sorted(by_seq)[-ARRIVALS_KEPT:]:
+        duration = next((e.duration_ms for e in by_seq[seq] if e.duration_ms is not None), None)
+        if duration is not None and duration >= 0:
+            out.append((seq, int(duration * 1e6)))
     return tuple(out)
 
 

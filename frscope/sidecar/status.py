@@ -8,7 +8,7 @@ from frscope.analysis.lateness import RankLateness
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.dumpdir import DumpDirWatcher
 from frscope.sidecar.evidence import EvidenceStore
-from frscope.sidecar.progress import StallTracker
+from frscope.sidecar.progress import GroupSample, StallTracker
 from frscope.sidecar.ranks import RankState
 from frscope.wire import DumpFileDoc, GroupStatusDoc, LatenessDoc, RankStatusDoc, StatusDoc
 
@@ -19,6 +19,15 @@ def _lateness_doc(found: RankLateness | None) -> LatenessDoc | None:
     return {"group": found.group, "lateness_s": round(found.lateness_s, 4), "share": round(found.share, 4),
             "late": found.late, "compared": found.compared, "window_s": round(found.window_s, 3),
             "straggler": found.straggler}
+
+
+def _arrivals(sample: GroupSample, each: int) -> list[list[int]]:
+    """The group's newest `each` arrivals, [seq, enqueue ns] or, where the recorder dates it,
+    [seq, enqueue ns, wait ns]."""
+    if not each:
+        return []
+    waits = dict(sample.waits)
+    return [[seq, ns, waits[seq]] if seq in waits else [seq, ns] for seq, ns in sample.arrivals[-each:]]
 
 
 def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker: StallTracker,
@@ -47,7 +56,7 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
                 "suspected_since_ns": group.suspected_since_ns,
                 "suspect_threshold_s": group.suspect_threshold_s,
                 "usual_wait_s": round(group.rhythm.usual_wait_s, 3),
-                "arrivals": [[seq, ns] for seq, ns in sample.arrivals[-each:]] if each else [],
+                "arrivals": _arrivals(sample, each),
             }
         by_rank[str(rank)] = {
             "up": state.up,
@@ -73,6 +82,7 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
         "namespace": config.namespace,
         "node": config.node,
         "captured_at_ns": last_round_ns or now_ns,
+        "answered_at_ns": now_ns,
         "stalled": any(g.stalled for g in tracker.groups.values()),
         "suspected": any(g.suspected for g in tracker.groups.values()),
         "ranks": by_rank,

@@ -9,10 +9,12 @@ from typing import Any, NotRequired, TypedDict
 
 from frscope.wire.common import MAX_RANK, STATUS_MAX_BYTES, STATUS_SCHEMA, WireError, read_int, read_seconds, read_text
 
-# Per rank and group, the status document carries its newest STATUS_ARRIVALS (collective_seq_id,
-# enqueue time in ns) pairs, for the operator's lateness across pods (frscope.analysis.pod_lateness);
-# a reader keeps at most that many of each list. A document carries at most STATUS_ARRIVALS_TOTAL
-# pairs in all (about 250 KiB, well inside STATUS_MAX_BYTES): with many ranks and groups, fewer each.
+# Per rank and group, the status document carries its newest STATUS_ARRIVALS arrivals, each
+# [collective_seq_id, enqueue time in ns] or, where the recorder dates the collective's wait (NCCL with
+# timing), [collective_seq_id, enqueue ns, wait ns], for the operator's lateness across pods
+# (frscope.analysis.pod_lateness); a reader keeps at most that many of each list. A document carries at
+# most STATUS_ARRIVALS_TOTAL arrivals in all (about 300 KiB, well inside STATUS_MAX_BYTES): with many
+# ranks and groups, fewer each.
 STATUS_ARRIVALS = 64
 STATUS_ARRIVALS_TOTAL = 8192
 
@@ -41,8 +43,8 @@ class GroupStatusDoc(TypedDict):
     suspected_since_ns: NotRequired[int | None]
     suspect_threshold_s: NotRequired[float]
     usual_wait_s: NotRequired[float]
-    # The newest STATUS_ARRIVALS [collective_seq_id, enqueue ns] of the rank in the group (absent in
-    # documents of sidecars that predate lateness across pods).
+    # The newest STATUS_ARRIVALS [collective_seq_id, enqueue ns(, wait ns)] of the rank in the group
+    # (absent in documents of sidecars that predate lateness across pods).
     arrivals: NotRequired[list[list[int]]]
 
 
@@ -98,6 +100,9 @@ class StatusDoc(TypedDict):
     namespace: str
     node: str
     captured_at_ns: int
+    # The sidecar's wall clock when it answered (its pod's ranks share it: one node): the operator
+    # measures each pod's clock offset from it and its own times around the request.
+    answered_at_ns: NotRequired[int]
     stalled: bool
     suspected: NotRequired[bool]  # some group is suspected (or stalled)
     ranks: dict[str, RankStatusDoc]
@@ -150,8 +155,13 @@ class SidecarStatus:
     # Groups suspected but not (yet) stalled: a stall not confirmed yet (docs/sidecar.md).
     suspects: tuple[GroupStall, ...] = ()
     stragglers: tuple[RankLate, ...] = ()  # ranks the sidecar reports as stragglers
-    # rank -> group -> its newest (collective_seq_id, enqueue ns), at most STATUS_ARRIVALS each
-    arrivals: dict[int, dict[str, tuple[tuple[int, int], ...]]] = field(default_factory=dict)
+    # rank -> group -> its newest (collective_seq_id, enqueue ns[, wait ns]), at most STATUS_ARRIVALS each
+    arrivals: dict[int, dict[str, tuple[tuple[int, ...], ...]]] = field(default_factory=dict)
+    answered_at_ns: int | None = None  # the sidecar's clock when it answered
+    # Set by the reader, not read from the document: its own wall clock just before it asked and just
+    # after the answer arrived (with answered_at_ns, the pod's clock offset within half the round trip).
+    asked_ns: int | None = None
+    received_ns: int | None = None
 
 
 def loads_status(raw: bytes) -> SidecarStatus:
@@ -187,7 +197,7 @@ def _parse_status(obj: Any) -> SidecarStatus:
     suspects: list[GroupStall] = []
     stragglers: list[RankLate] = []
     per_rank: list[RankUp] = []
-    arrivals: dict[int, dict[str, tuple[tuple[int, int], ...]]] = {}
+    arrivals: dict[int, dict[str, tuple[tuple[int, ...], ...]]] = {}
     up = down = 0
     ranks = obj.get("ranks")
     for rank_text, rank_obj in (ranks.items() if isinstance(ranks, dict) else []):
@@ -227,18 +237,22 @@ def _parse_status(obj: Any) -> SidecarStatus:
         pod=read_text(obj.get("pod") or ""), namespace=read_text(obj.get("namespace") or ""),
         stalled=bool(obj.get("stalled")) or bool(stalls), stalls=tuple(stalls), ranks_up=up, ranks_down=down,
         ranks=tuple(sorted(per_rank, key=lambda r: r.rank)), suspects=tuple(suspects),
-        stragglers=tuple(stragglers), arrivals=arrivals,
+        stragglers=tuple(stragglers), arrivals=arrivals, answered_at_ns=read_int(obj.get("answered_at_ns")),
     )
 
 
-def _arrivals(value: Any) -> tuple[tuple[int, int], ...]:
-    """A group's `arrivals`: its newest STATUS_ARRIVALS well-formed [seq, ns] pairs (others skipped)."""
+def _arrivals(value: Any) -> tuple[tuple[int, ...], ...]:
+    """A group's `arrivals`: its newest STATUS_ARRIVALS well-formed [seq, ns] or [seq, ns, wait ns]
+    (others skipped; a negative wait is no wait)."""
     if not isinstance(value, list):
         return ()
-    out: list[tuple[int, int]] = []
-    for pair in value[-STATUS_ARRIVALS:]:
-        if isinstance(pair, list) and len(pair) == 2:
-            seq, ns = read_int(pair[0]), read_int(pair[1])
-            if seq is not None and ns is not None and ns > 0:
-                out.append((seq, ns))
+    out: list[tuple[int, ...]] = []
+    for item in value[-STATUS_ARRIVALS:]:
+        if not isinstance(item, list) or len(item) not in (2, 3):
+            continue
+        seq, ns = read_int(item[0]), read_int(item[1])
+        if seq is None or ns is None or ns <= 0:
+            continue
+        wait = read_int(item[2]) if len(item) == 3 else None
+        out.append((seq, ns, wait) if wait is not None and wait >= 0 else (seq, ns))
     return tuple(out)

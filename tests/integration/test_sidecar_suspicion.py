@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,8 +17,10 @@ from prometheus_client import CollectorRegistry
 
 from frscope import wire
 from frscope.analysis import AnalysisOptions, Category, analyze
-from frscope.analysis.pod_lateness import PodLateness, pod_lateness
+from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS
+from frscope.analysis.pod_lateness import PodClock, PodLateness
 from frscope.operator.engine.job_arrivals import JobArrivals
+from frscope.operator.engine.pod_stragglers import compare
 from frscope.records import assemble
 from frscope.sidecar.config import SidecarConfig
 from frscope.testing.rhythm_launch import start_rhythm_job
@@ -150,14 +154,15 @@ async def test_a_persistent_straggler_is_reported_with_its_cost() -> None:
 
 
 @pytest.mark.timeout(300)
-async def test_a_slow_rank_alone_in_its_pod_is_a_straggler_across_pods() -> None:
+async def test_a_rank_20_percent_slower_alone_in_its_pod_is_a_straggler_across_pods() -> None:
     # One rank per pod (three sidecars, each serving one real gloo rank): no sidecar can compare its
-    # ranks, so only the operator's comparison across pods (frscope.analysis.pod_lateness over the
-    # arrivals each /v1/status carries, merged over sweeps as the operator's JobArrivals does) sees
-    # rank 2 take 1.5 x the others' step. All sidecars share this host's clock: the default skew bound
-    # (20 ms) is still taken off every gap, as across hosts (at 1.2 x of a 0.25 s step, 50 ms late,
-    # what is left beyond the bound costs the job about 10%, the threshold itself).
-    args = ["--steps", "600", "--step-s", "0.25", "--jitter-s", "0.02", "--culprit", "2", "--slow-factor", "1.5",
+    # ranks, so only the operator's comparison across pods sees rank 2 take 1.2 x the others' 0.25 s
+    # step (50 ms late a step). The sweeps are the operator's: its own clock read around each
+    # /v1/status request (each pod's clock offset from the answer's `answered_at_ns`), the answers
+    # merged and compared by engine/pod_stragglers.compare with the default --clock-skew-ms. Gloo dates
+    # enqueues only, so this is the comparison by clocks; the sidecars share this host's clock, and the
+    # measured offsets say so within a few ms, not the 20 ms assumed without them.
+    args = ["--steps", "600", "--step-s", "0.25", "--jitter-s", "0.02", "--culprit", "2", "--slow-factor", "1.2",
             "--slow-from-step", "20"]
     with start_rhythm_job(3, 1, args, lifetime_s=250) as job:
         job.wait_for_sockets()
@@ -166,16 +171,21 @@ async def test_a_slow_rank_alone_in_its_pod_is_a_straggler_across_pods() -> None
                 running(default_config(job.pods[i], pod=f"trainer-worker-{i}"))) for i in range(3)}
             merged = JobArrivals()
             found: dict[str, PodLateness] = {}
+            clocks: dict[str, PodClock] = {}
 
             async def sweep() -> bool:
                 statuses = {}
                 for pod, sidecar in sidecars.items():
+                    asked = time.time_ns()
                     _status, headers, body = await get(sidecar, "/v1/status")
-                    statuses[pod] = wire.parse_status(decode(headers, body))
-                    assert all(r.get("lateness") is None for r in decode(headers, body)["ranks"].values())
-                merged.add(statuses, sidecars)
+                    received = time.time_ns()
+                    doc = decode(headers, body)
+                    statuses[pod] = replace(wire.parse_status(doc), asked_ns=asked, received_ns=received)
+                    assert all(r.get("lateness") is None for r in doc["ranks"].values())
                 found.clear()
-                found.update(pod_lateness(merged.view()))
+                found.update(await asyncio.to_thread(compare, merged, statuses, set(sidecars),
+                                                     DEFAULT_CLOCK_SKEW_MS / 1000, time.time_ns()))
+                clocks.update(merged.clocks(time.time_ns()))
                 return "trainer-worker-2" in found and found["trainer-worker-2"].straggler
 
             deadline = asyncio.get_running_loop().time() + 200
@@ -183,6 +193,8 @@ async def test_a_slow_rank_alone_in_its_pod_is_a_straggler_across_pods() -> None
                 assert asyncio.get_running_loop().time() < deadline, f"rank 2's pod never named: {found}"
                 await asyncio.sleep(2.0)
             slow = found["trainer-worker-2"]
-            assert slow.rank == 2 and slow.ranks == (2,) and slow.group == "0"
+            assert slow.rank == 2 and slow.ranks == (2,) and slow.group == "0" and slow.by_waits == 0
             assert not found["trainer-worker-0"].straggler and not found["trainer-worker-1"].straggler
-            assert 0.15 <= slow.share <= 0.45 and slow.lateness_s >= 0.06
+            assert sorted(clocks) == sorted(sidecars)
+            assert all(abs(c.offset_ns) <= c.bound_ns < 20_000_000 for c in clocks.values()), clocks
+            assert 0.1 <= slow.share <= 0.3 and slow.lateness_s >= 0.02

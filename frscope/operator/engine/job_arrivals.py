@@ -1,51 +1,113 @@
-"""A job's recent arrivals (when each rank enqueued each collective) as its sidecars report them in
-`/v1/status`, merged across sweeps: each answer carries only the newest `wire.STATUS_ARRIVALS` per rank
-and group, so at short steps a sweep alone would compare only the last few seconds. Bounded per rank
-and group (KEPT); what frscope.analysis.pod_lateness compares across pods."""
+"""A job's recent arrivals (when each pod reached each collective) as its sidecars report them in
+`/v1/status`, merged across sweeps, and each pod's clock against the operator's: what
+frscope.analysis.pod_lateness compares across pods.
+
+Arrivals: each answer carries only the newest `wire.STATUS_ARRIVALS` per rank and group, so a sweep
+alone would compare only the last few seconds of a fast job; each answer is reduced to the pod's
+arrivals at once (`pod_arrivals`: its last rank, its least wait) and kept per pod and group, at most
+`kept_each` collectives, fewer the more pods and groups a job has (KEPT_TOTAL in all).
+
+Clocks (`PodClockEstimate`): a status answer says the sidecar's wall clock when it answered
+(`answered_at_ns`), which its pod's ranks share (one node); the operator read its own clock just
+before asking and when the answer's head arrived. So the pod's offset (pod minus operator) lies in
+[answered - received, answered - asked]. The newest CLOCK_SAMPLES such intervals, each widened by
+DRIFT_PPM x its age, are intersected (the quickest round trips decide); the offset is the middle, its
+bound half the width plus DRIFT_PPM x the lateness window (the arrivals compared are up to that old).
+A pod whose sidecar does not say its clock has none here: the comparison takes it at offset 0 within
+the operator's `--clock-skew-ms`.
+
+Not thread-safe: the operator updates a job's arrivals and compares them in one worker thread at a time
+(engine/pod_stragglers)."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Collection, Mapping
 
-from frscope.analysis.pod_lateness import PodArrivals
-from frscope.wire import SidecarStatus
+from frscope.analysis.lateness import WINDOW_S
+from frscope.analysis.pod_lateness import PodArrival, PodClock, pod_arrivals
+from frscope.wire import STATUS_ARRIVALS, SidecarStatus
 
-# Per rank and group: enough for the lateness window (60 s) at a few collectives per second, and a
-# bound whatever the job's rate.
+# Per pod and group: enough for the lateness window (60 s) at a few collectives per second; fewer for
+# jobs of many pods and groups, so a job's arrivals stay about KEPT_TOTAL (tens of MB) however large.
 KEPT = 512
+KEPT_TOTAL = 1 << 19
+CLOCK_SAMPLES = 8
+# The most two hosts' clocks are assumed to drift apart, in parts per million (NTP-disciplined clocks
+# stay within a few ppm).
+DRIFT_PPM = 20.0
+
+
+def kept_each(lists: int) -> int:
+    """How many collectives are kept per (pod, group) of a job with `lists` of them."""
+    return max(STATUS_ARRIVALS, min(KEPT, KEPT_TOTAL // max(1, lists)))
+
+
+class PodClockEstimate:
+    def __init__(self) -> None:
+        self._samples: deque[tuple[int, int, int]] = deque(maxlen=CLOCK_SAMPLES)  # (at, low, high) offset ns
+
+    def add(self, asked_ns: int, answered_ns: int, received_ns: int) -> None:
+        if received_ns >= asked_ns:
+            self._samples.append((received_ns, answered_ns - received_ns, answered_ns - asked_ns))
+
+    def clock(self, now_ns: int) -> PodClock | None:
+        if not self._samples:
+            return None
+        widened = [(low - (drift := int(DRIFT_PPM * 1e-6 * max(0, now_ns - at))), high + drift)
+                   for at, low, high in self._samples]
+        low, high = max(w[0] for w in widened), min(w[1] for w in widened)
+        if low > high:  # the clock stepped (or drifted faster): the newest sample alone
+            low, high = widened[-1]
+        window = int(DRIFT_PPM * 1e-6 * WINDOW_S * 1e9)
+        return PodClock((low + high) // 2, (high - low + 1) // 2 + window)
 
 
 class JobArrivals:
     def __init__(self) -> None:
-        # pod -> rank -> group -> collective_seq_id -> enqueue ns
-        self._by_pod: dict[str, dict[int, dict[str, dict[int, int]]]] = {}
+        self._by_pod: dict[str, dict[str, dict[int, PodArrival]]] = {}  # pod -> group -> seq -> arrival
+        self._ranks: dict[str, tuple[int, ...]] = {}
+        self._clocks: dict[str, PodClockEstimate] = {}
 
     def add(self, statuses: Mapping[str, SidecarStatus], pods: Collection[str]) -> None:
-        """One sweep's answers; pods no longer in the job are forgotten. A rank whose newest reported
-        seq is below what is kept restarted (its seqs start again): its old arrivals are dropped."""
+        """One sweep's answers; pods no longer in the job are forgotten. A pod whose newest reported seq
+        in a group is below what is kept restarted (its seqs start again): its old arrivals are dropped."""
         for gone in [p for p in self._by_pod if p not in pods]:
             del self._by_pod[gone]
+            self._ranks.pop(gone, None)
+            self._clocks.pop(gone, None)
         for pod, status in statuses.items():
             if pod not in pods:
                 continue
-            by_rank = self._by_pod.setdefault(pod, {})
-            for rank, groups in status.arrivals.items():
-                by_group = by_rank.setdefault(rank, {})
-                for group, pairs in groups.items():
-                    if not pairs:
-                        continue
-                    kept = by_group.setdefault(group, {})
-                    if kept and max(seq for seq, _ns in pairs) < max(kept):
-                        kept.clear()
-                    kept.update(pairs)
-                    if len(kept) > KEPT:
-                        for seq in sorted(kept)[:len(kept) - KEPT]:
-                            del kept[seq]
+            if status.answered_at_ns and status.asked_ns is not None and status.received_ns is not None:
+                self._clocks.setdefault(pod, PodClockEstimate()).add(status.asked_ns, status.answered_at_ns,
+                                                                     status.received_ns)
+            if not status.arrivals:
+                continue
+            self._ranks[pod] = tuple(sorted(status.arrivals))
+            by_group = self._by_pod.setdefault(pod, {})
+            for group, seqs in pod_arrivals(status.arrivals).items():
+                if not seqs:
+                    continue
+                kept = by_group.setdefault(group, {})
+                if kept and max(seqs) < max(kept):
+                    kept.clear()
+                kept.update(seqs)
+        each = kept_each(sum(len(g) for g in self._by_pod.values()))
+        for by_group in self._by_pod.values():
+            for kept in by_group.values():
+                if len(kept) > each:
+                    for seq in sorted(kept)[:len(kept) - each]:
+                        del kept[seq]
 
-    def view(self) -> PodArrivals:
-        return {pod: {rank: {group: sorted(kept.items()) for group, kept in by_group.items()}
-                      for rank, by_group in by_rank.items()}
-                for pod, by_rank in self._by_pod.items()}
+    def arrivals(self) -> Mapping[str, Mapping[str, Mapping[int, PodArrival]]]:
+        return self._by_pod
+
+    def ranks(self) -> Mapping[str, tuple[int, ...]]:
+        return self._ranks
+
+    def clocks(self, now_ns: int) -> dict[str, PodClock]:
+        return {pod: clock for pod, est in self._clocks.items() if (clock := est.clock(now_ns)) is not None}
 
     def __len__(self) -> int:
         return len(self._by_pod)

@@ -16,10 +16,9 @@ and a Normal Event `Resumed` says after how long.
 
 Stragglers: a rank its sidecar reports as a straggler among its pod's ranks gets a Warning Event
 `Straggler` on the job (rank, pod, node, its share of the job's time), once per episode, and a Normal
-`StragglerKeepsUp` when its sidecar stops reporting it. Across pods: the arrivals every sidecar
-reports are merged over sweeps (JobArrivals) and compared by frscope.analysis.pod_lateness, gaps
-reduced by `--clock-skew-ms`; a pod the others keep waiting for (a slow node, or the pod of a slow
-rank that has no peer in its pod) gets the same Events, naming its rank, the pod and its node.
+`StragglerKeepsUp` when its sidecar stops reporting it. Across pods (engine/pod_stragglers, off the
+event loop): a pod the others keep waiting for (a slow node, or the pod of a slow rank that has no
+peer in its pod) gets the same Events, naming its rank, the pod and its node.
 """
 
 from __future__ import annotations
@@ -32,11 +31,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from frscope.analysis import AnalysisOptions
-from frscope.analysis.pod_lateness import PodLateness, pod_lateness
 from frscope.operator import names
 from frscope.operator.actions import culprit_placement
-from frscope.operator.engine.job_arrivals import JobArrivals
 from frscope.operator.engine.jobstate import JobState, job_fields
+from frscope.operator.engine.pod_stragglers import PodStragglers
 from frscope.operator.engine.publishing import rfc3339
 from frscope.operator.engine.settings import OperatorConfig
 from frscope.operator.evidence.diagnosis import diagnose
@@ -80,17 +78,9 @@ class Straggling:
 
 
 @dataclass(slots=True)
-class PodStraggling:
-    since_wall: float
-    late: PodLateness
-
-
-@dataclass(slots=True)
 class JobWatch:
     suspicion: Suspicion | None = None
     stragglers: dict[int, Straggling] = field(default_factory=dict)
-    arrivals: JobArrivals = field(default_factory=JobArrivals)
-    pod_stragglers: dict[str, PodStraggling] = field(default_factory=dict)  # by pod, across pods
 
 
 class Suspicions:
@@ -108,6 +98,7 @@ class Suspicions:
         self._job_state = job_state
         self._spawn = spawn
         self._jobs: dict[JobKey, JobWatch] = {}
+        self.pods = PodStragglers(config, metrics, self._event, spawn)
 
     def _watch(self, key: JobKey) -> JobWatch:
         watch = self._jobs.get(key)
@@ -166,6 +157,7 @@ class Suspicions:
         self._stragglers(key, watch, statuses)
 
     def forget(self, key: JobKey) -> None:
+        self.pods.forget(key)
         watch = self._jobs.pop(key, None)
         if watch is not None and watch.suspicion is not None and watch.suspicion.task is not None:
             watch.suspicion.task.cancel()
@@ -275,37 +267,4 @@ class Suspicions:
             log.info("job %s: %s", key, message, extra=job_fields(key))
             self._spawn(self._event(view.ref, names.REASON_STRAGGLER_GONE, message,
                                     f"kept{rank}-{int(time.time() * 1000)}", "Normal"))
-        self._pod_stragglers(key, view, watch, statuses, nodes)
-
-    def _pod_stragglers(self, key: JobKey, view: JobView, watch: JobWatch, statuses: dict[str, SidecarStatus],
-                        nodes: dict[str, str]) -> None:
-        """Lateness across the job's pods (frscope.analysis.pod_lateness), from the arrivals merged
-        over sweeps; a pod becoming or ceasing to be a straggler is one Event."""
-        watch.arrivals.add(statuses, nodes)
-        found = pod_lateness(watch.arrivals.view(), skew_s=self.config.clock_skew_ms / 1000) \
-            if len(watch.arrivals) >= 2 else {}
-        # a pod late because of a rank its sidecar already reports (among its pod's ranks) is that Event's
-        now = {pod: late for pod, late in found.items() if late.straggler and late.rank not in watch.stragglers}
-        for pod, late in sorted(now.items()):
-            if pod in watch.pod_stragglers:
-                watch.pod_stragglers[pod].late = late
-                continue
-            watch.pod_stragglers[pod] = PodStraggling(time.time(), late)
-            self.metrics.stragglers.inc()
-            node = f" on node {nodes[pod]}" if nodes.get(pod) else ""
-            ranks = ", ".join(str(r) for r in late.ranks)
-            message = (f"rank {late.rank} (pod {pod}{node}, ranks {ranks}) is a straggler across pods: its pod "
-                       f"arrives last at {late.late} of the last {late.compared} collectives of group {late.group}, "
-                       f"{late.lateness_s:.3f} s after the other pods on average (beyond the "
-                       f"{self.config.clock_skew_ms:g} ms clock-skew bound); it costs the job "
-                       f"{100 * late.share:.0f}% of its time")
-            log.warning("job %s: %s", key, message, extra=job_fields(key))
-            self._spawn(self._event(view.ref, names.REASON_STRAGGLER, message,
-                                    f"podlate{late.rank}-{int(time.time() * 1000)}", "Warning"))
-        for pod in [p for p in watch.pod_stragglers if p not in now and (p in statuses or p not in nodes)]:
-            gone = watch.pod_stragglers.pop(pod)
-            message = (f"rank {gone.late.rank} (pod {pod}) keeps up again with the other pods after "
-                       f"{time.time() - gone.since_wall:.0f} s as a straggler")
-            log.info("job %s: %s", key, message, extra=job_fields(key))
-            self._spawn(self._event(view.ref, names.REASON_STRAGGLER_GONE, message,
-                                    f"podkept{gone.late.rank}-{int(time.time() * 1000)}", "Normal"))
+        self.pods.on_sweep(key, view.ref, statuses, nodes, lambda: list(watch.stragglers))

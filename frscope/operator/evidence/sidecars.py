@@ -9,7 +9,9 @@ so that a sidecar that is down or answers garbage becomes a missing pod in the r
 from __future__ import annotations
 
 import asyncio
+import time
 import zlib
+from dataclasses import replace
 from typing import Any, Protocol
 
 import aiohttp
@@ -112,11 +114,16 @@ class SidecarClient:
         return headers
 
     async def _get_bytes(self, url: str, endpoint: str, timeout_s: float, limit: int,
-                         pod: tuple[str, str] | None = None) -> bytes:
+                         pod: tuple[str, str] | None = None, times: list[int] | None = None) -> bytes:
+        """`times`: gets this process' wall clock just before the request and when the answer's head
+        arrived (the answer was made between the two)."""
         headers = await self._headers(endpoint, pod)
         try:
+            asked = time.time_ns()
             async with self._session.get(url, headers=headers,
                                          timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                if times is not None:
+                    times[:] = [asked, time.time_ns()]
                 if resp.status == 401 and self._tokens is not None and pod is not None:
                     self._tokens.forget(*pod)  # minted again at the next ask
                 if resp.status != 200:
@@ -132,13 +139,15 @@ class SidecarClient:
 
     async def status(self, endpoint: str, timeout_s: float, *, pod: tuple[str, str] | None = None) -> SidecarStatus:
         """`pod`: (namespace, name) of the pod whose sidecar this is (its token is the one shown)."""
-        raw = await self._get_bytes(f"{endpoint}/v1/status", endpoint, timeout_s, MAX_STATUS_BYTES, pod)
+        times: list[int] = []
+        raw = await self._get_bytes(f"{endpoint}/v1/status", endpoint, timeout_s, MAX_STATUS_BYTES, pod, times)
         raw = gunzip_capped(raw, MAX_STATUS_BYTES, endpoint)
         try:
             # Off the event loop: one sidecar's answer must not stall the operator's other work.
-            return await asyncio.to_thread(wire.loads_status, raw)
+            status = await asyncio.to_thread(wire.loads_status, raw)
         except wire.WireError as exc:
             raise SidecarError(endpoint, str(exc), retryable=False) from None
+        return replace(status, asked_ns=times[0], received_ns=times[1]) if times else status
 
     async def snapshot_bytes(
         self, endpoint: str, timeout_s: float, *, refresh: bool = True, last_entries: int | None = None,

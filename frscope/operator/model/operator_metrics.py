@@ -33,8 +33,14 @@ class OperatorMetrics:
             ["outcome"], registry=registry,
         )
         self.stragglers = Counter(
-            "frscope_operator_stragglers", "Stragglers reported on jobs (a rank newly reported by its sidecar).",
+            "frscope_operator_stragglers",
+            "Stragglers reported on jobs (a rank newly reported by its sidecar, or a pod newly late across pods).",
             registry=registry,
+        )
+        self.lateness_compare_seconds = Histogram(
+            "frscope_operator_lateness_compare_seconds",
+            "Time to merge a job's arrivals from one status sweep and compare its pods (in a worker thread).",
+            buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 2.0, 10.0), registry=registry,
         )
         self.gather_duration = Histogram(
             "frscope_operator_gather_duration_seconds", "Time to gather every sidecar of a job.",

@@ -16,6 +16,7 @@ import copy
 import gzip
 import itertools
 import json
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -313,7 +314,7 @@ class StandInSidecar:
                         "stalled": self.stalled, "stalled_since_ns": 1,
                         "suspected": self.stalled or self.suspected}}
         return {"schema": "frscope.sidecar.status/v1", "pod": self.pod, "namespace": self.namespace,
-                "node": "n1", "captured_at_ns": 1, "stalled": self.stalled,
+                "node": "n1", "captured_at_ns": 1, "answered_at_ns": time.time_ns(), "stalled": self.stalled,
                 "suspected": self.stalled or self.suspected,
                 "ranks": {str(r): {"up": True, "error": None, "last_poll_ns": 1,
                                    "groups": {"0": {**groups["0"], "arrivals": self.arrivals[r]}}
