@@ -36,6 +36,15 @@ TRAINER_CONTAINERS: Final = frozenset({TRAINER_CONTAINER, "node"})
 # On the report: which job and incident it belongs to.
 LABEL_REPORT_JOB: Final = f"{PREFIX}/job"
 LABEL_REPORT_INCIDENT: Final = f"{PREFIX}/incident"
+# A report's state (its `state.phase`, also this label): an incident's report is Confirmed; a job's
+# suspicion report (one per job, `<job>-suspicion`, rewritten at each suspicion) is Suspected, then
+# Resumed (the job moved on) or Confirmed (the stall was; the incident's own report has the diagnosis).
+# Only Confirmed incident reports are the ledger (a suspicion report says `job.suspicion: true`).
+LABEL_REPORT_STATE: Final = f"{PREFIX}/state"
+REPORT_STATE_SUSPECTED: Final = "Suspected"
+REPORT_STATE_RESUMED: Final = "Resumed"
+REPORT_STATE_CONFIRMED: Final = "Confirmed"
+SUSPICION_REPORT: Final = "suspicion"
 
 # The condition frscope adds to the job's status.conditions.
 CONDITION_TYPE: Final = "CollectiveTimeoutDiagnosed"

@@ -30,7 +30,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from frscope.analysis import AnalysisOptions
+from frscope.analysis import AnalysisOptions, Report
 from frscope.operator import names
 from frscope.operator.actions import culprit_placement
 from frscope.operator.engine.jobstate import JobState, job_fields
@@ -47,6 +47,7 @@ from frscope.operator.model.objects import JobKey, JobRef
 from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.model.store import JobStore, JobView
 from frscope.operator.publish import JobGone, Publisher, clip_line, make_condition
+from frscope.operator.publish.report_cr import build_suspicion_cr, state_patch
 from frscope.report import one_line
 from frscope.wire import GroupStall, RankLate, SidecarStatus
 
@@ -68,6 +69,8 @@ class Suspicion:
     youngest_age_s: float | None
     published: bool = False
     task: asyncio.Task[None] | None = None
+    report: str | None = None  # the job's suspicion report, once written
+    ref: JobRef | None = None
 
 
 @dataclass(slots=True)
@@ -134,8 +137,11 @@ class Suspicions:
         if suspicion.task is not None and not suspicion.task.done():
             suspicion.task.cancel()
         self.metrics.suspicions.labels(outcome="confirmed").inc()
-        log.info("job %s: suspected stall confirmed after %.1f s", key, time.monotonic() - suspicion.since_mono,
-                 extra=job_fields(key))
+        after = time.monotonic() - suspicion.since_mono
+        log.info("job %s: suspected stall confirmed after %.1f s", key, after, extra=job_fields(key))
+        self._spawn(self._report_state(suspicion, names.REPORT_STATE_CONFIRMED,
+                                       f"Confirmed after {after:.0f} s (the sidecars' --stall-after passed): the "
+                                       f"incident's own report has the diagnosis."))
 
     def on_sweep(self, key: JobKey, statuses: dict[str, SidecarStatus]) -> None:
         """One sweep's answers for the job: a suspicion is over when no pod that answered suspects or
@@ -194,6 +200,7 @@ class Suspicions:
         condition["status"] = "Unknown"
         message = clip_line(f"suspected stall, not confirmed yet ({suspicion.detail}; confirmed at the sidecars' "
                             f"--stall-after): {verdict}{where}")
+        await self._write_report(view, suspicion, report, diagnosis.missing_pods, (finding.category.value, message))
         if await self._write(view, condition, names.REASON_SUSPECTED, message, suspicion, "Warning"):
             suspicion.published = True
             self.metrics.suspicions.labels(outcome="published").inc()
@@ -208,9 +215,39 @@ class Suspicions:
                                    f"The job moved on after {after_s:.0f} s: the suspected stall was not one",
                                    rfc3339())
         condition["status"] = "False"
+        await self._report_state(suspicion, names.REPORT_STATE_RESUMED,
+                                 f"Resumed after {after_s:.0f} s: the job moved on, the suspected stall was not one.")
         await self._write(view, condition, names.REASON_RESUMED,
                           f"resumed after {after_s:.0f} s: the suspected stall ({suspicion.detail}) was not one",
                           suspicion, "Normal")
+
+    async def _write_report(self, view: JobView, suspicion: Suspicion, report: Report, missing: dict[str, str],
+                            condition: tuple[str, str]) -> None:
+        """The job's suspicion report (`<job>-suspicion`, state Suspected), made or made again."""
+        body = build_suspicion_cr(view.ref, report, signal=suspicion.detail, missing_pods=missing, at=rfc3339(),
+                                  condition=condition, message=condition[1],
+                                  limit_bytes=self.config.report_limit_bytes)
+        try:
+            await self.publisher.put_report(view.ref, body)
+        except JobGone:
+            return
+        except KubeError as exc:
+            self.metrics.publish_errors.labels(step="report").inc()
+            log.error("job %s: suspicion report not written: %s", view.key, exc, extra=job_fields(view.key))
+            return
+        suspicion.report, suspicion.ref = body["metadata"]["name"], view.ref
+
+    async def _report_state(self, suspicion: Suspicion, phase: str, message: str) -> None:
+        """Move the suspicion's report (if one was written) to Resumed or Confirmed."""
+        if suspicion.report is None or suspicion.ref is None:
+            return
+        try:
+            patch = state_patch(phase, message, rfc3339())
+            await self.publisher.set_report_state(suspicion.ref, suspicion.report, patch)
+        except KubeError as exc:
+            self.metrics.publish_errors.labels(step="report").inc()
+            log.error("job %s: suspicion report %s not moved to %s: %s", suspicion.ref.key, suspicion.report, phase,
+                      exc, extra=job_fields(suspicion.ref.key))
 
     async def _write(self, view: JobView, condition: dict[str, Any], reason: str, message: str,
                      suspicion: Suspicion, event_type: str) -> bool:

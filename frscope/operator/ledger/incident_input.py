@@ -88,7 +88,10 @@ def culprit_ends(report: dict[str, Any]) -> dict[int, RankEnd]:
 
 
 def incident_from_report(report: dict[str, Any]) -> IncidentInput | None:
-    """None for a report that implicates no node (healthy, or its culprits' nodes unknown)."""
+    """None for a report that implicates no node (healthy, or its culprits' nodes unknown), and for a
+    job's suspicion report (`job.suspicion`: not an incident, whatever its state)."""
+    if _dict(report.get("job")).get("suspicion") is True:
+        return None
     diagnosis = _dict(report.get("diagnosis"))
     what = _dict(diagnosis.get("what"))
     category = what.get("category")

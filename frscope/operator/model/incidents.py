@@ -83,11 +83,12 @@ class ReportFacts:
 
 
 def report_facts(obj: dict[str, Any]) -> ReportFacts | None:
-    """Read a report object back into the ledger's terms; None for one frscope did not write."""
+    """Read a report object back into the ledger's terms; None for one frscope did not write, and for a
+    job's suspicion report (`job.suspicion`: what a suspected stall's gather found, no incident)."""
     meta = obj.get("metadata") or {}
     job = obj.get("job") or {}
     what = (obj.get("diagnosis") or {}).get("what") or {}
-    if not isinstance(job, dict) or not isinstance(what, dict):
+    if not isinstance(job, dict) or not isinstance(what, dict) or job.get("suspicion") is True:
         return None
     incident, name, uid = job.get("incident"), job.get("name"), job.get("uid")
     if not all(isinstance(v, str) and v for v in (incident, name, uid, meta.get("namespace"), meta.get("name"))):

@@ -180,6 +180,33 @@ class Publisher:
 
         return await retry_on_conflict(cycle)
 
+    async def put_report(self, ref: JobRef, body: dict[str, Any]) -> None:
+        """Create the report object, or replace the one of that name (the job's suspicion report, made
+        again at each suspicion). Raises KubeError (JobGone if the job went first)."""
+        await self._job(ref)
+        name = body["metadata"]["name"]
+
+        async def cycle() -> None:
+            try:
+                await self._kube.create(REPORTS, ref.namespace, body)
+                return
+            except AlreadyExists:
+                pass
+            current = await self._kube.get(REPORTS, ref.namespace, name)
+            replaced = {**body, "metadata": {**body["metadata"],
+                                             "resourceVersion": (current.get("metadata") or {}).get("resourceVersion")}}
+            await self._kube.replace(REPORTS, ref.namespace, name, replaced)
+
+        await retry_on_conflict(cycle)
+
+    async def set_report_state(self, ref: JobRef, name: str, patch: dict[str, Any]) -> bool:
+        """Merge `patch` (report_cr.state_patch) into the report; False if it is gone."""
+        try:
+            await self._kube.merge_patch(REPORTS, ref.namespace, name, patch)
+        except NotFound:
+            return False
+        return True
+
     async def post_event(self, ref: JobRef, *, reason: str, message: str, incident: str, now: str,
                          event_type: str = "Warning") -> None:
         body = build_event(ref, reason=reason, message=message, incident=incident, now=now, instance=self._instance,

@@ -109,13 +109,14 @@ def _trim_report(full: dict[str, Any], keep_ranks: set[int], limit: int,
 def build_report_cr(job: JobRef, report: Report, *, incident: str, attempt: str, signal: str,
                     missing_pods: dict[str, str], gathered_at: str, limit_bytes: int = DEFAULT_LIMIT_BYTES,
                     condition: tuple[str, str] | None = None, impact: dict[str, Any] | None = None,
-                    revision: int = 0) -> dict[str, Any]:
+                    revision: int = 0, state: dict[str, str] | None = None) -> dict[str, Any]:
     """The report object. It is also frscope's bookkeeping (the operator writes nothing on the job but
     its condition): `job.incident/attempt/processGroupName` + `diagnosis.what.collectiveSeqId` say
     which incident it diagnosed, `job.condition` (reason, message) what the job's condition says.
     `impact` (actions.Impact.to_json: watchdog timeout, GPUs, culprit pods and nodes) is what acting on
     the report reads later (docs/actions.md); the `action` field is written by the actor, not here.
-    `revision`: how many times the report was rewritten with trainer ends that came after it (0: never)."""
+    `revision`: how many times the report was rewritten with trainer ends that came after it (0: never).
+    `state`: `report_state(...)`; an incident's report is Confirmed when it is written."""
     finding = report.findings[0] if report.findings else None
     name = report_name(job, incident)
     culprits = sorted(finding.culprit_ranks) if finding else []
@@ -153,6 +154,7 @@ def build_report_cr(job: JobRef, report: Report, *, incident: str, attempt: str,
             "labels": {
                 names.LABEL_REPORT_JOB: dns_name(job.name),
                 names.LABEL_REPORT_INCIDENT: incident,
+                names.LABEL_REPORT_STATE: (state or {}).get("phase", names.REPORT_STATE_CONFIRMED),
                 "app.kubernetes.io/managed-by": names.COMPONENT,
             },
             "ownerReferences": [
@@ -173,6 +175,8 @@ def build_report_cr(job: JobRef, report: Report, *, incident: str, attempt: str,
             "processGroupName": finding.process_group.name if finding else "",
         },
         "progress": progress_lines(report),
+        "state": state or report_state(names.REPORT_STATE_CONFIRMED, "The stall was confirmed and diagnosed.",
+                                       gathered_at),
     }
     if revision:
         obj["job"]["revision"] = revision
@@ -187,3 +191,30 @@ def build_report_cr(job: JobRef, report: Report, *, incident: str, attempt: str,
     if note:
         obj["job"]["reportTrimmed"] = note
     return obj
+
+
+def report_state(phase: str, message: str, at: str) -> dict[str, str]:
+    """A report's `state`: Suspected, Resumed or Confirmed (names.REPORT_STATE_*), since `at` (RFC 3339)."""
+    return {"phase": phase, "message": _clip(message, 1024), "lastTransitionTime": at}
+
+
+def state_patch(phase: str, message: str, at: str) -> dict[str, Any]:
+    """The merge patch that moves a report to another state (its label follows)."""
+    return {"metadata": {"labels": {names.LABEL_REPORT_STATE: phase}}, "state": report_state(phase, message, at)}
+
+
+def build_suspicion_cr(job: JobRef, report: Report, *, signal: str, missing_pods: dict[str, str], at: str,
+                       condition: tuple[str, str], message: str,
+                       limit_bytes: int = DEFAULT_LIMIT_BYTES) -> dict[str, Any]:
+    """The job's suspicion report (`<job>-suspicion`): what the gather at a suspected stall found, state
+    Suspected. `job.suspicion` keeps it out of the ledger (it is no diagnosed incident)."""
+    obj = build_report_cr(job, report, incident=names.SUSPICION_REPORT, attempt="", signal=signal,
+                          missing_pods=missing_pods, gathered_at=at, limit_bytes=limit_bytes, condition=condition,
+                          state=report_state(names.REPORT_STATE_SUSPECTED, message, at))
+    obj["job"]["suspicion"] = True
+    return obj
+
+
+def is_suspicion_report(obj: dict[str, Any]) -> bool:
+    job = obj.get("job")
+    return isinstance(job, dict) and job.get("suspicion") is True

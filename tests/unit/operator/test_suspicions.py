@@ -68,7 +68,14 @@ async def test_a_suspicion_is_published_as_not_confirmed_then_resumed(
     [(kind, reason, message)] = events(fake_kube)
     assert (kind, reason) == ("Warning", names.REASON_SUSPECTED)
     assert "not confirmed" in message and "rank 1" in message and "train-master-0" in message
-    assert fake_kube.of("flightrecorderreports") == []  # the report comes with the confirmation
+    # the job's suspicion report: what the gather found, state Suspected, kept out of the ledger
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["metadata"]["name"] == "train-suspicion" and report["job"]["suspicion"] is True
+    assert report["state"]["phase"] == names.REPORT_STATE_SUSPECTED
+    assert report["metadata"]["labels"][names.LABEL_REPORT_STATE] == names.REPORT_STATE_SUSPECTED
+    assert report["diagnosis"]["what"]["category"] == "RankNotJoined" and report["diagnosis"]["who"]["culprits"] == "1"
+    await controller.on_report("ADDED", report)
+    assert controller._state(controller.store.jobs()[0].key).ledger.records == []
     assert outcome(controller, "published") == 1
     gathers = sum(s.snapshot_requests for s in stand_ins)
     await sweep(controller, stand_ins)  # still suspected: nothing new
@@ -83,6 +90,9 @@ async def test_a_suspicion_is_published_as_not_confirmed_then_resumed(
                                                                 ("Warning", names.REASON_SUSPECTED)]
     assert any(m.startswith("resumed after ") for _k, r, m in events(fake_kube) if r == names.REASON_RESUMED)
     assert outcome(controller, "resumed") == 1 and outcome(controller, "confirmed") == 0
+    [report] = fake_kube.of("flightrecorderreports")
+    assert report["state"]["phase"] == names.REPORT_STATE_RESUMED and report["state"]["message"].startswith("Resumed")
+    assert report["metadata"]["labels"][names.LABEL_REPORT_STATE] == names.REPORT_STATE_RESUMED
 
 
 async def test_a_confirmed_stall_replaces_the_suspicion_with_the_diagnosis(
@@ -100,7 +110,11 @@ async def test_a_confirmed_stall_replaces_the_suspicion_with_the_diagnosis(
     condition = ours(fake_kube)
     assert (condition["status"], condition["reason"]) == ("True", "RankNotJoined")
     assert sorted(r for _k, r, _m in events(fake_kube)) == ["RankNotJoined", names.REASON_SUSPECTED]
-    assert len(fake_kube.of("flightrecorderreports")) == 1
+    states = {r["metadata"]["name"]: (r["state"]["phase"], r["job"].get("suspicion", False))
+              for r in fake_kube.of("flightrecorderreports")}
+    [incident] = [name for name in states if name != "train-suspicion"]
+    assert states == {"train-suspicion": (names.REPORT_STATE_CONFIRMED, True),
+                      incident: (names.REPORT_STATE_CONFIRMED, False)}
     assert outcome(controller, "confirmed") == 1 and outcome(controller, "resumed") == 0
 
 
