@@ -21,7 +21,10 @@ Two measures of the gap, per collective:
   cannot tell a pod that is late by d at every step from a clock d ahead (a rank's own intervals are
   the same in both cases): the measured offset is what makes a persistent straggler visible.
 
-A gap of at least `min_gap_s` is a *late arrival*. Over the window (the group's last `window_s` seconds):
+A gap of at least `min_gap_s` is a *late arrival*. Over the window (the group's last `window_s` seconds,
+POD_WINDOW_S by default, and at least its newest MIN_WINDOW_COLLECTIVES: half the in-pod window, because arrivals reach the operator in chunks, a
+sidecar's full recorder read every 30 s, and a minute of healthy history before a slowdown would dilute
+the newest chunk's share):
   - `lateness_s`: the mean gap of the pod's late arrivals;
   - `share`: the sum of its gaps over the part of the window the compared collectives cover: the
     fraction of the job's time the other pods spent waiting for it ("costs the job 18% of its time");
@@ -41,12 +44,16 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS
-from frscope.analysis.lateness import ALPHA, MIN_GAP_S, MIN_LATE, MIN_SHARE, WINDOW_S, binomial_tail
+from frscope.analysis.lateness import ALPHA, MIN_GAP_S, MIN_LATE, MIN_SHARE, binomial_tail
 
 # rank -> group -> ((collective_seq_id, enqueue ns on the pod's clock[, wait ns]), ...): what one sidecar
 # reports of its pod's ranks; the wait is there only where the recorder dates it.
 RankArrivals = Mapping[int, Mapping[str, Sequence[tuple[int, ...]]]]
 NO_WAIT = -1
+POD_WINDOW_S = 30.0
+# However slow the steps, the window holds at least this many collectives (where known): a chance-level
+# test needs a few.
+MIN_WINDOW_COLLECTIVES = 8
 # The most pod-collective cells compared per group, and the fewest collectives however many pods.
 COMPARE_BUDGET = 1 << 19
 MIN_COMPARED = 64
@@ -126,7 +133,7 @@ def pod_arrivals(by_rank: RankArrivals) -> dict[str, dict[int, PodArrival]]:
 def pod_lateness(arrivals: PodArrivals, clocks: Mapping[str, PodClock] | None = None, *,
                  ranks: Mapping[str, tuple[int, ...]] | None = None,
                  unmeasured_bound_s: float = DEFAULT_CLOCK_SKEW_MS / 1000, min_gap_s: float = MIN_GAP_S,
-                 min_share: float = MIN_SHARE, window_s: float = WINDOW_S,
+                 min_share: float = MIN_SHARE, window_s: float = POD_WINDOW_S,
                  compare_budget: int = COMPARE_BUDGET) -> dict[str, PodLateness]:
     """Per pod, its lateness against the job's other pods in the group where it costs most; empty when
     no group spans two pods. A pod without a measured clock (`clocks`) is taken at offset 0 within
@@ -165,17 +172,21 @@ def _group(group: str, by_pod: dict[str, Mapping[int, PodArrival]], clocks: dict
     # when each compared collective began, on the operator's clock (its newest pod's arrival), for the window
     began = [max(col[seq].created_ns - off for col, off in zip(columns, offsets, strict=True)) for seq in ordered]
     newest = max(began)
-    first = next(i for i, t in enumerate(began) if newest - t <= window_s * 1e9)
+    first = min(next(i for i, t in enumerate(began) if newest - t <= window_s * 1e9),
+                max(0, len(began) - MIN_WINDOW_COLLECTIVES))
     ordered, began = ordered[first:], began[first:]
     span_s = (newest - min(began)) / 1e9
     # The operator merges what its sweeps saw, so collectives between sweeps may be missing (a group's
     # seqs are consecutive): the share is over the part of the span the compared collectives cover.
     covered = len(ordered) / (ordered[-1] - ordered[0] + 1)
     gaps: list[list[float]] = [[] for _ in pods]
+    # The span runs from the first compared collective's begin to the newest's: the gaps inside it are
+    # those of every collective but the first (a gap ends where its collective begins).
+    costs = [0.0 for _ in pods]
     late_ranks: list[Counter[int]] = [Counter() for _ in pods]
     by_waits = 0
     min_gap_ns = min_gap_s * 1e9
-    for seq in ordered:
+    for index, seq in enumerate(ordered):
         row = [col[seq] for col in columns]
         if all(a.wait_ns != NO_WAIT for a in row):
             by_waits += 1
@@ -191,12 +202,14 @@ def _group(group: str, by_pod: dict[str, Mapping[int, PodArrival]], clocks: dict
         if beyond >= min_gap_ns:
             gaps[last].append(beyond / 1e9)
             late_ranks[last][named] += 1
+            if index:
+                costs[last] += beyond / 1e9
     events = sum(len(g) for g in gaps)
     p = 1.0 / len(pods)
     out: dict[str, PodLateness] = {}
     for i, pod in enumerate(pods):
         mine = gaps[i]
-        share = sum(mine) / (span_s * covered) if span_s > 0 else 0.0
+        share = costs[i] / (span_s * covered) if span_s > 0 else 0.0
         biased = len(mine) >= MIN_LATE and binomial_tail(len(mine), events, p) < ALPHA / len(pods)
         named = late_ranks[i].most_common(1)[0][0] if mine else -1
         out[pod] = PodLateness(pod, named, ranks.get(pod, ()), group, sum(mine) / len(mine) if mine else 0.0,

@@ -28,7 +28,7 @@ from frscope.analysis.tracks import build_tracks
 from frscope.records import DumpSet, Entry, RankDump
 from frscope.sidecar.rhythm import Rhythm
 
-ARRIVALS_KEPT = 128
+ARRIVALS_KEPT = 256  # at least wire.STATUS_ARRIVALS
 
 # How a suspicion ended: the label values of frscope_suspected_stalls_total{outcome}.
 SUSPICION_OUTCOMES = ("resumed", "confirmed")

@@ -13,10 +13,10 @@ from frscope.wire.common import MAX_RANK, STATUS_MAX_BYTES, STATUS_SCHEMA, WireE
 # [collective_seq_id, enqueue time in ns] or, where the recorder dates the collective's wait (NCCL with
 # timing), [collective_seq_id, enqueue ns, wait ns], for the operator's lateness across pods
 # (frscope.analysis.pod_lateness); a reader keeps at most that many of each list. A document carries at
-# most STATUS_ARRIVALS_TOTAL arrivals in all (about 300 KiB, well inside STATUS_MAX_BYTES): with many
+# most STATUS_ARRIVALS_TOTAL arrivals in all (at most about 400 KiB, well inside STATUS_MAX_BYTES): with many
 # ranks and groups, fewer each.
-STATUS_ARRIVALS = 64
-STATUS_ARRIVALS_TOTAL = 8192
+STATUS_ARRIVALS = 256
+STATUS_ARRIVALS_TOTAL = 6144
 
 
 def status_arrivals_each(lists: int) -> int:

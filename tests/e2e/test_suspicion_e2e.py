@@ -3,9 +3,11 @@ bootstrap, one real `frscope sidecar` per pod with its default timing (a probe e
 after 4-15 s by the job's rhythm) and `--stall-after` out of reach, and the real operator with the
 chart's RBAC (pods made as objects, as in test_operator_e2e):
   - a hang is published as suspected, not confirmed: the job's condition with status Unknown naming
-    the culprit, a Warning `SuspectedStall` Event, no report object;
+    the culprit, a Warning `SuspectedStall` Event, and the job's suspicion report (`<job>-suspicion`)
+    in state Suspected, as the real API server keeps it (the CRD's schema; `kubectl get frr` shows it);
   - a collective that waits for one rank's lone checkpoint is suspected, then the job moves on: the
-    condition turns status False, reason Resumed, and a Normal `Resumed` Event says after how long.
+    condition turns status False, reason Resumed, a Normal `Resumed` Event says after how long, and
+    the suspicion report's state turns Resumed.
 No timed assertions (bench/detection.py measures how fast)."""
 
 from __future__ import annotations
@@ -108,6 +110,12 @@ def events(kube: ControlPlane, ns: str, reason: str) -> list[dict[str, Any]]:
     return list(kube.kubectl_json("get", "events", "-n", ns, "--field-selector", f"reason={reason}")["items"])
 
 
+def suspicion_report(kube: ControlPlane, ns: str) -> dict[str, Any] | None:
+    items = kube.kubectl_json("get", "flightrecorderreports", "-n", ns)["items"]
+    found = [r for r in items if r["metadata"]["name"] == f"{JOB}-suspicion"]
+    return dict(found[0]) if found else None
+
+
 def start(kube: ControlPlane, ns: str, ports: dict[str, int]) -> None:
     job = kube.apply(pytorchjob(ns))
     set_job_conditions(kube, ns, training_conditions("Created", "Running"))
@@ -130,8 +138,14 @@ def test_a_hang_is_published_as_suspected_not_confirmed(kube: ControlPlane, repo
             [event] = wait_for("the SuspectedStall Event", lambda: events(kube, namespace, "SuspectedStall"), 30)
             assert event["type"] == "Warning" and "train-master-0" in event["message"], event
             assert 'frscope_operator_suspected_stalls_total{outcome="published"} 1.0' in op.metrics()
-            # Not confirmed: no report object; the job's STATE column is still the training operator's.
-            assert kube.kubectl_json("get", "flightrecorderreports", "-n", namespace)["items"] == []
+            # Not confirmed: the suspicion report says so; the job's STATE column is still the training operator's.
+            report = wait_for("the suspicion report", lambda: suspicion_report(kube, namespace), 30)
+            assert report["state"]["phase"] == "Suspected", report["state"]
+            assert report["metadata"]["labels"]["frscope.io/state"] == "Suspected"
+            assert report["job"]["suspicion"] is True and report["diagnosis"]["who"]["culprits"] == "1", report
+            assert report["diagnosis"]["what"]["category"] == "RankNotJoined"
+            listed = kube.kubectl("get", "flightrecorderreports", "-n", namespace).stdout.splitlines()
+            assert listed[0].split()[:3] == ["NAME", "JOB", "STATE"] and listed[1].split()[2] == "Suspected", listed
             table = kube.kubectl("get", "pytorchjob", JOB, "-n", namespace).stdout
             assert table.splitlines()[1].split()[1] == "Running", table
 
@@ -155,4 +169,10 @@ def test_a_lone_checkpoint_is_suspected_then_resumed(kube: ControlPlane, report_
             metrics = op.metrics()
             assert 'frscope_operator_suspected_stalls_total{outcome="resumed"} 1.0' in metrics, metrics
             assert 'frscope_operator_suspected_stalls_total{outcome="confirmed"} 0.0' in metrics, metrics
-            assert kube.kubectl_json("get", "flightrecorderreports", "-n", namespace)["items"] == []
+            # the suspicion report follows: Resumed, and no incident report was made
+            report = wait_for("the suspicion report resumed",
+                              lambda: (r := suspicion_report(kube, namespace)) and r["state"]["phase"] == "Resumed"
+                              and r, 30)
+            assert report["state"]["message"].startswith("Resumed after "), report["state"]
+            items = kube.kubectl_json("get", "flightrecorderreports", "-n", namespace)["items"]
+            assert [r["metadata"]["name"] for r in items] == [f"{JOB}-suspicion"], items

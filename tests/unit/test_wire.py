@@ -130,21 +130,24 @@ def test_a_hostile_status_answer_is_a_wire_error_or_read_safely() -> None:
 
 
 def test_status_arrivals_are_read_per_rank_and_group_bounded_and_checked() -> None:
-    many = [[seq, 1_000 + seq] for seq in range(1, 201)]
+    many = [[seq, 1_000 + seq] for seq in range(1, 401)]
     doc = _status_doc(stalled=False, arrivals=many)
-    doc["ranks"]["0"]["groups"]["1"] = {"stalled": False, "arrivals": [[1, 5], "x", [2], [3, -1], [True, 7], [4, 9]]}
+    doc["ranks"]["0"]["groups"]["1"] = {"stalled": False, "arrivals": [[1, 5], "x", [2], [3, -1], [True, 7], [4, 9],
+                                                                       [5, 11, 250], [6, 12, -3], [7, 13, "x"], [8, 1, 2, 3]]}
     doc["ranks"]["0"]["groups"]["2"] = {"stalled": False, "arrivals": {"not": "a list"}}
     got = wire.loads_status(json.dumps(doc).encode())
     assert sorted(got.arrivals) == [0] and sorted(got.arrivals[0]) == ["0", "1"]
-    assert len(got.arrivals[0]["0"]) == wire.STATUS_ARRIVALS and got.arrivals[0]["0"][-1] == (200, 1_200)
-    assert got.arrivals[0]["1"] == ((1, 5), (4, 9))  # malformed pairs skipped, the good ones kept
+    assert len(got.arrivals[0]["0"]) == wire.STATUS_ARRIVALS and got.arrivals[0]["0"][-1] == (400, 1_400)
+    # malformed ones skipped, the good ones kept; a wait that is not one is no wait
+    assert got.arrivals[0]["1"] == ((1, 5), (4, 9), (5, 11, 250), (6, 12), (7, 13))
     assert got.stalls == ()
 
 
 def test_a_status_documents_arrivals_stay_well_inside_the_size_bound_whatever_the_layout() -> None:
     assert wire.status_arrivals_each(8) == wire.STATUS_ARRIVALS  # 8 ranks, one group each
-    assert wire.status_arrivals_each(8 * 100) == 10 and wire.status_arrivals_each(100_000) == 0
+    assert wire.status_arrivals_each(8 * 100) == 7 and wire.status_arrivals_each(100_000) == 0
     for lists in (1, 8, 64, 129, 1000, 9000):
         each = wire.status_arrivals_each(lists)
-        biggest = json.dumps([[[(1 << 40) + i, (1 << 62) + i] for i in range(each)] for _ in range(lists)])
+        biggest = json.dumps([[[(1 << 40) + i, (1 << 62) + i, (1 << 62) + i] for i in range(each)]
+                              for _ in range(lists)])
         assert each * lists <= wire.STATUS_ARRIVALS_TOTAL and len(biggest) < wire.STATUS_MAX_BYTES // 2

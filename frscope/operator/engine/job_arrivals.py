@@ -24,11 +24,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Collection, Mapping
 
-from frscope.analysis.lateness import WINDOW_S
-from frscope.analysis.pod_lateness import PodArrival, PodClock, pod_arrivals
+from frscope.analysis.pod_lateness import POD_WINDOW_S, PodArrival, PodClock, pod_arrivals
 from frscope.wire import STATUS_ARRIVALS, SidecarStatus
 
-# Per pod and group: enough for the lateness window (60 s) at a few collectives per second; fewer for
+# Per pod and group: enough for the lateness window (30 s) at many collectives per second; fewer for
 # jobs of many pods and groups, so a job's arrivals stay about KEPT_TOTAL (tens of MB) however large.
 KEPT = 512
 KEPT_TOTAL = 1 << 19
@@ -59,7 +58,7 @@ class PodClockEstimate:
         low, high = max(w[0] for w in widened), min(w[1] for w in widened)
         if low > high:  # the clock stepped (or drifted faster): the newest sample alone
             low, high = widened[-1]
-        window = int(DRIFT_PPM * 1e-6 * WINDOW_S * 1e9)
+        window = int(DRIFT_PPM * 1e-6 * POD_WINDOW_S * 1e9)
         return PodClock((low + high) // 2, (high - low + 1) // 2 + window)
 
 

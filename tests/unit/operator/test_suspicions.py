@@ -15,6 +15,7 @@ from frscope.operator.engine.settings import OperatorConfig
 from frscope.operator.evidence.pod_evidence import from_snapshot
 from frscope.operator.evidence.sidecars import parse_snapshot
 from frscope.operator.kube import KubeClient
+from frscope.operator.ledger.incident_input import incident_from_report
 from tests.unit.operator import builders
 from tests.unit.operator.fakes import FakeKube, StandInSidecar
 from tests.unit.operator.test_controller import CONFIG, Make, make_controller, session, setup_job
@@ -76,6 +77,9 @@ async def test_a_suspicion_is_published_as_not_confirmed_then_resumed(
     assert report["diagnosis"]["what"]["category"] == "RankNotJoined" and report["diagnosis"]["who"]["culprits"] == "1"
     await controller.on_report("ADDED", report)
     assert controller._state(controller.store.jobs()[0].key).ledger.records == []
+    on_node = {**report, "impact": {"culpritRanksByNode": {"gpu-7": [1]}}}
+    assert incident_from_report(on_node) is None  # nor does the node ledger count it
+    assert incident_from_report({**on_node, "job": {**report["job"], "suspicion": False}}) is not None
     assert outcome(controller, "published") == 1
     gathers = sum(s.snapshot_requests for s in stand_ins)
     await sweep(controller, stand_ins)  # still suspected: nothing new
