@@ -21,10 +21,10 @@ Two measures of the gap, per collective:
   cannot tell a pod that is late by d at every step from a clock d ahead (a rank's own intervals are
   the same in both cases): the measured offset is what makes a persistent straggler visible.
 
-A gap of at least `min_gap_s` is a *late arrival*. Over the window (the group's last `window_s` seconds,
-POD_WINDOW_S by default, and at least its newest MIN_WINDOW_COLLECTIVES: half the in-pod window, because arrivals reach the operator in chunks, a
-sidecar's full recorder read every 30 s, and a minute of healthy history before a slowdown would dilute
-the newest chunk's share):
+A gap of at least `min_gap_s` is a *late arrival*. Over the window (the group's last `window_s`
+seconds, POD_WINDOW_S by default, and at least its newest MIN_WINDOW_COLLECTIVES; half the in-pod
+window because arrivals reach the operator in chunks, a sidecar's full recorder read every 30 s, and a
+minute of healthy history before a slowdown would dilute the newest chunk's share):
   - `lateness_s`: the mean gap of the pod's late arrivals;
   - `share`: the sum of its gaps over the part of the window the compared collectives cover: the
     fraction of the job's time the other pods spent waiting for it ("costs the job 18% of its time");

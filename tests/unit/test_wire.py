@@ -132,8 +132,8 @@ def test_a_hostile_status_answer_is_a_wire_error_or_read_safely() -> None:
 def test_status_arrivals_are_read_per_rank_and_group_bounded_and_checked() -> None:
     many = [[seq, 1_000 + seq] for seq in range(1, 401)]
     doc = _status_doc(stalled=False, arrivals=many)
-    doc["ranks"]["0"]["groups"]["1"] = {"stalled": False, "arrivals": [[1, 5], "x", [2], [3, -1], [True, 7], [4, 9],
-                                                                       [5, 11, 250], [6, 12, -3], [7, 13, "x"], [8, 1, 2, 3]]}
+    odd = [[1, 5], "x", [2], [3, -1], [True, 7], [4, 9], [5, 11, 250], [6, 12, -3], [7, 13, "x"], [8, 1, 2, 3]]
+    doc["ranks"]["0"]["groups"]["1"] = {"stalled": False, "arrivals": odd}
     doc["ranks"]["0"]["groups"]["2"] = {"stalled": False, "arrivals": {"not": "a list"}}
     got = wire.loads_status(json.dumps(doc).encode())
     assert sorted(got.arrivals) == [0] and sorted(got.arrivals[0]) == ["0", "1"]
