@@ -67,34 +67,44 @@ class JobArrivals:
         self._by_pod: dict[str, dict[str, dict[int, PodArrival]]] = {}  # pod -> group -> seq -> arrival
         self._ranks: dict[str, tuple[int, ...]] = {}
         self._clocks: dict[str, PodClockEstimate] = {}
+        self._seen: dict[str, tuple[tuple[int, str, int], ...]] = {}  # pod -> its last answer's newest seqs
 
     def add(self, statuses: Mapping[str, SidecarStatus], pods: Collection[str]) -> None:
-        """One sweep's answers; pods no longer in the job are forgotten. A pod whose newest reported seq
-        in a group is below what is kept restarted (its seqs start again): its old arrivals are dropped."""
+        """One sweep's answers; pods no longer in the job are forgotten. Only what can be kept is read
+        (each rank's newest `kept_each` per group), and an answer whose newest arrivals are those of the
+        pod's previous answer (no full recorder read between two sweeps) not at all. A pod whose newest
+        reported seq in a group is below what is kept restarted (its seqs start again): its old arrivals
+        are dropped."""
         for gone in [p for p in self._by_pod if p not in pods]:
             del self._by_pod[gone]
             self._ranks.pop(gone, None)
             self._clocks.pop(gone, None)
+            self._seen.pop(gone, None)
+        lists = sum(len(g) for p, g in self._by_pod.items() if p not in statuses) + sum(
+            len({g for groups in st.arrivals.values() for g in groups}) for st in statuses.values())
+        each = kept_each(lists)
         for pod, status in statuses.items():
             if pod not in pods:
                 continue
             if status.answered_at_ns and status.asked_ns is not None and status.received_ns is not None:
                 self._clocks.setdefault(pod, PodClockEstimate()).add(status.asked_ns, status.answered_at_ns,
                                                                      status.received_ns)
-            if not status.arrivals:
+            newest = tuple(sorted((rank, group, rows[-1][0]) for rank, groups in status.arrivals.items()
+                                  for group, rows in groups.items() if rows))
+            if not newest or self._seen.get(pod) == newest:
                 continue
+            self._seen[pod] = newest
             self._ranks[pod] = tuple(sorted(status.arrivals))
             by_group = self._by_pod.setdefault(pod, {})
-            for group, seqs in pod_arrivals(status.arrivals).items():
+            recent = {rank: {group: rows[-each:] for group, rows in groups.items()}
+                      for rank, groups in status.arrivals.items()}
+            for group, seqs in pod_arrivals(recent).items():
                 if not seqs:
                     continue
                 kept = by_group.setdefault(group, {})
                 if kept and max(seqs) < max(kept):
                     kept.clear()
                 kept.update(seqs)
-        each = kept_each(sum(len(g) for g in self._by_pod.values()))
-        for by_group in self._by_pod.values():
-            for kept in by_group.values():
                 if len(kept) > each:
                     for seq in sorted(kept)[:len(kept) - each]:
                         del kept[seq]
