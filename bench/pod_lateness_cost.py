@@ -47,7 +47,7 @@ def sweeps(world: int, per_pod: int, count: int) -> tuple[list[dict[str, wire.Si
     pods = pods_of(world, per_pod)
     steps = int(count * 15 / STEP_S) + 64
     slow = world // 3
-    job = LatenessJob(pods, STEP_S, steps, slow={slow: 1.5}, jitter=0.1, subgroups=0, seed=world,
+    job = LatenessJob(pods, STEP_S, steps, slow={slow: 1.5}, jitter=0.03, subgroups=0, seed=world,
                       offsets_s={p: (i % 200 - 100) / 100 for i, p in enumerate(pods)})
     arrivals = simulate(job)
     per_step = 1
@@ -57,7 +57,7 @@ def sweeps(world: int, per_pod: int, count: int) -> tuple[list[dict[str, wire.Si
         sweep = {}
         for pod, by_rank in arrivals.items():
             each = wire.status_arrivals_each(len(by_rank))
-            rows = {r: {g: tuple(x for x in rs if x[0] <= upto)[-each:] for g, rs in groups.items()}
+            rows = {r: {g: tuple(rs[max(0, upto - each):upto]) for g, rs in groups.items()}  # rs[i]: seq i + 1
                     for r, groups in by_rank.items()}
             offset = int(job.offsets_s[pod] * 1e9)
             asked = 10**18 + k * 15 * 10**9

@@ -2,10 +2,13 @@
 `/v1/status`, merged across sweeps, and each pod's clock against the operator's: what
 frscope.analysis.pod_lateness compares across pods.
 
-Arrivals: each answer carries only the newest `wire.STATUS_ARRIVALS` per rank and group, so a sweep
-alone would compare only the last few seconds of a fast job; each answer is reduced to the pod's
-arrivals at once (`pod_arrivals`: its last rank, its least wait) and kept per pod and group, at most
-`kept_each` collectives, fewer the more pods and groups a job has (KEPT_TOTAL in all).
+Arrivals: each answer carries the newest `wire.STATUS_ARRIVALS` per rank and group; each is reduced to
+the pod's arrivals at once (`pod_arrivals`: its last rank, its least wait) and kept per pod and group
+across sweeps. Bounded whatever the job's size: a sweep reads at most MERGE_BUDGET of its answers'
+arrivals (each rank's newest `read_each` per group: all of them up to a few hundred ranks, 32 at
+8,192), and a job keeps at most about KEPT_TOTAL pod arrivals (`kept_each` per pod and group, between
+MIN_KEPT and KEPT). Fewer collectives per pod at large scale still decide: with n pods a pod late at
+chance level is late at 1 / n of them, so a handful of late arrivals is already far beyond chance.
 
 Clocks (`PodClockEstimate`): a status answer says the sidecar's wall clock when it answered
 (`answered_at_ns`), which its pod's ranks share (one node); the operator read its own clock just
@@ -30,7 +33,12 @@ from frscope.wire import STATUS_ARRIVALS, SidecarStatus
 # Per pod and group: enough for the lateness window (30 s) at many collectives per second; fewer for
 # jobs of many pods and groups, so a job's arrivals stay about KEPT_TOTAL (tens of MB) however large.
 KEPT = 512
-KEPT_TOTAL = 1 << 19
+MIN_KEPT = 32
+KEPT_TOTAL = 1 << 18
+# The most (rank, group, collective) arrivals one sweep's answers of a job are read for, and the
+# fewest per rank and group.
+MERGE_BUDGET = 1 << 18
+MIN_READ = 32
 CLOCK_SAMPLES = 8
 # The most two hosts' clocks are assumed to drift apart, in parts per million (NTP-disciplined clocks
 # stay within a few ppm).
@@ -39,7 +47,12 @@ DRIFT_PPM = 20.0
 
 def kept_each(lists: int) -> int:
     """How many collectives are kept per (pod, group) of a job with `lists` of them."""
-    return max(STATUS_ARRIVALS, min(KEPT, KEPT_TOTAL // max(1, lists)))
+    return max(MIN_KEPT, min(KEPT, KEPT_TOTAL // max(1, lists)))
+
+
+def read_each(rank_lists: int) -> int:
+    """How many of each rank's newest arrivals per group a sweep with `rank_lists` of them reads."""
+    return max(MIN_READ, min(STATUS_ARRIVALS, MERGE_BUDGET // max(1, rank_lists)))
 
 
 class PodClockEstimate:
@@ -71,7 +84,7 @@ class JobArrivals:
 
     def add(self, statuses: Mapping[str, SidecarStatus], pods: Collection[str]) -> None:
         """One sweep's answers; pods no longer in the job are forgotten. Only what can be kept is read
-        (each rank's newest `kept_each` per group), and an answer whose newest arrivals are those of the
+        (each rank's newest `read_each` per group, at most `kept_each`), and an answer whose newest arrivals are those of the
         pod's previous answer (no full recorder read between two sweeps) not at all. A pod whose newest
         reported seq in a group is below what is kept restarted (its seqs start again): its old arrivals
         are dropped."""
@@ -83,6 +96,7 @@ class JobArrivals:
         lists = sum(len(g) for p, g in self._by_pod.items() if p not in statuses) + sum(
             len({g for groups in st.arrivals.values() for g in groups}) for st in statuses.values())
         each = kept_each(lists)
+        read = min(each, read_each(sum(len(groups) for st in statuses.values() for groups in st.arrivals.values())))
         for pod, status in statuses.items():
             if pod not in pods:
                 continue
@@ -96,7 +110,7 @@ class JobArrivals:
             self._seen[pod] = newest
             self._ranks[pod] = tuple(sorted(status.arrivals))
             by_group = self._by_pod.setdefault(pod, {})
-            recent = {rank: {group: rows[-each:] for group, rows in groups.items()}
+            recent = {rank: {group: rows[-read:] for group, rows in groups.items()}
                       for rank, groups in status.arrivals.items()}
             for group, seqs in pod_arrivals(recent).items():
                 if not seqs:

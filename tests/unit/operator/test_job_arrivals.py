@@ -53,4 +53,4 @@ def test_arrivals_are_merged_per_pod_and_bounded_per_job() -> None:
         many.add({p: status(p, {i: {"0": tuple((s, s * 1000) for s in range(start, start + 64))}})
                   for i, p in enumerate(names)}, set(names))
     kept = sum(len(g) for by_group in many.arrivals().values() for g in by_group.values())
-    assert kept == 2048 * kept_each(2048) == KEPT_TOTAL and kept_each(2048) == 256
+    assert kept == 2048 * kept_each(2048) == KEPT_TOTAL and kept_each(2048) == 128
