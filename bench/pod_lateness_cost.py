@@ -112,7 +112,7 @@ def main() -> int:
     lines = [SECTION, "", f"Command: `python bench/pod_lateness_cost.py` ({platform.node()}, "
              f"{platform.processor() or platform.machine()}; the machine's 2 cores shared with other work). "
              "Synthetic input (frscope.testing.lateness_jobs), as the sidecars would report it: one rank 1.5 x slow, "
-             "10% jitter, each pod's clock up to 1 s off, 15 s of 0.25 s steps between sweeps.", "",
+             "3% jitter, each pod's clock up to 1 s off, 15 s of 0.25 s steps between sweeps.", "",
              "| ranks | ranks a pod | pods | merge + compare per sweep, CPU s (mean / max) | peak memory (MiB) "
              "| collectives compared | named |", "|---|---|---|---|---|---|---|"]
     for r in rows:

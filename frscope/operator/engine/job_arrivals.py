@@ -84,8 +84,9 @@ class JobArrivals:
 
     def add(self, statuses: Mapping[str, SidecarStatus], pods: Collection[str]) -> None:
         """One sweep's answers; pods no longer in the job are forgotten. Only what can be kept is read
-        (each rank's newest `read_each` per group, at most `kept_each`), and an answer whose newest arrivals are those of the
-        pod's previous answer (no full recorder read between two sweeps) not at all. A pod whose newest
+        (each rank's newest `read_each` per group, at most `kept_each`), and an answer whose newest
+        arrivals are those of the pod's previous answer (no full recorder read between two sweeps) not
+        at all. A pod whose newest
         reported seq in a group is below what is kept restarted (its seqs start again): its old arrivals
         are dropped."""
         for gone in [p for p in self._by_pod if p not in pods]:

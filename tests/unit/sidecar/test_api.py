@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -62,9 +63,11 @@ async def test_empty_sidecar_serves_everything(tmp_path: Path) -> None:
         assert status == 200 and headers["Content-Type"].startswith("text/plain")
         assert f'frscope_sidecar_info{{version="{__version__}"}} 1.0' in body.decode()
         assert registry.get_sample_value("frscope_polls_total") == 1
+        asked = time.time_ns()
         status, body, _ = await fetch(sidecar, "/v1/status")
         st = json.loads(body)
         assert st["schema"] == "frscope.sidecar.status/v1" and st["ranks"] == {} and st["stalled"] is False
+        assert asked <= st["answered_at_ns"] <= time.time_ns()  # its clock when it answered
         assert (st["pod"], st["namespace"], st["node"]) == ("p", "ns", "n")
         status, body, _ = await fetch(sidecar, "/v1/snapshot")
         snap = json.loads(body)

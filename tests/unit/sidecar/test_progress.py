@@ -124,3 +124,13 @@ def test_forget_rank() -> None:
     tracker.update(1, samples(gloo(1, False)), T0, None)
     tracker.forget_rank(0)
     assert list(tracker.groups) == [(1, "0")]
+
+
+def test_arrivals_carry_the_recorded_wait_where_the_recorder_dates_one() -> None:
+    # NCCL with timing: duration_ms is the collective's wait plus transfer, what the operator compares
+    # across pods without their clocks; gloo dates enqueues only.
+    nccl = samples([entry(1, created_ns=T0 + S, duration_ms=12.5), entry(2, created_ns=T0 + 2 * S, duration_ms=0.25),
+                    entry(3, created_ns=T0 + 3 * S, state="started")])["0"]
+    assert nccl.arrivals == ((1, T0 + S), (2, T0 + 2 * S), (3, T0 + 3 * S))
+    assert nccl.waits == ((1, 12_500_000), (2, 250_000))
+    assert samples(gloo(3, False))["0"].waits == ()
