@@ -128,7 +128,7 @@ def make_pods(kube: ControlPlane, job: dict[str, Any], ports: dict[str, int],
 
 def reports(kube: ControlPlane, namespace: str, job: str | None = None) -> list[dict[str, Any]]:
     items = kube.kubectl_json("get", "flightrecorderreports", "-n", namespace)["items"]
-    return [r for r in items if job is None or r["job"]["name"] == job]
+    return [r for r in items if (job is None or r["job"]["name"] == job) and not r["job"].get("suspicion")]
 
 
 def action_of(kube: ControlPlane, namespace: str, job: str) -> dict[str, Any] | None:
@@ -283,8 +283,9 @@ def _check_each_policy(kube: ControlPlane, restart_ns: str, stop_ns: str, none_n
     assert impact["culpritPods"] == ["r-master-0"]  # rank 1 runs in the master pod
     assert 0 < restarted["savedSeconds"] <= impact["watchdogTimeoutSeconds"]
     assert restarted["savedGpuSeconds"] == pytest.approx(restarted["savedSeconds"] * 4, abs=1)
-    table = kube.kubectl("get", "frr", "-n", restart_ns, "-o", "wide").stdout.splitlines()
-    assert table[0].split()[5] == "ACTION" and table[1].split()[5] == "restart", table
+    table = kube.kubectl("get", "frr", report["metadata"]["name"], "-n", restart_ns, "-o", "wide").stdout.splitlines()
+    header = table[0].split()
+    assert table[1].split()[header.index("ACTION")] == "restart", table
 
     # stop: runPolicy.suspend with the verdict beside it; the pods are the training operator's to delete.
     stopped = action_of(kube, stop_ns, "s")

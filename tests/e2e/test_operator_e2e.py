@@ -310,7 +310,8 @@ def test_a_real_hang_is_diagnosed_into_the_job(kube: ControlPlane, report_crd: s
         return dict(kube.kubectl_json("get", "pytorchjob", JOB, "-n", namespace))
 
     def reports() -> list[dict[str, Any]]:
-        return list(kube.kubectl_json("get", "flightrecorderreports", "-n", namespace)["items"])
+        items = kube.kubectl_json("get", "flightrecorderreports", "-n", namespace)["items"]
+        return [r for r in items if not r["job"].get("suspicion")]  # the incident's, not a suspicion's
 
     def diagnosed() -> bool:
         return any(c["type"] == CONDITION for c in get_job().get("status", {}).get("conditions", []))
@@ -366,9 +367,9 @@ def test_a_real_hang_is_diagnosed_into_the_job(kube: ControlPlane, report_crd: s
         [report] = reports()
         assert report["metadata"]["name"] == report_name
         assert report["metadata"]["ownerReferences"][0]["uid"] == uid
-        table = kube.kubectl("get", "flightrecorderreports", "-n", namespace).stdout.splitlines()
-        assert table[0].split() == ["NAME", "JOB", "VERDICT", "CULPRITS", "AGE"], table
-        assert table[1].split()[1:4] == [JOB, "RankNotJoined", "1"], table
+        table = kube.kubectl("get", "flightrecorderreports", report_name, "-n", namespace).stdout.splitlines()
+        assert table[0].split() == ["NAME", "JOB", "STATE", "VERDICT", "CULPRITS", "AGE"], table
+        assert table[1].split()[1:5] == [JOB, "Confirmed", "RankNotJoined", "1"], table
         wide = kube.kubectl("get", "frr", "-n", namespace, "-o", "wide").stdout
         assert "Rank 1 never joined" in wide, wide
         described = kube.kubectl("describe", "flightrecorderreport", report_name, "-n", namespace).stdout
@@ -418,8 +419,9 @@ def test_sidecar_down_gives_a_partial_report_and_an_event(kube: ControlPlane, re
         create_pod(kube, namespace, job["metadata"]["uid"], "train-worker-0", "worker", 0, free_port())
         args = ["--poll-interval", "1", "--stuck-after", "1", "--gather-timeout", "10", "--gather-attempts", "2"]
         with operator(kube, operator_kubeconfig, tmp_path / "operator.log", args) as op:
-            found = wait_for("the report", lambda: kube.kubectl_json(
-                "get", "flightrecorderreports", "-n", namespace)["items"], 90, diagnostics=op.logs)
+            found = wait_for("the report", lambda: [r for r in kube.kubectl_json(
+                "get", "flightrecorderreports", "-n", namespace)["items"] if not r["job"].get("suspicion")], 90,
+                diagnostics=op.logs)
             wait_for("the SidecarsUnreachable Event", lambda: kube.kubectl_json(
                 "get", "events", "-n", namespace, "--field-selector", "reason=SidecarsUnreachable")["items"], 30)
     [report] = found

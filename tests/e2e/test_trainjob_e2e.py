@@ -135,7 +135,8 @@ def diagnose_hang(kube: ControlPlane, namespace: str, kubeconfig: Path, tmp_path
             if then is not None:
                 then()
     job = get_job()
-    [report] = kube.kubectl_json("get", "flightrecorderreports", "-n", namespace)["items"]
+    [report] = [r for r in kube.kubectl_json("get", "flightrecorderreports", "-n", namespace)["items"]
+                if not r["job"].get("suspicion")]
     owner = report["metadata"]["ownerReferences"][0]
     assert (owner["kind"], owner["uid"]) == (job["kind"], uid)
     [event] = kube.kubectl_json("get", "events", "-n", namespace, "--field-selector", "reason=RankNotJoined")["items"]

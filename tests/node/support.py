@@ -96,7 +96,9 @@ def job_condition(node: Any, namespace: str, kind: str, name: str, type_: str = 
 
 
 def reports(node: Any, namespace: str) -> list[dict[str, Any]]:
-    return list(node.plane.kubectl_json("-n", namespace, "get", "flightrecorderreports")["items"])
+    """The namespace's incident reports (a job's suspicion report, `job.suspicion`, is not one)."""
+    items = node.plane.kubectl_json("-n", namespace, "get", "flightrecorderreports")["items"]
+    return [r for r in items if not (r.get("job") or {}).get("suspicion")]
 
 
 # ---- PyTorchJobs ---------------------------------------------------------------------------------

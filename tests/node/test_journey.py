@@ -298,7 +298,8 @@ def journey(node: Any, prometheus: Prometheus, launcher: str, ns: str) -> None:
     table = node.kubectl("-n", ns, "get", "pytorchjob", name).stdout
     assert table.splitlines()[1].split()[1] == "Running", table
     # The report is owned by the job and names the function the stuck rank is in.
-    reports = node.plane.kubectl_json("-n", ns, "get", "flightrecorderreports")["items"]
+    reports = [r for r in node.plane.kubectl_json("-n", ns, "get", "flightrecorderreports")["items"]
+               if not r["job"].get("suspicion")]  # a suspicion's report may come first
     assert len(reports) == 1, reports
     assert reports[0]["metadata"]["ownerReferences"][0]["uid"] == uid
     report_text = node.kubectl("-n", ns, "describe", "flightrecorderreport", reports[0]["metadata"]["name"]).stdout

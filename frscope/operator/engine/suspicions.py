@@ -200,7 +200,8 @@ class Suspicions:
         condition["status"] = "Unknown"
         message = clip_line(f"suspected stall, not confirmed yet ({suspicion.detail}; confirmed at the sidecars' "
                             f"--stall-after): {verdict}{where}")
-        await self._write_report(view, suspicion, report, diagnosis.missing_pods, (finding.category.value, message))
+        await self._write_report(view, suspicion, report, diagnosis.missing_pods,
+                                 (finding.category.value, condition["message"]))
         if await self._write(view, condition, names.REASON_SUSPECTED, message, suspicion, "Warning"):
             suspicion.published = True
             self.metrics.suspicions.labels(outcome="published").inc()
@@ -227,15 +228,16 @@ class Suspicions:
         body = build_suspicion_cr(view.ref, report, signal=suspicion.detail, missing_pods=missing, at=rfc3339(),
                                   condition=condition, message=condition[1],
                                   limit_bytes=self.config.report_limit_bytes)
+        # Named before the write: a confirmation that cancels this task mid-write still moves it on.
+        suspicion.report, suspicion.ref = body["metadata"]["name"], view.ref
         try:
             await self.publisher.put_report(view.ref, body)
         except JobGone:
-            return
+            suspicion.report = None
         except KubeError as exc:
+            suspicion.report = None
             self.metrics.publish_errors.labels(step="report").inc()
             log.error("job %s: suspicion report not written: %s", view.key, exc, extra=job_fields(view.key))
-            return
-        suspicion.report, suspicion.ref = body["metadata"]["name"], view.ref
 
     async def _report_state(self, suspicion: Suspicion, phase: str, message: str) -> None:
         """Move the suspicion's report (if one was written) to Resumed or Confirmed."""

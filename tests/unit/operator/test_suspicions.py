@@ -73,6 +73,7 @@ async def test_a_suspicion_is_published_as_not_confirmed_then_resumed(
     [report] = fake_kube.of("flightrecorderreports")
     assert report["metadata"]["name"] == "train-suspicion" and report["job"]["suspicion"] is True
     assert report["state"]["phase"] == names.REPORT_STATE_SUSPECTED
+    assert report["job"]["condition"]["message"].startswith("Suspected, not confirmed:")
     assert report["metadata"]["labels"][names.LABEL_REPORT_STATE] == names.REPORT_STATE_SUSPECTED
     assert report["diagnosis"]["what"]["category"] == "RankNotJoined" and report["diagnosis"]["who"]["culprits"] == "1"
     await controller.on_report("ADDED", report)
