@@ -22,9 +22,10 @@ Two measures of the gap, per collective:
   the same in both cases): the measured offset is what makes a persistent straggler visible.
 
 A gap of at least `min_gap_s` is a *late arrival*. Over the window (the group's last `window_s`
-seconds, POD_WINDOW_S by default, and at least its newest MIN_WINDOW_COLLECTIVES; half the in-pod
-window because arrivals reach the operator in chunks, a sidecar's full recorder read every 30 s, and a
-minute of healthy history before a slowdown would dilute the newest chunk's share):
+seconds, POD_WINDOW_S by default, and at least its newest MIN_WINDOW_COLLECTIVES; a quarter of the
+in-pod window because arrivals reach the operator in chunks, a sidecar's full recorder read every 30 s:
+a straggler that began during a chunk is named from that chunk once it was slow for the last 15 s of
+it, not one chunk later):
   - `lateness_s`: the mean gap of the pod's late arrivals;
   - `share`: the sum of its gaps over the part of the window the compared collectives cover: the
     fraction of the job's time the other pods spent waiting for it ("costs the job 18% of its time");
@@ -50,7 +51,7 @@ from frscope.analysis.lateness import ALPHA, MIN_GAP_S, MIN_LATE, MIN_SHARE, bin
 # reports of its pod's ranks; the wait is there only where the recorder dates it.
 RankArrivals = Mapping[int, Mapping[str, Sequence[tuple[int, ...]]]]
 NO_WAIT = -1
-POD_WINDOW_S = 30.0
+POD_WINDOW_S = 15.0
 # However slow the steps, the window holds at least this many collectives (where known): a chance-level
 # test needs a few.
 MIN_WINDOW_COLLECTIVES = 8

@@ -93,7 +93,7 @@ def test_a_group_inside_one_pod_is_not_compared_and_a_pod_only_counts_collective
 
 
 def test_the_comparison_is_bounded_however_many_pods() -> None:
-    job = LatenessJob(one_rank_per_pod(2048), 0.2, 130, slow={7: 1.5}, jitter=0.01)
+    job = LatenessJob(one_rank_per_pod(2048), 0.1, 200, slow={7: 1.5}, jitter=0.01)
     found = lateness(job, clocks_for(job, 1.0), keep=100, compare_budget=2048 * 64)
     assert named(found) == ["train-worker-7"] and found["train-worker-7"].compared == 64  # of the newest 100
 

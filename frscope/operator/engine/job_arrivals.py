@@ -30,7 +30,7 @@ from collections.abc import Collection, Mapping
 from frscope.analysis.pod_lateness import POD_WINDOW_S, PodArrival, PodClock, pod_arrivals
 from frscope.wire import STATUS_ARRIVALS, SidecarStatus
 
-# Per pod and group: enough for the lateness window (30 s) at many collectives per second; fewer for
+# Per pod and group: enough for the lateness window (15 s) at many collectives per second; fewer for
 # jobs of many pods and groups, so a job's arrivals stay about KEPT_TOTAL (tens of MB) however large.
 KEPT = 512
 MIN_KEPT = 32
