@@ -14,10 +14,19 @@ RELEASE = "frscope"
 SYSTEM_NS = "frscope-system"
 CONDITION = "CollectiveTimeoutDiagnosed"
 TRAINER = "frscope-test/trainer:dev"
-# The chart's values on the node: the image built here, and a short stall threshold so the tests do
-# not wait the default minute.
-CHART_SETS = ["image.repository=frscope", "image.tag=dev", "image.pullPolicy=Never",
-              "sidecar.pollIntervalSeconds=2", "sidecar.stallAfterSeconds=10"]
+# The chart's values on the node: a short stall threshold so the tests do not wait the default minute.
+CHART_SETS = ["sidecar.pollIntervalSeconds=2", "sidecar.stallAfterSeconds=10"]
+
+
+def chart_from_registry(node: Any) -> list[str]:
+    """What `helm install|upgrade RELEASE` takes next to install the chart the way a user does: from the
+    node's OCI registry (testenv/registry.py), trusting its CA, with the image from the same registry.
+    Only the image's repository is set: its tag is the chart's appVersion, which the image was pushed
+    as; `pullPolicy=Always` makes the kubelet pull it from the registry for every pod (the operator's
+    and each injected sidecar), never a stale image a previous run left in the node's containerd."""
+    registry = node.registry
+    return [registry.chart_ref, "--version", registry.chart_version, "--ca-file", str(registry.ca_file),
+            "--set", f"image.repository={registry.image_repository}", "--set", "image.pullPolicy=Always"]
 
 # How each pod starts its ranks: torchrun with 2 processes a pod (the issue's journey; the last rank,
 # the worker pod's second process, gets stuck), or plain `python`, one rank a pod.
