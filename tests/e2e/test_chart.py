@@ -139,7 +139,7 @@ def test_the_helm_test_pod_is_a_restricted_hook_that_sees_only_the_webhook_ca(
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     [container] = spec["containers"]
-    assert container["image"] == one(rendered[values], "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert container["image"] == _deployment_pod(rendered[values])["spec"]["containers"][0]["image"]
     sc = container["securityContext"]
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
     assert sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsNonRoot"] is True
