@@ -1052,7 +1052,8 @@ def _up(args: argparse.Namespace) -> int:
     os.close(write_fd)
     with os.fdopen(read_fd) as pipe:
         message = pipe.read()
-    if not message.startswith("export KUBECONFIG="):
+    lines = message.strip().splitlines()
+    if not lines or not lines[-1].startswith("export KUBECONFIG="):
         where = message or f"see {cache_root() / 'node' / 'supervisor.log'}"
         print(f"testenv/node: the node did not start: {where}", file=sys.stderr)
         return 1
@@ -1094,12 +1095,13 @@ def _supervise(build: Build, notify_fd: int | None, with_trainer: TrainerBuild |
         print(f"processes: {node.pids()}; logs in {node.plane.logs_dir}", file=sys.stderr)
         print(f"images: {' '.join(node.images)}", file=sys.stderr)
         registry = node.registry
-        print(f"registry {registry.url} (CA {registry.ca_file}): image {registry.image}, chart {registry.chart_ref} "
-              f"--version {registry.chart_version}, pushed in {registry.timings}", file=sys.stderr)
-        print(f"  helm install frscope {registry.chart_ref} --version {registry.chart_version} --ca-file "
-              f"{registry.ca_file} -n frscope-system --create-namespace --set image.repository="
-              f"{registry.image_repository} --set image.pullPolicy=Always", file=sys.stderr, flush=True)
-        message = f"export KUBECONFIG={node.kubeconfig}"
+        print(f"registry {registry.url}: pushed in {registry.timings}", file=sys.stderr, flush=True)
+        # What a person installs from (comment lines: the output stays safe to eval); the export last.
+        message = (f"# registry {registry.url} (CA {registry.ca_file}): image {registry.image}\n"
+                   f"# helm install frscope {registry.chart_ref} --version {registry.chart_version} --ca-file "
+                   f"{registry.ca_file} -n frscope-system --create-namespace --set image.repository="
+                   f"{registry.image_repository} --set image.pullPolicy=Always\n"
+                   f"export KUBECONFIG={node.kubeconfig}")
         if notify_fd is not None:
             os.write(notify_fd, message.encode())
             os.close(notify_fd)
