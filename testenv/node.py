@@ -473,7 +473,7 @@ def start(
             if len(pushed) != 1:
                 raise NodeError(f"expected one {oci.FRSCOPE_ARCHIVE_PREFIX}*.tar archive to push, got {pushed}")
             try:
-                oci.start(registry, cluster, node, registry_bin, timeout)
+                oci.start(registry, cluster, node._spawn, registry_bin, timeout)
                 oci.publish(registry, pushed[0], bin_dir / "helm", CHART_DIR)
             except oci.RegistryError as e:
                 raise NodeError(str(e)) from e

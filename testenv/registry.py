@@ -76,10 +76,10 @@ def _openssl(cluster: Any, *args: str, cwd: Path, sans: str = "") -> None:
     cluster._openssl(*args, cwd=cwd, **({"sans": sans} if sans else {}))
 
 
-def prepare(cluster: Any, workdir: Path, address: str) -> tuple[Registry, Path]:
+def prepare(cluster: Any, workdir: Path, address: str, port: int = PORT) -> tuple[Registry, Path]:
     """The registry's CA and serving certificate (for `address`), and containerd's hosts directory that
     trusts it. Returns the registry (not started) and the hosts directory for containerd's
-    `config_path`."""
+    `config_path`. `cluster`: testenv/cluster.py (its openssl helpers)."""
     pki_dir = workdir / "registry" / "pki"
     pki_dir.mkdir(parents=True)
     (pki_dir / "openssl.cnf").write_text(cluster._OPENSSL_CNF)
@@ -87,7 +87,7 @@ def prepare(cluster: Any, workdir: Path, address: str) -> tuple[Registry, Path]:
              "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "ca.key", "-out", "ca.crt", "-days", "30",
              "-subj", "/CN=frscope-testenv-registry-ca", cwd=pki_dir)
     cluster.Pki(pki_dir).leaf("registry", "/CN=frscope-testenv-registry", server_sans=(f"IP:{address}",))
-    host = f"{address}:{PORT}"
+    host = f"{address}:{port}"
     registry = Registry(host=host, ca_file=pki_dir / "ca.crt", workdir=workdir / "registry")
     hosts_dir = workdir / "registry" / "certs.d"
     (hosts_dir / host).mkdir(parents=True)
@@ -103,8 +103,9 @@ def prepare(cluster: Any, workdir: Path, address: str) -> tuple[Registry, Path]:
     return registry, hosts_dir
 
 
-def start(registry: Registry, cluster: Any, node: Any, binary: Path, timeout: float) -> None:
-    """Run the registry as one of the node's processes (stopped with it); returns when /v2/ answers."""
+def start(registry: Registry, cluster: Any, spawn: Any, binary: Path, timeout: float) -> None:
+    """Run the registry with `spawn(name, args, env)` (the node's: stopped with it), which returns a
+    testenv/cluster.py process; returns when /v2/ answers."""
     config = {
         "version": 0.1,
         "log": {"level": "info", "formatter": "text"},
@@ -121,7 +122,7 @@ def start(registry: Registry, cluster: Any, node: Any, binary: Path, timeout: fl
     config_path.write_text(json.dumps(config, indent=2) + "\n")  # JSON is YAML
     # Its traces go to an OTLP collector on localhost:4318 unless told otherwise: there is none.
     env = {**os.environ, "OTEL_TRACES_EXPORTER": "none"}
-    proc = node._spawn("registry", [str(binary), "serve", str(config_path)], env=env)
+    proc = spawn("registry", [str(binary), "serve", str(config_path)], env)
 
     def serving() -> bool:
         headers, _ = registry.get("/v2/")
