@@ -49,6 +49,13 @@ def available() -> bool:
     return _frscan is not None and os.environ.get(ENV_OFF, "") in ("", "0")
 
 
+def describe() -> str:
+    """Which reader plain pickle dumps get, for `frscope --version` (a wheel or image without the scanner shows)."""
+    if _frscan is None:
+        return "pure Python, the C scanner is not built"
+    return "C scanner" if available() else f"pure Python, {ENV_OFF} is set"
+
+
 def scan_dump(data: bytes, lazy_frames: LazyFrames,
               parse_name: Callable[[str], tuple[str | None, str, int | None]]
               ) -> tuple[dict[str, Any], EntryTable, str | None] | None:
