@@ -237,7 +237,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="frscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Run `frscope COMMAND --help` for a command's options. " + _EXIT_CODES,
     )
-    parser.add_argument("--version", action="version", version=f"frscope {__version__} (dump reader: {scan.describe()})")
+    parser.add_argument("--version", action="version",
+                        version=f"frscope {__version__} (dump reader: {scan.describe()})")
     sub = parser.add_subparsers(dest="command", required=True)
 
     analyze_p = sub.add_parser(
