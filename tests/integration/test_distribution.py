@@ -45,6 +45,13 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
+def tools() -> Path:
+    done = _run([str(ROOT / "scripts" / "dist-tools")], cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-4000:]
+    return Path(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
 def dist() -> Path:
     done = _run([str(ROOT / "scripts" / "build-dist")], cwd=ROOT)
     assert done.returncode == 0, done.stderr[-4000:]
@@ -137,3 +144,17 @@ def test_cli_from_the_wheel_diagnoses_real_dumps_with_the_scanner(venv: Path, tm
     pure = _run([frscope, "analyze", "--format", "json", str(DUMPS)], cwd=tmp_path,
                 env=_clean_env(FRSCOPE_NO_SCANNER="1"))
     assert pure.returncode == 1 and json.loads(pure.stdout) == report
+
+
+def test_release_wheels_are_the_manylinux_builds_for_both_arches(tools: Path) -> None:
+    """The release workflow's cibuildwheel, same version, reads pyproject.toml's [tool.cibuildwheel] (it cannot
+    build here: no container engine it drives)."""
+    workflow = (ROOT / ".github" / "workflows" / "release.yml").read_text()
+    installed = _run([str(tools / "python"), "-m", "pip", "show", "cibuildwheel"], env=_clean_env()).stdout
+    version = next(line.split()[1] for line in installed.splitlines() if line.startswith("Version:"))
+    assert f"pypa/cibuildwheel@v{version}" in workflow
+    listed = _run([str(tools / "cibuildwheel"), "--print-build-identifiers", "--platform", "linux",
+                   "--archs", "x86_64,aarch64", str(ROOT)], cwd=ROOT, env=_clean_env())
+    assert listed.returncode == 0, listed.stderr
+    assert set(listed.stdout.split()) == {f"cp3{minor}-manylinux_{arch}" for minor in (11, 12, 13)
+                                          for arch in ("x86_64", "aarch64")}
