@@ -41,6 +41,7 @@ class JobPods:
     arrivals: JobArrivals = field(default_factory=JobArrivals)
     stragglers: dict[str, PodStraggling] = field(default_factory=dict)  # by pod
     pending: dict[str, SidecarStatus] = field(default_factory=dict)  # answers not compared yet
+    nodes: dict[str, str] = field(default_factory=dict)  # the job's pods and their nodes, as last seen
     task: asyncio.Task[None] | None = None
 
 
@@ -69,18 +70,18 @@ class PodStragglers:
         stragglers among their pods' ranks, asked when the comparison is done."""
         job = self._jobs.setdefault(key, JobPods())
         job.pending.update(statuses)
+        job.nodes = nodes
         if job.task is None or job.task.done():
-            job.task = self._spawn(self._run(key, job, ref, nodes, reported))
+            job.task = self._spawn(self._run(key, job, ref, reported))
 
     def forget(self, key: JobKey) -> None:
         job = self._jobs.pop(key, None)
         if job is not None and job.task is not None:
             job.task.cancel()
 
-    async def _run(self, key: JobKey, job: JobPods, ref: JobRef, nodes: dict[str, str],
-                   reported: Callable[[], Collection[int]]) -> None:
+    async def _run(self, key: JobKey, job: JobPods, ref: JobRef, reported: Callable[[], Collection[int]]) -> None:
         while job.pending:
-            statuses, job.pending = job.pending, {}
+            statuses, job.pending, nodes = job.pending, {}, job.nodes
             started = time.monotonic()
             found = await asyncio.to_thread(compare, job.arrivals, statuses, set(nodes),
                                             self.config.clock_skew_ms / 1000, time.time_ns())
