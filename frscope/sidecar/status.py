@@ -21,7 +21,7 @@ def _lateness_doc(found: RankLateness | None) -> LatenessDoc | None:
             "straggler": found.straggler}
 
 
-def _arrivals(sample: GroupSample, each: int) -> list[list[int]]:
+def arrivals_doc(sample: GroupSample, each: int) -> list[list[int]]:
     """The group's newest `each` arrivals, [seq, enqueue ns] or, where the recorder dates it,
     [seq, enqueue ns, wait ns]."""
     if not each:
@@ -56,7 +56,7 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
                 "suspected_since_ns": group.suspected_since_ns,
                 "suspect_threshold_s": group.suspect_threshold_s,
                 "usual_wait_s": round(group.rhythm.usual_wait_s, 3),
-                "arrivals": _arrivals(sample, each),
+                "arrivals": arrivals_doc(sample, each),
             }
         by_rank[str(rank)] = {
             "up": state.up,

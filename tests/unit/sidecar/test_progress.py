@@ -8,6 +8,7 @@ import pytest
 
 from frscope.records import normalize_dump
 from frscope.sidecar.progress import GroupSample, StallTracker, sample_groups
+from frscope.sidecar.status import arrivals_doc
 from tests.unit.builders import T0, dump, entry
 
 S = 1_000_000_000
@@ -134,3 +135,9 @@ def test_arrivals_carry_the_recorded_wait_where_the_recorder_dates_one() -> None
     assert nccl.arrivals == ((1, T0 + S), (2, T0 + 2 * S), (3, T0 + 3 * S))
     assert nccl.waits == ((1, 12_500_000), (2, 250_000))
     assert samples(gloo(3, False))["0"].waits == ()
+
+
+def test_a_status_answer_lists_the_newest_arrivals_with_their_waits_where_dated() -> None:
+    nccl = samples([entry(seq, created_ns=T0 + seq * S, duration_ms=0.5 if seq % 2 else None) for seq in range(1, 6)])
+    assert arrivals_doc(nccl["0"], 3) == [[3, T0 + 3 * S, 500_000], [4, T0 + 4 * S], [5, T0 + 5 * S, 500_000]]
+    assert arrivals_doc(nccl["0"], 0) == []  # a document with too many lists carries none
