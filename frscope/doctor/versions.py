@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Final
 
-# Kubernetes minor versions whose API server the e2e tier (testenv) and the node tier run.
-TESTED_KUBERNETES: Final = frozenset({(1, 36)})
+# Kubernetes minor versions whose API server the e2e tier runs (testenv: 1.36 also on the node tier;
+# 1.30 and 1.33 in the version matrix, tests/e2e/test_kube_versions*.py).
+TESTED_KUBERNETES: Final = frozenset({(1, 30), (1, 33), (1, 36)})
 
 
 def kubernetes_tested(version: tuple[int, int]) -> bool:
