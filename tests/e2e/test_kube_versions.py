@@ -113,3 +113,10 @@ pytestmark = [
 def kube(kube_release: ControlPlane) -> ControlPlane:
     """This module's tests run on the release they are parametrized with."""
     return kube_release
+
+
+def test_the_control_plane_is_the_release_of_the_parameter(kube: ControlPlane, request: pytest.FixtureRequest) -> None:
+    """The tests above really ran on the release in their id: the server and kubectl report it."""
+    release = f"v{request.node.callspec.params['kube_release']}"
+    assert kube.get_raw("/version")["gitVersion"] == release
+    assert kube.kubectl_json("version")["clientVersion"]["gitVersion"] == release
