@@ -80,7 +80,7 @@ testenv-oldest: testenv
 
 test-kube-matrix: $(STAMP) testenv
 	for v in $(KUBE_RELEASES); do testenv/build --version $$v >/dev/null || [ $$? -eq 3 ] || exit 1; done
-	$(BIN)/pytest -m kube_matrix tests/e2e $(PYTEST_ARGS)
+	$(BIN)/pytest -m kube_matrix $(PYTEST_ARGS)
 
 # etcd + kube-apiserver + kube-controller-manager in the foreground; prints the KUBECONFIG to export.
 cluster:
