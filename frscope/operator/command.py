@@ -4,7 +4,7 @@ options: flags, with environment variables for what the Helm chart sets.
 Every flag also reads an environment variable, FRSCOPE_<FLAG> (a flag wins); `--help` lists them
 with their defaults, which are the dataclasses' of `engine.settings`. The chart (charts/frscope/templates/
 deployment.yaml) passes `--namespace`, `--http-port`, `--webhook-port`, `--webhook-cert-dir`,
-`--peering`, `--log-level`, `--log-format`, `--sidecar-auth`, `--sidecar-token-file`, `--ui-auth`, `--metrics-auth` as
+`--peering`, `--log-level`, `--log-format`, `--sidecar-auth`, `--sidecar-ca-dir`, `--ui-auth`, `--metrics-auth` as
 flags, and the sidecar injection settings as FRSCOPE_* environment variables (listed in
 docs/operator.md).
 """
@@ -130,6 +130,10 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add("--sidecar-token-file", _DEFAULTS.sidecar_token_file,
         f"bearer token shown to the sidecars: the projected token (audience {names.AUDIENCE_SIDECAR}) or "
         "the shared secret; re-read when it changes", Path)
+    add("--sidecar-ca-dir", _DEFAULTS.sidecar_ca_dir,
+        "TLS to the sidecars: the CA (tls.crt, tls.key) with which the operator issues each sidecar's certificate "
+        "(POST /v1/certificate, for the pod its token proves) and reads sidecars over HTTPS only, expecting each "
+        "pod's own name; unset: plain HTTP", Path)
     add("--evidence-dir", _DEFAULTS.evidence_dir,
         "directory where accepted pushes are also kept, so that a restart keeps them; unset: in memory only", Path)
     add("--ui-auth", _DEFAULTS.ui_auth,
@@ -212,6 +216,7 @@ def injection_from_env(env: Mapping[str, str]) -> InjectionConfig:
         suspect_after_s=_env_float(env, "FRSCOPE_SIDECAR_SUSPECT_AFTER"),
         suspect_min_s=_env_float(env, "FRSCOPE_SIDECAR_SUSPECT_MIN"),
         operator_url=env.get("FRSCOPE_SIDECAR_OPERATOR_URL") or None,
+        certificate_url=env.get("FRSCOPE_SIDECAR_CERTIFICATE_URL") or None,
         resources=resources if isinstance(resources, dict) else {},
         inject_label=inject_label_from_env(env),
         operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
@@ -250,6 +255,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         decode_processes=args.decode_processes,
         sidecar_auth=args.sidecar_auth,
         sidecar_token_file=args.sidecar_token_file,
+        sidecar_ca_dir=args.sidecar_ca_dir,
         operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
         evidence_dir=args.evidence_dir,
         ui_auth=args.ui_auth,

@@ -16,10 +16,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
+import aiohttp.web
 import kopf
 from prometheus_client import CollectorRegistry
 
-from frscope import logs
+from frscope import logs, wire
 from frscope.operator import names
 from frscope.operator.actions import Actor
 from frscope.operator.engine.controller import Controller, PodLister
@@ -28,6 +29,7 @@ from frscope.operator.evidence.gather import Decoder
 from frscope.operator.evidence.incident_archive import IncidentArchive
 from frscope.operator.evidence.incident_bundles import IncidentBundles
 from frscope.operator.evidence.push_store import Full, PushStore
+from frscope.operator.evidence.sidecar_tls import SidecarCa
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.evidence.spill import EvidenceDir
 from frscope.operator.injection import InjectionConfig, native_sidecars_supported
@@ -40,6 +42,7 @@ from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.model.store import JobStore
 from frscope.operator.publish import Publisher
 from frscope.operator.serve.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
+from frscope.operator.serve.certificates import CertificateIssuer, pod_check
 from frscope.operator.serve.guards import metrics_guard
 from frscope.operator.serve.handlers import register_watchers, register_webhook
 from frscope.operator.serve.live_windows import LiveWindows
@@ -201,8 +204,11 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     publisher = Publisher(kube, instance=config.instance)
     shown, push_auth = sidecar_auth(config, reviewer)
     decoder = Decoder(config.decode_processes)
+    # TLS to the sidecars: an unreadable CA stops the start here, with the reason.
+    sidecar_ca = await asyncio.to_thread(SidecarCa, config.sidecar_ca_dir) if config.sidecar_ca_dir else None
     controller = Controller(config, store=store, pushes=pushes,
-                            sidecars=SidecarClient(sidecar_session, auth=shown, tokens=pod_tokens(config, kube)),
+                            sidecars=SidecarClient(sidecar_session, auth=shown, tokens=pod_tokens(config, kube),
+                                                   tls=sidecar_ca),
                             publisher=publisher, metrics=metrics, decoder=decoder,
                             actor=Actor(kube, publisher, metrics, config.actions, instance=config.instance),
                             pod_lister=job_pod_lister(kube, config.inject_label), bundles=bundles)
@@ -211,6 +217,10 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
                         push_auth=push_auth, max_push_bytes=config.max_push_bytes,
                         max_entries=config.gather.max_entries, spill=spill,
                         metrics_guard=metrics_guard(config.metrics_auth, reviewer), decoder=decoder)
+    if sidecar_ca is not None:
+        injection = config.webhook.injection if config.webhook is not None else None
+        issuer = CertificateIssuer(sidecar_ca, push_auth, pod_check(kube, injection))
+        http.add_routes([aiohttp.web.post(wire.CERTIFICATE_PATH, issuer.handle)])
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
     ledger = (NodeLedger(kube, LedgerMetrics(registry), config.node_ledger, config.actions, instance=config.instance)
@@ -249,8 +259,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
 
     try:
         port = await http.start(config.http_host, config.http_port)
-        log.info("operator HTTP on %s:%d (/healthz /readyz /metrics /v1/push%s)", config.http_host, port,
-                 " /ui/" if mount is not None else "")
+        log.info("operator HTTP on %s:%d (/healthz /readyz /metrics /v1/push%s%s)", config.http_host, port,
+                 f" {wire.CERTIFICATE_PATH}" if sidecar_ca is not None else "", " /ui/" if mount is not None else "")
         tasks.append(asyncio.create_task(_heartbeat(health)))
         tasks.append(asyncio.create_task(stopper()))
         await decoder.warm_up()

@@ -74,6 +74,10 @@ class OperatorConfig:
     # With 'kubernetes' each sidecar is shown a token minted for its pod (`operator_identity`); this file
     # (the chart's projected token for the shared audience) only when none can be minted.
     sidecar_token_file: Path | None = None
+    # TLS to the sidecars (docs/install.md, "TLS to the sidecars"): the CA (tls.crt, tls.key) that issues
+    # each sidecar's certificate at /v1/certificate; the operator then reads sidecars over HTTPS only.
+    # Needs 'kubernetes' (the pod a certificate names comes from its pod-bound token). None: plain HTTP.
+    sidecar_ca_dir: Path | None = None
     # system:serviceaccount:NS:NAME the operator runs as (FRSCOPE_OPERATOR_IDENTITY, set by the chart with
     # 'kubernetes'): it mints per-pod tokens of this account for the sidecars (kube.pod_tokens).
     operator_identity: str | None = None
@@ -118,3 +122,10 @@ class OperatorConfig:
             raise ValueError(f"--metrics-auth must be one of {', '.join(UI_AUTH_MODES)}")
         if self.sidecar_auth == "token" and self.sidecar_token_file is None:
             raise ValueError("--sidecar-auth token needs --sidecar-token-file (the shared secret)")
+        if self.sidecar_ca_dir is not None and self.sidecar_auth != "kubernetes":
+            raise ValueError("--sidecar-ca-dir needs --sidecar-auth kubernetes: a certificate names the pod its "
+                             "pod-bound token proves")
+        if (self.sidecar_ca_dir is not None and self.webhook is not None
+                and not self.webhook.injection.certificate_url):
+            raise ValueError("--sidecar-ca-dir with the webhook needs FRSCOPE_SIDECAR_CERTIFICATE_URL (where the "
+                             "injected sidecars ask for their certificate)")
