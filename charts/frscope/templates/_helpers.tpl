@@ -32,6 +32,10 @@
 {{- printf "%s-webhook-tls" (include "frscope.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{- define "frscope.sidecarCaSecretName" -}}
+{{- printf "%s-sidecar-ca" (include "frscope.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{/* Labels. Selector labels never change across upgrades (Deployment selectors are immutable). */}}
 {{- define "frscope.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "frscope.name" . }}
