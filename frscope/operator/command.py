@@ -128,8 +128,8 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         "pushes: the pod's service-account token, reviewed by the API server (kubernetes), the shared "
         "secret of --sidecar-token-file (token), or nothing (none)", choices=SIDECAR_AUTH_MODES)
     add("--sidecar-token-file", _DEFAULTS.sidecar_token_file,
-        f"bearer token shown to the sidecars: the projected token (audience {names.AUDIENCE_SIDECAR}) or "
-        "the shared secret; re-read when it changes", Path)
+        "with --sidecar-auth token: the shared secret, shown to the sidecars and expected on pushes; re-read "
+        "when it changes", Path)
     add("--sidecar-ca-dir", _DEFAULTS.sidecar_ca_dir,
         "TLS to the sidecars: the CA (tls.crt, tls.key) with which the operator issues each sidecar's certificate "
         "(POST /v1/certificate, for the pod its token proves) and reads sidecars over HTTPS only, expecting each "

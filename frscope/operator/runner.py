@@ -136,14 +136,14 @@ def webhook_server(webhook: WebhookConfig) -> kopf.WebhookServer:
 
 def sidecar_auth(config: OperatorConfig, reviewer: Reviewer) -> tuple[BearerAuth | None, PushAuth]:
     """The token shown to the sidecars, and how pushes are checked (`--sidecar-auth`). With Kubernetes
-    identity and a known operator identity the sidecars get per-pod tokens instead (`pod_tokens`)."""
-    shown = TokenFile(config.sidecar_token_file) if config.sidecar_token_file is not None else None
+    identity the sidecars get per-pod tokens instead (`pod_tokens`), and no shared one."""
     if config.sidecar_auth == "kubernetes":
-        return shown, KubernetesPush(reviewer)
+        return None, KubernetesPush(reviewer)
     if config.sidecar_auth == "token":
-        assert shown is not None  # OperatorConfig insists
+        assert config.sidecar_token_file is not None  # OperatorConfig insists
+        shown = TokenFile(config.sidecar_token_file)
         return shown, SharedTokenPush(shown)
-    return shown, OpenPush()
+    return None, OpenPush()
 
 
 def pod_tokens(config: OperatorConfig, kube: KubeClient) -> PodTokens | None:

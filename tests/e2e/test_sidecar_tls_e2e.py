@@ -110,8 +110,8 @@ async def test_a_sidecar_gets_its_pods_certificate_and_only_its_pod_is_read(
     url = tls_operator.url + CERTIFICATE_PATH
     _key, csr = key_and_csr(asks_for=server_name(namespace, "train-worker-1"))
     # A CSR asking for another pod's name gets its own pod's name: the operator decides the name.
-    status, answer = http("POST", url, token=pod_token, body=csr)
-    assert status == 200, answer
+    code, answer = http("POST", url, token=pod_token, body=csr)
+    assert code == 200, answer
     from cryptography import x509
 
     leaf = x509.load_pem_x509_certificates(answer.encode())[0]

@@ -70,9 +70,9 @@ class OperatorConfig:
     # How the sidecars and the operator prove who they are (docs/operator.md, "Authentication"):
     # 'kubernetes' (service-account tokens, audience-bound), 'token' (one shared secret), 'none'.
     sidecar_auth: str = "kubernetes"
-    # The token shown to the sidecars with 'token' (the shared secret; re-read whenever the file changes).
-    # With 'kubernetes' each sidecar is shown a token minted for its pod (`operator_identity`); this file
-    # (the chart's projected token for the shared audience) only when none can be minted.
+    # The shared secret of 'token' (shown to the sidecars and expected on pushes; re-read whenever the file
+    # changes). Only with 'token': with 'kubernetes' each sidecar is shown a token minted for its pod
+    # (`operator_identity`), never a file's.
     sidecar_token_file: Path | None = None
     # TLS to the sidecars (docs/install.md, "TLS to the sidecars"): the CA (tls.crt, tls.key) that issues
     # each sidecar's certificate at /v1/certificate; the operator then reads sidecars over HTTPS only.
@@ -122,6 +122,9 @@ class OperatorConfig:
             raise ValueError(f"--metrics-auth must be one of {', '.join(UI_AUTH_MODES)}")
         if self.sidecar_auth == "token" and self.sidecar_token_file is None:
             raise ValueError("--sidecar-auth token needs --sidecar-token-file (the shared secret)")
+        if self.sidecar_auth != "token" and self.sidecar_token_file is not None:
+            raise ValueError(f"--sidecar-token-file is the shared secret of --sidecar-auth token; with "
+                             f"{self.sidecar_auth} no such token is shown (kubernetes: one minted per pod)")
         if self.sidecar_ca_dir is not None and self.sidecar_auth != "kubernetes":
             raise ValueError("--sidecar-ca-dir needs --sidecar-auth kubernetes: a certificate names the pod its "
                              "pod-bound token proves")
