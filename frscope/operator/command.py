@@ -257,6 +257,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         sidecar_token_file=args.sidecar_token_file,
         sidecar_ca_dir=args.sidecar_ca_dir,
         operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
+        sidecar_network_policy=env.get("FRSCOPE_SIDECAR_NETWORK_POLICY") or None,
         evidence_dir=args.evidence_dir,
         ui_auth=args.ui_auth,
         metrics_auth=args.metrics_auth,

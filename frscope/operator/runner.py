@@ -48,6 +48,7 @@ from frscope.operator.serve.handlers import register_watchers, register_webhook
 from frscope.operator.serve.live_windows import LiveWindows
 from frscope.operator.serve.login import Login, login
 from frscope.operator.serve.operator_http import Health, OperatorHttp
+from frscope.operator.serve.sidecar_policy import SidecarPolicies
 from frscope.operator.serve.status_poller import StatusPoller
 from frscope.operator.serve.ui import mount_ui, ui_guard
 
@@ -158,6 +159,18 @@ def pod_tokens(config: OperatorConfig, kube: KubeClient) -> PodTokens | None:
     return PodTokens(kube, config.operator_identity, lifetime_s=expiry)
 
 
+def opted_in_pods(label: tuple[str, str], then: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """`then(pod)` for pods that carry the opt-in label (every pod the webhook injected does)."""
+    key, value = label
+
+    def seen(pod: dict[str, Any]) -> None:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if isinstance(labels, dict) and str(labels.get(key, "")).lower() == value.lower():
+            then(pod)
+
+    return seen
+
+
 async def _heartbeat(health: Health) -> None:
     while True:
         health.beat()
@@ -229,7 +242,9 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
 
     kopf_registry = kopf.OperatorRegistry()
     # Every kopf login reads the credentials again: a rotated token is picked up, never a stale one.
-    register_watchers(kopf_registry, controller, lambda: login(settings).info, config.job_kinds, ledger=ledger)
+    policies = SidecarPolicies.from_env(kube, config.sidecar_network_policy)
+    register_watchers(kopf_registry, controller, lambda: login(settings).info, config.job_kinds, ledger=ledger,
+                      on_pod=opted_in_pods(config.inject_label, policies.saw_pod) if policies is not None else None)
     if config.webhook is not None:
         injection = await injection_for(config.webhook, kube)
         log.info("sidecar injection: %s sidecar, image %s", "native" if injection.native else "plain",
@@ -293,6 +308,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await controller.close()
+        if policies is not None:
+            await policies.close()
         await asyncio.to_thread(decoder.close)
         if archive is not None:
             await asyncio.to_thread(archive.close)

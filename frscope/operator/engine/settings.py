@@ -78,6 +78,10 @@ class OperatorConfig:
     # each sidecar's certificate at /v1/certificate; the operator then reads sidecars over HTTPS only.
     # Needs 'kubernetes' (the pod a certificate names comes from its pod-bound token). None: plain HTTP.
     sidecar_ca_dir: Path | None = None
+    # The sidecars' NetworkPolicy as the chart renders it (JSON: `policy` and its `owner`), written by the
+    # operator into every namespace where an opted-in pod appears (serve.sidecar_policy); None: not by the
+    # operator (the chart wrote it into the namespaces it knows, or policies are off).
+    sidecar_network_policy: str | None = None
     # system:serviceaccount:NS:NAME the operator runs as (FRSCOPE_OPERATOR_IDENTITY, set by the chart with
     # 'kubernetes'): it mints per-pod tokens of this account for the sidecars (kube.pod_tokens).
     operator_identity: str | None = None
