@@ -98,6 +98,11 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
              "[env FRSCOPE_JOB_KINDS, comma-separated; default: every kind]")
     add("--http-host", _DEFAULTS.http_host, "address of /healthz, /readyz, /metrics, /v1/push and the web UI")
     add("--http-port", _DEFAULTS.http_port, "port of the same", int)
+    add("--https-port", _DEFAULTS.https_port,
+        "with --sidecar-ca-dir: the same over HTTPS on this port too (a certificate of the sidecar CA), where the "
+        "sidecars push and ask for their certificates; unset: no HTTPS", int)
+    add("--https-name", _DEFAULTS.https_name,
+        "the name in that certificate (default: the host of FRSCOPE_SIDECAR_CERTIFICATE_URL)")
     add("--poll-interval", _DEFAULTS.poll_interval_s, "seconds between sweeps over every sidecar's /v1/status", float)
     add("--poll-timeout", _DEFAULTS.poll_timeout_s, "seconds for one /v1/status request", float)
     add("--poll-max-rps", _DEFAULTS.poll_max_rps, "status requests per second, at most", float)
@@ -241,6 +246,8 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         inject_label=inject_label_from_env(env),
         http_host=args.http_host,
         http_port=args.http_port,
+        https_port=args.https_port,
+        https_name=args.https_name,
         poll_interval_s=args.poll_interval,
         poll_timeout_s=args.poll_timeout,
         poll_max_rps=args.poll_max_rps,

@@ -68,6 +68,9 @@ class InjectionConfig:
     # TLS to the sidecars: the operator's base URL where each sidecar asks for its certificate
     # (`--certificate-url`); the sidecar then serves HTTPS only and its probes say HTTPS. None: plain HTTP.
     certificate_url: str | None = None
+    # base64 of the PEM CA that signed the operator's HTTPS certificate (the sidecar CA, set by the operator
+    # at start): the sidecars check the operator against it when they push or ask for their certificate.
+    operator_ca: str | None = None
     resources: dict[str, Any] = field(default_factory=dict)
     inject_label: tuple[str, str] = (names.INJECT_KEY, "true")
     # TORCH_NCCL_ENABLE_TIMING=1 in the trainer: NCCL entries then carry `started` and `duration_ms`
@@ -207,6 +210,8 @@ def sidecar_container(cfg: InjectionConfig, key: str | None = None) -> dict[str,
         args += [f"--operator-identity={cfg.operator_identity}", f"--kube-token-dir={cfg.token_mount}"]
         if cfg.certificate_url:
             args.append(f"--certificate-url={cfg.certificate_url}")
+        if cfg.operator_ca:
+            args.append(f"--operator-ca={cfg.operator_ca}")
     if cfg.log_format != "text":
         args.append(f"--log-format={cfg.log_format}")
     # The kubelet does not check the certificate of an HTTPS probe: the placeholder one the sidecar serves

@@ -8,6 +8,7 @@ one event loop.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import signal
@@ -29,7 +30,7 @@ from frscope.operator.evidence.gather import Decoder
 from frscope.operator.evidence.incident_archive import IncidentArchive
 from frscope.operator.evidence.incident_bundles import IncidentBundles
 from frscope.operator.evidence.push_store import Full, PushStore
-from frscope.operator.evidence.sidecar_tls import SidecarCa
+from frscope.operator.evidence.sidecar_tls import OperatorServing, SidecarCa
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.evidence.spill import EvidenceDir
 from frscope.operator.injection import InjectionConfig, native_sidecars_supported
@@ -219,6 +220,9 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     decoder = Decoder(config.decode_processes)
     # TLS to the sidecars: an unreadable CA stops the start here, with the reason.
     sidecar_ca = await asyncio.to_thread(SidecarCa, config.sidecar_ca_dir) if config.sidecar_ca_dir else None
+    https_name = config.operator_https_name
+    serving = (await asyncio.to_thread(OperatorServing, sidecar_ca, https_name)
+               if sidecar_ca is not None and config.https_port is not None and https_name else None)
     controller = Controller(config, store=store, pushes=pushes,
                             sidecars=SidecarClient(sidecar_session, auth=shown, tokens=pod_tokens(config, kube),
                                                    tls=sidecar_ca),
@@ -247,6 +251,9 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
                       on_pod=opted_in_pods(config.inject_label, policies.saw_pod) if policies is not None else None)
     if config.webhook is not None:
         injection = await injection_for(config.webhook, kube)
+        if sidecar_ca is not None and serving is not None:
+            # The injected sidecars check the operator's HTTPS against this CA.
+            injection = replace(injection, operator_ca=base64.b64encode(sidecar_ca.ca_pem).decode("ascii"))
         log.info("sidecar injection: %s sidecar, image %s", "native" if injection.native else "plain",
                  injection.image)
         register_webhook(kopf_registry, injection, by_namespace=config.webhook.managed is None)
@@ -273,7 +280,12 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         await kube.close()
 
     try:
-        port = await http.start(config.http_host, config.http_port)
+        port = await http.start(config.http_host, config.http_port, https_port=config.https_port,
+                                ssl_context=serving.context if serving is not None else None)
+        if serving is not None:
+            tasks.append(asyncio.create_task(serving.run()))
+            log.info("operator HTTPS on %s:%s for the sidecars (certificate for %s)", config.http_host,
+                     http.https_port, serving.name)
         log.info("operator HTTP on %s:%d (/healthz /readyz /metrics /v1/push%s%s)", config.http_host, port,
                  f" {wire.CERTIFICATE_PATH}" if sidecar_ca is not None else "", " /ui/" if mount is not None else "")
         tasks.append(asyncio.create_task(_heartbeat(health)))

@@ -49,7 +49,7 @@ from frscope.sidecar.ranks import RankState
 from frscope.sidecar.schedule import next_slot, phase_s
 from frscope.sidecar.snapshot import Snapshots
 from frscope.sidecar.status import status_document
-from frscope.sidecar.tls import FromFiles, OperatorIssued, ServingTls
+from frscope.sidecar.tls import FromFiles, OperatorIssued, ServingTls, operator_context
 from frscope.wire import StatusDoc
 
 log = logging.getLogger("frscope.sidecar")
@@ -125,8 +125,9 @@ class Sidecar:
         app = self.build_app()
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
+        to_operator = operator_context(self.config.operator_ca) if self.config.operator_ca else None
         if self.config.certificate_url:
-            self.tls = OperatorIssued(self.config.certificate_url, self._push_token)
+            self.tls = OperatorIssued(self.config.certificate_url, self._push_token, operator_ca=to_operator)
         elif self.config.tls_cert_file is not None and self.config.tls_key_file is not None:
             self.tls = await asyncio.to_thread(FromFiles, self.config.tls_cert_file, self.config.tls_key_file)
         site = web.TCPSite(self._runner, self.config.host, self.config.port,
@@ -138,7 +139,7 @@ class Sidecar:
             self.pusher = Pusher(
                 self.config.operator_url, token=self._push_token, pod=self.config.pod, namespace=self.config.namespace,
                 timeout_s=self.config.push_timeout_s, attempts=self.config.push_attempts,
-                backoff_s=self.config.push_backoff_s, metrics=self.metrics,
+                backoff_s=self.config.push_backoff_s, metrics=self.metrics, ssl_context=to_operator,
             )
             self._spawn(self.pusher.run(), "push")
         if self.tls is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import socket
 from collections.abc import Callable
@@ -71,6 +72,9 @@ class SidecarConfig:
     # HTTPS on the port (frscope.sidecar.tls): a certificate the operator issues at this URL's
     # /v1/certificate (asked with the pod's own token), or one from files.
     certificate_url: str | None = None
+    # base64 of the PEM CA the operator's HTTPS certificate must chain to (pushes and certificate requests
+    # to https:// URLs); None: the system's CAs.
+    operator_ca: str | None = None
     tls_cert_file: Path | None = None
     tls_key_file: Path | None = None
     push_timeout_s: float = 10.0
@@ -110,6 +114,11 @@ class SidecarConfig:
             raise ValueError("--tls-cert-file and --tls-key-file go together")
         if self.certificate_url and self.tls_cert_file is not None:
             raise ValueError("--certificate-url and --tls-cert-file exclude each other")
+        if self.operator_ca is not None:
+            try:
+                base64.b64decode(self.operator_ca, validate=True).decode("ascii")
+            except (ValueError, UnicodeDecodeError):
+                raise ValueError("--operator-ca is not base64 of a PEM certificate") from None
         if self.certificate_url and not self.operator_identity:
             raise ValueError("--certificate-url needs --operator-identity: the certificate is asked for with the "
                              "pod's own token")
@@ -202,6 +211,9 @@ _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
     ("--certificate-url", "certificate_url", "FRSCOPE_CERTIFICATE_URL", "str", None,
      "serve HTTPS with a key made in memory and a certificate for this pod that the operator at URL issues "
      "(URL/v1/certificate, asked with the pod's own token; needs --operator-identity)"),
+    ("--operator-ca", "operator_ca", "FRSCOPE_OPERATOR_CA", "str", None,
+     "base64 of the PEM CA that the operator's HTTPS certificate must chain to, for https:// --operator-url and "
+     "--certificate-url (default: the system's CAs)"),
     ("--tls-cert-file", "tls_cert_file", "FRSCOPE_TLS_CERT_FILE", "path", None,
      "serve HTTPS with this certificate (PEM chain; read again when it changes)"),
     ("--tls-key-file", "tls_key_file", "FRSCOPE_TLS_KEY_FILE", "path", None, "the key of --tls-cert-file"),

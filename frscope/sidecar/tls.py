@@ -17,6 +17,7 @@ applies to the next connections.
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
 import logging
 import os
@@ -41,6 +42,14 @@ MAX_CHAIN_BYTES = 64 * 1024
 FILE_CHECK_S = 60.0
 
 
+def operator_context(ca_b64: str) -> ssl.SSLContext:
+    """Trusts only the CA of `--operator-ca` (base64 of its PEM) when talking to the operator over HTTPS."""
+    context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH,
+                                         cadata=base64.b64decode(ca_b64).decode("ascii"))
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    return context
+
+
 def server_context() -> ssl.SSLContext:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -60,10 +69,13 @@ def _load_from_memory(context: ssl.SSLContext, chain_pem: bytes, key_pem: bytes)
 class OperatorIssued:
     """A key made here and the certificate the operator issued for it (a placeholder until then)."""
 
-    def __init__(self, url: str, token: Callable[[], str | None], *, timeout_s: float = 10.0) -> None:
+    def __init__(self, url: str, token: Callable[[], str | None], *, timeout_s: float = 10.0,
+                 operator_ca: ssl.SSLContext | None = None) -> None:
         self.url = url.rstrip("/") + wire.CERTIFICATE_PATH
         self.token = token
         self.timeout_s = timeout_s
+        # An https:// URL: the operator's certificate is checked against this (else the system's CAs).
+        self.ssl: ssl.SSLContext | bool = operator_ca if operator_ca is not None else True
         self._key = ec.generate_private_key(ec.SECP256R1())
         self._key_pem = self._key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                 serialization.NoEncryption())
@@ -104,7 +116,7 @@ class OperatorIssued:
         token = self.token()
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        async with session.post(self.url, data=self.csr(), headers=headers,
+        async with session.post(self.url, data=self.csr(), headers=headers, ssl=self.ssl,
                                 timeout=aiohttp.ClientTimeout(total=self.timeout_s)) as resp:
             body = await resp.content.read(MAX_CHAIN_BYTES + 1)
             if resp.status != 200:

@@ -99,7 +99,8 @@ def test_defaults_render_the_operator_webhook_and_dashboard_but_no_monitoring(
         assert container[probe]["httpGet"]["port"] == "http", probe
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
     service = one(objs, "Service")
-    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {"http": "http", "webhook": "webhook"}
+    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {"http": "http", "https": "https",
+                                                                             "webhook": "webhook"}
     assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
 
 
@@ -373,7 +374,7 @@ def test_network_policy_of_the_operator_is_on_by_default(rendered: dict[str, lis
     spec = policy["spec"]
     assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
     http_rule, webhook_rule = spec["ingress"]
-    assert http_rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert http_rule["ports"] == [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 8443}]  # + HTTPS
     # Pushes only from opted-in pods (of every namespace, as none is named); the webhook from anywhere.
     opted_in = {"matchLabels": {"frscope.io/inject": "true"}}
     assert http_rule["from"] == [{"namespaceSelector": {}, "podSelector": opted_in}]

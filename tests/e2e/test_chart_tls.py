@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +71,15 @@ def test_tls_is_on_by_default_with_the_charts_own_ca(helm: Helm, tmp_path: Path)
     [mount] = [m for m in container["volumeMounts"] if m["name"] == "sidecar-ca"]
     config = _config_of(container)
     assert config.sidecar_ca_dir == Path(mount["mountPath"])
-    # The operator, configured as rendered, injects sidecars that ask it for their certificate.
-    assert config.webhook.injection.certificate_url == "http://frs-frscope.frscope-system.svc:80"
-    sidecar = sidecar_container(config.webhook.injection)
-    assert "--certificate-url=http://frs-frscope.frscope-system.svc:80" in sidecar["args"]
+    # The operator, configured as rendered, serves HTTPS for the sidecars under its Service's name, and
+    # injects sidecars that push and ask for their certificate there.
+    service = "https://frs-frscope.frscope-system.svc:8443"
+    assert config.webhook.injection.certificate_url == config.webhook.injection.operator_url == service
+    assert (config.https_port, config.operator_https_name) == (8443, "frs-frscope.frscope-system.svc")
+    [https] = [p for p in one(objs, "Service")["spec"]["ports"] if p["name"] == "https"]
+    assert https["port"] == 8443 and {"name": "https", "containerPort": 8443, "protocol": "TCP"} in container["ports"]
+    sidecar = sidecar_container(replace(config.webhook.injection, operator_ca="Q0E="))  # the operator adds its CA
+    assert f"--certificate-url={service}" in sidecar["args"] and "--operator-ca=Q0E=" in sidecar["args"]
     assert sidecar["startupProbe"]["httpGet"]["scheme"] == "HTTPS"
     assert sidecar["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
 

@@ -6,8 +6,12 @@ HTTPS as that pod, and refuses to as another. Tokens not bound to a pod, or none
 
 from __future__ import annotations
 
+import base64
+import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +24,7 @@ from tests.e2e.test_operator_e2e import (  # noqa: F401  (fixtures used by name)
     ROOT,
     OperatorProcess,
     chart_rbac,
+    free_port,
     namespace,
     operator_kubeconfig,
     wait_for,
@@ -40,19 +45,23 @@ def ca_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def tls_operator(kube: ControlPlane, operator_kubeconfig: Path, ca_dir: Path,
-                 tmp_path: Path) -> Iterator[OperatorProcess]:
+                 tmp_path: Path) -> Iterator[tuple[OperatorProcess, str]]:
+    """The operator with TLS to the sidecars; also its HTTPS URL."""
+    https_port = free_port()
     proc = OperatorProcess(kube, operator_kubeconfig, tmp_path / "operator.log",
-                           ["--poll-interval", "30", "--sidecar-ca-dir", str(ca_dir)])
+                           ["--poll-interval", "30", "--sidecar-ca-dir", str(ca_dir), "--https-port", str(https_port),
+                            "--https-name", "127.0.0.1"])
     try:
         proc.wait_ready()
-        yield proc
+        yield proc, f"https://127.0.0.1:{https_port}"
     finally:
         proc.stop()
 
 
 @pytest.mark.timeout(180)
 async def test_a_sidecar_gets_its_pods_certificate_and_only_its_pod_is_read(
-        kube: ControlPlane, namespace: str, tls_operator: OperatorProcess, ca_dir: Path, tmp_path: Path) -> None:
+        kube: ControlPlane, namespace: str, tls_operator: tuple[OperatorProcess, str], ca_dir: Path,
+        tmp_path: Path) -> None:
     import aiohttp
 
     from frscope.operator.evidence.sidecar_tls import SidecarCa, server_name
@@ -61,6 +70,7 @@ async def test_a_sidecar_gets_its_pods_certificate_and_only_its_pod_is_read(
     from frscope.testing.tls import key_and_csr
     from frscope.wire import CERTIFICATE_PATH, sidecar_audience
 
+    operator, https_url = tls_operator
     kube.kubectl("create", "serviceaccount", "trainer", "-n", namespace)
     training_pod(kube, namespace, "train-worker-0", "trainer")
     tokens = tmp_path / "tokens"
@@ -78,13 +88,14 @@ async def test_a_sidecar_gets_its_pods_certificate_and_only_its_pod_is_read(
         [sys.executable, "-m", "frscope", "sidecar", "--socket-dir", str(tmp_path), "--evidence-dir", "none",
          "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file), "--pod", "train-worker-0",
          "--namespace", namespace, "--operator-identity", identity, "--kube-token-dir", str(tokens),
-         "--api-server", kube.server, "--certificate-url", tls_operator.url],
+         "--api-server", kube.server, "--certificate-url", https_url,
+         "--operator-ca", base64.b64encode((ca_dir / "tls.crt").read_bytes()).decode()],
         stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT)
     try:
         port = int(wait_for("the sidecar's port", lambda: port_file.exists() and port_file.read_text().strip(), 60))
         wait_for("the certificate issued by the operator",
                  lambda: "TLS: serving the certificate for" in sidecar_log.read_text(errors="replace"), 60,
-                 diagnostics=lambda: sidecar_log.read_text(errors="replace")[-3000:] + tls_operator.logs())
+                 diagnostics=lambda: sidecar_log.read_text(errors="replace")[-3000:] + operator.logs())
         assert server_name(namespace, "train-worker-0") in sidecar_log.read_text()
         base = f"http://127.0.0.1:{port}"
         ca = SidecarCa(ca_dir)
@@ -97,7 +108,7 @@ async def test_a_sidecar_gets_its_pods_certificate_and_only_its_pod_is_read(
             # The operator believing this address is another pod's: its certificate does not name it.
             with pytest.raises(SidecarError, match="TLS: the sidecar's certificate is refused.*[Hh]ostname mismatch"):
                 await client.status(base, 10, pod=(namespace, "train-worker-1"))
-        assert "certificate issued to " + f"{namespace}/train-worker-0" in tls_operator.logs()
+        assert "certificate issued to " + f"{namespace}/train-worker-0" in operator.logs()
     finally:
         proc.terminate()
         try:
@@ -107,7 +118,17 @@ async def test_a_sidecar_gets_its_pods_certificate_and_only_its_pod_is_read(
             proc.wait(timeout=10)
         out.close()
 
-    url = tls_operator.url + CERTIFICATE_PATH
+    # The operator's HTTPS carries a certificate of the sidecar CA for its name; another CA refuses it.
+    from frscope.testing.tls import write_ca
+
+    trusting = ssl.create_default_context(cafile=str(ca_dir / "tls.crt"))
+    with urllib.request.urlopen(https_url + "/healthz", context=trusting,
+                                timeout=10) as answer:
+        assert answer.status == 200
+    stranger = ssl.create_default_context(cafile=str(write_ca(tmp_path / "stranger") / "tls.crt"))
+    with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+        urllib.request.urlopen(https_url + "/healthz", context=stranger, timeout=10)
+    url = operator.url + CERTIFICATE_PATH
     _key, csr = key_and_csr(asks_for=server_name(namespace, "train-worker-1"))
     # A CSR asking for another pod's name gets its own pod's name: the operator decides the name.
     code, answer = http("POST", url, token=pod_token, body=csr)

@@ -5,6 +5,7 @@ environment variables."""
 from __future__ import annotations
 
 import socket
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,11 @@ class OperatorConfig:
     inject_label: tuple[str, str] = (names.INJECT_KEY, "true")
     http_host: str = "0.0.0.0"
     http_port: int = 8080
+    # TLS to the sidecars: the same server over HTTPS on this port too, with a certificate of the sidecar CA
+    # for `https_name` (default: the host of the injection's certificate URL): where the sidecars push and
+    # ask for their certificates, so their tokens never cross the pod network readable. None: no HTTPS.
+    https_port: int | None = None
+    https_name: str | None = None
     # Bounded-rate status polling of every watched pod's sidecar.
     poll_interval_s: float = 15.0
     poll_timeout_s: float = 5.0
@@ -129,6 +135,9 @@ class OperatorConfig:
         if self.sidecar_auth != "token" and self.sidecar_token_file is not None:
             raise ValueError(f"--sidecar-token-file is the shared secret of --sidecar-auth token; with "
                              f"{self.sidecar_auth} no such token is shown (kubernetes: one minted per pod)")
+        if self.https_port is not None and (self.sidecar_ca_dir is None or not self.operator_https_name):
+            raise ValueError("--https-port needs --sidecar-ca-dir and a name for its certificate (--https-name, or "
+                             "the host of FRSCOPE_SIDECAR_CERTIFICATE_URL)")
         if self.sidecar_ca_dir is not None and self.sidecar_auth != "kubernetes":
             raise ValueError("--sidecar-ca-dir needs --sidecar-auth kubernetes: a certificate names the pod its "
                              "pod-bound token proves")
@@ -136,3 +145,11 @@ class OperatorConfig:
                 and not self.webhook.injection.certificate_url):
             raise ValueError("--sidecar-ca-dir with the webhook needs FRSCOPE_SIDECAR_CERTIFICATE_URL (where the "
                              "injected sidecars ask for their certificate)")
+
+    @property
+    def operator_https_name(self) -> str | None:
+        """The name in the operator's HTTPS certificate: `https_name`, else the certificate URL's host."""
+        if self.https_name:
+            return self.https_name
+        url = self.webhook.injection.certificate_url if self.webhook is not None else None
+        return urllib.parse.urlsplit(url).hostname if url else None

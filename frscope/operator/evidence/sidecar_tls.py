@@ -12,7 +12,9 @@ The files are read again when they change (cert-manager or an upgrade may replac
 
 from __future__ import annotations
 
+import asyncio
 import datetime
+import ipaddress
 import logging
 import os
 import ssl
@@ -33,6 +35,9 @@ CERT_LIFETIME = datetime.timedelta(hours=24)
 # A CSR is a few hundred bytes; one past this is refused unread.
 MAX_CSR_BYTES = 16 * 1024
 _BACKDATE = datetime.timedelta(minutes=5)  # clock skew between the operator's node and the sidecar's
+
+
+_PublicKey = ec.EllipticCurvePublicKey | rsa.RSAPublicKey | ed25519.Ed25519PublicKey
 
 
 class CertificateRefused(ValueError):
@@ -129,12 +134,28 @@ class SidecarCa:
                 raise CertificateRefused(f"curve {public.curve.name} is refused (P-256 or P-384)")
         elif not isinstance(public, ed25519.Ed25519PublicKey):
             raise CertificateRefused("an EC (P-256, P-384), RSA or Ed25519 key is needed")
+        san: x509.GeneralName = x509.DNSName(wire.sidecar_tls_name(namespace, pod))
+        return self._sign(public, san, f"{namespace}/{pod}", "frscope sidecar", now)
+
+    def issue_operator(self, name: str) -> tuple[bytes, bytes]:
+        """The operator's own HTTPS certificate (its Service name, or an address) and its key, made here in
+        memory: what the sidecars' pushes and certificate requests verify (`--operator-ca`)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        try:
+            san: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(name))
+        except ValueError:
+            san = x509.DNSName(name)
+        chain = self._sign(key.public_key(), san, name, "frscope operator", None)
+        return chain, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption())
+
+    def _sign(self, public: _PublicKey, san: x509.GeneralName, common_name: str, organization: str,
+              now: datetime.datetime | None) -> bytes:
         loaded = self._current()
         now = now or datetime.datetime.now(datetime.UTC)
         not_after = min(now + self.lifetime, loaded.cert.not_valid_after_utc)
-        name = wire.sidecar_tls_name(namespace, pod)
-        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{namespace}/{pod}"[:64]),
-                             x509.NameAttribute(NameOID.ORGANIZATION_NAME, "frscope sidecar")])
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name[:64]),
+                             x509.NameAttribute(NameOID.ORGANIZATION_NAME, organization)])
         builder = (
             x509.CertificateBuilder()
             .subject_name(subject)
@@ -143,7 +164,7 @@ class SidecarCa:
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - _BACKDATE)
             .not_valid_after(not_after)
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([san]), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_encipherment=isinstance(public, rsa.RSAPublicKey),
                                          content_commitment=False, data_encipherment=False, key_agreement=False,
@@ -163,6 +184,35 @@ def client_context(ca_pem: bytes) -> ssl.SSLContext:
     context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cadata=ca_pem.decode("ascii"))
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     return context
+
+
+class OperatorServing:
+    """The operator's HTTPS for the sidecars (`--https-port`): a key and certificate from the sidecar CA,
+    made in memory, renewed into the same context (`renew`, hourly, also picks up a replaced CA)."""
+
+    def __init__(self, ca: SidecarCa, name: str) -> None:
+        self.ca = ca
+        self.name = name
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self.renew()
+
+    def renew(self) -> None:
+        chain, key = self.ca.issue_operator(self.name)
+        fd = os.memfd_create("frscope-tls", os.MFD_CLOEXEC)  # the key on no disk and under no name
+        try:
+            os.write(fd, chain + key)
+            self.context.load_cert_chain(f"/proc/self/fd/{fd}")
+        finally:
+            os.close(fd)
+
+    async def run(self, every_s: float = 3600.0) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await asyncio.to_thread(self.renew)
+            except (OSError, ValueError, ssl.SSLError) as exc:
+                log.warning("the operator's HTTPS certificate not renewed: %s", exc)
 
 
 def server_name(namespace: str, pod: str) -> str:

@@ -105,3 +105,23 @@ def test_a_tls_injected_sidecar_is_trusted_as_injected() -> None:
     assert "--certificate-url=http://frscope.frscope.svc:80" in sidecar["args"]
     assert sidecar["startupProbe"]["httpGet"]["scheme"] == "HTTPS"
     assert sidecar_as_injected(out, cfg) is None  # no new mount or variable the operator would distrust
+
+
+def test_the_operators_https_needs_the_ca_and_a_name(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="--https-port needs --sidecar-ca-dir"):
+        OperatorConfig(https_port=8443)
+    injection = InjectionConfig(certificate_url="https://frs-frscope.frscope-system.svc:8443")
+    config = OperatorConfig(https_port=8443, sidecar_ca_dir=tmp_path, webhook=WebhookConfig(injection=injection))
+    assert config.operator_https_name == "frs-frscope.frscope-system.svc"  # the name the sidecars connect to
+    assert OperatorConfig(https_port=1, https_name="10.0.0.1", sidecar_ca_dir=tmp_path).operator_https_name == \
+        "10.0.0.1"
+
+
+def test_the_operators_own_certificate_names_its_service_or_address(tmp_path: Path) -> None:
+    ca = SidecarCa(write_ca(tmp_path / "ca"))
+    for name, kind in (("frs-frscope.frscope-system.svc", x509.DNSName), ("127.0.0.1", x509.IPAddress)):
+        chain, key = ca.issue_operator(name)
+        leaf = x509.load_pem_x509_certificates(chain)[0]
+        sans = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert [str(v) for v in sans.get_values_for_type(kind)] == [name]
+        assert serialization.load_pem_private_key(key, None).public_key() == leaf.public_key()
