@@ -7,7 +7,8 @@ Two ways to a certificate:
   certificate naming this pod (`wire.sidecar_tls_name`). Until the first one arrives the port serves a
   throwaway self-signed certificate, which the kubelet's probes accept and the operator does not: the
   trainer is never held back by an operator that is down. The certificate is asked for again every
-  `RENEW_EVERY` (and at half its life, if that is sooner), so a CA the operator replaced is picked up.
+  `RENEW_EVERY` (and at half its life, if that is sooner). With an https:// URL the operator's own
+  certificate is checked against `--operator-ca` (the CA the webhook handed this pod).
 - `--tls-cert-file` / `--tls-key-file`: files (e.g. a mounted Secret), read again when they change.
 
 Either way the server's `ssl.SSLContext` stays the same object: a new certificate is loaded into it and
