@@ -220,7 +220,18 @@ def relabel_configs(rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def stack(rules: list[dict[str, Any]], relabel_configs: list[dict[str, Any]],
+def scrape_tls(rendered: list[dict[str, Any]]) -> dict[str, Any]:
+    """The PodMonitor's scheme and tlsConfig as Prometheus' (the sidecars serve HTTPS: sidecar.tls)."""
+    [monitor] = [o for o in rendered if o["kind"] == "PodMonitor"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    tls: dict[str, Any] = {"scheme": endpoint["scheme"]} if "scheme" in endpoint else {}
+    if (endpoint.get("tlsConfig") or {}).get("insecureSkipVerify"):
+        tls["tls_config"] = {"insecure_skip_verify": True}
+    return tls
+
+
+@pytest.fixture(scope="module")
+def stack(rules: list[dict[str, Any]], relabel_configs: list[dict[str, Any]], scrape_tls: dict[str, Any],
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     binary = shutil.which("prometheus")
     if binary is None:
@@ -232,10 +243,21 @@ def stack(rules: list[dict[str, Any]], relabel_configs: list[dict[str, Any]],
         job.wait_for_sockets(time.monotonic() + 90)
         port_file = work / "sidecar.port"
         sidecar_log = (work / "sidecar.log").open("wb")
+        tls_args: list[str] = []
+        if scrape_tls.get("scheme") == "https":  # as the webhook injects it: a certificate of the operator's CA
+            from frscope.operator.evidence.sidecar_tls import SidecarCa
+            from frscope.testing.tls import key_and_csr, write_ca
+
+            key, csr = key_and_csr()
+            (work / "tls.key").write_bytes(key)
+            (work / "tls.crt").write_bytes(SidecarCa(write_ca(work / "ca")).issue(
+                csr, TARGET_LABELS["namespace"], TARGET_LABELS["pod"]))
+            tls_args = ["--tls-cert-file", str(work / "tls.crt"), "--tls-key-file", str(work / "tls.key")]
         sidecar = subprocess.Popen(
             [sys.executable, "-m", "frscope", "sidecar", "--socket-dir", str(job.work_dir), "--port", "0",
              "--host", "127.0.0.1", "--port-file", str(port_file), "--poll-interval", "1", "--stall-after", "3",
-             "--evidence-dir", "none", "--pod", TARGET_LABELS["pod"], "--namespace", TARGET_LABELS["namespace"]],
+             "--evidence-dir", "none", "--pod", TARGET_LABELS["pod"], "--namespace", TARGET_LABELS["namespace"],
+             *tls_args],
             stdout=sidecar_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         prometheus: subprocess.Popen[bytes] | None = None
@@ -251,6 +273,7 @@ def stack(rules: list[dict[str, Any]], relabel_configs: list[dict[str, Any]],
                            "scrape_timeout": f"{SCRAPE_S}s"},
                 "rule_files": [str(rules_path)],
                 "scrape_configs": [{
+                    **scrape_tls,
                     "job_name": SIDECAR_JOB,
                     "static_configs": [
                         {"targets": [f"127.0.0.1:{sidecar_port}"], "labels": TARGET_LABELS},
