@@ -380,6 +380,11 @@ def test_the_whole_rule_set_is_exactly_the_needed_one(kube: ControlPlane, instal
         CRDS: {"list", "watch"},
         "nodes": {"get", "list"},
         LEDGER: {"get", "list", "watch", "create", "update", "patch", "delete"},
+        # No training namespace named: the sidecars' NetworkPolicy, written by the operator (create any,
+        # then only that one), and its owner, read for its uid.
+        "networkpolicies.networking.k8s.io": {"create"},
+        f"networkpolicies.networking.k8s.io[{installed.release}-frscope-sidecar]": {"get", "patch"},
+        f"clusterroles.rbac.authorization.k8s.io[{installed.release}-frscope-operator-sidecar-policy]": {"get"},
     }
 
 
