@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.frscope-installed
 
 .PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster cluster-node \
-	cluster-node-down torch-venvs node-images controllers accuracy-sweep
+	cluster-node-down torch-venvs node-images controllers accuracy-sweep dist registry
 
 # setup.py and the C scanner too: `pip install -e .` builds frscope/records/_frscan.c in place (optional: without a
 # compiler frscope reads dumps with the pure-Python path), so a change to either rebuilds it.
@@ -46,6 +46,8 @@ APT_PACKAGES += prometheus
 # sandbox ("pause") binary; iptables and conntrack for kube-proxy.
 APT_PACKAGES += containerd runc containernetworking-plugins buildah debootstrap gcc libc6-dev \
 	iptables conntrack
+# shellcheck: actionlint (tests/unit/test_workflows.py) checks the workflows' run: scripts with it.
+APT_PACKAGES += shellcheck
 deps-apt:
 	@missing=""; for p in $(sort $(APT_PACKAGES)); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
@@ -55,6 +57,12 @@ deps-apt:
 	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
 	fi
+
+# What `pip install frscope` installs (docs/release.md): the sdist and a manylinux wheel with the C scanner,
+# cached by source hash; the last line printed is their directory. tests/integration/test_distribution.py
+# installs that wheel into a fresh venv.
+dist:
+	scripts/build-dist
 
 # The real Kubernetes control plane for tests/e2e (docs/testenv.md): built from the Go module proxy once,
 # then reused from ~/.cache/frscope-testenv. Exit 3 = Go is not installed: the e2e tests skip.
@@ -94,6 +102,11 @@ node-images: $(STAMP) deps-apt testenv
 	@if [ "$$(id -u)" = 0 ] && bin="$$(testenv/build --check)"; then \
 	  PIP=$(abspath $(BIN))/pip testenv/build-images "$$bin" >/dev/null; fi
 
+# The node's OCI registry (testenv/build-registry: the CNCF registry from its Go module; the node tests push
+# the frscope image and chart to it and install from it). Built before the suite so a cold run overlaps it.
+registry:
+	testenv/build-registry >/dev/null || [ $$? -eq 3 ]
+
 controllers: deps-apt
 	testenv/build-controllers >/dev/null || [ $$? -eq 3 ]
 	@# their images, for the node tests that deploy Trainer and JobSet in pods (seconds; root only)
@@ -104,7 +117,7 @@ controllers: deps-apt
 # What the suite needs, built side by side on a cold machine (the Go builds are CPU-bound, the torch
 # venvs and images mostly download and unpack): then the suite.
 test:
-	$(MAKE) -j3 check deps-apt testenv torch-venvs node-images controllers
+	$(MAKE) -j3 check deps-apt testenv torch-venvs node-images controllers registry
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The accuracy benchmark (issue 23, not part of `make test`): SWEEP_JOBS real torch jobs with faults drawn

@@ -84,6 +84,7 @@ def test_defaults_render_the_operator_webhook_and_dashboard_but_no_monitoring(
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "Secret",
         "MutatingWebhookConfiguration", "ConfigMap", "NetworkPolicy",
         "Role", "RoleBinding",  # minting the operator's own per-pod tokens for the sidecars
+        "Pod",  # `helm test`'s (a hook: created by `helm test` only)
     }
     for obj in objs:
         if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}:
@@ -125,6 +126,31 @@ def test_operator_pod_security_is_restricted(rendered: dict[str, list[dict[str, 
         assert set(volume) & {"emptyDir", "secret", "projected"}, volume  # no hostPath
         for source in volume.get("projected", {}).get("sources", []):
             assert source["serviceAccountToken"]["audience"] == "frscope.io/sidecar"  # never the API's
+
+
+@pytest.mark.parametrize("values", RENDERED)
+def test_the_helm_test_pod_is_a_restricted_hook_that_sees_only_the_webhook_ca(
+    rendered: dict[str, list[dict[str, Any]]], values: str
+) -> None:
+    [pod] = of_kind(rendered[values], "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "test"  # what the NetworkPolicy admits
+    spec = pod["spec"]
+    assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [container] = spec["containers"]
+    assert container["image"] == _deployment_pod(rendered[values])["spec"]["containers"][0]["image"]
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsNonRoot"] is True
+    env = {e["name"]: e["value"] for e in container["env"]}
+    ports = {p["name"]: p["port"] for p in one(rendered[values], "Service")["spec"]["ports"]}
+    assert env["OPERATOR_SERVICE"] == "frs-frscope.frscope-system.svc" and env["HTTP_PORT"] == str(ports["http"])
+    assert env.get("WEBHOOK_PORT") == (str(ports["webhook"]) if "webhook" in ports else None)
+    for volume in spec.get("volumes", []):  # the webhook's Secret: its CA only, never the key
+        assert volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}], volume
+    assert bool(spec.get("volumes")) == ("WEBHOOK_PORT" in env)
 
 
 def test_webhook_is_opt_in_fails_open_and_skips_system_namespaces(
@@ -377,7 +403,9 @@ def test_network_policy_of_the_operator_is_on_by_default(rendered: dict[str, lis
     assert http_rule["ports"] == [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 8443}]  # + HTTPS
     # Pushes only from opted-in pods (of every namespace, as none is named); the webhook from anywhere.
     opted_in = {"matchLabels": {"frscope.io/inject": "true"}}
-    assert http_rule["from"] == [{"namespaceSelector": {}, "podSelector": opted_in}]
+    test_pod = {"matchLabels": {"app.kubernetes.io/name": "frscope", "app.kubernetes.io/instance": "frs",
+                                "app.kubernetes.io/component": "test"}}
+    assert http_rule["from"] == [{"namespaceSelector": {}, "podSelector": opted_in}, {"podSelector": test_pod}]
     assert webhook_rule == {"ports": [{"protocol": "TCP", "port": 9443}]}
     named = [p for p in of_kind(rendered["all-on"], "NetworkPolicy") if p["metadata"]["name"].endswith("-operator")]
     peers = named[0]["spec"]["ingress"][0]["from"]

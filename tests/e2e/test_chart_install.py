@@ -204,6 +204,7 @@ def test_notes_say_how_to_opt_in_and_where_to_look(installed: Install) -> None:
     notes = installed.notes
     assert 'frscope.io/inject: "true"' in notes
     assert f"kubectl -n {installed.namespace} rollout status deployment/{installed.release}-frscope" in notes
+    assert f"helm test {installed.release} -n {installed.namespace} --logs" in notes
     assert "kubectl describe pytorchjob -n <namespace> <job>" in notes
     assert "kubectl get flightrecorderreports -n <namespace>" in notes
     assert f"{installed.release}-frscope-dashboard, labelled grafana_dashboard=\"1\"" in notes
