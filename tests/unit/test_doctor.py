@@ -142,6 +142,8 @@ def test_exit_codes_and_lines() -> None:
 def test_the_tested_versions_table() -> None:
     assert versions.kubernetes_tested((1, 36))
     assert not versions.kubernetes_tested((1, 24))
+    assert versions.kubernetes_between_tested((1, 31)) and versions.kubernetes_between_tested((1, 35))
+    assert not versions.kubernetes_between_tested((1, 29)) and not versions.kubernetes_between_tested((1, 37))
     assert "1.36" in versions.tested_text()
 
 
