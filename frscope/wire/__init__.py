@@ -19,8 +19,10 @@ outside this package, nothing but the standard library (import-linter keeps it s
 """
 
 from frscope.wire.common import (
+    CERTIFICATE_PATH,
     ENTRIES_DROPPED_KEY,
     SIDECAR_AUDIENCE,
+    SIDECAR_TLS_SUFFIX,
     SNAPSHOT_FORMAT,
     SNAPSHOT_KEY,
     SNAPSHOT_PIECE_KEYS,
@@ -31,6 +33,7 @@ from frscope.wire.common import (
     STATUS_SCHEMA,
     WireError,
     sidecar_audience,
+    sidecar_tls_name,
 )
 from frscope.wire.snapshot import (
     SidecarSnapshot,
@@ -68,12 +71,13 @@ from frscope.wire.status import (
 )
 
 __all__ = [
-    "DumpDirDoc", "DumpFileDoc", "ENTRIES_DROPPED_KEY", "EvidenceDoc", "GroupStall", "GroupStatusDoc",
-    "LatenessDoc", "RankLate", "RankStatusDoc", "RankUp", "SIDECAR_AUDIENCE", "SNAPSHOT_FORMAT", "SNAPSHOT_KEY",
-    "SNAPSHOT_PIECE_KEYS", "SNAPSHOT_SCHEMA", "SNAPSHOT_WINDOW_MAX", "SNAPSHOT_WINDOW_MIN", "STATUS_ARRIVALS",
-    "STATUS_ARRIVALS_TOTAL", "STATUS_MAX_BYTES", "STATUS_SCHEMA", "SidecarSnapshot", "SidecarStatus",
-    "SnapshotError", "StatusDoc", "WireError", "entries_dropped", "is_snapshot_envelope", "is_snapshot_piece",
-    "loads_status", "parse_snapshot", "parse_status", "parse_window", "sidecar_audience", "snapshot_envelope_bytes",
+    "CERTIFICATE_PATH", "DumpDirDoc", "DumpFileDoc", "ENTRIES_DROPPED_KEY", "EvidenceDoc", "GroupStall",
+    "GroupStatusDoc", "LatenessDoc", "RankLate", "RankStatusDoc", "RankUp", "SIDECAR_AUDIENCE",
+    "SIDECAR_TLS_SUFFIX", "SNAPSHOT_FORMAT", "SNAPSHOT_KEY", "SNAPSHOT_PIECE_KEYS", "SNAPSHOT_SCHEMA",
+    "SNAPSHOT_WINDOW_MAX", "SNAPSHOT_WINDOW_MIN", "STATUS_ARRIVALS", "STATUS_ARRIVALS_TOTAL", "STATUS_MAX_BYTES",
+    "STATUS_SCHEMA", "SidecarSnapshot", "SidecarStatus", "SnapshotError", "StatusDoc", "WireError",
+    "entries_dropped", "is_snapshot_envelope", "is_snapshot_piece", "loads_status", "parse_snapshot",
+    "parse_status", "parse_window", "sidecar_audience", "sidecar_tls_name", "snapshot_envelope_bytes",
     "snapshot_head", "snapshot_piece", "snapshot_piece_bytes", "status_arrivals_each", "unwrap_snapshot",
     "window_piece", "window_query",
 ]

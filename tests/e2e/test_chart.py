@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 try:  # tests/e2e is a plain directory today; keep working if it becomes a package
+    from tests.e2e import kube_matrix
     from tests.e2e.chart_tools import CHART, MONITORING_KINDS, VALUES_SETS, Helm, objects, of_kind, one, rules_file
 except ModuleNotFoundError:
+    import kube_matrix
     from chart_tools import CHART, MONITORING_KINDS, VALUES_SETS, Helm, objects, of_kind, one, rules_file
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -100,7 +103,8 @@ def test_defaults_render_the_operator_webhook_and_dashboard_but_no_monitoring(
         assert container[probe]["httpGet"]["port"] == "http", probe
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
     service = one(objs, "Service")
-    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {"http": "http", "webhook": "webhook"}
+    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {"http": "http", "https": "https",
+                                                                             "webhook": "webhook"}
     assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
 
 
@@ -194,7 +198,7 @@ def test_chart_generated_certificate_is_signed_by_the_ca_bundle_for_the_service(
     rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     objs = rendered["defaults"]
-    secret = one(objs, "Secret")
+    secret = one(objs, "Secret", "frs-frscope-webhook-tls")
     assert secret["type"] == "kubernetes.io/tls"
     hooks = one(objs, "MutatingWebhookConfiguration")["webhooks"]
     assert all(hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"] for hook in hooks)
@@ -221,7 +225,7 @@ def test_chart_generated_certificate_is_signed_by_the_ca_bundle_for_the_service(
 def test_cert_manager_replaces_the_generated_certificate(rendered: dict[str, list[dict[str, Any]]]) -> None:
     objs = rendered["all-on"]
     assert "Secret" not in _kinds(objs)
-    cert = one(objs, "Certificate")
+    cert = one(objs, "Certificate", "frs-frscope-webhook")
     assert cert["spec"]["secretName"] == "frs-frscope-webhook-tls"
     assert "frs-frscope.frscope-system.svc" in cert["spec"]["dnsNames"]
     assert one(objs, "Issuer")["spec"] == {"selfSigned": {}}
@@ -399,7 +403,7 @@ def test_network_policy_of_the_operator_is_on_by_default(rendered: dict[str, lis
     spec = policy["spec"]
     assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
     http_rule, webhook_rule = spec["ingress"]
-    assert http_rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert http_rule["ports"] == [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 8443}]  # + HTTPS
     # Pushes only from opted-in pods (of every namespace, as none is named); the webhook from anywhere.
     opted_in = {"matchLabels": {"frscope.io/inject": "true"}}
     test_pod = {"matchLabels": {"app.kubernetes.io/name": "frscope", "app.kubernetes.io/instance": "frs",
@@ -418,10 +422,10 @@ def test_auth_defaults_project_the_tokens_and_tell_the_webhook(rendered: dict[st
     container = pod["containers"][0]
     assert "--sidecar-auth=kubernetes" in container["args"] and "--ui-auth=port-forward" in container["args"]
     assert "--metrics-auth=port-forward" in container["args"]
-    assert "--sidecar-token-file=/var/run/secrets/frscope/sidecar/token" in container["args"]
-    [volume] = [v for v in pod["volumes"] if v["name"] == "sidecar-token"]
-    [source] = volume["projected"]["sources"]
-    assert source["serviceAccountToken"]["audience"] == "frscope.io/sidecar"
+    # The shared-audience token of earlier versions is gone: each sidecar gets a token minted for its pod.
+    assert not [a for a in container["args"] if a.startswith("--sidecar-token-file")]
+    assert not [v for v in pod["volumes"] if "projected" in v]
+    assert not [m for m in container["volumeMounts"] if m["mountPath"].startswith("/var/run/secrets/frscope")]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["FRSCOPE_OPERATOR_IDENTITY"] == "system:serviceaccount:frscope-system:frs-frscope"
 
@@ -470,11 +474,14 @@ def test_schema_rejects_bad_values_with_a_clear_message(helm: Helm, sets: list[s
 
 
 def test_auth_none_leaves_out_the_tokens(helm: Helm) -> None:
-    objs = objects(helm, sets=["auth.sidecars=none"])
+    objs = objects(helm, sets=["auth.sidecars=none", "sidecar.tls.enabled=false"])
     container = _deployment_pod(objs)["spec"]["containers"][0]
     assert "--sidecar-auth=none" in container["args"]
-    assert not [a for a in container["args"] if a.startswith("--sidecar-token-file")]
+    assert not [a for a in container["args"] if a.startswith(("--sidecar-token-file", "--sidecar-ca-dir"))]
     assert "FRSCOPE_OPERATOR_IDENTITY" not in {e["name"] for e in container["env"]}
+    # TLS needs the pods' own tokens (a certificate names the pod its token proves): said, not ignored.
+    proc = helm.run("template", "frs", str(CHART), "--set", "auth.sidecars=none", check=False)
+    assert proc.returncode != 0 and "sidecar.tls.enabled needs auth.sidecars=kubernetes" in proc.stderr
 
 
 def test_service_account_name_is_required_when_not_created(helm: Helm) -> None:
@@ -516,3 +523,16 @@ def test_the_node_ledgers_rbac_and_flags_follow_its_values(helm: Helm) -> None:
     assert "--node-ledger=off" in args(off) and not [a for a in args(off) if a.startswith("--node-fenc")]
     bad = helm.run("template", "frs", str(CHART), "--set", "nodeLedger.fencing.mode=always", check=False)
     assert bad.returncode != 0 and "nodeLedger" in bad.stderr
+
+
+def test_kube_version_floor_is_the_oldest_release_the_matrix_runs(helm: Helm) -> None:
+    """Chart.yaml's kubeVersion admits the releases tests/e2e/test_kube_versions.py runs and nothing
+    older: helm refuses the minor below the oldest and renders every release of the matrix."""
+    oldest = kube_matrix.oldest_release()
+    major, minor, _ = (int(part) for part in oldest.split("."))
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={major}.{minor}.0-0"
+    below = helm.run("template", "frs", str(CHART), "--kube-version", f"v{major}.{minor - 1}.99", check=False)
+    assert below.returncode != 0 and f"incompatible with Kubernetes v{major}.{minor - 1}.99" in below.stderr, below
+    for release in kube_matrix.releases():
+        helm.run("template", "frs", str(CHART), "--kube-version", f"v{release}")

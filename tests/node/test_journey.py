@@ -159,7 +159,12 @@ def podmonitor_scrape_config(node: Any, home: Path, sd_file: Path) -> dict[str, 
         unknown = set(r) - set(fields)
         assert not unknown, f"relabeling field(s) this test does not translate: {unknown}"
         relabel.append({fields[k]: v for k, v in r.items()})
+    # The sidecars' HTTPS (sidecar.tls, the default), as the Prometheus Operator writes scheme and tlsConfig.
+    tls = {"scheme": endpoint["scheme"]} if "scheme" in endpoint else {}
+    if (endpoint.get("tlsConfig") or {}).get("insecureSkipVerify"):
+        tls["tls_config"] = {"insecure_skip_verify": True}
     return {
+        **tls,
         "job_name": f"podMonitor/{pm['metadata']['namespace']}/{pm['metadata']['name']}/0",
         "metrics_path": endpoint["path"],
         "scrape_interval": endpoint["interval"],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import re
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +142,20 @@ def test_exit_codes_and_lines() -> None:
 def test_the_tested_versions_table() -> None:
     assert versions.kubernetes_tested((1, 36))
     assert not versions.kubernetes_tested((1, 24))
+    assert versions.kubernetes_between_tested((1, 31)) and versions.kubernetes_between_tested((1, 35))
+    assert not versions.kubernetes_between_tested((1, 29)) and not versions.kubernetes_between_tested((1, 37))
     assert "1.36" in versions.tested_text()
+
+
+def test_the_tested_kubernetes_minors_are_the_releases_testenv_builds() -> None:
+    """The default release (testenv/go.mod) and each release of the version matrix (testenv/kube/<version>)."""
+    testenv = Path(__file__).resolve().parents[2] / "testenv"
+    default = re.search(r"^require k8s\.io/kubernetes v(\d+)\.(\d+)\.", (testenv / "go.mod").read_text(), re.M)
+    assert default is not None
+    built = {(int(default.group(1)), int(default.group(2)))}
+    built |= {(int(d.name.split(".")[0]), int(d.name.split(".")[1])) for d in (testenv / "kube").iterdir()
+              if (d / "go.mod").is_file()}
+    assert set(versions.TESTED_KUBERNETES) == built
 
 
 def _write_kubeconfig(path: Path, user: dict[str, Any], cluster: dict[str, Any]) -> Path:
@@ -204,3 +218,21 @@ def test_the_sidecar_port_and_a_readyz_answer() -> None:
     assert ranks_of({"ready": True, "ranks": 0}) == 0
     assert ranks_of({"ready": False}) is None and ranks_of("503 text") is None
     assert ranks_of({"ready": True, "ranks": "8"}) is None
+
+
+def test_the_sidecar_ca_must_be_a_ca_with_its_key_and_time_left(tmp_path: Path) -> None:
+    import datetime
+
+    from frscope.doctor.certs import sidecar_ca_problems
+    from frscope.testing.tls import write_ca
+
+    good = write_ca(tmp_path / "good")
+    cert, key = (good / "tls.crt").read_bytes(), (good / "tls.key").read_bytes()
+    assert sidecar_ca_problems(cert, key) == []
+    leaf = write_ca(tmp_path / "leaf", ca=False)
+    assert sidecar_ca_problems((leaf / "tls.crt").read_bytes(), (leaf / "tls.key").read_bytes()) == [
+        "tls.crt is not a CA certificate"]
+    assert sidecar_ca_problems(cert, (leaf / "tls.key").read_bytes()) == ["tls.key is not the key of tls.crt"]
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=3640)
+    assert sidecar_ca_problems(cert, key, now=later)[0].startswith("the CA expires on")
+    assert sidecar_ca_problems(b"junk", key)[0].startswith("not a PEM certificate and key")
