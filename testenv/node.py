@@ -36,6 +36,7 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -840,7 +841,7 @@ TRAINER_POD_IMAGE = "frscope-test/trainer:dev"
 
 
 def _versions(controllers_dir: Path) -> dict[str, str]:
-    words = (controllers_dir / "VERSIONS").read_text().split()  # "jobset v0.8.2 trainer v2.0.0"
+    words = (controllers_dir / "VERSIONS").read_text().split()  # "jobset v0.12.0 trainer v2.3.0"
     return dict(zip(words[::2], words[1::2], strict=True))
 
 
@@ -891,6 +892,16 @@ def _wait_available(node: Node, namespace: str, deployment: str, timeout: float)
         raise NodeError(f"{namespace}/{deployment} not Available: {proc.stderr.strip()}\n{pods[-4000:]}\n{logs}")
 
 
+def _with_trainer_image(runtime: str, image: str) -> str:
+    """Trainer's torch runtime with the image of its `node` container (upstream: a pytorch/pytorch release,
+    which this machine cannot pull) replaced by `image`; it names exactly one."""
+    pattern = re.compile(r"^(\s+image:\s*)pytorch/pytorch:\S+$", flags=re.MULTILINE)
+    found = len(pattern.findall(runtime))
+    if found != 1:
+        raise NodeError(f"Trainer's torch runtime names {found} pytorch/pytorch images, not 1: update testenv/node.py")
+    return pattern.sub(lambda m: m.group(1) + image, runtime)
+
+
 def deploy_trainer(node: Node, controllers_dir: Path, manifests_dir: Path, timeout: float = 300) -> dict[str, str]:
     """JobSet and the Kubeflow Trainer v2 controller, each in a pod deployed from its own manifests (CRDs,
     RBAC, Service, webhook configurations, a Deployment; each makes its own webhook certificate with its
@@ -922,15 +933,15 @@ def deploy_trainer(node: Node, controllers_dir: Path, manifests_dir: Path, timeo
                     "newTag": versions["trainer"]}],
         "secretGenerator": [{"name": "kubeflow-trainer-webhook-cert", "namespace": TRAINER_NAMESPACE,
                              "options": {"disableNameSuffixHash": True}}],
+        # The ConfigMap that its overlay makes for Trainer's SDK (its RBAC grants reading it).
+        "configMapGenerator": [{"name": "kubeflow-trainer-public", "literals": [
+            f"kubeflow_trainer_version={versions['trainer']}"], "options": {"disableNameSuffixHash": True}}],
         "patches": [_never_pull("kubeflow-trainer-controller-manager")],
     })
     _wait_available(node, JOBSET_NAMESPACE, "jobset-controller-manager", timeout)
     _wait_available(node, TRAINER_NAMESPACE, "kubeflow-trainer-controller-manager", timeout)
-    runtime = (trainer_upstream / "base" / "runtimes" / "torch_distributed.yaml").read_text()
-    upstream_image = "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime"
-    if upstream_image not in runtime:
-        raise NodeError(f"Trainer's torch runtime does not name {upstream_image} any more: update testenv/node.py")
-    runtime = runtime.replace(upstream_image, TRAINER_POD_IMAGE)
+    runtime = _with_trainer_image(
+        (trainer_upstream / "base" / "runtimes" / "torch_distributed.yaml").read_text(), TRAINER_POD_IMAGE)
     # Trainer's validating webhook checks the runtime: its configuration gets the CA bundle from the
     # rotator a moment after the Deployment is Available.
     deadline = time.monotonic() + 60
