@@ -123,7 +123,7 @@ def trainer(node: Any) -> dict[str, str]:
     Trainer's torch-distributed ClusterTrainingRuntime (image: the trainer image built here). Only for
     the tests that ask: building the two controllers is minutes of CPU when Go's cache is cold (the
     e2e `controllers` test builds the same, cached), deploying them about a minute. Returns their
-    versions ({"trainer": "v2.0.0", "jobset": "v0.8.2"})."""
+    versions ({"trainer": "v2.3.0", "jobset": "v0.12.0"})."""
     started = time.monotonic()
     code, controllers, err = _last_line([str(TESTENV / "build-controllers")])
     if code == BUILD_NO_GO:

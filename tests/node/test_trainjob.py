@@ -10,12 +10,15 @@ injects the sidecar on the way in.
 - a TrainJob (2 nodes x torchrun with 2 processes, gloo on CPU) in a namespace opted in by its label,
   whose last rank hangs in a named function: the diagnosis reaches `kubectl describe trainjob`
   (frscope's condition in status.conditions, kept out of the STATE column, and the Warning Event), the
-  report is owned by the TrainJob, and deleting the TrainJob removes its pods and the report.
+  report is owned by the TrainJob, and deleting the TrainJob removes its pods and the report;
+- a TrainJob whose last rank raises: the report on the TrainJob names that rank with its exit code and
+  exception, as the kubelet reports the `node` container's end.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import time
 from typing import Any
 
@@ -34,6 +37,7 @@ from tests.node.support import (
     script_configmap,
     wait_for,
 )
+from tests.node.test_exits import CRASH_MESSAGE, CRASH_PY, exits_in
 
 pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -255,5 +259,42 @@ def test_a_hang_in_a_trainjob_is_diagnosed_into_kubectl_describe(node: Any, trai
         node.kubectl("-n", ns, "delete", "trainjob", name, "--wait=true", "--timeout=90s", timeout=120)
         wait_for("the pods and the report to go", lambda: not trainjob_pods(node, ns, name) and not reports(node, ns),
                  120, 2, diagnostics=dump)
+    finally:
+        node.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
+
+
+# ---- a crash in a TrainJob: the rank's exit in the report ----------------------------------------------
+def test_a_crashed_rank_of_a_trainjob_is_named_with_its_exit(node: Any, trainer: dict[str, str],
+                                                             installed: Any) -> None:
+    """2 nodes x torchrun with 1 process; after three all_reduces the last rank raises. The kubelet's
+    word on the `node` container (torchrun's exit status, its failure summary as the termination
+    message) reaches the report on the TrainJob, which names the crashed rank and its exception."""
+    ns = "trainjob-crash"
+    name = "llm"
+    nodes = 2
+    crashed = nodes - 1
+    try:
+        new_namespace(node, ns, labels=INJECT)
+        script_configmap(node, ns, f"{name}-script", CRASH_PY)
+        job = node.plane.apply(trainjob(name, ns, num_nodes=nodes, nproc=1, command=["torchrun", "/scripts/train.py"]))
+        uid = job["metadata"]["uid"]
+        dump = dump_state(node, ns, "trainjob", name, f"jobset.sigs.k8s.io/jobset-name={name}", ("node",))
+
+        def names_the_crashed_rank() -> dict[str, Any] | None:
+            got = reports(node, ns)
+            for report in got:
+                if report["diagnosis"]["who"]["culpritRanks"] == [crashed] and crashed in exits_in(report):
+                    return dict(report)
+            return None
+
+        report = wait_for(f"a report naming rank {crashed} with its exit", names_the_crashed_rank, 300, 2,
+                          diagnostics=dump)
+        text = json.dumps(report, indent=1)
+        assert report["metadata"]["ownerReferences"][0]["uid"] == uid, text
+        assert report["diagnosis"]["what"]["category"] == "RankStopped", text
+        mine = exits_in(report)[crashed]
+        assert mine["exit_code"] == 1 and mine["message"] == f"RuntimeError: {CRASH_MESSAGE}", mine
+        described = node.kubectl("-n", ns, "describe", "trainjob", name).stdout
+        assert CONDITION in described, described
     finally:
         node.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
