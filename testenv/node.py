@@ -851,11 +851,17 @@ def _never_pull(deployment: str) -> dict[str, Any]:
     return {"target": {"kind": "Deployment", "name": deployment}, "patch": json.dumps(patch)}
 
 
-def _apply_kustomization(node: Node, name: str, upstream: Path, kustomization: dict[str, Any]) -> None:
+def _apply_kustomization(node: Node, name: str, upstream: Path, kustomization: dict[str, Any],
+                         drop_kinds: Sequence[str] = ()) -> str:
+    """Renders and applies an overlay of `upstream` (the objects of `drop_kinds` left out); returns what
+    was applied, for a later delete."""
     overlay = node.workdir / name
     shutil.copytree(upstream, overlay / "upstream")
     (overlay / "kustomization.yaml").write_text(_yaml(kustomization))
     rendered = node.kubectl("kustomize", str(overlay)).stdout
+    if drop_kinds:
+        rendered = "\n---\n".join(d for d in rendered.split("\n---\n")
+                                  if not any(f"\nkind: {k}\n" in f"\n{d}\n" for k in drop_kinds))
     # The CRDs first, Established before the manager starts: applied together, Trainer's manager came up
     # before its TrainingRuntime kind was served and exited once ("no matches for kind").
     docs = [d for d in rendered.split("\n---\n") if d.strip()]
@@ -866,6 +872,7 @@ def _apply_kustomization(node: Node, name: str, upstream: Path, kustomization: d
                                input="\n---\n".join(crds), timeout=120).stdout.split()
         _wait_established(node, applied, 60)
     node.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input="\n---\n".join(rest), timeout=120)
+    return rendered
 
 
 def _wait_established(node: Node, crds: Sequence[str], timeout: float) -> None:
@@ -953,6 +960,56 @@ def deploy_trainer(node: Node, controllers_dir: Path, manifests_dir: Path, timeo
             raise NodeError(f"the {TORCH_RUNTIME} ClusterTrainingRuntime was refused: {applied.stderr.strip()}")
         time.sleep(2)
     return versions
+
+
+# Kueue: deployed only for the tests that ask (tests/node/test_trainjob_kueue.py), from its module's
+# config/default (CRDs, RBAC, webhook configurations, its internal cert rotator, the manager and its
+# config), with the image built here.
+KUEUE_IMAGE = "docker.io/frscope-testenv/kueue"
+KUEUE_NAMESPACE = "kueue-system"
+# Only the integrations the tests use: the default list also turns on Kueue's pod, Deployment and
+# StatefulSet webhooks, which would see every pod of the other tests.
+KUEUE_FRAMEWORKS = ("trainer.kubeflow.org/trainjob", "jobset.x-k8s.io/jobset")
+
+
+def _kueue_config() -> dict[str, Any]:
+    """Kueue's config/components/manager/controller_manager_config.yaml (v0.17.0), its integrations cut
+    to KUEUE_FRAMEWORKS."""
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "health": {"healthProbeBindAddress": ":8081"}, "metrics": {"bindAddress": ":8443"},
+        "webhook": {"port": 9443},
+        "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
+        "clientConnection": {"qps": 50, "burst": 100},
+        "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)},
+    }
+
+
+def deploy_kueue(node: Node, kueue_dir: Path, manifests_dir: Path, timeout: float = 300) -> tuple[str, str]:
+    """The Kueue controller manager in a pod from its own manifests; returns (its version, the applied
+    objects for remove_kueue). Its visibility APIServices are left out: nothing here reads the pending
+    workloads, and an aggregated API that is not up yet stalls discovery (and namespace deletion)."""
+    version = (kueue_dir / "VERSIONS").read_text().split()[1]  # "kueue v0.17.0"
+    config = _yaml(_kueue_config())
+    patch_config = {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "kueue-manager-config", "namespace": KUEUE_NAMESPACE},
+                    "data": {"controller_manager_config.yaml": config}}
+    applied = _apply_kustomization(node, "kueue", manifests_dir / "kueue", {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["upstream/default"],
+        "images": [{"name": "us-central1-docker.pkg.dev/k8s-staging-images/kueue/kueue",
+                    "newName": KUEUE_IMAGE, "newTag": version}],
+        "patches": [_never_pull("kueue-controller-manager"), {"patch": json.dumps(patch_config)}],
+    }, drop_kinds=("APIService",))
+    _wait_available(node, KUEUE_NAMESPACE, "kueue-controller-manager", timeout)
+    return version, applied
+
+
+def remove_kueue(node: Node, applied: str, timeout: float = 120) -> None:
+    """Deletes what deploy_kueue applied (its webhook configurations, CRDs and so every Kueue object)."""
+    node.kubectl("delete", "--ignore-not-found", "--wait=true", f"--timeout={int(timeout)}s", "-f", "-",
+                 input=applied, timeout=timeout + 30, check=False)
 
 
 @contextlib.contextmanager

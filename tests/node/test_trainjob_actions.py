@@ -46,7 +46,7 @@ NODES = 2
 INJECT = {"frscope.io/inject": "true"}
 
 
-def _upgrade(node: Any, home: Path, sets: list[str]) -> None:
+def upgrade_chart(node: Any, home: Path, sets: list[str]) -> None:
     args = ["upgrade", "--install", RELEASE, str(CHART), "--namespace", SYSTEM_NS, "--wait", "--timeout", "4m"]
     for s in sets:
         args += ["--set", s]
@@ -57,14 +57,14 @@ def _upgrade(node: Any, home: Path, sets: list[str]) -> None:
 def actions_allowed(node: Any, installed: Path) -> Iterator[None]:
     """The chart upgraded to allow restart and stop (one action per namespace an hour); the session's
     values again afterwards, for the tests after."""
-    _upgrade(node, installed, CHART_SETS + ACTION_SETS)
+    upgrade_chart(node, installed, CHART_SETS + ACTION_SETS)
     try:
         args = node.plane.kubectl_json("-n", SYSTEM_NS, "get", "deployment", RELEASE)[
             "spec"]["template"]["spec"]["containers"][0]["args"]
         assert "--allow-actions=restart,stop" in args, args
         yield
     finally:
-        _upgrade(node, installed, CHART_SETS)
+        upgrade_chart(node, installed, CHART_SETS)
 
 
 @pytest.fixture
