@@ -967,9 +967,10 @@ def deploy_trainer(node: Node, controllers_dir: Path, manifests_dir: Path, timeo
 # config), with the image built here.
 KUEUE_IMAGE = "docker.io/frscope-testenv/kueue"
 KUEUE_NAMESPACE = "kueue-system"
-# Only the integrations the tests use: the default list also turns on Kueue's pod, Deployment and
-# StatefulSet webhooks, which would see every pod of the other tests.
-KUEUE_FRAMEWORKS = ("trainer.kubeflow.org/trainjob", "jobset.x-k8s.io/jobset")
+# The integrations the tests use, and batch/job: Kueue's Job webhook is registered for every Job whatever
+# the list, and with that integration off it answers every Job creation (a JobSet's too) with a panic.
+# The default list also turns on its pod, Deployment and StatefulSet integrations, left off here.
+KUEUE_FRAMEWORKS = ("batch/job", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob")
 
 
 def _kueue_config() -> dict[str, Any]:
