@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.frscope-installed
 
 .PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster cluster-node \
-	cluster-node-down torch-venvs node-images controllers accuracy-sweep
+	cluster-node-down torch-venvs node-images controllers accuracy-sweep dist
 
 # setup.py and the C scanner too: `pip install -e .` builds frscope/records/_frscan.c in place (optional: without a
 # compiler frscope reads dumps with the pure-Python path), so a change to either rebuilds it.
@@ -46,6 +46,8 @@ APT_PACKAGES += prometheus
 # sandbox ("pause") binary; iptables and conntrack for kube-proxy.
 APT_PACKAGES += containerd runc containernetworking-plugins buildah debootstrap gcc libc6-dev \
 	iptables conntrack
+# shellcheck: actionlint (tests/unit/test_workflows.py) checks the workflows' run: scripts with it.
+APT_PACKAGES += shellcheck
 deps-apt:
 	@missing=""; for p in $(sort $(APT_PACKAGES)); do \
 	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
@@ -55,6 +57,12 @@ deps-apt:
 	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 	  $$sudo apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y -qq $$missing >/dev/null; \
 	fi
+
+# What `pip install frscope` installs (docs/release.md): the sdist and a manylinux wheel with the C scanner,
+# cached by source hash; the last line printed is their directory. tests/integration/test_distribution.py
+# installs that wheel into a fresh venv.
+dist:
+	scripts/build-dist
 
 # The real Kubernetes control plane for tests/e2e (docs/testenv.md): built from the Go module proxy once,
 # then reused from ~/.cache/frscope-testenv. Exit 3 = Go is not installed: the e2e tests skip.

@@ -1,8 +1,9 @@
 """Build hook for the optional C scanner (frscope/records/_frscan.c); everything else is in pyproject.toml.
 
 The extension only makes reading large dump sets faster (frscope.records.scan). Where it cannot be built (no
-compiler, as in the container image, or no Python headers) the install goes on without it and frscope reads
-every dump with the pure-Python reference path: a build failure is a warning, never an install failure.
+compiler or no Python headers) the install goes on without it and frscope reads every dump with the
+pure-Python reference path: a build failure is a warning, never an install failure. The released wheels and
+the image are built where it can be (cibuildwheel, the Dockerfile's build stage) and check that it is in.
 """
 
 from __future__ import annotations

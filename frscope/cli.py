@@ -27,7 +27,7 @@ from frscope.analysis import AnalysisOptions, Report, analyze
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
 from frscope.analysis.perf import analyze_perf
 from frscope.demo.faults import DEMO_FAULTS
-from frscope.records import DEFAULT_MAX_BYTES, DumpSet, RankExit, exits_from_json, load_dumps
+from frscope.records import DEFAULT_MAX_BYTES, DumpSet, RankExit, exits_from_json, load_dumps, scan
 from frscope.records.bundle_exits import read_bundle_exits
 from frscope.records.errors import DumpError
 from frscope.records.limits import MAX_RANK
@@ -237,7 +237,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         prog="frscope", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Run `frscope COMMAND --help` for a command's options. " + _EXIT_CODES,
     )
-    parser.add_argument("--version", action="version", version=f"frscope {__version__}")
+    parser.add_argument("--version", action="version",
+                        version=f"frscope {__version__} (dump reader: {scan.describe()})")
     sub = parser.add_subparsers(dest="command", required=True)
 
     analyze_p = sub.add_parser(

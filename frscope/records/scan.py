@@ -9,8 +9,8 @@ accepts exactly the dumps fastcols keeps unchanged, and builds the same table. W
 regular shape, the scanner or this module declines (None) and the caller reads the file the reference way, which
 also reports whatever is wrong with it.
 
-The extension is built by `pip install -e .` / `setup.py build_ext --inplace` where a C compiler exists
-(the container image has none: it reads with the reference path). `FRSCOPE_NO_SCANNER=1` turns it off.
+The extension is built by `pip install -e .` / `setup.py build_ext --inplace` where a C compiler exists, and
+is in the released wheels and the image (built in its build stage). `FRSCOPE_NO_SCANNER=1` turns it off.
 """
 
 from __future__ import annotations
@@ -47,6 +47,13 @@ ENV_OFF = "FRSCOPE_NO_SCANNER"
 def available() -> bool:
     """The extension is built and not turned off by FRSCOPE_NO_SCANNER."""
     return _frscan is not None and os.environ.get(ENV_OFF, "") in ("", "0")
+
+
+def describe() -> str:
+    """Which reader plain pickle dumps get, for `frscope --version` (a wheel or image without the scanner shows)."""
+    if _frscan is None:
+        return "pure Python, the C scanner is not built"
+    return "C scanner" if available() else f"pure Python, {ENV_OFF} is set"
 
 
 def scan_dump(data: bytes, lazy_frames: LazyFrames,

@@ -125,14 +125,24 @@ if __name__ == "__main__":
 
 
 def trainer_terminations(node: Any, ns: str, name: str) -> dict[str, dict[str, Any]]:
-    """pod -> its trainer container's `state.terminated` (only the pods whose trainer ended)."""
+    """pod -> its trainer container's `state.terminated`, or `lastState.terminated` when the container has
+    been restarted since (only the pods whose trainer ended)."""
     out = {}
     for pod in job_pods(node, ns, name):
         for status in pod.get("status", {}).get("containerStatuses") or []:
-            ended = (status.get("state") or {}).get("terminated")
+            ended = (status.get("state") or {}).get("terminated") or (status.get("lastState") or {}).get("terminated")
             if status["name"] == "pytorch" and ended:
                 out[pod["metadata"]["name"]] = ended
     return out
+
+
+def worker_ended_with_its_message(node: Any, ns: str, name: str) -> dict[str, Any] | None:
+    """The worker pod's trainer termination once the kubelet has written its termination message: on a
+    loaded node the terminated state can be read before the message (the log's tail) is filled in."""
+    for pod, ended in trainer_terminations(node, ns, name).items():
+        if "-worker-" in pod and ended.get("message"):
+            return ended
+    return None
 
 
 def the_report(node: Any, ns: str, uid: str, dump: Any) -> dict[str, Any]:
@@ -182,10 +192,9 @@ def test_a_crashed_rank_is_in_the_report_with_its_exit_code_and_message(node: An
     world = 2 * int(LAUNCHERS["torchrun"]["nproc"])
     crashed = world - 1
     report, dump = run_until_reported(node, ns, "torchrun", CRASH_PY)
-    ended = wait_for("the worker pod's trainer to end", lambda: trainer_terminations(node, ns, "train"), 60, 2,
-                     diagnostics=dump)
     # What the kubelet says: torchrun's exit status, and the log's tail as the termination message.
-    worker = next(t for pod, t in ended.items() if "-worker-" in pod)
+    worker = wait_for("the worker pod's trainer to end with a termination message",
+                      lambda: worker_ended_with_its_message(node, ns, "train"), 90, 2, diagnostics=dump)
     assert worker["exitCode"] != 0, worker
     assert CRASH_MESSAGE in worker.get("message", ""), worker
 
@@ -221,9 +230,8 @@ def test_a_rank_that_exits_with_a_code_of_its_own_is_in_the_report(node: Any, in
     tail; the other rank, whose all_reduce lost its peer, is not blamed."""
     ns = namespace
     report, dump = run_until_reported(node, ns, "python", EXIT_PY)
-    ended = wait_for("the worker pod's trainer to end", lambda: trainer_terminations(node, ns, "train"), 60, 2,
-                     diagnostics=dump)
-    worker = next(t for pod, t in ended.items() if "-worker-" in pod)
+    worker = wait_for("the worker pod's trainer to end with a termination message",
+                      lambda: worker_ended_with_its_message(node, ns, "train"), 90, 2, diagnostics=dump)
     assert worker["exitCode"] == EXIT_CODE and CRASH_MESSAGE in worker.get("message", ""), worker
     exits = exits_in(report)
     text = json.dumps(report, indent=1)

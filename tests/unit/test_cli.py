@@ -114,3 +114,17 @@ def test_demo_has_no_stall_after_flag_any_more(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit) as exited:
         main(["demo", "--stall-after", "5"])
     assert exited.value.code == 2 and "--stall-after" in capsys.readouterr().err
+
+
+def test_version_names_the_dump_reader(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A wheel or image built without the C scanner shows it in `frscope --version`, and so does the switch."""
+    from frscope.records import scan
+
+    expected = "C scanner" if scan.available() else "pure Python, the C scanner is not built"
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip().endswith(f"(dump reader: {expected})")
+    monkeypatch.setenv(scan.ENV_OFF, "1")
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert "(dump reader: pure Python" in capsys.readouterr().out

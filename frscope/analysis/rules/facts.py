@@ -55,7 +55,7 @@ class Facts:
 # How a collector says a rank did not answer (frscope's sidecar: "<socket>: no answer within 5 s").
 _NO_ANSWER = ("no answer", "timed out", "did not answer")
 # How a collector says a rank's process is gone (the sidecar: "<socket>: socket is gone", "cannot
-# connect: Connection refused"; the demo launcher and the sweep: "process exited with code N").
+# connect: Connection refused"; the demo launcher: "process exited with code N").
 _GONE = ("socket is gone", "cannot connect", "connection refused", "process exited")
 
 

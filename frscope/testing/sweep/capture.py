@@ -194,7 +194,7 @@ def _snapshot(job: RunningJob, only: list[int] | None = None) -> tuple[list[byte
             kept = job.last_good.get(rank)
             if kept is not None:
                 pieces.append(wire.snapshot_piece_bytes(rank, kept[0], f"socket:{job.sock(rank)}", None, kept[1]))
-            errors.append({"rank": rank, "message": f"rank {rank}: process exited with code {job.exit_code(rank)}"})
+            errors.append({"rank": rank, "message": _gone(job, rank)})
             continue
         at = time.time_ns()
         trace = _poll_trace(job, rank, ANSWER_TIMEOUT_S)
@@ -211,6 +211,12 @@ def _snapshot(job: RunningJob, only: list[int] | None = None) -> tuple[list[byte
             at, trace = kept
         pieces.append(wire.snapshot_piece_bytes(rank, at, f"socket:{job.sock(rank)}", stacks, trace))
     return pieces, errors, captured
+
+
+def _gone(job: RunningJob, rank: int) -> str:
+    """What a real sidecar says of a rank whose process has exited: its worker socket went with it (the
+    exit code reaches the analysis the way the kubelet's does, not through this message)."""
+    return f"{job.sock(rank)}: fr_trace_json: socket is gone"
 
 
 def _poll_snapshot(job: RunningJob) -> tuple[list[bytes], list[wire.SnapshotError], int]:
@@ -234,9 +240,8 @@ def _poll_snapshot(job: RunningJob) -> tuple[list[bytes], list[wire.SnapshotErro
             pieces.append(wire.snapshot_piece_bytes(rank, dump_ns, f"file:{dump.name}", None, dump.read_bytes()))
         elif kept is not None:
             pieces.append(wire.snapshot_piece_bytes(rank, kept[0], f"socket:{job.sock(rank)}", None, kept[1]))
-        code = job.exit_code(rank)
-        if code is not None:
-            errors.append({"rank": rank, "message": f"rank {rank}: process exited with code {code}"})
+        if job.exit_code(rank) is not None:
+            errors.append({"rank": rank, "message": _gone(job, rank)})
     return pieces, errors, time.time_ns()
 
 
