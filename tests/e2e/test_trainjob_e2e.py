@@ -5,13 +5,13 @@ CRDs from Trainer v2.3.0 and JobSet v0.12.0, read from their Go modules by `test
 with exactly the chart's RBAC (default values: every job kind on).
 
 What stands in for components that do not run here, and why:
-- The Trainer controller does not run here (see docs/testenv.md; tests/node/test_trainjob.py runs it). In the two hang tests the JobSet
-  controller does not run either: they create the pods with the labels the real JobSet v0.12.0 and Job
-  controllers put on them (what test_the_real_jobset_controller_s_pods_map_to_their_jobset checks
-  with the real JobSet controller: jobset-name = the TrainJob's name, replicatedjob-name, job-index,
-  the batch Job's completion index), so that each pod can point at its own sidecar's port, and write
-  Trainer's conditions (types and reasons of Trainer v2.3.0) through the status subresource, as
-  Trainer does.
+- The Trainer controller does not run here (see docs/testenv.md; tests/node/test_trainjob.py runs it).
+  In the two hang tests the JobSet controller does not run either: they create the pods with the
+  labels the real JobSet v0.12.0 and Job controllers put on them (what
+  test_the_real_jobset_controller_s_pods_map_to_their_jobset checks with the real JobSet controller:
+  jobset-name = the TrainJob's name, replicatedjob-name, job-index, the batch Job's completion index),
+  so that each pod can point at its own sidecar's port, and write Trainer's conditions (types and
+  reasons of Trainer v2.3.0) through the status subresource, as Trainer does.
 - There is no kubelet: the test patches each pod's status (Running, loopback IP) the way
   test_operator_e2e.py does; the ranks are a real 4-rank gloo job on loopback that hangs, with one
   real `frscope sidecar` per pod.
