@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.frscope-installed
 
 .PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster cluster-node \
-	cluster-node-down torch-venvs node-images controllers accuracy-sweep dist
+	cluster-node-down torch-venvs node-images controllers accuracy-sweep dist registry
 
 # setup.py and the C scanner too: `pip install -e .` builds frscope/records/_frscan.c in place (optional: without a
 # compiler frscope reads dumps with the pure-Python path), so a change to either rebuilds it.
@@ -102,6 +102,11 @@ node-images: $(STAMP) deps-apt testenv
 	@if [ "$$(id -u)" = 0 ] && bin="$$(testenv/build --check)"; then \
 	  PIP=$(abspath $(BIN))/pip testenv/build-images "$$bin" >/dev/null; fi
 
+# The node's OCI registry (testenv/build-registry: the CNCF registry from its Go module; the node tests push
+# the frscope image and chart to it and install from it). Built before the suite so a cold run overlaps it.
+registry:
+	testenv/build-registry >/dev/null || [ $$? -eq 3 ]
+
 controllers: deps-apt
 	testenv/build-controllers >/dev/null || [ $$? -eq 3 ]
 	@# their images, for the node tests that deploy Trainer and JobSet in pods (seconds; root only)
@@ -114,7 +119,7 @@ controllers: deps-apt
 # What the suite needs, built side by side on a cold machine (the Go builds are CPU-bound, the torch
 # venvs and images mostly download and unpack): then the suite.
 test:
-	$(MAKE) -j3 check deps-apt testenv torch-venvs node-images controllers
+	$(MAKE) -j3 check deps-apt testenv torch-venvs node-images controllers registry
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The accuracy benchmark (issue 23, not part of `make test`): SWEEP_JOBS real torch jobs with faults drawn

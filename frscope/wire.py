@@ -50,6 +50,20 @@ def sidecar_audience(namespace: str, pod: str) -> str:
     return f"{SIDECAR_AUDIENCE}/{namespace}/{pod}"
 
 
+# With TLS between the operator and the sidecars (docs/install.md, "TLS to the sidecars"), the one DNS
+# name in a sidecar's certificate: its pod and namespace under a suffix no resolver answers for. The
+# operator issues it only to that pod (the pod comes from the pod-bound token the request carries) and
+# expects exactly it when it connects to that pod's address, so a certificate opens no other pod.
+# A namespace is one DNS label (no dots), so the name reads back unambiguously from the right.
+SIDECAR_TLS_SUFFIX = "sidecar.frscope.internal"
+# The issuing endpoint on the operator's HTTP port: a CSR (PEM) in, the certificate chain (PEM) out.
+CERTIFICATE_PATH = "/v1/certificate"
+
+
+def sidecar_tls_name(namespace: str, pod: str) -> str:
+    return f"{pod}.{namespace}.{SIDECAR_TLS_SUFFIX}".lower()
+
+
 class WireError(ValueError):
     """A document is not what this module's schema says (the message says which part)."""
 

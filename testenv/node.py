@@ -81,12 +81,11 @@ TRAINING_OPERATOR_IMAGE = "docker.io/frscope-testenv/training-operator:v1.8.1"
 STATE_FILE = "node-up.json"
 
 
-def _load_cluster() -> ModuleType:
+def _load_sibling(name: str, file: str) -> ModuleType:
     # The same module object the e2e conftest loads, so ControlPlaneError is one class.
-    name = "frscope_testenv_cluster"
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, HERE / "cluster.py")
+    spec = importlib.util.spec_from_file_location(name, HERE / file)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -94,7 +93,9 @@ def _load_cluster() -> ModuleType:
     return module
 
 
-cluster = _load_cluster()
+cluster = _load_sibling("frscope_testenv_cluster", "cluster.py")
+oci = _load_sibling("frscope_testenv_registry", "registry.py")
+CHART_DIR = HERE.parent / "charts" / "frscope"
 NodeError = cluster.ControlPlaneError
 
 
@@ -287,6 +288,8 @@ class Node:
     cleanup: Cleanup
     containerd_socket: Path
     images: list[str] = field(default_factory=list)
+    # The OCI registry (testenv/registry.py) with the frscope image and chart pushed, when started with one.
+    registry: Any = None
     _processes: list[Any] = field(default_factory=list)
     _root_lock: Any = None
 
@@ -401,9 +404,14 @@ def start(
     *,
     crds: Sequence[Path] = (),
     timeout: float = 180,
+    registry_bin: Path | None = None,
 ) -> Node:
     """Start the control plane and the node; returns when the node is Ready, CoreDNS answers and the
-    training operator is Available. On failure everything is undone (logs kept in the error's dir)."""
+    training operator is Available. On failure everything is undone (logs kept in the error's dir).
+
+    With `registry_bin` (testenv/build-registry's binary) an OCI registry runs on the node's address
+    (`node.registry`): the frscope image archive is pushed to it instead of imported, and so is the chart;
+    containerd trusts its CA. The other archives are imported."""
     reason = cannot_run_reason()
     if reason:
         raise NodeError(reason)
@@ -457,9 +465,20 @@ def start(
             pki_leaves=_node_leaves(),
         )
         node = Node(plane=plane, workdir=workdir, cleanup=cleanup, containerd_socket=socket_path, _root_lock=root_lock)
-        _start_containerd(node, containerd_root, cni_bin, timeout)
+        registry, hosts_dir = oci.prepare(cluster, workdir, NODE_IP) if registry_bin is not None else (None, None)
+        _start_containerd(node, containerd_root, cni_bin, timeout, hosts_dir)
         (workdir / "cleanup.json").write_text(json.dumps(cleanup.__dict__))
-        node.images = _import_images(node, containerd_root, image_archives)
+        pushed = [a for a in image_archives if a.name.startswith(oci.FRSCOPE_ARCHIVE_PREFIX)] if registry else []
+        node.images = _import_images(node, containerd_root, [a for a in image_archives if a not in pushed])
+        if registry is not None and registry_bin is not None:
+            if len(pushed) != 1:
+                raise NodeError(f"expected one {oci.FRSCOPE_ARCHIVE_PREFIX}*.tar archive to push, got {pushed}")
+            try:
+                oci.start(registry, cluster, node._spawn, registry_bin, timeout)
+                oci.publish(registry, pushed[0], bin_dir / "helm", CHART_DIR)
+            except oci.RegistryError as e:
+                raise NodeError(str(e)) from e
+            node.registry = registry
         _start_kubelet(node, bin_dir, timeout)
         _start_scheduler(node, bin_dir, timeout)
         _start_kube_proxy(node, bin_dir, timeout)
@@ -523,7 +542,7 @@ def _setup_network() -> None:
     _make_cgroup_root()
 
 
-def _start_containerd(node: Node, root: Path, cni_bin: str, timeout: float) -> None:
+def _start_containerd(node: Node, root: Path, cni_bin: str, timeout: float, hosts_dir: Path | None = None) -> None:
     state = node.workdir / "containerd"
     conf_dir = node.workdir / "cni"
     conf_dir.mkdir()
@@ -552,6 +571,8 @@ def _start_containerd(node: Node, root: Path, cni_bin: str, timeout: float) -> N
         )
     )
     cri = 'plugins."io.containerd.grpc.v1.cri"'
+    # The registries' hosts directory (<host>/hosts.toml: its address, the CA to trust), testenv/registry.py.
+    registry = f'  [{cri}.registry]\n    config_path = "{hosts_dir}"\n' if hosts_dir is not None else ""
     config = f"""version = 2
 root = "{root}"
 state = "{state}"
@@ -577,7 +598,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [{cri}.cni]
     bin_dir = "{cni_bin}"
     conf_dir = "{conf_dir}"
-[plugins."io.containerd.internal.v1.opt"]
+{registry}[plugins."io.containerd.internal.v1.opt"]
   path = "{state}/opt"
 """
     config_path = node.workdir / "containerd.toml"
@@ -641,7 +662,8 @@ def _start_kubelet(node: Node, bin_dir: Path, timeout: float) -> None:
         "staticPodPath": "",
         "registerNode": True,
         "serializeImagePulls": False,
-        # Images are imported, never pulled: nothing may garbage-collect them.
+        # Imported images cannot be pulled again (only frscope's is in the registry): nothing may
+        # garbage-collect them.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
@@ -1052,25 +1074,35 @@ def _trainer_outputs() -> TrainerBuild:
     return TrainerBuild(controllers, manifests, sorted(images.glob("*.tar")))
 
 
-def _build_outputs() -> tuple[Path, list[Path], list[Path]]:
-    """bin dir, image archives, CRDs: testenv/build and testenv/build-images (each builds what is missing)."""
+@dataclass(frozen=True)
+class Build:
+    """What start() needs: testenv/build's bin dir and CRDs, testenv/build-images' archives, the registry."""
+
+    bin_dir: Path
+    archives: list[Path]
+    crds: list[Path]
+    registry_bin: Path
+
+
+def _build_outputs() -> Build:
+    """testenv/build, testenv/build-images and testenv/build-registry (each builds what is missing)."""
     last_line = _last_line
     bin_dir = Path(last_line([str(HERE / "build")]))
     images_dir = Path(last_line([str(HERE / "build-images"), str(bin_dir)]))
-    archives = sorted(images_dir.glob("*.tar"))
-    crds = sorted((bin_dir.parent / "crds").glob("*.yaml"))
-    return bin_dir, archives, crds
+    registry_dir = Path(last_line([str(HERE / "build-registry")]))
+    return Build(bin_dir, sorted(images_dir.glob("*.tar")), sorted((bin_dir.parent / "crds").glob("*.yaml")),
+                 registry_dir / "bin" / "registry")
 
 
 def _up(args: argparse.Namespace) -> int:
-    bin_dir, archives, crds = _build_outputs()
+    build = _build_outputs()
     state = _state_path()
     if state.exists():
         print(f"testenv/node: {state} exists: a node is running (make cluster-node-down first)", file=sys.stderr)
         return 1
     with_trainer = _trainer_outputs() if args.trainer else None
     if not args.background:
-        return _supervise(bin_dir, archives, crds, None, with_trainer)
+        return _supervise(build, None, with_trainer)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -1083,13 +1115,14 @@ def _up(args: argparse.Namespace) -> int:
         os.dup2(log, 2)
         code = 1
         try:
-            code = _supervise(bin_dir, archives, crds, write_fd, with_trainer)
+            code = _supervise(build, write_fd, with_trainer)
         finally:
             os._exit(code)
     os.close(write_fd)
     with os.fdopen(read_fd) as pipe:
         message = pipe.read()
-    if not message.startswith("export KUBECONFIG="):
+    lines = message.strip().splitlines()
+    if not lines or not lines[-1].startswith("export KUBECONFIG="):
         where = message or f"see {cache_root() / 'node' / 'supervisor.log'}"
         print(f"testenv/node: the node did not start: {where}", file=sys.stderr)
         return 1
@@ -1097,8 +1130,7 @@ def _up(args: argparse.Namespace) -> int:
     return 0
 
 
-def _supervise(bin_dir: Path, archives: list[Path], crds: list[Path], notify_fd: int | None,
-               with_trainer: TrainerBuild | None = None) -> int:
+def _supervise(build: Build, notify_fd: int | None, with_trainer: TrainerBuild | None = None) -> int:
     stop = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -1109,7 +1141,7 @@ def _supervise(bin_dir: Path, archives: list[Path], crds: list[Path], notify_fd:
     signal.signal(signal.SIGTERM, on_signal)
     print("testenv/node: starting the control plane and the node ...", file=sys.stderr, flush=True)
     try:
-        node = start(bin_dir, archives, crds=crds)
+        node = start(build.bin_dir, build.archives, crds=build.crds, registry_bin=build.registry_bin)
         if with_trainer is not None:
             print("testenv/node: deploying JobSet and Kubeflow Trainer ...", file=sys.stderr, flush=True)
             try:
@@ -1130,13 +1162,20 @@ def _supervise(bin_dir: Path, archives: list[Path], crds: list[Path], notify_fd:
     try:
         print(f"node {NODE_NAME} Ready at {NODE_IP}; API server {node.plane.server}", file=sys.stderr)
         print(f"processes: {node.pids()}; logs in {node.plane.logs_dir}", file=sys.stderr)
-        print(f"images: {' '.join(node.images)}", file=sys.stderr, flush=True)
-        message = f"export KUBECONFIG={node.kubeconfig}"
+        print(f"images: {' '.join(node.images)}", file=sys.stderr)
+        registry = node.registry
+        print(f"registry {registry.url}: pushed in {registry.timings}", file=sys.stderr, flush=True)
+        # What a person installs from (comment lines: the output stays safe to eval); the export last.
+        message = (f"# registry {registry.url} (CA {registry.ca_file}): image {registry.image}\n"
+                   f"# helm install frscope {registry.chart_ref} --version {registry.chart_version} --ca-file "
+                   f"{registry.ca_file} -n frscope-system --create-namespace --set image.repository="
+                   f"{registry.image_repository} --set image.pullPolicy=Always\n"
+                   f"export KUBECONFIG={node.kubeconfig}")
         if notify_fd is not None:
             os.write(notify_fd, message.encode())
             os.close(notify_fd)
         else:
-            print(f'export PATH="{bin_dir}:$PATH"')
+            print(f'export PATH="{build.bin_dir}:$PATH"')
             print(message, flush=True)
         while not stop:
             node.check_alive()

@@ -51,3 +51,34 @@ def _issued_by(leaf: x509.Certificate, ca: x509.Certificate) -> bool:
     except (ValueError, TypeError, InvalidSignature):
         return False
     return True
+
+
+def sidecar_ca_problems(cert_pem: bytes, key_pem: bytes, now: datetime.datetime | None = None,
+                        min_left: datetime.timedelta = datetime.timedelta(days=30)) -> list[str]:
+    """Problems of the CA with which the operator issues the sidecars' certificates (sidecar.tls); empty
+    when it is a CA, its key matches, and it is valid now for at least `min_left`."""
+    from cryptography.hazmat.primitives import serialization
+
+    now = now or datetime.datetime.now(datetime.UTC)
+    try:
+        [cert, *_] = _load_all(cert_pem)
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as e:
+        return [f"not a PEM certificate and key: {e}"]
+    problems = []
+    try:
+        is_ca = cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    except x509.ExtensionNotFound:
+        is_ca = False
+    if not is_ca:
+        problems.append("tls.crt is not a CA certificate")
+    spki = serialization.PublicFormat.SubjectPublicKeyInfo
+    if cert.public_key().public_bytes(serialization.Encoding.DER, spki) != \
+            key.public_key().public_bytes(serialization.Encoding.DER, spki):
+        problems.append("tls.key is not the key of tls.crt")
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        problems.append(f"the CA is valid {cert.not_valid_before_utc:%Y-%m-%d} to {cert.not_valid_after_utc:%Y-%m-%d}, "
+                        "not now")
+    elif cert.not_valid_after_utc - now < min_left:
+        problems.append(f"the CA expires on {cert.not_valid_after_utc:%Y-%m-%d}")
+    return problems

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import aiohttp
 
-from frscope.doctor import cluster_checks, job_checks, operator_reach, ranks_served
+from frscope.doctor import cluster_checks, job_checks, operator_reach, ranks_served, sidecar_tls
 from frscope.doctor.kubeconfig import KubeconfigError, load
 from frscope.doctor.result import EXIT_UNREACHABLE, CheckResult, exit_code, failed, render_line
 from frscope.operator.kube.api_client import KubeClient
@@ -45,6 +45,7 @@ def _checks(namespace: str | None, job: str | None) -> list[tuple[str, Check]]:
         ("webhook-ca", cluster_checks.webhook_ca_bundle),
         ("crd", cluster_checks.own_crds),
         ("network-policy", cluster_checks.network_policies),
+        ("sidecar-tls", sidecar_tls.sidecar_tls),
     ]
     if namespace:
         checks += [

@@ -25,6 +25,16 @@ def sidecar_port(pod: Mapping[str, Any]) -> int | None:
     return None
 
 
+def sidecar_scheme(pod: Mapping[str, Any]) -> str:
+    """'https' when the injected sidecar serves TLS (its probes say HTTPS), else 'http'."""
+    spec = pod.get("spec") or {}
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if container.get("name") == names.SIDECAR_CONTAINER:
+            probe = (container.get("readinessProbe") or {}).get("httpGet") or {}
+            return "https" if str(probe.get("scheme", "")).upper() == "HTTPS" else "http"
+    return "http"
+
+
 def ranks_of(answer: Any) -> int | None:
     """The rank count of a /readyz answer; None when it is not one."""
     if isinstance(answer, dict) and answer.get("ready") is True and isinstance(answer.get("ranks"), int):
@@ -32,9 +42,11 @@ def ranks_of(answer: Any) -> int | None:
     return None
 
 
-async def _readyz(client: KubeClient, namespace: str, pod: str, port: int) -> int | str:
+async def _readyz(client: KubeClient, namespace: str, pod: str, port: int, scheme: str = "http") -> int | str:
+    # `https:` makes the API server's pod proxy speak TLS to the sidecar (it does not check the certificate).
+    target = f"https:{pod}:{port}" if scheme == "https" else f"{pod}:{port}"
     try:
-        answer = await client.request("GET", f"/api/v1/namespaces/{namespace}/pods/{pod}:{port}/proxy/readyz")
+        answer = await client.request("GET", f"/api/v1/namespaces/{namespace}/pods/{target}/proxy/readyz")
     except KubeError as e:
         return f"no answer ({' '.join(str(e).split())[:120]})"
     ranks = ranks_of(answer)
@@ -50,7 +62,8 @@ async def ranks_served(client: KubeClient, namespace: str, job: str | None) -> C
     for pod in pods:
         port = sidecar_port(pod)
         assert port is not None
-        answers[pod["metadata"]["name"]] = await _readyz(client, namespace, pod["metadata"]["name"], port)
+        answers[pod["metadata"]["name"]] = await _readyz(client, namespace, pod["metadata"]["name"], port,
+                                                         sidecar_scheme(pod))
     silent = {name: a for name, a in answers.items() if isinstance(a, str)}
     empty = [name for name, a in answers.items() if a == 0]
     if silent:

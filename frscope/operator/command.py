@@ -4,7 +4,7 @@ options: flags, with environment variables for what the Helm chart sets.
 Every flag also reads an environment variable, FRSCOPE_<FLAG> (a flag wins); `--help` lists them
 with their defaults, which are the dataclasses' of `engine.settings`. The chart (charts/frscope/templates/
 deployment.yaml) passes `--namespace`, `--http-port`, `--webhook-port`, `--webhook-cert-dir`,
-`--peering`, `--log-level`, `--log-format`, `--sidecar-auth`, `--sidecar-token-file`, `--ui-auth`, `--metrics-auth` as
+`--peering`, `--log-level`, `--log-format`, `--sidecar-auth`, `--sidecar-ca-dir`, `--ui-auth`, `--metrics-auth` as
 flags, and the sidecar injection settings as FRSCOPE_* environment variables (listed in
 docs/operator.md).
 """
@@ -98,6 +98,11 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
              "[env FRSCOPE_JOB_KINDS, comma-separated; default: every kind]")
     add("--http-host", _DEFAULTS.http_host, "address of /healthz, /readyz, /metrics, /v1/push and the web UI")
     add("--http-port", _DEFAULTS.http_port, "port of the same", int)
+    add("--https-port", _DEFAULTS.https_port,
+        "with --sidecar-ca-dir: the same over HTTPS on this port too (a certificate of the sidecar CA), where the "
+        "sidecars push and ask for their certificates; unset: no HTTPS", int)
+    add("--https-name", _DEFAULTS.https_name,
+        "the name in that certificate (default: the host of FRSCOPE_SIDECAR_CERTIFICATE_URL)")
     add("--poll-interval", _DEFAULTS.poll_interval_s, "seconds between sweeps over every sidecar's /v1/status", float)
     add("--poll-timeout", _DEFAULTS.poll_timeout_s, "seconds for one /v1/status request", float)
     add("--poll-max-rps", _DEFAULTS.poll_max_rps, "status requests per second, at most", float)
@@ -128,8 +133,12 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         "pushes: the pod's service-account token, reviewed by the API server (kubernetes), the shared "
         "secret of --sidecar-token-file (token), or nothing (none)", choices=SIDECAR_AUTH_MODES)
     add("--sidecar-token-file", _DEFAULTS.sidecar_token_file,
-        f"bearer token shown to the sidecars: the projected token (audience {names.AUDIENCE_SIDECAR}) or "
-        "the shared secret; re-read when it changes", Path)
+        "with --sidecar-auth token: the shared secret, shown to the sidecars and expected on pushes; re-read "
+        "when it changes", Path)
+    add("--sidecar-ca-dir", _DEFAULTS.sidecar_ca_dir,
+        "TLS to the sidecars: the CA (tls.crt, tls.key) with which the operator issues each sidecar's certificate "
+        "(POST /v1/certificate, for the pod its token proves) and reads sidecars over HTTPS only, expecting each "
+        "pod's own name; unset: plain HTTP", Path)
     add("--evidence-dir", _DEFAULTS.evidence_dir,
         "directory where accepted pushes are also kept, so that a restart keeps them; unset: in memory only", Path)
     add("--ui-auth", _DEFAULTS.ui_auth,
@@ -212,6 +221,7 @@ def injection_from_env(env: Mapping[str, str]) -> InjectionConfig:
         suspect_after_s=_env_float(env, "FRSCOPE_SIDECAR_SUSPECT_AFTER"),
         suspect_min_s=_env_float(env, "FRSCOPE_SIDECAR_SUSPECT_MIN"),
         operator_url=env.get("FRSCOPE_SIDECAR_OPERATOR_URL") or None,
+        certificate_url=env.get("FRSCOPE_SIDECAR_CERTIFICATE_URL") or None,
         resources=resources if isinstance(resources, dict) else {},
         inject_label=inject_label_from_env(env),
         operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
@@ -236,6 +246,8 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         inject_label=inject_label_from_env(env),
         http_host=args.http_host,
         http_port=args.http_port,
+        https_port=args.https_port,
+        https_name=args.https_name,
         poll_interval_s=args.poll_interval,
         poll_timeout_s=args.poll_timeout,
         poll_max_rps=args.poll_max_rps,
@@ -250,7 +262,9 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         decode_processes=args.decode_processes,
         sidecar_auth=args.sidecar_auth,
         sidecar_token_file=args.sidecar_token_file,
+        sidecar_ca_dir=args.sidecar_ca_dir,
         operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
+        sidecar_network_policy=env.get("FRSCOPE_SIDECAR_NETWORK_POLICY") or None,
         evidence_dir=args.evidence_dir,
         ui_auth=args.ui_auth,
         metrics_auth=args.metrics_auth,

@@ -22,6 +22,8 @@ What an opted-in pod gets:
   carry; bound to the pod, so the operator learns the pod from it), one for the API server's own
   audience (to read the cluster's issuer keys, which every service account may) and the cluster CA;
   and `--operator-identity`, so the sidecar accepts the operator's token only;
+- with TLS (`certificate_url`): `--certificate-url`, so the sidecar serves HTTPS with a certificate the
+  operator issues for this pod, and HTTPS probes;
 - `TORCH_NCCL_ENABLE_TIMING=1` in the trainer unless turned off (`nccl_timing`);
 - the annotation `frscope.io/injected` (informational: a pod can set it itself; a second pass is a
   no-op because the `frscope` container is there, and the operator trusts a sidecar only when it is as
@@ -63,6 +65,12 @@ class InjectionConfig:
     suspect_after_s: float | None = None  # the sidecar's --suspect-after / --suspect-min (None: its default)
     suspect_min_s: float | None = None
     operator_url: str | None = None
+    # TLS to the sidecars: the operator's base URL where each sidecar asks for its certificate
+    # (`--certificate-url`); the sidecar then serves HTTPS only and its probes say HTTPS. None: plain HTTP.
+    certificate_url: str | None = None
+    # base64 of the PEM CA that signed the operator's HTTPS certificate (the sidecar CA, set by the operator
+    # at start): the sidecars check the operator against it when they push or ask for their certificate.
+    operator_ca: str | None = None
     resources: dict[str, Any] = field(default_factory=dict)
     inject_label: tuple[str, str] = (names.INJECT_KEY, "true")
     # TORCH_NCCL_ENABLE_TIMING=1 in the trainer: NCCL entries then carry `started` and `duration_ms`
@@ -200,8 +208,15 @@ def sidecar_container(cfg: InjectionConfig, key: str | None = None) -> dict[str,
         args.append(f"--operator-url={cfg.operator_url}")
     if cfg.operator_identity:
         args += [f"--operator-identity={cfg.operator_identity}", f"--kube-token-dir={cfg.token_mount}"]
+        if cfg.certificate_url:
+            args.append(f"--certificate-url={cfg.certificate_url}")
+        if cfg.operator_ca:
+            args.append(f"--operator-ca={cfg.operator_ca}")
     if cfg.log_format != "text":
         args.append(f"--log-format={cfg.log_format}")
+    # The kubelet does not check the certificate of an HTTPS probe: the placeholder one the sidecar serves
+    # until the operator issues its own (frscope.sidecar.tls) passes, so the trainer never waits on it.
+    https = {"scheme": "HTTPS"} if cfg.certificate_url and cfg.operator_identity else {}
     container: dict[str, Any] = {
         "name": names.SIDECAR_CONTAINER,
         "image": cfg.image,
@@ -214,7 +229,8 @@ def sidecar_container(cfg: InjectionConfig, key: str | None = None) -> dict[str,
         ],
         "ports": [{"name": names.SIDECAR_PORT_NAME, "containerPort": cfg.port, "protocol": "TCP"}],
         "volumeMounts": [{"name": names.SIDECAR_VOLUME, "mountPath": cfg.mount_path}],
-        "readinessProbe": {"httpGet": {"path": "/readyz", "port": names.SIDECAR_PORT_NAME}, "periodSeconds": 10},
+        "readinessProbe": {"httpGet": {"path": "/readyz", "port": names.SIDECAR_PORT_NAME, **https},
+                           "periodSeconds": 10},
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
@@ -232,7 +248,7 @@ def sidecar_container(cfg: InjectionConfig, key: str | None = None) -> dict[str,
     if cfg.native:
         container["restartPolicy"] = "Always"
         # A native sidecar must be up before the trainer starts: the trainer's bootstrap is in the volume.
-        container["startupProbe"] = {"httpGet": {"path": "/healthz", "port": names.SIDECAR_PORT_NAME},
+        container["startupProbe"] = {"httpGet": {"path": "/healthz", "port": names.SIDECAR_PORT_NAME, **https},
                                      "periodSeconds": 1, "failureThreshold": 60}
     return container
 

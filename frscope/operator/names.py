@@ -54,7 +54,7 @@ SIDECAR_TOKEN_VOLUME: Final = "frscope-token"
 # Audiences of the service-account tokens between the sidecars and the operator: a token made for one
 # direction is refused in the other, and neither is accepted by the API server itself.
 AUDIENCE_OPERATOR: Final = "frscope.io/operator"  # what a sidecar presents when it pushes
-AUDIENCE_SIDECAR: Final = "frscope.io/sidecar"  # what the operator presents to the sidecars
+AUDIENCE_SIDECAR: Final = "frscope.io/sidecar"  # + /<namespace>/<pod>: what the operator presents to a sidecar
 
 # Event source and field manager.
 COMPONENT: Final = "frscope-operator"

@@ -8,6 +8,7 @@ one event loop.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import signal
@@ -16,10 +17,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import aiohttp
+import aiohttp.web
 import kopf
 from prometheus_client import CollectorRegistry
 
-from frscope import logs
+from frscope import logs, wire
 from frscope.operator import names
 from frscope.operator.actions import Actor
 from frscope.operator.engine.controller import Controller, PodLister
@@ -28,6 +30,7 @@ from frscope.operator.evidence.gather import Decoder
 from frscope.operator.evidence.incident_archive import IncidentArchive
 from frscope.operator.evidence.incident_bundles import IncidentBundles
 from frscope.operator.evidence.push_store import Full, PushStore
+from frscope.operator.evidence.sidecar_tls import OperatorServing, SidecarCa
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.evidence.spill import EvidenceDir
 from frscope.operator.injection import InjectionConfig, native_sidecars_supported
@@ -40,11 +43,13 @@ from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.model.store import JobStore
 from frscope.operator.publish import Publisher
 from frscope.operator.serve.access import KubernetesPush, OpenPush, PushAuth, Reviewer, SharedTokenPush
+from frscope.operator.serve.certificates import CertificateIssuer, pod_check
 from frscope.operator.serve.guards import metrics_guard
 from frscope.operator.serve.handlers import register_watchers, register_webhook
 from frscope.operator.serve.live_windows import LiveWindows
 from frscope.operator.serve.login import Login, login
 from frscope.operator.serve.operator_http import Health, OperatorHttp
+from frscope.operator.serve.sidecar_policy import SidecarPolicies
 from frscope.operator.serve.status_poller import StatusPoller
 from frscope.operator.serve.ui import mount_ui, ui_guard
 
@@ -133,14 +138,14 @@ def webhook_server(webhook: WebhookConfig) -> kopf.WebhookServer:
 
 def sidecar_auth(config: OperatorConfig, reviewer: Reviewer) -> tuple[BearerAuth | None, PushAuth]:
     """The token shown to the sidecars, and how pushes are checked (`--sidecar-auth`). With Kubernetes
-    identity and a known operator identity the sidecars get per-pod tokens instead (`pod_tokens`)."""
-    shown = TokenFile(config.sidecar_token_file) if config.sidecar_token_file is not None else None
+    identity the sidecars get per-pod tokens instead (`pod_tokens`), and no shared one."""
     if config.sidecar_auth == "kubernetes":
-        return shown, KubernetesPush(reviewer)
+        return None, KubernetesPush(reviewer)
     if config.sidecar_auth == "token":
-        assert shown is not None  # OperatorConfig insists
+        assert config.sidecar_token_file is not None  # OperatorConfig insists
+        shown = TokenFile(config.sidecar_token_file)
         return shown, SharedTokenPush(shown)
-    return shown, OpenPush()
+    return None, OpenPush()
 
 
 def pod_tokens(config: OperatorConfig, kube: KubeClient) -> PodTokens | None:
@@ -153,6 +158,18 @@ def pod_tokens(config: OperatorConfig, kube: KubeClient) -> PodTokens | None:
         return None
     expiry = config.webhook.injection.token_expiration_s if config.webhook is not None else 3600
     return PodTokens(kube, config.operator_identity, lifetime_s=expiry)
+
+
+def opted_in_pods(label: tuple[str, str], then: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    """`then(pod)` for pods that carry the opt-in label (every pod the webhook injected does)."""
+    key, value = label
+
+    def seen(pod: dict[str, Any]) -> None:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if isinstance(labels, dict) and str(labels.get(key, "")).lower() == value.lower():
+            then(pod)
+
+    return seen
 
 
 async def _heartbeat(health: Health) -> None:
@@ -201,8 +218,14 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     publisher = Publisher(kube, instance=config.instance)
     shown, push_auth = sidecar_auth(config, reviewer)
     decoder = Decoder(config.decode_processes)
+    # TLS to the sidecars: an unreadable CA stops the start here, with the reason.
+    sidecar_ca = await asyncio.to_thread(SidecarCa, config.sidecar_ca_dir) if config.sidecar_ca_dir else None
+    https_name = config.operator_https_name
+    serving = (await asyncio.to_thread(OperatorServing, sidecar_ca, https_name)
+               if sidecar_ca is not None and config.https_port is not None and https_name else None)
     controller = Controller(config, store=store, pushes=pushes,
-                            sidecars=SidecarClient(sidecar_session, auth=shown, tokens=pod_tokens(config, kube)),
+                            sidecars=SidecarClient(sidecar_session, auth=shown, tokens=pod_tokens(config, kube),
+                                                   tls=sidecar_ca),
                             publisher=publisher, metrics=metrics, decoder=decoder,
                             actor=Actor(kube, publisher, metrics, config.actions, instance=config.instance),
                             pod_lister=job_pod_lister(kube, config.inject_label), bundles=bundles)
@@ -211,6 +234,10 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
                         push_auth=push_auth, max_push_bytes=config.max_push_bytes,
                         max_entries=config.gather.max_entries, spill=spill,
                         metrics_guard=metrics_guard(config.metrics_auth, reviewer), decoder=decoder)
+    if sidecar_ca is not None:
+        injection = config.webhook.injection if config.webhook is not None else None
+        issuer = CertificateIssuer(sidecar_ca, push_auth, pod_check(kube, injection))
+        http.add_routes([aiohttp.web.post(wire.CERTIFICATE_PATH, issuer.handle)])
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
     ledger = (NodeLedger(kube, LedgerMetrics(registry), config.node_ledger, config.actions, instance=config.instance)
@@ -219,9 +246,14 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
 
     kopf_registry = kopf.OperatorRegistry()
     # Every kopf login reads the credentials again: a rotated token is picked up, never a stale one.
-    register_watchers(kopf_registry, controller, lambda: login(settings).info, config.job_kinds, ledger=ledger)
+    policies = SidecarPolicies.from_env(kube, config.sidecar_network_policy)
+    register_watchers(kopf_registry, controller, lambda: login(settings).info, config.job_kinds, ledger=ledger,
+                      on_pod=opted_in_pods(config.inject_label, policies.saw_pod) if policies is not None else None)
     if config.webhook is not None:
         injection = await injection_for(config.webhook, kube)
+        if sidecar_ca is not None and serving is not None:
+            # The injected sidecars check the operator's HTTPS against this CA.
+            injection = replace(injection, operator_ca=base64.b64encode(sidecar_ca.ca_pem).decode("ascii"))
         log.info("sidecar injection: %s sidecar, image %s", "native" if injection.native else "plain",
                  injection.image)
         register_webhook(kopf_registry, injection, by_namespace=config.webhook.managed is None)
@@ -248,9 +280,14 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         await kube.close()
 
     try:
-        port = await http.start(config.http_host, config.http_port)
-        log.info("operator HTTP on %s:%d (/healthz /readyz /metrics /v1/push%s)", config.http_host, port,
-                 " /ui/" if mount is not None else "")
+        port = await http.start(config.http_host, config.http_port, https_port=config.https_port,
+                                ssl_context=serving.context if serving is not None else None)
+        if serving is not None:
+            tasks.append(asyncio.create_task(serving.run()))
+            log.info("operator HTTPS on %s:%s for the sidecars (certificate for %s)", config.http_host,
+                     http.https_port, serving.name)
+        log.info("operator HTTP on %s:%d (/healthz /readyz /metrics /v1/push%s%s)", config.http_host, port,
+                 f" {wire.CERTIFICATE_PATH}" if sidecar_ca is not None else "", " /ui/" if mount is not None else "")
         tasks.append(asyncio.create_task(_heartbeat(health)))
         tasks.append(asyncio.create_task(stopper()))
         await decoder.warm_up()
@@ -283,6 +320,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await controller.close()
+        if policies is not None:
+            await policies.close()
         await asyncio.to_thread(decoder.close)
         if archive is not None:
             await asyncio.to_thread(archive.close)

@@ -49,6 +49,7 @@ from frscope.sidecar.ranks import RankState
 from frscope.sidecar.schedule import next_slot, phase_s
 from frscope.sidecar.snapshot import Snapshots
 from frscope.sidecar.status import status_document
+from frscope.sidecar.tls import FromFiles, OperatorIssued, ServingTls, operator_context
 from frscope.wire import StatusDoc
 
 log = logging.getLogger("frscope.sidecar")
@@ -80,6 +81,7 @@ class Sidecar:
         self.poller = Poller(config, self.tracker, self.metrics)
         self.snapshots = Snapshots(config, self.poller, self.tracker, self.evidence, self.dumps, self.metrics)
         self.pusher: Pusher | None = None
+        self.tls: ServingTls | None = None
         self.port: int | None = None
         self._poll_lock = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
@@ -123,7 +125,13 @@ class Sidecar:
         app = self.build_app()
         self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        to_operator = operator_context(self.config.operator_ca) if self.config.operator_ca else None
+        if self.config.certificate_url:
+            self.tls = OperatorIssued(self.config.certificate_url, self._push_token, operator_ca=to_operator)
+        elif self.config.tls_cert_file is not None and self.config.tls_key_file is not None:
+            self.tls = await asyncio.to_thread(FromFiles, self.config.tls_cert_file, self.config.tls_key_file)
+        site = web.TCPSite(self._runner, self.config.host, self.config.port,
+                           ssl_context=self.tls.context if self.tls is not None else None)
         await site.start()
         addresses = self._runner.addresses
         self.port = int(addresses[0][1]) if addresses else self.config.port
@@ -131,9 +139,11 @@ class Sidecar:
             self.pusher = Pusher(
                 self.config.operator_url, token=self._push_token, pod=self.config.pod, namespace=self.config.namespace,
                 timeout_s=self.config.push_timeout_s, attempts=self.config.push_attempts,
-                backoff_s=self.config.push_backoff_s, metrics=self.metrics,
+                backoff_s=self.config.push_backoff_s, metrics=self.metrics, ssl_context=to_operator,
             )
             self._spawn(self.pusher.run(), "push")
+        if self.tls is not None:
+            self._spawn(self.tls.run(), "tls")
         if self.auth.verifier is not None:
             self._spawn(self.auth.verifier.keys.refresh(), "issuer-keys")  # ready before the operator's first call
         self._spawn(self._poll_loop(), "poll")
@@ -144,9 +154,10 @@ class Sidecar:
         if self.config.port_file is not None:
             await asyncio.to_thread(_write_port_file, self.config.port_file, self.port)
         log.info(
-            "frscope sidecar listening on %s:%d; sockets %s, dump dir %s, evidence %s; poll every %g s, "
+            "frscope sidecar listening on %s:%d (%s); sockets %s, dump dir %s, evidence %s; poll every %g s, "
             "suspected after %g-%g s (by each group's rhythm), a stall after %g s",
-            self.config.host, self.port, self.config.socket_dir, self.config.dump_dir or "(none)",
+            self.config.host, self.port, "https" if self.tls is not None else "http", self.config.socket_dir,
+            self.config.dump_dir or "(none)",
             self.config.evidence_dir or "(memory only)", self.config.poll_interval_s, self.config.suspect_min_s,
             self.config.suspect_after_s, self.config.stall_after_s,
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import os
 import socket
 from collections.abc import Callable
@@ -68,6 +69,14 @@ class SidecarConfig:
     kube_token_dir: Path = Path("/var/run/secrets/frscope")
     api_server: str | None = None
     operator_url: str | None = None
+    # HTTPS on the port (frscope.sidecar.tls): a certificate the operator issues at this URL's
+    # /v1/certificate (asked with the pod's own token), or one from files.
+    certificate_url: str | None = None
+    # base64 of the PEM CA the operator's HTTPS certificate must chain to (pushes and certificate requests
+    # to https:// URLs); None: the system's CAs.
+    operator_ca: str | None = None
+    tls_cert_file: Path | None = None
+    tls_key_file: Path | None = None
     push_timeout_s: float = 10.0
     push_attempts: int = 5
     push_backoff_s: float = 1.0
@@ -101,6 +110,22 @@ class SidecarConfig:
         if self.token_file is not None and self.operator_identity:
             raise ValueError("--token-file (a shared secret) and --operator-identity (Kubernetes identity) "
                              "exclude each other")
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("--tls-cert-file and --tls-key-file go together")
+        if self.certificate_url and self.tls_cert_file is not None:
+            raise ValueError("--certificate-url and --tls-cert-file exclude each other")
+        if self.operator_ca is not None:
+            try:
+                base64.b64decode(self.operator_ca, validate=True).decode("ascii")
+            except (ValueError, UnicodeDecodeError):
+                raise ValueError("--operator-ca is not base64 of a PEM certificate") from None
+        if self.certificate_url and not self.operator_identity:
+            raise ValueError("--certificate-url needs --operator-identity: the certificate is asked for with the "
+                             "pod's own token")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.certificate_url) or self.tls_cert_file is not None
 
     @property
     def auth_mode(self) -> str:
@@ -183,6 +208,15 @@ _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
      "with --operator-identity: where the issuer keys are read (default: $KUBERNETES_SERVICE_HOST)"),
     ("--operator-url", "operator_url", "FRSCOPE_OPERATOR_URL", "str", None,
      "push the snapshot to URL/v1/push on a stall, a new dump file and a trainer exit"),
+    ("--certificate-url", "certificate_url", "FRSCOPE_CERTIFICATE_URL", "str", None,
+     "serve HTTPS with a key made in memory and a certificate for this pod that the operator at URL issues "
+     "(URL/v1/certificate, asked with the pod's own token; needs --operator-identity)"),
+    ("--operator-ca", "operator_ca", "FRSCOPE_OPERATOR_CA", "str", None,
+     "base64 of the PEM CA that the operator's HTTPS certificate must chain to, for https:// --operator-url and "
+     "--certificate-url (default: the system's CAs)"),
+    ("--tls-cert-file", "tls_cert_file", "FRSCOPE_TLS_CERT_FILE", "path", None,
+     "serve HTTPS with this certificate (PEM chain; read again when it changes)"),
+    ("--tls-key-file", "tls_key_file", "FRSCOPE_TLS_KEY_FILE", "path", None, "the key of --tls-cert-file"),
     ("--push-timeout", "push_timeout_s", "FRSCOPE_PUSH_TIMEOUT", "float", 10.0, "seconds for one push"),
     ("--push-attempts", "push_attempts", "FRSCOPE_PUSH_ATTEMPTS", "int", 5, "tries per push"),
     ("--push-backoff", "push_backoff_s", "FRSCOPE_PUSH_BACKOFF", "float", 1.0,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class Pusher:
         attempts: int,
         backoff_s: float,
         metrics: SidecarMetrics,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.url = url.rstrip("/") + "/v1/push"
         self.token = token
@@ -53,6 +55,7 @@ class Pusher:
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
         self.metrics = metrics
+        self.ssl: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True  # True: system CAs
         self.queue: asyncio.Queue[PushItem] = asyncio.Queue(maxsize=QUEUE_SIZE)
         self.delivered: list[str] = []  # reasons of pushes that got a 2xx, newest last (bounded)
 
@@ -92,7 +95,7 @@ class Pusher:
             asked = 0.0  # the Retry-After of a 429: the operator is up and asks to come back later
             try:
                 async with session.post(
-                    self.url, data=item.body_gz, headers=headers,
+                    self.url, data=item.body_gz, headers=headers, ssl=self.ssl,
                     timeout=aiohttp.ClientTimeout(total=self.timeout_s),
                 ) as resp:
                     await resp.read()

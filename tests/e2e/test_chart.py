@@ -84,6 +84,7 @@ def test_defaults_render_the_operator_webhook_and_dashboard_but_no_monitoring(
         "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "Secret",
         "MutatingWebhookConfiguration", "ConfigMap", "NetworkPolicy",
         "Role", "RoleBinding",  # minting the operator's own per-pod tokens for the sidecars
+        "Pod",  # `helm test`'s (a hook: created by `helm test` only)
     }
     for obj in objs:
         if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}:
@@ -99,7 +100,8 @@ def test_defaults_render_the_operator_webhook_and_dashboard_but_no_monitoring(
         assert container[probe]["httpGet"]["port"] == "http", probe
     assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
     service = one(objs, "Service")
-    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {"http": "http", "webhook": "webhook"}
+    assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {"http": "http", "https": "https",
+                                                                             "webhook": "webhook"}
     assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
 
 
@@ -124,6 +126,31 @@ def test_operator_pod_security_is_restricted(rendered: dict[str, list[dict[str, 
         assert set(volume) & {"emptyDir", "secret", "projected"}, volume  # no hostPath
         for source in volume.get("projected", {}).get("sources", []):
             assert source["serviceAccountToken"]["audience"] == "frscope.io/sidecar"  # never the API's
+
+
+@pytest.mark.parametrize("values", RENDERED)
+def test_the_helm_test_pod_is_a_restricted_hook_that_sees_only_the_webhook_ca(
+    rendered: dict[str, list[dict[str, Any]]], values: str
+) -> None:
+    [pod] = of_kind(rendered[values], "Pod")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "test"  # what the NetworkPolicy admits
+    spec = pod["spec"]
+    assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [container] = spec["containers"]
+    assert container["image"] == _deployment_pod(rendered[values])["spec"]["containers"][0]["image"]
+    sc = container["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsNonRoot"] is True
+    env = {e["name"]: e["value"] for e in container["env"]}
+    ports = {p["name"]: p["port"] for p in one(rendered[values], "Service")["spec"]["ports"]}
+    assert env["OPERATOR_SERVICE"] == "frs-frscope.frscope-system.svc" and env["HTTP_PORT"] == str(ports["http"])
+    assert env.get("WEBHOOK_PORT") == (str(ports["webhook"]) if "webhook" in ports else None)
+    for volume in spec.get("volumes", []):  # the webhook's Secret: its CA only, never the key
+        assert volume["secret"]["items"] == [{"key": "ca.crt", "path": "ca.crt"}], volume
+    assert bool(spec.get("volumes")) == ("WEBHOOK_PORT" in env)
 
 
 def test_webhook_is_opt_in_fails_open_and_skips_system_namespaces(
@@ -168,7 +195,7 @@ def test_chart_generated_certificate_is_signed_by_the_ca_bundle_for_the_service(
     rendered: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
     objs = rendered["defaults"]
-    secret = one(objs, "Secret")
+    secret = one(objs, "Secret", "frs-frscope-webhook-tls")
     assert secret["type"] == "kubernetes.io/tls"
     hooks = one(objs, "MutatingWebhookConfiguration")["webhooks"]
     assert all(hook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"] for hook in hooks)
@@ -195,7 +222,7 @@ def test_chart_generated_certificate_is_signed_by_the_ca_bundle_for_the_service(
 def test_cert_manager_replaces_the_generated_certificate(rendered: dict[str, list[dict[str, Any]]]) -> None:
     objs = rendered["all-on"]
     assert "Secret" not in _kinds(objs)
-    cert = one(objs, "Certificate")
+    cert = one(objs, "Certificate", "frs-frscope-webhook")
     assert cert["spec"]["secretName"] == "frs-frscope-webhook-tls"
     assert "frs-frscope.frscope-system.svc" in cert["spec"]["dnsNames"]
     assert one(objs, "Issuer")["spec"] == {"selfSigned": {}}
@@ -373,10 +400,12 @@ def test_network_policy_of_the_operator_is_on_by_default(rendered: dict[str, lis
     spec = policy["spec"]
     assert spec["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
     http_rule, webhook_rule = spec["ingress"]
-    assert http_rule["ports"] == [{"protocol": "TCP", "port": 8080}]
+    assert http_rule["ports"] == [{"protocol": "TCP", "port": 8080}, {"protocol": "TCP", "port": 8443}]  # + HTTPS
     # Pushes only from opted-in pods (of every namespace, as none is named); the webhook from anywhere.
     opted_in = {"matchLabels": {"frscope.io/inject": "true"}}
-    assert http_rule["from"] == [{"namespaceSelector": {}, "podSelector": opted_in}]
+    test_pod = {"matchLabels": {"app.kubernetes.io/name": "frscope", "app.kubernetes.io/instance": "frs",
+                                "app.kubernetes.io/component": "test"}}
+    assert http_rule["from"] == [{"namespaceSelector": {}, "podSelector": opted_in}, {"podSelector": test_pod}]
     assert webhook_rule == {"ports": [{"protocol": "TCP", "port": 9443}]}
     named = [p for p in of_kind(rendered["all-on"], "NetworkPolicy") if p["metadata"]["name"].endswith("-operator")]
     peers = named[0]["spec"]["ingress"][0]["from"]
@@ -390,10 +419,10 @@ def test_auth_defaults_project_the_tokens_and_tell_the_webhook(rendered: dict[st
     container = pod["containers"][0]
     assert "--sidecar-auth=kubernetes" in container["args"] and "--ui-auth=port-forward" in container["args"]
     assert "--metrics-auth=port-forward" in container["args"]
-    assert "--sidecar-token-file=/var/run/secrets/frscope/sidecar/token" in container["args"]
-    [volume] = [v for v in pod["volumes"] if v["name"] == "sidecar-token"]
-    [source] = volume["projected"]["sources"]
-    assert source["serviceAccountToken"]["audience"] == "frscope.io/sidecar"
+    # The shared-audience token of earlier versions is gone: each sidecar gets a token minted for its pod.
+    assert not [a for a in container["args"] if a.startswith("--sidecar-token-file")]
+    assert not [v for v in pod["volumes"] if "projected" in v]
+    assert not [m for m in container["volumeMounts"] if m["mountPath"].startswith("/var/run/secrets/frscope")]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["FRSCOPE_OPERATOR_IDENTITY"] == "system:serviceaccount:frscope-system:frs-frscope"
 
@@ -442,11 +471,14 @@ def test_schema_rejects_bad_values_with_a_clear_message(helm: Helm, sets: list[s
 
 
 def test_auth_none_leaves_out_the_tokens(helm: Helm) -> None:
-    objs = objects(helm, sets=["auth.sidecars=none"])
+    objs = objects(helm, sets=["auth.sidecars=none", "sidecar.tls.enabled=false"])
     container = _deployment_pod(objs)["spec"]["containers"][0]
     assert "--sidecar-auth=none" in container["args"]
-    assert not [a for a in container["args"] if a.startswith("--sidecar-token-file")]
+    assert not [a for a in container["args"] if a.startswith(("--sidecar-token-file", "--sidecar-ca-dir"))]
     assert "FRSCOPE_OPERATOR_IDENTITY" not in {e["name"] for e in container["env"]}
+    # TLS needs the pods' own tokens (a certificate names the pod its token proves): said, not ignored.
+    proc = helm.run("template", "frs", str(CHART), "--set", "auth.sidecars=none", check=False)
+    assert proc.returncode != 0 and "sidecar.tls.enabled needs auth.sidecars=kubernetes" in proc.stderr
 
 
 def test_service_account_name_is_required_when_not_created(helm: Helm) -> None:

@@ -186,8 +186,9 @@ def test_every_object_is_stored(kube: ControlPlane, installed: Install) -> None:
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "operator", "namespace": enforced},
                "spec": {**template["spec"], "serviceAccountName": "default",
                         "volumes": [v for v in template["spec"]["volumes"] if "secret" not in v]}}
+        kept = {v["name"] for v in pod["spec"]["volumes"]}
         pod["spec"]["containers"] = [
-            {**c, "volumeMounts": [m for m in c["volumeMounts"] if m["name"] != "webhook-tls"]}
+            {**c, "volumeMounts": [m for m in c["volumeMounts"] if m["name"] in kept]}
             for c in pod["spec"]["containers"]
         ]
         _wait_for("the default service account", lambda: kube.kubectl(
@@ -203,6 +204,7 @@ def test_notes_say_how_to_opt_in_and_where_to_look(installed: Install) -> None:
     notes = installed.notes
     assert 'frscope.io/inject: "true"' in notes
     assert f"kubectl -n {installed.namespace} rollout status deployment/{installed.release}-frscope" in notes
+    assert f"helm test {installed.release} -n {installed.namespace} --logs" in notes
     assert "kubectl describe pytorchjob -n <namespace> <job>" in notes
     assert "kubectl get flightrecorderreports -n <namespace>" in notes
     assert f"{installed.release}-frscope-dashboard, labelled grafana_dashboard=\"1\"" in notes
@@ -212,10 +214,13 @@ def test_notes_say_how_to_opt_in_and_where_to_look(installed: Install) -> None:
 def test_upgrade_keeps_the_webhook_certificate(kube: ControlPlane, installed: Install) -> None:
     full = f"{installed.release}-frscope"
     before = _get(kube, "secret", f"{full}-webhook-tls", "-n", installed.namespace)["data"]
+    ca_before = _get(kube, "secret", f"{full}-sidecar-ca", "-n", installed.namespace)["data"]
     installed.helm.run("upgrade", installed.release, str(CHART), "--namespace", installed.namespace,
                        "--set", "operator.logLevel=debug", timeout=180)
     after = _get(kube, "secret", f"{full}-webhook-tls", "-n", installed.namespace)["data"]
     assert after == before
+    # The sidecars' CA too: certificates it issued before the upgrade stay trusted.
+    assert _get(kube, "secret", f"{full}-sidecar-ca", "-n", installed.namespace)["data"] == ca_before
     mwc = _get(kube, "mutatingwebhookconfiguration", full)
     assert mwc["webhooks"][0]["clientConfig"]["caBundle"] == before["ca.crt"]
     deploy = _get(kube, "deployment", full, "-n", installed.namespace)
@@ -376,6 +381,11 @@ def test_the_whole_rule_set_is_exactly_the_needed_one(kube: ControlPlane, instal
         CRDS: {"list", "watch"},
         "nodes": {"get", "list"},
         LEDGER: {"get", "list", "watch", "create", "update", "patch", "delete"},
+        # No training namespace named: the sidecars' NetworkPolicy, written by the operator (create any,
+        # then only that one), and its owner, read for its uid.
+        "networkpolicies.networking.k8s.io": {"create"},
+        f"networkpolicies.networking.k8s.io[{installed.release}-frscope-sidecar]": {"get", "patch"},
+        f"clusterroles.rbac.authorization.k8s.io[{installed.release}-frscope-operator-sidecar-policy]": {"get"},
     }
 
 

@@ -23,6 +23,7 @@ import secrets
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -163,10 +164,21 @@ class Stack:
     # Prometheus scrapes the operator (job OPERATOR_JOB) from the targets written here (file_sd).
     operator_targets: Path
     phase: list[str] = field(default_factory=lambda: ["hung"])
+    # The CA of the sidecar's certificate when it serves HTTPS (the chart's default), as the operator holds it.
+    ca_dir: Path | None = None
 
     @property
     def sidecar_url(self) -> str:
-        return f"http://127.0.0.1:{self.sidecar_port}"
+        return f"{'https' if self.ca_dir else 'http'}://127.0.0.1:{self.sidecar_port}"
+
+    def sidecar_context(self) -> ssl.SSLContext | None:
+        """As Prometheus scrapes it: encrypted, the certificate (it names the pod, not 127.0.0.1) not checked."""
+        if self.ca_dir is None:
+            return None
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
 
 
 def _grafana(expr: str, variables: dict[str, str], range_s: float) -> str:
@@ -220,7 +232,18 @@ def relabel_configs(rendered: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def stack(rules: list[dict[str, Any]], relabel_configs: list[dict[str, Any]],
+def scrape_tls(rendered: list[dict[str, Any]]) -> dict[str, Any]:
+    """The PodMonitor's scheme and tlsConfig as Prometheus' (the sidecars serve HTTPS: sidecar.tls)."""
+    [monitor] = [o for o in rendered if o["kind"] == "PodMonitor"]
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    tls: dict[str, Any] = {"scheme": endpoint["scheme"]} if "scheme" in endpoint else {}
+    if (endpoint.get("tlsConfig") or {}).get("insecureSkipVerify"):
+        tls["tls_config"] = {"insecure_skip_verify": True}
+    return tls
+
+
+@pytest.fixture(scope="module")
+def stack(rules: list[dict[str, Any]], relabel_configs: list[dict[str, Any]], scrape_tls: dict[str, Any],
           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     binary = shutil.which("prometheus")
     if binary is None:
@@ -232,10 +255,21 @@ def stack(rules: list[dict[str, Any]], relabel_configs: list[dict[str, Any]],
         job.wait_for_sockets(time.monotonic() + 90)
         port_file = work / "sidecar.port"
         sidecar_log = (work / "sidecar.log").open("wb")
+        tls_args: list[str] = []
+        if scrape_tls.get("scheme") == "https":  # as the webhook injects it: a certificate of the operator's CA
+            from frscope.operator.evidence.sidecar_tls import SidecarCa
+            from frscope.testing.tls import key_and_csr, write_ca
+
+            key, csr = key_and_csr()
+            (work / "tls.key").write_bytes(key)
+            (work / "tls.crt").write_bytes(SidecarCa(write_ca(work / "ca")).issue(
+                csr, TARGET_LABELS["namespace"], TARGET_LABELS["pod"]))
+            tls_args = ["--tls-cert-file", str(work / "tls.crt"), "--tls-key-file", str(work / "tls.key")]
         sidecar = subprocess.Popen(
             [sys.executable, "-m", "frscope", "sidecar", "--socket-dir", str(job.work_dir), "--port", "0",
              "--host", "127.0.0.1", "--port-file", str(port_file), "--poll-interval", "1", "--stall-after", "3",
-             "--evidence-dir", "none", "--pod", TARGET_LABELS["pod"], "--namespace", TARGET_LABELS["namespace"]],
+             "--evidence-dir", "none", "--pod", TARGET_LABELS["pod"], "--namespace", TARGET_LABELS["namespace"],
+             *tls_args],
             stdout=sidecar_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         prometheus: subprocess.Popen[bytes] | None = None
@@ -251,6 +285,7 @@ def stack(rules: list[dict[str, Any]], relabel_configs: list[dict[str, Any]],
                            "scrape_timeout": f"{SCRAPE_S}s"},
                 "rule_files": [str(rules_path)],
                 "scrape_configs": [{
+                    **scrape_tls,
                     "job_name": SIDECAR_JOB,
                     "static_configs": [
                         {"targets": [f"127.0.0.1:{sidecar_port}"], "labels": TARGET_LABELS},
@@ -289,7 +324,7 @@ def stack(rules: list[dict[str, Any]], relabel_configs: list[dict[str, Any]],
                 a["labels"]["alertname"] for a in prom.get("/api/v1/alerts")["alerts"] if a["state"] == "firing"
             } >= {"FrscopeCollectiveStalled", "FrscopeSidecarDown"}, 60)
             time.sleep(3 * SCRAPE_S)  # a few more samples for the rate windows
-            yield Stack(prom, job, sidecar_port, rules, operator_targets)
+            yield Stack(prom, job, sidecar_port, rules, operator_targets, ca_dir=work / "ca" if tls_args else None)
         except BaseException:
             sys.stderr.write(f"--- sidecar log\n{(work / 'sidecar.log').read_text()[-4000:]}\n")
             sys.stderr.write(f"--- prometheus log\n{(work / 'prometheus.log').read_text()[-4000:]}\n")
@@ -328,7 +363,8 @@ def test_variable_queries_return_the_job(stack: Stack) -> None:
 @pytest.mark.parametrize("variables", [_all_vars(), _selected_vars()], ids=["all", "selected"])
 def test_every_dashboard_query_returns_data(stack: Stack, variables: dict[str, str]) -> None:
     assert stack.phase == ["hung"], "run before test_poll_errors_after_the_ranks_die (file order)"
-    with urllib.request.urlopen(f"{stack.sidecar_url}/metrics", timeout=10) as response:
+    with urllib.request.urlopen(f"{stack.sidecar_url}/metrics", timeout=10,
+                                context=stack.sidecar_context()) as response:
         metrics_text = response.read().decode()
     empty, checked = [], 0
     for title, ref, expr in _dashboard_targets():
@@ -471,7 +507,9 @@ def test_operator_queries_return_data(stack: Stack, kube: ControlPlane, tmp_path
         env = {**kube.env(), "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"}
         operator = subprocess.Popen(
             [sys.executable, "-m", "frscope", "operator", "--http-host", "127.0.0.1", "--http-port", str(port),
-             "--poll-interval", "1", "--stuck-after", "1", "--cooldown", "3", "--log-level", "DEBUG"],
+             "--poll-interval", "1", "--stuck-after", "1", "--cooldown", "3", "--log-level", "DEBUG",
+             # The sidecar serves HTTPS with a certificate of this CA for its pod: the operator reads it so.
+             *(["--sidecar-ca-dir", str(stack.ca_dir)] if stack.ca_dir else [])],
             env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         stack.operator_targets.write_text(json.dumps([{"targets": [f"127.0.0.1:{port}"],

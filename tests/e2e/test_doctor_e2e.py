@@ -123,7 +123,7 @@ def test_a_good_setup_passes_every_check(kube: ControlPlane, good: Install, trai
     code, outcomes, out = doctor(kube, "--namespace", training_namespace)
     assert code == 0, out
     assert outcomes == {"kubernetes-version": "ok", "operator": "ok", "webhook": "ok", "webhook-ca": "ok",
-                        "crd": "ok", "network-policy": "ok", "opt-in": "ok", "injected": "skip",
+                        "crd": "ok", "network-policy": "ok", "sidecar-tls": "ok", "opt-in": "ok", "injected": "skip",
                         "sidecars": "skip", "ranks-served": "skip", "operator-reach": "ok"}, out
     assert "all checks passed" in out
 
@@ -263,14 +263,17 @@ def _host_address() -> str:
     return address
 
 
-def _injected_pod(kube: ControlPlane, namespace: str, name: str, address: str, port: int) -> None:
+def _injected_pod(kube: ControlPlane, namespace: str, name: str, address: str, port: int, *,
+                  tls: bool = False) -> None:
+    """`tls`: the sidecar serves HTTPS, and its probe says so (as the webhook injects it with sidecar.tls)."""
+    probe = {"readinessProbe": {"httpGet": {"path": "/readyz", "port": "frscope", "scheme": "HTTPS"}}} if tls else {}
     kube.apply({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace,
                      "labels": {"frscope.io/inject": "true", "training.kubeflow.org/job-name": "llm"},
                      "annotations": {"frscope.io/injected": "native-sidecar"}},
         "spec": {"initContainers": [{"name": "frscope-sidecar", "image": "frscope:e2e", "restartPolicy": "Always",
-                                     "ports": [{"name": "frscope", "containerPort": port}]}],
+                                     "ports": [{"name": "frscope", "containerPort": port}], **probe}],
                  "containers": [{"name": "pytorch", "image": "registry.invalid/train:1"}]}})
     running = {"running": {"startedAt": _now()}}
     kube.kubectl("patch", "pod", name, "-n", namespace, "--subresource=status", "--type=merge", "-p", json.dumps({
@@ -283,13 +286,23 @@ def _injected_pod(kube: ControlPlane, namespace: str, name: str, address: str, p
 
 
 @contextlib.contextmanager
-def _sidecar(directory: Path, address: str) -> Iterator[int]:
-    """A real `frscope sidecar` on `address`, serving the rank sockets of `directory`; yields its port."""
+def _sidecar(directory: Path, address: str, *, tls: bool = False) -> Iterator[int]:
+    """A real `frscope sidecar` on `address`, serving the rank sockets of `directory`; yields its port. `tls`:
+    over HTTPS, with a certificate of a CA like the chart's."""
     port_file = directory / "port"
+    tls_args: list[str] = []
+    if tls:
+        from frscope.operator.evidence.sidecar_tls import SidecarCa
+        from frscope.testing.tls import key_and_csr, write_ca
+
+        key, csr = key_and_csr()
+        (directory / "tls.key").write_bytes(key)
+        (directory / "tls.crt").write_bytes(SidecarCa(write_ca(directory / "ca")).issue(csr, "ns", "pod"))
+        tls_args = ["--tls-cert-file", str(directory / "tls.crt"), "--tls-key-file", str(directory / "tls.key")]
     with open(directory / "sidecar.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-m", "frscope", "sidecar", "--socket-dir", str(directory),
                                  "--evidence-dir", "none", "--host", address, "--port", "0", "--port-file",
-                                 str(port_file), "--poll-interval", "1"],
+                                 str(port_file), "--poll-interval", "1", *tls_args],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             yield int(_wait_for("the sidecar's port", lambda: port_file.exists() and port_file.read_text().strip()))
@@ -309,8 +322,9 @@ def test_a_sidecar_serving_no_rank_fails_ranks_served(kube: ControlPlane, good: 
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
     try:
         assert rank.stdout is not None and rank.stdout.readline().strip() == b"serving"
-        with _sidecar(served, address) as port_served, _sidecar(idle, address) as port_idle:
-            _injected_pod(kube, training_namespace, "llm-master-0", address, port_served)
+        # The serving one over HTTPS (the chart's default): doctor asks it through the pod proxy's `https:`.
+        with _sidecar(served, address, tls=True) as port_served, _sidecar(idle, address) as port_idle:
+            _injected_pod(kube, training_namespace, "llm-master-0", address, port_served, tls=True)
             _injected_pod(kube, training_namespace, "llm-worker-0", address, port_idle)
 
             def ranks_line() -> str | None:

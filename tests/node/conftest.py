@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.node.support import CHART, CHART_SETS, RELEASE, SYSTEM_NS, helm
+from tests.node.support import CHART_SETS, RELEASE, SYSTEM_NS, chart_from_registry, helm
 
 ROOT = Path(__file__).resolve().parents[2]
 TESTENV = ROOT / "testenv"
@@ -63,7 +63,8 @@ def _last_line(cmd: list[str], env: dict[str, str] | None = None) -> tuple[int, 
 def node(request: pytest.FixtureRequest) -> Iterator[Any]:
     """A running cluster with one node (testenv/node.py's Node): `.kubectl(*args)`, `.kubeconfig`,
     `.plane` (the control plane: `.apply(obj)`, `.kubectl_json(*args)`, `.bin_dir`, `.env()`),
-    `.images` and `.ctr(*args)`; images imported: frscope:dev, frscope-test/trainer:dev, ..."""
+    `.images` and `.ctr(*args)`; images imported: frscope-test/trainer:dev, ...; `.registry` (testenv/registry.py):
+    the OCI registry on the node with the frscope image and chart pushed."""
     reason = node_module.cannot_run_reason()
     if reason:
         pytest.skip(f"node: {reason}")
@@ -80,14 +81,19 @@ def node(request: pytest.FixtureRequest) -> Iterator[Any]:
     code, images_dir, err = _last_line([str(TESTENV / "build-images"), bin_dir], env=env)
     if code != 0 or not images_dir:
         pytest.fail(f"testenv/build-images failed ({code}):\n{err[-4000:]}", pytrace=False)
+    code, registry_dir, err = _last_line([str(TESTENV / "build-registry")])
+    if code != 0 or not registry_dir:
+        pytest.fail(f"testenv/build-registry failed ({code}):\n{err[-4000:]}", pytrace=False)
     built = time.monotonic() - started
     archives = sorted(Path(images_dir).glob("*.tar"))
     crds = sorted((Path(bin_dir).parent / "crds").glob("*.yaml"))
     try:
-        cluster = node_module.start(Path(bin_dir), archives, crds=crds)
+        cluster = node_module.start(Path(bin_dir), archives, crds=crds,
+                                    registry_bin=Path(registry_dir) / "bin" / "registry")
     except node_module.NodeError as e:
         pytest.fail(f"the node did not start: {e}", pytrace=False)
-    print(f"node: built in {built:.0f}s, started in {time.monotonic() - started - built:.0f}s", file=sys.stderr)
+    print(f"node: built in {built:.0f}s, started in {time.monotonic() - started - built:.0f}s; registry pushes "
+          f"{cluster.registry.timings}", file=sys.stderr)
     try:
         yield cluster
     finally:
@@ -100,11 +106,12 @@ def node(request: pytest.FixtureRequest) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def installed(node: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """README's step 1: the chart installed from the image built here, its operator Ready; yields helm's
-    home. Once per session: every test that runs jobs shares it (uninstalled at the end)."""
+    """README's step 1: the chart installed from the node's OCI registry (chart and image pushed there at
+    the node's start), its operator Ready; yields helm's home. Once per session: every test that runs
+    jobs shares it (uninstalled at the end)."""
     home = tmp_path_factory.mktemp("helm-home")
-    args = ["upgrade", "--install", RELEASE, str(CHART), "--namespace", SYSTEM_NS, "--create-namespace",
-            "--wait", "--timeout", "4m"]
+    args = ["upgrade", "--install", RELEASE, *chart_from_registry(node), "--namespace", SYSTEM_NS,
+            "--create-namespace", "--wait", "--timeout", "4m"]
     for s in CHART_SETS:
         args += ["--set", s]
     try:

@@ -14,10 +14,23 @@ RELEASE = "frscope"
 SYSTEM_NS = "frscope-system"
 CONDITION = "CollectiveTimeoutDiagnosed"
 TRAINER = "frscope-test/trainer:dev"
-# The chart's values on the node: the image built here, and a short stall threshold so the tests do
-# not wait the default minute.
-CHART_SETS = ["image.repository=frscope", "image.tag=dev", "image.pullPolicy=Never",
+# The frscope image in the node's OCI registry (testenv/registry.py: the node's address, port 5000), pushed
+# with the chart's appVersion as its tag, which the chart defaults to: only the repository is set.
+REGISTRY_IMAGE = "10.213.0.1:5000/frscope/frscope"
+# The chart's values on the node: the image from the registry, pulled by the kubelet on every pod start
+# (the operator's and each injected sidecar; never a stale image a previous run left in the node's
+# containerd), and a short stall threshold so the tests do not wait the default minute.
+CHART_SETS = [f"image.repository={REGISTRY_IMAGE}", "image.pullPolicy=Always",
               "sidecar.pollIntervalSeconds=2", "sidecar.stallAfterSeconds=10"]
+
+
+def chart_from_registry(node: Any) -> list[str]:
+    """What `helm install|upgrade RELEASE` takes next to install the chart the way a user does: from the
+    node's OCI registry (testenv/registry.py), trusting its CA. Pass CHART_SETS with it."""
+    registry = node.registry
+    assert registry.image_repository == REGISTRY_IMAGE, registry
+    return [registry.chart_ref, "--version", registry.chart_version, "--ca-file", str(registry.ca_file)]
+
 
 # How each pod starts its ranks: torchrun with 2 processes a pod (the issue's journey; the last rank,
 # the worker pod's second process, gets stuck), or plain `python`, one rank a pod.

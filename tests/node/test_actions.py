@@ -36,11 +36,11 @@ from typing import Any
 import pytest
 
 from tests.node.support import (
-    CHART,
     CHART_SETS,
     RELEASE,
     SYSTEM_NS,
     all_running,
+    chart_from_registry,
     diagnostics,
     helm,
     job_condition,
@@ -67,7 +67,8 @@ OPERATOR_SA = f"system:serviceaccount:{SYSTEM_NS}:{RELEASE}"
 
 # ---- fixtures -------------------------------------------------------------------------------------
 def _upgrade(node: Any, home: Path, sets: list[str]) -> None:
-    args = ["upgrade", "--install", RELEASE, str(CHART), "--namespace", SYSTEM_NS, "--wait", "--timeout", "4m"]
+    args = ["upgrade", "--install", RELEASE, *chart_from_registry(node), "--namespace", SYSTEM_NS, "--wait",
+            "--timeout", "4m"]
     for s in sets:
         args += ["--set", s]
     helm(node, home, *args, timeout=330)

@@ -1,13 +1,18 @@
 """The user's whole journey on a real node, as README's install section describes it; nothing is
 patched by hand.
 
-1. `helm install` the chart (image frscope:dev, built from the Dockerfile) into frscope-system with
-   the webhook on; the operator pod becomes Ready.
+1. `helm install` the chart from the node's OCI registry (`oci://10.213.0.1:5000/charts/frscope`: the
+   chart `helm push`ed and the image, built from the Dockerfile, `buildah push`ed there when the node
+   started; TLS with a CA the node's containerd trusts) into frscope-system with the webhook on, only
+   the image's repository set; the kubelet pulls the operator's image from the registry and the pod
+   becomes Ready. `helm test` (the chart's test hook) passes: the operator answers through its Service
+   and its webhook serves TLS that the chart's CA verifies and injects an opted-in pod.
 2. A PyTorchJob (Master 1 + Worker 1, torchrun with 2 processes each, or plain python with one; gloo
    on CPU), its pod templates
    labelled `frscope.io/inject: "true"`, its script without any frscope code. The Kubeflow training
    operator makes the pods, Services and env; the API server sends the pods to the webhook through
-   its Service over the chart's TLS; the kubelet starts the injected native sidecar first.
+   its Service over the chart's TLS; the kubelet pulls the sidecar's image from the registry and
+   starts the injected native sidecar first.
 3. One rank gets stuck in `load_batch`; `kubectl describe pytorchjob` shows frscope's condition and
    the Event naming rank, group, collective and the function; the report is owned by the job; the
    training operator's conditions and STATE stay as they are.
@@ -19,6 +24,7 @@ patched by hand.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import time
@@ -153,7 +159,12 @@ def podmonitor_scrape_config(node: Any, home: Path, sd_file: Path) -> dict[str, 
         unknown = set(r) - set(fields)
         assert not unknown, f"relabeling field(s) this test does not translate: {unknown}"
         relabel.append({fields[k]: v for k, v in r.items()})
+    # The sidecars' HTTPS (sidecar.tls, the default), as the Prometheus Operator writes scheme and tlsConfig.
+    tls = {"scheme": endpoint["scheme"]} if "scheme" in endpoint else {}
+    if (endpoint.get("tlsConfig") or {}).get("insecureSkipVerify"):
+        tls["tls_config"] = {"insecure_skip_verify": True}
     return {
+        **tls,
         "job_name": f"podMonitor/{pm['metadata']['namespace']}/{pm['metadata']['name']}/0",
         "metrics_path": endpoint["path"],
         "scrape_interval": endpoint["interval"],
@@ -236,7 +247,33 @@ def stall_query() -> str:
     return str(expr)
 
 
+def pulled_from_registry(node: Any, status: dict[str, Any]) -> None:
+    """A container's image came from the node's registry: the digest buildah pushed."""
+    registry = node.registry
+    assert status["image"] == registry.image, status
+    assert status["imageID"] == f"{registry.image_repository}@{registry.image_digest}", status
+
+
 # ---- the journey --------------------------------------------------------------------------------
+def test_helm_test_checks_the_installed_release(node: Any, installed: Path) -> None:
+    """The chart from the registry is installed (the `installed` fixture) and its `helm test` hook passes:
+    the operator answers /healthz and /readyz through its Service, and its webhook serves TLS that the
+    chart's CA verifies and answers a dry-run review of an opted-in pod with the sidecar."""
+    [operator] = node.plane.kubectl_json("-n", SYSTEM_NS, "get", "pods", "-l",
+                                         "app.kubernetes.io/component=operator")["items"]
+    pulled_from_registry(node, operator["status"]["containerStatuses"][0])
+    assert operator["spec"]["containers"][0]["imagePullPolicy"] == "Always"
+    out = helm(node, installed, "test", RELEASE, "--namespace", SYSTEM_NS, "--logs", "--timeout", "3m",
+               timeout=240).stdout
+    assert re.search(r"^Phase:\s+Succeeded$", out, re.MULTILINE), out
+    for needle in (":80/healthz: 200", ":80/readyz: 200", ":443/inject: TLS verified (the chart CA)",
+                   "the sidecar patch for an opted-in pod", "PASS"):
+        assert needle in out, f"{needle!r} not in:\n{out}"
+    [test_pod] = node.plane.kubectl_json("-n", SYSTEM_NS, "get", "pods", "-l", "app.kubernetes.io/component=test")[
+        "items"]
+    pulled_from_registry(node, test_pod["status"]["containerStatuses"][0])
+
+
 @pytest.mark.parametrize("launcher", ["torchrun", "python"])
 def test_the_journey(node: Any, installed: Path, prometheus: Prometheus, launcher: str) -> None:
     ns = f"journey-{launcher}"
@@ -265,6 +302,8 @@ def journey(node: Any, prometheus: Prometheus, launcher: str, ns: str) -> None:
         sidecars = [c for c in spec.get("initContainers", []) if c.get("restartPolicy") == "Always"]
         assert [c["name"] for c in sidecars] == ["frscope-sidecar"], spec
         assert pod["metadata"]["annotations"].get("frscope.io/injected"), pod["metadata"]
+        [sidecar_status] = [c for c in pod["status"]["initContainerStatuses"] if c["name"] == "frscope-sidecar"]
+        pulled_from_registry(node, sidecar_status)
         env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
         assert env["PET_NPROC_PER_NODE"] == str(nproc) and env["WORLD_SIZE"] == str(world), env
 

@@ -58,8 +58,40 @@ def test_node_is_ready_with_the_release_version(node: Any) -> None:
     addresses = {a["type"]: a["address"] for a in got["status"]["addresses"]}
     assert addresses["InternalIP"] == "10.213.0.1"
     images = {n for i in got["status"]["images"] for n in i.get("names") or []}
-    assert "docker.io/library/frscope:dev" in images
     assert "docker.io/frscope-test/trainer:dev" in images
+
+
+def test_the_kubelet_pulls_frscope_from_the_registry_over_tls_the_node_trusts(node: Any) -> None:
+    """The OCI registry (testenv/registry.py) holds what a release publishes, the image and the chart, and
+    the kubelet pulls the image from it through containerd's hosts.toml (the registry's CA), on every
+    start of a pod whose pull policy is Always."""
+    registry = node.registry
+    _, catalog = registry.get("/v2/_catalog")
+    assert {"frscope/frscope", "charts/frscope"} <= set(catalog["repositories"]), catalog
+    tag = registry.image.rsplit(":", 1)[1]
+    headers, _ = registry.get(f"/v2/frscope/frscope/manifests/{tag}",
+                              accept="application/vnd.oci.image.manifest.v1+json")
+    assert headers["Docker-Content-Digest"] == registry.image_digest
+    _, chart = registry.get(f"/v2/charts/frscope/manifests/{registry.chart_version}",
+                            accept="application/vnd.oci.image.manifest.v1+json")
+    assert chart["config"]["mediaType"] == "application/vnd.cncf.helm.config.v1+json"
+    [layer] = chart["layers"]
+    assert layer["mediaType"] == "application/vnd.cncf.helm.chart.content.v1.tar+gzip"
+
+    ns = _namespace(node, "node-registry")
+    node.plane.apply({
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "pulled", "namespace": ns},
+        "spec": {"restartPolicy": "Never", "containers": [{
+            "name": "frscope", "image": registry.image, "imagePullPolicy": "Always", "args": ["--version"]}]},
+    })
+    pod = _wait_pod_phase(node, ns, "pulled", {"Succeeded", "Failed"})
+    [status] = pod["status"]["containerStatuses"]
+    assert pod["status"]["phase"] == "Succeeded", status
+    assert status["imageID"] == f"{registry.image_repository}@{registry.image_digest}", status
+    assert "frscope" in node.kubectl("-n", ns, "logs", "pulled").stdout
+    events = node.kubectl("-n", ns, "get", "events", "--field-selector", "involvedObject.name=pulled").stdout
+    assert f'Successfully pulled image "{registry.image}"' in events, events
+    node.kubectl("delete", "namespace", ns, "--wait=false")
 
 
 def test_pod_with_native_sidecar_runs_resolves_services_and_reaches_the_api(node: Any) -> None:

@@ -204,3 +204,21 @@ def test_the_sidecar_port_and_a_readyz_answer() -> None:
     assert ranks_of({"ready": True, "ranks": 0}) == 0
     assert ranks_of({"ready": False}) is None and ranks_of("503 text") is None
     assert ranks_of({"ready": True, "ranks": "8"}) is None
+
+
+def test_the_sidecar_ca_must_be_a_ca_with_its_key_and_time_left(tmp_path: Path) -> None:
+    import datetime
+
+    from frscope.doctor.certs import sidecar_ca_problems
+    from frscope.testing.tls import write_ca
+
+    good = write_ca(tmp_path / "good")
+    cert, key = (good / "tls.crt").read_bytes(), (good / "tls.key").read_bytes()
+    assert sidecar_ca_problems(cert, key) == []
+    leaf = write_ca(tmp_path / "leaf", ca=False)
+    assert sidecar_ca_problems((leaf / "tls.crt").read_bytes(), (leaf / "tls.key").read_bytes()) == [
+        "tls.crt is not a CA certificate"]
+    assert sidecar_ca_problems(cert, (leaf / "tls.key").read_bytes()) == ["tls.key is not the key of tls.crt"]
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(days=3640)
+    assert sidecar_ca_problems(cert, key, now=later)[0].startswith("the CA expires on")
+    assert sidecar_ca_problems(b"junk", key)[0].startswith("not a PEM certificate and key")

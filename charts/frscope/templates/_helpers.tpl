@@ -32,6 +32,10 @@
 {{- printf "%s-webhook-tls" (include "frscope.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
+{{- define "frscope.sidecarCaSecretName" -}}
+{{- printf "%s-sidecar-ca" (include "frscope.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{/* Labels. Selector labels never change across upgrades (Deployment selectors are immutable). */}}
 {{- define "frscope.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "frscope.name" . }}
@@ -164,4 +168,71 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
     resources: ["workloads"]
     verbs: ["list", "patch"]
   {{- end }}
+{{- end }}
+
+{{/* The sidecars' NetworkPolicy (templates/networkpolicy.yaml): only the operator (and Prometheus) may reach
+  the sidecar port of an opted-in pod. A NetworkPolicy can only allow, so every other port stays open to
+  everyone by explicit ranges: the training traffic between ranks (rendezvous, NCCL/Gloo) is not affected. */}}
+{{- define "frscope.sidecarPolicySpec" -}}
+{{- $port := int .Values.sidecar.port -}}
+podSelector:
+  matchLabels:
+    {{ .Values.webhook.injectLabel.key }}: {{ .Values.webhook.injectLabel.value | quote }}
+policyTypes: ["Ingress"]
+ingress:
+  - from:
+      - namespaceSelector:
+          matchLabels:
+            kubernetes.io/metadata.name: {{ .Release.Namespace }}
+        podSelector:
+          matchLabels:
+            {{- include "frscope.selectorLabels" . | nindent 12 }}
+            app.kubernetes.io/component: operator
+      {{- with .Values.networkPolicy.prometheus }}
+      {{- if or .namespaceSelector .podSelector }}
+      - {{- with .namespaceSelector }}
+        namespaceSelector:
+          {{- toYaml . | nindent 10 }}
+        {{- end }}
+        {{- with .podSelector }}
+        podSelector:
+          {{- toYaml . | nindent 10 }}
+        {{- end }}
+      {{- end }}
+      {{- end }}
+    ports:
+      - protocol: TCP
+        port: {{ $port }}
+  - ports:
+      {{- if gt $port 1 }}
+      - protocol: TCP
+        port: 1
+        endPort: {{ sub $port 1 }}
+      {{- end }}
+      {{- if lt $port 65535 }}
+      - protocol: TCP
+        port: {{ add $port 1 }}
+        endPort: 65535
+      {{- end }}
+      - protocol: UDP
+        port: 1
+        endPort: 65535
+      - protocol: SCTP
+        port: 1
+        endPort: 65535
+{{- end }}
+
+{{- define "frscope.sidecarPolicyRole" -}}
+{{- printf "%s-operator-sidecar-policy" (include "frscope.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* FRSCOPE_SIDECAR_NETWORK_POLICY: the policy above as the operator writes it into namespaces the chart does
+  not know (networkPolicy.enabled, no training namespaces named); empty otherwise. */}}
+{{- define "frscope.sidecarPolicyJson" -}}
+{{- if and .Values.networkPolicy.enabled (not (default .Values.operator.watchNamespaces .Values.networkPolicy.namespaces)) -}}
+{{- $labels := merge (dict "app.kubernetes.io/component" "sidecar" "app.kubernetes.io/managed-by" "frscope-operator") (fromYaml (include "frscope.labels" .)) -}}
+{{- $meta := dict "name" (printf "%s-sidecar" (include "frscope.fullname" .)) "labels" $labels -}}
+{{- $policy := dict "metadata" $meta "spec" (fromYaml (include "frscope.sidecarPolicySpec" .)) -}}
+{{- dict "owner" (dict "name" (include "frscope.sidecarPolicyRole" .)) "policy" $policy | toJson -}}
+{{- end -}}
 {{- end }}

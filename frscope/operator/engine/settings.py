@@ -5,6 +5,7 @@ environment variables."""
 from __future__ import annotations
 
 import socket
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +48,11 @@ class OperatorConfig:
     inject_label: tuple[str, str] = (names.INJECT_KEY, "true")
     http_host: str = "0.0.0.0"
     http_port: int = 8080
+    # TLS to the sidecars: the same server over HTTPS on this port too, with a certificate of the sidecar CA
+    # for `https_name` (default: the host of the injection's certificate URL): where the sidecars push and
+    # ask for their certificates, so their tokens never cross the pod network readable. None: no HTTPS.
+    https_port: int | None = None
+    https_name: str | None = None
     # Bounded-rate status polling of every watched pod's sidecar.
     poll_interval_s: float = 15.0
     poll_timeout_s: float = 5.0
@@ -70,10 +76,18 @@ class OperatorConfig:
     # How the sidecars and the operator prove who they are (docs/operator.md, "Authentication"):
     # 'kubernetes' (service-account tokens, audience-bound), 'token' (one shared secret), 'none'.
     sidecar_auth: str = "kubernetes"
-    # The token shown to the sidecars with 'token' (the shared secret; re-read whenever the file changes).
-    # With 'kubernetes' each sidecar is shown a token minted for its pod (`operator_identity`); this file
-    # (the chart's projected token for the shared audience) only when none can be minted.
+    # The shared secret of 'token' (shown to the sidecars and expected on pushes; re-read whenever the file
+    # changes). Only with 'token': with 'kubernetes' each sidecar is shown a token minted for its pod
+    # (`operator_identity`), never a file's.
     sidecar_token_file: Path | None = None
+    # TLS to the sidecars (docs/install.md, "TLS to the sidecars"): the CA (tls.crt, tls.key) that issues
+    # each sidecar's certificate at /v1/certificate; the operator then reads sidecars over HTTPS only.
+    # Needs 'kubernetes' (the pod a certificate names comes from its pod-bound token). None: plain HTTP.
+    sidecar_ca_dir: Path | None = None
+    # The sidecars' NetworkPolicy as the chart renders it (JSON: `policy` and its `owner`), written by the
+    # operator into every namespace where an opted-in pod appears (serve.sidecar_policy); None: not by the
+    # operator (the chart wrote it into the namespaces it knows, or policies are off).
+    sidecar_network_policy: str | None = None
     # system:serviceaccount:NS:NAME the operator runs as (FRSCOPE_OPERATOR_IDENTITY, set by the chart with
     # 'kubernetes'): it mints per-pod tokens of this account for the sidecars (kube.pod_tokens).
     operator_identity: str | None = None
@@ -118,3 +132,24 @@ class OperatorConfig:
             raise ValueError(f"--metrics-auth must be one of {', '.join(UI_AUTH_MODES)}")
         if self.sidecar_auth == "token" and self.sidecar_token_file is None:
             raise ValueError("--sidecar-auth token needs --sidecar-token-file (the shared secret)")
+        if self.sidecar_auth != "token" and self.sidecar_token_file is not None:
+            raise ValueError(f"--sidecar-token-file is the shared secret of --sidecar-auth token; with "
+                             f"{self.sidecar_auth} no such token is shown (kubernetes: one minted per pod)")
+        if self.https_port is not None and (self.sidecar_ca_dir is None or not self.operator_https_name):
+            raise ValueError("--https-port needs --sidecar-ca-dir and a name for its certificate (--https-name, or "
+                             "the host of FRSCOPE_SIDECAR_CERTIFICATE_URL)")
+        if self.sidecar_ca_dir is not None and self.sidecar_auth != "kubernetes":
+            raise ValueError("--sidecar-ca-dir needs --sidecar-auth kubernetes: a certificate names the pod its "
+                             "pod-bound token proves")
+        if (self.sidecar_ca_dir is not None and self.webhook is not None
+                and not self.webhook.injection.certificate_url):
+            raise ValueError("--sidecar-ca-dir with the webhook needs FRSCOPE_SIDECAR_CERTIFICATE_URL (where the "
+                             "injected sidecars ask for their certificate)")
+
+    @property
+    def operator_https_name(self) -> str | None:
+        """The name in the operator's HTTPS certificate: `https_name`, else the certificate URL's host."""
+        if self.https_name:
+            return self.https_name
+        url = self.webhook.injection.certificate_url if self.webhook is not None else None
+        return urllib.parse.urlsplit(url).hostname if url else None

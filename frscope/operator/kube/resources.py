@@ -16,3 +16,5 @@ NAMESPACES = Resource("", "v1", "namespaces", "Namespace", namespaced=False)
 NODES = Resource("", "v1", "nodes", "Node", namespaced=False)
 NODE_LEDGER = Resource(names.REPORT_GROUP, names.REPORT_VERSION, names.NODE_LEDGER_PLURAL, names.NODE_LEDGER_KIND,
                        namespaced=False)
+NETWORK_POLICIES = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+CLUSTER_ROLES = Resource("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", namespaced=False)

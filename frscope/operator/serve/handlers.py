@@ -22,7 +22,9 @@ from frscope.operator.model import jobkinds
 def register_watchers(registry: kopf.OperatorRegistry, controller: Controller,
                       relogin: Callable[[], kopf.ConnectionInfo],
                       kinds: tuple[jobkinds.JobKind, ...] = (jobkinds.PYTORCHJOB,),
-                      ledger: NodeLedger | None = None) -> None:
+                      ledger: NodeLedger | None = None,
+                      on_pod: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """`on_pod`: also told of every job pod event's object (the sidecars' NetworkPolicy per namespace)."""
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
         return relogin()
@@ -49,6 +51,8 @@ def register_watchers(registry: kopf.OperatorRegistry, controller: Controller,
         @kopf.on.event("v1", "pods", id=f"pod_event_{family}", labels={pod_labels[family]: kopf.PRESENT},
                        registry=registry)
         async def pod_event(event: kopf.RawEvent, **_: Any) -> None:
+            if on_pod is not None and event.get("type") != "DELETED":
+                on_pod(dict(event["object"]))
             await controller.on_pod(event.get("type"), dict(event["object"]))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable, Iterable
 
@@ -86,6 +87,7 @@ class OperatorHttp:
         ])
         self._runner: web.AppRunner | None = None
         self.port: int | None = None
+        self.https_port: int | None = None
 
     # -- the seam for other components (web UI) ----------------------------------------------------
     def add_routes(self, routes: Iterable[web.AbstractRouteDef]) -> None:
@@ -181,7 +183,9 @@ class OperatorHttp:
                                   "job": str(job) if job else None}, status=202)
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    async def start(self, host: str, port: int) -> int:
+    async def start(self, host: str, port: int, *, https_port: int | None = None,
+                    ssl_context: ssl.SSLContext | None = None) -> int:
+        """Listen on `port` (and with `ssl_context`, the same routes over HTTPS on `https_port`); the HTTP port."""
         # Request bodies are not inflated by aiohttp (a 16 KiB gzip push would become its whole
         # inflation in memory before any check): pushes are inflated capped by `from_bytes`.
         self._runner = web.AppRunner(self.app, handle_signals=False, access_log=None, auto_decompress=False)
@@ -191,6 +195,11 @@ class OperatorHttp:
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.port = int(sockets[0].getsockname()[1]) if sockets else port
+        if ssl_context is not None and https_port is not None:
+            secure = web.TCPSite(self._runner, host, https_port, ssl_context=ssl_context)
+            await secure.start()
+            found = getattr(secure._server, "sockets", None) or []
+            self.https_port = int(found[0].getsockname()[1]) if found else https_port
         return self.port
 
     async def stop(self) -> None:

@@ -69,3 +69,13 @@ def test_usage_error_exit_code(monkeypatch: pytest.MonkeyPatch, capsys: pytest.C
 @pytest.mark.parametrize(("text", "value"), [("512", 512), ("4k", 4096), ("64M", 64 * MiB), ("1GiB", 1024 * MiB)])
 def test_parse_size(text: str, value: int) -> None:
     assert parse_size(text) == value
+
+
+def test_tls_options_go_together() -> None:
+    with pytest.raises(ValueError, match="--certificate-url needs --operator-identity"):
+        SidecarConfig(certificate_url="http://operator", pod="p", namespace="n")
+    with pytest.raises(ValueError, match="go together"):
+        SidecarConfig(tls_cert_file=Path("tls.crt"))
+    with pytest.raises(ValueError, match="exclude each other"):
+        SidecarConfig(certificate_url="http://operator", tls_cert_file=Path("a"), tls_key_file=Path("b"),
+                      operator_identity="system:serviceaccount:a:b", pod="p", namespace="n")
