@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 
 from tests.node.support import (
-    CHART,
     CHART_SETS,
     RELEASE,
     SYSTEM_NS,
+    chart_from_registry,
     container_logs,
     dump_state,
     helm,
@@ -47,7 +47,9 @@ INJECT = {"frscope.io/inject": "true"}
 
 
 def upgrade_chart(node: Any, home: Path, sets: list[str]) -> None:
-    args = ["upgrade", "--install", RELEASE, str(CHART), "--namespace", SYSTEM_NS, "--wait", "--timeout", "4m"]
+    """The chart from the node's registry, as the session installed it, with `sets`."""
+    args = ["upgrade", "--install", RELEASE, *chart_from_registry(node), "--namespace", SYSTEM_NS, "--wait",
+            "--timeout", "4m"]
     for s in sets:
         args += ["--set", s]
     helm(node, home, *args, timeout=330)
