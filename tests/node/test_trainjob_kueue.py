@@ -36,28 +36,34 @@ STOP_SETS = ["actions.allow={stop}", "actions.ratePerNamespacePerHour=1"]
 
 
 @pytest.fixture(scope="module")
-def queue(node: Any, kueue: str, installed: Path) -> Iterator[str]:
-    """A ResourceFlavor and a ClusterQueue with room for the test's pods (Kueue's own conftest fixture
-    runs Kueue), and the chart upgraded to allow `stop`; the chart's values put back afterwards. Yields
-    the ClusterQueue's name."""
+def stop_allowed(node: Any, installed: Path) -> Iterator[None]:
+    """The chart upgraded to allow `stop`, before Kueue runs (Kueue's webhooks see Deployments too); the
+    chart's values put back after Kueue is gone."""
     upgrade_chart(node, installed, CHART_SETS + STOP_SETS)
     try:
-        quota = [{"name": FLAVOR, "resources": [{"name": "cpu", "nominalQuota": "64"},
-                                                {"name": "memory", "nominalQuota": "256Gi"}]}]
-        objects = [
-            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}},
-            {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": CLUSTER_QUEUE},
-             "spec": {"namespaceSelector": {}, "resourceGroups": [
-                 {"coveredResources": ["cpu", "memory"], "flavors": quota}]}},
-        ]
-        for obj in objects:
-            # Kueue's webhooks check these: their configuration gets the CA bundle from Kueue's cert
-            # rotator a moment after the Deployment is Available.
-            wait_for(f"Kueue's webhook to take the {obj['kind']}", lambda o=obj: node.kubectl(
-                "apply", "--server-side", "-f", "-", input=json.dumps(o), check=False).returncode == 0, 60, 2)
-        yield CLUSTER_QUEUE
+        yield
     finally:
         upgrade_chart(node, installed, CHART_SETS)
+
+
+@pytest.fixture(scope="module")
+def queue(node: Any, stop_allowed: None, kueue: str) -> str:
+    """A ResourceFlavor and a ClusterQueue with room for the test's pods (Kueue itself: the conftest
+    fixture `kueue`, removed with everything of it after the module). Returns the ClusterQueue's name."""
+    quota = [{"name": FLAVOR, "resources": [{"name": "cpu", "nominalQuota": "64"},
+                                            {"name": "memory", "nominalQuota": "256Gi"}]}]
+    objects = [
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ResourceFlavor", "metadata": {"name": FLAVOR}},
+        {"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "ClusterQueue", "metadata": {"name": CLUSTER_QUEUE},
+         "spec": {"namespaceSelector": {}, "resourceGroups": [
+             {"coveredResources": ["cpu", "memory"], "flavors": quota}]}},
+    ]
+    for obj in objects:
+        # Kueue's webhooks check these: their configuration gets the CA bundle from Kueue's cert rotator a
+        # moment after the Deployment is Available.
+        wait_for(f"Kueue's webhook to take the {obj['kind']}", lambda o=obj: node.kubectl(
+            "apply", "--server-side", "-f", "-", input=json.dumps(o), check=False).returncode == 0, 60, 2)
+    return CLUSTER_QUEUE
 
 
 @pytest.fixture
