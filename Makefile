@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.frscope-installed
 
 .PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster cluster-node \
-	cluster-node-down torch-venvs node-images controllers accuracy-sweep dist registry
+	cluster-node-down torch-venvs node-images controllers accuracy-sweep dist registry testenv-oldest \
+	test-kube-matrix
 
 # setup.py and the C scanner too: `pip install -e .` builds frscope/records/_frscan.c in place (optional: without a
 # compiler frscope reads dumps with the pure-Python path), so a change to either rebuilds it.
@@ -69,6 +70,18 @@ dist:
 testenv:
 	testenv/build || [ $$? -eq 3 ]
 
+# The Kubernetes version matrix (tests/e2e/test_kube_versions*.py, docs/testenv.md): each release besides the
+# default one has its module in testenv/kube/<version>/ and its own cached control plane. `make test` builds the
+# oldest (after the default: one Go build at a time); `make test-kube-matrix` builds every release and runs the
+# matrix tests (those not built are skipped in `make test`).
+KUBE_RELEASES = $(shell ls testenv/kube 2>/dev/null | sort -V)
+testenv-oldest: testenv
+	@oldest="$(firstword $(KUBE_RELEASES))"; [ -z "$$oldest" ] || testenv/build --version "$$oldest" >/dev/null || [ $$? -eq 3 ]
+
+test-kube-matrix: $(STAMP) testenv
+	for v in $(KUBE_RELEASES); do testenv/build --version $$v >/dev/null || [ $$? -eq 3 ] || exit 1; done
+	$(BIN)/pytest -m kube_matrix $(PYTEST_ARGS)
+
 # etcd + kube-apiserver + kube-controller-manager in the foreground; prints the KUBECONFIG to export.
 cluster:
 	testenv/up
@@ -119,7 +132,7 @@ controllers: deps-apt
 # What the suite needs, built side by side on a cold machine (the Go builds are CPU-bound, the torch
 # venvs and images mostly download and unpack): then the suite.
 test:
-	$(MAKE) -j3 check deps-apt testenv torch-venvs node-images controllers registry
+	$(MAKE) -j3 check deps-apt testenv testenv-oldest torch-venvs node-images controllers registry
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 # The accuracy benchmark (issue 23, not part of `make test`): SWEEP_JOBS real torch jobs with faults drawn

@@ -31,6 +31,8 @@ async def kubernetes_version(client: KubeClient) -> CheckResult:
     text = f"{version[0]}.{version[1]}"
     if versions.kubernetes_tested(version):
         return passed("kubernetes-version", f"Kubernetes {text} is tested")
+    if versions.kubernetes_between_tested(version):
+        return passed("kubernetes-version", f"Kubernetes {text} is between tested versions ({versions.tested_text()})")
     return failed("kubernetes-version", f"Kubernetes {text} is not among the tested versions "
                   f"({versions.tested_text()})", "see README.md, Supported versions; it may work, untested")
 

@@ -13,10 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 try:  # tests/e2e is a plain directory today; keep working if it becomes a package
+    from tests.e2e import kube_matrix
     from tests.e2e.chart_tools import CHART, MONITORING_KINDS, VALUES_SETS, Helm, objects, of_kind, one, rules_file
 except ModuleNotFoundError:
+    import kube_matrix
     from chart_tools import CHART, MONITORING_KINDS, VALUES_SETS, Helm, objects, of_kind, one, rules_file
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -520,3 +523,16 @@ def test_the_node_ledgers_rbac_and_flags_follow_its_values(helm: Helm) -> None:
     assert "--node-ledger=off" in args(off) and not [a for a in args(off) if a.startswith("--node-fenc")]
     bad = helm.run("template", "frs", str(CHART), "--set", "nodeLedger.fencing.mode=always", check=False)
     assert bad.returncode != 0 and "nodeLedger" in bad.stderr
+
+
+def test_kube_version_floor_is_the_oldest_release_the_matrix_runs(helm: Helm) -> None:
+    """Chart.yaml's kubeVersion admits the releases tests/e2e/test_kube_versions.py runs and nothing
+    older: helm refuses the minor below the oldest and renders every release of the matrix."""
+    oldest = kube_matrix.oldest_release()
+    major, minor, _ = (int(part) for part in oldest.split("."))
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={major}.{minor}.0-0"
+    below = helm.run("template", "frs", str(CHART), "--kube-version", f"v{major}.{minor - 1}.99", check=False)
+    assert below.returncode != 0 and f"incompatible with Kubernetes v{major}.{minor - 1}.99" in below.stderr, below
+    for release in kube_matrix.releases():
+        helm.run("template", "frs", str(CHART), "--kube-version", f"v{release}")

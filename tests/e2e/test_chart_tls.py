@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import datetime
+import os
+import ssl
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,37 @@ def _config_of(container: dict[str, Any]) -> Any:
     return from_args(args, env=env)
 
 
+def _handshake(chain: bytes, key: bytes, ca_pem: bytes, name: str) -> None:
+    """A real TLS handshake in memory: a server with `chain` + `key`, a client that trusts `ca_pem` alone
+    and expects `name` (the operator's client_context). Raises ssl.SSLError when the client refuses."""
+    from frscope.operator.evidence.sidecar_tls import client_context
+
+    pem = Path(os.environ.get("TMPDIR", "/tmp")) / f"frscope-handshake-{os.getpid()}.pem"
+    pem.write_bytes(chain + key)
+    try:
+        server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        server_ctx.load_cert_chain(str(pem))
+    finally:
+        pem.unlink()
+    c_in, c_out, s_in, s_out = ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO(), ssl.MemoryBIO()
+    client = client_context(ca_pem).wrap_bio(c_in, c_out, server_hostname=name)
+    server = server_ctx.wrap_bio(s_in, s_out, server_side=True)
+    done = {"client": False, "server": False}
+    for _ in range(10):
+        for side, obj in (("client", client), ("server", server)):
+            if not done[side]:
+                try:
+                    obj.do_handshake()
+                    done[side] = True
+                except ssl.SSLWantReadError:
+                    pass
+        s_in.write(c_out.read())
+        c_in.write(s_out.read())
+        if all(done.values()):
+            return
+    raise AssertionError(f"TLS handshake for {name} did not finish: {done}")
+
+
 def test_tls_is_on_by_default_with_the_charts_own_ca(helm: Helm, tmp_path: Path) -> None:
     from frscope.operator.evidence.sidecar_tls import SidecarCa, server_name
     from frscope.operator.injection import sidecar_container
@@ -63,6 +96,13 @@ def test_tls_is_on_by_default_with_the_charts_own_ca(helm: Helm, tmp_path: Path)
     names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     assert names.get_values_for_type(x509.DNSName) == [server_name("team-a", "train-worker-0")]
     assert ca_cert.not_valid_after_utc - datetime.datetime.now(datetime.UTC) > datetime.timedelta(days=3000)
+    # OpenSSL, as the sidecar and the operator run it, accepts what the operator issues under this CA (it
+    # picks the issuer by key id: genCA's is a truncated SHA-256, not the SHA-1 of the public key).
+    ca_pem = base64.b64decode(secret["data"]["tls.crt"])
+    _handshake(*ca.issue_operator("frs-frscope.frscope-system.svc"), ca_pem, "frs-frscope.frscope-system.svc")
+    sidecar_key, csr = key_and_csr()
+    _handshake(ca.issue(csr, "team-a", "train-worker-0"), sidecar_key, ca_pem,
+               server_name("team-a", "train-worker-0"))
 
     pod = _operator(objs)
     container = pod["containers"][0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import re
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +142,20 @@ def test_exit_codes_and_lines() -> None:
 def test_the_tested_versions_table() -> None:
     assert versions.kubernetes_tested((1, 36))
     assert not versions.kubernetes_tested((1, 24))
+    assert versions.kubernetes_between_tested((1, 31)) and versions.kubernetes_between_tested((1, 35))
+    assert not versions.kubernetes_between_tested((1, 29)) and not versions.kubernetes_between_tested((1, 37))
     assert "1.36" in versions.tested_text()
+
+
+def test_the_tested_kubernetes_minors_are_the_releases_testenv_builds() -> None:
+    """The default release (testenv/go.mod) and each release of the version matrix (testenv/kube/<version>)."""
+    testenv = Path(__file__).resolve().parents[2] / "testenv"
+    default = re.search(r"^require k8s\.io/kubernetes v(\d+)\.(\d+)\.", (testenv / "go.mod").read_text(), re.M)
+    assert default is not None
+    built = {(int(default.group(1)), int(default.group(2)))}
+    built |= {(int(d.name.split(".")[0]), int(d.name.split(".")[1])) for d in (testenv / "kube").iterdir()
+              if (d / "go.mod").is_file()}
+    assert set(versions.TESTED_KUBERNETES) == built
 
 
 def _write_kubeconfig(path: Path, user: dict[str, Any], cluster: dict[str, Any]) -> Path:

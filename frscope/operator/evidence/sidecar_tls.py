@@ -171,12 +171,22 @@ class SidecarCa:
                                          key_cert_sign=False, crl_sign=False, encipher_only=False,
                                          decipher_only=False), critical=True)
             .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-            .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(loaded.key.public_key()),
-                           critical=False)
+            .add_extension(_authority_key_id(loaded.cert), critical=False)
         )
         algorithm = None if isinstance(loaded.key, ed25519.Ed25519PrivateKey) else hashes.SHA256()
         cert = builder.sign(loaded.key, algorithm)
         return cert.public_bytes(serialization.Encoding.PEM) + loaded.ca_pem
+
+
+def _authority_key_id(ca: x509.Certificate) -> x509.AuthorityKeyIdentifier:
+    """The key id that names the CA the way the CA names itself: its own SubjectKeyIdentifier when it has
+    one (OpenSSL picks an issuer by it; helm's genCA and other Go-made CAs derive it with truncated
+    SHA-256, not the SHA-1 `from_issuer_public_key` computes), else the SHA-1 of its public key."""
+    try:
+        own = ca.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
+    except x509.ExtensionNotFound:
+        return x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.public_key())  # type: ignore[arg-type]
+    return x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(own)
 
 
 def client_context(ca_pem: bytes) -> ssl.SSLContext:
