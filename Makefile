@@ -126,6 +126,8 @@ controllers: deps-apt
 	@if [ "$$(id -u)" = 0 ] && dir="$$(testenv/build-controllers --check)"; then \
 	  testenv/build-images --controllers "$$dir" >/dev/null; fi
 	testenv/build-kueue >/dev/null || [ $$? -eq 3 ]
+	@if [ "$$(id -u)" = 0 ] && dir="$$(testenv/build-kueue --check)"; then \
+	  testenv/build-images --kueue "$$dir" >/dev/null; fi
 
 # What the suite needs, built side by side on a cold machine (the Go builds are CPU-bound, the torch
 # venvs and images mostly download and unpack): then the suite.

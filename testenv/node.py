@@ -36,6 +36,7 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -862,7 +863,7 @@ TRAINER_POD_IMAGE = "frscope-test/trainer:dev"
 
 
 def _versions(controllers_dir: Path) -> dict[str, str]:
-    words = (controllers_dir / "VERSIONS").read_text().split()  # "jobset v0.8.2 trainer v2.0.0"
+    words = (controllers_dir / "VERSIONS").read_text().split()  # "jobset v0.12.0 trainer v2.3.0"
     return dict(zip(words[::2], words[1::2], strict=True))
 
 
@@ -872,11 +873,17 @@ def _never_pull(deployment: str) -> dict[str, Any]:
     return {"target": {"kind": "Deployment", "name": deployment}, "patch": json.dumps(patch)}
 
 
-def _apply_kustomization(node: Node, name: str, upstream: Path, kustomization: dict[str, Any]) -> None:
+def _apply_kustomization(node: Node, name: str, upstream: Path, kustomization: dict[str, Any],
+                         drop_kinds: Sequence[str] = ()) -> str:
+    """Renders and applies an overlay of `upstream` (the objects of `drop_kinds` left out); returns what
+    was applied, for a later delete."""
     overlay = node.workdir / name
     shutil.copytree(upstream, overlay / "upstream")
     (overlay / "kustomization.yaml").write_text(_yaml(kustomization))
     rendered = node.kubectl("kustomize", str(overlay)).stdout
+    if drop_kinds:
+        rendered = "\n---\n".join(d for d in rendered.split("\n---\n")
+                                  if not any(f"\nkind: {k}\n" in f"\n{d}\n" for k in drop_kinds))
     # The CRDs first, Established before the manager starts: applied together, Trainer's manager came up
     # before its TrainingRuntime kind was served and exited once ("no matches for kind").
     docs = [d for d in rendered.split("\n---\n") if d.strip()]
@@ -887,6 +894,7 @@ def _apply_kustomization(node: Node, name: str, upstream: Path, kustomization: d
                                input="\n---\n".join(crds), timeout=120).stdout.split()
         _wait_established(node, applied, 60)
     node.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input="\n---\n".join(rest), timeout=120)
+    return rendered
 
 
 def _wait_established(node: Node, crds: Sequence[str], timeout: float) -> None:
@@ -911,6 +919,16 @@ def _wait_available(node: Node, namespace: str, deployment: str, timeout: float)
         pods = node.kubectl("-n", namespace, "describe", "pods", check=False).stdout
         logs = node.kubectl("-n", namespace, "logs", f"deployment/{deployment}", "--tail=40", check=False).stdout
         raise NodeError(f"{namespace}/{deployment} not Available: {proc.stderr.strip()}\n{pods[-4000:]}\n{logs}")
+
+
+def _with_trainer_image(runtime: str, image: str) -> str:
+    """Trainer's torch runtime with the image of its `node` container (upstream: a pytorch/pytorch release,
+    which this machine cannot pull) replaced by `image`; it names exactly one."""
+    pattern = re.compile(r"^(\s+image:\s*)pytorch/pytorch:\S+$", flags=re.MULTILINE)
+    found = len(pattern.findall(runtime))
+    if found != 1:
+        raise NodeError(f"Trainer's torch runtime names {found} pytorch/pytorch images, not 1: update testenv/node.py")
+    return pattern.sub(lambda m: m.group(1) + image, runtime)
 
 
 def deploy_trainer(node: Node, controllers_dir: Path, manifests_dir: Path, timeout: float = 300) -> dict[str, str]:
@@ -944,15 +962,15 @@ def deploy_trainer(node: Node, controllers_dir: Path, manifests_dir: Path, timeo
                     "newTag": versions["trainer"]}],
         "secretGenerator": [{"name": "kubeflow-trainer-webhook-cert", "namespace": TRAINER_NAMESPACE,
                              "options": {"disableNameSuffixHash": True}}],
+        # The ConfigMap that its overlay makes for Trainer's SDK (its RBAC grants reading it).
+        "configMapGenerator": [{"name": "kubeflow-trainer-public", "literals": [
+            f"kubeflow_trainer_version={versions['trainer']}"], "options": {"disableNameSuffixHash": True}}],
         "patches": [_never_pull("kubeflow-trainer-controller-manager")],
     })
     _wait_available(node, JOBSET_NAMESPACE, "jobset-controller-manager", timeout)
     _wait_available(node, TRAINER_NAMESPACE, "kubeflow-trainer-controller-manager", timeout)
-    runtime = (trainer_upstream / "base" / "runtimes" / "torch_distributed.yaml").read_text()
-    upstream_image = "pytorch/pytorch:2.7.1-cuda12.8-cudnn9-runtime"
-    if upstream_image not in runtime:
-        raise NodeError(f"Trainer's torch runtime does not name {upstream_image} any more: update testenv/node.py")
-    runtime = runtime.replace(upstream_image, TRAINER_POD_IMAGE)
+    runtime = _with_trainer_image(
+        (trainer_upstream / "base" / "runtimes" / "torch_distributed.yaml").read_text(), TRAINER_POD_IMAGE)
     # Trainer's validating webhook checks the runtime: its configuration gets the CA bundle from the
     # rotator a moment after the Deployment is Available.
     deadline = time.monotonic() + 60
@@ -964,6 +982,57 @@ def deploy_trainer(node: Node, controllers_dir: Path, manifests_dir: Path, timeo
             raise NodeError(f"the {TORCH_RUNTIME} ClusterTrainingRuntime was refused: {applied.stderr.strip()}")
         time.sleep(2)
     return versions
+
+
+# Kueue: deployed only for the tests that ask (tests/node/test_trainjob_kueue.py), from its module's
+# config/default (CRDs, RBAC, webhook configurations, its internal cert rotator, the manager and its
+# config), with the image built here.
+KUEUE_IMAGE = "docker.io/frscope-testenv/kueue"
+KUEUE_NAMESPACE = "kueue-system"
+# The integrations the tests use, and batch/job: Kueue's Job webhook is registered for every Job whatever
+# the list, and with that integration off it answers every Job creation (a JobSet's too) with a panic.
+# The default list also turns on its pod, Deployment and StatefulSet integrations, left off here.
+KUEUE_FRAMEWORKS = ("batch/job", "jobset.x-k8s.io/jobset", "trainer.kubeflow.org/trainjob")
+
+
+def _kueue_config() -> dict[str, Any]:
+    """Kueue's config/components/manager/controller_manager_config.yaml (v0.17.0), its integrations cut
+    to KUEUE_FRAMEWORKS."""
+    return {
+        "apiVersion": "config.kueue.x-k8s.io/v1beta2", "kind": "Configuration",
+        "health": {"healthProbeBindAddress": ":8081"}, "metrics": {"bindAddress": ":8443"},
+        "webhook": {"port": 9443},
+        "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
+        "clientConnection": {"qps": 50, "burst": 100},
+        "integrations": {"frameworks": list(KUEUE_FRAMEWORKS)},
+    }
+
+
+def deploy_kueue(node: Node, kueue_dir: Path, manifests_dir: Path, timeout: float = 300) -> tuple[str, str]:
+    """The Kueue controller manager in a pod from its own manifests; returns (its version, the applied
+    objects for remove_kueue). Its visibility APIServices are left out: nothing here reads the pending
+    workloads, and an aggregated API that is not up yet stalls discovery (and namespace deletion)."""
+    version = (kueue_dir / "VERSIONS").read_text().split()[1]  # "kueue v0.17.0"
+    config = _yaml(_kueue_config())
+    patch_config = {"apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": "kueue-manager-config", "namespace": KUEUE_NAMESPACE},
+                    "data": {"controller_manager_config.yaml": config}}
+    applied = _apply_kustomization(node, "kueue", manifests_dir / "kueue", {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["upstream/default"],
+        "images": [{"name": "us-central1-docker.pkg.dev/k8s-staging-images/kueue/kueue",
+                    "newName": KUEUE_IMAGE, "newTag": version}],
+        "patches": [_never_pull("kueue-controller-manager"), {"patch": json.dumps(patch_config)}],
+    }, drop_kinds=("APIService",))
+    _wait_available(node, KUEUE_NAMESPACE, "kueue-controller-manager", timeout)
+    return version, applied
+
+
+def remove_kueue(node: Node, applied: str, timeout: float = 120) -> None:
+    """Deletes what deploy_kueue applied (its webhook configurations, CRDs and so every Kueue object)."""
+    node.kubectl("delete", "--ignore-not-found", "--wait=true", f"--timeout={int(timeout)}s", "-f", "-",
+                 input=applied, timeout=timeout + 30, check=False)
 
 
 @contextlib.contextmanager

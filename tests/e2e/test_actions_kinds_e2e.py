@@ -1,7 +1,7 @@
 """Acting on a hung TrainJob, a bare JobSet and a Kueue-queued JobSet (docs/actions.md) against the real
 API server from testenv, with the real controllers doing what frscope relies on them to do:
 
-- the JobSet controller v0.8.2 (testenv/build-controllers, out of cluster as in test_trainjob_e2e.py)
+- the JobSet controller v0.12.0 (testenv/build-controllers, out of cluster as in test_trainjob_e2e.py)
   and kube-controller-manager's Job controller make the pods, remake deleted ones (a Job within its
   backoffLimit), restart a JobSet whose Job failed (its failurePolicy), and delete the pods of a
   suspended JobSet;
@@ -12,8 +12,9 @@ What stands in for components that do not run here, and why:
 - There is no kubelet: the test patches each pod's status (Running, a loopback IP: 127.0.0.1 for the
   completion index 0, 127.0.0.2 for 1) as test_trainjob_e2e.py does; the ranks are a real 4-rank gloo
   job that hangs, with one real `frscope sidecar` per pod listening on that pod's address.
-- The Trainer controller does not run (docs/testenv.md): a TrainJob's JobSet is created by the test the
-  way Trainer v2.0.0 builds it (owned by the TrainJob; one replicated job `node` of parallelism
+- The Trainer controller does not run here (docs/testenv.md; it does on the node, where
+  tests/node/test_trainjob_actions.py restarts and stops a TrainJob): a TrainJob's JobSet is created by
+  the test the way Trainer v2.3.0 builds it (owned by the TrainJob; one replicated job `node` of parallelism
   numNodes; no failurePolicy), and a stopped TrainJob shows as its `spec.suspend`, which Trainer copies
   to its JobSet (runtime/framework/plugins/jobset, read for this; not run).
 - No webhook of JobSet or Kueue is registered with the API server, so objects are created with what
@@ -78,7 +79,7 @@ def jobset_body(namespace: str, name: str, port: int, *, job_spec: dict[str, Any
                 failure_policy: dict[str, Any] | None = None, annotations: dict[str, str] | None = None,
                 labels: dict[str, str] | None = None, owner: dict[str, Any] | None = None,
                 suspend: bool = False, cpu_only: bool = False) -> dict[str, Any]:
-    """A JobSet the way Trainer v2.0.0 builds one for numNodes=2 (one replicated job `node`, one Job of
+    """A JobSet the way Trainer v2.3.0 builds one for numNodes=2 (one replicated job `node`, one Job of
     parallelism 2), with what JobSet's defaulting webhook would add."""
     spec: dict[str, Any] = {
         "successPolicy": {"operator": "All"}, "startupPolicy": {"startupPolicyOrder": "AnyOrder"},

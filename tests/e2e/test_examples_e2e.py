@@ -57,6 +57,11 @@ def test_the_hanging_trainjob_is_valid(kube: ControlPlane, namespace: str) -> No
     assert spec["runtimeRef"]["name"] == "torch-distributed"
     assert spec["trainer"]["numNodes"] == 2
     assert "torchrun" in spec["trainer"]["command"][-1]
+    # Trainer v2.2+ API: the opt-in label on the `node` job's pod template, through runtimePatches.
+    [patch] = spec["runtimePatches"]
+    [rjob] = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert rjob["name"] == "node"
+    assert rjob["template"]["spec"]["template"]["metadata"]["labels"]["frscope.io/inject"] == "true"
 
 
 def test_every_example_is_tested() -> None:

@@ -1,17 +1,17 @@
 """A hang in a Kubeflow Trainer v2 TrainJob, and in a bare JobSet, diagnosed end to end through the real
 API server: the verdict lands in the job's `status.conditions` (metav1.Condition, validated by the real
-CRDs from Trainer v2.0.0 and JobSet v0.8.2, read from their Go modules by `testenv/build-controllers
+CRDs from Trainer v2.3.0 and JobSet v0.12.0, read from their Go modules by `testenv/build-controllers
 --manifests`), Events on the job, and a FlightRecorderReport owned by it. The operator runs as a process
 with exactly the chart's RBAC (default values: every job kind on).
 
 What stands in for components that do not run here, and why:
-- The Trainer controller does not run (see docs/testenv.md). In the two hang tests the JobSet
-  controller does not run either: they create the pods with the labels the real JobSet v0.8.2 and Job
-  controllers put on them (what test_the_real_jobset_controller_s_pods_map_to_their_jobset checks
-  with the real JobSet controller: jobset-name = the TrainJob's name, replicatedjob-name, job-index,
-  the batch Job's completion index), so that each pod can point at its own sidecar's port, and write
-  Trainer's conditions (types and reasons of Trainer v2.0.0) through the status subresource, as
-  Trainer does.
+- The Trainer controller does not run here (see docs/testenv.md; tests/node/test_trainjob.py runs it).
+  In the two hang tests the JobSet controller does not run either: they create the pods with the
+  labels the real JobSet v0.12.0 and Job controllers put on them (what
+  test_the_real_jobset_controller_s_pods_map_to_their_jobset checks with the real JobSet controller:
+  jobset-name = the TrainJob's name, replicatedjob-name, job-index, the batch Job's completion index),
+  so that each pod can point at its own sidecar's port, and write Trainer's conditions (types and
+  reasons of Trainer v2.3.0) through the status subresource, as Trainer does.
 - There is no kubelet: the test patches each pod's status (Running, loopback IP) the way
   test_operator_e2e.py does; the ranks are a real 4-rank gloo job on loopback that hangs, with one
   real `frscope sidecar` per pod.
@@ -72,7 +72,7 @@ def kinds_crds(kube: ControlPlane) -> Path:
 
 
 def jobset_pod(kube: ControlPlane, namespace: str, job: str, index: int, sidecar_port: int) -> str:
-    """A pod as the JobSet controller's Job makes it (labels of JobSet v0.8.2; Trainer's container
+    """A pod as the JobSet controller's Job makes it (labels of JobSet v0.12.0; Trainer's container
     name `node`), then the kubelet's part (Running, loopback IP)."""
     name = f"{job}-node-{index}-0-{index:05x}"
     kube.apply({
@@ -236,7 +236,7 @@ def test_the_chart_grants_each_kind_only_when_on(kube: ControlPlane, chart_rbac:
 @pytest.fixture(scope="module")
 def jobset_controller(kube: ControlPlane, kinds_crds: Path,
                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen[bytes]]:
-    """The real JobSet controller (v0.8.2, built by testenv/build-controllers) out of cluster, against
+    """The real JobSet controller (v0.12.0, built by testenv/build-controllers) out of cluster, against
     the test API server. Its webhooks serve on loopback with a throwaway certificate but are not
     registered with the API server (so JobSets are created with the fields its defaulting webhook
     would fill in); the batch Job controller of kube-controller-manager makes the pods."""

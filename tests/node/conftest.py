@@ -47,7 +47,7 @@ node_module = _load("frscope_testenv_node", TESTENV / "node.py")
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # The first user of each building fixture gets the cold build's time.
-    for fixture in ("node", "trainer"):
+    for fixture in ("node", "trainer", "kueue"):
         users = [item for item in items if fixture in getattr(item, "fixturenames", ())]
         if users:
             users[0].add_marker(pytest.mark.timeout(COLD_BUILD_TIMEOUT_S), append=False)
@@ -130,7 +130,7 @@ def trainer(node: Any) -> dict[str, str]:
     Trainer's torch-distributed ClusterTrainingRuntime (image: the trainer image built here). Only for
     the tests that ask: building the two controllers is minutes of CPU when Go's cache is cold (the
     e2e `controllers` test builds the same, cached), deploying them about a minute. Returns their
-    versions ({"trainer": "v2.0.0", "jobset": "v0.8.2"})."""
+    versions ({"trainer": "v2.3.0", "jobset": "v0.12.0"})."""
     started = time.monotonic()
     code, controllers, err = _last_line([str(TESTENV / "build-controllers")])
     if code == BUILD_NO_GO:
@@ -152,3 +152,30 @@ def trainer(node: Any) -> dict[str, str]:
     print(f"node: Trainer and JobSet built in {built:.0f}s, deployed in {time.monotonic() - started - built:.0f}s",
           file=sys.stderr)
     return versions
+
+
+@pytest.fixture(scope="module")
+def kueue(node: Any, trainer: dict[str, str]) -> Iterator[str]:
+    """The Kueue controller manager (testenv/build-kueue) running on the node in a pod from its own
+    manifests, with its TrainJob and JobSet integrations, beside Trainer and JobSet; removed after the
+    module (its webhooks would otherwise see every TrainJob of the tests after). Yields its version."""
+    code, kueue_dir, err = _last_line([str(TESTENV / "build-kueue")])
+    if code == BUILD_NO_GO:
+        pytest.skip(f"node: testenv/build-kueue cannot run: {err.strip()}")
+    if code != 0 or not kueue_dir:
+        pytest.fail(f"testenv/build-kueue failed ({code}):\n{err[-4000:]}", pytrace=False)
+    code, manifests, err = _last_line([str(TESTENV / "build-kueue"), "--manifests"])
+    if code != 0 or not manifests:
+        pytest.fail(f"testenv/build-kueue --manifests failed ({code}):\n{err[-4000:]}", pytrace=False)
+    code, images, err = _last_line([str(TESTENV / "build-images"), "--kueue", kueue_dir])
+    if code != 0 or not images:
+        pytest.fail(f"testenv/build-images --kueue failed ({code}):\n{err[-4000:]}", pytrace=False)
+    node.import_images(sorted(Path(images).glob("*.tar")))
+    try:
+        version, applied = node_module.deploy_kueue(node, Path(kueue_dir), Path(manifests))
+    except node_module.NodeError as e:
+        pytest.fail(f"Kueue did not start: {e}", pytrace=False)
+    try:
+        yield str(version)
+    finally:
+        node_module.remove_kueue(node, applied)

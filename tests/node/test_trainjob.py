@@ -1,19 +1,24 @@
-"""Kubeflow Trainer v2 on the real node: the Trainer controller and JobSet each run in a pod deployed from
-their own manifests (the `trainer` fixture), with Trainer's own `torch-distributed` ClusterTrainingRuntime.
-Nothing is patched by hand: Trainer makes the JobSet, JobSet the Jobs, the Job controller the pods, the
-kubelet runs them, the webhook injects the sidecar on the way in.
+"""Kubeflow Trainer v2 on the real node: the Trainer controller (v2.3.0) and JobSet (v0.12.0, the release
+Trainer v2.3.0 requires and installs) each run in a pod deployed from their own manifests (the `trainer`
+fixture), with Trainer's own `torch-distributed` ClusterTrainingRuntime. Nothing is patched by hand:
+Trainer makes the JobSet, JobSet the Jobs, the Job controller the pods, the kubelet runs them, the webhook
+injects the sidecar on the way in.
 
-- which of a TrainJob's and a runtime's fields reach the pods (issue 14: a TrainJob's labels do not),
-  and that the runtime's pod-template label is an opt-in the webhook honours;
+- which of a TrainJob's, its runtime patches' and a runtime's fields reach the pods (issue 14: a
+  TrainJob's own labels do not), and that a pod-template label set by a TrainJob's `runtimePatches`
+  (Trainer v2.2+) is an opt-in the webhook honours, with no runtime of one's own;
 - a TrainJob (2 nodes x torchrun with 2 processes, gloo on CPU) in a namespace opted in by its label,
   whose last rank hangs in a named function: the diagnosis reaches `kubectl describe trainjob`
   (frscope's condition in status.conditions, kept out of the STATE column, and the Warning Event), the
-  report is owned by the TrainJob, and deleting the TrainJob removes its pods and the report.
+  report is owned by the TrainJob, and deleting the TrainJob removes its pods and the report;
+- a TrainJob whose last rank raises: the report on the TrainJob names that rank with its exit code and
+  exception, as the kubelet reports the `node` container's end.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import time
 from typing import Any
 
@@ -32,6 +37,7 @@ from tests.node.support import (
     script_configmap,
     wait_for,
 )
+from tests.node.test_exits import CRASH_MESSAGE, CRASH_PY, exits_in
 
 pytestmark = [pytest.mark.node, pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -73,28 +79,47 @@ if __name__ == "__main__":
 """
 
 
+# Trainer's webhook wants a runtime patch's manager to be a domain-prefixed path.
+PATCH_MANAGER = "frscope.io/node-tests"
+
+
+def node_patch(*, pod_labels: dict[str, str] | None = None, pod_annotations: dict[str, str] | None = None,
+               job_labels: dict[str, str] | None = None, volumes: list[dict[str, Any]] | None = None,
+               mounts: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A `runtimePatches` replicated-job entry for the runtime's `node` job (Trainer v2.2+)."""
+    pod: dict[str, Any] = {"spec": {}}
+    if pod_labels or pod_annotations:
+        pod["metadata"] = {k: v for k, v in (("labels", pod_labels), ("annotations", pod_annotations)) if v}
+    if volumes:
+        pod["spec"]["volumes"] = volumes
+    if mounts:
+        pod["spec"]["containers"] = [{"name": "node", "volumeMounts": mounts}]
+    job: dict[str, Any] = {"spec": {"template": pod}}
+    if job_labels:
+        job["metadata"] = {"labels": job_labels}
+    return {"name": "node", "template": job}
+
+
 def trainjob(name: str, namespace: str, *, runtime: str = RUNTIME, kind: str = "ClusterTrainingRuntime",
-             num_nodes: int, nproc: int, command: list[str], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+             num_nodes: int, nproc: int, command: list[str], metadata: dict[str, Any] | None = None,
+             jobset_metadata: dict[str, Any] | None = None, pod_labels: dict[str, str] | None = None,
+             job_labels: dict[str, str] | None = None) -> dict[str, Any]:
     """A TrainJob whose `node` containers run `command` from the trainer image, with the script mounted
-    from a ConfigMap through podSpecOverrides (v2.0.0 lets a TrainJob add volumes and mounts)."""
+    from a ConfigMap through one `runtimePatches` entry (Trainer v2.2 replaced podSpecOverrides with it),
+    which may also carry labels for the JobSet, the Jobs and the pods."""
+    template: dict[str, Any] = {"spec": {"replicatedJobs": [node_patch(
+        pod_labels=pod_labels, job_labels=job_labels,
+        volumes=[{"name": "scripts", "configMap": {"name": f"{name}-script"}}],
+        mounts=[{"name": "scripts", "mountPath": "/scripts"}])]}}
+    if jobset_metadata:
+        template["metadata"] = jobset_metadata
     spec: dict[str, Any] = {
         "runtimeRef": {"name": runtime, "kind": kind, "apiGroup": "trainer.kubeflow.org"},
         "trainer": {"image": TRAINER, "command": command, "numNodes": num_nodes, "numProcPerNode": nproc},
-        "podSpecOverrides": [{
-            "targetJobs": [{"name": "node"}],
-            "volumes": [{"name": "scripts", "configMap": {"name": f"{name}-script"}}],
-            "containers": [{"name": "node", "volumeMounts": [{"name": "scripts", "mountPath": "/scripts"}]}],
-        }],
+        "runtimePatches": [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": template}}],
     }
-    obj: dict[str, Any] = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-                           "metadata": {"name": name, "namespace": namespace}, "spec": spec}
-    for key, value in (extra or {}).items():
-        target = obj["metadata"] if key == "metadata" else spec
-        if key == "metadata":
-            target.update(value)
-        else:
-            target[key] = value
-    return obj
+    return {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": namespace, **(metadata or {})}, "spec": spec}
 
 
 def trainjob_pods(node: Any, namespace: str, name: str) -> list[dict[str, Any]]:
@@ -105,9 +130,10 @@ def trainjob_pods(node: Any, namespace: str, name: str) -> list[dict[str, Any]]:
 def test_which_trainjob_and_runtime_fields_reach_the_pods(node: Any, trainer: dict[str, str],
                                                           installed: Any) -> None:
     """A namespaced TrainingRuntime copied from Trainer's torch-distributed, with a probe label at each
-    level of its template, and a TrainJob with labels of its own (metadata and spec.labels): what the
-    JobSet, its Jobs and the pods carry, as the real controllers propagate them. The runtime's
-    pod-template label is the opt-in: the pod gets the sidecar, in a namespace that is not opted in."""
+    level of its template, and a TrainJob with labels of its own (metadata) and a probe label at each
+    level of its `runtimePatches`: what the JobSet, its Jobs and the pods carry, as the real controllers
+    propagate them. The opt-in label set on the pod template through `runtimePatches` reaches the pod,
+    and the webhook injects it, in a namespace that is not opted in and with no label in the runtime."""
     ns = new_namespace(node, "trainjob-fields")
     name = "probe"
     try:
@@ -121,16 +147,18 @@ def test_which_trainjob_and_runtime_fields_reach_the_pods(node: Any, trainer: di
         [rjob] = template["spec"]["replicatedJobs"]
         rjob["template"].setdefault("metadata", {}).setdefault("labels", {})["probe/runtime-job-template"] = "x"
         pod_meta = rjob["template"]["spec"]["template"].setdefault("metadata", {})
-        pod_meta["labels"] = {"probe/runtime-pod-template": "x", **INJECT}
+        pod_meta["labels"] = {"probe/runtime-pod-template": "x"}
         node.plane.apply(runtime)
         script_configmap(node, ns, f"{name}-script", "print('probe ran', flush=True)\n")
         node.plane.apply(trainjob(
             name, ns, runtime="torch-probe", kind="TrainingRuntime", num_nodes=1, nproc=1,
             command=["python", "/scripts/train.py"],
-            extra={"metadata": {"labels": {"probe/trainjob-metadata": "x"},
-                                "annotations": {"probe/trainjob-annotation": "x"}},
-                   "labels": {"probe/trainjob-spec-labels": "x"},
-                   "annotations": {"probe/trainjob-spec-annotations": "x"}}))
+            metadata={"labels": {"probe/trainjob-metadata": "x"},
+                      "annotations": {"probe/trainjob-annotation": "x"}},
+            jobset_metadata={"labels": {"probe/patch-jobset-template": "x"},
+                             "annotations": {"probe/patch-jobset-annotation": "x"}},
+            job_labels={"probe/patch-job-template": "x"},
+            pod_labels={"probe/patch-pod-template": "x", **INJECT}))
         dump = dump_state(node, ns, "trainjob", name, f"jobset.sigs.k8s.io/jobset-name={name}", ("node",))
         [pod] = wait_for("the probe's pod", lambda: trainjob_pods(node, ns, name), 120, 2, diagnostics=dump)
 
@@ -144,16 +172,18 @@ def test_which_trainjob_and_runtime_fields_reach_the_pods(node: Any, trainer: di
                 "jobset annotations": probes(jobset, "annotations"), "job annotations": probes(job, "annotations"),
                 "pod annotations": probes(pod, "annotations")}
         print("probe labels by object:", seen)
-        # Trainer v2.0.0 puts spec.labels (over the runtime's JobSet-template labels) on the JobSet only;
-        # JobSet v0.8.2 gives the Jobs their replicated job's template labels and the pods the pod
-        # template's labels; nothing of the TrainJob's own metadata goes down, nor its annotations.
-        assert seen["jobset"] == {"probe/trainjob-spec-labels", "probe/runtime-jobset-template"}, seen
-        assert seen["job"] == {"probe/runtime-job-template"}, seen
-        assert seen["pod"] == {"probe/runtime-pod-template"}, seen
-        assert seen["jobset annotations"] == {"probe/trainjob-spec-annotations"}, seen
+        # Trainer v2.3.0 puts the runtime's JobSet-template labels and the patch's JobSet-template metadata
+        # on the JobSet only; JobSet v0.12.0 gives the Jobs their replicated job's template labels (the
+        # runtime's and the patch's, merged) and the pods the pod template's; nothing of the TrainJob's own
+        # metadata goes down.
+        assert seen["jobset"] == {"probe/patch-jobset-template", "probe/runtime-jobset-template"}, seen
+        assert seen["job"] == {"probe/runtime-job-template", "probe/patch-job-template"}, seen
+        assert seen["pod"] == {"probe/runtime-pod-template", "probe/patch-pod-template"}, seen
+        assert seen["jobset annotations"] == {"probe/patch-jobset-annotation"}, seen
         assert not seen["job annotations"] and not seen["pod annotations"], seen
         assert "probe/trainjob-metadata" not in seen["pod"] | seen["job"] | seen["jobset"], seen
-        # The runtime's pod-template label is an opt-in that works: the webhook injected the sidecar.
+        # The pod-template label from runtimePatches is an opt-in that works: the webhook injected the sidecar.
+        assert pod["metadata"]["labels"].get("frscope.io/inject") == "true", pod["metadata"]
         assert pod["metadata"]["annotations"].get("frscope.io/injected"), pod["metadata"]
         assert "frscope-sidecar" in [c["name"] for c in pod["spec"].get("initContainers") or []]
     finally:
@@ -229,5 +259,42 @@ def test_a_hang_in_a_trainjob_is_diagnosed_into_kubectl_describe(node: Any, trai
         node.kubectl("-n", ns, "delete", "trainjob", name, "--wait=true", "--timeout=90s", timeout=120)
         wait_for("the pods and the report to go", lambda: not trainjob_pods(node, ns, name) and not reports(node, ns),
                  120, 2, diagnostics=dump)
+    finally:
+        node.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)
+
+
+# ---- a crash in a TrainJob: the rank's exit in the report ----------------------------------------------
+def test_a_crashed_rank_of_a_trainjob_is_named_with_its_exit(node: Any, trainer: dict[str, str],
+                                                             installed: Any) -> None:
+    """2 nodes x torchrun with 1 process; after three all_reduces the last rank raises. The kubelet's
+    word on the `node` container (torchrun's exit status, its failure summary as the termination
+    message) reaches the report on the TrainJob, which names the crashed rank and its exception."""
+    ns = "trainjob-crash"
+    name = "llm"
+    nodes = 2
+    crashed = nodes - 1
+    try:
+        new_namespace(node, ns, labels=INJECT)
+        script_configmap(node, ns, f"{name}-script", CRASH_PY)
+        job = node.plane.apply(trainjob(name, ns, num_nodes=nodes, nproc=1, command=["torchrun", "/scripts/train.py"]))
+        uid = job["metadata"]["uid"]
+        dump = dump_state(node, ns, "trainjob", name, f"jobset.sigs.k8s.io/jobset-name={name}", ("node",))
+
+        def names_the_crashed_rank() -> dict[str, Any] | None:
+            got = reports(node, ns)
+            for report in got:
+                if report["diagnosis"]["who"]["culpritRanks"] == [crashed] and crashed in exits_in(report):
+                    return dict(report)
+            return None
+
+        report = wait_for(f"a report naming rank {crashed} with its exit", names_the_crashed_rank, 300, 2,
+                          diagnostics=dump)
+        text = json.dumps(report, indent=1)
+        assert report["metadata"]["ownerReferences"][0]["uid"] == uid, text
+        assert report["diagnosis"]["what"]["category"] == "RankStopped", text
+        mine = exits_in(report)[crashed]
+        assert mine["exit_code"] == 1 and mine["message"] == f"RuntimeError: {CRASH_MESSAGE}", mine
+        described = node.kubectl("-n", ns, "describe", "trainjob", name).stdout
+        assert CONDITION in described, described
     finally:
         node.kubectl("delete", "namespace", ns, "--wait=false", "--ignore-not-found", check=False)

@@ -29,14 +29,11 @@ pods, a TrainJob's JobSet, a Kueue Workload) is in actions/jobs.py.
   gives a deleted pod a terminal phase) is restarted for OnFailure/Always, for ExitCode when the exit
   code is >= 128 (SIGTERM: 143), and with Never the job fails. Stop: `spec.runPolicy.suspend` (the
   operator deletes the pods and services, condition Suspended; set back to false to resume).
-- JobSet (v0.8.2, pkg/controllers/jobset_controller.go, failure_policy.go) runs one batch Job per
-  replica of each replicated job. The Job controller counts a deleted pod that had not succeeded as a
-  failure: within the Job's backoffLimit (default 6) it makes a new pod; past it the Job fails, and the
-  JobSet then applies its failurePolicy: RestartJobSet (the default action of a policy) while
-  restartsCountTowardsMax < maxRestarts recreates every Job, RestartJobSetAndIgnoreMaxRestarts always
-  does, FailJobSet (or no failurePolicy at all) fails the JobSet. Stop: `spec.suspend` (the JobSet
-  suspends its Jobs, whose controller deletes their pods; condition Suspended).
-- TrainJob (Trainer v2.0.0, pkg/controller/trainjob_controller.go, runtime/framework/plugins/jobset):
+- JobSet (v0.12.0) runs one batch Job per replica of each replicated job; whether deleting its pods
+  brings it back (the Job controller's backoffLimit, the JobSet's failurePolicy rules and maxRestarts)
+  is jobset_restart.py's. Stop: `spec.suspend` (the JobSet suspends its Jobs, whose controller deletes
+  their pods; condition Suspended).
+- TrainJob (Trainer v2.3.0, pkg/controller/trainjob_controller.go, runtime/framework/plugins/jobset):
   Trainer builds the JobSet once and does not restart anything itself; restarting is the JobSet's (as
   above, read from the JobSet it owns; Trainer's torch runtime sets no failurePolicy and one Job with
   parallelism = numNodes). Stop: the TrainJob's `spec.suspend`, which Trainer copies to its JobSet.
@@ -50,6 +47,7 @@ from typing import Any, Final
 
 from frscope.operator import names
 from frscope.operator.kube.api_client import Resource
+from frscope.operator.model.jobset_restart import jobset_restart_refusal
 
 # A pod's job, by family: the label that names it.
 LABEL_PYTORCHJOB_NAME: Final = "training.kubeflow.org/job-name"
@@ -157,7 +155,7 @@ TRAINJOB: Final = JobKind(
     metav1_conditions=True,
     failed_types=frozenset({"Failed"}),
     restarting_types=frozenset(),
-    state_types=frozenset({"Failed", "Complete", "Suspended"}),  # Trainer v2.0.0 writes these three
+    state_types=frozenset({"Failed", "Complete", "Suspended"}),  # Trainer v2.3.0 writes these three
     finished_types=frozenset({"Complete", "Failed"}),
     suspend_path=("spec", "suspend"),
     controller="the JobSet and Job controllers",
@@ -230,82 +228,6 @@ def parse_keys(values: Iterable[str]) -> tuple[JobKind, ...]:
     if not wanted:
         raise ValueError(f"no job kind enabled; known: {', '.join(KEYS)}")
     return tuple(k for k in ALL if k.key in wanted)
-
-
-# batch/v1 Job: the default backoffLimit; the reasons of a Job's Failed condition a JobSet rule can name.
-JOB_DEFAULT_BACKOFF_LIMIT: Final = 6
-JOBSET_RESTART_ACTIONS: Final = frozenset({"RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts"})
-
-
-def _job_fails_without_its_pods(job_spec: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(the Job's failure reason, why) when deleting every running pod of a Job of this template fails
-    the Job, None when the Job controller makes new pods instead. Failures the Job had before are not
-    seen here (they are in the Job's status, which frscope does not read)."""
-    parallelism = _int(job_spec.get("parallelism", 1))
-    per_index = job_spec.get("backoffLimitPerIndex")
-    if per_index is not None:
-        if _int(per_index) == 0:
-            return "FailedIndexes", "backoffLimitPerIndex is 0"
-    else:
-        backoff = _int(job_spec.get("backoffLimit", JOB_DEFAULT_BACKOFF_LIMIT))
-        if parallelism is None or backoff is None:
-            return "BackoffLimitExceeded", "its parallelism or backoffLimit is not a number"
-        if parallelism > backoff:
-            return "BackoffLimitExceeded", f"{parallelism} pod(s) deleted at once > backoffLimit {backoff}"
-    policy = job_spec.get("podFailurePolicy")
-    rules = policy.get("rules") if isinstance(policy, dict) else None
-    if any(isinstance(r, dict) and r.get("action") in ("FailJob", "FailIndex") for r in rules or []):
-        return "PodFailurePolicy", "its podFailurePolicy may fail it"
-    return None
-
-
-def _failure_policy_action(rules: Any, replicated_job: str, reason: str) -> str:
-    """The action of the JobSet's first failurePolicy rule that applies (JobSet v0.8.2 ruleIsApplicable:
-    no reasons or this reason, no target or this replicated job); RestartJobSet when none does."""
-    for rule in rules if isinstance(rules, list) else []:
-        if not isinstance(rule, dict):
-            continue
-        reasons = rule.get("onJobFailureReasons") or []
-        targets = rule.get("targetReplicatedJobs") or []
-        if (not reasons or reason in reasons) and (not targets or replicated_job in targets):
-            return str(rule.get("action") or "")
-    return "RestartJobSet"
-
-
-def jobset_restart_refusal(jobset: Mapping[str, Any]) -> str | None:
-    """Why deleting every pod of this JobSet would end it instead of bringing it back, else None."""
-    spec = jobset.get("spec")
-    if not isinstance(spec, dict):
-        return "the JobSet has no spec"
-    failing: list[tuple[str, str, str]] = []
-    for rjob in spec.get("replicatedJobs") or []:
-        if not isinstance(rjob, dict):
-            continue
-        template = rjob.get("template")
-        job_spec = template.get("spec") if isinstance(template, dict) else None
-        fails = _job_fails_without_its_pods(job_spec if isinstance(job_spec, dict) else {})
-        if fails is not None:
-            failing.append((str(rjob.get("name") or ""), *fails))
-    if not failing:
-        return None
-    name, reason, why = failing[0]
-    policy = spec.get("failurePolicy")
-    if not isinstance(policy, dict):
-        return (f"deleting its pods fails the Job(s) of replicated job {name} ({why}) and the JobSet has no "
-                "failurePolicy: the JobSet would fail instead of restarting")
-    status = jobset.get("status")
-    status = status if isinstance(status, dict) else {}
-    counted = _int(status.get("restartsCountTowardsMax", status.get("restarts", 0))) or 0
-    max_restarts = _int(policy.get("maxRestarts", 0)) or 0
-    for name, reason, why in failing:
-        action = _failure_policy_action(policy.get("rules"), name, reason)
-        if action not in JOBSET_RESTART_ACTIONS:
-            return (f"deleting its pods fails the Job(s) of replicated job {name} ({why}) and the JobSet's "
-                    f"failurePolicy answers {action or 'nothing'}: the JobSet would fail")
-        if action == "RestartJobSet" and counted >= max_restarts:
-            return (f"deleting its pods fails the Job(s) of replicated job {name} ({why}) and the JobSet has "
-                    f"used {counted} of its failurePolicy.maxRestarts={max_restarts}: it would fail")
-    return None
 
 
 @dataclass(frozen=True, slots=True)

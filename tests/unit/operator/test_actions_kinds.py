@@ -1,5 +1,5 @@
 """How each job kind is acted on (jobkinds.JobKind: inactive, restart refusal, stop patch; the JobSet
-failurePolicy arithmetic of JobSet v0.8.2), and the Actor restarting and stopping a TrainJob, a JobSet
+failurePolicy arithmetic of JobSet v0.12.0), and the Actor restarting and stopping a TrainJob, a JobSet
 and a Kueue-queued job over the fake API server. (The real API server, the real JobSet and Job
 controllers: tests/e2e/test_actions_kinds_e2e.py.)"""
 
@@ -69,6 +69,23 @@ def jobset(job_spec: dict[str, Any], policy: dict[str, Any] | None = None, count
     ({"backoffLimitPerIndex": 0}, None, 0, "backoffLimitPerIndex is 0"),
     ({"backoffLimitPerIndex": 1, "parallelism": 64}, None, 0, None),
     ({"parallelism": "many"}, None, 0, "not a number"),
+    # JobSet v0.12: RestartJob recreates the failed Job only, counted toward maxRestarts like RestartJobSet.
+    ({"backoffLimit": 0}, {"maxRestarts": 1, "rules": [{"action": "RestartJob"}]}, 0, None),
+    ({"backoffLimit": 0}, {"maxRestarts": 1, "rules": [{"action": "RestartJob"}]}, 1, "used 1 of"),
+    ({"backoffLimit": 0}, {"maxRestarts": 0, "rules": [{"action": "RestartJobAndIgnoreMaxRestarts"}]}, 9, None),
+    # A message pattern is matched against the Job controller's message for the reason.
+    ({"backoffLimit": 0}, {"maxRestarts": 3, "rules": [{"action": "FailJobSet",
+                                                         "onJobFailureMessagePatterns": ["backoff limit"]}]},
+     0, "answers FailJobSet"),
+    ({"backoffLimit": 0}, {"maxRestarts": 3, "rules": [{"action": "FailJobSet",
+                                                         "onJobFailureMessagePatterns": ["^OOM", "("]}]}, 0, None),
+    # A PodFailurePolicy failure's message is not known beforehand: a FailJobSet rule on it may apply.
+    ({"podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [143]}}]}},
+     {"maxRestarts": 3, "rules": [{"action": "FailJobSet", "onJobFailureMessagePatterns": ["exit code 143"]}]},
+     0, "may answer FailJobSet"),
+    ({"podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {"operator": "In", "values": [143]}}]}},
+     {"maxRestarts": 3, "rules": [{"action": "RestartJob", "onJobFailureMessagePatterns": ["exit code 143"]}]},
+     0, None),
 ])
 def test_a_jobset_restart_is_refused_when_its_controllers_would_fail_it(
         job_spec: dict[str, Any], policy: dict[str, Any] | None, counted: int, refused: str | None) -> None:
@@ -77,6 +94,15 @@ def test_a_jobset_restart_is_refused_when_its_controllers_would_fail_it(
         assert found is None
     else:
         assert found is not None and refused in found, found
+
+
+def test_every_job_s_counted_restarts_count_toward_max_restarts() -> None:
+    """JobSet v0.12 adds each Job's RestartJob restarts to the JobSet's own in the maxRestarts check."""
+    js = jobset({"backoffLimit": 0}, {"maxRestarts": 3}, 1)
+    js["status"]["replicatedJobsStatus"] = [{"name": "node", "jobRestartsCountTowardsMax": [1, 0]}]
+    assert jobkinds.JOBSET.restart_refusal({}, js) is None
+    js["status"]["replicatedJobsStatus"][0]["jobRestartsCountTowardsMax"] = [1, 1]
+    assert "used 3 of its failurePolicy.maxRestarts=3" in str(jobkinds.JOBSET.restart_refusal({}, js))
 
 
 def test_a_trainjob_restart_reads_the_jobset_it_runs_on() -> None:

@@ -14,7 +14,7 @@ from frscope.operator.publish.condition import for_kind, make_condition, place_c
 
 
 def trainjob_pod(name: str, job: str, index: int, *, container: str = "node") -> dict[str, Any]:
-    """What the JobSet controller (v0.8.2) and the batch Job controller put on a TrainJob's pod."""
+    """What the JobSet controller (v0.12.0) and the batch Job controller put on a TrainJob's pod."""
     return {
         "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "labels": {
             "jobset.sigs.k8s.io/jobset-name": job, "jobset.sigs.k8s.io/replicatedjob-name": "node",
