@@ -1,10 +1,10 @@
 """Acting on a hung TrainJob, a bare JobSet and a Kueue-queued JobSet (docs/actions.md) against the real
 API server from testenv, with the real controllers doing what frscope relies on them to do:
 
-- the JobSet controller v0.12.0 (testenv/build-controllers, out of cluster as in test_trainjob_e2e.py)
-  and kube-controller-manager's Job controller make the pods, remake deleted ones (a Job within its
-  backoffLimit), restart a JobSet whose Job failed (its failurePolicy), and delete the pods of a
-  suspended JobSet;
+- the JobSet controller (testenv/build-controllers, out of cluster as in test_trainjob_e2e.py; v0.12.0,
+  and v0.11.0 with its own CRD: the test of each action is parametrized) and kube-controller-manager's
+  Job controller make the pods, remake deleted ones (a Job within its backoffLimit), restart a JobSet
+  whose Job failed (its failurePolicy), and delete the pods of a suspended JobSet;
 - the Kueue controller manager v0.17.0 (testenv/build-kueue) admits a queued JobSet through its
   Workload, and evicts and suspends it when frscope sets the Workload's spec.active to false.
 
@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
+from tests.e2e import jobset_versions
 from tests.e2e.test_actions_e2e import ANN, action_of, bind, events, helm_rules, new_namespace, reports
 from tests.e2e.test_operator_e2e import (  # noqa: F401  (fixtures used by name)
     ROOT,
@@ -60,6 +61,9 @@ HOSTS = {"p0": "127.0.0.1", "p1": "127.0.0.2"}  # the pod of completion index i 
 GPUS_PER_POD = 2
 ARGS = ["--poll-interval", "1", "--stall-after", "1", "--gather-timeout", "30", "--cooldown", "3"]
 KUEUE_WORKLOADS = "workloads.kueue.x-k8s.io"
+# Each JobSet release tested (tests/e2e/jobset_versions.py): v0.12.0, the one Trainer v2.3.0 requires, and
+# v0.11.0 (its CRD and controller), for `indirect` parametrization of the jobset_controller fixture.
+JOBSETS = [pytest.param(v, id=f"jobset-{v}") for v in jobset_versions.releases()]
 
 
 # -- objects ---------------------------------------------------------------------------------------
@@ -284,6 +288,7 @@ def test_permissions_grow_with_the_actions_and_the_kinds_switched_on(kube: Contr
 # -- each action on a hung TrainJob and JobSet -----------------------------------------------------
 @pytest.mark.controllers
 @pytest.mark.timeout(3900)  # a cold build of the controllers, once
+@pytest.mark.parametrize("jobset_controller", JOBSETS, indirect=True)
 def test_each_action_on_a_hung_trainjob_and_jobset(kube: ControlPlane, accounts: dict[str, Any],
                                                    jobset_controller: subprocess.Popen[bytes],
                                                    tmp_path: Path) -> None:

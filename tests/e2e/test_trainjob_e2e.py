@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import yaml
 
+from tests.e2e import jobset_versions
 from tests.e2e.chart_tools import Helm, objects
 from tests.e2e.test_operator_e2e import (  # noqa: F401  (fixtures used by name)
     CONDITION,
@@ -234,43 +235,18 @@ def test_the_chart_grants_each_kind_only_when_on(kube: ControlPlane, chart_rbac:
 
 
 @pytest.fixture(scope="module")
-def jobset_controller(kube: ControlPlane, kinds_crds: Path,
+def jobset_controller(request: pytest.FixtureRequest, kube: ControlPlane, kinds_crds: Path,
                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[subprocess.Popen[bytes]]:
-    """The real JobSet controller (v0.12.0, built by testenv/build-controllers) out of cluster, against
-    the test API server. Its webhooks serve on loopback with a throwaway certificate but are not
-    registered with the API server (so JobSets are created with the fields its defaulting webhook
-    would fill in); the batch Job controller of kube-controller-manager makes the pods."""
-    proc = subprocess.run([str(ROOT / "testenv" / "build-controllers")], capture_output=True, text=True,
-                          timeout=3600, check=False)
-    if proc.returncode == 3:
-        pytest.skip(f"Go is not installed: {proc.stderr.strip()}")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    binary = Path(proc.stdout.strip().splitlines()[-1]) / "bin" / "jobset"
-    work = tmp_path_factory.mktemp("jobset-controller")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(work / "tls.key"),
-                    "-out", str(work / "tls.crt"), "-days", "1", "-subj", "/CN=127.0.0.1"],
-                   check=True, capture_output=True, timeout=60)
-    config = {"apiVersion": "config.jobset.x-k8s.io/v1alpha1", "kind": "Configuration",
-              "internalCertManagement": {"enable": False},
-              "webhook": {"port": free_port(), "host": "127.0.0.1", "certDir": str(work)},
-              "metrics": {"bindAddress": "0"},
-              "health": {"healthProbeBindAddress": f"127.0.0.1:{free_port()}"},
-              "leaderElection": {"leaderElect": False}}
-    (work / "config.yaml").write_text(yaml.safe_dump(config))
-    log = open(work / "jobset.log", "wb")  # closed below
-    controller = subprocess.Popen([str(binary), "--config", str(work / "config.yaml")],
-                                  env={**kube.env(), "KUBECONFIG": str(kube.kubeconfig)},
-                                  stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    try:
+    """The real JobSet controller out of cluster, against the test API server: the release Trainer v2.3.0
+    requires (v0.12.0, testenv/build-controllers), or the one a test is parametrized with (indirectly,
+    e.g. "0.11.0": its CRD installed for the module, tests/e2e/jobset_versions.py). Its webhooks serve on
+    loopback and are registered by URL only for the namespaces labelled jobset_versions.WEBHOOK_LABEL (so
+    other JobSets are created with the fields its defaulting webhook would fill in); the batch Job
+    controller of kube-controller-manager makes the pods."""
+    version = getattr(request, "param", jobset_versions.default_release())
+    with jobset_versions.jobset_controller(kube, version, kinds_crds,
+                                           tmp_path_factory.mktemp(f"jobset-{version}")) as controller:
         yield controller
-    finally:
-        controller.terminate()
-        try:
-            controller.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            controller.kill()
-            controller.wait(timeout=10)
-        log.close()
 
 
 @pytest.mark.controllers
