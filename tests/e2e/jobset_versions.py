@@ -99,11 +99,18 @@ def restart_job_accepted(kube: ControlPlane) -> bool:
     return proc.returncode == 0
 
 
+def wait_established(kube: ControlPlane, crd: str) -> None:
+    """`kubectl wait --for=condition=Established` fails on a CRD just created (no conditions yet): poll."""
+    wait_for(f"{crd} established", lambda: any(
+        c["type"] == "Established" and c["status"] == "True"
+        for c in kube.kubectl_json("get", "crd", crd).get("status", {}).get("conditions") or []), 60)
+
+
 def install_crd(kube: ControlPlane, directory: Path, version: str) -> None:
     """Apply this release's JobSet CRD and wait until the server validates with it."""
     kube.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=frscope-testenv",
                  "-f", str(directory / JOBSET_CRD))
-    kube.kubectl("wait", "--for=condition=Established", "crd/jobsets.jobset.x-k8s.io", "--timeout=60s")
+    wait_established(kube, "jobsets.jobset.x-k8s.io")
     wants = tuple(int(p) for p in version.split(".")) >= (0, 12, 0)
     wait_for(f"the JobSet v{version} CRD served", lambda: restart_job_accepted(kube) == wants, 60)
 
@@ -181,7 +188,7 @@ def trainer_controller(kube: ControlPlane, manifests: Path, work: Path) -> Itera
     binary = build(default_release()) / "bin" / "trainer-controller-manager"
     kube.kubectl("apply", "--server-side", "--field-manager=frscope-testenv", "-f",
                  str(manifests / "trainer.kubeflow.org_trainingruntimes.yaml"))
-    kube.kubectl("wait", "--for=condition=Established", "crd/trainingruntimes.trainer.kubeflow.org", "--timeout=60s")
+    wait_established(kube, "trainingruntimes.trainer.kubeflow.org")
     # controller-runtime's default certificate directory: $TMPDIR/k8s-webhook-server/serving-certs.
     certificate(work / "k8s-webhook-server" / "serving-certs")
     config = {"apiVersion": "config.trainer.kubeflow.org/v1alpha1", "kind": "Configuration",

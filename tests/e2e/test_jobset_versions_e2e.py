@@ -13,7 +13,7 @@ Kubeflow Trainer v2.3.0 controller over it. Every test is parametrized with the 
 As in test_actions_kinds_e2e.py, there is no kubelet (the test writes each pod's status and address) and
 the ranks are a real 4-rank gloo job that hangs, with one real `frscope sidecar` per pod. What frscope's
 injection webhook would add to a TrainJob's pods (the opt-in label, the sidecar container and its port) is
-put there through the TrainJob's runtimePatches.
+in its runtime (a TrainingRuntime: runtimePatches may add the label, not a container's image or ports).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
 from tests.e2e import jobset_versions
 from tests.e2e.test_actions_e2e import ANN, action_of, events, new_namespace
@@ -118,31 +119,38 @@ def test_a_jobset_whose_restarts_are_used_up_is_not_restarted(request: pytest.Fi
     assert not events(kube, ns, "HungJobRestarted")
 
 
-def trainjob(kube: ControlPlane, namespace: str, port: int, policy: str) -> dict[str, Any]:
-    """A TrainJob of Trainer's torch-distributed runtime, 2 nodes of 2 processes; through runtimePatches
-    the pods get what frscope's injection would add (the opt-in label, the sidecar and its port)."""
-    sidecar = {"name": "frscope-sidecar", "image": "frscope:e2e", "restartPolicy": "Always",
-               "ports": [{"name": "frscope", "containerPort": port}]}
-    pod = {"metadata": {"labels": {"frscope.io/inject": "true"}}, "spec": {"initContainers": [sidecar]}}
+def trainjob(kube: ControlPlane, manifests: Path, namespace: str, port: int, policy: str) -> dict[str, Any]:
+    """A TrainJob of 2 nodes of 2 processes, opted in through its runtimePatches (the label, as README.md
+    shows), of a TrainingRuntime that is Trainer's torch-distributed with what frscope's injection would
+    add to the pods (runtimePatches may not add a container's image or ports)."""
+    runtime = yaml.safe_load((manifests / "torch_distributed.yaml").read_text())
+    runtime["kind"], runtime["metadata"] = "TrainingRuntime", {"name": "torch-frscope", "namespace": namespace,
+                                                                "labels": runtime["metadata"]["labels"]}
+    [rjob] = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    rjob["template"]["spec"]["template"]["spec"]["initContainers"] = [{
+        "name": "frscope-sidecar", "image": "frscope:e2e", "restartPolicy": "Always",
+        "ports": [{"name": "frscope", "containerPort": port}]}]
+    kube.apply(runtime)
+    opt_in = {"metadata": {"labels": {"frscope.io/inject": "true"}}}
     return dict(kube.apply({
         "apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
         "metadata": {"name": "tj", "namespace": namespace, "annotations": {ANN: policy}},
-        "spec": {"runtimeRef": {"name": "torch-distributed", "kind": "ClusterTrainingRuntime",
-                                "apiGroup": "trainer.kubeflow.org"},
+        "spec": {"runtimeRef": {"name": "torch-frscope", "kind": "TrainingRuntime", "apiGroup": "trainer.kubeflow.org"},
                  "trainer": {"numNodes": 2, "numProcPerNode": 2, "image": "registry.invalid/train:1"},
                  "runtimePatches": [{"manager": "frscope.io/e2e", "trainingRuntimeSpec": {"template": {"spec": {
-                     "replicatedJobs": [{"name": "node", "template": {"spec": {"template": pod}}}]}}}}]},
+                     "replicatedJobs": [{"name": "node", "template": {"spec": {"template": opt_in}}}]}}}}]},
     }))
 
 
 @pytest.mark.timeout(3900)  # a cold build of the controllers, once
 def test_the_real_trainer_s_trainjob_is_restarted_and_stopped(kube: ControlPlane, accounts: dict[str, Any],
+                                                              kinds_crds: Path,
                                                               jobset_controller: subprocess.Popen[bytes],
                                                               trainer_controller: subprocess.Popen[bytes],
                                                               tmp_path: Path) -> None:
     port = free_port()
     ns = {policy: webhook_namespace(kube) for policy in ("restart", "stop")}
-    jobs = {policy: trainjob(kube, namespace, port, policy) for policy, namespace in ns.items()}
+    jobs = {policy: trainjob(kube, kinds_crds, namespace, port, policy) for policy, namespace in ns.items()}
 
     def diagnostics() -> str:
         return (f"trainer exit code {trainer_controller.poll()}, jobset exit code {jobset_controller.poll()}; "
