@@ -1,11 +1,13 @@
 """Would a JobSet come back if every one of its pods were deleted? The JobSet failurePolicy arithmetic of
-JobSet v0.12.0 (pkg/controllers/failure_policy.go) over the batch Job controller of Kubernetes 1.36
-(pkg/controller/job), read from the JobSet object alone.
+JobSet v0.12.0 and v0.11.0 (pkg/controllers/failure_policy.go; v0.11 has neither the RestartJob actions
+nor per-Job restart counts, so neither is in its JobSets) over the batch Job controller of Kubernetes
+1.36 (pkg/controller/job), read from the JobSet object alone.
 
 - The Job controller counts a deleted pod that had not succeeded as a failure: within the Job's
   backoffLimit (default 6) it makes a new pod; past it the Job fails (`BackoffLimitExceeded`); with
-  `backoffLimitPerIndex: 0` an index fails (`FailedIndexes`); a podFailurePolicy `FailJob`/`FailIndex`
-  rule may fail it (`PodFailurePolicy`).
+  `backoffLimitPerIndex: 0` an index fails (`FailedIndexes`); a podFailurePolicy rule may match the
+  deleted pods first: `FailJob` fails the Job (`PodFailurePolicy`), `FailIndex` its indexes
+  (`FailedIndexes`). Which rule matches is not known beforehand, so every way is checked.
 - A failed Job makes the JobSet apply its failurePolicy: the first rule that applies (its
   `onJobFailureReasons` empty or naming the reason, its `onJobFailureMessagePatterns` empty or one of
   them matching the Job's failure message, its `targetReplicatedJobs` empty or naming the replicated
@@ -49,25 +51,31 @@ def _int(value: Any) -> int | None:
     return None
 
 
-def job_fails_without_its_pods(job_spec: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(the Job's failure reason, why) when deleting every running pod of a Job of this template fails
-    the Job, None when the Job controller makes new pods instead."""
+def job_failures_without_its_pods(job_spec: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Every way deleting every running pod of a Job of this template may fail the Job: (its failure
+    reason, why); empty when the Job controller makes new pods instead. Whether a podFailurePolicy rule
+    matches the deleted pods is not known beforehand, so a Job may fail more than one way: a FailJob rule
+    (PodFailurePolicy), a FailIndex rule (FailedIndexes), or its counted failures when no rule matches."""
+    failures: list[tuple[str, str]] = []
     parallelism = _int(job_spec.get("parallelism", 1))
     per_index = job_spec.get("backoffLimitPerIndex")
     if per_index is not None:
         if _int(per_index) == 0:
-            return "FailedIndexes", "backoffLimitPerIndex is 0"
+            failures.append(("FailedIndexes", "backoffLimitPerIndex is 0"))
     else:
         backoff = _int(job_spec.get("backoffLimit", JOB_DEFAULT_BACKOFF_LIMIT))
         if parallelism is None or backoff is None:
-            return "BackoffLimitExceeded", "its parallelism or backoffLimit is not a number"
-        if parallelism > backoff:
-            return "BackoffLimitExceeded", f"{parallelism} pod(s) deleted at once > backoffLimit {backoff}"
+            failures.append(("BackoffLimitExceeded", "its parallelism or backoffLimit is not a number"))
+        elif parallelism > backoff:
+            failures.append(("BackoffLimitExceeded", f"{parallelism} pod(s) deleted at once > backoffLimit {backoff}"))
     policy = job_spec.get("podFailurePolicy")
     rules = policy.get("rules") if isinstance(policy, dict) else None
-    if any(isinstance(r, dict) and r.get("action") in ("FailJob", "FailIndex") for r in rules or []):
-        return "PodFailurePolicy", "its podFailurePolicy may fail it"
-    return None
+    actions = {r.get("action") for r in rules or [] if isinstance(r, dict)}
+    if "FailJob" in actions:
+        failures.append(("PodFailurePolicy", "its podFailurePolicy may fail it"))
+    if "FailIndex" in actions and not any(reason == "FailedIndexes" for reason, _ in failures):
+        failures.append(("FailedIndexes", "its podFailurePolicy may fail its indexes"))
+    return failures
 
 
 def _message_matches(patterns: list[Any], reason: str) -> bool | None:
@@ -114,8 +122,10 @@ def possible_actions(rules: Any, replicated_job: str, reason: str) -> list[str]:
 
 
 def restarts_counted(status: Mapping[str, Any]) -> int:
-    """The restarts that count toward maxRestarts: the JobSet's and every Job's (JobSet v0.12)."""
-    total = _int(status.get("restartsCountTowardsMax", status.get("restarts", 0))) or 0
+    """The restarts that count toward maxRestarts: the JobSet's and every Job's (JobSet v0.12). Not
+    `status.restarts`: restartsCountTowardsMax is `omitempty` (v0.11 and v0.12), absent while no restart
+    counted, also after RestartJobSetAndIgnoreMaxRestarts restarts."""
+    total = _int(status.get("restartsCountTowardsMax", 0)) or 0
     for rjob in status.get("replicatedJobsStatus") or []:
         counts = rjob.get("jobRestartsCountTowardsMax") if isinstance(rjob, dict) else None
         total += sum(_int(c) or 0 for c in counts or [])
@@ -133,8 +143,7 @@ def jobset_restart_refusal(jobset: Mapping[str, Any]) -> str | None:
             continue
         template = rjob.get("template")
         job_spec = template.get("spec") if isinstance(template, dict) else None
-        fails = job_fails_without_its_pods(job_spec if isinstance(job_spec, dict) else {})
-        if fails is not None:
+        for fails in job_failures_without_its_pods(job_spec if isinstance(job_spec, dict) else {}):
             failing.append((str(rjob.get("name") or ""), *fails))
     if not failing:
         return None

@@ -105,6 +105,18 @@ def test_every_job_s_counted_restarts_count_toward_max_restarts() -> None:
     assert "used 3 of its failurePolicy.maxRestarts=3" in str(jobkinds.JOBSET.restart_refusal({}, js))
 
 
+def test_restarts_that_did_not_count_and_every_way_a_job_may_fail() -> None:
+    """restartsCountTowardsMax is omitempty: absent, no restart counted, however many `restarts` (those of
+    RestartJobSetAndIgnoreMaxRestarts). A Job past its backoffLimit whose podFailurePolicy may also fail it
+    may fail either way: a rule for either decides. (Both found by test_jobset_restart_sweep.py.)"""
+    js = jobset({"backoffLimit": 0}, {"maxRestarts": 1})
+    js["status"] = {"restarts": 3}
+    assert jobkinds.JOBSET.restart_refusal({}, js) is None
+    both = {"backoffLimit": 0, "podFailurePolicy": {"rules": [{"action": "FailJob"}]}}
+    policy = {"maxRestarts": 3, "rules": [{"action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]}
+    assert "answers FailJobSet" in str(jobkinds.JOBSET.restart_refusal({}, jobset(both, policy)))
+
+
 def test_a_trainjob_restart_reads_the_jobset_it_runs_on() -> None:
     assert jobkinds.TRAINJOB.restart_refusal({"spec": {}}, None) == "no JobSet runs the job (Trainer has not made it)"
     assert jobkinds.TRAINJOB.restart_refusal({"spec": {}}, jobset({"parallelism": 8})) is not None
