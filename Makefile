@@ -120,8 +120,12 @@ node-images: $(STAMP) deps-apt testenv
 registry:
 	testenv/build-registry >/dev/null || [ $$? -eq 3 ]
 
+# Each other JobSet release (testenv/jobset/<version>: v0.11.0) is built alone after them, for the e2e tests
+# parametrized over JobSet releases (tests/e2e/jobset_versions.py; about 3.5 CPU-minutes cold).
+JOBSET_RELEASES = $(shell ls testenv/jobset 2>/dev/null | sort -V)
 controllers: deps-apt
 	testenv/build-controllers >/dev/null || [ $$? -eq 3 ]
+	for v in $(JOBSET_RELEASES); do testenv/build-controllers --jobset $$v >/dev/null || [ $$? -eq 3 ] || exit 1; done
 	@# their images, for the node tests that deploy Trainer and JobSet in pods (seconds; root only)
 	@if [ "$$(id -u)" = 0 ] && dir="$$(testenv/build-controllers --check)"; then \
 	  testenv/build-images --controllers "$$dir" >/dev/null; fi
