@@ -12,12 +12,14 @@ What stands in for components that do not run here, and why:
 - There is no kubelet: the test patches each pod's status (Running, a loopback IP: 127.0.0.1 for the
   completion index 0, 127.0.0.2 for 1) as test_trainjob_e2e.py does; the ranks are a real 4-rank gloo
   job that hangs, with one real `frscope sidecar` per pod listening on that pod's address.
-- The Trainer controller does not run here (docs/testenv.md; it does on the node, where
-  tests/node/test_trainjob_actions.py restarts and stops a TrainJob): a TrainJob's JobSet is created by
+- The Trainer controller does not run in this module (it does on the node, where
+  tests/node/test_trainjob_actions.py restarts and stops a TrainJob, and out of cluster in
+  test_jobset_versions_e2e.py, which does the same over each JobSet release): a TrainJob's JobSet is created by
   the test the way Trainer v2.3.0 builds it (owned by the TrainJob; one replicated job `node` of parallelism
   numNodes; no failurePolicy), and a stopped TrainJob shows as its `spec.suspend`, which Trainer copies
   to its JobSet (runtime/framework/plugins/jobset, read for this; not run).
-- No webhook of JobSet or Kueue is registered with the API server, so objects are created with what
+- No webhook of JobSet (outside the namespaces test_jobset_versions_e2e.py labels) or Kueue is
+  registered with the API server, so objects are created with what
   their defaulting webhooks would add (JobSet: successPolicy, startupPolicy, network; Kueue: a queued
   JobSet starts suspended).
 - Kueue runs in a private mount namespace (unshare) whose /etc is an overlay: Kueue v0.17.0 without its

@@ -5,7 +5,8 @@ CRDs from Trainer v2.3.0 and JobSet v0.12.0, read from their Go modules by `test
 with exactly the chart's RBAC (default values: every job kind on).
 
 What stands in for components that do not run here, and why:
-- The Trainer controller does not run here (see docs/testenv.md; tests/node/test_trainjob.py runs it).
+- The Trainer controller does not run in this module (tests/node/test_trainjob.py runs it in a pod,
+  tests/e2e/test_jobset_versions_e2e.py out of cluster).
   In the two hang tests the JobSet controller does not run either: they create the pods with the
   labels the real JobSet v0.12.0 and Job controllers put on them (what
   test_the_real_jobset_controller_s_pods_map_to_their_jobset checks with the real JobSet controller:
