@@ -29,7 +29,7 @@ pods, a TrainJob's JobSet, a Kueue Workload) is in actions/jobs.py.
   gives a deleted pod a terminal phase) is restarted for OnFailure/Always, for ExitCode when the exit
   code is >= 128 (SIGTERM: 143), and with Never the job fails. Stop: `spec.runPolicy.suspend` (the
   operator deletes the pods and services, condition Suspended; set back to false to resume).
-- JobSet (v0.12.0) runs one batch Job per replica of each replicated job; whether deleting its pods
+- JobSet (v0.12.0, v0.11.0) runs one batch Job per replica of each replicated job; whether deleting its pods
   brings it back (the Job controller's backoffLimit, the JobSet's failurePolicy rules and maxRestarts)
   is jobset_restart.py's. Stop: `spec.suspend` (the JobSet suspends its Jobs, whose controller deletes
   their pods; condition Suspended).
