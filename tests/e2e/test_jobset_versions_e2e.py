@@ -11,9 +11,10 @@ Kubeflow Trainer v2.3.0 controller over it. Every test is parametrized with the 
   stops another (Trainer copies its spec.suspend to the JobSet; the JobSet controller ends the pods).
 
 As in test_actions_kinds_e2e.py, there is no kubelet (the test writes each pod's status and address) and
-the ranks are a real 4-rank gloo job that hangs, with one real `frscope sidecar` per pod. What frscope's
-injection webhook would add to a TrainJob's pods (the opt-in label, the sidecar container and its port) is
-in its runtime (a TrainingRuntime: runtimePatches may add the label, not a container's image or ports).
+the ranks are a real 4-rank gloo job that hangs, with one real `frscope sidecar` per pod. A TrainJob opts
+in through its runtimePatches (the label, as README.md shows); the sidecar and its port, which frscope's
+injection webhook (not registered here) would add, are in its runtime, a TrainingRuntime (runtimePatches
+may not set a container's image or ports).
 """
 
 from __future__ import annotations
