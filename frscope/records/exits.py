@@ -44,6 +44,13 @@ class RankExit:
         remote worker crashing", a reset connection, NCCL's "remote process exited"): a victim."""
         return bool(_PEER_GONE.search(self.message))
 
+    @property
+    def terminated(self) -> bool:
+        """Ended by SIGTERM (143, or -15 from Popen), not OOM-killed: something outside stopped it (a
+        launcher tearing down the other ranks after a failure, the kubelet ending the pod, a preemption).
+        A victim beside a rank that failed on its own; the culprit only when no such rank exists."""
+        return self.exit_code in (143, -15) and self.reason != "OOMKilled"
+
     def describe(self) -> str:
         """'exited with code 137 (SIGKILL), reason OOMKilled, after 2 restarts: <message>'."""
         parts = []
@@ -77,12 +84,18 @@ class RankExit:
 
 def most_likely_first(ranks: list[int], exits: Mapping[int, RankExit]) -> list[int]:
     """Of failed ranks, the ones whose failure most likely came first: those the launcher named its first
-    failure and whose own error does not blame a peer; else those not blaming a peer; else all."""
+    failure and whose own error neither blames a peer nor is a SIGTERM from outside; else those that fail
+    on their own (neither); else those not blaming a peer (a SIGTERM'd rank when every other one blames
+    a peer: a preemption); else all."""
     def known(rank: int) -> RankExit:
         return exits.get(rank) or RankExit(rank)
 
-    first = [r for r in ranks if known(r).first_failure and not known(r).peer_gone]
-    return first or [r for r in ranks if not known(r).peer_gone] or list(ranks)
+    def own(rank: int) -> bool:
+        return not known(rank).peer_gone and not known(rank).terminated
+
+    first = [r for r in ranks if known(r).first_failure and own(r)]
+    return (first or [r for r in ranks if own(r)] or [r for r in ranks if not known(r).peer_gone]
+            or list(ranks))
 
 
 def signal_name(exit_code: int) -> str | None:

@@ -56,6 +56,9 @@ log = logging.getLogger("frscope.sidecar")
 
 # ?refresh=1 more often than this reuses the previous refresh.
 MIN_REFRESH_INTERVAL_S = 1.0
+# At shutdown (the pod ends once its trainer has, and its address goes with it), a last poll round of
+# at most this long notices ranks that ended since the previous round and pushes them (`exit`).
+FINAL_ROUND_S = 3.0
 
 
 class Sidecar:
@@ -178,6 +181,11 @@ class Sidecar:
 
     async def stop(self) -> None:
         if self.pusher is not None:
+            if any(task.get_name() == "frscope-poll" for task in self._tasks):
+                try:
+                    await asyncio.wait_for(self.poll_once(), FINAL_ROUND_S)
+                except Exception:  # what was pushed before still goes out below
+                    log.warning("the last poll round at shutdown did not finish", exc_info=True)
             await self.pusher.drain(min(5.0, self.config.push_timeout_s))
         for task in self._tasks:
             task.cancel()

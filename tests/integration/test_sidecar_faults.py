@@ -327,3 +327,28 @@ def test_full_disk_keeps_captures_and_sigterm_shuts_down_cleanly(hung: LocalJob,
     assert "evidence: cannot write" in text and "EFBIG" in text and "kept in memory" in text
     assert "shutting down" in text and "frscope sidecar stopped" in text
     assert "Traceback" not in text
+
+
+@pytest.mark.torch
+@pytest.mark.timeout(180)
+async def test_a_rank_that_ended_just_before_shutdown_is_pushed_at_shutdown() -> None:
+    """The pod ends right after its trainer does: the kubelet stops the sidecar, often before its next
+    poll round would have seen the rank go (seen on the real node: the operator's gather then found the
+    pod's address gone and had nothing of its ranks). The sidecar's shutdown runs a last round, which
+    pushes the rank's end with its last good recorder before the sidecar exits."""
+    with start_job("hang", WORLD, lifetime_s=150) as job:
+        wait_for_sockets(job)
+        async with operator_receiver() as (operator_url, pushed):
+            cfg = config(job.work_dir, operator_url=operator_url, poll_interval_s=60.0, push_backoff_s=0.2)
+            async with running(cfg) as sidecar:
+                await wait_until(lambda: all(s.up for s in sidecar.ranks.values()) and len(sidecar.ranks) == WORLD,
+                                 60, "every rank found by the first round")
+                job.procs[2].kill()
+                job.procs[2].wait(timeout=10)
+                assert pushed == []  # the next round is a minute away
+            # stopped: the last round saw rank 2 go and its push went out before the sidecar exited
+            exits = [p["body"] for p in pushed if p["body"]["reason"] == "exit"]
+            assert exits, [p["body"]["reason"] for p in pushed]
+            errors = {e["rank"]: e["message"] for e in exits[-1]["errors"]}
+            assert 2 in errors, errors
+            assert [p["rank"] for p in exits[-1]["ranks"]] == [0, 1, 2]  # rank 2's last good recorder kept

@@ -269,3 +269,29 @@ def test_processes_that_failed_after_their_last_read_are_a_finding(tmp_path: Pat
     assert "lost its data shard" in finding.summary and finding.exits[3].exit_code == 1
     # Processes that ended well (exit 0) leave the job healthy.
     assert analyze(dumpset, live, exits={r: RankExit(r, exit_code=0) for r in range(4)}).findings == []
+
+
+def test_a_rank_its_launcher_terminated_is_a_victim_beside_one_that_raised(tmp_path: Path) -> None:
+    """A cold CI run on the real node (torchrun, 2 pods x 2 ranks, rank 3 raises): the first pod's sidecar
+    was gone before the operator's gather, so ranks 0-1 left nothing; torchrun there named rank 0
+    (SIGABRT after 'Connection closed by peer') and SIGTERMed rank 1, the other pod's torchrun named
+    rank 2 (also 'Connection closed by peer'). Rank 1's SIGTERM came from its launcher: rank 3, which
+    raised on its own, is the culprit, not ranks 1 and 3."""
+    peer = ("RuntimeError: [pair.cc:553] Connection closed by peer [10.213.0.20]:47532. This is typically "
+            "caused by a remote worker crashing.")
+    exits = {0: RankExit(0, exit_code=134, message="work.wait() | " + peer, first_failure=True),
+             1: RankExit(1, exit_code=143, message="Signal 15 (SIGTERM) received by PID 10"),
+             2: RankExit(2, exit_code=1, message="work.wait() | " + peer, first_failure=True),
+             3: RankExit(3, exit_code=1, message="RuntimeError: frscope-test: this rank lost its data shard")}
+    entries = [b.entry(s, backend="gloo", created_ns=b.T0 + s * 1_000_000) for s in range(1, 4)]
+    waiting = [*entries, b.entry(4, backend="gloo", state="started", created_ns=b.T0 + 4_000_000)]
+    dumpset = load_dumps([b.job(tmp_path, {2: waiting}, 4)])
+    assert dumpset.missing_ranks == (0, 1, 3)
+    [finding] = analyze(dumpset, exits=exits).findings
+    assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (3,), finding.summary
+    assert "lost its data shard" in finding.summary
+    # A SIGTERM with nobody else failing on its own (a preempted rank, its peers blaming it): that rank.
+    preempted = {**{r: RankExit(r, exit_code=1, message=peer) for r in (0, 2, 3)},
+                 1: RankExit(1, exit_code=143, message="Signal 15 (SIGTERM) received by PID 10")}
+    [finding] = analyze(dumpset, exits=preempted).findings
+    assert finding.culprit_ranks == (1,), finding.summary

@@ -25,6 +25,10 @@ from frscope.wire import SidecarSnapshot, SidecarStatus
 
 DEFAULT_MAX_SNAPSHOT_BYTES = 256 * 1024 * 1024
 MAX_STATUS_BYTES = wire.STATUS_MAX_BYTES
+# A live sidecar accepts a connection within milliseconds; a pod whose network is gone (it ended a moment
+# ago, the pod watch has not said so yet) may drop the SYN without an answer, which only the request's
+# whole timeout (30 s) would end, once per attempt. A connection not made in this long is retried.
+CONNECT_TIMEOUT_S = 5.0
 
 class SidecarError(Exception):
     """A sidecar could not be reached or did not answer as documented."""
@@ -137,8 +141,8 @@ class SidecarClient:
             headers["Connection"] = "close"
         try:
             asked = time.time_ns()
-            async with self._session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=timeout_s),
-                                         **tls) as resp:
+            limits = aiohttp.ClientTimeout(total=timeout_s, sock_connect=min(timeout_s, CONNECT_TIMEOUT_S))
+            async with self._session.get(url, headers=headers, timeout=limits, **tls) as resp:
                 if times is not None:
                     times[:] = [asked, time.time_ns()]
                 if resp.status == 401 and self._tokens is not None and pod is not None:

@@ -181,3 +181,36 @@ async def test_a_cancelled_gather_cancels_its_fetches(sidecars: Make, client: Si
     assert time.monotonic() - started < 5
     assert _fetches() == [], "no fetch outlives its gather"
     assert sum(s.snapshot_requests for s in slow) == 2
+
+
+async def test_a_pod_whose_address_answers_no_connection_is_given_up_at_the_connect_limit(
+        client: SidecarClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod that ended a moment ago, its network gone before the pod watch says so, drops the SYN: the
+    request neither fails nor answers. A real listening socket whose accept queue is full does the same on
+    loopback. Each attempt gives up at the connect limit, not at the request's whole timeout (30 s)."""
+    import socket
+
+    from frscope.operator.evidence import sidecars as sidecars_module
+
+    monkeypatch.setattr(sidecars_module, "CONNECT_TIMEOUT_S", 0.5)
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        port = listener.getsockname()[1]
+        queued = []
+        for _ in range(4):  # fill the accept queue; nothing ever accepts
+            queued.append(sock := socket.socket())
+            sock.setblocking(False)
+            try:
+                sock.connect(("127.0.0.1", port))
+            except BlockingIOError:
+                pass
+        await asyncio.sleep(0.2)
+        options = GatherOptions(per_pod_timeout_s=30, overall_timeout_s=60, attempts=2, backoff_base_s=0.01)
+        started = time.monotonic()
+        got = await gather(client, "ml", [Target("ended", f"http://127.0.0.1:{port}")], options)
+        elapsed = time.monotonic() - started
+        for sock in queued:
+            sock.close()
+    assert "ended" not in got.pods and "onnection timeout" in got.failures["ended"], got.failures
+    assert elapsed < 10, elapsed  # two attempts of 0.5 s each; 60 s with only the request's timeout
