@@ -47,7 +47,7 @@ from typing import Any, Final
 
 from frscope.operator import names
 from frscope.operator.kube.api_client import Resource
-from frscope.operator.model.jobset_restart import jobset_restart_refusal
+from frscope.operator.model.jobset_restart import int_field, jobset_restart_refusal
 
 # A pod's job, by family: the label that names it.
 LABEL_PYTORCHJOB_NAME: Final = "training.kubeflow.org/job-name"
@@ -268,16 +268,6 @@ def owned_by_trainjob(job: Mapping[str, Any]) -> bool:
                for r in refs or [])
 
 
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
-    return None
-
-
 def _nproc_from_env(containers: Iterable[Any]) -> int | None:
     """PET_NPROC_PER_NODE of the first container that sets it as a number."""
     for container in containers:
@@ -285,14 +275,14 @@ def _nproc_from_env(containers: Iterable[Any]) -> int | None:
             continue
         for env in container.get("env") or []:
             if isinstance(env, dict) and env.get("name") == "PET_NPROC_PER_NODE":
-                return _int(env.get("value"))
+                return int_field(env.get("value"))
     return None
 
 
 def _env_int(container: Mapping[str, Any], name: str) -> int | None:
     for env in container.get("env") or []:
         if isinstance(env, dict) and env.get("name") == name:
-            return _int(env.get("value"))
+            return int_field(env.get("value"))
     return None
 
 
@@ -318,15 +308,15 @@ def world_size(kind: JobKind, job: Mapping[str, Any]) -> int | None:
         trainer = spec.get("trainer")
         if not isinstance(trainer, dict):
             return None  # numNodes and numProcPerNode come from the runtime: known only in the pods
-        nodes, nproc = _int(trainer.get("numNodes")), _int(trainer.get("numProcPerNode"))
+        nodes, nproc = int_field(trainer.get("numNodes")), int_field(trainer.get("numProcPerNode"))
         return nodes * nproc if nodes and nproc else None
     total = 0
     for rjob in spec.get("replicatedJobs") or []:
         if not isinstance(rjob, dict):
             return None
-        replicas = _int(rjob.get("replicas", 1))
+        replicas = int_field(rjob.get("replicas", 1))
         jspec = (rjob.get("template") or {}).get("spec") or {}
-        parallelism = _int(jspec.get("parallelism", 1)) if isinstance(jspec, dict) else None
+        parallelism = int_field(jspec.get("parallelism", 1)) if isinstance(jspec, dict) else None
         pod_spec = ((jspec.get("template") or {}).get("spec") or {}) if isinstance(jspec, dict) else {}
         nproc = _nproc_from_env(pod_spec.get("containers") or []) if isinstance(pod_spec, dict) else None
         if replicas is None or parallelism is None or nproc is None:

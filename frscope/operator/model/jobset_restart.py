@@ -41,7 +41,9 @@ RESTART_ACTIONS: Final = frozenset({"RestartJobSet", "RestartJobSetAndIgnoreMaxR
 COUNTED_ACTIONS: Final = frozenset({"RestartJobSet", "RestartJob"})
 
 
-def _int(value: Any) -> int | None:
+def int_field(value: Any) -> int | None:
+    """A count as Kubernetes objects carry it: an int, or a string of digits; None for anything else
+    (a bool, a negative or malformed string)."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -57,13 +59,13 @@ def job_failures_without_its_pods(job_spec: Mapping[str, Any]) -> list[tuple[str
     matches the deleted pods is not known beforehand, so a Job may fail more than one way: a FailJob rule
     (PodFailurePolicy), a FailIndex rule (FailedIndexes), or its counted failures when no rule matches."""
     failures: list[tuple[str, str]] = []
-    parallelism = _int(job_spec.get("parallelism", 1))
+    parallelism = int_field(job_spec.get("parallelism", 1))
     per_index = job_spec.get("backoffLimitPerIndex")
     if per_index is not None:
-        if _int(per_index) == 0:
+        if int_field(per_index) == 0:
             failures.append(("FailedIndexes", "backoffLimitPerIndex is 0"))
     else:
-        backoff = _int(job_spec.get("backoffLimit", JOB_DEFAULT_BACKOFF_LIMIT))
+        backoff = int_field(job_spec.get("backoffLimit", JOB_DEFAULT_BACKOFF_LIMIT))
         if parallelism is None or backoff is None:
             failures.append(("BackoffLimitExceeded", "its parallelism or backoffLimit is not a number"))
         elif parallelism > backoff:
@@ -125,10 +127,10 @@ def restarts_counted(status: Mapping[str, Any]) -> int:
     """The restarts that count toward maxRestarts: the JobSet's and every Job's (JobSet v0.12). Not
     `status.restarts`: restartsCountTowardsMax is `omitempty` (v0.11 and v0.12), absent while no restart
     counted, also after RestartJobSetAndIgnoreMaxRestarts restarts."""
-    total = _int(status.get("restartsCountTowardsMax", 0)) or 0
+    total = int_field(status.get("restartsCountTowardsMax", 0)) or 0
     for rjob in status.get("replicatedJobsStatus") or []:
         counts = rjob.get("jobRestartsCountTowardsMax") if isinstance(rjob, dict) else None
-        total += sum(_int(c) or 0 for c in counts or [])
+        total += sum(int_field(c) or 0 for c in counts or [])
     return total
 
 
@@ -154,7 +156,7 @@ def jobset_restart_refusal(jobset: Mapping[str, Any]) -> str | None:
                 "failurePolicy: the JobSet would fail instead of restarting")
     status = jobset.get("status")
     counted = restarts_counted(status if isinstance(status, dict) else {})
-    max_restarts = _int(policy.get("maxRestarts", 0)) or 0
+    max_restarts = int_field(policy.get("maxRestarts", 0)) or 0
     for name, reason, why in failing:
         actions = possible_actions(policy.get("rules"), name, reason)
         for action in actions:
