@@ -189,8 +189,8 @@ def run_hang_once(plane: Any, index: int, step_s: float, seed: int, work: Path, 
     return result
 
 
-def write_subsection(path: Path, text: str) -> None:
-    """Put `text` (starting with SUBSECTION) at the end of the "## Detection" section, replacing an
+def write_subsection(path: Path, text: str, subsection: str = SUBSECTION) -> None:
+    """Put `text` (starting with `subsection`) at the end of the "## Detection" section, replacing an
     earlier one; the rest of the file is kept."""
     previous = path.read_text() if path.exists() else ""
     if SECTION not in previous:
@@ -199,8 +199,8 @@ def write_subsection(path: Path, text: str) -> None:
     head, rest = previous.split(SECTION, 1)
     nxt = rest.find("\n## ")
     body, tail = (rest[:nxt], rest[nxt:]) if nxt >= 0 else (rest, "")
-    if SUBSECTION in body:
-        before, after = body.split(SUBSECTION, 1)
+    if subsection in body:
+        before, after = body.split(subsection, 1)
         later = after.find("\n### ")
         body = before + (after[later + 1:] if later >= 0 else "")
     path.write_text(head + SECTION + body.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n" + tail)

@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from detection_operator import NAMESPACE, bin_dir, load_cluster, now, stop  # noqa: E402
+from detection_operator import NAMESPACE, bin_dir, load_cluster, now, pct, stop, write_subsection  # noqa: E402
 
 from frscope.testing.rhythm_launch import RhythmJob, start_rhythm_job  # noqa: E402
 
@@ -204,28 +204,6 @@ def run_healthy(plane: Any, index: int, step_s: float, minutes: float, seed: int
     return run
 
 
-def write_subsection(path: Path, text: str) -> None:
-    """Put `text` (starting with SUBSECTION) at the end of the "## Detection" section, replacing an
-    earlier one; the rest of the file is kept."""
-    previous = path.read_text() if path.exists() else ""
-    if SECTION not in previous:
-        path.write_text(previous.rstrip("\n") + f"\n\n{SECTION}\n\n{text}")
-        return
-    head, rest = previous.split(SECTION, 1)
-    nxt = rest.find("\n## ")
-    body, tail = (rest[:nxt], rest[nxt:]) if nxt >= 0 else (rest, "")
-    if SUBSECTION in body:
-        before, after = body.split(SUBSECTION, 1)
-        later = after.find("\n### ")
-        body = before + (after[later + 1:] if later >= 0 else "")
-    path.write_text(head + SECTION + body.rstrip("\n") + "\n\n" + text.rstrip("\n") + "\n" + tail)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def summary(stragglers: list[StragglerRun], healthy: list[HealthyRun], command: str, wall_s: float) -> str:
     lines = [f"{SUBSECTION}: a slow rank alone in its pod -> the operator's Straggler Event", "",
              f"Command: `{command}` ({wall_s / 60:.1f} min wall; the operator and sidecars at their defaults; "
@@ -310,7 +288,7 @@ def main() -> int:
     command = " ".join(["python bench/detection_stragglers.py", *sys.argv[1:]])
     text = summary(stragglers, healthy, command, time.monotonic() - started)
     print(text)
-    write_subsection(Path(args.results), text)
+    write_subsection(Path(args.results), text, SUBSECTION)
     return 0
 
 
