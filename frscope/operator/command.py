@@ -123,6 +123,9 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
                         help=argparse.SUPPRESS)
     add("--clock-skew-ms", _DEFAULTS.clock_skew_ms,
         "analysis: clock skew allowed between hosts before lateness counts", float)
+    add("--straggler-min-share", _DEFAULTS.straggler_min_share,
+        "stragglers across pods: a pod is one when the others spend at least this share of the job's time "
+        "waiting for it (and it is late far more often than chance)", float)
     add("--cooldown", _DEFAULTS.cooldown_s,
         "seconds before a job attempt with nothing to report is gathered again", float)
     add("--exit-settle", _DEFAULTS.exit_settle_s,
@@ -220,6 +223,7 @@ def injection_from_env(env: Mapping[str, str]) -> InjectionConfig:
         stall_after_s=_env_float(env, "FRSCOPE_SIDECAR_STALL_AFTER"),
         suspect_after_s=_env_float(env, "FRSCOPE_SIDECAR_SUSPECT_AFTER"),
         suspect_min_s=_env_float(env, "FRSCOPE_SIDECAR_SUSPECT_MIN"),
+        straggler_min_share=_env_float(env, "FRSCOPE_SIDECAR_STRAGGLER_MIN_SHARE"),
         operator_url=env.get("FRSCOPE_SIDECAR_OPERATOR_URL") or None,
         certificate_url=env.get("FRSCOPE_SIDECAR_CERTIFICATE_URL") or None,
         resources=resources if isinstance(resources, dict) else {},
@@ -257,6 +261,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
                              max_entries=args.max_entries_per_rank),
         stuck_after_s=args.stuck_after,
         clock_skew_ms=args.clock_skew_ms,
+        straggler_min_share=args.straggler_min_share,
         cooldown_s=args.cooldown,
         exit_settle_s=args.exit_settle,
         decode_processes=args.decode_processes,

@@ -64,6 +64,7 @@ class InjectionConfig:
     stall_after_s: float | None = None
     suspect_after_s: float | None = None  # the sidecar's --suspect-after / --suspect-min (None: its default)
     suspect_min_s: float | None = None
+    straggler_min_share: float | None = None  # the sidecar's --straggler-min-share (None: its default)
     operator_url: str | None = None
     # TLS to the sidecars: the operator's base URL where each sidecar asks for its certificate
     # (`--certificate-url`); the sidecar then serves HTTPS only and its probes say HTTPS. None: plain HTTP.
@@ -202,6 +203,8 @@ def sidecar_container(cfg: InjectionConfig, key: str | None = None) -> dict[str,
         args.append(f"--suspect-after={cfg.suspect_after_s:g}")
     if cfg.suspect_min_s is not None:
         args.append(f"--suspect-min={cfg.suspect_min_s:g}")
+    if cfg.straggler_min_share is not None:
+        args.append(f"--straggler-min-share={cfg.straggler_min_share:g}")
     if key:
         args.append(f"--schedule-key={key}")
     if cfg.operator_url:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from frscope import logs
+from frscope.analysis.lateness import MIN_SHARE
 
 DEFAULT_PORT = 9402
 DEFAULT_SOCKET_DIR = "/run/frscope"
@@ -42,6 +43,9 @@ class SidecarConfig:
     # wait, never sooner than suspect_min_s, at the latest after suspect_after_s. 0: no suspicions.
     suspect_after_s: float = 15.0
     suspect_min_s: float = 4.0
+    # A rank is a straggler when the others spend at least this share of the job's time waiting for it
+    # (frscope.analysis.lateness), and it is late far more often than chance.
+    straggler_min_share: float = MIN_SHARE
     # Full recorder (fr_trace_json) every this many polls; the polls between ask the cheap progress
     # probe only (and fetch the full recorder when it suggests a stall). 1: every poll.
     full_poll_every: int = 15
@@ -96,6 +100,8 @@ class SidecarConfig:
             raise ValueError("--suspect-after and --suspect-min must be >= 0")
         if self.suspect_after_s and self.suspect_min_s > self.suspect_after_s:
             raise ValueError("--suspect-min must not exceed --suspect-after")
+        if not 0 < self.straggler_min_share <= 1:
+            raise ValueError("--straggler-min-share must be in (0, 1]")
         if not 0 < self.stall_timeout_fraction <= 1:
             raise ValueError("--stall-timeout-fraction must be in (0, 1]")
         if self.request_timeout_s <= 0 or self.stacks_timeout_s <= 0:
@@ -171,6 +177,10 @@ _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
      "latest after this many seconds (never later than --stall-after); 0: no suspicions"),
     ("--suspect-min", "suspect_min_s", "FRSCOPE_SUSPECT_MIN", "float", 4.0,
      "never suspect a collective in flight with no progress sooner than this many seconds"),
+    ("--straggler-min-share", "straggler_min_share", "FRSCOPE_STRAGGLER_MIN_SHARE", "float", MIN_SHARE,
+     "a rank is a straggler when the others spend at least this share of the job's time waiting for it "
+     "(and it is late far more often than chance): a rank f x as slow as the others costs (f - 1) / f, 1.2 x "
+     "about 0.17"),
     ("--stall-timeout-fraction", "stall_timeout_fraction", "FRSCOPE_STALL_TIMEOUT_FRACTION", "float", 0.5,
      "--stall-after is capped at this fraction of the in-flight entry's timeout_ms"),
     ("--request-timeout", "request_timeout_s", "FRSCOPE_REQUEST_TIMEOUT", "float", 5.0,

@@ -157,7 +157,8 @@ class Poller:
             rank: {pg: g.sample.arrivals for pg, g in self.tracker.for_rank(rank).items() if g.sample.arrivals}
             for rank, state in self.ranks.items() if state.up
         }
-        found = rank_lateness(arrivals) if len(arrivals) >= 2 else {}
+        found = (rank_lateness(arrivals, min_share=self.config.straggler_min_share) if len(arrivals) >= 2
+                 else {})
         for rank, now in found.items():
             before = self.lateness.get(rank)
             if now.straggler and (before is None or not before.straggler):

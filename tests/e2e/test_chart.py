@@ -445,6 +445,9 @@ def test_images_tags_digests_and_sidecar_settings(rendered: dict[str, list[dict[
     # The sidecar's own defaults, stated by the chart: probe every 2 s, suspected after 4-15 s.
     assert (default_env["FRSCOPE_SIDECAR_POLL_INTERVAL"], default_env["FRSCOPE_SIDECAR_SUSPECT_AFTER"],
             default_env["FRSCOPE_SIDECAR_SUSPECT_MIN"]) == ("2", "15", "4")
+    # One straggler threshold for the sidecars (their pod's ranks) and the operator (the pods).
+    assert default_env["FRSCOPE_SIDECAR_STRAGGLER_MIN_SHARE"] == "0.1"
+    assert "--straggler-min-share=0.1" in default_container["args"]
 
 
 # --- the values schema -------------------------------------------------------------------------------
@@ -456,6 +459,7 @@ BAD_VALUES = [
     (["operator.logLevel=verbose"], r"operator.logLevel.*value must be one of"),
     (["image.digest=latest"], r"image.digest.*does not match pattern"),
     (["sidecar.port=70000"], r"sidecar.port.*maximum"),
+    (["sidecar.stragglerMinShare=0"], r"sidecar.stragglerMinShare.*exclusiveMinimum"),
     (["podMonitor.interval=fast"], r"podMonitor.interval.*does not match pattern"),
     (["operator.watchNamespaces[0]=Team_A"], r"operator.watchNamespaces.*does not match pattern"),
     (["webhook.injectLabel.value=not a label"], r"webhook.injectLabel.value.*does not match pattern"),

@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from frscope.analysis.lateness import MIN_SHARE
 from frscope.analysis.pod_lateness import PodLateness, pod_lateness
 from frscope.operator import names
 from frscope.operator.engine.job_arrivals import JobArrivals
@@ -46,13 +47,13 @@ class JobPods:
 
 
 def compare(arrivals: JobArrivals, statuses: dict[str, SidecarStatus], pods: Collection[str],
-            unmeasured_bound_s: float, now_ns: int) -> dict[str, PodLateness]:
+            unmeasured_bound_s: float, now_ns: int, min_share: float = MIN_SHARE) -> dict[str, PodLateness]:
     """Merge one sweep's answers and compare the job's pods (in a worker thread)."""
     arrivals.add(statuses, pods)
     if len(arrivals) < 2:
         return {}
     return pod_lateness(arrivals.arrivals(), arrivals.clocks(now_ns), ranks=arrivals.ranks(),
-                        unmeasured_bound_s=unmeasured_bound_s)
+                        unmeasured_bound_s=unmeasured_bound_s, min_share=min_share)
 
 
 class PodStragglers:
@@ -84,7 +85,8 @@ class PodStragglers:
             statuses, job.pending, nodes = job.pending, {}, job.nodes
             started = time.monotonic()
             found = await asyncio.to_thread(compare, job.arrivals, statuses, set(nodes),
-                                            self.config.clock_skew_ms / 1000, time.time_ns())
+                                            self.config.clock_skew_ms / 1000, time.time_ns(),
+                                            self.config.straggler_min_share)
             self.metrics.lateness_compare_seconds.observe(time.monotonic() - started)
             if self._jobs.get(key) is not job:
                 return  # forgotten meanwhile

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from frscope import logs
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
+from frscope.analysis.lateness import MIN_SHARE
 from frscope.operator import names
 from frscope.operator.actions import ActionOptions
 from frscope.operator.evidence.gather import GatherOptions
@@ -62,6 +63,9 @@ class OperatorConfig:
     # Analysis: a collective in flight at least this long (at the capture) counts as stuck.
     stuck_after_s: float = DEFAULT_STALL_AFTER_S
     clock_skew_ms: float = DEFAULT_CLOCK_SKEW_MS
+    # Stragglers across pods (engine/pod_stragglers): the least share of the job's time the other pods
+    # spend waiting for one.
+    straggler_min_share: float = MIN_SHARE
     # After a gather that found nothing to report, the same job attempt is not gathered again for this long.
     cooldown_s: float = 30.0
     # A gather that finds a pod's sidecar pushed at its trainer's exit (or, during a crash, a pod that
@@ -124,6 +128,8 @@ class OperatorConfig:
             raise ValueError("poll interval, timeout and rate must be > 0")
         if self.cooldown_s < 0 or self.stuck_after_s < 0 or self.exit_settle_s < 0:
             raise ValueError("--cooldown, --stuck-after and --exit-settle must be >= 0")
+        if not 0 < self.straggler_min_share <= 1:
+            raise ValueError("--straggler-min-share must be in (0, 1]")
         if self.sidecar_auth not in SIDECAR_AUTH_MODES:
             raise ValueError(f"--sidecar-auth must be one of {', '.join(SIDECAR_AUTH_MODES)}")
         if self.ui_auth not in UI_AUTH_MODES:

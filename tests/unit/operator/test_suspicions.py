@@ -211,6 +211,7 @@ async def test_a_slow_pod_is_a_straggler_across_pods_until_it_keeps_up(
     [(kind, reason, message)] = events(fake_kube)
     assert (kind, reason) == ("Warning", names.REASON_STRAGGLER)
     assert message.startswith("rank 3 (pod train-worker-0 on node gpu-7, ranks 2, 3) is a straggler across pods")
+    assert int(message.rsplit("costs the job ", 1)[1].split("%")[0]) < 25  # the share a threshold of 0.25 needs
     assert "group 0" in message and "it costs the job" in message
     assert not [c for c in (fake_kube.get("pytorchjobs", "ml", "train") or {})["status"].get("conditions", [])
                 if c["type"] == names.CONDITION_TYPE]  # not a hang
@@ -238,3 +239,21 @@ async def test_a_rank_its_sidecar_reports_is_not_reported_again_across_pods(
     stand_ins[1].lateness = {}  # its sidecar no longer sees it; its pod is still the late one
     await sweep(controller, stand_ins)
     assert [m for _k, r, m in events(fake_kube) if r == names.REASON_STRAGGLER and "across pods" in m]
+
+
+async def test_a_higher_straggler_threshold_names_no_pod_that_costs_less(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    """`--straggler-min-share` (the chart's sidecar.stragglerMinShare): the same 1.2 x pod as above, which
+    costs the job less than 25% of its time, is no straggler with a threshold of 0.25."""
+    from dataclasses import replace
+
+    controller = make_controller(kube_client, session, replace(CONFIG, straggler_min_share=0.25))
+    stand_ins = await setup_job(fake_kube, controller, sidecars, hang_ranks)
+    slow = job(60, 0.25, {2: 0.05, 3: 0.055}, ranks=4)
+    for upto in (40, 80, 120):
+        for s in stand_ins:
+            s.stalled = False
+            s.arrivals = {r: [[q, t] for q, t in slow[r]["0"] if q <= upto][-80:] for r in s.ranks}
+        await sweep(controller, stand_ins)
+    assert events(fake_kube) == []

@@ -26,6 +26,7 @@ def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (cfg.port, cfg.poll_interval_s, cfg.stall_after_s) == (9402, 2.0, 60.0)
     # A full recorder every 30 s, a probe every 2 s; suspected after 4-15 s by the group's rhythm.
     assert (cfg.full_poll_every, cfg.suspect_min_s, cfg.suspect_after_s) == (15, 4.0, 15.0)
+    assert cfg.straggler_min_share == 0.1
     assert cfg.pod  # the host name
 
 
@@ -51,6 +52,11 @@ def test_bad_values_are_usage_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FRSCOPE_STALL_AFTER")
     with pytest.raises(ValueError, match="poll-interval"):
         parse(["--poll-interval", "0"])
+    for share in ("0", "1.5"):
+        with pytest.raises(ValueError, match="straggler-min-share"):
+            parse(["--straggler-min-share", share])
+    monkeypatch.setenv("FRSCOPE_STRAGGLER_MIN_SHARE", "0.3")
+    assert parse([]).straggler_min_share == 0.3
 
 
 def test_print_pythonpath(capsys: pytest.CaptureFixture[str]) -> None:
