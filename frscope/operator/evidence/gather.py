@@ -12,6 +12,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import multiprocessing
+import os
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -20,6 +22,9 @@ from dataclasses import dataclass, field
 from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes, share_groups
 from frscope.operator.evidence.sidecars import SidecarClient, SidecarError
 from frscope.operator.kube.backoff import Backoff
+
+# How often a decoder process checks that the operator process is still its parent.
+PARENT_CHECK_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +48,7 @@ class Decoder:
         self.processes = processes
         self._pool: ProcessPoolExecutor | None = None
         if processes > 0:
-            self._pool = ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = _pool(processes)
 
     async def warm_up(self) -> None:
         """Start the worker processes now rather than during the first gather."""
@@ -65,7 +70,7 @@ class Decoder:
         except BrokenProcessPool:
             # A body killed its worker (the pool is then unusable): this body fails, the next get a new pool.
             self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = ProcessPoolExecutor(self.processes, mp_context=multiprocessing.get_context("spawn"))
+            self._pool = _pool(self.processes)
             raise SidecarError(endpoint, "the decoder process died decoding this body", retryable=False) from None
         return share_groups(evidence, shared if shared is not None else {})
 
@@ -77,6 +82,22 @@ class Decoder:
 
 def _noop() -> None:
     return None
+
+
+def _pool(processes: int) -> ProcessPoolExecutor:
+    return ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_end_with, initargs=(os.getpid(),))
+
+
+def _end_with(parent: int) -> None:
+    """In each decoder process: exit once the operator process is gone. A SIGKILLed or OOM-killed
+    operator cannot shut its pool down, and its workers would otherwise wait for work forever."""
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(PARENT_CHECK_S)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="frscope-parent-watch", daemon=True).start()
 
 
 @dataclass(frozen=True, slots=True)

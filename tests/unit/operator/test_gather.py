@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -214,3 +215,47 @@ async def test_a_pod_whose_address_answers_no_connection_is_given_up_at_the_conn
             sock.close()
     assert "ended" not in got.pods and "onnection timeout" in got.failures["ended"], got.failures
     assert elapsed < 10, elapsed  # two attempts of 0.5 s each; 60 s with only the request's timeout
+
+
+def test_decoder_processes_end_when_the_operator_process_is_killed(tmp_path: Path) -> None:
+    """An operator SIGKILLed (or OOM-killed) cannot shut its decoder pool down: its worker processes end
+    by themselves once their parent is gone, rather than waiting for work forever."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "operator.py"
+    script.write_text(
+        "import asyncio, os, sys, time\n"
+        "from frscope.operator.evidence.gather import Decoder\n"
+        "async def main():\n"
+        "    decoder = Decoder(processes=2)\n"
+        "    await decoder.warm_up()\n"
+        "    print(' '.join(str(p) for p in decoder._pool._processes), flush=True)\n"
+        "    time.sleep(120)\n"
+        "if __name__ == '__main__':\n"
+        "    asyncio.run(main())\n")
+    with subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                          cwd=Path(__file__).resolve().parents[3]) as proc:
+        try:
+            assert proc.stdout is not None
+            workers = [int(p) for p in proc.stdout.readline().split()]
+            assert len(workers) == 2 and all(os.path.exists(f"/proc/{p}") for p in workers)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=10)
+
+    def alive(pid: int) -> bool:
+        try:
+            return not Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1].startswith("Z")
+        except (FileNotFoundError, IndexError):
+            return False
+
+    deadline = time.monotonic() + 20
+    while any(alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [p for p in workers if alive(p)]
+    for pid in left:  # the test's own leftovers, by PID
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"decoder processes {left} outlived the killed operator"
