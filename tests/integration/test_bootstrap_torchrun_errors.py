@@ -9,13 +9,14 @@ Real torchrun, two workers on loopback, gloo; the last rank raises after three a
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from frscope.records.torchrun_exits import torchrun_failures
+from frscope.records.torchrun_exits import WorkerFailure, torchrun_failures
 from frscope.sidecar.bootstrap import BOOTSTRAP_DIR
 from tests.integration.test_sidecar_support import free_port
 
@@ -59,15 +60,27 @@ def run_torchrun(tmp_path: Path, bootstrap: bool) -> str:
     return proc.stdout[-KUBELET_TAIL:].decode(errors="replace")
 
 
-def test_the_root_cause_names_the_exception_in_the_kept_tail(tmp_path: Path) -> None:
+def raiser(tail: str) -> WorkerFailure:
+    """Rank 1's failure in torchrun's summary, root cause or not: torchrun picks the root cause by the
+    failures' times in whole seconds, and rank 0, failing on gloo's "Connection closed by peer" in the
+    same second, is sometimes listed first (a loaded machine)."""
+    failures = {f.rank: f for f in torchrun_failures(tail)}
+    assert 1 in failures, tail
+    return failures[1]
+
+
+def test_the_raising_ranks_failure_names_the_exception_in_the_kept_tail(tmp_path: Path) -> None:
     tail = run_torchrun(tmp_path, bootstrap=True)
-    root = next(f for f in torchrun_failures(tail) if f.root_cause)
-    assert root.rank == 1 and root.exit_code in RAISED_EXIT_CODES, tail
-    assert root.line == f"RuntimeError: {MESSAGE}", tail
+    mine = raiser(tail)
+    assert mine.exit_code in RAISED_EXIT_CODES, tail
+    assert mine.line == f"RuntimeError: {MESSAGE}", tail
 
 
 def test_without_the_bootstrap_the_tail_holds_no_exception(tmp_path: Path) -> None:
     tail = run_torchrun(tmp_path, bootstrap=False)
-    root = next(f for f in torchrun_failures(tail) if f.root_cause)
-    assert root.rank == 1 and root.exit_code in RAISED_EXIT_CODES, tail
-    assert "To enable traceback see" in tail and root.line in ("", f"RuntimeError: {MESSAGE}")
+    mine = raiser(tail)
+    assert mine.exit_code in RAISED_EXIT_CODES, tail
+    # torchrun's own words where no error file exists: its hint for an exit code, or the signal that
+    # ended the process (gloo's teardown can abort the raising rank).
+    assert "To enable traceback see" in tail or re.search(r"Signal \d+ \(SIG\w+\) received by PID", tail), tail
+    assert mine.line in ("", f"RuntimeError: {MESSAGE}") or mine.line.startswith("Signal "), tail
