@@ -333,9 +333,8 @@ def test_full_disk_keeps_captures_and_sigterm_shuts_down_cleanly(hung: LocalJob,
 @pytest.mark.timeout(180)
 async def test_a_rank_that_ended_just_before_shutdown_is_pushed_at_shutdown() -> None:
     """The pod ends right after its trainer does: the kubelet stops the sidecar, often before its next
-    poll round would have seen the rank go (seen on the real node: the operator's gather then found the
-    pod's address gone and had nothing of its ranks). The sidecar's shutdown runs a last round, which
-    pushes the rank's end with its last good recorder before the sidecar exits."""
+    poll round would have seen the rank go, and the pod's address goes with it. The sidecar's shutdown
+    runs a last round, which pushes the rank's end with its last good recorder before the sidecar exits."""
     with start_job("hang", WORLD, lifetime_s=150) as job:
         wait_for_sockets(job)
         async with operator_receiver() as (operator_url, pushed):

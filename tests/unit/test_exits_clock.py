@@ -272,11 +272,10 @@ def test_processes_that_failed_after_their_last_read_are_a_finding(tmp_path: Pat
 
 
 def test_a_rank_its_launcher_terminated_is_a_victim_beside_one_that_raised(tmp_path: Path) -> None:
-    """A cold CI run on the real node (torchrun, 2 pods x 2 ranks, rank 3 raises): the first pod's sidecar
-    was gone before the operator's gather, so ranks 0-1 left nothing; torchrun there named rank 0
-    (SIGABRT after 'Connection closed by peer') and SIGTERMed rank 1, the other pod's torchrun named
-    rank 2 (also 'Connection closed by peer'). Rank 1's SIGTERM came from its launcher: rank 3, which
-    raised on its own, is the culprit, not ranks 1 and 3."""
+    """torchrun, 2 pods x 2 ranks, rank 3 raises; only rank 2's recorder is read. Torchrun names rank 0
+    (SIGABRT after 'Connection closed by peer') and SIGTERMs rank 1 in one pod, names rank 2 ('Connection
+    closed by peer') in the other. A SIGTERMed rank is its launcher's victim: rank 3, which raised on its
+    own, is the culprit, not ranks 1 and 3."""
     peer = ("RuntimeError: [pair.cc:553] Connection closed by peer [10.213.0.20]:47532. This is typically "
             "caused by a remote worker crashing.")
     exits = {0: RankExit(0, exit_code=134, message="work.wait() | " + peer, first_failure=True),
@@ -295,3 +294,32 @@ def test_a_rank_its_launcher_terminated_is_a_victim_beside_one_that_raised(tmp_p
                  1: RankExit(1, exit_code=143, message="Signal 15 (SIGTERM) received by PID 10")}
     [finding] = analyze(dumpset, exits=preempted).findings
     assert finding.culprit_ranks == (1,), finding.summary
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_most_likely_first_over_random_crashes(seed: int) -> None:
+    """Randomized: any world size, any mix of victims (errors blaming a peer, SIGTERM from the launcher or
+    the kubelet, as 143 or -15), any launcher root-cause flags. One rank that failed on its own is always
+    named alone; with none, the SIGTERMed ranks (a preemption); with only peer-blaming ranks, all."""
+    import random
+
+    from frscope.records.exits import most_likely_first
+
+    rng = random.Random(seed)
+    peer = "RuntimeError: [pair.cc:553] Connection closed by peer [10.0.0.1]:4000"
+    for _ in range(300):
+        world = rng.randint(2, 64)
+        ranks = list(range(world))
+        exits: dict[int, RankExit] = {}
+        for r in ranks:
+            kind = rng.choice(("peer", "sigterm"))
+            exits[r] = (RankExit(r, exit_code=1, message=peer, first_failure=rng.random() < 0.3) if kind == "peer"
+                        else RankExit(r, exit_code=rng.choice((143, -15)), message="Signal 15 (SIGTERM) received",
+                                      first_failure=rng.random() < 0.3))
+        terminated = sorted(r for r, e in exits.items() if e.terminated)
+        expected_victims = terminated or ranks
+        assert most_likely_first(ranks, exits) == expected_victims
+        own = rng.choice(ranks)
+        exits[own] = RankExit(own, exit_code=rng.choice((1, 3, 134, 137)), message="RuntimeError: lost its data shard",
+                              reason=rng.choice(("Error", "OOMKilled")), first_failure=rng.random() < 0.5)
+        assert most_likely_first(ranks, exits) == [own]
