@@ -17,6 +17,7 @@ The report says which one an age came from (`age_source`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from frscope.analysis.tracks import Track, newest_created
 from frscope.analysis.wording import fmt_duration
@@ -57,6 +58,19 @@ class Clock:
             if at is not None and (best is None or at > best[0]):
                 best = (at, self.source[rank])
         return best if best is not None else (None, None)
+
+    def lost(self, rank: int) -> bool:
+        """When the rank's recorder was read is lost (a copy's mtime, or no time at all)."""
+        return self.source.get(rank, ENTRIES) in (MTIME_CAPPED, ENTRIES)
+
+    def unknown_age(self, since_ns: int | None) -> str:
+        """For a report whose capture time is lost (copied files): both readings instead of an age."""
+        copied = f" ({fmt_duration(self.copied_by_s)} after it)" if self.copied_by_s is not None else ""
+        entered = f"entered at {_utc(since_ns)}; " if since_ns else ""
+        return (f"unknown: the dump files' modification times are a copy's{copied}, not when the recorders were "
+                f"read; {entered}if the dump was written when the collective's timeout ({fmt_duration(self.cap_s)}) "
+                "ran out it had waited that long, if taken earlier (a periodic or requested dump) less: a dump "
+                "reason or a snapshot's capture time decides")
 
     def describe(self, source: str | None) -> str | None:
         """One line for a report: where an age came from."""
@@ -113,3 +127,7 @@ def build_clock(dumpset: DumpSet, tracks: dict[str, dict[int, Track]], now_ns: i
         elif newest is not None:
             at[rank], source[rank] = newest, ENTRIES
     return Clock(at, source, newest, cap_s, copied_by)
+
+
+def _utc(ns: int) -> str:
+    return datetime.fromtimestamp(ns / 1e9, tz=UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

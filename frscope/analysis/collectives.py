@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from frscope.analysis.clock import MTIME_CAPPED
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
 from frscope.analysis.ops import (
@@ -311,7 +312,11 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     since = min(created) if created else None
     # The latest read of any member counts: one read long after the others entered, and still not in
     # it, shows the collective stood still that long.
-    now = ctx.now_for(sorted(tracks))
+    now, read_by = ctx.clock.now_for(sorted(tracks))
+    if read_by == MTIME_CAPPED:
+        # The files are copies: when the recorders were read is lost, and so is the age. An age made up
+        # from the collective's timeout would decide "stalled" by a few microseconds between groups.
+        return StuckPoint(seq, joined, not_joined, since, None, True, ctx.clock.unknown_age(since))
     age = (now - since) / 1e9 if (now is not None and since is not None) else None
     members = set(group.ranks) | set(tracks)
     stalled = (age is None or age >= ctx.options.stall_after_s or bool(failed & members)
@@ -363,7 +368,8 @@ def hang_finding(
     buckets = {r: b for r in point.joined if (b := tracks[r].by_seq.get(seq))}
     sample = next(iter(buckets.values()))[0] if buckets else None
     op = sample.op if sample else "collective"
-    since = f" for {fmt_duration(point.age_s)}" if point.age_s is not None else ""
+    since = (f" for {fmt_duration(point.age_s)}" if point.age_s is not None
+             else " (for how long is unknown: the capture time is lost)" if point.age_source else "")
     if point.not_joined:
         culprits = point.not_joined
         first = culprits[0]

@@ -37,6 +37,7 @@ class Breach:
     usual: str  # the group that always followed `after_group` before
     usual_count: int
     skipped_seq: int  # the collective of `usual` it skipped (its last seq there + 1)
+    by_peers: bool = False  # `usual_count` counts its peers that went there, not its own earlier steps
 
 
 def _labels(ctx: Context, rank: int) -> tuple[list[tuple[str, int]], tuple[str, int] | None]:
@@ -107,10 +108,94 @@ def breach_of(ctx: Context, rank: int) -> Breach | None:
     done, now = _labels(ctx, rank)
     if now is None or not done:
         return None
+    peers = _peer_breach(ctx, rank, done, now)
+    if peers is not None:
+        return peers if isinstance(peers, Breach) else None
     periodic = _periodic_breach(done, now, rank)
     if periodic is not None:
         return periodic if isinstance(periodic, Breach) else None
     return _program_breach(ctx, rank) or _habit_breach(ctx, rank)
+
+
+MAX_ANCHOR_BACK = 8  # finished collectives looked back over for one the peers share
+MAX_AHEAD = 16  # collectives after the anchor compared
+
+
+def _kind(ctx: Context, group: str) -> str:
+    """What a group is for, across the ranks: its description (tp, dp, mesh_x, ...), else its name."""
+    info = ctx.dumpset.groups.get(group)
+    return info.desc if info is not None and info.desc else group
+
+
+def _after(ctx: Context, rank: int, anchor: tuple[str, int], limit: int) -> list[tuple[str, int]] | None:
+    """The rank's collectives (coalesced) after `anchor`, up to its first open one; None: no anchor."""
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None:
+        return None
+    out: list[tuple[str, int]] = []
+    seen = False
+    for entry in dump.entries:
+        if entry.is_p2p:
+            continue
+        label = (entry.pg_name, entry.collective_seq_id)
+        if not seen:
+            seen = label == anchor
+            continue
+        if label != anchor and (not out or out[-1] != label):
+            out.append(label)
+        if not entry.completed or len(out) >= limit:
+            break
+    return out if seen else None
+
+
+def _roles(ctx: Context) -> dict[int, frozenset[str]]:
+    """Each rank's kinds of groups: ranks of one role in an SPMD program belong to groups of the same kinds."""
+    roles: dict[int, set[str]] = {}
+    for name, info in ctx.dumpset.groups.items():
+        kind = _kind(ctx, name)
+        for r in info.ranks:
+            roles.setdefault(r, set()).add(kind)
+    return {r: frozenset(k) for r, k in roles.items()}
+
+
+def _peer_breach(ctx: Context, rank: int, done: list[tuple[str, int]], now: tuple[str, int]) -> Breach | bool | None:
+    """Every rank runs the same program: after the last collective it finished together with its peers
+    (the anchor), the ranks issue the same kinds of groups in the same order. The rank that, there,
+    issued another kind than most of its peers did broke the order; the ranks that kept the common
+    order never did, whatever their own habit says (a checkpoint barrier runs once and breaks no loop).
+    False: the rank kept its peers' order; None: no peers to compare with."""
+    mine_all = [*done, now]
+    roles = _roles(ctx)
+    for back in range(1, min(MAX_ANCHOR_BACK, len(done)) + 1):
+        anchor = done[-back]
+        peers: list[list[tuple[str, int]]] = []
+        for other in sorted(ctx.tracks.get(anchor[0], {}))[: MAX_COMPARED + 1]:
+            if other == rank or roles.get(other) != roles.get(rank):
+                continue  # a rank without groups of the same kinds runs another program
+            after = _after(ctx, other, anchor, back + MAX_AHEAD)
+            if after is not None:
+                peers.append(after)
+        if len(peers) < MIN_HABIT:
+            continue
+        mine = mine_all[len(mine_all) - back:]
+        for i, (group, seq) in enumerate(mine):
+            kinds = Counter(_kind(ctx, p[i][0]) for p in peers if len(p) > i)
+            total = sum(kinds.values())
+            if total < MIN_HABIT:
+                return None
+            usual, count = kinds.most_common(1)[0]
+            if _kind(ctx, group) == usual:
+                continue
+            if count * 2 <= total:
+                return None  # no common order here to judge by
+            own = [g for g, info in ctx.dumpset.groups.items() if _kind(ctx, g) == usual and rank in info.ranks]
+            if len(own) != 1:
+                return None
+            before = mine[i - 1] if i else anchor
+            last_seq = max((s for g, s in done if g == own[0]), default=0)
+            return Breach(rank, before[0], before[1], group, seq, own[0], count, last_seq + 1, by_peers=True)
+        return False
+    return None
 
 
 Op = tuple[str, str, int]  # (group desc, group name, seq)
@@ -240,6 +325,13 @@ def describe(ctx: Context, breach: Breach) -> str:
         desc = f" ({group.desc})" if group and group.desc and group.desc != "undefined" else ""
         return f"group {name}{desc}"
 
+    if breach.by_peers:
+        return (
+            f"rank {breach.rank} broke the order its peers kept: after #{breach.after_seq} of "
+            f"{label(breach.after_group)}, {breach.usual_count} of its peers went on to the kind of "
+            f"{label(breach.usual)}, but it went to #{breach.went_seq} of {label(breach.went_to)} instead, "
+            f"skipping #{breach.skipped_seq} of {label(breach.usual)}"
+        )
     return (
         f"rank {breach.rank} broke its own order of groups: after {label(breach.after_group)} it went on to "
         f"{label(breach.usual)} {breach.usual_count} times in its earlier steps, but after #{breach.after_seq} it "

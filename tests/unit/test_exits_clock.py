@@ -41,10 +41,11 @@ def test_copied_dumps_do_not_read_as_a_14_hour_hang(tmp_path: Path) -> None:
     copied = _copy(tmp_path, "hang-pickle", 14 * 3600)
     [finding] = analyze(load_dumps([copied]), AnalysisOptions(stall_after_s=1.0)).findings
     assert finding.category is Category.RANK_NOT_JOINED and finding.culprit_ranks == (1,)
-    timeout_s = 1800  # what the gloo entries record (timeout_ms), the longest the dump can follow the hang
-    assert finding.stalled_for_s is not None and 1 < finding.stalled_for_s <= timeout_s
-    assert finding.age_source is not None and "as after a copy" in finding.age_source
-    assert "14 h" not in finding.summary
+    # The capture time is lost with the copy: no age is claimed, and both readings are given.
+    assert finding.stalled_for_s is None
+    assert finding.age_source is not None and finding.age_source.startswith("unknown: ")
+    assert "copy" in finding.age_source and "timeout (30 min)" in finding.age_source
+    assert "14 h" not in finding.summary and "for how long is unknown" in finding.summary
     assert report_to_dict(analyze(load_dumps([copied]), AnalysisOptions(stall_after_s=1.0)))["findings"][0][
         "age_source"] == finding.age_source
 
