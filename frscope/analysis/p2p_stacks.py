@@ -44,8 +44,16 @@ def _in_python(ctx: Context, rank: int) -> bool:
     return bool(stack) and blocked_in(stack) is None
 
 
-def _pair_in_one_direction(ranks: list[int], blocked: dict[int, str]) -> bool:
-    return len(ranks) == 2 and len({blocked[r] in RECEIVES for r in ranks}) == 1
+def _facing(runs: list[list[int]], blocked: dict[int, str]) -> tuple[int, int, list[int]] | None:
+    """Pipeline stages send forward: a rank blocked sending next to the rank after it, blocked receiving,
+    face each other, and both being posted, their ops do not match. (sender, receiver, the receivers
+    behind either); None without such a pair, or with more than one."""
+    found = [(a, b) for a, b in zip(runs, runs[1:], strict=False)
+             if blocked[a[-1]] not in RECEIVES and blocked[b[0]] in RECEIVES and b[0] == a[-1] + 1]
+    if len(found) != 1:
+        return None
+    sends, receives = found[0]
+    return sends[-1], receives[0], [*sends[:-1], *receives[1:]]
 
 
 def _odd_ones(ctx: Context, ranks: list[int], blocked: dict[int, str]) -> list[int] | None:
@@ -94,6 +102,18 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     last = max(ctx.dumpset.dumps, default=0)
     chain = not any((blocked[r[0]] in RECEIVES and r[0] == 0) or (blocked[r[-1]] not in RECEIVES and r[-1] == last)
                     for r in runs)
+    facing = _facing(runs, blocked) if chain else None
+    if facing is not None:
+        sender, receiver, behind_ranks = facing
+        culprits.extend([sender, receiver])
+        behind = (f"; {plural(behind_ranks)} wait{'s' if len(behind_ranks) == 1 else ''} behind them, each on the "
+                  "next rank in the chain") if behind_ranks else ""
+        pairings.append(
+            f"rank {sender} waits in {blocked[sender]}{_site(ctx, sender)} for rank {receiver} (the stage after it) "
+            f"while rank {receiver} waits in {blocked[receiver]}{_site(ctx, receiver)}, for the stage before it: "
+            "both are posted and they never match, so one of the two uses another peer, tag or size (the stacks "
+            f"carry no peer: rank {sender} or rank {receiver}){behind}")
+        runs = [r for r in runs if not set(r) & {sender, receiver, *behind_ranks}]
     for run in runs:
         receiving = blocked[run[0]] in RECEIVES
         # Receivers wait on the stage before the first of them, senders on the stage after the last.
@@ -148,8 +168,9 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         process_group=ref,
         summary=summary,
         op=blocked[first_blocked],
-        # Two ranks that both receive (or both send) first deadlock together: both are the culprits.
-        ambiguous=bool(closed) and len(culprits) > 1 and not _pair_in_one_direction(closed, blocked),
+        # Two ranks that both receive (or both send) first deadlock together: one of them broke the order,
+        # which stacks without peers cannot tell; a facing pair that never matches: one has the wrong peer.
+        ambiguous=(bool(closed) and len(culprits) > 1) or facing is not None,
     )
     for rank in culprits[: ctx.options.max_rank_views]:
         finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)

@@ -30,7 +30,24 @@ from frscope.analysis.wording import plural
 MIN_WAIT_MS = 50.0
 MIN_EVENTS = 3
 ALPHA = 0.01
+# Steady waits (`_steady`): a looser chance bound, with the waits' lengths within this spread
+# (interquartile range over median) and at least this share of all the waiting.
+ALPHA_STEADY = 0.1
+STEADY_SPREAD = 0.25
+STEADY_SHARE = 0.9
 MAX_SHOWN = 8
+
+
+def _steady(mine: list[LateAt], events: dict[int, list[LateAt]]) -> bool:
+    """The rank's waits are one cause repeating, not jitter: they have about one length (a slow loader
+    costs the same every step; with jitter on every rank the gap between the two latest varies from
+    nothing to the jitter's range), and they are nearly all of the time anyone waited. With few ranks
+    (two: each event falls on a rank by a coin toss) a handful of steps can never be beyond chance by
+    count alone; the waits' steadiness is the evidence that the count lacks."""
+    waits = sorted(a.waited_ms for a in mine)
+    q1, mid, q3 = waits[len(waits) // 4], median(waits), waits[(3 * len(waits)) // 4]
+    everyone = sum(a.waited_ms for found in events.values() for a in found)
+    return mid > 0 and (q3 - q1) / mid <= STEADY_SPREAD and sum(waits) >= STEADY_SHARE * everyone
 
 
 def binomial_tail(k: int, m: int, p: float) -> float:
@@ -76,7 +93,8 @@ def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -
     k = len(mine)
     if k < MIN_EVENTS or k * 2 < total:
         return None
-    if binomial_tail(k, total, 1 / len(ranks)) * len(ranks) >= ALPHA:
+    chance = binomial_tail(k, total, 1 / len(ranks)) * len(ranks)
+    if chance >= ALPHA and not (chance < ALPHA_STEADY and _steady(mine, events)):
         return None
     late_ms = median(a.late_by_ms for a in mine)
     waited_ms = median(a.waited_ms for a in mine)
