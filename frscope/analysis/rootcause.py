@@ -62,7 +62,7 @@ def cause_of_rank(ctx: Context, causes: Causes, rank: int, before_record: int | 
                 rank in causes.unrecorded_p2p.culprit_ranks or blocked_in(ctx.live_stack(rank)) in P2P_FUNCTIONS
             ):
                 return causes.unrecorded_p2p
-            if causes.missing is not None and last_group_lacks_a_member(ctx, dump.entries):
+            if causes.missing is not None and last_group_may_lack_a_member(ctx, dump.entries):
                 return causes.missing
             failed = failed_wait(ctx, rank)
             return causes.at_point.get(failed) if failed is not None else None
@@ -93,17 +93,16 @@ def failed_wait(ctx: Context, rank: int) -> tuple[str, int] | None:
     return None
 
 
-def last_group_lacks_a_member(ctx: Context, entries: Sequence[Entry]) -> bool:
-    """The rank's last collective was in a group known only from the entries that is smaller than
-    another group of the same description (a grid's sibling groups are the same size): a member left
-    no dump. That collective failed with the missing member, and the rank stopped there."""
+def last_group_may_lack_a_member(ctx: Context, entries: Sequence[Entry]) -> bool:
+    """The rank's last collective was in a group known only from the entries while some rank left no
+    dump: such a group's members are those seen, and maybe missing ranks too (nothing else says who
+    else belongs: not a description, which groups of different sizes share). That collective may have
+    failed with a missing member, and the rank stopped there: it waits for the missing rank."""
     last = entries[-1] if len(entries) else None
-    if last is None or last.is_p2p:
+    if last is None or last.is_p2p or not ctx.dumpset.missing_ranks:
         return False
     group = ctx.dumpset.groups.get(last.pg_name)
-    if group is None or group.membership_source != "entries":
-        return False
-    return any(g.desc == group.desc and len(g.ranks) > len(group.ranks) for g in ctx.dumpset.groups.values())
+    return group is not None and group.membership_source == "entries"
 
 
 def _culprit_record(ctx: Context, finding: Finding, rank: int) -> int | None:

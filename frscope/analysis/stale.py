@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from frscope.analysis.collectives import StuckPoint
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
-from frscope.analysis.rootcause import failed_wait, last_group_lacks_a_member
+from frscope.analysis.rootcause import failed_wait, last_group_may_lack_a_member
 from frscope.analysis.tracks import Track, newest_created
 from frscope.analysis.wording import fmt_duration, plural
 from frscope.records import GroupInfo, RankExit
@@ -144,7 +144,7 @@ def _waits_elsewhere(ctx: Context, rank: int, group: str) -> bool:
     last = dump.entries[-1]
     if last.is_p2p or last.pg_name == group:
         return False
-    return not last.completed or failed_wait(ctx, rank) is not None or last_group_lacks_a_member(ctx, dump.entries)
+    return not last.completed or failed_wait(ctx, rank) is not None or last_group_may_lack_a_member(ctx, dump.entries)
 
 
 READ_GAP_S = 0.1  # a recorder read this much before the others began a collective cannot show it

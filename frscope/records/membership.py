@@ -6,9 +6,9 @@ group was built last), while the entries say ('0', 'default_pg'). torchfrtrace t
 dies with KeyError: ('0', 1). Here a group's identity is the name its entries carry; its members are
 the ranks its pg_config says by majority across dumps, else (default group) the whole world, else
 the ranks whose dumps hold entries of that group. The world is at least as big as every rank any
-dump's `pg_config` lists, so a rank that left no dump is missing even when no other dump names it;
-and at least as big as the split its described subgroups make (`_split_world`), so the last ranks
-are missing too when they left no dump and gloo's `pg_config` lists another group.
+dump's `pg_config` lists, so a rank that left no dump is missing even when no other dump names it.
+Nothing is inferred from a description string: groups that share one (DeviceMesh's `mesh_*`,
+`new_subgroups`' `undefined`, one `new_group` per slice) may be uneven, so they imply no world size.
 """
 
 from __future__ import annotations
@@ -71,13 +71,6 @@ def build_groups(
         if is_default_group(name, desc):
             world = max(world, len(ranks))
 
-    split = _split_world(seen, descs, votes)
-    if split is not None and split[0] > world:
-        size, desc, parts, part = split
-        warnings.append(f"the {parts} groups described {desc!r} split the job into parts of {part} ranks: the "
-                        f"world is at least {size}, though dumps name ranks below {world} only")
-        world = size
-
     groups: dict[str, GroupInfo] = {}
     for name in sorted(set(seen) | set(votes), key=_group_sort_key):
         desc_counter = descs.get(name)
@@ -103,31 +96,6 @@ def build_groups(
         else:
             groups[name] = GroupInfo(name, desc, tuple(sorted(members_seen)), "entries")
     return groups, world, warnings
-
-
-def _split_world(seen: dict[str, set[int]], descs: dict[str, Counter[str]],
-                 votes: dict[str, Counter[tuple[int, ...]]]) -> tuple[int, str, int, int] | None:
-    """The world size that subgroups known only from their entries imply: groups that share a description
-    (DeviceMesh's dimensions, `new_subgroups`, one `new_group` per slice) and do not overlap split the job
-    into equal parts, so there are at least as many ranks as parts times the largest part seen. A part
-    seen smaller holds members without a dump. Returns (world, description, parts, part size) for the
-    description that implies the most ranks, or None."""
-    by_desc: dict[str, list[set[int]]] = {}
-    for name, members in seen.items():
-        counter = descs.get(name)
-        desc = counter.most_common(1)[0][0] if counter else ""
-        if name in votes or is_default_group(name, desc) or desc in ("", "undefined"):
-            continue
-        by_desc.setdefault(desc, []).append(members)
-    best: tuple[int, str, int, int] | None = None
-    for desc, parts in by_desc.items():
-        if len(parts) < 2 or sum(len(p) for p in parts) != len(set().union(*parts)):
-            continue  # one group, or overlapping ones: not a split
-        part = max(len(p) for p in parts)
-        size = len(parts) * part
-        if size <= MAX_RANK and (best is None or size > best[0]):
-            best = (size, desc, len(parts), part)
-    return best
 
 
 def _group_sort_key(name: str) -> tuple[int, int | str]:

@@ -545,10 +545,12 @@ def test_a_recorder_read_before_the_others_began_a_collective_some_still_wait_in
     assert root.category is Category.RANK_STOPPED and root.culprit_ranks == (2,)
 
 
-def test_the_last_rank_of_a_grid_that_left_no_dump_is_named_though_no_dump_lists_it(tmp_path: Path) -> None:
+def test_the_last_rank_of_a_grid_that_left_no_dump_is_named_once_the_world_size_is_known(tmp_path: Path) -> None:
     """2x2 dp x tp with gloo: pg_config's '' entry lists [0, 1] and rank 3 (holding the GIL) left no dump,
-    so no dump names it. The 'tp' groups {0, 1} and {2} (seen) split the job into parts of two: rank 3
-    exists, and it is the one rank 2 waits for in tp and rank 1 in dp."""
+    so no dump names it. A description says nothing of a group's size (groups of one description may be
+    uneven), so no rank 3 is invented from the 'tp' groups: the ranks wait in groups nobody else entered.
+    Given the world size (`--world-size 4`), rank 3 is missing and it is the one rank 2 waits for in tp
+    and rank 1 in dp."""
     config = {"": {"name": "", "desc": "", "ranks": "[0, 1]"}}
     tp0, tp1, dp0, dp1 = ("1", "tp"), ("2", "tp"), ("3", "dp"), ("4", "dp")
     per_rank = {
@@ -556,7 +558,10 @@ def test_the_last_rank_of_a_grid_that_left_no_dump_is_named_though_no_dump_lists
         1: [gloo(1), gloo(1, pg=tp0), gloo(1, pg=dp1, done=False)],
         2: [gloo(1), gloo(1, pg=tp1, done=False)],
     }
-    report = run(tmp_path, per_rank, config)
+    unknown = run(tmp_path, per_rank, config)
+    assert unknown.world_size == 3 and unknown.missing_ranks == ()
+    (tmp_path / "known").mkdir()
+    report = analyze(load_dumps([write(tmp_path / "known", per_rank, config)], world_size=4), OLD)
     assert report.world_size == 4 and report.missing_ranks == (3,)
     assert report.findings[0].culprit_ranks == (3,)
     assert report.findings[0].category in (Category.MISSING_DUMPS, Category.RANK_NOT_JOINED)
