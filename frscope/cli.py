@@ -37,6 +37,8 @@ from frscope.report.html import render_report_html
 CLUSTER_PACKAGES = frozenset({"aiohttp", "kopf", "prometheus_client", "cryptography", "jwt", "yaml", "multidict",
                               "yarl"})
 CLUSTER_EXTRA = "pip install 'frscope[cluster]'"
+# What the extra installs (pyproject.toml), checked before a cluster command starts (some import late).
+CLUSTER_NEEDS = ("aiohttp", "kopf", "prometheus_client", "cryptography", "jwt", "yaml")
 _SERVICES = {
     "sidecar": ("frscope.sidecar.main", "collect local ranks' recorders, detect stalls, serve metrics and the API"),
     "operator": ("frscope.operator.command", "watch PyTorchJobs, gather from the sidecars, write the diagnosis (kopf)"),
@@ -255,6 +257,11 @@ def missing_extra(exc: ImportError) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in args_list if not a.startswith("-")), None)
+    if command in _SERVICES:
+        missing = [name for name in CLUSTER_NEEDS if importlib.util.find_spec(name) is None]
+        if missing:
+            print(f"frscope {command}: {missing_extra(ModuleNotFoundError(name=missing[0]))}", file=sys.stderr)
+            return EXIT_USAGE
     try:
         parser = build_parser(command)
     except ModuleNotFoundError as exc:
