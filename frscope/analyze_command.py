@@ -120,18 +120,21 @@ def _write(path: str, flag: str, text: str) -> None:
 
 
 def _check_output(path: str | None, flag: str) -> None:
-    """Before the analysis (which can take minutes): an output path whose folder is missing, or that is a
-    folder, is a usage error now, not a failure after the work is done."""
+    """Before the analysis (which can take minutes): an output path whose folder is missing or closed, or that
+    is a folder, is a usage error now, not a failure after the work is done."""
     if not path:
         return
     target = Path(path)
-    if target.is_dir():
-        raise UsageError(f"cannot write {flag} {path}: it is a directory")
-    parent = target.parent
-    if not parent.is_dir():
-        raise UsageError(f"cannot write {flag} {path}: no such directory {str(parent)!r}")
-    if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise UsageError(f"cannot write {flag} {path}: permission denied")
+    try:
+        if target.is_dir():
+            raise UsageError(f"cannot write {flag} {path}: it is a directory")
+        parent = target.parent
+        if not parent.is_dir():
+            raise UsageError(f"cannot write {flag} {path}: no such directory {str(parent)!r}")
+        if not os.access(parent, os.W_OK | os.X_OK) or (target.exists() and not os.access(target, os.W_OK)):
+            raise UsageError(f"cannot write {flag} {path}: permission denied")
+    except OSError as exc:  # a folder on the way that this user cannot enter
+        raise UsageError(f"cannot write {flag} {path}: {exc.strerror or exc}") from exc
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:

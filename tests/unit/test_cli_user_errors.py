@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -204,3 +207,58 @@ def test_cluster_commands_without_the_extra_say_which_to_install(command: str) -
     done = _frscope("analyze", str(HUNG), "--no-progress", block=("aiohttp", "kopf", "prometheus_client",
                                                                   "cryptography", "jwt", "yaml", "torch"))
     assert done.returncode == 1 and done.stdout.startswith("Rank 1 never joined"), done.stderr
+
+
+def _as_nobody() -> list[str]:
+    """Run as an unprivileged user (root reads every file whatever its mode): `setpriv` as root, else as is."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: a mode-000 folder is readable")
+    return ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+@pytest.fixture
+def open_dir() -> Iterator[Path]:
+    """A folder the unprivileged user can enter (pytest's tmp_path lies in a folder closed to others)."""
+    with tempfile.TemporaryDirectory(prefix="frscope-cli-") as name:
+        path = Path(name)
+        path.chmod(0o755)
+        yield path
+
+
+def test_folders_this_user_cannot_read_are_named(open_dir: Path) -> None:
+    """A closed folder named alone is exit 2 naming it; beside readable dumps it is a problem of the report; an
+    output path inside it is exit 2 too (not 3). The real console script, as an unprivileged user."""
+    tmp_path = open_dir
+    dumps = tmp_path / "dumps"
+    shutil.copytree(REAL / "hang", dumps)
+    dumps.chmod(0o755)
+    for f in dumps.iterdir():
+        f.chmod(0o644)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o000)
+    # The interpreter and frscope must be readable by that user too: run the checkout's code through -m.
+    python = [sys.executable, "-m", "frscope"]
+    runner = _as_nobody()
+    env = {"PYTHONPATH": str(Path(__file__).resolve().parents[2]), "PATH": "/usr/bin:/bin"}
+    probe = subprocess.run([*runner, *python, "--version"], capture_output=True, text=True, env=env, check=False)
+    if probe.returncode != 0:
+        pytest.skip(f"the unprivileged user cannot run this checkout's Python: {probe.stderr[-300:]}")
+    try:
+        alone = subprocess.run([*runner, *python, "analyze", str(locked)], capture_output=True, text=True, env=env,
+                               check=False, timeout=50)
+        assert alone.returncode == 2 and alone.stderr == \
+            f"frscope analyze: no dump could be loaded: {locked}: cannot read: Permission denied\n", alone.stderr
+        beside = subprocess.run([*runner, *python, "analyze", "--format", "json", "--no-progress", str(locked),
+                                 str(dumps)], capture_output=True, text=True, env=env, check=False, timeout=50)
+        report = json.loads(beside.stdout)
+        assert beside.returncode == 1 and report["ranks_loaded"] == [0, 1, 2, 3]
+        assert {"source": str(locked), "rank": None, "kind": "error",
+                "message": "cannot read: Permission denied"} in report["problems"]
+        out = subprocess.run([*runner, *python, "analyze", str(dumps), "-o", str(locked / "r.txt")],
+                             capture_output=True, text=True, env=env, check=False, timeout=50)
+        assert out.returncode == 2 and out.stderr == \
+            f"frscope analyze: cannot write -o {locked / 'r.txt'}: Permission denied\n", out.stderr
+    finally:
+        locked.chmod(0o700)
