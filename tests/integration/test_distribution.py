@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -116,6 +117,12 @@ def test_wheel_is_manylinux_and_carries_the_built_scanner(wheel: Path) -> None:
     urls = [line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Project-URL: ")]
     assert {u.split(", ", 1)[0] for u in urls} >= {"Homepage", "Source", "Issues", "Changelog"}, urls
     assert all(u.split(", ", 1)[1].startswith("https://github.com/frscope/frscope") for u in urls), urls
+    # The page itself (README.md): every link absolute, the screenshot from raw content.
+    description = metadata.split("\n\n", 1)[1]
+    assert "Content-Type: text/markdown" in metadata and description.startswith("# frscope")
+    links = re.findall(r"\]\(([^)\s]*)\)", description)
+    assert len(links) >= 10 and all(link.startswith("https://") for link in links), links
+    assert "https://raw.githubusercontent.com/frscope/frscope/main/docs/images/live-window.png" in links
 
 
 def test_installed_wheel_imports_its_own_scanner(venv: Path, tmp_path: Path) -> None:
