@@ -112,7 +112,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from frscope.demo.live import run_with_sidecar
 
     out_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="frscope-demo-"))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot use --keep {args.keep}: {exc.strerror or exc}") from exc
     print(
         f"frscope demo: launching a real {args.world_size}-rank gloo job on loopback with fault {args.fault!r}; "
         "a local frscope sidecar beside it collects every rank's recorder and stack while it is blocked...",

@@ -34,11 +34,16 @@ NAME = f"{OSC_TITLE}{CSI_CLEAR}{OSC_CLIPBOARD}{C1_CSI}{BIDI}[9] fake | ``` <b>"
 REASON = "OOMKilled\r" + NAME + "\n[1] RankNotJoined (forged)\u2028"
 
 
-def _bundle(path: Path, *, exits: bool) -> Path:
-    """The real hang fixture (rank 1 stuck in load_batch) with hostile names in every rank's stack, and with
-    `exits` hostile reasons and messages for every rank."""
+def _bundle(path: Path, *, exits: bool, group_desc: str | None = None) -> Path:
+    """The real hang fixture (rank 1 stuck in load_batch) with hostile names in every rank's stack, with
+    `exits` hostile reasons and messages for every rank, and `group_desc` as every group's description."""
     pieces = [json.loads(p.read_text()) for p in sorted((REAL / "hang").glob("rank-*.json"))]
     for piece in pieces:
+        if group_desc is not None:
+            for cfg in piece["trace"]["pg_config"].values():
+                cfg["desc"] = group_desc
+            for entry in piece["trace"]["entries"]:
+                entry["process_group"] = [entry["process_group"][0], group_desc]
         piece["stacks"] = (piece["stacks"].replace("/work/main/frscope/demo/job.py", f"/app/{NAME}.py")
                            .replace("load_batch", f"load_{NAME}"))
     head = wire.snapshot_head(pod="worker-0", namespace="tenant", node="node-a",
@@ -105,6 +110,16 @@ def test_entries_and_problems_print_no_escape(tmp_path: Path, capsys: pytest.Cap
         out = _analyze(capsys, str(REAL / "hang"), str(bad), "--format", fmt)
         assert _acting(out) == [] and "\\x1b]0;pwned\\x07" in (_shown(out) if fmt == "markdown" else out)
         assert _acting(_analyze(capsys, str(REAL / "hang"), "--entries", "--format", fmt)) == []
+
+
+@pytest.mark.parametrize("view", [[], ["--entries"], ["--perf"]], ids=["report", "entries", "perf"])
+@pytest.mark.parametrize("fmt", ["text", "markdown"])
+def test_a_hostile_group_description_prints_no_escape_in_any_view(view: list[str], fmt: str, tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    bundle = _bundle(tmp_path / "g.json.gz", exits=False, group_desc=f"tp{NAME}")
+    out = _analyze(capsys, str(bundle), "--format", fmt, *view)
+    assert _acting(out) == []
+    assert "tp\\x1b]0;pwned\\x07" in (_shown(out) if fmt == "markdown" else out), out[:2000]
 
 
 @pytest.mark.parametrize("char", [chr(c) for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))]

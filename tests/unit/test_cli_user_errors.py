@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from frscope.cli import main
+from frscope.cli import demo_install_hint, main
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -262,3 +262,13 @@ def test_folders_this_user_cannot_read_are_named(open_dir: Path) -> None:
             f"frscope analyze: cannot write -o {locked / 'r.txt'}: Permission denied\n", out.stderr
     finally:
         locked.chmod(0o700)
+
+
+def test_demo_keep_path_that_cannot_be_made_is_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """(With torch installed: the check for it comes first.)"""
+    if demo_install_hint() is not None:
+        pytest.skip("torch is not installed: frscope demo says so first (test_demo_without_torch_says_how_to_get_it)")
+    (tmp_path / "file").write_text("")
+    assert main(["demo", "--keep", str(tmp_path / "file" / "kept")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("frscope demo: cannot use --keep") and err.count("\n") == 1, err
