@@ -138,3 +138,16 @@ def test_printable_keeps_what_is_harmless() -> None:
     for text, code in cases:
         assert md_code(text) == code
     assert md_text("*a* _b_ [c](d) <e> |") == "\\*a\\* \\_b\\_ \\[c\\](d) \\<e\\> \\|"
+
+
+def test_the_one_line_kubernetes_message_prints_no_escape(tmp_path: Path) -> None:
+    """The condition message and Event the operator writes from the same finding (`kubectl describe` prints it)."""
+    from frscope.analysis import analyze
+    from frscope.records import load_dumps
+    from frscope.report import one_line
+
+    dumpset = load_dumps([_bundle(tmp_path / "s.json.gz", exits=False)], jobs=1)
+    [finding] = analyze(dumpset).findings
+    assert "\x1b" in finding.summary  # the analysis keeps the name as it is; the renderers show it
+    line = one_line(finding)
+    assert _acting(line) == [] and "load_\\x1b]0;pwned\\x07" in line and len(line.encode()) <= 1024
