@@ -51,7 +51,8 @@ EXIT_CRASH = 3
 DEBUG_ENV = "FRSCOPE_DEBUG"
 
 _EXIT_CODES = (
-    "Exit codes: 0 healthy, 1 findings, 2 bad usage or nothing loadable, 3 frscope itself failed "
+    "Exit codes: 0 healthy, 1 findings (whatever --op/--pg/--rank show), 2 bad usage (a filter value that "
+    "matches nothing, a path that cannot be written) or nothing loadable, 3 frscope itself failed "
     f"(a bug; {DEBUG_ENV}=1 prints the traceback). Unreadable dumps are listed as problems, never a crash."
 )
 # `frscope demo`: 0 when the diagnosis showed what the fault was meant to show, else this.
