@@ -14,45 +14,45 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
+import importlib.util
 import os
 import sys
 import tempfile
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from frscope import __version__
 from frscope.analysis import AnalysisOptions, Report, analyze
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
-from frscope.analysis.perf import analyze_perf
+from frscope.analyze_command import EXIT_FINDINGS, EXIT_HEALTHY, EXIT_USAGE, UsageError, cmd_analyze
 from frscope.demo.faults import DEMO_FAULTS
-from frscope.records import DEFAULT_MAX_BYTES, DumpSet, RankExit, exits_from_json, load_dumps, scan
-from frscope.records.bundle_exits import read_bundle_exits
-from frscope.records.errors import DumpError
+from frscope.records import DEFAULT_MAX_BYTES, load_dumps, scan
 from frscope.records.limits import MAX_RANK
-from frscope.report import render_markdown, render_text, report_to_dict
-from frscope.report.entries import render_entries
-from frscope.report.filters import Filters
+from frscope.report import render_text
 from frscope.report.html import render_report_html
-from frscope.report.perf import perf_to_dict, render_perf_text
-from frscope.report.trace import build_trace
 
+# The cluster parts need the `cluster` extra (`pip install 'frscope[cluster]'`); `pip install frscope` is the
+# offline analyzer alone. A command whose imports name one of these packages says so instead of a traceback.
+CLUSTER_PACKAGES = frozenset({"aiohttp", "kopf", "prometheus_client", "cryptography", "jwt", "yaml", "multidict",
+                              "yarl"})
+CLUSTER_EXTRA = "pip install 'frscope[cluster]'"
+# What the extra installs (pyproject.toml), checked before a cluster command starts (some import late).
+CLUSTER_NEEDS = ("aiohttp", "kopf", "prometheus_client", "cryptography", "jwt", "yaml")
 _SERVICES = {
     "sidecar": ("frscope.sidecar.main", "collect local ranks' recorders, detect stalls, serve metrics and the API"),
     "operator": ("frscope.operator.command", "watch PyTorchJobs, gather from the sidecars, write the diagnosis (kopf)"),
     "doctor": ("frscope.doctor.command", "check the cluster's frscope setup: operator, webhook, CRD, opt-in, pods"),
 }
 
-EXIT_HEALTHY = 0
-EXIT_FINDINGS = 1
-EXIT_USAGE = 2
+__all__ = ["EXIT_FINDINGS", "EXIT_HEALTHY", "EXIT_USAGE", "cmd_analyze", "main"]
 # frscope itself failed (a bug, not the dumps): CI can tell this apart from findings and bad usage.
 EXIT_CRASH = 3
 DEBUG_ENV = "FRSCOPE_DEBUG"
 
 _EXIT_CODES = (
-    "Exit codes: 0 healthy, 1 findings, 2 bad usage or nothing loadable, 3 frscope itself failed "
+    "Exit codes: 0 healthy, 1 findings (whatever --op/--pg/--rank show), 2 bad usage (a filter value that "
+    "matches nothing, a path that cannot be written) or nothing loadable, 3 frscope itself failed "
     f"(a bug; {DEBUG_ENV}=1 prints the traceback). Unreadable dumps are listed as problems, never a crash."
 )
 # `frscope demo`: 0 when the diagnosis showed what the fault was meant to show, else this.
@@ -67,6 +67,13 @@ def _size(text: str) -> int:
     return int(text)
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
+
+
 def _world_size(text: str) -> int:
     value = int(text)
     if not 1 <= value <= MAX_RANK:
@@ -74,125 +81,42 @@ def _world_size(text: str) -> int:
     return value
 
 
-def _progress_bar(enabled: bool) -> tuple[Callable[[int, int], None] | None, Callable[[], None]]:
-    """A tqdm bar on stderr for long loads, only when stderr is a terminal."""
-    if not enabled or not sys.stderr.isatty():
-        return None, lambda: None
-    from tqdm import tqdm
-
-    bar: list[tqdm] = []
-
-    def update(done: int, total: int) -> None:
-        if total < 16:
-            return
-        if not bar:
-            bar.append(tqdm(total=total, unit="file", desc="loading dumps", file=sys.stderr, leave=False))
-        bar[0].n = done
-        bar[0].refresh()
-
-    def close() -> None:
-        if bar:
-            bar[0].close()
-
-    return update, close
-
-
-def _options(args: argparse.Namespace) -> AnalysisOptions:
-    return AnalysisOptions(stall_after_s=args.stuck_after, clock_skew_ms=args.clock_skew_ms)
-
-
-def _emit(report: Report, dumpset: DumpSet, args: argparse.Namespace, filters: Filters) -> int:
-    findings = filters.apply(report.findings)
-    perf = analyze_perf(dumpset, args.clock_skew_ms, keep_group=filters.group_ok if filters.groups else None,
-                        keep_op=filters.op_ok if filters.ops else None,
-                        keep_rank=filters.rank_ok if filters.ranks is not None else None) if args.perf else None
-    if args.entries:
-        out = render_entries(dumpset, filters, args.last)
-    elif perf is not None:
-        out = json.dumps(perf_to_dict(perf), indent=2, allow_nan=False) + "\n" if args.format == "json" \
-            else render_perf_text(perf)
-    elif args.format == "json":
-        out = json.dumps(report_to_dict(report, findings=findings), indent=2, allow_nan=False) + "\n"
-    elif args.format == "markdown":
-        out = render_markdown(report, findings)
-    else:
-        out = render_text(report, findings)
-    if args.output:
-        Path(args.output).write_text(out)
-    else:
-        sys.stdout.write(out)
-    if args.html:
-        Path(args.html).write_text(render_report_html(
-            report, dumpset, findings, perf=perf_to_dict(perf) if perf is not None else None), encoding="utf-8")
-        print(f"frscope analyze: timeline written to {args.html} (opens offline in a browser)", file=sys.stderr)
-    if args.trace:
-        with open(args.trace, "w", encoding="utf-8") as handle:
-            json.dump(build_trace(dumpset), handle, separators=(",", ":"))
-        print(f"frscope analyze: trace written to {args.trace} (open it in ui.perfetto.dev or chrome://tracing)",
-              file=sys.stderr)
-    return EXIT_FINDINGS if findings else EXIT_HEALTHY
-
-
-def cmd_analyze(args: argparse.Namespace) -> int:
-    try:
-        filters = Filters.parse(args.op, args.pg, args.rank)
-    except ValueError as exc:
-        print(f"frscope analyze: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    update, close = _progress_bar(not args.no_progress)
-    try:
-        dumpset = load_dumps(
-            args.paths, max_bytes=args.max_bytes, world_size=args.world_size, progress=update, jobs=args.jobs
-        )
-    finally:
-        close()
-    if not dumpset.dumps:
-        print("frscope analyze: no dump could be loaded", file=sys.stderr)
-        for problem in dumpset.problems:
-            print(f"  - {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        exits = {**_bundle_exits(args.paths, args.max_bytes), **_exits(args.exits)}
-    except (ValueError, DumpError) as exc:
-        print(f"frscope analyze: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    report = analyze(dumpset, _options(args), exits=exits)
-    return _emit(report, dumpset, args, filters)
-
-
-def _bundle_exits(paths: Sequence[str], max_bytes: int) -> dict[int, RankExit]:
-    """How ranks ended, from the incident bundles named on the command line (`--exits` overrides)."""
-    out: dict[int, RankExit] = {}
-    for path in map(Path, paths):
-        if path.is_file():
-            out.update((e.rank, e) for e in read_bundle_exits(path, max_bytes))
-    return out
-
-
-def _exits(path: str | None) -> dict[int, RankExit]:
-    """`--exits FILE`: how ranks' processes ended ({"2": 137} or {"2": {"exit_code": 137, "reason": ...}})."""
-    if not path:
-        return {}
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(1 << 20)
-        obj = json.loads(raw)
-    except (OSError, ValueError) as exc:
-        raise ValueError(f"--exits {path}: {exc}") from exc
-    return {e.rank: e for e in exits_from_json(obj, path)}
-
-
 # The demo captures seconds after its job stops moving (the watchdog would wait minutes): a collective
 # in flight for this long is stuck, in the demo.
 DEMO_STUCK_AFTER_S = 1.0
 
 
+# What `frscope demo` runs besides frscope: a real torch job, and a local sidecar (the cluster extra's packages).
+DEMO_NEEDS = ("torch", "aiohttp", "prometheus_client", "jwt", "cryptography")
+
+
+def demo_install_hint() -> str | None:
+    """None when this Python can run the demo; else the message that says what is missing and the exact
+    command that installs it into this Python."""
+    missing = [name for name in DEMO_NEEDS if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    what = "PyTorch (torch)" if missing[0] == "torch" else "the cluster extra's packages"
+    return (f"the demo runs a real PyTorch job beside a local frscope sidecar, and {what} is not installed in "
+            f"this Python ({sys.executable}; missing: {', '.join(missing)}). Install it with:\n"
+            f"    {sys.executable} -m pip install 'frscope[demo]'\n"
+            "(torch is large, a few GB with CUDA; the CPU build is enough: add "
+            "--extra-index-url https://download.pytorch.org/whl/cpu). In a checkout of frscope: make demo")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    hint = demo_install_hint()
+    if hint is not None:
+        print(f"frscope demo: {hint}", file=sys.stderr)
+        return EXIT_USAGE
     from frscope.demo.launcher import LaunchError
     from frscope.demo.live import run_with_sidecar
 
     out_dir = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="frscope-demo-"))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"cannot use --keep {args.keep}: {exc.strerror or exc}") from exc
     print(
         f"frscope demo: launching a real {args.world_size}-rank gloo job on loopback with fault {args.fault!r}; "
         "a local frscope sidecar beside it collects every rank's recorder and stack while it is blocked...",
@@ -247,23 +171,29 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description=_EXIT_CODES,
     )
     analyze_p.add_argument("paths", nargs="+", help="dump files or directories (pickle or JSON, any version)")
-    analyze_p.add_argument("--format", choices=("text", "json", "markdown"), default="text")
+    analyze_p.add_argument(
+        "--format", choices=("text", "json", "markdown"), default="text",
+        help="of what goes to stdout or -o: the report, --entries or --perf (--html and --trace are their own "
+        "formats); default %(default)s",
+    )
     analyze_p.add_argument("-o", "--output", help="write the report here instead of stdout")
     analyze_p.add_argument("--html", metavar="PATH", help="also write the collective timeline as one HTML file")
     analyze_p.add_argument(
         "--trace", metavar="FILE",
         help="also write a Chrome/Perfetto trace (JSON): a track per rank and process group, a slice per collective",
     )
-    analyze_p.add_argument("--op", help="only these ops, e.g. all_reduce,broadcast (or ALLREDUCE)")
+    analyze_p.add_argument(
+        "--op", help="only these ops, e.g. all_reduce,broadcast (or ALLREDUCE); filters show less, never change the "
+        "verdict or the exit code; a value that matches nothing is exit code 2")
     analyze_p.add_argument("--pg", help="only these process groups (name or description)")
-    analyze_p.add_argument("--rank", help="only these ranks, e.g. 0-7,12")
+    analyze_p.add_argument("--rank", help="only these ranks, e.g. 0-7,12 (exit code 2 when none is in the job)")
     analyze_p.add_argument(
         "--perf", action="store_true",
         help="where the time goes (a slow job, not a hung one): per group/op/size the time waiting for late peers "
         "and in transfer, and the ranks that make the others wait, the costliest first",
     )
     analyze_p.add_argument("--entries", action="store_true", help="print collectives side by side across ranks")
-    analyze_p.add_argument("--last", type=int, help="with --entries: only the last N collectives per group")
+    analyze_p.add_argument("--last", type=_positive, help="with --entries: only the last N collectives per group")
     analyze_p.add_argument("--max-bytes", type=_size, default=DEFAULT_MAX_BYTES, help="size cap per file (e.g. 512M)")
     analyze_p.add_argument("--world-size", type=_world_size, help="expected world size (to name ranks with no dump)")
     analyze_p.add_argument(
@@ -289,7 +219,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     analyze_p.add_argument("--no-progress", action="store_true", help="no progress bar")
     analyze_p.add_argument(
         "--jobs",
-        type=int,
+        type=_positive,
         help="processes that decode dumps (default: one per core from 32 files on, else one; a dump that "
         "crashes its process is reported, the others load). 1 = decode in this process: faster for a few "
         "files, not isolated from crafted pickles",
@@ -319,16 +249,44 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def missing_extra(exc: ImportError) -> str | None:
+    """The message for a cluster command run without the `cluster` extra (None: another import error)."""
+    top = (exc.name or "").split(".")[0]
+    if not isinstance(exc, ModuleNotFoundError) or top not in CLUSTER_PACKAGES:
+        return None
+    return (f"this command needs frscope's cluster extra (the package {top!r} is not installed; "
+            f"`pip install frscope` is the offline analyzer alone): {CLUSTER_EXTRA}")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in args_list if not a.startswith("-")), None)
-    parser = build_parser(command)
+    if command in _SERVICES:
+        missing = [name for name in CLUSTER_NEEDS if importlib.util.find_spec(name) is None]
+        if missing:
+            print(f"frscope {command}: {missing_extra(ModuleNotFoundError(name=missing[0]))}", file=sys.stderr)
+            return EXIT_USAGE
+    try:
+        parser = build_parser(command)
+    except ModuleNotFoundError as exc:
+        message = missing_extra(exc)
+        if message is None:
+            raise
+        print(f"frscope {command}: {message}", file=sys.stderr)
+        return EXIT_USAGE
     args = parser.parse_args(args_list)
     try:
         code: int = args.func(args)
     except KeyboardInterrupt:
         return 130
+    except UsageError as exc:
+        print(f"frscope {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except Exception as exc:  # a bug in frscope, never a bad dump (those are problems in the report)
+        extra = missing_extra(exc) if isinstance(exc, ImportError) else None
+        if extra is not None:
+            print(f"frscope {args.command}: {extra}", file=sys.stderr)
+            return EXIT_USAGE
         if os.environ.get(DEBUG_ENV):
             traceback.print_exc()
         message = " ".join(str(exc).split())[:300]

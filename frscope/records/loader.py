@@ -96,10 +96,14 @@ def _not_a_file(path: Path) -> str | None:
 def expand_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[LoadProblem]]:
     files: list[Path] = []
     problems: list[LoadProblem] = []
+
+    def unreadable(exc: OSError) -> None:
+        """A folder this user cannot read (the named one or one inside) is a problem, not silently nothing."""
+        problems.append(LoadProblem(str(exc.filename), f"cannot read: {exc.strerror or exc}"))
     for raw in paths:
         path = Path(raw)
         if path.is_dir():
-            for root, dirnames, filenames in os.walk(path):
+            for root, dirnames, filenames in os.walk(path, onerror=unreadable):
                 dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
                 for filename in sorted(filenames):
                     candidate = Path(root, filename)

@@ -9,6 +9,7 @@ from typing import Any
 from frscope.analysis import Finding, Report, op_label
 from frscope.analysis.findings import RankView
 from frscope.records import Frame
+from frscope.report.filters import Filters
 from frscope.report.verdict import verdict
 
 SCHEMA = "frscope.report/v1"
@@ -87,17 +88,25 @@ def finite(obj: Any) -> Any:
     return obj
 
 
-def report_to_dict(report: Report, *, findings: list[Finding] | None = None) -> dict[str, Any]:
-    """The report as JSON-able data, with no NaN or infinity anywhere (`finite`)."""
-    return finite(_report_dict(report, findings))  # type: ignore[no-any-return]
+def report_to_dict(
+    report: Report, *, findings: list[Finding] | None = None, filters: Filters | None = None
+) -> dict[str, Any]:
+    """The report as JSON-able data, with no NaN or infinity anywhere (`finite`). `findings`: those `filters`
+    kept; `healthy` and `verdict` stay the whole job's, and with active filters the document says which
+    (`filters`) and how many findings the job has (`findings_total`)."""
+    out = _report_dict(report, findings)
+    if filters is not None and filters.active:
+        out["filters"] = filters.to_dict()
+        out["findings_total"] = len(report.findings)
+    return finite(out)  # type: ignore[no-any-return]
 
 
 def _report_dict(report: Report, findings: list[Finding] | None) -> dict[str, Any]:
     shown = report.findings if findings is None else findings
     return {
         "schema": SCHEMA,
-        "healthy": not shown,
-        "verdict": shown[0].summary if shown else verdict(report),
+        "healthy": report.healthy,
+        "verdict": verdict(report),
         "world_size": report.world_size,
         "ranks_loaded": list(report.ranks_loaded),
         "missing_ranks": list(report.missing_ranks),

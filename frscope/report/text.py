@@ -1,9 +1,15 @@
-"""Terminal text: the verdict in one sentence first, then the evidence."""
+"""Terminal text: the verdict in one sentence first, then the evidence.
+
+Every line goes through `frscope.report.printable` before it is joined: a function name, file name, group
+description or exit message from a dump or bundle cannot move the cursor, retitle the window, write the
+clipboard or start a new line."""
 
 from __future__ import annotations
 
 from frscope.analysis import Finding, Report, fmt_ranks
 from frscope.records import Frame
+from frscope.report.filters import Filters
+from frscope.report.printable import printable
 from frscope.report.verdict import verdict
 
 MAX_FRAMES = 12
@@ -59,9 +65,13 @@ def _finding(finding: Finding, number: str, indent: str = "") -> list[str]:
     return lines
 
 
-def render_text(report: Report, findings: list[Finding] | None = None) -> str:
+def render_text(report: Report, findings: list[Finding] | None = None, filters: Filters | None = None) -> str:
+    """The report; `findings`: those `filters` kept (a line under the verdict says which, and what they hid).
+    The verdict is always the whole job's."""
     shown = report.findings if findings is None else findings
-    lines = [shown[0].summary if shown else verdict(report), ""]
+    lines = [verdict(report), ""]
+    if filters is not None and filters.active:
+        lines += [filters.note(len(shown), len(report.findings)), ""]
     for i, finding in enumerate(shown, 1):
         lines.extend(_finding(finding, str(i)))
         lines.append("")
@@ -83,4 +93,4 @@ def render_text(report: Report, findings: list[Finding] | None = None) -> str:
         lines.extend(f"  - {p}" for p in warnings[:10])
         if len(warnings) > 10:
             lines.append(f"  ... and {len(warnings) - 10} more")
-    return "\n".join(lines) + "\n"
+    return "\n".join(map(printable, lines)) + "\n"

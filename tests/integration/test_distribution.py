@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -107,7 +108,21 @@ def test_wheel_is_manylinux_and_carries_the_built_scanner(wheel: Path) -> None:
     assert [n for n in names if n.startswith("frscope/records/_frscan.") and n.endswith(".so")], names
     assert not [n for n in names if n.endswith((".c", ".h"))]  # sources stay in the sdist
     assert "License-Expression: Apache-2.0" in metadata
-    assert "Requires-Dist: kopf" in metadata and "Requires-Dist: torch" not in metadata.split("Provides-Extra")[0]
+    # The analyzer alone by default; the cluster parts and the demo are extras.
+    requires = [line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Requires-Dist: ")]
+    assert [r for r in requires if "extra ==" not in r] == ["tqdm>=4.66.3"], requires
+    assert any(r.startswith("kopf") and 'extra == "cluster"' in r for r in requires), requires
+    assert any(r.startswith("frscope[cluster]") and 'extra == "demo"' in r for r in requires), requires
+    # PyPI shows these links as they are: absolute, never relative to a checkout.
+    urls = [line.split(": ", 1)[1] for line in metadata.splitlines() if line.startswith("Project-URL: ")]
+    assert {u.split(", ", 1)[0] for u in urls} >= {"Homepage", "Source", "Issues", "Changelog"}, urls
+    assert all(u.split(", ", 1)[1].startswith("https://github.com/frscope/frscope") for u in urls), urls
+    # The page itself (README.md): every link absolute, the screenshot from raw content.
+    description = metadata.split("\n\n", 1)[1]
+    assert "Content-Type: text/markdown" in metadata and description.startswith("# frscope")
+    links = re.findall(r"\]\(([^)\s]*)\)", description)
+    assert len(links) >= 10 and all(link.startswith("https://") for link in links), links
+    assert "https://raw.githubusercontent.com/frscope/frscope/main/docs/images/live-window.png" in links
 
 
 def test_installed_wheel_imports_its_own_scanner(venv: Path, tmp_path: Path) -> None:
@@ -144,6 +159,31 @@ def test_cli_from_the_wheel_diagnoses_real_dumps_with_the_scanner(venv: Path, tm
     pure = _run([frscope, "analyze", "--format", "json", str(DUMPS)], cwd=tmp_path,
                 env=_clean_env(FRSCOPE_NO_SCANNER="1"))
     assert pure.returncode == 1 and json.loads(pure.stdout) == report
+
+
+# What `pip install frscope` must not bring: the cluster extra's packages (and what only they pull in), torch.
+CLUSTER_ONLY = ("kopf", "aiohttp", "cryptography", "prometheus-client", "prometheus_client", "pyjwt", "pyyaml",
+                "kubernetes", "torch", "yarl", "multidict")
+
+
+def test_the_analyzer_installs_alone_and_works(venv: Path, tmp_path: Path) -> None:
+    """The wheel's venv holds the analyzer and nothing of the cluster parts; `frscope analyze` diagnoses real
+    dumps there, the cluster commands say which extra to install, the demo how to get torch."""
+    listed = _run([str(venv / "bin" / "python"), "-m", "pip", "list", "--format", "json",
+                   "--disable-pip-version-check"], env=_clean_env())
+    assert listed.returncode == 0, listed.stderr
+    installed = {p["name"].lower() for p in json.loads(listed.stdout)}
+    assert not installed & set(CLUSTER_ONLY), sorted(installed)
+    assert {"frscope", "tqdm"} <= installed, sorted(installed)
+    frscope = str(venv / "bin" / "frscope")
+    done = _run([frscope, "analyze", str(DUMPS)], cwd=tmp_path, env=_clean_env())
+    assert done.returncode == 1 and "rank 1" in done.stdout.lower().split("\n")[0], done
+    for command in ("operator", "sidecar", "doctor"):
+        done = _run([frscope, command, "--help"], cwd=tmp_path, env=_clean_env())
+        assert done.returncode == 2 and "pip install 'frscope[cluster]'" in done.stderr, done
+        assert "Traceback" not in done.stderr
+    done = _run([frscope, "demo"], cwd=tmp_path, env=_clean_env())
+    assert done.returncode == 2 and "-m pip install 'frscope[demo]'" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_release_wheels_are_the_manylinux_builds_for_both_arches(tools: Path) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from frscope import cli
+from frscope import analyze_command, cli
 from frscope.operator.evidence.pod_evidence import from_bytes
 from frscope.sidecar.dumpdir import DumpDirWatcher
 from tests import hostile
@@ -159,7 +159,7 @@ def test_a_crash_of_frscope_itself_has_its_own_exit_code(tmp_path: Path, monkeyp
     def broken(*_args: object, **_kwargs: object) -> None:
         raise KeyError("a bug")
 
-    monkeypatch.setattr(cli, "analyze", broken)
+    monkeypatch.setattr(analyze_command, "analyze", broken)
     monkeypatch.delenv(cli.DEBUG_ENV, raising=False)
     assert cli.main(["analyze", str(tmp_path), "--no-progress"]) == cli.EXIT_CRASH == 3
     err = capsys.readouterr().err

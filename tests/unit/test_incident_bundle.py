@@ -79,7 +79,6 @@ def test_one_bad_window_names_itself_and_spares_the_others(tmp_path: Path, capsy
 @pytest.mark.parametrize(("damage", "says"), [
     (lambda b: b.update(windows={"a": 1}), "field 'windows' is dict"),
     (lambda b: b.update(windows=[]), "field 'windows' is empty"),
-    (lambda b: b.update(exits={"x": 1}), "field 'exits'"),
 ])
 def test_a_bad_bundle_is_a_clear_problem(damage: Any, says: str, tmp_path: Path,
                                          capsys: pytest.CaptureFixture[str]) -> None:
@@ -89,6 +88,17 @@ def test_a_bad_bundle_is_a_clear_problem(damage: Any, says: str, tmp_path: Path,
     assert main(["analyze", str(path), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert str(path) in err and says in err
+
+
+def test_bad_exits_leave_the_bundles_ranks_analysed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Exits that cannot be read are a warning naming the field: the ranks the bundle carries are still the report."""
+    bundle = _bundle_of("none")
+    bundle["exits"] = {"x": 1}
+    path = _write(tmp_path / "bad-exits.json.gz", bundle)
+    code, report = _analyze(capsys, str(path))
+    assert code == 0 and report["healthy"] and report["ranks_loaded"] == [0, 1, 2, 3]
+    [problem] = report["problems"]
+    assert problem["source"] == str(path) and problem["kind"] == "warning" and "field 'exits'" in problem["message"]
 
 
 def test_corrupt_and_oversized_bundles_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

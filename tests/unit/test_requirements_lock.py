@@ -43,8 +43,9 @@ def test_every_pin_has_hashes(name: str) -> None:
 
 
 def test_image_pins_satisfy_the_runtime_dependencies() -> None:
+    """The image runs the sidecar and the operator: frscope's dependencies and its cluster extra."""
     pins = _pins("image.txt")
-    for line in PYPROJECT["project"]["dependencies"]:
+    for line in PYPROJECT["project"]["dependencies"] + PYPROJECT["project"]["optional-dependencies"]["cluster"]:
         requirement = Requirement(line)
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{name} is a dependency but not in requirements/image.txt: run scripts/lock-deps"
