@@ -7,7 +7,9 @@ object collectives, scatter/gather, monitored_barrier, pipelining schedules, a D
 recorder holds the shapes those libraries really leave (two-op object collectives, DDP's rebroadcast,
 `[]` scatter inputs, mesh_* groups, ...).
 
-Faults (`--fault KIND:RANK:STEP`): `stuck` (the rank sleeps in `load_batch` at that step), `crash` (the
+Faults (`--fault KIND:RANK:STEP`): `stuck` (the rank sleeps in `load_batch` at that step), `stuckmid` (the
+same after the step's first op: in front of a monitored_barrier, an object collective's second op, a
+gather after its scatter), `crash` (the
 rank's process ends with os._exit(17) there, no dump), `loader` (the rank's DataLoader worker hangs), and
 `none`. Capture: every rank keeps a thread that, when the launcher writes `<out>/trigger`, writes its
 recorder as torch's JSON and pickle and every thread's stack (faulthandler's format, as the worker server's
@@ -45,8 +47,14 @@ class Rank:
         self.dumped = threading.Lock()
         self.done = False
 
-    def faulty(self, step: int) -> bool:
-        return self.fault in ("stuck", "crash") and self.rank == self.fault_rank and step == self.fault_step
+    def faulty(self, step: int, kinds: tuple[str, ...] = ("stuck", "crash")) -> bool:
+        return self.fault in kinds and self.rank == self.fault_rank and step == self.fault_step
+
+    def mid_step(self, step: int) -> None:
+        """`stuckmid`: the rank gets stuck after its step's first collective, before the next op."""
+        if self.faulty(step, ("stuckmid",)):
+            (self.out / f"fault-{self.rank}").write_text(str(time.time_ns()))
+            load_batch()
 
     def at_step(self, step: int) -> None:
         """Where a fault strikes: at the start of a step, before its first collective."""
@@ -177,6 +185,7 @@ def objects(r: Rank) -> None:
         r.at_step(step)
         gathered: list[Any] = [None] * r.world
         dist.all_gather_object(gathered, {"rank": r.rank, "step": step})
+        r.mid_step(step)
         box: list[Any] = [{"lr": 0.1 * step}] if r.rank == 0 else [None]
         dist.broadcast_object_list(box, src=0)
         dist.gather_object({"loss": float(step)}, [None] * r.world if r.rank == 0 else None, dst=0)
@@ -191,6 +200,7 @@ def scatter_gather(r: Rank) -> None:
         root = step % r.world
         out = torch.empty(4)
         dist.scatter(out, [torch.full((4,), float(i)) for i in range(r.world)] if r.rank == root else None, src=root)
+        r.mid_step(step)
         dist.gather(out, [torch.empty(4) for _ in range(r.world)] if r.rank == root else None, dst=root)
         dist.all_reduce(out)
 
@@ -199,6 +209,7 @@ def monitored(r: Rank) -> None:
     for step in range(STEPS):
         r.at_step(step)
         dist.all_reduce(torch.ones(16))
+        r.mid_step(step)
         dist.monitored_barrier(timeout=datetime.timedelta(seconds=120), wait_all_ranks=True)
 
 
@@ -218,6 +229,7 @@ def pipeline(r: Rank) -> None:
             schedule.step(target=x)
         else:
             schedule.step()
+        r.mid_step(step)
         dist.all_reduce(torch.ones(4))
 
 
