@@ -11,8 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from frscope.testing.libjobs.launch import Job, python_for, run_job, score_job
-from frscope.testing.libjobs.worker import PROGRAMS
+from frscope.testing.libjobs.launch import PROGRAMS, Job, python_for, run_job, score_job
 
 FAULTS = ("none", "stuck", "stuckmid", "crash", "loader")
 MID_PROGRAMS = {"objects", "scatter_gather", "monitored_barrier", "pipeline"}

@@ -31,6 +31,9 @@ from frscope.analysis import AnalysisOptions, analyze
 from frscope.records import load_dumps
 
 WORKER = Path(__file__).with_name("worker.py")
+# worker.PROGRAMS, named here so that launching imports no torch (the jobs run under other torch venvs).
+PROGRAMS = ("ddp", "fsdp2", "tensor_parallel", "mesh3d", "dcp_save", "objects", "scatter_gather",
+            "monitored_barrier", "pipeline", "dataloader")
 SETTLE_S = 3.0
 JOB_TIMEOUT_S = 150.0
 
@@ -125,8 +128,12 @@ def run_job(job: Job, python: str, out: Path) -> dict[str, Any]:
     exits = {r: p.returncode for r, p in procs.items()}
     if outcome == "fault" and not list(out.glob("fault-*")) and job.fault != "crash":
         outcome = "broken"  # a rank failed on its own before any fault: the program cannot run here (log-*.txt)
-    captured = {r: json.loads(p.read_text())["captured_at_ns"]
-                for r in range(job.world) if (p := out / f"captured-{r}").exists()}
+    captured: dict[str, int] = {}
+    for r in range(job.world):  # the capture, else the periodic dump a rank that died left behind
+        for marker in (out / f"captured-{r}", out / f"periodic-{r}"):
+            if marker.exists():
+                captured[str(r)] = json.loads(marker.read_text())["captured_at_ns"]
+                break
     truth = {"job": job.name, "program": job.program, "fault": job.fault, "world": job.world, "torch": job.torch,
              "outcome": outcome, "exits": exits, "captured_at_ns": captured,
              "culprit_ranks": [] if job.fault == "none" else [job.rank], "accepted": list(job.accepted()),

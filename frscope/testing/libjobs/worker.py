@@ -25,8 +25,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -57,7 +58,10 @@ class Rank:
             load_batch()
 
     def at_step(self, step: int) -> None:
-        """Where a fault strikes: at the start of a step, before its first collective."""
+        """Where a fault strikes: at the start of a step, before its first collective. Every rank also
+        writes a periodic dump at step 1, as jobs that keep one do: a rank that dies leaves it behind."""
+        if step == 1 and not self.dumped.locked():
+            self.dump("periodic", final=False)
         if not self.faulty(step):
             return
         (self.out / f"fault-{self.rank}").write_text(str(time.time_ns()))
@@ -65,16 +69,19 @@ class Rank:
             os._exit(17)
         load_batch()
 
-    def dump(self, reason: str) -> None:
-        if not self.dumped.acquire(blocking=False):
+    def dump(self, reason: str, final: bool = True) -> None:
+        """`final`: the capture (once); otherwise a periodic dump, which a later one replaces."""
+        if final and not self.dumped.acquire(blocking=False):
             return
-        c10d = torch._C._distributed_c10d
+        from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json  # type: ignore[attr-defined]
+
         captured = time.time_ns()
-        (self.out / f"rank_{self.rank}.json").write_bytes(_as_bytes(c10d._dump_fr_trace_json(True, False)))
-        (self.out / f"rank_{self.rank}.pkl").write_bytes(_as_bytes(c10d._dump_fr_trace(True, True, False)))
+        (self.out / f"rank_{self.rank}.json").write_bytes(_as_bytes(_dump_fr_trace_json(True, False)))
+        (self.out / f"rank_{self.rank}.pkl").write_bytes(_as_bytes(_dump_fr_trace(True, True, False)))
         with open(self.out / f"rank_{self.rank}.stack.txt", "w") as f:
             faulthandler.dump_traceback(f, all_threads=True)
-        (self.out / f"captured-{self.rank}").write_text(json.dumps({"captured_at_ns": captured, "reason": reason}))
+        marker = f"captured-{self.rank}" if final else f"periodic-{self.rank}"
+        (self.out / marker).write_text(json.dumps({"captured_at_ns": captured, "reason": reason}))
 
     def watch(self) -> None:
         trigger = self.out / "trigger"
@@ -107,7 +114,8 @@ def ddp(r: Rank) -> None:
             self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
 
         def forward(self, x: torch.Tensor, use_b: bool) -> torch.Tensor:
-            return self.b(self.a(x)) if use_b else self.a(x)
+            out: torch.Tensor = self.b(self.a(x)) if use_b else self.a(x)
+            return out
 
     torch.manual_seed(0)
     model = DDP(Branchy(), find_unused_parameters=True, bucket_cap_mb=0.001)
@@ -127,7 +135,7 @@ def fsdp2(r: Rank) -> None:
     from torch.distributed.fsdp import fully_shard
 
     model = _mlp()
-    for layer in model:
+    for layer in list(model.children()):
         if isinstance(layer, nn.Linear):
             fully_shard(layer)
     fully_shard(model)
@@ -177,7 +185,8 @@ def dcp_save(r: Rank) -> None:
         for g in grads:
             dist.all_reduce(g)
         if step % 2 == 1:
-            dcp.save({"model": model.state_dict()}, checkpoint_id=str(r.out / "ckpt" / f"step{step}"))
+            dcp.save({"model": model.state_dict()},  # type: ignore[attr-defined]
+                     checkpoint_id=str(r.out / "ckpt" / f"step{step}"))
 
 
 def objects(r: Rank) -> None:
@@ -243,7 +252,8 @@ class _Slow(torch.utils.data.Dataset[torch.Tensor]):
     def __getitem__(self, i: int) -> torch.Tensor:
         if self.hang and i >= 12:
             load_batch()
-        return torch.ones(16)
+        ones: torch.Tensor = torch.ones(16)
+        return ones
 
 
 def dataloader(r: Rank) -> None:
@@ -251,7 +261,7 @@ def dataloader(r: Rank) -> None:
     if hang:
         threading.Timer(3.0, lambda: (r.out / f"fault-{r.rank}").write_text(str(time.time_ns()))).start()
     loader = torch.utils.data.DataLoader(_Slow(hang), batch_size=4, num_workers=1)
-    for step, batch in enumerate(loader):
+    for step, batch in enumerate(iter(loader)):
         if step >= STEPS:
             break
         r.at_step(step)
@@ -278,7 +288,11 @@ def main() -> int:
     threading.Thread(target=r.watch, daemon=True).start()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
                             world_size=args.world, timeout=datetime.timedelta(seconds=120))
-    PROGRAMS[args.program](r)
+    try:
+        PROGRAMS[args.program](r)
+    except Exception:
+        r.dump("on_exception")  # the survivors of a crash: their recorders as their collectives failed
+        raise
     # The program's last collective was waited for; let gloo retire it, as a job that runs on would.
     time.sleep(0.5)
     r.dump("end")
