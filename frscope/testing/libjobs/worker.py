@@ -243,14 +243,18 @@ def pipeline(r: Rank) -> None:
 
 
 class _Slow(torch.utils.data.Dataset[torch.Tensor]):
-    def __init__(self, hang: bool) -> None:
+    """A dataset whose worker process hangs at item 12 (batch 3) on the faulty rank."""
+
+    def __init__(self, hang: bool, marker: Path) -> None:
         self.hang = hang
+        self.marker = marker
 
     def __len__(self) -> int:
         return 64
 
     def __getitem__(self, i: int) -> torch.Tensor:
         if self.hang and i >= 12:
+            self.marker.write_text(str(time.time_ns()))
             load_batch()
         ones: torch.Tensor = torch.ones(16)
         return ones
@@ -258,9 +262,8 @@ class _Slow(torch.utils.data.Dataset[torch.Tensor]):
 
 def dataloader(r: Rank) -> None:
     hang = r.fault == "loader" and r.rank == r.fault_rank
-    if hang:
-        threading.Timer(3.0, lambda: (r.out / f"fault-{r.rank}").write_text(str(time.time_ns()))).start()
-    loader = torch.utils.data.DataLoader(_Slow(hang), batch_size=4, num_workers=1)
+    loader = torch.utils.data.DataLoader(_Slow(hang, r.out / f"fault-{r.rank}"), batch_size=4, num_workers=1,
+                                         prefetch_factor=1)
     for step, batch in enumerate(iter(loader)):
         if step >= STEPS:
             break
