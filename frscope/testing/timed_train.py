@@ -60,7 +60,7 @@ def main() -> None:
         y = torch.randint(0, 10, (args.batch,))
         loss = torch.nn.functional.cross_entropy(model(x), y)
         optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         if not args.ddp:
             grads = [p.grad for p in params if p.grad is not None]
             flat = torch.cat([g.reshape(-1) for g in grads])
