@@ -115,7 +115,8 @@ def test_live_trace_has_each_ranks_durations_on_gloo(minor: str, tmp_path: Path)
                 snapshot = sidecar.get("/v1/snapshot?entries=50")
                 for piece in snapshot["ranks"]:
                     rows = piece["timings"]["rows"]
-                    assert rows and all(row[5] >= row[4] for row in rows), piece["rank"]
+                    assert all(row[5] == 0 or row[5] >= row[4] for row in rows), piece["rank"]  # 0: running
+                    assert sum(row[5] > 0 for row in rows) >= len(rows) - 2, piece["rank"]
                     assert piece["timings"]["mechanism"] == ("wrappers" if minor == "2.13" else "pg_hooks")
                 print(f"torch {minor}: timed slices on every rank's track {seen_s:.1f} s after the ranks served")
         finally:

@@ -47,6 +47,11 @@ WRAPPED = ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", "r
            "reduce_scatter_tensor", "all_to_all", "all_to_all_single", "barrier", "reduce", "gather",
            "scatter", "all_reduce_coalesced", "all_gather_coalesced")
 _P2P = ("SEND", "RECV")  # the recorder keys p2p by op_id, not collective_seq_id: not dated here
+# torch's hook op names (HookOpName) in the recorder's spelling (its profiling_name after "gloo:");
+# any other name is kept lower-cased.
+_OP_NAMES = {"ALLREDUCE": "all_reduce", "ALLGATHER": "all_gather", "ALLTOALL": "all_to_all",
+             "ALLGATHER_BASE": "_all_gather_base", "REDUCE_SCATTER_BASE": "_reduce_scatter_base",
+             "ALLTOALL_BASE": "all_to_all_single", "ALLGATHER_INTO_TENSOR_COALESCED": "all_gather_into_tensor_coalesced"}
 
 
 def _capacity() -> int:
@@ -116,7 +121,8 @@ class Timings:
                 name = str(getattr(args.name, "name", args.name)).rpartition(".")[2]
                 if start is None or name in _P2P:
                     return
-                self.add(group, int(seq_of()), int(args.op_id), name.lower(), start[0], args.work, start[1])
+                op = _OP_NAMES.get(name, name.lower())
+                self.add(group, int(seq_of()), int(args.op_id), op, start[0], args.work, start[1])
             except Exception:
                 pass
 
