@@ -3,7 +3,9 @@ enqueue): a healthy real torchrun job (2 ranks, frscope/testing/timed_train.py: 
 all_reduce of the gradients a step, a broadcast every 10) with frscope's zero-code bootstrap, a real
 `frscope sidecar` process reading its sockets, and the operator's web UI (`LiveWindows` asking the
 sidecar over HTTP). The job's trace.json must hold complete slices (`ph: "X"`) with a duration on
-every rank's track, of the rank's own times, within 15 s of the ranks' worker servers answering.
+every rank's track, of the rank's own times, within 15 s of the ranks' worker servers answering;
+`frscope analyze --perf` of the sidecar's snapshot reads durations, and the sidecar's
+`frscope_collective_duration_seconds` histogram counts them.
 
 On every torch the project supports: the test venv's 2.13 (the bootstrap wraps the Python collectives)
 and, where `scripts/torch-venv` has built them, 2.14 and 2.15 (the process groups' own pre/post hooks);
@@ -14,6 +16,9 @@ the test venv's torch-free side, as in a pod.
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -118,6 +123,20 @@ def test_live_trace_has_each_ranks_durations_on_gloo(minor: str, tmp_path: Path)
                     assert all(row[5] == 0 or row[5] >= row[4] for row in rows), piece["rank"]  # 0: running
                     assert sum(row[5] > 0 for row in rows) >= len(rows) - 2, piece["rank"]
                     assert piece["timings"]["mechanism"] == ("wrappers" if minor == "2.13" else "pg_hooks")
+                # `frscope analyze --perf` of that snapshot splits each rank's time by its durations (on
+                # gloo, creation times alone gave only the waits), and the sidecar's Prometheus histogram
+                # counts the durations
+                saved = tmp_path / "snapshot.json"
+                saved.write_text(json.dumps(snapshot))
+                perf = subprocess.run([sys.executable, "-m", "frscope", "analyze", str(saved), "--perf", "--format",
+                                       "json"], capture_output=True, text=True, timeout=120)
+                assert perf.returncode == 0, perf.stderr[-2000:]
+                assert json.loads(perf.stdout)["timing"] == "durations", perf.stdout[:2000]
+                with urllib.request.urlopen(f"http://127.0.0.1:{sidecar.port}/metrics", timeout=10) as resp:
+                    metrics = resp.read().decode()
+                count = re.search(r'^frscope_collective_duration_seconds_count\{op="ALLREDUCE"\} (\S+)$', metrics, re.M)
+                assert count is not None and float(count.group(1)) > 0, [
+                    line for line in metrics.splitlines() if line.startswith("frscope_collective")]
                 print(f"torch {minor}: timed slices on every rank's track {seen_s:.1f} s after the ranks served")
         finally:
             sidecar.stop()
