@@ -62,9 +62,9 @@ def _row(raw: Any) -> TimingRow | None:
         return None
     if seq is None or seq < 0 or op_id is None or start is None or not _TIME_MIN <= start <= _TIME_MAX:
         return None
-    if end is None or end == 0:
+    if end == 0:
         return TimingRow(group, seq, op_id, op[:64], start, None)
-    if not start <= end <= _TIME_MAX:
+    if end is None or not start <= end <= _TIME_MAX:
         return None
     return TimingRow(group, seq, op_id, op[:64], start, end)
 
