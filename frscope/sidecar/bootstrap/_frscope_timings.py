@@ -51,7 +51,8 @@ _P2P = ("SEND", "RECV")  # the recorder keys p2p by op_id, not collective_seq_id
 # any other name is kept lower-cased.
 _OP_NAMES = {"ALLREDUCE": "all_reduce", "ALLGATHER": "all_gather", "ALLTOALL": "all_to_all",
              "ALLGATHER_BASE": "_all_gather_base", "REDUCE_SCATTER_BASE": "_reduce_scatter_base",
-             "ALLTOALL_BASE": "all_to_all_single", "ALLGATHER_INTO_TENSOR_COALESCED": "all_gather_into_tensor_coalesced"}
+             "ALLTOALL_BASE": "all_to_all_single",
+             "ALLGATHER_INTO_TENSOR_COALESCED": "all_gather_into_tensor_coalesced"}
 
 
 def _capacity() -> int:
