@@ -6,7 +6,8 @@ DistributedDataParallel instead (its buckets are all-reduced from C++).
 
 Used by the live-durations integration test (a healthy running job) and by bench/timing_overhead.py
 (step time with frscope's bootstrap on and off). Prints one JSON line at the end on rank 0:
-{"steps": N, "step_s": [...]} with each measured step's wall time.
+{"steps": N, "step_s": [...], "cpu_s": S}: each measured step's wall time, and the CPU time of the
+whole process (every thread: gloo's too) over the measured steps.
 
     python -m frscope.testing.timed_train --seconds 60
     python -m frscope.testing.timed_train --steps 300 --warmup 30 --width 512
@@ -52,6 +53,7 @@ def main() -> None:
     steps: list[float] = []
     end = time.monotonic() + args.seconds if args.seconds > 0 else None
     step = 0
+    cpu_from = time.process_time()
     while (end is not None and time.monotonic() < end) or (end is None and step < args.steps + args.warmup):
         t0 = time.perf_counter()
         if args.pause:
@@ -75,10 +77,13 @@ def main() -> None:
         optimizer.step()
         if step >= args.warmup:
             steps.append(time.perf_counter() - t0)
+        elif step == args.warmup - 1:
+            cpu_from = time.process_time()
         step += 1
+    cpu_s = time.process_time() - cpu_from
     dist.barrier()
     if rank == 0:
-        print(json.dumps({"steps": len(steps), "step_s": steps}), flush=True)
+        print(json.dumps({"steps": len(steps), "step_s": steps, "cpu_s": cpu_s}), flush=True)
     dist.destroy_process_group()
 
 

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""What dating every collective costs a training step: frscope's bootstrap with its collective timer
+on (`frscope_timings`: torch 2.14+'s process-group hooks, or the wrapped Python collectives on 2.13)
+against the same bootstrap with the timer off (FRSCOPE_TIMINGS=0: the worker server alone, so the
+difference is the timer's own cost).
+
+What it runs: --ranks gloo ranks on loopback of frscope/testing/timed_train.py (an MLP, forward and
+backward, the gradients all-reduced as one bucket each step, a broadcast every 10 steps; `--ddp`:
+torch's DistributedDataParallel), --steps measured steps after --warmup, for each case below, in
+--rounds rounds with the order of "off" and "on" alternating. No sidecar reads the ranks (its cost is
+bench/sidecar_overhead.py's). Cases:
+- "training step": width 512, batch 64 (a few ms of compute per step);
+- "collective-bound step": width 8, batch 1 (almost nothing but the all_reduce: the timer's cost per
+  collective, as an upper bound on its share).
+Reported: per case, the median of each run's median step time, on and off, the difference (in % and
+in microseconds per step), the spread between runs of the same setting (the noise floor), and the
+CPU time per step of rank 0's whole process (every thread, gloo's included: where the timer's
+callbacks run), which the machine's load disturbs less than wall time.
+
+    .venv/bin/python bench/timing_overhead.py                                  # torch 2.13 (this venv)
+    .venv/bin/python bench/timing_overhead.py --python ~/.cache/frscope-torch/2.15.0/bin/python --ddp
+    .venv/bin/python bench/timing_overhead.py --rounds 2 --results /tmp/r.md    # quick look
+
+Writes (or replaces) the section of --results named after the torch version and mode; the rest is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TRAIN = REPO / "frscope" / "testing" / "timed_train.py"
+BOOTSTRAP = REPO / "frscope" / "sidecar" / "bootstrap"
+CASES = {"training step": ["--width", "512", "--batch", "64"],
+         "collective-bound step": ["--width", "8", "--batch", "1"]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_job(python: str, ranks: int, extra: list[str], timings_on: bool, socket_dir: Path) -> tuple[list[float], float]:
+    """One job; rank 0's measured step times (s) and its CPU time over them (s)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRSCOPE_", "TORCHELASTIC_", "PET_"))}
+    env.update(PYTHONPATH=str(BOOTSTRAP), FRSCOPE_SOCKET_DIR=str(socket_dir),
+               FRSCOPE_TIMINGS="1" if timings_on else "0",
+               WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+               TORCH_FR_BUFFER_SIZE="2000")
+    procs = [subprocess.Popen([python, "-W", "ignore", str(TRAIN), *extra], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(ranks)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_out, err) in zip(procs, outs, strict=True):
+        if p.returncode != 0:
+            raise SystemExit(f"a rank failed ({p.returncode}):\n{err[-3000:]}")
+    line = [ln for ln in outs[0][0].splitlines() if ln.startswith("{")][-1]
+    doc = json.loads(line)
+    return [float(s) for s in doc["step_s"]], float(doc["cpu_s"])
+
+
+def torch_version(python: str) -> str:
+    out = subprocess.run([python, "-W", "ignore", "-c", "import torch; print(torch.__version__)"],
+                         capture_output=True, text=True, timeout=300, check=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--python", default=sys.executable, help="the trainer's interpreter (a torch venv)")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--warmup", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--ddp", action="store_true", help="torch's DistributedDataParallel (its C++ reducer)")
+    parser.add_argument("--results", type=Path, default=REPO / "bench" / "RESULTS.md")
+    args = parser.parse_args()
+
+    version = torch_version(args.python)
+    mode = "DDP" if args.ddp else "all_reduce of one flat bucket"
+    load_before = os.getloadavg()
+    started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    results: dict[str, dict[bool, list[float]]] = {case: {False: [], True: []} for case in CASES}
+    cpu: dict[str, dict[bool, list[float]]] = {case: {False: [], True: []} for case in CASES}
+    with tempfile.TemporaryDirectory(prefix="frscope-timing-bench-") as tmp:
+        for rnd in range(args.rounds):
+            for case, extra in CASES.items():
+                order = (False, True) if rnd % 2 == 0 else (True, False)
+                for on in order:
+                    argv = [*extra, "--steps", str(args.steps), "--warmup", str(args.warmup)]
+                    steps, cpu_s = run_job(args.python, args.ranks, argv + (["--ddp"] if args.ddp else []), on,
+                                           Path(tmp))
+                    med = statistics.median(steps)
+                    results[case][on].append(med)
+                    cpu[case][on].append(cpu_s / len(steps))
+                    print(f"round {rnd + 1} {case} timer {'on' if on else 'off'}: median step {med * 1e3:.3f} ms",
+                          flush=True)
+    load_after = os.getloadavg()
+
+    command = " ".join(["bench/timing_overhead.py", *sys.argv[1:]])
+    lines = [f"## Collective durations: the timer's cost to training (torch {version}, {mode})", "",
+             f"- Command: `.venv/bin/python {command}`",
+             f"- Machine: {platform.machine()}, `nproc` = {os.cpu_count()}, Python {platform.python_version()}, "
+             f"torch {version}; run {started}; load average (1 min) {load_before[0]:.1f} at start, "
+             f"{load_after[0]:.1f} at end (a machine shared with other engineers' builds and tests)",
+             f"- {args.ranks} gloo ranks on loopback, frscope/testing/timed_train.py, {args.steps} measured steps "
+             f"after {args.warmup}, {args.rounds} rounds alternating off/on; off = FRSCOPE_TIMINGS=0 (the "
+             "bootstrap's worker server alone), on = the collective timer too", "",
+             "| case | wall step off (median of runs) | on | difference | runs off (min-max) | runs on (min-max) | "
+             "CPU per step off | on | difference |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for case, got in results.items():
+        off, on = statistics.median(got[False]), statistics.median(got[True])
+        c_off, c_on = statistics.median(cpu[case][False]), statistics.median(cpu[case][True])
+        lines.append(f"| {case} | {off * 1e3:.3f} ms | {on * 1e3:.3f} ms | {100 * (on - off) / off:+.2f}% "
+                     f"({(on - off) * 1e6:+.1f} us) | {min(got[False]) * 1e3:.3f}-{max(got[False]) * 1e3:.3f} ms | "
+                     f"{min(got[True]) * 1e3:.3f}-{max(got[True]) * 1e3:.3f} ms | {c_off * 1e3:.3f} ms | "
+                     f"{c_on * 1e3:.3f} ms | {100 * (c_on - c_off) / c_off:+.2f}% ({(c_on - c_off) * 1e6:+.1f} us) |")
+    lines.append("")
+    section = "\n".join(lines)
+    heading = lines[0]
+    text = args.results.read_text() if args.results.exists() else ""
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
+    text = pattern.sub(section + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
+    args.results.write_text(text)
+    print(section)
+
+
+if __name__ == "__main__":
+    main()
