@@ -44,6 +44,20 @@ TRAIN = REPO / "frscope" / "testing" / "timed_train.py"
 BOOTSTRAP = REPO / "frscope" / "sidecar" / "bootstrap"
 CASES = {"training step": ["--width", "512", "--batch", "64"],
          "collective-bound step": ["--width", "8", "--batch", "1"]}
+# --micro: one rank (a gloo group of 1), N all_reduces of one float: the timer's own cost per collective,
+# where nothing else varies between the runs but the timer.
+MICRO = """
+import json, sys, time, torch, torch.distributed as dist
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + sys.argv[1])
+t, n = torch.ones(1), int(sys.argv[2])
+for _ in range(2000):
+    dist.all_reduce(t)
+c0, w0 = time.process_time(), time.perf_counter()
+for _ in range(n):
+    dist.all_reduce(t)
+print(json.dumps({"cpu_us": (time.process_time() - c0) / n * 1e6, "wall_us": (time.perf_counter() - w0) / n * 1e6}))
+dist.destroy_process_group()
+"""
 
 
 def free_port() -> int:
@@ -71,6 +85,57 @@ def run_job(python: str, ranks: int, extra: list[str], timings_on: bool, socket_
     return [float(s) for s in doc["step_s"]], float(doc["cpu_s"])
 
 
+def run_micro(python: str, n: int, timings_on: bool, socket_dir: Path) -> dict[str, float]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRSCOPE_", "TORCHELASTIC_", "PET_"))}
+    env.update(PYTHONPATH=str(BOOTSTRAP), FRSCOPE_SOCKET_DIR=str(socket_dir), OMP_NUM_THREADS="1",
+               FRSCOPE_TIMINGS="1" if timings_on else "0", TORCH_FR_BUFFER_SIZE="2000")
+    out = subprocess.run([python, "-W", "ignore", "-c", MICRO, str(free_port()), str(n)], env=env,
+                         capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        raise SystemExit(f"the micro run failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    got: dict[str, float] = json.loads(out.stdout.splitlines()[-1])
+    return got
+
+
+def micro(args: argparse.Namespace, version: str) -> None:
+    """The timer's own cost per collective (--micro), its own section."""
+    got: dict[bool, list[dict[str, float]]] = {False: [], True: []}
+    with tempfile.TemporaryDirectory(prefix="frscope-timing-micro-") as tmp:
+        for rnd in range(args.rounds):
+            for on in ((False, True) if rnd % 2 == 0 else (True, False)):
+                one = run_micro(args.python, args.micro_ops, on, Path(tmp))
+                got[on].append(one)
+                print(f"round {rnd + 1} timer {'on' if on else 'off'}: {one['cpu_us']:.2f} us CPU, "
+                      f"{one['wall_us']:.2f} us wall per all_reduce", flush=True)
+
+    def med(on: bool, key: str) -> float:
+        return statistics.median(run[key] for run in got[on])
+
+    command = " ".join(["bench/timing_overhead.py", *sys.argv[1:]])
+    heading = f"## Collective durations: the timer's cost per collective (torch {version})"
+    lines = [heading, "", f"- Command: `.venv/bin/python {command}`",
+             f"- One rank (a gloo group of 1), {args.micro_ops:,} `all_reduce`s of one float after 2,000, "
+             f"{args.rounds} rounds alternating off/on (separate processes), median of the runs; "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average (1 min) {os.getloadavg()[0]:.1f}",
+             "", "| per all_reduce | timer off | timer on | the timer's cost |", "|---|---:|---:|---:|"]
+    for key, label in (("cpu_us", "CPU (every thread of the process)"), ("wall_us", "wall")):
+        off, on = med(False, key), med(True, key)
+        lines.append(f"| {label} | {off:.2f} us | {on:.2f} us | {on - off:+.2f} us |")
+    lines.append("")
+    write_section(args.results, heading, "\n".join(lines))
+
+
+def write_section(results: Path, heading: str, section: str) -> None:
+    text = results.read_text() if results.exists() else ""
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
+    if pattern.search(text):
+        text = pattern.sub(lambda _m: section + "\n", text)
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    results.write_text(text)
+    print(section)
+
+
 def torch_version(python: str) -> str:
     out = subprocess.run([python, "-W", "ignore", "-c", "import torch; print(torch.__version__)"],
                          capture_output=True, text=True, timeout=300, check=True)
@@ -86,9 +151,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--ddp", action="store_true", help="torch's DistributedDataParallel (its C++ reducer)")
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "RESULTS.md")
+    parser.add_argument("--micro", action="store_true", help="the timer's cost per collective instead")
+    parser.add_argument("--micro-ops", type=int, default=20_000)
     args = parser.parse_args()
 
     version = torch_version(args.python)
+    if args.micro:
+        micro(args, version)
+        return
     mode = "DDP" if args.ddp else "all_reduce of one flat bucket"
     load_before = os.getloadavg()
     started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
@@ -128,13 +198,7 @@ def main() -> None:
                      f"{min(got[True]) * 1e3:.3f}-{max(got[True]) * 1e3:.3f} ms | {c_off * 1e3:.3f} ms | "
                      f"{c_on * 1e3:.3f} ms | {100 * (c_on - c_off) / c_off:+.2f}% ({(c_on - c_off) * 1e6:+.1f} us) |")
     lines.append("")
-    section = "\n".join(lines)
-    heading = lines[0]
-    text = args.results.read_text() if args.results.exists() else ""
-    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
-    text = pattern.sub(section + "\n", text) if pattern.search(text) else text.rstrip("\n") + "\n\n" + section
-    args.results.write_text(text)
-    print(section)
+    write_section(args.results, lines[0], "\n".join(lines))
 
 
 if __name__ == "__main__":
