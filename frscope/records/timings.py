@@ -44,15 +44,20 @@ def apply_rows(trace: dict[str, Any], timings: wire.Timings) -> str | None:
         row = by_key.get((name, seq)) if isinstance(name, str) else None
         if row is None:
             continue
+        # The rank's start is taken just before the backend records the entry: never before the
+        # entry's own creation (started >= created, as the recorder's own times are).
+        created = entry.get("time_created_ns")
+        start = max(row.start_ns, created) if isinstance(created, int) and created <= (row.end_ns or created) \
+            else row.start_ns
         if not entry.get("time_discovered_started_ns"):
-            entry["time_discovered_started_ns"] = row.start_ns
+            entry["time_discovered_started_ns"] = start
         if row.end_ns is None or entry.get("time_discovered_completed_ns") or entry.get("duration_ms") is not None:
             continue
         if entry.get("state") == "completed" or entry.get("retired") is True:
             # Only a collective the recorder itself counts as done: a row's end never turns a hang
             # into a completion, and a row read a moment before the recorder waits for the next read.
             entry["time_discovered_completed_ns"] = row.end_ns
-            entry["duration_ms"] = row.duration_ms
+            entry["duration_ms"] = (row.end_ns - start) / 1e6
     return _rejected(timings.rejected)
 
 

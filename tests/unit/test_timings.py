@@ -26,6 +26,7 @@ def row(seq: int, start_ms: float, end_ms: float | None, group: str = "0", op: s
 
 def gloo(seq: int, **kw: Any) -> dict[str, Any]:
     """A gloo entry as torch writes it: state scheduled, retired once done, no times but its creation."""
+    kw.setdefault("created_ns", b.T0)  # created before the rows' starts below
     return b.entry(seq, backend="gloo", state="scheduled", retired=kw.pop("retired", True), **kw)
 
 
@@ -137,3 +138,12 @@ def test_the_document_round_trips_through_what_the_sidecar_writes() -> None:
 def test_apply_on_a_trace_without_entries_is_harmless() -> None:
     trace: dict[str, Any] = {"version": "2.10"}
     assert apply_timings(trace, doc([row(1, 1.0, 2.0)])) is None and trace == {"version": "2.10"}
+
+
+def test_the_ranks_start_never_precedes_the_entrys_creation() -> None:
+    # the pre-hook runs a few microseconds before the backend records the entry
+    late = gloo(1, created_ns=b.T0 + 2 * MS)
+    dump = normalize_dump(piece([late], doc([row(1, 1.9, 5.0)])), "piece", None)
+    [e] = dump.entries
+    assert e.time_started_ns == b.T0 + 2 * MS and e.duration_ms == pytest.approx(3.0)
+    assert e.time_started_ns + int(e.duration_ms * MS) == e.time_completed_ns
