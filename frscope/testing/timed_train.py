@@ -30,6 +30,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--pause", type=float, default=0.0, help="seconds of sleep per step (data loading)")
     parser.add_argument("--ddp", action="store_true", help="torch's DistributedDataParallel")
+    parser.add_argument("--backend", default="gloo", help="gloo (CPU tensors) or nccl (each rank on GPU LOCAL_RANK)")
     args = parser.parse_args()
     os.environ.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
 
@@ -37,18 +38,22 @@ def main() -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo")
+    device = torch.device("cpu")
+    if args.backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model: torch.nn.Module = torch.nn.Sequential(
         torch.nn.Linear(args.width, args.width), torch.nn.ReLU(),
         torch.nn.Linear(args.width, args.width), torch.nn.ReLU(),
-        torch.nn.Linear(args.width, 10))
+        torch.nn.Linear(args.width, 10)).to(device)
     if args.ddp:
         model = torch.nn.parallel.DistributedDataParallel(model)
     params = [p for p in model.parameters()]
     optimizer = torch.optim.SGD(params, lr=0.01)
-    flag = torch.zeros(1)
+    flag = torch.zeros(1, device=device)
     torch.manual_seed(rank + 1)
     steps: list[float] = []
     end = time.monotonic() + args.seconds if args.seconds > 0 else None
@@ -58,8 +63,8 @@ def main() -> None:
         t0 = time.perf_counter()
         if args.pause:
             time.sleep(args.pause)
-        x = torch.randn(args.batch, args.width)
-        y = torch.randint(0, 10, (args.batch,))
+        x = torch.randn(args.batch, args.width, device=device)
+        y = torch.randint(0, 10, (args.batch,), device=device)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         optimizer.zero_grad()
         loss.backward()  # type: ignore[no-untyped-call]
@@ -75,6 +80,8 @@ def main() -> None:
         if step % 10 == 0:
             dist.broadcast(flag, src=0)
         optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         if step >= args.warmup:
             steps.append(time.perf_counter() - t0)
         elif step == args.warmup - 1:
