@@ -44,18 +44,52 @@ TRAIN = REPO / "frscope" / "testing" / "timed_train.py"
 BOOTSTRAP = REPO / "frscope" / "sidecar" / "bootstrap"
 CASES = {"training step": ["--width", "512", "--batch", "64"],
          "collective-bound step": ["--width", "8", "--batch", "1"]}
-# --micro: one rank (a gloo group of 1), N all_reduces of one float: the timer's own cost per collective,
-# where nothing else varies between the runs but the timer.
+# --micro: one rank (a gloo group of 1), batches of all_reduces of one float, the timer switched on and
+# off between batches in the same process (torch 2.14+: the group's hooks registered and removed;
+# older torch: `all_reduce` swapped for its wrapper and back): the timer's own cost per collective, with
+# the machine's drift cancelled pair by pair.
 MICRO = """
-import json, sys, time, torch, torch.distributed as dist
+import json, statistics, sys, time, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[3])
+import _frscope_timings as ft
 dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + sys.argv[1])
-t, n = torch.ones(1), int(sys.argv[2])
+c10d = sys.modules["torch.distributed.distributed_c10d"]
+pg, t, n, rounds = dist.group.WORLD, torch.ones(1), int(sys.argv[2]), int(sys.argv[4])
+timer = ft.Timings(2000)
+hooks = hasattr(pg, "register_pre_hook")
+original, wrapped = c10d.all_reduce, timer.wrap(c10d, "all_reduce")
+
+def switch(on):
+    if hooks and on:
+        timer.attach(pg)
+    elif hooks:
+        pg.unregister_pre_hook(ft.HOOK_ID)
+        pg.unregister_post_hook(ft.HOOK_ID)
+        timer.attached.discard(pg)
+    else:
+        c10d.all_reduce = wrapped if on else original
+
+def batch():
+    c0, w0 = time.process_time(), time.perf_counter()
+    for _ in range(n):
+        c10d.all_reduce(t)
+    return (time.process_time() - c0) / n * 1e6, (time.perf_counter() - w0) / n * 1e6
+
 for _ in range(2000):
-    dist.all_reduce(t)
-c0, w0 = time.process_time(), time.perf_counter()
-for _ in range(n):
-    dist.all_reduce(t)
-print(json.dumps({"cpu_us": (time.process_time() - c0) / n * 1e6, "wall_us": (time.perf_counter() - w0) / n * 1e6}))
+    c10d.all_reduce(t)
+runs = {False: [], True: []}
+for r in range(rounds):
+    for on in ((False, True) if r % 2 == 0 else (True, False)):
+        switch(on)
+        runs[on].append(batch())
+switch(False)
+pairs = list(zip(runs[False], runs[True]))
+med = statistics.median
+print(json.dumps({"mechanism": "pg_hooks" if hooks else "wrappers",
+                  "cpu_off": med(c for c, _ in runs[False]), "cpu_on": med(c for c, _ in runs[True]),
+                  "wall_off": med(w for _, w in runs[False]), "wall_on": med(w for _, w in runs[True]),
+                  "cpu_cost": statistics.median(on[0] - off[0] for off, on in pairs),
+                  "wall_cost": statistics.median(on[1] - off[1] for off, on in pairs)}))
 dist.destroy_process_group()
 """
 
@@ -66,7 +100,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_job(python: str, ranks: int, extra: list[str], timings_on: bool, socket_dir: Path) -> tuple[list[float], float]:
+def run_job(python: str, ranks: int, extra: list[str], timings_on: bool,
+            socket_dir: Path) -> tuple[list[float], float]:
     """One job; rank 0's measured step times (s) and its CPU time over them (s)."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FRSCOPE_", "TORCHELASTIC_", "PET_"))}
@@ -85,43 +120,28 @@ def run_job(python: str, ranks: int, extra: list[str], timings_on: bool, socket_
     return [float(s) for s in doc["step_s"]], float(doc["cpu_s"])
 
 
-def run_micro(python: str, n: int, timings_on: bool, socket_dir: Path) -> dict[str, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRSCOPE_", "TORCHELASTIC_", "PET_"))}
-    env.update(PYTHONPATH=str(BOOTSTRAP), FRSCOPE_SOCKET_DIR=str(socket_dir), OMP_NUM_THREADS="1",
-               FRSCOPE_TIMINGS="1" if timings_on else "0", TORCH_FR_BUFFER_SIZE="2000")
-    out = subprocess.run([python, "-W", "ignore", "-c", MICRO, str(free_port()), str(n)], env=env,
-                         capture_output=True, text=True, timeout=900)
-    if out.returncode != 0:
-        raise SystemExit(f"the micro run failed ({out.returncode}):\n{out.stderr[-3000:]}")
-    got: dict[str, float] = json.loads(out.stdout.splitlines()[-1])
-    return got
-
-
 def micro(args: argparse.Namespace, version: str) -> None:
     """The timer's own cost per collective (--micro), its own section."""
-    got: dict[bool, list[dict[str, float]]] = {False: [], True: []}
-    with tempfile.TemporaryDirectory(prefix="frscope-timing-micro-") as tmp:
-        for rnd in range(args.rounds):
-            for on in ((False, True) if rnd % 2 == 0 else (True, False)):
-                one = run_micro(args.python, args.micro_ops, on, Path(tmp))
-                got[on].append(one)
-                print(f"round {rnd + 1} timer {'on' if on else 'off'}: {one['cpu_us']:.2f} us CPU, "
-                      f"{one['wall_us']:.2f} us wall per all_reduce", flush=True)
-
-    def med(on: bool, key: str) -> float:
-        return statistics.median(run[key] for run in got[on])
-
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRSCOPE_", "TORCHELASTIC_", "PET_"))}
+    env.update(OMP_NUM_THREADS="1", TORCH_FR_BUFFER_SIZE="2000")
+    env.pop("PYTHONPATH", None)
+    out = subprocess.run([args.python, "-W", "ignore", "-c", MICRO, str(free_port()), str(args.micro_ops),
+                          str(BOOTSTRAP), str(args.rounds)], env=env, capture_output=True, text=True, timeout=1800)
+    if out.returncode != 0:
+        raise SystemExit(f"the micro run failed ({out.returncode}):\n{out.stderr[-3000:]}")
+    got = json.loads(out.stdout.splitlines()[-1])
     command = " ".join(["bench/timing_overhead.py", *sys.argv[1:]])
     heading = f"## Collective durations: the timer's cost per collective (torch {version})"
     lines = [heading, "", f"- Command: `.venv/bin/python {command}`",
-             f"- One rank (a gloo group of 1), {args.micro_ops:,} `all_reduce`s of one float after 2,000, "
-             f"{args.rounds} rounds alternating off/on (separate processes), median of the runs; "
+             f"- One rank (a gloo group of 1), {args.rounds} batches of {args.micro_ops:,} `all_reduce`s of one "
+             f"float with the timer on and as many with it off ({got['mechanism']}), switched between batches "
+             "in one process (alternating order); the cost is the median of the pairs' differences. "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average (1 min) {os.getloadavg()[0]:.1f}",
-             "", "| per all_reduce | timer off | timer on | the timer's cost |", "|---|---:|---:|---:|"]
-    for key, label in (("cpu_us", "CPU (every thread of the process)"), ("wall_us", "wall")):
-        off, on = med(False, key), med(True, key)
-        lines.append(f"| {label} | {off:.2f} us | {on:.2f} us | {on - off:+.2f} us |")
-    lines.append("")
+             "", "| per all_reduce | timer off (median batch) | timer on | the timer's cost (median of pairs) |",
+             "|---|---:|---:|---:|",
+             f"| CPU (every thread of the process) | {got['cpu_off']:.2f} us | {got['cpu_on']:.2f} us | "
+             f"{got['cpu_cost']:+.2f} us |",
+             f"| wall | {got['wall_off']:.2f} us | {got['wall_on']:.2f} us | {got['wall_cost']:+.2f} us |", ""]
     write_section(args.results, heading, "\n".join(lines))
 
 
@@ -152,7 +172,7 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="torch's DistributedDataParallel (its C++ reducer)")
     parser.add_argument("--results", type=Path, default=REPO / "bench" / "RESULTS.md")
     parser.add_argument("--micro", action="store_true", help="the timer's cost per collective instead")
-    parser.add_argument("--micro-ops", type=int, default=20_000)
+    parser.add_argument("--micro-ops", type=int, default=2_000, help="all_reduces per --micro batch")
     args = parser.parse_args()
 
     version = torch_version(args.python)

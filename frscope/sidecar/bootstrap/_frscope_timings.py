@@ -36,6 +36,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 FORMAT = 1
@@ -69,6 +70,7 @@ class Timings:
         self.rows: collections.deque[list[Any]] = collections.deque(maxlen=capacity)
         self.mechanism = ""
         self.aborted_at_ns = 0
+        self.attached: weakref.WeakSet[Any] = weakref.WeakSet()  # the groups with this timer's hooks
         self._local = threading.local()  # the pre-hook's start, for the post-hook on the same thread
 
     # -- the document the handler serves -----------------------------------------------------------
@@ -103,15 +105,18 @@ class Timings:
         """Pre/post (and abort, where the backend has one) hooks on `pg`; False if torch has none."""
         if not hasattr(pg, "register_pre_hook") or not hasattr(pg, "register_post_hook"):
             return False
-        if getattr(pg, "_frscope_timed", False):
+        if pg in self.attached:
             return True
         group = str(pg.group_name)
         local = self._local
         seq_of = pg._get_sequence_number_for_group
+        # A group on host devices only (gloo) needs no look at each collective's tensors (a microsecond).
+        devices = getattr(pg, "_device_types", None) or ()
+        host_only = bool(devices) and all(getattr(d, "type", "") == "cpu" for d in devices)
 
         def pre(args: Any) -> None:
             try:
-                local.start = (time.time_ns(), _on_host(args))
+                local.start = (time.time_ns(), True if host_only else _on_host(args))
             except Exception:
                 local.start = None
 
@@ -137,10 +142,7 @@ class Timings:
                 pg.register_abort_hook(HOOK_ID, aborted)
             except Exception:
                 pass
-        try:
-            pg._frscope_timed = True
-        except Exception:
-            pass  # a pybind object without a __dict__: attach() is called once per group anyway
+        self.attached.add(pg)
         return True
 
     # -- older torch: the Python collectives, wrapped ------------------------------------------------
