@@ -57,17 +57,19 @@ c10d = sys.modules["torch.distributed.distributed_c10d"]
 pg, t, n, rounds = dist.group.WORLD, torch.ones(1), int(sys.argv[2]), int(sys.argv[4])
 timer = ft.Timings(2000)
 hooks = hasattr(pg, "register_pre_hook")
-original, wrapped = c10d.all_reduce, timer.wrap(c10d, "all_reduce")
+# what install() does: on 2.14+ the group's hooks and the Python collectives marked (`returning`),
+# before that the Python collectives wrapped
+original = c10d.all_reduce
+wrapped = timer.returning(c10d, "all_reduce") if hooks else timer.wrap(c10d, "all_reduce")
 
 def switch(on):
+    c10d.all_reduce = wrapped if on else original
     if hooks and on:
         timer.attach(pg)
     elif hooks:
         pg.unregister_pre_hook(ft.HOOK_ID)
         pg.unregister_post_hook(ft.HOOK_ID)
         timer.attached.discard(pg)
-    else:
-        c10d.all_reduce = wrapped if on else original
 
 def batch():
     c0, w0 = time.process_time(), time.perf_counter()

@@ -16,9 +16,10 @@ How the times are taken, by what torch offers:
 - torch 2.14+ (`ProcessGroup.register_pre_hook` / `register_post_hook`, on every backend): a pre-hook
   notes the start (and whether the tensors are on the host), the post-hook gets the issued Work and
   the group's sequence number (= the recorder's collective_seq_id), and the Work's future dates the
-  end. Covers every caller, DDP's C++ reducer included. Hooks go on each group as it is made
-  (`_new_process_group_helper`, `split_group`) and on any group made before. An abort hook (where the
-  backend has one: NCCL) notes when the group aborted.
+  end; a synchronous call of torch.distributed's Python collectives (marked by `returning`) is dated
+  at its return instead, with no callback. Covers every caller, DDP's C++ reducer included. Hooks go
+  on each group as it is made (`_new_process_group_helper`, `split_group`) and on any group made
+  before. An abort hook (where the backend has one: NCCL) notes when the group aborted.
 - older torch (2.13): the Python collectives of `torch.distributed` are wrapped: the call's start,
   its return (a synchronous call) or its Work's future (`async_op=True`) as the end. Collectives
   issued from C++ (DDP's gradient buckets) are not seen there.
@@ -93,6 +94,12 @@ class Timings:
         if work is None:
             row[5] = time.time_ns()
             return
+        waiting = getattr(self._local, "waiting", None)
+        if waiting is not None:
+            # Issued inside a synchronous Python collective (`returning`): its return dates the end,
+            # with no callback on the backend's thread (which costs the GIL there).
+            waiting.append(row)
+            return
         future = work.get_future()
 
         def done(_future: Any, row: list[Any] = row) -> None:
@@ -145,6 +152,39 @@ class Timings:
                 pass
         self.attached.add(pg)
         return True
+
+    def returning(self, c10d: Any, name: str) -> Any:
+        """torch 2.14+: `c10d.<name>` marked so that a synchronous call's collectives (dated by the
+        hooks) end when the call returns (it waited for them), instead of at a future's callback."""
+        import inspect
+
+        original = getattr(c10d, name)
+        try:
+            params = list(inspect.signature(original).parameters)
+        except (TypeError, ValueError):
+            return original
+        async_at = params.index("async_op") if "async_op" in params else -1
+        local = self._local
+
+        def sync(*args: Any, **kwargs: Any) -> Any:
+            async_op = args[async_at] if 0 <= async_at < len(args) else kwargs.get("async_op", False)
+            if async_op or getattr(local, "waiting", None) is not None:
+                return original(*args, **kwargs)
+            waiting: list[list[Any]] = []
+            local.waiting = waiting
+            try:
+                result = original(*args, **kwargs)
+            finally:
+                local.waiting = None
+            end = time.time_ns()
+            for row in waiting:
+                row[5] = end
+            return result
+
+        sync.__wrapped__ = original  # type: ignore[attr-defined]
+        sync.__name__ = getattr(original, "__name__", name)
+        sync.__doc__ = getattr(original, "__doc__", None)
+        return sync
 
     # -- older torch: the Python collectives, wrapped ------------------------------------------------
 
@@ -226,17 +266,19 @@ def install(say: Any) -> None:
         if hasattr(ProcessGroup, "register_pre_hook") and hasattr(ProcessGroup, "register_post_hook"):
             TIMINGS.mechanism = "pg_hooks"
             _hook_new_groups(c10d, say)
+            wrapper = TIMINGS.returning
         else:
             TIMINGS.mechanism = "wrappers"
-            dist = sys.modules.get("torch.distributed")
-            for name in WRAPPED:
-                if not hasattr(c10d, name):
-                    continue
-                original = getattr(c10d, name)
-                timed = TIMINGS.wrap(c10d, name)
-                setattr(c10d, name, timed)
-                if dist is not None and getattr(dist, name, None) is original:
-                    setattr(dist, name, timed)
+            wrapper = TIMINGS.wrap
+        dist = sys.modules.get("torch.distributed")
+        for name in WRAPPED:
+            if not hasattr(c10d, name):
+                continue
+            original = getattr(c10d, name)
+            timed = wrapper(c10d, name)
+            setattr(c10d, name, timed)
+            if dist is not None and getattr(dist, name, None) is original:
+                setattr(dist, name, timed)
     except Exception as exc:
         TIMINGS.mechanism = ""
         say(f"no collective durations: {type(exc).__name__}: {exc}")

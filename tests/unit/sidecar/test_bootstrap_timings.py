@@ -213,3 +213,27 @@ def test_wrappers_leave_a_gpu_collective_without_an_end(backend: str, dated: boo
     cuda_row, barrier_row = rows(timings)
     assert cuda_row.end_ns is None
     assert (barrier_row.end_ns is not None) is dated
+
+
+def test_on_hooks_a_synchronous_python_collective_ends_at_its_return_without_a_callback() -> None:
+    timings = ft.Timings(16)
+    pg = FakeGroup("0")
+    timings.attach(pg)
+    issued: list[FakeWork] = []
+
+    class C10d:
+        def all_reduce(self, tensor: Any, op: Any = None, group: Any = None, async_op: bool = False) -> Any:
+            issued.append(pg.collective("ALLREDUCE", cuda=False))  # the hooks fire inside the call
+            return issued[-1] if async_op else None
+
+    c10d = C10d()
+    c10d.all_reduce = timings.returning(c10d, "all_reduce")  # type: ignore[method-assign]
+    c10d.all_reduce(SimpleNamespace(is_cuda=False))
+    [row] = rows(timings)
+    assert row.end_ns is not None and issued[0].future.callbacks == []  # dated at the return
+    work = c10d.all_reduce(SimpleNamespace(is_cuda=False), async_op=True)
+    assert rows(timings)[1].end_ns is None and len(work.future.callbacks) == 1  # async: its future dates it
+    work.future.finish()
+    assert rows(timings)[1].end_ns is not None
+    pg.collective("ALLREDUCE", cuda=False).future.finish()  # a C++ caller (DDP's reducer): the future too
+    assert rows(timings)[2].end_ns is not None
