@@ -28,7 +28,11 @@ agent then prints the exception in its failure summary, the end of the container
 Kubernetes keeps as the termination message (its last 2 KiB). Without it the summary says only "To
 enable traceback see ...", and the rank's own error has scrolled out of those 2 KiB.
 
-Environment: FRSCOPE_SOCKET_DIR (default /run/frscope), FRSCOPE_BOOTSTRAP=0 to switch it off. Any
+Each rank also dates its own collectives (start, end) on every backend, served as
+`frscope_timings` (`_frscope_timings.py`, beside this file): the durations gloo's recorder lacks.
+
+Environment: FRSCOPE_SOCKET_DIR (default /run/frscope), FRSCOPE_BOOTSTRAP=0 to switch it off,
+FRSCOPE_TIMINGS=0 to leave collectives undated, FRSCOPE_TIMINGS_SIZE (the ring, default 2000). Any
 other `sitecustomize` that this file shadows on sys.path (Debian's, a venv's) is still run. The
 bootstrap never raises into the training process; a failure, or a torch without the worker server,
 is one line on stderr and no live collection.
@@ -138,6 +142,7 @@ def _start_server(rank: int) -> None:
                     return
                 os.unlink(path)
             _register_progress_handler()
+            _register_timings_handler()
             import atexit
 
             # Registered before the socket exists: a short program may be exiting while this runs.
@@ -256,6 +261,7 @@ def _on_loaded() -> None:
     """torch.distributed has finished importing: decide whether this process serves."""
     if _inherited():
         return  # a spawned child of a serving rank
+    _install_timings()
     rank = _elastic_rank()
     if rank is not None:
         _record_uncaught_for_torchrun()
@@ -289,6 +295,38 @@ def _progress(request: Any, response: Any) -> None:
     except Exception as exc:
         response.set_content(f"frscope_progress: {type(exc).__name__}: {exc}", "text/plain")
         response.set_status(500)
+
+
+def _timings_module() -> Any:
+    """This bootstrap's `_frscope_timings` (beside this file), or None where it is off or missing."""
+    if os.environ.get("FRSCOPE_TIMINGS", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    try:
+        import _frscope_timings  # type: ignore[import-not-found]  # beside this file on sys.path
+
+        return _frscope_timings
+    except Exception as exc:
+        _say(f"no collective durations: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _install_timings() -> None:
+    timings = _timings_module()
+    if timings is not None:
+        timings.install(_say)
+
+
+def _register_timings_handler() -> None:
+    timings = _timings_module()
+    if timings is None or not timings.TIMINGS.mechanism:
+        return
+    try:
+        from torch._C._distributed_c10d import _register_handler
+
+        _keep_forever(timings.handler)
+        _register_handler("frscope_timings", timings.handler)
+    except Exception as exc:
+        _say(f"no frscope_timings handler ({type(exc).__name__}: {exc})")
 
 
 def _register_progress_handler() -> None:
