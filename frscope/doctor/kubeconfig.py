@@ -154,6 +154,29 @@ def _documents(files: list[str]) -> list[dict[str, Any]]:
     return documents
 
 
+def _named(documents: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any] | None:
+    """The first entry called `name` among the files' `kind` lists (kubectl's rule: the first file wins)."""
+    for document in documents:
+        for entry in document.get(kind) or []:
+            if isinstance(entry, dict) and entry.get("name") == name:
+                return entry
+    return None
+
+
+def _check_names(files: str, documents: list[dict[str, Any]], name: str) -> None:
+    """The context and what it names exist in some file: a user missing from a merged list would otherwise
+    make every request anonymous, and fail each check instead of saying why."""
+    entry = _named(documents, "contexts", name)
+    if entry is None:
+        raise KubeconfigError(f"the kubeconfig {files} has no context named {name!r}")
+    found = entry.get("context")
+    context: dict[str, Any] = found if isinstance(found, dict) else {}
+    for key, kind in (("cluster", "clusters"), ("user", "users")):
+        if context.get(key) and _named(documents, kind, str(context[key])) is None:
+            raise KubeconfigError(f"context {name!r} names {key} {context[key]!r}, which no file of the "
+                                  f"kubeconfig {files} defines")
+
+
 def load(path: Path | None = None, context: str | None = None, *, environ: Any = os.environ,
          token_file: str = SERVICE_TOKEN_FILENAME, ca_file: str = SERVICE_CERT_FILENAME) -> ClusterAccess:
     """The cluster of `context` (default: the current one) in the kubeconfig list; in a pod with no kubeconfig
@@ -172,9 +195,7 @@ def load(path: Path | None = None, context: str | None = None, *, environ: Any =
             name = context or next((str(d["current-context"]) for d in documents if d.get("current-context")), None)
             if not name:
                 raise KubeconfigError(f"the kubeconfig {files} has no current-context")
-            if not any(isinstance(c, dict) and c.get("name") == name for d in documents
-                       for c in d.get("contexts") or []):
-                raise KubeconfigError(f"the kubeconfig {files} has no context named {name!r}")
+            _check_names(files, documents, name)
             load_kube_config(config_file=files, context=name,  # type: ignore[no-untyped-call]
                              client_configuration=configuration, persist_config=False)
     except ConfigException as e:

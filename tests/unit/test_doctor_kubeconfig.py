@@ -156,6 +156,9 @@ def test_a_merged_kubeconfig_list_takes_the_context_from_one_file_and_the_user_f
         "https://a:6443", "from-b", False, "c")
     # --kubeconfig takes a list too
     assert kubeconfig.load(Path(f"{b}{os.pathsep}{shadowed}"), "c").auth.token() == "from-b"
+    # the context's file alone: its user is nowhere (the request would go out anonymous)
+    with pytest.raises(kubeconfig.KubeconfigError, match="names user 'u', which no file"):
+        kubeconfig.load(a)
 
 
 def test_in_cluster_with_no_kubeconfig(tmp_path: Path, pem: tuple[bytes, bytes],
