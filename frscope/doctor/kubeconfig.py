@@ -175,6 +175,9 @@ def _check_names(files: str, documents: list[dict[str, Any]], name: str) -> None
         if context.get(key) and _named(documents, kind, str(context[key])) is None:
             raise KubeconfigError(f"context {name!r} names {key} {context[key]!r}, which no file of the "
                                   f"kubeconfig {files} defines")
+    cluster = _named(documents, "clusters", str(context.get("cluster", "")))
+    if cluster is None or not isinstance(cluster.get("cluster"), dict) or not cluster["cluster"].get("server"):
+        raise KubeconfigError(f"context {name!r} names no API server (its cluster has no server)")
 
 
 def load(path: Path | None = None, context: str | None = None, *, environ: Any = os.environ,
