@@ -36,10 +36,10 @@ from frscope.report.html import render_report_html
 # The cluster parts need the `cluster` extra (`pip install 'frscope[cluster]'`); `pip install frscope` is the
 # offline analyzer alone. A command whose imports name one of these packages says so instead of a traceback.
 CLUSTER_PACKAGES = frozenset({"aiohttp", "kopf", "prometheus_client", "cryptography", "jwt", "yaml", "multidict",
-                              "yarl"})
+                              "yarl", "kubernetes"})
 CLUSTER_EXTRA = "pip install 'frscope[cluster]'"
 # What the extra installs (pyproject.toml), checked before a cluster command starts (some import late).
-CLUSTER_NEEDS = ("aiohttp", "kopf", "prometheus_client", "cryptography", "jwt", "yaml")
+CLUSTER_NEEDS = ("aiohttp", "kopf", "prometheus_client", "cryptography", "jwt", "yaml", "kubernetes")
 _SERVICES = {
     "sidecar": ("frscope.sidecar.main", "collect local ranks' recorders, detect stalls, serve metrics and the API"),
     "operator": ("frscope.operator.command", "watch PyTorchJobs, gather from the sidecars, write the diagnosis (kopf)"),
