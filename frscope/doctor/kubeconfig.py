@@ -58,14 +58,20 @@ class ConfigurationToken:
 
     def __init__(self, configuration: Any) -> None:
         self._configuration = configuration
+        self._last: str | None = None
 
     def token(self) -> str | None:
-        settings = self._configuration.auth_settings().get("BearerToken") or {}
+        try:
+            settings = self._configuration.auth_settings().get("BearerToken") or {}
+        except Exception as e:  # a refresh that failed (an OIDC issuer down): the last token, refused or not
+            logging.getLogger(__name__).warning("refreshing the kubeconfig's credentials failed: %s", e)
+            return self._last
         value = settings.get("value")
         if not value:
             return None
         scheme, _, credential = str(value).partition(" ")
-        return credential.strip() or None if scheme.lower() == "bearer" else None
+        self._last = credential.strip() or None if scheme.lower() == "bearer" else None
+        return self._last
 
     def reload(self) -> bool:
         return False  # the package refreshes on expiry (token()); a refused token stays refused
