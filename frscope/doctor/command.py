@@ -18,14 +18,17 @@ from frscope.operator.kube.api_client import KubeClient
 from frscope.operator.kube.api_errors import Forbidden, KubeError, TransportError, Unauthorized
 from frscope.operator.kube.backoff import Backoff
 
-DESCRIPTION = ("Check frscope's installation on the cluster of the current kubeconfig context. Exit codes: "
-               "0 every check passed, 1 some check failed, 2 the cluster cannot be reached.")
+DESCRIPTION = ("Check frscope's installation on the cluster of the current kubeconfig context (exec plugins, auth "
+               "providers and merged KUBECONFIG lists as kubectl takes them). Exit codes: 0 every check passed, 1 "
+               "some check failed, 2 the cluster cannot be reached or refuses the credentials.")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("doctor", help="check the cluster's frscope setup: operator, webhook, CRD, opt-in, pods",
                        description=DESCRIPTION)
-    p.add_argument("--kubeconfig", type=Path, default=None, help="default: $KUBECONFIG or ~/.kube/config")
+    p.add_argument("--kubeconfig", type=Path, default=None,
+                   help="a kubeconfig file or a ':'-separated list, merged as kubectl does (default: $KUBECONFIG, "
+                   "else ~/.kube/config; in a pod with neither, its service account)")
     p.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
     p.add_argument("--namespace", "-n", default=None, help="a training namespace to check opt-in and pods of")
     p.add_argument("--job", default=None, help="a PyTorchJob or TrainJob in --namespace to check")
