@@ -11,8 +11,9 @@ What an opted-in pod gets:
   `--schedule-key=<namespace>/<job name>` when the pod's labels name its job, so every sidecar of
   the job polls on the same wall-clock slots (frscope.sidecar.schedule);
 - an `emptyDir` volume shared by the sidecar and the trainer, mounted at `mount_path`;
-- in the trainer container(s): `TORCH_FR_BUFFER_SIZE` (and the old name), the on-timeout dump prefix
-  `TORCH_FR_DUMP_TEMP_FILE` in the shared volume (and the old name), `FRSCOPE_SOCKET_DIR` and
+- in the trainer container(s): `TORCH_FR_BUFFER_SIZE`, the on-timeout dump prefix `TORCH_FR_DUMP_TEMP_FILE`
+  in the shared volume and `TORCH_FR_DUMP_ON_TIMEOUT=1`, each with its old `TORCH_NCCL_*` name (a pod that
+  sets either name of one keeps its value: RECORDER_SETTINGS), `FRSCOPE_SOCKET_DIR` and
   `PYTHONPATH` for the sidecar's sitecustomize bootstrap (which starts torch's worker server per
   rank; the image's own PYTHONPATH, which the container env replaces, is appended from the
   annotation `frscope.io/pythonpath`), `terminationMessagePolicy: FallbackToLogsOnError` (so the
@@ -272,17 +273,30 @@ def token_volume(cfg: InjectionConfig) -> dict[str, Any]:
     ]}}
 
 
+# The recorder's settings under torch's names: the TORCH_FR_* name first, then its old TORCH_NCCL_* alias
+# (torch >= 2.9 reads both and the first one set wins; older torch knows only the alias). A pod that sets
+# any name of a setting keeps its own value: injecting the other name would override it (TORCH_FR_* wins).
+RECORDER_SETTINGS: tuple[tuple[str, ...], ...] = (
+    ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+    ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+    ("TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOUT"),
+)
+
+
 def trainer_env(cfg: InjectionConfig) -> list[dict[str, Any]]:
     prefix = f"{cfg.dump_dir}/nccl_trace_rank_"
+    values = (str(cfg.buffer_size), prefix, "1")
     return [
-        {"name": "TORCH_FR_BUFFER_SIZE", "value": str(cfg.buffer_size)},
-        {"name": "TORCH_NCCL_TRACE_BUFFER_SIZE", "value": str(cfg.buffer_size)},
-        {"name": "TORCH_FR_DUMP_TEMP_FILE", "value": prefix},
-        {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": prefix},
-        {"name": "TORCH_NCCL_DUMP_ON_TIMEOUT", "value": "1"},
+        *({"name": name, "value": value} for names_, value in zip(RECORDER_SETTINGS, values, strict=True)
+          for name in names_),
         {"name": "FRSCOPE_SOCKET_DIR", "value": cfg.mount_path},
         *([{"name": "TORCH_NCCL_ENABLE_TIMING", "value": "1"}] if cfg.nccl_timing else []),
     ]
+
+
+def _set_by_the_pod(present: set[Any]) -> set[str]:
+    """The recorder names not to inject: every name of a setting the pod sets under any of its names."""
+    return {name for aliases in RECORDER_SETTINGS if present & set(aliases) for name in aliases}
 
 
 def _trainers(containers: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -293,8 +307,9 @@ def _trainers(containers: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _add_env(container: dict[str, Any], cfg: InjectionConfig, image_pythonpath: str) -> None:
     env = container.setdefault("env", [])
     present = {e.get("name") for e in env if isinstance(e, dict)}
+    skip = present | _set_by_the_pod(present)
     for var in trainer_env(cfg):
-        if var["name"] not in present:
+        if var["name"] not in skip:
             env.append(var)
     # PYTHONPATH: put the bootstrap first, keep whatever the pod sets (not an image's ENV: see docs).
     for var in env:

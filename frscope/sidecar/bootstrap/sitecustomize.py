@@ -32,8 +32,10 @@ Each rank also dates its own collectives (start, end) on every backend, served a
 `frscope_timings` (`_frscope_timings.py`, beside this file): the durations gloo's recorder lacks.
 
 Environment: FRSCOPE_SOCKET_DIR (default /run/frscope), FRSCOPE_BOOTSTRAP=0 to switch it off,
-FRSCOPE_TIMINGS=0 to leave collectives undated, FRSCOPE_TIMINGS_SIZE (the ring, default 2000). Any
-other `sitecustomize` that this file shadows on sys.path (Debian's, a venv's) is still run. The
+FRSCOPE_TIMINGS=0 to leave collectives undated, FRSCOPE_TIMINGS_SIZE (the ring, default 2000). The
+recorder's settings (TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE, TORCH_FR_DUMP_ON_TIMEOUT, each else
+its old TORCH_NCCL_* name, as torch reads them) go into `.rank-<r>.json`; a buffer of 0 (the recorder off)
+is said. Any other `sitecustomize` that this file shadows on sys.path (Debian's, a venv's) is still run. The
 bootstrap never raises into the training process; a failure, or a torch without the worker server,
 is one line on stderr and no live collection.
 
@@ -339,9 +341,39 @@ def _register_progress_handler() -> None:
         _say(f"no frscope_progress handler ({type(exc).__name__}: {exc}); the sidecar polls full recorders")
 
 
+# The recorder's settings as torch reads them: the TORCH_FR_* name, else its old TORCH_NCCL_* alias (torch
+# >= 2.9 reads the names in this order, older torch the alias only), else torch's default.
+_RECORDER_ENV = (
+    ("buffer_size", ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"), "2000"),
+    ("dump_prefix", ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), ""),
+    ("dump_on_timeout", ("TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOUT"), ""),
+)
+
+
+def _recorder_settings(env: Any = None) -> dict[str, Any]:
+    """{setting: {"value": ..., "from": the variable it came from, or "default"}}."""
+    env = os.environ if env is None else env
+    settings: dict[str, Any] = {}
+    for key, names, default in _RECORDER_ENV:
+        name = next((n for n in names if env.get(n) is not None), None)
+        settings[key] = {"value": env[name] if name else default, "from": name or "default"}
+    return settings
+
+
+def _recorder_off(settings: dict[str, Any]) -> bool:
+    try:
+        return int(str(settings["buffer_size"]["value"]).strip()) <= 0
+    except ValueError:
+        return False  # torch refuses it itself
+
+
 def _write_meta(socket_dir: str, rank: int, path: str) -> None:
     torch = sys.modules.get("torch")
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    recorder = _recorder_settings()
+    if _recorder_off(recorder):
+        _say(f"{recorder['buffer_size']['from']}={recorder['buffer_size']['value']}: torch's Flight Recorder is "
+             "off in this rank; frscope sees its stacks but no collectives")
     meta: dict[str, Any] = {
         "rank": rank,
         "pid": os.getpid(),
@@ -349,6 +381,7 @@ def _write_meta(socket_dir: str, rank: int, path: str) -> None:
         "torch_version": str(getattr(torch, "__version__", "")),
         "hostname": socket.gethostname(),
         "started_at_ns": time.time_ns(),
+        "recorder": recorder,
     }
     if restarts.isdigit():  # torchrun restarted its workers this many times (--max-restarts)
         meta["restart_count"] = int(restarts)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from frscope.operator import names
 from frscope.operator.command import injection_from_env
 from frscope.operator.injection import InjectionConfig, inject, mutate, native_sidecars_supported
@@ -96,6 +98,20 @@ def test_existing_env_is_kept_and_pythonpath_extended() -> None:
     env = env_of(out["spec"]["containers"][0])
     assert env["TORCH_FR_BUFFER_SIZE"] == "100"
     assert env["PYTHONPATH"] == "/run/frscope/python:/app/src"
+
+
+@pytest.mark.parametrize("name", ["TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"])
+def test_a_recorder_setting_the_pod_sets_under_either_name_is_kept(name: str) -> None:
+    """torch reads TORCH_FR_* before its TORCH_NCCL_* alias: injecting the new name beside a pod's old one would
+    override the pod's value. Settings the pod leaves alone come under both names."""
+    pod = training_pod(env=[{"name": name, "value": "20000"},
+                            {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": "/data/fr_"}])
+    out = inject(pod, InjectionConfig(buffer_size=4000))
+    assert out is not None
+    env = env_of(out["spec"]["containers"][0])
+    assert {k: v for k, v in env.items() if "BUFFER_SIZE" in k} == {name: "20000"}
+    assert {k: v for k, v in env.items() if "TEMP_FILE" in k} == {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/data/fr_"}
+    assert env["TORCH_FR_DUMP_ON_TIMEOUT"] == env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
 
 
 def test_the_images_pythonpath_from_the_annotation_follows_the_bootstrap() -> None:
