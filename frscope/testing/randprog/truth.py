@@ -1,0 +1,238 @@
+"""What is right for an execution, read from the executor's final state (never from the fault's name).
+
+1. A mismatch: the first collective every member joined whose ops, shapes or dtypes disagree. Culprits
+   are the ranks of the minority signature (a tie cannot be decided).
+2. Else the wait-for graph: a blocked rank waits for the members of its rendezvous (and of the unfinished
+   ones before it on that group's queue) that have not arrived. Its sinks (stuck in Python, exited) are
+   the culprits. Where the sinks are ranks that finished their program (idle), the side with the odd count
+   is: the few ranks blocked one collective beyond the others (an extra call) or the few that stopped short
+   (an early exit). Without sinks the blocked ranks form a cycle: two ranks blocked in point-to-point ops
+   on each other are a p2p mismatch; across groups, the ranks whose group order differs from the majority
+   of the ranks in both groups are the culprits (a tie cannot be decided).
+3. Else a straggler: a rank whose own compute is later than the median by a clear margin at most steps.
+4. Else healthy (no finding).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from frscope.testing.randprog.executor import BLOCKED, DONE, EXITED, STUCK, Execution, Rdv
+from frscope.testing.randprog.layout import Layout
+
+NOT_JOINED, STOPPED, MISSING = "RankNotJoined", "RankStopped", "MissingDumps"
+TYPE, SIZE, DTYPE, P2P, STRAGGLER = "CollectiveTypeMismatch", "SizeMismatch", "DtypeMismatch", "P2PMismatch", "Straggler"
+FILE_FORMS = ("pickle", "json")
+
+
+@dataclass(slots=True)
+class Truth:
+    category: str  # "healthy" or a frscope category
+    culprits: tuple[int, ...]
+    accepted: tuple[str, ...]
+    why: str
+    undecidable: dict[str, str] = field(default_factory=dict)  # form -> why the evidence cannot decide
+    # evidence flags the forms need
+    via_unrecorded: bool = False  # the culprit shows only through ops gloo does not record
+
+    def to_json(self) -> dict[str, object]:
+        return {"category": self.category, "culprits": list(self.culprits), "accepted": list(self.accepted),
+                "why": self.why, "undecidable": self.undecidable}
+
+
+def _minority(sides: dict[object, set[int]]) -> tuple[set[int], bool]:
+    """The ranks of the smaller side(s) and whether that is decided (False on a tie)."""
+    sizes = sorted(len(s) for s in sides.values())
+    if len(sizes) < 2:
+        return set().union(*sides.values()), False
+    big = max(sides.values(), key=len)
+    if sizes[-1] == sizes[-2]:
+        return set().union(*sides.values()), False
+    return set().union(*(s for s in sides.values() if s is not big)), True
+
+
+def _mismatch(ex: Execution) -> Truth | None:
+    bad = [r for r in ex.rdvs if r.key[0] == "c" and not r.missing and r.outcome in ("silent", "hang_type",
+                                                                                       "hang_size", "abort")]
+    if not bad:
+        return None
+    rdv = min(bad, key=lambda r: max(r.arrivals.values()))
+    recs = rdv.recs
+    if rdv.outcome == "hang_type":
+        sides: dict[object, set[int]] = {}
+        for rank, rec in recs.items():
+            sides.setdefault(rec.op, set()).add(rank)
+        category, accepted = TYPE, [TYPE]
+        culprits, decided = _minority(sides)
+        if decided and _shifted(ex, rdv, culprits):
+            accepted.append(NOT_JOINED)  # a skipped or extra call: its next call meets the others' previous one
+    else:
+        shapes = {rec.shape for rec in recs.values()}
+        category = SIZE if len(shapes) > 1 else DTYPE
+        sides = {}
+        for rank, rec in recs.items():
+            sides.setdefault(rec.shape if category == SIZE else rec.dtype, set()).add(rank)
+        culprits, decided = _minority(sides)
+        accepted = [category]
+    g = ex.program.layout.groups[rdv.group]
+    why = (f"{rdv.outcome} at group {g.name} position {rdv.key[2] + 1}: "  # type: ignore[operator]
+           + ", ".join(f"{sorted(s)}={k}" for k, s in sides.items()))
+    truth = Truth(category, tuple(sorted(culprits)), tuple(accepted), why)
+    if not decided:
+        truth.undecidable = {f: "the ranks split evenly: nothing says which side is odd" for f in
+                             ("snapshot", *FILE_FORMS)}
+    if rdv.outcome == "abort":
+        truth.undecidable = {f: "gloo aborted every member at once; the common side left no dump" for f in
+                             ("snapshot", *FILE_FORMS)}
+    return truth
+
+
+def _shifted(ex: Execution, rdv: Rdv, culprits: set[int]) -> bool:
+    pos = int(rdv.key[2])  # type: ignore[call-overload]
+    for other in (pos - 1, pos + 1):
+        near = next((r for r in ex.rdvs if r.key == ("c", rdv.group, other)), None)
+        if near is None:
+            continue
+        mine = {rdv.recs[c].op for c in culprits}
+        theirs = {rec.op for rank, rec in near.recs.items() if rank not in culprits}
+        if mine & theirs:
+            return True
+    return False
+
+
+def waits_on(rdv: Rdv) -> set[int]:
+    out: set[int] = set(rdv.missing)
+    prev = rdv.prev
+    while prev is not None and prev.done is None:
+        out |= prev.missing
+        prev = prev.prev
+    return out
+
+
+def _reach(edges: dict[int, set[int]], start: Iterable[int]) -> set[int]:
+    seen, todo = set(), list(start)
+    while todo:
+        r = todo.pop()
+        if r in seen:
+            continue
+        seen.add(r)
+        todo.extend(edges.get(r, ()))
+    return seen
+
+
+def _recorded(rdv: Rdv, backend: str) -> bool:
+    return rdv.key[0] == "c" or (backend == "nccl" and rdv.key[0] == "p")
+
+
+def _wait_for(ex: Execution) -> Truth | None:
+    states = ex.states
+    blocked = {r: st for r, st in states.items() if st.status == BLOCKED}
+    if not blocked:
+        sinks = [r for r, st in states.items() if st.status in (STUCK, EXITED)]
+        if not sinks:
+            return None
+        stuck = [r for r in sinks if states[r].status == STUCK]
+        return Truth(NOT_JOINED if stuck else STOPPED, tuple(sorted(sinks)),
+                     (NOT_JOINED,) if stuck else (NOT_JOINED, STOPPED, MISSING), "stopped with nobody waiting")
+    edges = {r: set().union(*(waits_on(x) for x in st.blocked)) for r, st in blocked.items()}
+    reach = _reach(edges, blocked)
+    hard = sorted(r for r in reach if states[r].status in (STUCK, EXITED))
+    backend = ex.program.backend
+    if hard:
+        stuck = all(states[r].status == STUCK for r in hard)
+        accepted = (NOT_JOINED,) if stuck else (NOT_JOINED, STOPPED, MISSING)
+        visible = any(_recorded(x, backend) and set(hard) & waits_on(x) for st in blocked.values() for x in st.blocked)
+        truth = Truth(NOT_JOINED if stuck else STOPPED, tuple(hard), accepted,
+                      "sink " + ", ".join(f"{r} {states[r].status}" for r in hard), via_unrecorded=not visible)
+        return truth
+    idle = sorted(r for r in reach if states[r].status == DONE)
+    if idle:
+        # the side with the odd count: blocked one call beyond the others, or stopped short of them
+        for st in blocked.values():
+            for x in st.blocked:
+                gone = waits_on(x) & set(idle)
+                if gone:
+                    arrived = set(x.arrivals)
+                    culprits, decided = _minority({"blocked": arrived, "idle": gone})
+                    truth = Truth(NOT_JOINED, tuple(sorted(culprits)), (NOT_JOINED,),
+                                  f"blocked {sorted(arrived)} vs finished {sorted(gone)} at {x.key}",
+                                  via_unrecorded=not _recorded(x, backend))
+                    if not decided:
+                        truth.undecidable = {f: "as many ranks ran one call more as one call fewer" for f in
+                                             ("snapshot", *FILE_FORMS)}
+                    return truth
+    # a cycle among blocked ranks
+    cyc = sorted(r for r in blocked if r in _reach(edges, edges[r]))
+    if all(all(x.key[0] == "p" for x in blocked[r].blocked) for r in cyc):
+        return Truth(P2P, tuple(cyc), (P2P,), f"p2p cycle {cyc}", via_unrecorded=backend == "gloo")
+    # every blocked rank that waits on the cycle, by where it waits: a collective of a group, or a p2p
+    # message (comparable only between its two ranks)
+    near = sorted(r for r in blocked if set(cyc) & _reach(edges, [r]))
+    slot = {r: _slot(blocked[r].blocked[0]) for r in near}
+    slots = sorted(set(slot.values()), key=str)
+    layout = ex.program.layout
+    culprits: set[int] = set()
+    decided = True
+    for i, sa in enumerate(slots):
+        for sb in slots[i + 1:]:
+            both = set(_members(sa, layout)) & set(_members(sb, layout)) & set(near)
+            sides = {sa: {r for r in both if slot[r] == sa}, sb: {r for r in both if slot[r] == sb}}
+            if not sides[sa] or not sides[sb]:
+                continue
+            few, ok = _minority(sides)
+            culprits |= few
+            decided = decided and ok
+    groups = sorted({x.group for r in cyc for x in blocked[r].blocked})
+    if not culprits:
+        culprits, decided = set(cyc), False
+    truth = Truth(NOT_JOINED, tuple(sorted(culprits)), (NOT_JOINED,), f"cycle over groups {groups} among {cyc}",
+                  via_unrecorded=not any(_recorded(x, backend) for r in cyc for x in blocked[r].blocked))
+    if not decided:
+        truth.undecidable = {f: "the cycle's two orders have as many ranks each" for f in ("snapshot", *FILE_FORMS)}
+    return truth
+
+
+def _slot(rdv: Rdv) -> tuple[object, ...]:
+    return ("c", rdv.group) if rdv.key[0] == "c" else (rdv.key[0], rdv.group, *sorted(rdv.expected))
+
+
+def _members(slot: tuple[object, ...], layout: Layout) -> tuple[int, ...]:
+    if slot[0] == "p":
+        return tuple(int(r) for r in slot[2:])  # type: ignore[call-overload]
+    return layout.groups[int(slot[1])].ranks  # type: ignore[call-overload]
+
+
+def _stragglers(ex: Execution) -> Truth | None:
+    steps = ex.program.steps
+    if steps < 4 or ex.program.layout.world < 2:
+        return None
+    late: dict[int, int] = {}
+    for step in range(1, steps + 1):
+        durations = {}
+        for r, st in ex.states.items():
+            start = st.last_step_t.get(step)
+            if start is not None:
+                durations[r] = start
+        if len(durations) < 2:
+            continue
+        # compute ends measured from each rank's own step start: its compute op's duration
+        comp = {r: _compute(ex, r, step) for r in durations}
+        med = statistics.median(comp.values())
+        for r, c in comp.items():
+            if c - med > max(0.02, 0.25 * med):
+                late[r] = late.get(r, 0) + 1
+    slow = sorted(r for r, n in late.items() if n >= 0.6 * steps)
+    if not slow or len(slow) * 2 >= ex.program.layout.world:
+        return None
+    return Truth(STRAGGLER, tuple(slow), (STRAGGLER,), f"compute late at most steps: {slow}")
+
+
+def _compute(ex: Execution, rank: int, step: int) -> float:
+    return sum(op.seconds for op in ex.program.ops[rank] if op.kind == "compute" and op.step == step)
+
+
+def truth_of(ex: Execution) -> Truth:
+    found = _mismatch(ex) or _wait_for(ex) or _stragglers(ex)
+    return found or Truth("healthy", (), (), "every rank finished its program")
