@@ -60,6 +60,7 @@ class Op:
     dump: bool = False
     func: str = "train_step"  # the user function on the stack
     line: int = 100
+    root: int = 0  # broadcast/gather/scatter/reduce: the group-local root
 
 
 @dataclass(slots=True)
@@ -203,7 +204,8 @@ def _expand(call: Call, rank: int, layout: Layout, backend: str, step: int) -> O
     if call.kind == "monitored_barrier":
         return Op("mbarrier", step, call.group, func=call.func, line=call.line)
     recs = recs_for(call.kind, backend, len(g.ranks), g.local(rank), call.root, call.shape, call.dtype)
-    return Op("coll", step, call.group, recs=recs, is_async=call.is_async, func=call.func, line=call.line)
+    return Op("coll", step, call.group, recs=recs, is_async=call.is_async, func=call.func, line=call.line,
+              root=call.root)
 
 
 def random_program(rng: random.Random, layout: Layout) -> Program:
@@ -212,10 +214,17 @@ def random_program(rng: random.Random, layout: Layout) -> Program:
     step_s = rng.choice((0.05, 0.2, 0.5, 1.5))
     template = _template(rng, layout, backend)
     ddp = rng.random() < 0.3
-    ops: dict[int, list[Op]] = {r: [] for r in range(layout.world)}
     prologue = [Call("broadcast", 0, (4096,), "Float", func="init_model", line=60)]
     if rng.random() < 0.3:
         prologue.append(Call("all_gather_object", 0, (1,), "Long", func="exchange_config", line=64))
+    return build_program(layout, backend, prologue, template, steps, step_s, ddp)
+
+
+def build_program(layout: Layout, backend: str, prologue: list[Call], template: list[Call], steps: int,
+                  step_s: float, ddp: bool = False) -> Program:
+    """Every rank's ops: the prologue, then `steps` times compute + the template (+ DDP's rebroadcast at
+    step 1) + a wait for the step's async ops (on NCCL always: the step's sync point)."""
+    ops: dict[int, list[Op]] = {r: [] for r in range(layout.world)}
     for rank in range(layout.world):
         mine = ops[rank]
         for call in prologue:

@@ -65,7 +65,7 @@ def _entry(ex: Execution, st: RankState, e: Issued, tv: float, pickle: bool, ver
         out["frames"] = entry_frames(e.op, rec, ex.program.backend)
     out.update({
         "record_id": e.record_id, "pg_id": layout.uid(st.rank, e.group), "process_group": pg if pickle else list(pg),
-        "thread_name": "python", "thread_id": thread, "collective_seq_id": e.coll_seq, "p2p_seq_id": e.p2p_seq,
+        "thread_name": "python3", "thread_id": thread, "collective_seq_id": e.coll_seq, "p2p_seq_id": e.p2p_seq,
         "op_id": e.op_id, "profiling_name": name, "time_created_ns": ns(ex, e.t_created),
     })
     if nccl and completed and t_start is not None and t_done is not None:
@@ -101,10 +101,10 @@ def _pg_status(ex: Execution, st: RankState, tv: float, pickle: bool) -> dict[st
     for g in layout.member_groups(st.rank):
         uid = layout.uid(st.rank, g.index)
         if ex.program.backend == "gloo":
-            log = [(op_id, rdvs, t) for op_id, rdvs, t in st.ops_log.get(g.index, []) if t <= tv]
-            enq = max((op_id for op_id, _, _ in log), default=-1)
-            comp = max((op_id for op_id, rdvs, _ in log
-                        if all(r.done is not None and r.done <= tv for r in rdvs)), default=-1)
+            # the op id of the last recorded entry (op ids count the unrecorded p2p ops too)
+            mine = [e for e in st.issued if e.group == g.index and e.t_created <= tv]
+            enq = max((e.op_id for e in mine), default=-1)
+            comp = max((e.op_id for e in mine if (d := e.done_at()) is not None and d <= tv), default=-1)
             vals = (enq, -1, comp)
         else:
             mine = [e for e in st.issued if e.group == g.index and e.t_created <= tv and not e.p2p_name]

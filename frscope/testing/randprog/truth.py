@@ -25,6 +25,7 @@ from frscope.testing.randprog.layout import Layout
 NOT_JOINED, STOPPED, MISSING = "RankNotJoined", "RankStopped", "MissingDumps"
 TYPE, SIZE, DTYPE, P2P, STRAGGLER = "CollectiveTypeMismatch", "SizeMismatch", "DtypeMismatch", "P2PMismatch", "Straggler"
 FILE_FORMS = ("pickle", "json")
+FEW_STEPS = 5
 
 
 @dataclass(slots=True)
@@ -142,7 +143,9 @@ def _wait_for(ex: Execution) -> Truth | None:
     backend = ex.program.backend
     if hard:
         stuck = all(states[r].status == STUCK for r in hard)
-        accepted = (NOT_JOINED,) if stuck else (NOT_JOINED, STOPPED, MISSING)
+        accepted: tuple[str, ...] = (NOT_JOINED,) if stuck else (NOT_JOINED, STOPPED, MISSING)
+        if any(x.key[0] == "p" and set(hard) & x.missing for st in blocked.values() for x in st.blocked):
+            accepted += (P2P,)  # a peer waits for the sink in send/recv: a p2p op it never posted
         visible = any(_recorded(x, backend) and set(hard) & waits_on(x) for st in blocked.values() for x in st.blocked)
         truth = Truth(NOT_JOINED if stuck else STOPPED, tuple(hard), accepted,
                       "sink " + ", ".join(f"{r} {states[r].status}" for r in hard), via_unrecorded=not visible)
@@ -205,28 +208,24 @@ def _members(slot: tuple[object, ...], layout: Layout) -> tuple[int, ...]:
 
 
 def _stragglers(ex: Execution) -> Truth | None:
-    steps = ex.program.steps
-    if steps < 4 or ex.program.layout.world < 2:
-        return None
+    """Ranks whose own compute is late (beyond the median, or the other rank's in a 2-rank job) by a clear
+    margin at most steps. Under FEW_STEPS steps the evidence is too thin to decide either way."""
+    steps, world = ex.program.steps, ex.program.layout.world
     late: dict[int, int] = {}
     for step in range(1, steps + 1):
-        durations = {}
-        for r, st in ex.states.items():
-            start = st.last_step_t.get(step)
-            if start is not None:
-                durations[r] = start
-        if len(durations) < 2:
-            continue
-        # compute ends measured from each rank's own step start: its compute op's duration
-        comp = {r: _compute(ex, r, step) for r in durations}
-        med = statistics.median(comp.values())
+        comp = {r: _compute(ex, r, step) for r in ex.states}
+        ref = min(comp.values()) if world == 2 else statistics.median(comp.values())
         for r, c in comp.items():
-            if c - med > max(0.02, 0.25 * med):
+            if c - ref > max(0.02, 0.25 * ref):
                 late[r] = late.get(r, 0) + 1
     slow = sorted(r for r, n in late.items() if n >= 0.6 * steps)
-    if not slow or len(slow) * 2 >= ex.program.layout.world:
+    if not slow or (world > 2 and len(slow) * 2 >= world):
         return None
-    return Truth(STRAGGLER, tuple(slow), (STRAGGLER,), f"compute late at most steps: {slow}")
+    truth = Truth(STRAGGLER, tuple(slow), (STRAGGLER,), f"compute late at most steps: {slow}")
+    if steps < FEW_STEPS:
+        truth.undecidable = {f: f"late at each of only {steps} steps: too few to tell from jitter"
+                             for f in ("snapshot", *FILE_FORMS)}
+    return truth
 
 
 def _compute(ex: Execution, rank: int, step: int) -> float:
