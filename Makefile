@@ -7,7 +7,7 @@ STAMP := $(VENV)/.frscope-installed
 
 .PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster cluster-node \
 	cluster-node-down torch-venvs node-images controllers accuracy-sweep dist registry testenv-oldest \
-	test-kube-matrix
+	test-kube-matrix random-sweep
 
 # setup.py and the C scanner too: `pip install -e .` builds frscope/records/_frscan.c in place (optional: without a
 # compiler frscope reads dumps with the pure-Python path), so a change to either rebuilds it.
@@ -155,6 +155,16 @@ accuracy-sweep: $(STAMP)
 	nice -n 10 $(BIN)/python scripts/fault_sweep.py score $(SWEEP_DIR) > /dev/null
 	$(BIN)/python scripts/fault_sweep.py report $(SWEEP_DIR) --results-copy docs/accuracy-sweep.json \
 	  $$(test -f $(SWEEP_DIR)-repeat/results.json && echo --repeat $(SWEEP_DIR)-repeat)
+
+# The random-program sweep (frscope/testing/randprog, docs/accuracy.md): 100,000 simulated programs (no torch,
+# ~20 min on 2 cores), each judged in three capture forms; not part of `make test` (tests/unit/
+# test_randprog_sample.py runs a seeded 200). Replay a miss with `python -m frscope.testing.randprog replay SEED`.
+RANDOM_SEED ?= 1
+RANDOM_PROGRAMS ?= 100000
+RANDOM_JOBS ?= 2
+random-sweep: $(STAMP)
+	nice -n 10 $(BIN)/python -m frscope.testing.randprog sweep --seed $(RANDOM_SEED) --programs $(RANDOM_PROGRAMS) \
+	  --jobs $(RANDOM_JOBS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Any
 
 from frscope.testing.randprog.program import Op, Program, Rec
 
@@ -35,7 +36,7 @@ CPU_SYNC = frozenset({"all_gather_object", "broadcast_object_list", "_sync_bucke
 class Rdv:
     """A rendezvous: a collective's k-th position on a group, a p2p message, or a monitored barrier."""
 
-    key: tuple[object, ...]
+    key: tuple[Any, ...]
     expected: frozenset[int]
     arrivals: dict[int, float] = field(default_factory=dict)
     recs: dict[int, Rec] = field(default_factory=dict)
@@ -45,7 +46,7 @@ class Rdv:
 
     @property
     def group(self) -> int:
-        return int(self.key[1])  # type: ignore[call-overload]
+        return int(self.key[1])
 
     @property
     def missing(self) -> frozenset[int]:

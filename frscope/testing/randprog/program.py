@@ -81,8 +81,8 @@ def recs_for(kind: str, backend: str, size: int, local: int, root: int, shape: t
              obj_bytes: int = 37) -> tuple[Rec, ...]:
     """The entries one call records on a rank (group-local rank `local`, group size `size`)."""
     n = 1
-    for d in shape:
-        n *= d
+    for dim in shape:
+        n *= dim
     s, d = (shape,), (dtype,)
     stacked = ((size, *shape),)
 

@@ -43,7 +43,8 @@ def _started(ex: Execution, st: RankState, e: Issued, tv: float) -> float | None
     return e.t_created + 0.00001
 
 
-def _entry(ex: Execution, st: RankState, e: Issued, tv: float, pickle: bool, version: str, thread: str) -> dict[str, Any]:
+def _entry(ex: Execution, st: RankState, e: Issued, tv: float, pickle: bool, version: str,
+           thread: str) -> dict[str, Any]:
     nccl = ex.program.backend == "nccl"
     layout = ex.program.layout
     group = layout.groups[e.group]

@@ -45,13 +45,13 @@ class _Writer:
         elif isinstance(obj, float):
             out += b"G" + struct.pack(">d", obj)
         elif isinstance(obj, str):
-            key = ("s", obj)
-            if key in self.memo:
-                self._get(self.memo[key])
+            skey: tuple[Any, ...] = ("s", obj)
+            if skey in self.memo:
+                self._get(self.memo[skey])
                 return
             raw = obj.encode()
             out += b"X" + struct.pack("<I", len(raw)) + raw
-            self._put(key)
+            self._put(skey)
         elif isinstance(obj, tuple):
             if not obj:
                 out += b")"

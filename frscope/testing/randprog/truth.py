@@ -16,14 +16,16 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from frscope.testing.randprog.executor import BLOCKED, DONE, EXITED, STUCK, Execution, Rdv
 from frscope.testing.randprog.layout import Layout
 
 NOT_JOINED, STOPPED, MISSING = "RankNotJoined", "RankStopped", "MissingDumps"
-TYPE, SIZE, DTYPE, P2P, STRAGGLER = "CollectiveTypeMismatch", "SizeMismatch", "DtypeMismatch", "P2PMismatch", "Straggler"
+TYPE, SIZE, DTYPE = "CollectiveTypeMismatch", "SizeMismatch", "DtypeMismatch"
+P2P, STRAGGLER = "P2PMismatch", "Straggler"
 FILE_FORMS = ("pickle", "json")
 FEW_STEPS = 5
 
@@ -43,7 +45,7 @@ class Truth:
                 "why": self.why, "undecidable": self.undecidable}
 
 
-def _minority(sides: dict[object, set[int]]) -> tuple[set[int], bool]:
+def _minority(sides: Mapping[Any, set[int]]) -> tuple[set[int], bool]:
     """The ranks of the smaller side(s) and whether that is decided (False on a tie)."""
     sizes = sorted(len(s) for s in sides.values())
     if len(sizes) < 2:
@@ -78,7 +80,7 @@ def _mismatch(ex: Execution) -> Truth | None:
         culprits, decided = _minority(sides)
         accepted = [category]
     g = ex.program.layout.groups[rdv.group]
-    why = (f"{rdv.outcome} at group {g.name} position {rdv.key[2] + 1}: "  # type: ignore[operator]
+    why = (f"{rdv.outcome} at group {g.name} position {rdv.key[2] + 1}: "
            + ", ".join(f"{sorted(s)}={k}" for k, s in sides.items()))
     truth = Truth(category, tuple(sorted(culprits)), tuple(accepted), why)
     if not decided:
@@ -91,7 +93,7 @@ def _mismatch(ex: Execution) -> Truth | None:
 
 
 def _shifted(ex: Execution, rdv: Rdv, culprits: set[int]) -> bool:
-    pos = int(rdv.key[2])  # type: ignore[call-overload]
+    pos = int(rdv.key[2])
     for other in (pos - 1, pos + 1):
         near = next((r for r in ex.rdvs if r.key == ("c", rdv.group, other)), None)
         if near is None:
@@ -134,9 +136,9 @@ def _wait_for(ex: Execution) -> Truth | None:
         sinks = [r for r, st in states.items() if st.status in (STUCK, EXITED)]
         if not sinks:
             return None
-        stuck = [r for r in sinks if states[r].status == STUCK]
-        return Truth(NOT_JOINED if stuck else STOPPED, tuple(sorted(sinks)),
-                     (NOT_JOINED,) if stuck else (NOT_JOINED, STOPPED, MISSING), "stopped with nobody waiting")
+        in_python = [r for r in sinks if states[r].status == STUCK]
+        return Truth(NOT_JOINED if in_python else STOPPED, tuple(sorted(sinks)),
+                     (NOT_JOINED,) if in_python else (NOT_JOINED, STOPPED, MISSING), "stopped with nobody waiting")
     edges = {r: set().union(*(waits_on(x) for x in st.blocked)) for r, st in blocked.items()}
     reach = _reach(edges, blocked)
     hard = sorted(r for r in reach if states[r].status in (STUCK, EXITED))
@@ -158,8 +160,8 @@ def _wait_for(ex: Execution) -> Truth | None:
                 gone = waits_on(x) & set(idle)
                 if gone:
                     arrived = set(x.arrivals)
-                    culprits, decided = _minority({"blocked": arrived, "idle": gone})
-                    truth = Truth(NOT_JOINED, tuple(sorted(culprits)), (NOT_JOINED,),
+                    odd, decided = _minority({"blocked": arrived, "idle": gone})
+                    truth = Truth(NOT_JOINED, tuple(sorted(odd)), (NOT_JOINED,),
                                   f"blocked {sorted(arrived)} vs finished {sorted(gone)} at {x.key}",
                                   via_unrecorded=not _recorded(x, backend))
                     if not decided:
@@ -176,7 +178,7 @@ def _wait_for(ex: Execution) -> Truth | None:
     slot = {r: _slot(blocked[r].blocked[0]) for r in near}
     slots = sorted(set(slot.values()), key=str)
     layout = ex.program.layout
-    culprits: set[int] = set()
+    found: set[int] = set()
     decided = True
     for i, sa in enumerate(slots):
         for sb in slots[i + 1:]:
@@ -185,12 +187,12 @@ def _wait_for(ex: Execution) -> Truth | None:
             if not sides[sa] or not sides[sb]:
                 continue
             few, ok = _minority(sides)
-            culprits |= few
+            found |= few
             decided = decided and ok
     groups = sorted({x.group for r in cyc for x in blocked[r].blocked})
-    if not culprits:
-        culprits, decided = set(cyc), False
-    truth = Truth(NOT_JOINED, tuple(sorted(culprits)), (NOT_JOINED,), f"cycle over groups {groups} among {cyc}",
+    if not found:
+        found, decided = set(cyc), False
+    truth = Truth(NOT_JOINED, tuple(sorted(found)), (NOT_JOINED,), f"cycle over groups {groups} among {cyc}",
                   via_unrecorded=not any(_recorded(x, backend) for r in cyc for x in blocked[r].blocked))
     if not decided:
         truth.undecidable = {f: "the cycle's two orders have as many ranks each" for f in ("snapshot", *FILE_FORMS)}
@@ -203,8 +205,8 @@ def _slot(rdv: Rdv) -> tuple[object, ...]:
 
 def _members(slot: tuple[object, ...], layout: Layout) -> tuple[int, ...]:
     if slot[0] == "p":
-        return tuple(int(r) for r in slot[2:])  # type: ignore[call-overload]
-    return layout.groups[int(slot[1])].ranks  # type: ignore[call-overload]
+        return tuple(int(str(r)) for r in slot[2:])
+    return layout.groups[int(str(slot[1]))].ranks
 
 
 def _stragglers(ex: Execution) -> Truth | None:
