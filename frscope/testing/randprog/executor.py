@@ -27,6 +27,9 @@ from typing import Any
 from frscope.testing.randprog.program import Op, Program, Rec
 
 RUN, BLOCKED, STUCK, EXITED, DONE = "run", "blocked", "stuck", "exited", "done"
+# gloo: a rank whose collective or p2p op failed because a member's process is gone (the connection
+# reset): it raised and exited 1; `blocked` still names the op it failed in.
+FAILED = "failed"
 # NCCL ops return to Python once enqueued (the CPU goes on; a step's sync point waits), except these,
 # which read a result on the CPU (the object collectives' sizes, DDP's bucket order).
 CPU_SYNC = frozenset({"all_gather_object", "broadcast_object_list", "_sync_bucket_indices"})
@@ -142,8 +145,30 @@ class Executor:
             self.rdvs.append(rdv)
         return rdv
 
-    def _try_complete(self) -> bool:
+    def _peers_died(self) -> bool:
+        """gloo: every op that waits for a rank whose process is gone fails at once on the ranks that
+        entered it (the connection resets); they raise and exit 1, their handler dumping the recorder,
+        where gloo has retired the failed entry as if it had succeeded."""
+        if self.p.backend != "gloo":
+            return False
         changed = False
+        gone = {r: st.t for r, st in self.states.items() if st.status in (EXITED, FAILED)}
+        if not gone:
+            return False
+        for st in self.states.values():
+            if st.status != BLOCKED:
+                continue
+            for rdv in st.blocked:
+                dead = [r for r in rdv.missing if r in gone]
+                if rdv.done is None and dead:
+                    st.t = max(st.t, min(gone[r] for r in dead)) + 0.005
+                    st.status, st.code, st.dump_at_exit, st.blocked = FAILED, 1, True, [rdv]
+                    changed = True
+                    break
+        return changed
+
+    def _try_complete(self) -> bool:
+        changed = self._peers_died()
         for rdv in self.rdvs:
             if rdv.done is not None or rdv.outcome or rdv.missing:
                 continue

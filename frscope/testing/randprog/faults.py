@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 from frscope.testing.randprog.program import Op, Program, Rec, recs_for
 
 FAULTS = ("healthy", "stuck", "skip", "extra", "reorder", "wrong_op", "wrong_size", "wrong_dtype", "crash",
-          "stale", "straggler", "p2p_deadlock")
+          "stale", "stale_read", "straggler", "p2p_deadlock")
 # How often each is drawn (healthy programs are a large share: they must give no finding).
-WEIGHTS = (4, 3, 2, 1, 1, 2, 2, 2, 2, 2, 2, 1)
+WEIGHTS = (4, 3, 2, 1, 1, 2, 2, 2, 2, 2, 1, 2, 1)
 
 
 @dataclass(slots=True)
@@ -113,6 +113,9 @@ def apply_fault(rng: random.Random, prog: Program, name: str | None = None) -> F
         fault.stale_steps = rng.randint(1, 3) if name == "stale" else 0
         fault.detail = f"exit {code}, dump {dump}"
         return fault
+    if name == "stale_read":  # nothing wrong but one rank's recorder read steps before the others'
+        k = rng.randint(1, max(1, prog.steps - 1))
+        return Fault("stale_read", (rank,), prog.steps - k, f"read {k} step(s) early", stale_steps=k)
     if name == "straggler":
         two = world >= 6 and rng.random() < 0.3
         ranks = (rank, rank ^ 1) if two and (rank ^ 1) < world else (rank,)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from frscope.testing.randprog.executor import Execution, Issued, RankState
+from frscope.testing.randprog.executor import FAILED, Execution, Issued, RankState
 from frscope.testing.randprog.layout import DEFAULT, NEW_GROUP
 from frscope.testing.randprog.stacks import entry_frames
 
@@ -50,6 +50,8 @@ def _entry(ex: Execution, st: RankState, e: Issued, tv: float, pickle: bool, ver
     group = layout.groups[e.group]
     done = e.done_at()
     completed = done is not None and done <= tv
+    if st.status == FAILED and tv >= st.t and st.blocked and e.rdv is st.blocked[0]:
+        completed = True  # gloo retires an op that failed as if it had succeeded
     rec = e.rec
     assert rec is not None
     name = ("nccl:" if nccl else "gloo:") + (e.p2p_name or rec.op)
@@ -105,7 +107,8 @@ def _pg_status(ex: Execution, st: RankState, tv: float, pickle: bool) -> dict[st
             # the op id of the last recorded entry (op ids count the unrecorded p2p ops too)
             mine = [e for e in st.issued if e.group == g.index and e.t_created <= tv]
             enq = max((e.op_id for e in mine), default=-1)
-            comp = max((e.op_id for e in mine if (d := e.done_at()) is not None and d <= tv), default=-1)
+            comp = max((e.op_id for e in mine if ((d := e.done_at()) is not None and d <= tv)
+                        or (st.status == FAILED and tv >= st.t)), default=-1)
             vals = (enq, -1, comp)
         else:
             mine = [e for e in st.issued if e.group == g.index and e.t_created <= tv and not e.p2p_name]

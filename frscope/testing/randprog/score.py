@@ -127,9 +127,11 @@ def summarize(rows: list[dict[str, object]], misses: int = 30) -> str:
     lines.append("")
     lines.append("undecidable (scored apart; right = the ambiguous rule): " + ", ".join(
         f"{f} {ok}/{n}" for f, (ok, n) in sorted(apart.items())))
-    healthy = [r for r in rows if r["healthy"]]
-    alarms = [r for r in healthy if not r["right"]]
-    lines.append(f"healthy programs: {len(alarms)} finding(s) in {len(healthy)} verdicts")
+    for label, picked in (("fault-free programs", [r for r in rows if r["fault"] == "healthy"]),
+                          ("programs whose truth is healthy (fault-free, stale reads, faults without effect)",
+                           [r for r in rows if r["healthy"]])):
+        alarms = [r for r in picked if not r["right"]]
+        lines.append(f"{label}: {len(alarms)} finding(s) in {len(picked)} verdicts")
     lines.append("")
     lines.append("top miss patterns (class, form, truth, frscope's first finding): count, a seed to replay")
     for pat, n in patterns.most_common(misses):

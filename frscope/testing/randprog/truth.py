@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from frscope.testing.randprog.executor import BLOCKED, DONE, EXITED, STUCK, Execution, Rdv
+from frscope.testing.randprog.executor import BLOCKED, DONE, EXITED, FAILED, STUCK, Execution, Rdv
 from frscope.testing.randprog.layout import Layout
 
 NOT_JOINED, STOPPED, MISSING = "RankNotJoined", "RankStopped", "MissingDumps"
@@ -37,6 +37,7 @@ class Truth:
     accepted: tuple[str, ...]
     why: str
     undecidable: dict[str, str] = field(default_factory=dict)  # form -> why the evidence cannot decide
+    mismatch_at: Rdv | None = None  # the collective where the members disagreed
     # evidence flags the forms need
     via_unrecorded: bool = False  # the culprit shows only through ops gloo does not record
 
@@ -82,7 +83,7 @@ def _mismatch(ex: Execution) -> Truth | None:
     g = ex.program.layout.groups[rdv.group]
     why = (f"{rdv.outcome} at group {g.name} position {rdv.key[2] + 1}: "
            + ", ".join(f"{sorted(s)}={k}" for k, s in sides.items()))
-    truth = Truth(category, tuple(sorted(culprits)), tuple(accepted), why)
+    truth = Truth(category, tuple(sorted(culprits)), tuple(accepted), why, mismatch_at=rdv)
     if not decided:
         truth.undecidable = {f: "the ranks split evenly: nothing says which side is odd" for f in
                              ("snapshot", *FILE_FORMS)}
@@ -131,7 +132,8 @@ def _recorded(rdv: Rdv, backend: str) -> bool:
 
 def _wait_for(ex: Execution) -> Truth | None:
     states = ex.states
-    blocked = {r: st for r, st in states.items() if st.status == BLOCKED}
+    # a rank that failed because a peer died waited for that peer: it is an edge, not a sink
+    blocked = {r: st for r, st in states.items() if st.status in (BLOCKED, FAILED)}
     if not blocked:
         sinks = [r for r, st in states.items() if st.status in (STUCK, EXITED)]
         if not sinks:
