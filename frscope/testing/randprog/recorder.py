@@ -34,7 +34,9 @@ def _started(ex: Execution, st: RankState, e: Issued, tv: float) -> float | None
     finished), or None."""
     if e.rec is None or not e.rdv:
         return e.t_created + 0.00001
-    before = [p for p in st.issued if p.group == e.group and p.record_id < e.record_id]
+    # p2p ops run on their own communicator's stream, collectives on the group's
+    before = [p for p in st.issued if p.group == e.group and p.record_id < e.record_id
+              and bool(p.p2p_name) == bool(e.p2p_name)]
     if before:
         prev = before[-1].done_at()
         if prev is None or prev > tv:
