@@ -22,6 +22,9 @@ from frscope.testing.randprog.truth import FILE_FORMS, Truth, truth_of
 FORMS = ("snapshot", "pickle", "json")
 POLL_S = 0.3  # how often a sidecar reads a rank's recorder
 NO_DUMP_WHY = "the rank crashed without a dump and no exit code was passed: nothing says it ever existed"
+STALE_GLOO_WHY = ("one rank's recorder was read steps before its peers', whose recorders show every op retired: "
+                  "on gloo a crash after that read leaves the same files (its peers fail at once and gloo retires "
+                  "the failed op); the exit codes or live stacks decide")
 EVICTED_WHY = "the ring buffer wrapped: a rank's entry of the collective where the ranks disagreed is gone"
 UNRECORDED_WHY = ("gloo records no point-to-point op (send/recv, batch_isend_irecv, monitored_barrier): "
                   "without live stacks the recorders cannot show who started the wait")
@@ -58,6 +61,9 @@ class Case:
                 seen = [e for e in self.ex.states[rank].issued if tv is not None and e.t_created <= tv]
                 if not any(e.rdv is rdv for e in seen[-self.buffer:]):
                     return EVICTED_WHY
+        if (form in FILE_FORMS and self.truth.category == "healthy" and self.program.backend == "gloo"
+                and self.fault.name == "stale_read"):
+            return STALE_GLOO_WHY
         if form in FILE_FORMS and self.truth.category != "healthy":
             gone = [r for r in self.truth.culprits if r not in self.dump_t[form]]
             if gone and not all(r in self.exits for r in gone):

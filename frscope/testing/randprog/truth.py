@@ -226,10 +226,29 @@ def _stragglers(ex: Execution) -> Truth | None:
     if not slow or (world > 2 and len(slow) * 2 >= world):
         return None
     truth = Truth(STRAGGLER, tuple(slow), (STRAGGLER,), f"compute late at most steps: {slow}")
-    if steps < FEW_STEPS:
+    hidden = [r for r in slow if _late_recorded(ex, r) < 0.6 * steps]
+    if hidden:
+        truth.undecidable = {f: f"rank(s) {hidden} arrive late only at ops the recorder does not keep (gloo's "
+                                "point-to-point ops, monitored_barrier): every recorded collective starts together"
+                             for f in ("snapshot", *FILE_FORMS)}
+    elif steps < FEW_STEPS:
         truth.undecidable = {f: f"late at each of only {steps} steps: too few to tell from jitter"
                              for f in ("snapshot", *FILE_FORMS)}
     return truth
+
+
+def _late_recorded(ex: Execution, rank: int) -> int:
+    """Steps where `rank` reached a recorded collective of that step clearly after the others' median."""
+    nccl = ex.program.backend == "nccl"
+    steps = set()
+    for e in ex.states[rank].issued:
+        rdv = e.rdv
+        if isinstance(rdv, tuple) or len(rdv.arrivals) < 2 or (e.p2p_name and not nccl):
+            continue
+        others = [t for r, t in rdv.arrivals.items() if r != rank]
+        if rdv.arrivals.get(rank, 0.0) - statistics.median(others) > 0.02:
+            steps.add(e.op.step)
+    return len(steps)
 
 
 def _compute(ex: Execution, rank: int, step: int) -> float:
