@@ -151,8 +151,14 @@ def _wait_for(ex: Execution) -> Truth | None:
         if any(x.key[0] == "p" and set(hard) & x.missing for st in blocked.values() for x in st.blocked):
             accepted += (P2P,)  # a peer waits for the sink in send/recv: a p2p op it never posted
         visible = any(_recorded(x, backend) and set(hard) & waits_on(x) for st in blocked.values() for x in st.blocked)
+        # ranks the recorded waits also name, blocked only in ops the recorder does not keep: from the
+        # recorders they look exactly like the culprit (idle since their last entry)
+        named = set().union(*(waits_on(x) for st in blocked.values() for x in st.blocked if _recorded(x, backend)))
+        lookalikes = {r for r in named - set(hard) if r in blocked
+                      and not any(_recorded(x, backend) for x in blocked[r].blocked)}
         truth = Truth(NOT_JOINED if stuck else STOPPED, tuple(hard), accepted,
-                      "sink " + ", ".join(f"{r} {states[r].status}" for r in hard), via_unrecorded=not visible)
+                      "sink " + ", ".join(f"{r} {states[r].status}" for r in hard),
+                      via_unrecorded=not visible or bool(lookalikes))
         return truth
     idle = sorted(r for r in reach if states[r].status == DONE)
     if idle:
