@@ -125,6 +125,19 @@ def summarize(rows: list[dict[str, object]], misses: int = 30) -> str:
             cells.append(f"{ok}/{n} ({100 * ok / n:.1f}%)" if n else "-")
         lines.append(f"| {c} | " + " | ".join(cells) + " |")
     lines.append("")
+    cuts: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for row in sorted(rows, key=lambda r: (str(r["backend"]), int(str(r["world"])))):
+        if row["undecidable"]:
+            continue
+        world = int(str(row["world"]))
+        size = ("2 ranks" if world == 2 else "3-8 ranks" if world <= 8 else "9-16 ranks" if world <= 16
+                else "17-64 ranks")
+        for cut in (str(row["backend"]), size):
+            cuts[cut][0] += bool(row["right"])
+            cuts[cut][1] += 1
+    lines.append("other cuts (decidable, all forms): " + ", ".join(
+        f"{k} {ok}/{n} ({100 * ok / n:.1f}%)" for k, (ok, n) in cuts.items()))
+    lines.append("")
     lines.append("undecidable (scored apart; right = the ambiguous rule): " + ", ".join(
         f"{f} {ok}/{n}" for f, (ok, n) in sorted(apart.items())))
     for label, picked in (("fault-free programs", [r for r in rows if r["fault"] == "healthy"]),
