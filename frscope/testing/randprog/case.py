@@ -25,6 +25,8 @@ NO_DUMP_WHY = "the rank crashed without a dump and no exit code was passed: noth
 STALE_GLOO_WHY = ("one rank's recorder was read steps before its peers', whose recorders show every op retired: "
                   "on gloo a crash after that read leaves the same files (its peers fail at once and gloo retires "
                   "the failed op); the exit codes or live stacks decide")
+NO_TORCH_FRAME_WHY = ("the waiting ranks sit in Work.wait() of unrecorded ops (batch_isend_irecv, async ops): a C++ "
+                      "call, so their stacks' top frame is their own Python, like the culprit's")
 EVICTED_WHY = "the ring buffer wrapped: a rank's entry of the collective where the ranks disagreed is gone"
 UNRECORDED_WHY = ("gloo records no point-to-point op (send/recv, batch_isend_irecv, monitored_barrier): "
                   "without live stacks the recorders cannot show who started the wait")
@@ -52,8 +54,12 @@ class Case:
         why = self.truth.undecidable.get(form, "")
         if why:
             return why
-        if form in FILE_FORMS and self.truth.via_unrecorded and self.program.backend == "gloo":
-            return UNRECORDED_WHY
+        if self.truth.via_unrecorded and self.program.backend == "gloo":
+            if form in FILE_FORMS:
+                return UNRECORDED_WHY
+            waiting = [st.block_op for st in self.ex.states.values() if st.status == BLOCKED]
+            if waiting and all(op is not None and op.kind in ("wait", "batch") for op in waiting):
+                return NO_TORCH_FRAME_WHY
         rdv = self.truth.mismatch_at
         if rdv is not None:
             for rank in rdv.recs:
