@@ -44,6 +44,7 @@ class Rdv:
     arrivals: dict[int, float] = field(default_factory=dict)
     recs: dict[int, Rec] = field(default_factory=dict)
     prev: Rdv | None = None
+    after: list[Rdv] = field(default_factory=list)  # NCCL p2p: earlier ops on a member's stream to the peer
     done: float | None = None
     outcome: str = ""  # ok | silent | hang_type | hang_size | abort
 
@@ -124,6 +125,7 @@ class Executor:
         self.coll: dict[tuple[int, int], Rdv] = {}
         self.other: dict[tuple[object, ...], Rdv] = {}
         self.rdvs: list[Rdv] = []
+        self.streams: dict[tuple[int, int, int], Rdv] = {}  # (rank, group, peer) -> its last p2p op there
         self.jitter = {r: [rng.uniform(0.97, 1.03) for _ in range(program.steps + 2)] for r in program.ops}
 
     # -- rendezvous ---------------------------------------------------------------------------------------
@@ -173,6 +175,8 @@ class Executor:
             if rdv.done is not None or rdv.outcome or rdv.missing:
                 continue
             if rdv.prev is not None and rdv.prev.done is None:
+                continue
+            if any(dep.done is None for dep in rdv.after):
                 continue
             last = max(rdv.arrivals.values())
             if rdv.prev is not None and rdv.prev.done is not None:
@@ -233,10 +237,20 @@ class Executor:
         st.records += 1
         self._log(st, group, op_id, rdv if isinstance(rdv, tuple) else (rdv,))
 
-    def _p2p_rdv(self, st: RankState, group: int, src: int, dst: int) -> Rdv:
+    def _p2p_rdv(self, st: RankState, group: int, src: int, dst: int, stream: list[Rdv] | None = None) -> Rdv:
+        """The message src -> dst this rank's op takes part in. On NCCL a rank's ops to one peer run in
+        order on one stream: the op waits for the rank's previous one there (`stream`, the batch's own
+        posts excepted), so two ranks that both receive first deadlock as they do on gloo."""
         n = st.pairs.get((src, dst), 0)
         st.pairs[(src, dst)] = n + 1
-        return self._rdv(("p", group, src, dst, n), frozenset((src, dst)))
+        rdv = self._rdv(("p", group, src, dst, n), frozenset((src, dst)))
+        if self.p.backend == "nccl":
+            peer = dst if src == st.rank else src
+            last = self.streams.get((st.rank, group, peer))
+            if last is not None and last is not rdv and not (stream and last in stream):
+                rdv.after.append(last)
+            self.streams[(st.rank, group, peer)] = rdv
+        return rdv
 
     def _step(self, st: RankState, op: Op) -> None:
         """Issue `op` on `st` (its time is st.t); leaves the rank running, blocked, stuck or exited."""
@@ -284,10 +298,10 @@ class Executor:
             self._log(st, op.group, self._bump(st.op_id, op.group), (rdv,))
             st.status, st.blocked, st.block_op, st.block_rec = BLOCKED, [rdv], op, None
         elif op.kind == "batch":
-            rdvs = []
+            rdvs: list[Rdv] = []
             for is_send, peer in op.posts:
                 src, dst = (st.rank, peer) if is_send else (peer, st.rank)
-                rdv = self._p2p_rdv(st, op.group, src, dst)
+                rdv = self._p2p_rdv(st, op.group, src, dst, rdvs)
                 rdv.arrivals[st.rank] = st.t
                 rdvs.append(rdv)
             if nccl:

@@ -9,9 +9,9 @@ from dataclasses import dataclass, replace
 from frscope.testing.randprog.program import Op, Program, Rec, recs_for
 
 FAULTS = ("healthy", "stuck", "skip", "extra", "reorder", "wrong_op", "wrong_size", "wrong_dtype", "crash",
-          "stale", "stale_read", "straggler", "p2p_deadlock")
+          "stale", "stale_read", "straggler", "p2p_deadlock", "p2p_wrong_peer")
 # How often each is drawn (healthy programs are a large share: they must give no finding).
-WEIGHTS = (4, 3, 2, 1, 1, 2, 2, 2, 2, 2, 1, 2, 1)
+WEIGHTS = (4, 3, 2, 1, 1, 2, 2, 2, 2, 2, 1, 2, 1, 1)
 
 
 @dataclass(slots=True)
@@ -136,6 +136,16 @@ def apply_fault(rng: random.Random, prog: Program, name: str | None = None) -> F
         b_ops[bi:bi] = [Op("p2p", step, 0, peer=rank, send=False, shape=shape, func="exchange", line=210),
                         Op("p2p", step, 0, peer=rank, send=True, shape=shape, func="exchange", line=211)]
         return Fault("p2p_deadlock", tuple(sorted((rank, other))), step, "both recv first")
+    if name == "p2p_wrong_peer":  # a rank receives from a peer that never sends to it
+        cands = [i for i, op in enumerate(ops) if op.kind == "p2p" and not op.send and op.step >= step
+                 and len(prog.layout.groups[op.group].ranks) >= 3]
+        if not cands:
+            return Fault("healthy", detail="p2p_wrong_peer: no recv in a group of 3+ ranks")
+        at = rng.choice(cands)
+        members = prog.layout.groups[ops[at].group].ranks
+        wrong = rng.choice([r for r in members if r not in (rank, ops[at].peer)])
+        ops[at] = replace(ops[at], peer=wrong)
+        return Fault("p2p_wrong_peer", (rank,), ops[at].step, f"recv from {wrong}")
     raise ValueError(name)
 
 

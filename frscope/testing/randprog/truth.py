@@ -108,6 +108,9 @@ def _shifted(ex: Execution, rdv: Rdv, culprits: set[int]) -> bool:
 
 def waits_on(rdv: Rdv) -> set[int]:
     out: set[int] = set(rdv.missing)
+    for dep in rdv.after:  # NCCL p2p held behind an earlier op on a member's stream
+        if dep.done is None:
+            out |= (dep.missing or set(dep.expected)) - set(rdv.missing)
     prev = rdv.prev
     while prev is not None and prev.done is None:
         out |= prev.missing
@@ -141,6 +144,18 @@ def _wait_for(ex: Execution) -> Truth | None:
         in_python = [r for r in sinks if states[r].status == STUCK]
         return Truth(NOT_JOINED if in_python else STOPPED, tuple(sorted(sinks)),
                      (NOT_JOINED,) if in_python else (NOT_JOINED, STOPPED, MISSING), "stopped with nobody waiting")
+    # a p2p op whose named peer never posts the counterpart (in what it has left to run): that rank named
+    # the wrong peer (a rank stuck before its send, or a deadlock, still posts it later)
+    peer_of: dict[int, int] = {}
+    for r, st in blocked.items():
+        for x in st.blocked:
+            if st.status == BLOCKED and x.key[0] == "p" and not _matchable(ex, r, x):
+                peer_of.setdefault(r, next(iter(x.expected - {r})))
+    # a sender whose receiver is itself busy with another peer is the victim of that receiver's choice
+    wrong = sorted(r for r, q in peer_of.items() if not (q in peer_of and peer_of[q] != r)) or sorted(peer_of)
+    if wrong:
+        return Truth(P2P, tuple(wrong), (P2P,), f"p2p naming a peer that never posts the counterpart: {wrong}",
+                     via_unrecorded=ex.program.backend == "gloo")
     edges = {r: set().union(*(waits_on(x) for x in st.blocked)) for r, st in blocked.items()}
     reach = _reach(edges, blocked)
     hard = sorted(r for r in reach if states[r].status in (STUCK, EXITED))
@@ -178,7 +193,9 @@ def _wait_for(ex: Execution) -> Truth | None:
                     return truth
     # a cycle among blocked ranks
     cyc = sorted(r for r in blocked if r in _reach(edges, edges[r]))
-    if all(all(x.key[0] == "p" for x in blocked[r].blocked) for r in cyc):
+    # a p2p cycle: the waits that close it are point-to-point (NCCL ranks wait at a sync point for
+    # collectives too, which are not what holds them)
+    if cyc and all(all(x.key[0] == "p" for x in blocked[r].blocked if waits_on(x) & set(cyc)) for r in cyc):
         return Truth(P2P, tuple(cyc), (P2P,), f"p2p cycle {cyc}", via_unrecorded=backend == "gloo")
     # every blocked rank that waits on the cycle, by where it waits: a collective of a group, or a p2p
     # message (comparable only between its two ranks)
@@ -205,6 +222,21 @@ def _wait_for(ex: Execution) -> Truth | None:
     if not decided:
         truth.undecidable = {f: "the cycle's two orders have as many ranks each" for f in ("snapshot", *FILE_FORMS)}
     return truth
+
+
+def _matchable(ex: Execution, rank: int, rdv: Rdv) -> bool:
+    """Whether the peer of `rank`'s p2p rendezvous still has the counterpart op in its program."""
+    src, dst = int(rdv.key[2]), int(rdv.key[3])
+    peer, peer_sends = (dst, False) if rank == src else (src, True)
+    st = ex.states[peer]
+    for op in ex.program.ops[peer][st.pc:]:
+        if op.group != rdv.group:
+            continue
+        if op.kind == "p2p" and op.peer == rank and op.send == peer_sends:
+            return True
+        if op.kind == "batch" and (peer_sends, rank) in op.posts:
+            return True
+    return any(x is rdv for x in st.blocked) or rank in rdv.arrivals and peer in rdv.arrivals
 
 
 def _slot(rdv: Rdv) -> tuple[object, ...]:
