@@ -133,3 +133,23 @@ def test_the_fault_name_does_not_make_the_truth() -> None:
     fault = apply_fault(random.Random(3), prog, "wrong_size")
     assert fault.name == "healthy"
     assert truth_of(execute(prog, random.Random(0))).category == "healthy"
+
+
+def test_p2p_peer_errors_blame_the_rank_whose_peer_never_posts_the_counterpart() -> None:
+    for backend in ("gloo", "nccl"):
+        # a pipeline 0 -> 1 -> 2 where rank 2 receives from rank 0, which never sends to it
+        prog = _program(_layout(3), [Call("sendrecv", 0, (4,), "Float", src=0, dst=1),
+                                     Call("sendrecv", 0, (4,), "Float", src=1, dst=2)], backend=backend)
+        ops = prog.ops[2]
+        at = next(i for i, op in enumerate(ops) if op.kind == "p2p" and op.step == 2)
+        ops[at] = Op("p2p", 2, 0, peer=0, send=False, shape=(4,))
+        truth = truth_of(execute(prog, random.Random(0)))
+        assert (truth.category, truth.culprits) == ("P2PMismatch", (2,)), backend
+        # both ranks receiving first deadlock on either backend (NCCL: one stream per peer, in order)
+        prog = _program(_layout(3), [Call("all_reduce", 0, (8,), "Float")], backend=backend)
+        for me, peer in ((0, 1), (1, 0)):
+            at = next(i for i, op in enumerate(prog.ops[me]) if op.kind == "coll" and op.step == 2)
+            prog.ops[me][at:at] = [Op("p2p", 2, 0, peer=peer, send=False, shape=(4,)),
+                                   Op("p2p", 2, 0, peer=peer, send=True, shape=(4,))]
+        truth = truth_of(execute(prog, random.Random(0)))
+        assert (truth.category, truth.culprits) == ("P2PMismatch", (0, 1)), backend
