@@ -5,6 +5,7 @@ the executor with. Usage: python randprog_torch_worker.py SPEC.json OUT_DIR PORT
 import json
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -58,8 +59,29 @@ def _coll(op, g, grp, rank):
     raise ValueError(api)
 
 
+def _write_dumps(rank, out):
+    text = torch._C._distributed_c10d._dump_fr_trace_json(True, True)
+    with open(os.path.join(out, f"rank_{rank}.json"), "w") as handle:
+        handle.write(text if isinstance(text, str) else text.decode())
+    with open(os.path.join(out, f"rank_{rank}.pkl"), "wb") as handle:
+        handle.write(torch._C._distributed_c10d._dump_fr_trace(True, True, False))
+
+
+def _dump_later(rank, world, out, seconds):
+    """A hung job: dump while the ranks are blocked (or stuck); once every rank has, end the process (the
+    first to end resets its peers' connections: their blocked collectives then fail)."""
+    time.sleep(seconds)
+    _write_dumps(rank, out)
+    open(os.path.join(out, f"done_{rank}"), "w").close()
+    while not all(os.path.exists(os.path.join(out, f"done_{r}")) for r in range(world)):
+        time.sleep(0.05)
+    os._exit(0)
+
+
 def body(rank, world, spec, out, port):
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    if spec.get("dump_after"):
+        threading.Thread(target=_dump_later, args=(rank, world, out, spec["dump_after"]), daemon=True).start()
     groups = {0: dist.group.WORLD}
     for i, (_name, desc, ranks, _style) in enumerate(spec["layout"]["groups"][1:], 1):
         groups[i] = dist.new_group(ranks, group_desc=desc)
@@ -87,14 +109,14 @@ def body(rank, world, spec, out, port):
                 work.wait()
         elif kind == "mbarrier":
             dist.monitored_barrier(group=g)
+        elif kind == "stuck":
+            time.sleep(3600)
         else:
             raise ValueError(kind)
+    if spec.get("dump_after"):
+        time.sleep(3600)  # the dump thread ends the process
     time.sleep(0.5)  # gloo retires an entry a moment after wait() returns
-    text = torch._C._distributed_c10d._dump_fr_trace_json(True, True)
-    with open(os.path.join(out, f"rank_{rank}.json"), "w") as handle:
-        handle.write(text if isinstance(text, str) else text.decode())
-    with open(os.path.join(out, f"rank_{rank}.pkl"), "wb") as handle:
-        handle.write(torch._C._distributed_c10d._dump_fr_trace(True, True, False))
+    _write_dumps(rank, out)
     dist.barrier()
     dist.destroy_process_group()
 

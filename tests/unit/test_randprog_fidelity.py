@@ -21,7 +21,7 @@ from frscope.records.safe_pickle import safe_loads
 from frscope.testing.randprog import torchpickle
 from frscope.testing.randprog.executor import execute
 from frscope.testing.randprog.layout import DEFAULT, NEW_GROUP, Group, Layout
-from frscope.testing.randprog.program import Call, build_program
+from frscope.testing.randprog.program import Call, Op, build_program
 from frscope.testing.randprog.recorder import dump
 
 torch = pytest.importorskip("torch")
@@ -69,17 +69,46 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def _run_real(program, out: Path, dump_after: float = 0.0) -> None:  # type: ignore[no-untyped-def]
+    spec = out / "spec.json"
+    spec.write_text(json.dumps({**_spec(program), "dump_after": dump_after}))
+    proc = subprocess.run([sys.executable, str(WORKER), str(spec), str(out), str(_free_port())],
+                          capture_output=True, text=True, timeout=240)
+    # a hung job ends by its ranks exiting one after another: the later ones may fail on the reset
+    assert proc.returncode == 0 or dump_after, proc.stderr[-3000:]
+    world = program.layout.world
+    assert all((out / f"rank_{r}.json").exists() for r in range(world)), proc.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def real(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     program = _program()
     out = tmp_path_factory.mktemp("real")
-    spec = out / "spec.json"
-    spec.write_text(json.dumps(_spec(program)))
-    proc = subprocess.run([sys.executable, str(WORKER), str(spec), str(out), str(_free_port())],
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    _run_real(program, out)
     ex = execute(program, random.Random(0))
     return program, ex, out
+
+
+def test_a_hung_job_dumps_as_real_torch_while_blocked(tmp_path: Path) -> None:
+    """Rank 2 stuck in Python at step 2: its peers block in the subgroup's and the default group's
+    collectives; dumped while hung, the pending entries are unretired and pg_status lags, in both."""
+    program = build_program(_layout(), "gloo", [Call("broadcast", 0, (16,), "Float")],
+                            [Call("all_reduce", 2, (4,), "Float"), Call("all_reduce", 0, (8,), "Float"),
+                             Call("all_gather", 1, (2,), "Float")], steps=3, step_s=0.01)
+    ops = program.ops[2]
+    at = next(i for i, op in enumerate(ops) if op.kind == "coll" and op.step == 2)
+    ops.insert(at, Op("stuck", 2, func="load_next_batch"))
+    _run_real(program, tmp_path, dump_after=4.0)
+    ex = execute(program, random.Random(0))
+    pending = 0
+    for rank in range(3):
+        want = json.loads((tmp_path / f"rank_{rank}.json").read_text())
+        got = dump(ex, rank, ex.end_t + 30, pickle=False)
+        assert got["pg_status"] == want["pg_status"], rank
+        assert [{k: e[k] for k in COMPARED} for e in got["entries"]] == \
+            [{k: e[k] for k in COMPARED} for e in want["entries"]], rank
+        pending += sum(not e["retired"] for e in want["entries"])
+    assert pending == 2  # rank 1 in the subgroup's all_reduce, rank 0 in the all_gather of group 1
 
 
 def test_json_dumps_equal_real_torch_field_for_field(real) -> None:  # type: ignore[no-untyped-def]
