@@ -32,6 +32,10 @@ _CHANGEABLE = {"all_reduce", "broadcast", "reduce", "all_gather", "all_gather_in
                "all_to_all_single", "gather", "scatter", "barrier"}
 
 
+# Where a rank may stop: before an op its peers need (not before a wait, which NCCL's peers do not see).
+_PEERED = ("coll", "p2p", "batch", "mbarrier")
+
+
 def _colls(ops: list[Op], step: int, single: bool = False) -> list[int]:
     return [i for i, op in enumerate(ops) if op.kind == "coll" and op.step >= step
             and (not single or (len(op.recs) == 1 and op.recs[0].api in _CHANGEABLE))]
@@ -55,7 +59,7 @@ def apply_fault(rng: random.Random, prog: Program, name: str | None = None) -> F
     if name == "healthy":
         return Fault("healthy")
     if name == "stuck":
-        at = rng.choice([i for i, op in enumerate(ops) if op.step >= step and op.kind != "compute"] or [len(ops)])
+        at = rng.choice([i for i, op in enumerate(ops) if op.step >= step and op.kind in _PEERED] or [len(ops)])
         ops.insert(at, Op("stuck", ops[min(at, len(ops) - 1)].step, func=rng.choice(
             ("load_next_batch", "compute_metrics", "save_checkpoint", "wait_for_data")), line=177))
         return fault
@@ -103,7 +107,7 @@ def apply_fault(rng: random.Random, prog: Program, name: str | None = None) -> F
         fault.step = ops[at].step
         return fault
     if name in ("crash", "stale"):
-        at = rng.choice([i for i, op in enumerate(ops) if op.step >= max(step, 2) and op.kind != "compute"]
+        at = rng.choice([i for i, op in enumerate(ops) if op.step >= max(step, 2) and op.kind in _PEERED]
                         or [len(ops)])
         code = rng.choice((1, 1, -9, 137, -6))
         dump = "periodic" if name == "stale" else rng.choice(("none", "at_exit"))

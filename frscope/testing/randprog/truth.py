@@ -142,8 +142,12 @@ def _wait_for(ex: Execution) -> Truth | None:
         if not sinks:
             return None
         in_python = [r for r in sinks if states[r].status == STUCK]
-        return Truth(NOT_JOINED if in_python else STOPPED, tuple(sorted(sinks)),
-                     (NOT_JOINED,) if in_python else (NOT_JOINED, STOPPED, MISSING), "stopped with nobody waiting")
+        truth = Truth(NOT_JOINED if in_python else STOPPED, tuple(sorted(sinks)),
+                      (NOT_JOINED,) if in_python else (NOT_JOINED, STOPPED, MISSING), "stopped with nobody waiting")
+        if in_python:
+            truth.undecidable = {f: "nobody waits for the rank stuck in Python: every recorder is complete" for f in
+                                 ("snapshot", *FILE_FORMS)}
+        return truth
     # a p2p op whose named peer never posts the counterpart (in what it has left to run): that rank named
     # the wrong peer (a rank stuck before its send, or a deadlock, still posts it later)
     peer_of: dict[int, int] = {}
