@@ -157,7 +157,7 @@ accuracy-sweep: $(STAMP)
 	  $$(test -f $(SWEEP_DIR)-repeat/results.json && echo --repeat $(SWEEP_DIR)-repeat)
 
 # The random-program sweep (frscope/testing/randprog, docs/accuracy.md): 100,000 simulated programs (no torch,
-# ~90 min on 2 cores), each judged in three capture forms; not part of `make test` (tests/unit/
+# 1.5-3.5 h on 2 shared cores), each judged in three capture forms; not part of `make test` (tests/unit/
 # test_randprog_sample.py runs a seeded 200). Replay a miss with `python -m frscope.testing.randprog replay SEED`.
 RANDOM_SEED ?= 1
 RANDOM_PROGRAMS ?= 100000

@@ -221,7 +221,7 @@ def render(results: dict[str, Any], root: Path, report_command: str | None = Non
         "",
         "A second judge, written to test the analysis on shapes nobody wrote by hand: `frscope/testing/randprog`",
         "generates random distributed programs, runs them through a discrete-event executor with gloo's or NCCL's",
-        "semantics (no torch: ~10,000 programs a minute per core generated and executed; ~1,100 a minute on 2 cores",
+        "semantics (no torch: ~10,000 programs a minute per core generated and executed; 500-1,100 a minute on 2 cores",
         "with every program written and analysed in three forms), and takes the",
         "truth from the executor's own final wait-for state, never from the name of the fault it injected.",
         "Results and the miss patterns with a seed each: [accuracy-random.md](accuracy-random.md).",
