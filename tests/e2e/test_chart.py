@@ -538,6 +538,9 @@ def test_images_tags_digests_and_sidecar_settings(rendered: dict[str, list[dict[
     # One straggler threshold for the sidecars (their pod's ranks) and the operator (the pods).
     assert default_env["FRSCOPE_SIDECAR_STRAGGLER_MIN_SHARE"] == "0.1"
     assert "--straggler-min-share=0.1" in default_container["args"]
+    # The injected sidecar's own non-root user and group, whatever the pod says (issue 34).
+    assert (default_env["FRSCOPE_SIDECAR_RUN_AS_USER"], default_env["FRSCOPE_SIDECAR_RUN_AS_GROUP"]) == (
+        "65532", "65532")
 
 
 # --- the values schema -------------------------------------------------------------------------------
@@ -553,6 +556,8 @@ BAD_VALUES = [
     (["podMonitor.interval=fast"], r"podMonitor.interval.*does not match pattern"),
     (["operator.watchNamespaces[0]=Team_A"], r"operator.watchNamespaces.*does not match pattern"),
     (["webhook.injectLabel.value=not a label"], r"webhook.injectLabel.value.*does not match pattern"),
+    (["sidecar.runAsUser=0"], r"sidecar.runAsUser.*minimum"),  # never root
+    (["podMonitor.sampleLimit=-1"], r"podMonitor.sampleLimit.*minimum"),
 ]
 
 
