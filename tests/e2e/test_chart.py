@@ -224,7 +224,8 @@ def test_chart_generated_certificate_is_signed_by_the_ca_bundle_for_the_service(
 
 def test_cert_manager_replaces_the_generated_certificate(rendered: dict[str, list[dict[str, Any]]]) -> None:
     objs = rendered["all-on"]
-    assert "Secret" not in _kinds(objs)
+    # No generated key pair (only the metrics reader's token Secret, which the token controller fills).
+    assert [o["type"] for o in of_kind(objs, "Secret")] == ["kubernetes.io/service-account-token"]
     cert = one(objs, "Certificate", "frs-frscope-webhook")
     assert cert["spec"]["secretName"] == "frs-frscope-webhook-tls"
     assert "frs-frscope.frscope-system.svc" in cert["spec"]["dnsNames"]
