@@ -26,6 +26,8 @@ What an opted-in pod gets:
 - with TLS (`certificate_url`): `--certificate-url`, so the sidecar serves HTTPS with a certificate the
   operator issues for this pod, and HTTPS probes;
 - `TORCH_NCCL_ENABLE_TIMING=1` in the trainer unless turned off (`nccl_timing`);
+- the sidecar's own restricted security context (non-root `run_as_user`/`run_as_group`, no privilege
+  escalation, no capabilities, RuntimeDefault seccomp), whatever the pod's own says;
 - the annotation `frscope.io/injected` (informational: a pod can set it itself; a second pass is a
   no-op because the `frscope` container is there, and the operator trusts a sidecar only when it is as
   injected, `sidecar_as_injected`).
@@ -85,6 +87,11 @@ class InjectionConfig:
     operator_identity: str | None = None
     token_expiration_s: int = 3600
     token_mount: str = "/var/run/secrets/frscope"
+    # The sidecar's own user and group (the image's 65532), set on the container whatever the pod says: a pod
+    # running as root (runAsNonRoot false) would otherwise hand the sidecar root, and a pod-level runAsUser
+    # of 0 next to the sidecar's runAsNonRoot would keep the pod in Init.
+    run_as_user: int = 65532
+    run_as_group: int = 65532
 
     @property
     def dump_dir(self) -> str:
@@ -235,10 +242,15 @@ def sidecar_container(cfg: InjectionConfig, key: str | None = None) -> dict[str,
         "volumeMounts": [{"name": names.SIDECAR_VOLUME, "mountPath": cfg.mount_path}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": names.SIDECAR_PORT_NAME, **https},
                            "periodSeconds": 10},
+        # The restricted Pod Security profile on the container itself, so that no pod-level setting (root, a
+        # privileged profile, another user) reaches the sidecar. It reads the trainer's sockets (0666) and
+        # dumps in the shared emptyDir (world-writable; its dump dir 1777) as this user.
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
+            "runAsUser": cfg.run_as_user,
+            "runAsGroup": cfg.run_as_group,
             "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         },

@@ -92,6 +92,13 @@ def test_a_policy_with_a_prometheus_peer_or_open_rules_admits_it() -> None:
     assert not shuts_out_prometheus(_policy({"from": [OWN, PROMETHEUS], "ports": [{"port": 8080}]}))
     assert not shuts_out_prometheus(_policy({"ports": [{"port": 8080}]}))
     assert not shuts_out_prometheus({"spec": {}})
+    # The chart's default Prometheus peer: the Prometheus Operator's pods, named by app.kubernetes.io/name too.
+    operator_pods = {"namespaceSelector": PROMETHEUS["namespaceSelector"],
+                     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    assert not shuts_out_prometheus(_policy({"from": [OWN, operator_pods], "ports": [{"port": 8080}]}))
+    renamed = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "ml-frscope",
+                                               "app.kubernetes.io/component": "operator"}}}
+    assert shuts_out_prometheus(_policy({"from": [OWN, renamed], "ports": [{"port": 8080}]}))  # nameOverride
 
 
 def _pod(name: str, *, annotated: bool = True, native: bool = True, ready: bool | None = True) -> dict[str, Any]:

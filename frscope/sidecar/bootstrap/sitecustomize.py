@@ -390,6 +390,8 @@ def _write_meta(socket_dir: str, rank: int, path: str) -> None:
     try:
         with open(tmp, "w") as handle:
             json.dump(meta, handle)
+        # Read by the sidecar, which runs as its own user (65532): readable whatever the trainer's umask.
+        os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except OSError:
         pass

@@ -177,3 +177,40 @@ def test_kubernetes_identity_mounts_the_projected_tokens_in_the_sidecar_only() -
     # Without an operator identity, nothing of it.
     plain = inject(training_pod(), InjectionConfig())
     assert plain is not None and all(v["name"] != names.SIDECAR_TOKEN_VOLUME for v in plain["spec"]["volumes"])
+
+
+RESTRICTED = {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+              "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _effective(pod_ctx: dict[str, Any], container_ctx: dict[str, Any], key: str) -> Any:
+    """What the kubelet applies: the container's field, else the pod's (runAsUser, runAsGroup, runAsNonRoot,
+    seccompProfile are inherited from the pod's securityContext)."""
+    return container_ctx[key] if key in container_ctx else pod_ctx.get(key)
+
+
+def test_the_sidecar_runs_as_its_own_non_root_user_whatever_the_pod_says() -> None:
+    """A root pod (runAsUser 0, runAsNonRoot false) must not hand the sidecar root, and a pod-level root user
+    next to the sidecar's runAsNonRoot would keep the pod in Init: the sidecar's container sets its own user,
+    group and the restricted profile, so neither the root pod nor a restricted pod changes what it runs as."""
+    root = {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False, "seccompProfile": {"type": "Unconfined"}}
+    restricted = {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True, "fsGroup": 1000,
+                  "seccompProfile": {"type": "RuntimeDefault"}}
+    cfg = injection_from_env({"FRSCOPE_SIDECAR_RUN_AS_USER": "65532", "FRSCOPE_SIDECAR_RUN_AS_GROUP": "65533"})
+    for pod_ctx in (root, restricted, {}):
+        pod = training_pod()
+        pod["spec"]["securityContext"] = copy.deepcopy(pod_ctx)
+        for native in (True, False):
+            out = inject(pod, InjectionConfig(native=native, run_as_user=cfg.run_as_user,
+                                              run_as_group=cfg.run_as_group))
+            assert out is not None
+            [sidecar] = [c for c in out["spec"].get("initContainers", []) + out["spec"]["containers"]
+                         if c["name"] == names.SIDECAR_CONTAINER]
+            ctx = sidecar["securityContext"]
+            assert RESTRICTED.items() <= ctx.items(), ctx
+            assert _effective(pod_ctx, ctx, "runAsUser") == 65532
+            assert _effective(pod_ctx, ctx, "runAsGroup") == 65533
+            assert _effective(pod_ctx, ctx, "runAsNonRoot") is True
+            assert _effective(pod_ctx, ctx, "seccompProfile") == {"type": "RuntimeDefault"}
+            assert out["spec"]["securityContext"] == pod_ctx  # the pod's own settings are left as they are
+    assert (InjectionConfig().run_as_user, InjectionConfig().run_as_group) == (65532, 65532)  # the image's USER
