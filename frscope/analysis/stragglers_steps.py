@@ -35,6 +35,7 @@ ALPHA = 0.01
 ALPHA_STEADY = 0.1
 STEADY_SPREAD = 0.25
 STEADY_SHARE = 0.9
+STEADY_MIN_EVENTS = 6  # and at least this many steady waits (a few identical waits happen by chance)
 MAX_SHOWN = 8
 
 
@@ -87,10 +88,12 @@ def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -
         if gaps[widest] >= threshold:
             total += 1
             late_set = tuple(sorted(r for _, r in order[: widest + 1]))
+            if late_set[-1] - late_set[0] != len(late_set) - 1:
+                continue  # not one host's ranks (a launcher numbers a node's ranks in a row): no one party
             last, rank = order[0]
             op = tracks[rank].by_seq[seq][0].op
             events.setdefault(late_set, []).append(LateAt(seq, op, last - mid_ms, gaps[widest]))
-    if total < MIN_EVENTS:
+    if total < MIN_EVENTS or not events:
         return None
     worst = max(events, key=lambda s: (len(events[s]), -len(s)))
     mine = events[worst]
@@ -98,7 +101,7 @@ def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -
     if k < MIN_EVENTS or k * 2 < total:
         return None
     chance = binomial_tail(k, total, 1 / len(ranks)) * len(ranks)
-    if chance >= ALPHA and not (chance < ALPHA_STEADY and _steady(mine, events)):
+    if chance >= ALPHA and not (chance < ALPHA_STEADY and k >= STEADY_MIN_EVENTS and _steady(mine, events)):
         return None
     late_ms = median(a.late_by_ms for a in mine)
     waited_ms = median(a.waited_ms for a in mine)

@@ -87,3 +87,10 @@ def test_two_ranks_with_unsteady_jitter_are_healthy(tmp_path: Path) -> None:
         (tmp_path / str(seed)).mkdir()
         report = analyze(load_dumps([b.job(tmp_path / str(seed), _job(2, 10, delays), 2)]), OPTIONS)
         assert report.findings == [], seed
+
+
+def test_late_ranks_of_no_one_host_make_no_party(tmp_path: Path) -> None:
+    """Ranks 0 and 3 of 4 late together at every step: a launcher numbers one host's ranks in a row, so
+    these are no node; each wait has no one party to name (and nothing crashes for want of one)."""
+    delays = {(r, s): 300.0 + (1.0 if r == 3 else 0.0) for r in (0, 3) for s in range(12)}
+    assert analyze(load_dumps([b.job(tmp_path, _job(4, 12, delays), 4)]), OPTIONS).findings == []
