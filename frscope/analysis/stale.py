@@ -105,18 +105,14 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
                                                                                         tracks))
         # An entry every other member finished cannot still be pending on this rank: its dump is older
         # than theirs. Where when each was read is lost (copies), nothing says the reads were close.
-        pending_behind = s.done_seq > s.last_seq and ctx.clock.lost(rank) and _pending_at(tracks[rank], s.last_seq)
+        own = tracks[rank]
+        pending_behind = ctx.clock.lost(rank) and own.next_seq <= min(own.last_seq, s.done_seq)
         if not certain and not pending_behind and newest and others_newest:
             stale = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
             if (others_newest - newest) / 1e9 < ctx.options.stall_after_s and not read_before(ctx, stale, tracks):
                 continue
         found[rank] = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
     return found
-
-
-def _pending_at(track: Track, seq: int) -> bool:
-    bucket = track.by_seq.get(seq)
-    return bool(bucket) and not all(e.completed for e in bucket or ())
 
 
 def _ended_early(ctx: Context, rank: int, seq: int, tracks: dict[int, Track]) -> bool:
