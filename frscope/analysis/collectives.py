@@ -290,6 +290,18 @@ def _add_views(
         finding.ranks[rank] = ctx.rank_view(rank, group, bucket[0] if bucket else None, call_site=False)
 
 
+def _failed_without(ctx: Context, tracks: dict[int, Track], seq: int, joined: list[int], not_joined: list[int]) -> bool:
+    """Evidence must agree: the ranks that entered `seq` all recorded it finished, yet members read no
+    earlier than they were never entered it. A collective cannot finish without a member: it failed
+    (gloo retires a failed collective as if it had finished), however young it is."""
+    if not not_joined or not all(tracks[r].last_completed >= seq for r in joined):
+        return False
+    at = ctx.clock.at_ns
+    if any(ctx.clock.lost(r) or r not in at for r in (*joined, *not_joined)):
+        return False
+    return min(at[r] for r in not_joined) >= max(at[r] for r in joined)
+
+
 def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
                 failed: frozenset[int] = frozenset(), gone: frozenset[int] = frozenset()) -> StuckPoint | None:
     """`failed`: ranks whose process the runner says failed. A member of the group among them means its
@@ -320,7 +332,8 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     age = (now - since) / 1e9 if (now is not None and since is not None) else None
     members = set(group.ranks) | set(tracks)
     stalled = (age is None or age >= ctx.options.stall_after_s or bool(failed & members)
-               or bool(not_joined and gone & members and max(t.last_seq for t in tracks.values()) == seq))
+               or bool(not_joined and gone & members and max(t.last_seq for t in tracks.values()) == seq)
+               or _failed_without(ctx, tracks, seq, joined, not_joined))
     source = ctx.age_source(sorted(tracks)) if age is not None else None
     timeouts = [e.timeout_ms for e in entered if e.timeout_ms]
     if age is not None and timeouts and age > min(timeouts) / 1000:
