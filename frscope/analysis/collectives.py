@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from frscope.analysis.clock import MTIME_CAPPED
+from frscope.analysis.clock import CAPTURED, MTIME, MTIME_CAPPED
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
 from frscope.analysis.ops import (
@@ -296,10 +296,10 @@ def _failed_without(ctx: Context, tracks: dict[int, Track], seq: int, joined: li
     (gloo retires a failed collective as if it had finished), however young it is."""
     if not not_joined or not all(tracks[r].last_completed >= seq for r in joined):
         return False
-    at = ctx.clock.at_ns
-    if any(ctx.clock.lost(r) or r not in at for r in (*joined, *not_joined)):
-        return False
-    return min(at[r] for r in not_joined) >= max(at[r] for r in joined)
+    at, source = ctx.clock.at_ns, ctx.clock.source
+    if any(source.get(r) not in (CAPTURED, MTIME) for r in (*joined, *not_joined)):
+        return False  # each rank's own read time is needed (not one 'now' given to the analysis)
+    return min(at[r] for r in not_joined) > max(at[r] for r in joined)
 
 
 def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
