@@ -117,7 +117,8 @@ class _Stage(torch.nn.Module):
         if self.hang:
             stuck_in_python(self.out, self.rank)
         time.sleep(self.compute_s)
-        return self.linear(x)
+        out: torch.Tensor = self.linear(x)
+        return out
 
 
 def main() -> int:
