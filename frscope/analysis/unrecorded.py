@@ -82,13 +82,16 @@ def stack_waits(ctx: Context, ref: GroupRef) -> Finding | None:
     if quiet_s < ctx.options.stall_after_s:
         return None
     ops = sorted(set(waiting.values()))
+    kind = "point-to-point ops" if all(is_p2p_wait(op) for op in ops) else "this call"
     sites = {rank: user_frame(ctx.live_stack(rank)) for rank in waiting}
     where = "; ".join(f"rank {rank} in {op}" + (f" at {s.filename}:{s.line} ({s.name})" if (s := sites[rank]) else "")
                       for rank, op in list(waiting.items())[:6])
-    kind = "point-to-point ops" if all(is_p2p_wait(op) for op in ops) else "this call"
-    summary = (f"{plural(in_python).capitalize()} {'is' if len(in_python) == 1 else 'are'} in Python while "
-               f"{plural(sorted(waiting))} wait{'s' if len(waiting) == 1 else ''} in torch.distributed "
-               f"{'/'.join(ops)}, which the recorder does not record: every recorder has been idle for "
+    doing = (str(ctx.activity(in_python[0])) if len(in_python) == 1
+             else "; ".join(f"rank {r} {ctx.activity(r)}" for r in in_python[:3]))
+    calls = f"point-to-point ({'/'.join(ops)})" if kind == "point-to-point ops" else "/".join(ops)
+    summary = (f"{plural(in_python).capitalize()} {'is' if len(in_python) == 1 else 'are'} in Python ({doing}) "
+               f"while {plural(sorted(waiting))} wait{'s' if len(waiting) == 1 else ''} in torch.distributed "
+               f"{calls}, which the recorder does not record: every recorder has been idle for "
                f"{fmt_duration(quiet_s)}, so {'it holds' if len(in_python) == 1 else 'they hold'} up the others "
                f"({where}).")
     finding = Finding(category=Category.RANK_NOT_JOINED, culprit_ranks=tuple(in_python), process_group=ref,
