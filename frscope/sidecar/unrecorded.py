@@ -9,7 +9,7 @@ in flight, never fires. What does show it is their live stacks.
 The watch: when no group of any of the pod's live ranks has had anything in flight or made progress
 for longer than the job's usual step (3 x the usual gap between consecutive collectives' enqueue
 times, within `--suspect-min` and `--suspect-after`, never longer than `--stall-after`), each rank's
-stack is asked once (`dump_traceback`). A rank whose main thread sits in a torch.distributed call
+stack is asked once (`dump_traceback`). A rank whose main thread (`rank_wait`) sits in a torch.distributed call
 (frscope.analysis.unrecorded.waiting_in: `recv`, `monitored_barrier`, pipelining's `_wait_batch_p2p`
 ...) is a candidate; when the next round's stacks show it in the very same frames (no race with a
 collective just starting, no healthy wait caught twice by chance), the hang is suspected, captured
@@ -27,7 +27,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from frscope.analysis.stacks import main_stack, user_frame
+from frscope.analysis.stacks import main_stack, parse_traceback, user_frame
 from frscope.analysis.unrecorded import waiting_in
 from frscope.records import Frame
 from frscope.sidecar.rhythm import RHYTHM_FACTOR
@@ -66,8 +66,18 @@ def usual_step_s(enqueues: dict[int, list[int]]) -> float:
 
 
 def rank_wait(rank: int, stacks: str | None) -> RankWait | None:
+    """Where the rank waits in torch.distributed, from its `dump_traceback` text: the thread that issues
+    collectives is not marked there, so the deepest stack is read (the analysis' choice without a
+    recorder thread id), and where it does not wait, a thread that does (a data loader's pin-memory
+    thread may be deeper than a main thread blocked in `monitored_barrier`)."""
     frames = main_stack(stacks or "")
     op = waiting_in(frames)
+    if op is None:
+        for thread in parse_traceback(stacks or ""):
+            op = waiting_in(thread.frames)
+            if op is not None:
+                frames = thread.frames
+                break
     if op is None:
         return None
     user = user_frame(frames)

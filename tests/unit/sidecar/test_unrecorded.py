@@ -74,6 +74,11 @@ def test_rank_wait_names_the_call_and_the_users_site() -> None:
     wait = rank_wait(0, BARRIER)
     assert wait is not None and wait.op == "monitored_barrier" and wait.site == "/app/train.py:166 (main)"
     assert rank_wait(1, IN_PYTHON) is None and rank_wait(2, None) is None
+    # A deeper thread in Python (a pin-memory thread) beside the one waiting: the waiting one counts.
+    pin = "\n".join(f'  File "/app/loader.py", line {i} in pin_loop' for i in range(1, 9))
+    both = BARRIER + "\nThread 0x00007f3e00000001 (most recent call first):\n" + pin + "\n"
+    found = rank_wait(3, both)
+    assert found is not None and found.op == "monitored_barrier"
 
 
 def test_a_barrier_wait_is_suspected_at_the_second_sample_then_confirmed_then_ends_with_progress() -> None:
