@@ -98,9 +98,8 @@ def main() -> int:
     for pattern, step, times, named in rows:
         lines.append(f"| {pattern} | {step:g} s | {len(times)} | {statistics.median(times):.1f} / {max(times):.1f} "
                      f"| {named} of {len(times)} |")
-    lines += ["", "A suspicion needs quiet recorders past the usual step (at least `--suspect-min`, 4 s) and "
-              "the same wait in two stack samples a round apart (2 s), so about 6-8 s after the last collective "
-              "enqueued before the stop.", ""]
+    lines += ["", "A suspicion needs quiet recorders past 3 x the job's usual step (at least `--suspect-min`, 4 s) "
+              "and the same wait in two stack samples a round apart (2 s).", ""]
     text = args.results.read_text() if args.results.exists() else ""
     section = "\n".join(lines)
     if SECTION in text:

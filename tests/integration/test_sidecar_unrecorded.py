@@ -10,6 +10,7 @@ own time-outs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -139,3 +140,28 @@ async def test_long_pauses_in_python_between_barriers_are_never_flagged() -> Non
             assert sidecar.unrecorded.asked >= 2  # and the stacks were read, and judged healthy
             assert value(registry, "frscope_suspected_stalls_total", outcome="resumed") == 0
             assert sidecar.current_capture() is None
+
+
+@pytest.mark.timeout(300)
+async def test_a_culprit_in_another_pod_is_named_from_every_pods_snapshot() -> None:
+    # One rank per pod: the pods of ranks 0 and 2 suspect (their rank waits in the barrier); rank 1's
+    # pod sees its only rank in Python, nothing to suspect. The operator's gather (every pod's
+    # /v1/snapshot?refresh=1: fresh recorders and stacks) names rank 1.
+    args = ["--pattern", "monitored_barrier", "--steps", "400", "--step-s", "0.2", "--hang-step", "15",
+            "--culprit", "1"]
+    with start_rhythm_job(3, 1, args, lifetime_s=250) as job:
+        job.wait_for_sockets()
+        async with contextlib.AsyncExitStack() as stack:
+            sidecars = [await stack.enter_async_context(running(default_config(job.pods[i], pod=f"trainer-worker-{i}")))
+                        for i in range(3)]
+            await wait_until(lambda: sidecars[0].unrecorded.suspected and sidecars[2].unrecorded.suspected, 120,
+                             "both waiting pods suspecting", step_s=0.2)
+            assert not sidecars[1].unrecorded.suspected
+            bodies = []
+            for sidecar in sidecars:
+                _status, headers, body = await get(sidecar, "/v1/snapshot?refresh=1")
+                bodies.append(decode(headers, body))
+            dumps = [dump for snap in bodies for dump in rank_dumps(snap).values()]
+            quiet_s = sidecars[0].unrecorded.quiet_s(bodies[0]["captured_at_ns"])
+            report = analyze(assemble(dumps, []), AnalysisOptions(stall_after_s=quiet_s / 2))
+            assert report.findings and report.findings[0].culprit_ranks == (1,), report.findings
