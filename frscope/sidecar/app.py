@@ -252,6 +252,7 @@ class Sidecar:
         pushed as a stall's suspicion is; its end retires that capture."""
         now_ns = self.poller.last_round_ns or time.time_ns()
         event = await self.unrecorded.round(self.poller, now_ns)
+        self.metrics.show_unrecorded(self.unrecorded, self.ranks, now_ns)  # (with the state: no await between)
         if event in ("suspect", "stall"):
             if event == "stall":
                 self.metrics.suspected_stalls.labels(outcome="confirmed").inc()
@@ -262,7 +263,6 @@ class Sidecar:
             self.metrics.suspected_stalls.labels(outcome="resumed").inc()
         if event == "resumed" or (not self.unrecorded.suspected and self.snapshots.unrecorded_capture_held()):
             self.snapshots.retire_unrecorded()
-        self.metrics.show_unrecorded(self.unrecorded, self.ranks, now_ns)
 
     async def capture(self, reason: str, *, unrecorded: bool = False) -> Capture:
         """Stacks of every live rank, paired with this round's recorders; kept, and pushed.
