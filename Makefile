@@ -7,7 +7,7 @@ STAMP := $(VENV)/.frscope-installed
 
 .PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster cluster-node \
 	cluster-node-down torch-venvs node-images controllers accuracy-sweep dist registry testenv-oldest \
-	test-kube-matrix
+	test-kube-matrix library-sweep
 
 # setup.py and the C scanner too: `pip install -e .` builds frscope/records/_frscan.c in place (optional: without a
 # compiler frscope reads dumps with the pure-Python path), so a change to either rebuilds it.
@@ -155,6 +155,15 @@ accuracy-sweep: $(STAMP)
 	nice -n 10 $(BIN)/python scripts/fault_sweep.py score $(SWEEP_DIR) > /dev/null
 	$(BIN)/python scripts/fault_sweep.py report $(SWEEP_DIR) --results-copy docs/accuracy-sweep.json \
 	  $$(test -f $(SWEEP_DIR)-repeat/results.json && echo --repeat $(SWEEP_DIR)-repeat)
+
+# Library-driven real jobs (issue 33, not part of `make test`; tests/integration/test_library_jobs.py runs a
+# sample): DDP, FSDP2, DTensor TP, a 3-D DeviceMesh, DCP save, object collectives, scatter/gather,
+# monitored_barrier, pipelining and a DataLoader worker, healthy and with faults, under every torch venv
+# built (`make torch-venvs`), each judged in three forms. About 35 s a job on 2 cores.
+LIBJOBS_DIR ?= $(HOME)/.cache/frscope-libjobs
+library-sweep: $(STAMP)
+	PY=$(PY) scripts/torch-venv $(TORCH_VERSIONS) >/dev/null
+	nice -n 10 $(BIN)/python -m frscope.testing.libjobs sweep --out $(LIBJOBS_DIR) --torch 2.13,2.14,2.15
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -27,6 +27,46 @@ def _site(ctx: Context, rank: int) -> str:
     return f" at {site.filename}:{site.line} ({site.name})" if site else ""
 
 
+# Ops gloo does not record whose waits show only in stacks: point-to-point, and monitored_barrier (which
+# gloo runs as sends and receives to and from rank 0).
+UNRECORDED_OPS = P2P_FUNCTIONS | {"monitored_barrier"}
+
+
+def _sink_in_python(ctx: Context, ref: GroupRef, blocked: dict[int, str], exclude: set[int]) -> Finding | None:
+    """The wait chain ends at a rank that waits on nobody: ranks blocked in unrecorded ops (send/recv,
+    a pipeline schedule's batched p2p, monitored_barrier) while a few others sit in Python, in no
+    torch.distributed call. Whoever each blocked rank waits for, the waits can only end at those: they
+    never joined the exchange (a stage stuck before its recv, a rank stuck before the barrier)."""
+    free = [r for r in sorted(ctx.dumpset.dumps) if r not in blocked and r not in exclude and _in_python(ctx, r)]
+    if not free or len(free) >= len(blocked):
+        return None
+    ops = sorted(set(blocked.values()))
+    first = free[0]
+    finding = Finding(
+        category=Category.RANK_NOT_JOINED,
+        culprit_ranks=tuple(free),
+        process_group=ref,
+        summary=(f"{plural(free).capitalize()} never joined the {'/'.join(ops)} that {plural(sorted(blocked))} "
+                 f"{'is' if len(blocked) == 1 else 'are'} blocked in; rank {first} is {ctx.activity(first)}."),
+        op=ops[0],
+    )
+    for rank in free[: ctx.options.max_rank_views]:
+        finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)
+        if stack := ctx.live_stack(rank):
+            finding.culprit_stacks[rank] = stack
+    for rank in sorted(blocked)[:3]:
+        finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)
+    finding.evidence.append(
+        "blocked in unrecorded ops: " + ", ".join(f"rank {r} in {op}{_site(ctx, r)}" for r, op in
+                                                  sorted(blocked.items())[:8])
+        + ("" if len(blocked) <= 8 else f" and {len(blocked) - 8} more"))
+    finding.evidence.append(
+        f"{plural(free)} {'is' if len(free) == 1 else 'are'} in Python, in no torch.distributed call: every wait "
+        "among the blocked ranks ends there (the recorder shows none of these ops: gloo records no point-to-point "
+        "op, and monitored_barrier runs as point-to-point)")
+    return finding
+
+
 def _runs(blocked: dict[int, str]) -> list[list[int]]:
     """Consecutive ranks waiting in the same direction (all receiving, or all sending)."""
     runs: list[list[int]] = []
@@ -89,10 +129,13 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         if rank in exclude:
             continue
         inside = blocked_in(ctx.live_stack(rank))
-        if inside in P2P_FUNCTIONS:
+        if inside in UNRECORDED_OPS:
             blocked[rank] = inside
     if not blocked:
         return None
+    sink = _sink_in_python(ctx, ref, blocked, exclude)
+    if sink is not None:
+        return sink
     culprits: list[int] = []
     pairings: list[str] = []
     closed: list[int] = []

@@ -71,11 +71,19 @@ def user_frame(frames: tuple[Frame, ...]) -> Frame | None:
     return frames[-1] if frames else None
 
 
+# torch.distributed.pipelining waits on its batched p2p ops inside these (the wait itself is C++).
+_PIPELINING_P2P = frozenset({"_wait_batch_p2p", "_batch_p2p", "_sorted_batch_p2p"})
+_PIPELINING_DIR = "/torch/distributed/pipelining/"
+
+
 def blocked_in(frames: tuple[Frame, ...]) -> str | None:
-    """The torch.distributed function a stack is inside ('recv', 'all_reduce'), if any."""
+    """The torch.distributed function a stack is inside ('recv', 'all_reduce'), if any; a pipelining
+    schedule waiting on its stage's sends and receives reads as 'batch_isend_irecv'."""
     for frame in frames:
         if frame.filename.endswith(COLLECTIVE_FILE):
             return frame.name
+        if frame.name in _PIPELINING_P2P and _PIPELINING_DIR in frame.filename:
+            return "batch_isend_irecv"
     return None
 
 

@@ -38,7 +38,7 @@ STEADY_SHARE = 0.9
 MAX_SHOWN = 8
 
 
-def _steady(mine: list[LateAt], events: dict[int, list[LateAt]]) -> bool:
+def _steady(mine: list[LateAt], events: dict[tuple[int, ...], list[LateAt]]) -> bool:
     """The rank's waits are one cause repeating, not jitter: they have about one length (a slow loader
     costs the same every step; with jitter on every rank the gap between the two latest varies from
     nothing to the jitter's range), and they are nearly all of the time anyone waited. With few ranks
@@ -74,21 +74,25 @@ def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -
     for rank in ranks:
         base = median(lateness_ms(arrived, rank, mids_ns))
         shifted.append(list(map(sub, map(truediv, arrived.by_rank[rank], repeat(1e6)), repeat(base))))
-    events: dict[int, list[LateAt]] = {r: [] for r in ranks}
+    # The late set of a collective: the ranks after the widest gap among the latest arrivals (at most half
+    # the ranks): one rank, or a node's ranks late together (a slow host delays all of its ranks at once,
+    # and then none of them is much later than the next-latest, which is its node peer).
+    most = max(1, len(ranks) // 2)
+    events: dict[tuple[int, ...], list[LateAt]] = {}
     total = 0
     for seq, mid_ms, late in zip(arrived.seqs, mids, zip(*shifted, strict=True), strict=True):
-        # Only the last two arrivals matter: how long the next-latest waited for the latest (the two
-        # largest (time, rank) pairs: on a tie the higher rank is the later).
-        top = len(late) - 1 - late[::-1].index(max(late))
-        rest = late[:top] + late[top + 1 :]
-        last, rank, second = late[top], ranks[top], max(rest)
-        if last - second >= threshold:
+        order = sorted(zip(late, ranks, strict=True), reverse=True)  # latest first; a tie: the higher rank
+        gaps = [order[i][0] - order[i + 1][0] for i in range(min(most, len(order) - 1))]
+        widest = max(range(len(gaps)), key=lambda i: (gaps[i], -i))
+        if gaps[widest] >= threshold:
             total += 1
+            late_set = tuple(sorted(r for _, r in order[: widest + 1]))
+            last, rank = order[0]
             op = tracks[rank].by_seq[seq][0].op
-            events[rank].append(LateAt(seq, op, last - mid_ms, last - second))
+            events.setdefault(late_set, []).append(LateAt(seq, op, last - mid_ms, gaps[widest]))
     if total < MIN_EVENTS:
         return None
-    worst = max(ranks, key=lambda r: len(events[r]))
+    worst = max(events, key=lambda s: (len(events[s]), -len(s)))
     mine = events[worst]
     k = len(mine)
     if k < MIN_EVENTS or k * 2 < total:
@@ -99,38 +103,42 @@ def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -
     late_ms = median(a.late_by_ms for a in mine)
     waited_ms = median(a.waited_ms for a in mine)
     seqs = [a.collective_seq_id for a in mine]
-    gaps = {b - a for a, b in zip(seqs, seqs[1:], strict=False)}
-    rhythm = f", every {gaps.pop()} collectives" if len(gaps) == 1 else ""
+    spacings = {b - a for a, b in zip(seqs, seqs[1:], strict=False)}
+    rhythm = f", every {spacings.pop()} collectives" if len(spacings) == 1 else ""
     listed = ", ".join(f"#{s}" for s in seqs[:4]) + (", ..." if len(seqs) > 4 else "")
     ops = sorted({a.op for a in mine})
+    names = plural(list(worst))
+    together = " together (one host's ranks: a slow node)" if len(worst) > 1 else ""
+    first = worst[-1]
     finding = Finding(
         category=Category.STRAGGLER,
-        culprit_ranks=(worst,),
+        culprit_ranks=worst,
         process_group=ref,
         summary=(
-            f"{plural([worst]).capitalize()} reaches {ref.label()} late at step boundaries: {late_ms:.0f} ms after "
-            f"the median rank at {'/'.join(ops)} {listed} (from #{seqs[0]}{rhythm}; {k} of the {total} collectives "
-            f"where the others waited), in lockstep in between; every other rank waits ~{waited_ms:.0f} ms for it "
-            "there each time."
+            f"{names.capitalize()} {'reaches' if len(worst) == 1 else 'reach'} {ref.label()} late{together} at step "
+            f"boundaries: {late_ms:.0f} ms after the median rank at {'/'.join(ops)} {listed} (from #{seqs[0]}{rhythm}; "
+            f"{k} of the {total} collectives where the others waited), in lockstep in between; every other rank waits "
+            f"~{waited_ms:.0f} ms for {'it' if len(worst) == 1 else 'them'} there each time."
         ),
         collective_seq_id=seqs[0],
         op=ops[0],
         late_by_ms=late_ms,
         late_at=mine[:MAX_SHOWN],
         late_count=k,
-        since_ns=tracks[worst].by_seq[seqs[0]][0].time_created_ns,
+        since_ns=tracks[first].by_seq[seqs[0]][0].time_created_ns,
         evidence=[
-            f"rank {worst} was the last to arrive, by at least {threshold:.0f} ms over the next-latest rank, at {k} "
-            f"of {total} such collectives of {ref.label()} (by chance: p = "
+            f"{names} {'was' if len(worst) == 1 else 'were'} the last to arrive, by at least {threshold:.0f} ms over "
+            f"the next-latest rank, at {k} of {total} such collectives of {ref.label()} (by chance: p = "
             f"{binomial_tail(k, total, 1 / len(ranks)):.1g} with {len(ranks)} ranks)",
             "lateness is measured after removing each rank's usual offset from the median (clock skew)",
         ],
     )
-    finding.ranks[worst] = ctx.rank_view(worst, ref.name, tracks[worst].by_seq[seqs[-1]][0])
-    stack = ctx.live_stack(worst)
-    if stack:
-        finding.culprit_stacks[worst] = stack
-    frames = tracks[worst].by_seq[seqs[-1]][0].frames
-    if frames:
-        finding.culprit_frames[worst] = frames
+    for rank in worst[: ctx.options.max_rank_views]:
+        finding.ranks[rank] = ctx.rank_view(rank, ref.name, tracks[rank].by_seq[seqs[-1]][0])
+        stack = ctx.live_stack(rank)
+        if stack:
+            finding.culprit_stacks[rank] = stack
+        frames = tracks[rank].by_seq[seqs[-1]][0].frames
+        if frames:
+            finding.culprit_frames[rank] = frames
     return finding

@@ -59,7 +59,8 @@ def test_cross_group_skip_names_the_rank_that_broke_its_order(name: str, victims
     [finding] = _report(name).findings
     assert finding.category is Category.RANK_NOT_JOINED and finding.culprit_ranks == (1,)
     assert finding.process_group.desc == "param_sync" and finding.collective_seq_id == 5
-    assert finding.evidence[0].startswith("rank 1 broke its own order of groups")
+    # Its peers' order (where enough ranks share its groups' kinds) or else its own loop decides.
+    assert finding.evidence[0].startswith(("rank 1 broke the order its peers kept", "rank 1 broke its own order"))
     assert "skipping #5 of group 1 (param_sync)" in finding.evidence[0]
     # The victims' finding (the other subgroup members never joined default_pg #4) nests under it.
     [victim] = finding.consequences
@@ -98,10 +99,11 @@ def test_crash_with_exit_codes_is_the_root_cause_named_with_its_exit(name: str) 
 
 @pytest.mark.parametrize(("name", "chain"), [("pipeline", (2, 3)), ("pipeline-6", (2, 3, 4, 5))])
 def test_p2p_chain_blames_the_stage_it_waits_on_not_the_chain(name: str, chain: tuple[int, ...]) -> None:
+    """The chain of receives ends at the stage in Python: it never joined the exchange (a hang in Python,
+    not a mismatch of peers)."""
     [finding] = _report(name).findings
-    assert finding.category is Category.P2P_MISMATCH and finding.culprit_ranks == (1,)
+    assert finding.category is Category.RANK_NOT_JOINED and finding.culprit_ranks == (1,)
     assert not finding.ambiguous
-    assert "rank 2 waits in recv" in finding.summary and "for rank 1" in finding.summary
-    assert "load_batch" in finding.summary
+    assert "never joined the recv" in finding.summary and "rank 1 is in load_batch" in finding.summary
     assert finding.culprit_stacks[1][0].name == "load_batch"
     assert all(f"rank {r} in recv" in finding.evidence[0] for r in chain)

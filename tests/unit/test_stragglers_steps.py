@@ -57,3 +57,33 @@ def test_a_few_late_steps_are_not_a_straggler(tmp_path: Path) -> None:
     # Late twice in 40 steps (a checkpoint, a GC pause): not a pattern.
     per_rank = _job(4, 40, {(3, 5): 500.0, (3, 30): 500.0})
     assert analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), OPTIONS).findings == []
+
+
+def test_a_slow_nodes_ranks_late_together_are_named_together(tmp_path: Path) -> None:
+    """8 ranks, 2 per node: the node of ranks 2 and 3 is slow, so both reach every step's first collective
+    ~400 ms late, within a few ms of each other: neither is much later than the next-latest (its node peer)."""
+    rng = random.Random(3)
+    delays = {(r, s): rng.uniform(0, 5) + (400.0 if r in (2, 3) else 0.0) for r in range(8) for s in range(15)}
+    [finding] = analyze(load_dumps([b.job(tmp_path, _job(8, 15, delays), 8)]), OPTIONS).findings
+    assert finding.category is Category.STRAGGLER and finding.culprit_ranks == (2, 3)
+    assert "together" in finding.summary
+
+
+def test_two_ranks_a_handful_of_steady_late_steps_is_a_straggler(tmp_path: Path) -> None:
+    """2 ranks, 8 steps: each late arrival is a coin toss between two ranks, so 8 of 8 is not beyond chance
+    by count alone; the waits are all ~1 s (one cause repeating) and all of the waiting: a straggler."""
+    rng = random.Random(5)
+    delays = {(1, s): 1000.0 + rng.uniform(-20, 20) for s in range(8)}
+    [finding] = analyze(load_dumps([b.job(tmp_path, _job(2, 8, delays), 2)]), OPTIONS).findings
+    assert finding.category is Category.STRAGGLER and finding.culprit_ranks == (1,)
+
+
+def test_two_ranks_with_unsteady_jitter_are_healthy(tmp_path: Path) -> None:
+    """2 ranks, jitter on both: one may be late more often by chance, but the waits vary from nothing to
+    the jitter's range: no straggler."""
+    for seed in range(20):
+        rng = random.Random(seed)
+        delays = {(r, s): rng.uniform(0, 600) for r in range(2) for s in range(10)}
+        (tmp_path / str(seed)).mkdir()
+        report = analyze(load_dumps([b.job(tmp_path / str(seed), _job(2, 10, delays), 2)]), OPTIONS)
+        assert report.findings == [], seed

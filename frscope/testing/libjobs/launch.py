@@ -31,6 +31,9 @@ from frscope.analysis import AnalysisOptions, analyze
 from frscope.records import load_dumps
 
 WORKER = Path(__file__).with_name("worker.py")
+# worker.PROGRAMS, named here so that launching imports no torch (the jobs run under other torch venvs).
+PROGRAMS = ("ddp", "fsdp2", "tensor_parallel", "mesh3d", "dcp_save", "objects", "scatter_gather",
+            "monitored_barrier", "pipeline", "dataloader")
 SETTLE_S = 3.0
 JOB_TIMEOUT_S = 150.0
 
@@ -39,6 +42,8 @@ CRASH = ("RankNotJoined", "MissingDumps", "RankStopped")
 P2P_HANG = ("RankNotJoined", "P2PMismatch")
 # Programs whose step begins with ops gloo does not record (send/recv): a stuck stage shows only in stacks.
 UNRECORDED_FIRST = {"pipeline"}
+# Programs whose op after the step's first collective is unrecorded on gloo: monitored_barrier (p2p).
+UNRECORDED_MID = {"monitored_barrier"}
 
 
 @dataclass(frozen=True)
@@ -60,7 +65,13 @@ class Job:
             return ()
         if self.fault == "crash":
             return CRASH
-        return P2P_HANG if self.program in UNRECORDED_FIRST else HANG
+        return P2P_HANG if self.stacks_only else HANG
+
+    @property
+    def stacks_only(self) -> bool:
+        """The hang sits in ops gloo does not record: only live stacks show it."""
+        return ((self.fault == "stuck" and self.program in UNRECORDED_FIRST)
+                or (self.fault == "stuckmid" and self.program in UNRECORDED_MID))
 
 
 def _free_port() -> int:
@@ -115,12 +126,18 @@ def run_job(job: Job, python: str, out: Path) -> dict[str, Any]:
                 proc.kill()
                 proc.wait()
     exits = {r: p.returncode for r, p in procs.items()}
-    captured = {r: json.loads(p.read_text())["captured_at_ns"]
-                for r in range(job.world) if (p := out / f"captured-{r}").exists()}
+    if outcome == "fault" and not list(out.glob("fault-*")) and job.fault != "crash":
+        outcome = "broken"  # a rank failed on its own before any fault: the program cannot run here (log-*.txt)
+    captured: dict[str, int] = {}
+    for r in range(job.world):  # the capture, else the periodic dump a rank that died left behind
+        for marker in (out / f"captured-{r}", out / f"periodic-{r}"):
+            if marker.exists():
+                captured[str(r)] = json.loads(marker.read_text())["captured_at_ns"]
+                break
     truth = {"job": job.name, "program": job.program, "fault": job.fault, "world": job.world, "torch": job.torch,
              "outcome": outcome, "exits": exits, "captured_at_ns": captured,
              "culprit_ranks": [] if job.fault == "none" else [job.rank], "accepted": list(job.accepted()),
-             "stacks_only": job.program in UNRECORDED_FIRST and job.fault == "stuck"}
+             "stacks_only": job.stacks_only}
     (out / "truth.json").write_text(json.dumps(truth, indent=1))
     return truth
 
@@ -162,6 +179,9 @@ def judge(truth: dict[str, Any], findings: list[Any]) -> tuple[bool, str]:
 def score_job(job_dir: Path, scratch: Path) -> list[dict[str, Any]]:
     """Each form's verdict: {form, right, why, apart}."""
     truth = json.loads((job_dir / "truth.json").read_text())
+    if truth["outcome"] == "broken":
+        return [{"form": form, "right": False, "why": "the job broke before its fault (see log-*.txt)",
+                 "apart": False, "broken": True} for form in ("pkl", "json", "snap")]
     results: list[dict[str, Any]] = []
     for form in ("pkl", "json", "snap"):
         paths = _stage(job_dir, form, scratch / f"{job_dir.name}-{form}", truth)

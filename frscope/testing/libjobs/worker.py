@@ -7,7 +7,9 @@ object collectives, scatter/gather, monitored_barrier, pipelining schedules, a D
 recorder holds the shapes those libraries really leave (two-op object collectives, DDP's rebroadcast,
 `[]` scatter inputs, mesh_* groups, ...).
 
-Faults (`--fault KIND:RANK:STEP`): `stuck` (the rank sleeps in `load_batch` at that step), `crash` (the
+Faults (`--fault KIND:RANK:STEP`): `stuck` (the rank sleeps in `load_batch` at that step), `stuckmid` (the
+same after the step's first op: in front of a monitored_barrier, an object collective's second op, a
+gather after its scatter), `crash` (the
 rank's process ends with os._exit(17) there, no dump), `loader` (the rank's DataLoader worker hangs), and
 `none`. Capture: every rank keeps a thread that, when the launcher writes `<out>/trigger`, writes its
 recorder as torch's JSON and pickle and every thread's stack (faulthandler's format, as the worker server's
@@ -23,8 +25,9 @@ import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -45,11 +48,20 @@ class Rank:
         self.dumped = threading.Lock()
         self.done = False
 
-    def faulty(self, step: int) -> bool:
-        return self.fault in ("stuck", "crash") and self.rank == self.fault_rank and step == self.fault_step
+    def faulty(self, step: int, kinds: tuple[str, ...] = ("stuck", "crash")) -> bool:
+        return self.fault in kinds and self.rank == self.fault_rank and step == self.fault_step
+
+    def mid_step(self, step: int) -> None:
+        """`stuckmid`: the rank gets stuck after its step's first collective, before the next op."""
+        if self.faulty(step, ("stuckmid",)):
+            (self.out / f"fault-{self.rank}").write_text(str(time.time_ns()))
+            load_batch()
 
     def at_step(self, step: int) -> None:
-        """Where a fault strikes: at the start of a step, before its first collective."""
+        """Where a fault strikes: at the start of a step, before its first collective. Every rank also
+        writes a periodic dump at step 1, as jobs that keep one do: a rank that dies leaves it behind."""
+        if step == 1 and not self.dumped.locked():
+            self.dump("periodic", final=False)
         if not self.faulty(step):
             return
         (self.out / f"fault-{self.rank}").write_text(str(time.time_ns()))
@@ -57,16 +69,19 @@ class Rank:
             os._exit(17)
         load_batch()
 
-    def dump(self, reason: str) -> None:
-        if not self.dumped.acquire(blocking=False):
+    def dump(self, reason: str, final: bool = True) -> None:
+        """`final`: the capture (once); otherwise a periodic dump, which a later one replaces."""
+        if final and not self.dumped.acquire(blocking=False):
             return
-        c10d = torch._C._distributed_c10d
+        from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json  # type: ignore[attr-defined]
+
         captured = time.time_ns()
-        (self.out / f"rank_{self.rank}.json").write_bytes(_as_bytes(c10d._dump_fr_trace_json(True, False)))
-        (self.out / f"rank_{self.rank}.pkl").write_bytes(_as_bytes(c10d._dump_fr_trace(True, True, False)))
+        (self.out / f"rank_{self.rank}.json").write_bytes(_as_bytes(_dump_fr_trace_json(True, False)))
+        (self.out / f"rank_{self.rank}.pkl").write_bytes(_as_bytes(_dump_fr_trace(True, True, False)))
         with open(self.out / f"rank_{self.rank}.stack.txt", "w") as f:
             faulthandler.dump_traceback(f, all_threads=True)
-        (self.out / f"captured-{self.rank}").write_text(json.dumps({"captured_at_ns": captured, "reason": reason}))
+        marker = f"captured-{self.rank}" if final else f"periodic-{self.rank}"
+        (self.out / marker).write_text(json.dumps({"captured_at_ns": captured, "reason": reason}))
 
     def watch(self) -> None:
         trigger = self.out / "trigger"
@@ -99,7 +114,8 @@ def ddp(r: Rank) -> None:
             self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
 
         def forward(self, x: torch.Tensor, use_b: bool) -> torch.Tensor:
-            return self.b(self.a(x)) if use_b else self.a(x)
+            out: torch.Tensor = self.b(self.a(x)) if use_b else self.a(x)
+            return out
 
     torch.manual_seed(0)
     model = DDP(Branchy(), find_unused_parameters=True, bucket_cap_mb=0.001)
@@ -119,7 +135,7 @@ def fsdp2(r: Rank) -> None:
     from torch.distributed.fsdp import fully_shard
 
     model = _mlp()
-    for layer in model:
+    for layer in list(model.children()):
         if isinstance(layer, nn.Linear):
             fully_shard(layer)
     fully_shard(model)
@@ -169,7 +185,8 @@ def dcp_save(r: Rank) -> None:
         for g in grads:
             dist.all_reduce(g)
         if step % 2 == 1:
-            dcp.save({"model": model.state_dict()}, checkpoint_id=str(r.out / "ckpt" / f"step{step}"))
+            dcp.save({"model": model.state_dict()},  # type: ignore[attr-defined]
+                     checkpoint_id=str(r.out / "ckpt" / f"step{step}"))
 
 
 def objects(r: Rank) -> None:
@@ -177,6 +194,7 @@ def objects(r: Rank) -> None:
         r.at_step(step)
         gathered: list[Any] = [None] * r.world
         dist.all_gather_object(gathered, {"rank": r.rank, "step": step})
+        r.mid_step(step)
         box: list[Any] = [{"lr": 0.1 * step}] if r.rank == 0 else [None]
         dist.broadcast_object_list(box, src=0)
         dist.gather_object({"loss": float(step)}, [None] * r.world if r.rank == 0 else None, dst=0)
@@ -191,6 +209,7 @@ def scatter_gather(r: Rank) -> None:
         root = step % r.world
         out = torch.empty(4)
         dist.scatter(out, [torch.full((4,), float(i)) for i in range(r.world)] if r.rank == root else None, src=root)
+        r.mid_step(step)
         dist.gather(out, [torch.empty(4) for _ in range(r.world)] if r.rank == root else None, dst=root)
         dist.all_reduce(out)
 
@@ -199,6 +218,7 @@ def monitored(r: Rank) -> None:
     for step in range(STEPS):
         r.at_step(step)
         dist.all_reduce(torch.ones(16))
+        r.mid_step(step)
         dist.monitored_barrier(timeout=datetime.timedelta(seconds=120), wait_all_ranks=True)
 
 
@@ -218,28 +238,33 @@ def pipeline(r: Rank) -> None:
             schedule.step(target=x)
         else:
             schedule.step()
+        r.mid_step(step)
         dist.all_reduce(torch.ones(4))
 
 
 class _Slow(torch.utils.data.Dataset[torch.Tensor]):
-    def __init__(self, hang: bool) -> None:
+    """A dataset whose worker process hangs at item 12 (batch 3) on the faulty rank."""
+
+    def __init__(self, hang: bool, marker: Path) -> None:
         self.hang = hang
+        self.marker = marker
 
     def __len__(self) -> int:
         return 64
 
     def __getitem__(self, i: int) -> torch.Tensor:
         if self.hang and i >= 12:
+            self.marker.write_text(str(time.time_ns()))
             load_batch()
-        return torch.ones(16)
+        ones: torch.Tensor = torch.ones(16)
+        return ones
 
 
 def dataloader(r: Rank) -> None:
     hang = r.fault == "loader" and r.rank == r.fault_rank
-    if hang:
-        threading.Timer(3.0, lambda: (r.out / f"fault-{r.rank}").write_text(str(time.time_ns()))).start()
-    loader = torch.utils.data.DataLoader(_Slow(hang), batch_size=4, num_workers=1)
-    for step, batch in enumerate(loader):
+    loader = torch.utils.data.DataLoader(_Slow(hang, r.out / f"fault-{r.rank}"), batch_size=4, num_workers=1,
+                                         prefetch_factor=1)
+    for step, batch in enumerate(iter(loader)):
         if step >= STEPS:
             break
         r.at_step(step)
@@ -266,7 +291,11 @@ def main() -> int:
     threading.Thread(target=r.watch, daemon=True).start()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank,
                             world_size=args.world, timeout=datetime.timedelta(seconds=120))
-    PROGRAMS[args.program](r)
+    try:
+        PROGRAMS[args.program](r)
+    except Exception:
+        r.dump("on_exception")  # the survivors of a crash: their recorders as their collectives failed
+        raise
     # The program's last collective was waited for; let gloo retire it, as a job that runs on would.
     time.sleep(0.5)
     r.dump("end")

@@ -1,0 +1,80 @@
+"""`python -m frscope.testing.libjobs sweep --out DIR [--torch 2.13,2.14,2.15] [--programs a,b] [--faults ...]`:
+run every (program, fault, torch) job, judge each form, print one line per job and the totals per form.
+A torch version whose venv is not built (`make torch-venvs`) is skipped and said so. Exit 1 on any miss."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from frscope.testing.libjobs.launch import PROGRAMS, Job, python_for, run_job, score_job
+
+FAULTS = ("none", "stuck", "stuckmid", "crash", "loader")
+MID_PROGRAMS = {"objects", "scatter_gather", "monitored_barrier", "pipeline"}
+
+
+def jobs_for(programs: list[str], faults: list[str], torches: list[str], worlds: list[int]) -> list[Job]:
+    out: list[Job] = []
+    for torch in torches:
+        for world in worlds:
+            for program in programs:
+                for fault in faults:
+                    if (fault == "loader") != (program == "dataloader") and fault != "none":
+                        continue  # the loader fault is the dataloader program's only one
+                    if fault == "stuckmid" and program not in MID_PROGRAMS:
+                        continue
+                    # The fault strikes a middle rank mid-run, and rank 0 (a root, the first stage) too.
+                    ranks = [0] if fault == "none" else sorted({1 % world, 0, world - 1})
+                    out.extend(Job(program, fault, world, rank, 3, torch) for rank in ranks)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m frscope.testing.libjobs", description=__doc__)
+    parser.add_argument("command", choices=["sweep"])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--torch", default="2.13,2.14,2.15")
+    parser.add_argument("--programs", default=",".join(PROGRAMS))
+    parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--worlds", default="4")
+    args = parser.parse_args(argv)
+    torches = []
+    for version in args.torch.split(","):
+        if python_for(version) is None:
+            print(f"torch {version}: no venv (make torch-venvs): skipped", flush=True)
+        else:
+            torches.append(version)
+    jobs = jobs_for(args.programs.split(","), args.faults.split(","), torches,
+                    [int(w) for w in args.worlds.split(",")])
+    totals: dict[str, list[int]] = {"pkl": [0, 0], "json": [0, 0], "snap": [0, 0]}
+    misses: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="frscope-libjobs-") as scratch:
+        for job in jobs:
+            started = time.monotonic()
+            python = python_for(job.torch)
+            assert python is not None
+            run_job(job, python, args.out / job.name)
+            results = score_job(args.out / job.name, Path(scratch))
+            for r in results:
+                if r["apart"]:
+                    continue
+                totals[r["form"]][0] += r["right"]
+                totals[r["form"]][1] += 1
+                if not r["right"]:
+                    misses.append(f"{job.name} {r['form']}: {r['why']}")
+            (args.out / job.name / "verdicts.json").write_text(json.dumps(results, indent=1))
+            marks = " ".join(f"{r['form']}={'ok' if r['right'] else 'apart' if r['apart'] else 'MISS'}"
+                             for r in results)
+            print(f"{job.name}: {marks} ({time.monotonic() - started:.0f} s)", flush=True)
+    for miss in misses:
+        print("miss", miss)
+    print("; ".join(f"{form} {ok}/{n}" for form, (ok, n) in totals.items()))
+    return 1 if misses else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
