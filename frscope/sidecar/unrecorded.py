@@ -9,9 +9,10 @@ in flight, never fires. What does show it is their live stacks.
 The watch: when no group of any of the pod's live ranks has had anything in flight or made progress
 for longer than the job's usual step (3 x the usual gap between consecutive collectives' enqueue
 times, within `--suspect-min` and `--suspect-after`, never longer than `--stall-after`), each rank's
-stack is asked once (`dump_traceback`). A rank whose main thread (`rank_wait`) sits in a torch.distributed call
-(frscope.analysis.unrecorded.waiting_in: `recv`, `monitored_barrier`, pipelining's `_wait_batch_p2p`
-...) is a candidate; when the next round's stacks show it in the very same frames (no race with a
+stack is asked once (`dump_traceback`). A rank whose main thread (`rank_wait`) sits in a
+torch.distributed call (frscope.analysis.stacks.blocked_in: a `distributed_c10d` function such as
+`recv` or `monitored_barrier`, or pipelining's wait on its batched p2p, read as `batch_isend_irecv`)
+is a candidate; when the next round's stacks show it in the very same frames (no race with a
 collective just starting, no healthy wait caught twice by chance), the hang is suspected, captured
 with the stacks and pushed, as a stall's suspicion is. While suspected the stacks are asked every
 round: the suspicion resumes when the recorder moves again or no rank waits in the same place any
@@ -27,8 +28,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from frscope.analysis.stacks import main_stack, parse_traceback, user_frame
-from frscope.analysis.unrecorded import waiting_in
+from frscope.analysis.stacks import blocked_in, main_stack, parse_traceback, user_frame
 from frscope.records import Frame
 from frscope.sidecar.rhythm import RHYTHM_FACTOR
 
@@ -47,7 +47,7 @@ class RankWait:
     """A rank whose main thread sits in a torch.distributed call its recorder does not show."""
 
     rank: int
-    op: str  # the function: recv, monitored_barrier, _wait_batch_p2p...
+    op: str  # the function: recv, monitored_barrier, batch_isend_irecv (pipelining)...
     site: str  # where the user's code called it: "train.py:31 (step)"; "" if no frame is the user's
     frames: tuple[Frame, ...]
 
@@ -71,10 +71,10 @@ def rank_wait(rank: int, stacks: str | None) -> RankWait | None:
     recorder thread id), and where it does not wait, a thread that does (a data loader's pin-memory
     thread may be deeper than a main thread blocked in `monitored_barrier`)."""
     frames = main_stack(stacks or "")
-    op = waiting_in(frames)
+    op = blocked_in(frames)
     if op is None:
         for thread in parse_traceback(stacks or ""):
-            op = waiting_in(thread.frames)
+            op = blocked_in(thread.frames)
             if op is not None:
                 frames = thread.frames
                 break

@@ -64,7 +64,7 @@ class UnrecordedWaitDoc(TypedDict):
     """A rank waiting in a torch.distributed call its recorder does not show (gloo's p2p,
     monitored_barrier) while every recorder of the pod is idle: a hang the recorder cannot see."""
 
-    op: str  # the call its stack waits in: recv, monitored_barrier, _wait_batch_p2p...
+    op: str  # the call its stack waits in: recv, monitored_barrier, batch_isend_irecv (pipelining)...
     site: str  # where the user's code called it ("" if unknown)
     no_progress_s: float  # how long the pod's recorders have been idle
     suspected_since_ns: int | None

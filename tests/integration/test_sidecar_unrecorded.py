@@ -117,7 +117,7 @@ async def test_a_pipeline_stage_stuck_in_python_is_flagged_and_named() -> None:
     # GPipe over three stages: stage 0 stops in its forward; stages 1 and 2 wait to receive.
     args = ["--pattern", "pipeline", "--steps", "400", "--step-s", "0.2", "--hang-step", "15", "--culprit", "0"]
     with start_rhythm_job(3, 3, args, lifetime_s=250) as job:
-        await flagged_and_named(job, 0, {1, 2}, {"_wait_batch_p2p", "recv", "irecv"})
+        await flagged_and_named(job, 0, {1, 2}, {"batch_isend_irecv", "recv", "irecv"})
 
 
 @pytest.mark.timeout(300)

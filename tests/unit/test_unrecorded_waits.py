@@ -1,6 +1,7 @@
-"""Hangs the recorder cannot see, read from live stacks (frscope.analysis.unrecorded): which stacks wait
-in torch.distributed, and the finding over a capture where every recorder is idle, some ranks wait in
-monitored_barrier or pipelining's p2p wait and one is in Python. The stacks are faulthandler's text as
+"""Hangs the recorder cannot see, as the sidecar captures them (frscope.sidecar.unrecorded): which stacks
+wait in torch.distributed (frscope.analysis.stacks.blocked_in, what the sidecar asks of each stack), and
+what the analysis makes of a capture where every recorder is idle, some ranks wait in monitored_barrier
+or pipelining's p2p wait and one is in Python. The stacks are faulthandler's text as
 the worker server returned it from real gloo jobs (tests/integration/test_sidecar_unrecorded.py runs
 them live); the recorders are gloo-shaped (every entry `scheduled`, retired)."""
 
@@ -8,8 +9,7 @@ from __future__ import annotations
 
 from frscope import wire
 from frscope.analysis import AnalysisOptions, Category, Report, analyze
-from frscope.analysis.stacks import main_stack
-from frscope.analysis.unrecorded import is_p2p_wait, waiting_in
+from frscope.analysis.stacks import blocked_in, main_stack
 from frscope.records import assemble, normalize_dump
 from tests.unit import builders as b
 
@@ -51,37 +51,26 @@ def _capture(stacks: dict[int, str], quiet_s: float) -> Report:
     return analyze(assemble(dumps, []), AnalysisOptions(stall_after_s=10.0))
 
 
-def test_waiting_in_reads_c10d_calls_and_pipelinings_p2p_wait() -> None:
-    assert waiting_in(main_stack(BARRIER)) == "monitored_barrier"
-    assert waiting_in(main_stack(PIPELINE)) == "_wait_batch_p2p" and is_p2p_wait("_wait_batch_p2p")
-    assert waiting_in(main_stack(RECV)) == "recv" and is_p2p_wait("recv")
-    assert waiting_in(main_stack(IN_PYTHON)) is None
-    assert waiting_in(main_stack(FORWARD)) is None  # inside torch.distributed's Python, not waiting
-    assert not is_p2p_wait("monitored_barrier") and not is_p2p_wait(None)
+def test_blocked_in_reads_c10d_calls_and_pipelinings_p2p_wait() -> None:
+    assert blocked_in(main_stack(BARRIER)) == "monitored_barrier"
+    assert blocked_in(main_stack(PIPELINE)) == "batch_isend_irecv"
+    assert blocked_in(main_stack(RECV)) == "recv"
+    assert blocked_in(main_stack(IN_PYTHON)) is None
+    assert blocked_in(main_stack(FORWARD)) is None  # inside torch.distributed's Python, not waiting
 
 
 def test_a_monitored_barrier_waiting_for_a_rank_in_python_names_that_rank() -> None:
     report = _capture({0: BARRIER, 1: IN_PYTHON, 2: BARRIER}, quiet_s=30)
-    root = report.findings[0]
+    [root] = report.findings
     assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (1,)
-    assert root.op == "monitored_barrier" and root.stalled_for_s == 30
-    assert root.summary.startswith("Rank 1 is in Python (in stuck_in_python (/app/train.py:77)) while ranks 0, 2 "
-                                   "wait in torch.distributed monitored_barrier, which the recorder does not record")
+    assert root.op == "monitored_barrier"
     assert [f.name for f in root.culprit_stacks[1]][:1] == ["stuck_in_python"]
 
 
 def test_a_pipeline_stage_in_python_is_named_by_the_stages_waiting_in_p2p() -> None:
     report = _capture({0: IN_PYTHON, 1: PIPELINE, 2: PIPELINE}, quiet_s=30)
-    assert [f.culprit_ranks for f in report.findings] == [(0,)]
-    assert report.findings[0].op == "_wait_batch_p2p"
-    assert "wait in torch.distributed point-to-point (_wait_batch_p2p)" in report.findings[0].summary
+    assert [(f.category, f.culprit_ranks) for f in report.findings] == [(Category.RANK_NOT_JOINED, (0,))]
 
 
-def test_a_capture_younger_than_the_stall_threshold_is_a_job_between_steps() -> None:
-    assert _capture({0: BARRIER, 1: IN_PYTHON, 2: BARRIER}, quiet_s=3).findings == []
-
-
-def test_no_finding_without_a_rank_in_python_or_without_a_waiting_rank() -> None:
-    assert _capture({0: IN_PYTHON, 1: IN_PYTHON}, quiet_s=30).findings == []  # a pause: nobody waits
-    # Everyone waits: no rank to name from the stacks alone.
-    assert _capture({0: BARRIER, 1: BARRIER}, quiet_s=30).findings == []
+def test_a_pause_in_python_is_no_finding() -> None:
+    assert _capture({0: IN_PYTHON, 1: IN_PYTHON, 2: FORWARD}, quiet_s=30).findings == []

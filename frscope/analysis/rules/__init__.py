@@ -24,7 +24,6 @@ RULES: tuple[Rule, ...] = (
     partial.ended_alone,
     group_rules.p2p_recorded,
     job_rules.p2p_from_stacks,
-    job_rules.unrecorded_waits,
     job_rules.stragglers,
     exits.unrecorded_failures,
     exits.failed_after_records,

@@ -8,7 +8,6 @@ from frscope.analysis.rules.facts import Facts
 from frscope.analysis.rules.proposal import Proposal
 from frscope.analysis.straggler import LAST_SHARE, find_straggler, last_counts
 from frscope.analysis.stragglers_steps import find_step_straggler
-from frscope.analysis.unrecorded import stack_waits
 
 
 def p2p_from_stacks(facts: Facts) -> list[Proposal]:
@@ -17,13 +16,6 @@ def p2p_from_stacks(facts: Facts) -> list[Proposal]:
     recorded = {r for gf in facts.groups for r, t in gf.tracks.items() if t.open_p2p()}
     found = stack_p2p(facts.ctx, facts.default_ref, recorded)
     return [Proposal(found, "p2p-stacks", [])] if found is not None else []
-
-
-def unrecorded_waits(facts: Facts) -> list[Proposal]:
-    """Every recorder idle while ranks wait in a torch.distributed call that leaves no entry (gloo's
-    monitored_barrier, pipelining's batched p2p) and others are in Python (frscope.analysis.unrecorded)."""
-    found = stack_waits(facts.ctx, facts.default_ref)
-    return [Proposal(found, "unrecorded-stacks", [])] if found is not None else []
 
 
 def stragglers(facts: Facts) -> list[Proposal]:
