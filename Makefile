@@ -7,7 +7,7 @@ STAMP := $(VENV)/.frscope-installed
 
 .PHONY: demo test check lint typecheck importlint unit venv clean deps-apt testenv cluster cluster-node \
 	cluster-node-down torch-venvs node-images controllers accuracy-sweep dist registry testenv-oldest \
-	test-kube-matrix library-sweep
+	test-kube-matrix library-sweep random-sweep
 
 # setup.py and the C scanner too: `pip install -e .` builds frscope/records/_frscan.c in place (optional: without a
 # compiler frscope reads dumps with the pure-Python path), so a change to either rebuilds it.
@@ -164,6 +164,16 @@ LIBJOBS_DIR ?= $(HOME)/.cache/frscope-libjobs
 library-sweep: $(STAMP)
 	PY=$(PY) scripts/torch-venv $(TORCH_VERSIONS) >/dev/null
 	nice -n 10 $(BIN)/python -m frscope.testing.libjobs sweep --out $(LIBJOBS_DIR) --torch 2.13,2.14,2.15
+
+# The random-program sweep (frscope/testing/randprog, docs/accuracy.md): 100,000 simulated programs (no torch,
+# 1.5-3.5 h on 2 shared cores), each judged in three capture forms; not part of `make test` (tests/unit/
+# test_randprog_sample.py runs a seeded 200). Replay a miss with `python -m frscope.testing.randprog replay SEED`.
+RANDOM_SEED ?= 1
+RANDOM_PROGRAMS ?= 100000
+RANDOM_JOBS ?= 2
+random-sweep: $(STAMP)
+	nice -n 10 $(BIN)/python -m frscope.testing.randprog sweep --seed $(RANDOM_SEED) --programs $(RANDOM_PROGRAMS) \
+	  --jobs $(RANDOM_JOBS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

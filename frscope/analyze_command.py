@@ -18,6 +18,7 @@ from pathlib import Path
 
 from frscope.analysis import AnalysisOptions, Report, analyze
 from frscope.analysis.perf import PerfReport, analyze_perf
+from frscope.frtrace_flags import apply as apply_torchfrtrace_flags
 from frscope.records import DumpSet, LoadProblem, RankExit, exits_from_json, load_dumps
 from frscope.records.bundle_exits import read_bundle_exits
 from frscope.records.errors import DumpError
@@ -138,6 +139,9 @@ def _check_output(path: str | None, flag: str) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    problem = apply_torchfrtrace_flags(args)
+    if problem:
+        raise UsageError(problem)
     try:
         filters = Filters.parse(args.op, args.pg, args.rank)
     except ValueError as exc:
@@ -148,7 +152,7 @@ def cmd_analyze(args: argparse.Namespace) -> int:
     update, close = _progress_bar(not args.no_progress)
     try:
         dumpset = load_dumps(
-            args.paths, max_bytes=args.max_bytes, world_size=args.world_size, progress=update, jobs=args.jobs
+            args.dump_paths, max_bytes=args.max_bytes, world_size=args.world_size, progress=update, jobs=args.jobs
         )
     finally:
         close()

@@ -27,6 +27,7 @@ from frscope.analysis import AnalysisOptions, Report, analyze
 from frscope.analysis.context import DEFAULT_CLOCK_SKEW_MS, DEFAULT_STALL_AFTER_S
 from frscope.analyze_command import EXIT_FINDINGS, EXIT_HEALTHY, EXIT_USAGE, UsageError, cmd_analyze
 from frscope.demo.faults import DEMO_FAULTS
+from frscope.frtrace_flags import add_arguments as add_torchfrtrace_arguments
 from frscope.records import DEFAULT_MAX_BYTES, load_dumps, scan
 from frscope.records.limits import MAX_RANK
 from frscope.report import render_text
@@ -35,10 +36,10 @@ from frscope.report.html import render_report_html
 # The cluster parts need the `cluster` extra (`pip install 'frscope[cluster]'`); `pip install frscope` is the
 # offline analyzer alone. A command whose imports name one of these packages says so instead of a traceback.
 CLUSTER_PACKAGES = frozenset({"aiohttp", "kopf", "prometheus_client", "cryptography", "jwt", "yaml", "multidict",
-                              "yarl"})
+                              "yarl", "kubernetes"})
 CLUSTER_EXTRA = "pip install 'frscope[cluster]'"
 # What the extra installs (pyproject.toml), checked before a cluster command starts (some import late).
-CLUSTER_NEEDS = ("aiohttp", "kopf", "prometheus_client", "cryptography", "jwt", "yaml")
+CLUSTER_NEEDS = ("aiohttp", "kopf", "prometheus_client", "cryptography", "jwt", "yaml", "kubernetes")
 _SERVICES = {
     "sidecar": ("frscope.sidecar.main", "collect local ranks' recorders, detect stalls, serve metrics and the API"),
     "operator": ("frscope.operator.command", "watch PyTorchJobs, gather from the sidecars, write the diagnosis (kopf)"),
@@ -170,7 +171,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         help="diagnose a folder (or list) of per-rank Flight Recorder dumps",
         description=_EXIT_CODES,
     )
-    analyze_p.add_argument("paths", nargs="+", help="dump files or directories (pickle or JSON, any version)")
+    analyze_p.add_argument("paths", nargs="*", metavar="PATH",
+                           help="dump files or directories (pickle or JSON, any version); at least one (or -d DIR)")
     analyze_p.add_argument(
         "--format", choices=("text", "json", "markdown"), default="text",
         help="of what goes to stdout or -o: the report, --entries or --perf (--html and --trace are their own "
@@ -224,6 +226,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "crashes its process is reported, the others load). 1 = decode in this process: faster for a few "
         "files, not isolated from crafted pickles",
     )
+    add_torchfrtrace_arguments(analyze_p)
     analyze_p.set_defaults(func=cmd_analyze)
 
     demo_p = sub.add_parser(

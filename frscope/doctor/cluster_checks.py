@@ -6,6 +6,7 @@ import base64
 import binascii
 
 from frscope.doctor import certs, versions
+from frscope.doctor.crd_schema import stale_schema
 from frscope.doctor.policies import shuts_out_prometheus
 from frscope.doctor.resources import (
     CHART_SELECTOR,
@@ -113,7 +114,9 @@ OWN_CRDS = ((f"{names.REPORT_PLURAL}.{names.REPORT_GROUP}", names.REPORT_VERSION
 
 
 async def own_crds(client: KubeClient) -> CheckResult:
-    fix = "kubectl apply --server-side -f charts/frscope/crds/ (Helm installs CRDs once and never upgrades them)"
+    fix = ("helm show crds <chart> | kubectl apply --server-side --force-conflicts -f - (Helm installs CRDs "
+           "once and never upgrades them)")
+    stale = []
     for name, version, holds in OWN_CRDS:
         try:
             crd = await client.get(CRDS, None, name)
@@ -125,6 +128,11 @@ async def own_crds(client: KubeClient) -> CheckResult:
         if version not in served or not established:
             return failed("crd", f"CRD {name} serves {sorted(v for v in served if v)} (established: "
                           f"{established}), this frscope needs {version}", fix)
+        why = stale_schema(crd)
+        if why:
+            stale.append(why)
+    if stale:
+        return failed("crd", "; ".join(stale), fix)
     return passed("crd", "CRDs " + ", ".join(name for name, _, _ in OWN_CRDS) + " serve what this frscope writes")
 
 

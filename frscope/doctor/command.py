@@ -15,18 +15,20 @@ from frscope.doctor import cluster_checks, job_checks, operator_reach, ranks_ser
 from frscope.doctor.kubeconfig import KubeconfigError, load
 from frscope.doctor.result import EXIT_UNREACHABLE, CheckResult, exit_code, failed, render_line
 from frscope.operator.kube.api_client import KubeClient
-from frscope.operator.kube.api_errors import KubeError, TransportError
+from frscope.operator.kube.api_errors import Forbidden, KubeError, TransportError, Unauthorized
 from frscope.operator.kube.backoff import Backoff
-from frscope.operator.kube.credentials import StaticToken
 
-DESCRIPTION = ("Check frscope's installation on the cluster of the current kubeconfig context. Exit codes: "
-               "0 every check passed, 1 some check failed, 2 the cluster cannot be reached.")
+DESCRIPTION = ("Check frscope's installation on the cluster of the current kubeconfig context (exec plugins, auth "
+               "providers and merged KUBECONFIG lists as kubectl takes them). Exit codes: 0 every check passed, 1 "
+               "some check failed, 2 the cluster cannot be reached or refuses the credentials.")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("doctor", help="check the cluster's frscope setup: operator, webhook, CRD, opt-in, pods",
                        description=DESCRIPTION)
-    p.add_argument("--kubeconfig", type=Path, default=None, help="default: $KUBECONFIG or ~/.kube/config")
+    p.add_argument("--kubeconfig", type=Path, default=None,
+                   help="a kubeconfig file or a ':'-separated list, merged as kubectl does (default: $KUBECONFIG, "
+                   "else ~/.kube/config; in a pod with neither, its service account)")
     p.add_argument("--context", default=None, help="kubeconfig context (default: the current one)")
     p.add_argument("--namespace", "-n", default=None, help="a training namespace to check opt-in and pods of")
     p.add_argument("--job", default=None, help="a PyTorchJob or TrainJob in --namespace to check")
@@ -60,15 +62,21 @@ def _checks(namespace: str | None, job: str | None) -> list[tuple[str, Check]]:
 
 async def _run(args: argparse.Namespace) -> int:
     access = load(args.kubeconfig, args.context)
+    for warning in access.warnings:
+        print(f"frscope doctor: warning: {warning}", file=sys.stderr)
     connector = aiohttp.TCPConnector(ssl=access.ssl_context)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    async with aiohttp.ClientSession(connector=connector, proxy=access.proxy) as session:
         client = KubeClient(session, access.server, backoff=Backoff(attempts=1), timeout_s=args.timeout,
-                            field_manager="frscope-doctor", auth=StaticToken(access.token))
+                            field_manager="frscope-doctor", auth=access.auth)
         try:
             await client.server_version()
         except TransportError as e:
             print(f"frscope doctor: cannot reach the API server {access.server} (context {access.context}): {e}",
                   file=sys.stderr)
+            return EXIT_UNREACHABLE
+        except (Unauthorized, Forbidden) as e:
+            print(f"frscope doctor: the API server {access.server} refused the credentials of context "
+                  f"{access.context}: {e}", file=sys.stderr)
             return EXIT_UNREACHABLE
         results = []
         for name, check in _checks(args.namespace, args.job):

@@ -12,12 +12,16 @@ from typing import Any
 
 from frscope.operator import names
 
-_OWN_LABELS = (names.INJECT_KEY, "app.kubernetes.io/name")
+# frscope's own peers: opted-in pods (the inject label), and the chart's pods (its name, or the component of
+# its operator and `helm test` pod). Only the label's value tells them from Prometheus' pods, which the
+# chart's default selector names by the same key (app.kubernetes.io/name=prometheus).
+_OWN_COMPONENTS = ("operator", "test")
 
 
 def _own_peer(peer: Mapping[str, Any]) -> bool:
     labels = ((peer.get("podSelector") or {}).get("matchLabels") or {})
-    return any(key in labels for key in _OWN_LABELS)
+    return (names.INJECT_KEY in labels or labels.get("app.kubernetes.io/name") == "frscope"
+            or labels.get("app.kubernetes.io/component") in _OWN_COMPONENTS)
 
 
 def shuts_out_prometheus(policy: Mapping[str, Any]) -> bool:

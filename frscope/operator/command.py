@@ -45,9 +45,13 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:  # t
 
 def cmd_operator(args: argparse.Namespace) -> int:
     import kopf
+    import prometheus_client
 
     from frscope.operator.runner import run_operator
 
+    # No `<counter>_created` series: one more per labelled child that no rule or panel reads (Prometheus keeps
+    # the start time itself), a quarter of a large job's series.
+    prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
     try:
         config = from_args(args)
     except ValueError as exc:
@@ -231,6 +235,8 @@ def injection_from_env(env: Mapping[str, str]) -> InjectionConfig:
         operator_identity=env.get("FRSCOPE_OPERATOR_IDENTITY") or None,
         token_expiration_s=int(env.get("FRSCOPE_TOKEN_EXPIRATION_SECONDS") or 3600),
         log_format=(env.get("FRSCOPE_SIDECAR_LOG_FORMAT") or "text").strip().lower(),
+        run_as_user=int(env.get("FRSCOPE_SIDECAR_RUN_AS_USER") or 65532),
+        run_as_group=int(env.get("FRSCOPE_SIDECAR_RUN_AS_GROUP") or 65532),
         nccl_timing=(env.get("FRSCOPE_NCCL_TIMING") or "true").strip().lower() not in ("0", "false", "no", "off"),
     )
 

@@ -11,8 +11,9 @@ What an opted-in pod gets:
   `--schedule-key=<namespace>/<job name>` when the pod's labels name its job, so every sidecar of
   the job polls on the same wall-clock slots (frscope.sidecar.schedule);
 - an `emptyDir` volume shared by the sidecar and the trainer, mounted at `mount_path`;
-- in the trainer container(s): `TORCH_FR_BUFFER_SIZE` (and the old name), the on-timeout dump prefix
-  `TORCH_FR_DUMP_TEMP_FILE` in the shared volume (and the old name), `FRSCOPE_SOCKET_DIR` and
+- in the trainer container(s): `TORCH_FR_BUFFER_SIZE`, the on-timeout dump prefix `TORCH_FR_DUMP_TEMP_FILE`
+  in the shared volume and `TORCH_FR_DUMP_ON_TIMEOUT=1`, each with its old `TORCH_NCCL_*` name (a pod that
+  sets either name of one keeps its value: RECORDER_SETTINGS), `FRSCOPE_SOCKET_DIR` and
   `PYTHONPATH` for the sidecar's sitecustomize bootstrap (which starts torch's worker server per
   rank; the image's own PYTHONPATH, which the container env replaces, is appended from the
   annotation `frscope.io/pythonpath`), `terminationMessagePolicy: FallbackToLogsOnError` (so the
@@ -25,6 +26,8 @@ What an opted-in pod gets:
 - with TLS (`certificate_url`): `--certificate-url`, so the sidecar serves HTTPS with a certificate the
   operator issues for this pod, and HTTPS probes;
 - `TORCH_NCCL_ENABLE_TIMING=1` in the trainer unless turned off (`nccl_timing`);
+- the sidecar's own restricted security context (non-root `run_as_user`/`run_as_group`, no privilege
+  escalation, no capabilities, RuntimeDefault seccomp), whatever the pod's own says;
 - the annotation `frscope.io/injected` (informational: a pod can set it itself; a second pass is a
   no-op because the `frscope` container is there, and the operator trusts a sidecar only when it is as
   injected, `sidecar_as_injected`).
@@ -84,6 +87,11 @@ class InjectionConfig:
     operator_identity: str | None = None
     token_expiration_s: int = 3600
     token_mount: str = "/var/run/secrets/frscope"
+    # The sidecar's own user and group (the image's 65532), set on the container whatever the pod says: a pod
+    # running as root (runAsNonRoot false) would otherwise hand the sidecar root, and a pod-level runAsUser
+    # of 0 next to the sidecar's runAsNonRoot would keep the pod in Init.
+    run_as_user: int = 65532
+    run_as_group: int = 65532
 
     @property
     def dump_dir(self) -> str:
@@ -234,10 +242,15 @@ def sidecar_container(cfg: InjectionConfig, key: str | None = None) -> dict[str,
         "volumeMounts": [{"name": names.SIDECAR_VOLUME, "mountPath": cfg.mount_path}],
         "readinessProbe": {"httpGet": {"path": "/readyz", "port": names.SIDECAR_PORT_NAME, **https},
                            "periodSeconds": 10},
+        # The restricted Pod Security profile on the container itself, so that no pod-level setting (root, a
+        # privileged profile, another user) reaches the sidecar. It reads the trainer's sockets (0666) and
+        # dumps in the shared emptyDir (world-writable; its dump dir 1777) as this user.
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
             "runAsNonRoot": True,
+            "runAsUser": cfg.run_as_user,
+            "runAsGroup": cfg.run_as_group,
             "capabilities": {"drop": ["ALL"]},
             "seccompProfile": {"type": "RuntimeDefault"},
         },
@@ -272,17 +285,30 @@ def token_volume(cfg: InjectionConfig) -> dict[str, Any]:
     ]}}
 
 
+# The recorder's settings under torch's names: the TORCH_FR_* name first, then its old TORCH_NCCL_* alias
+# (torch >= 2.9 reads both and the first one set wins; older torch knows only the alias). A pod that sets
+# any name of a setting keeps its own value: injecting the other name would override it (TORCH_FR_* wins).
+RECORDER_SETTINGS: tuple[tuple[str, ...], ...] = (
+    ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"),
+    ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"),
+    ("TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOUT"),
+)
+
+
 def trainer_env(cfg: InjectionConfig) -> list[dict[str, Any]]:
     prefix = f"{cfg.dump_dir}/nccl_trace_rank_"
+    values = (str(cfg.buffer_size), prefix, "1")
     return [
-        {"name": "TORCH_FR_BUFFER_SIZE", "value": str(cfg.buffer_size)},
-        {"name": "TORCH_NCCL_TRACE_BUFFER_SIZE", "value": str(cfg.buffer_size)},
-        {"name": "TORCH_FR_DUMP_TEMP_FILE", "value": prefix},
-        {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": prefix},
-        {"name": "TORCH_NCCL_DUMP_ON_TIMEOUT", "value": "1"},
+        *({"name": name, "value": value} for names_, value in zip(RECORDER_SETTINGS, values, strict=True)
+          for name in names_),
         {"name": "FRSCOPE_SOCKET_DIR", "value": cfg.mount_path},
         *([{"name": "TORCH_NCCL_ENABLE_TIMING", "value": "1"}] if cfg.nccl_timing else []),
     ]
+
+
+def _set_by_the_pod(present: set[Any]) -> set[str]:
+    """The recorder names not to inject: every name of a setting the pod sets under any of its names."""
+    return {name for aliases in RECORDER_SETTINGS if present & set(aliases) for name in aliases}
 
 
 def _trainers(containers: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -293,8 +319,9 @@ def _trainers(containers: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _add_env(container: dict[str, Any], cfg: InjectionConfig, image_pythonpath: str) -> None:
     env = container.setdefault("env", [])
     present = {e.get("name") for e in env if isinstance(e, dict)}
+    skip = present | _set_by_the_pod(present)
     for var in trainer_env(cfg):
-        if var["name"] not in present:
+        if var["name"] not in skip:
             env.append(var)
     # PYTHONPATH: put the bootstrap first, keep whatever the pod sets (not an image's ENV: see docs).
     for var in env:

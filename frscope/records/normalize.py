@@ -15,6 +15,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from frscope import wire
 from frscope.records.columns import EntryTable
 from frscope.records.errors import DumpError, MalformedDump
 from frscope.records.fastcols import table_from_entries
@@ -22,6 +23,7 @@ from frscope.records.fields import parse_profiling_name
 from frscope.records.limits import MAX_RANK, describe, finite_float, text, valid_rank
 from frscope.records.model import CAPTURED_SNAPSHOT, Entry, LazyFrames, PgConfig, PgStatus, RankDump, entries_from_rows
 from frscope.records.rowwise import int_or, name_text, normalize_entries, normalize_rows, opt_int
+from frscope.records.timings import apply_timings
 from frscope.wire import unwrap_snapshot
 
 # Versions whose fields this reader knows. Newer ones are read with a warning.
@@ -196,6 +198,12 @@ def _normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFr
         )
     elif parsed < OLDEST_VERSION:
         warnings.append(f"format version {version} predates 2.0; fields may be missing")
+
+    timings = meta.get(wire.TIMINGS_PIECE_KEY)
+    if timings is not None and prebuilt is None:  # the rank's own times, beside the recorder
+        problem = apply_timings(trace, timings)
+        if problem:
+            warnings.append(problem)
 
     raw_entries = trace.get("entries") if prebuilt is None else []
     if raw_entries is None:

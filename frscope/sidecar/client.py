@@ -17,6 +17,8 @@ from typing import Any
 
 import aiohttp
 
+from frscope.wire import TIMINGS_MAX_BYTES
+
 # The cheap progress probes, tried in this order. `frscope_progress` is registered by the bootstrap
 # (sitecustomize) and answers the pg_status of torch's recorders without their entries
 # (`_dump_fr_trace_json(includeCollectives=False)`, gloo's and every non-NCCL recorder, and the NCCL
@@ -155,6 +157,11 @@ class WorkerClient:
     async def fr_trace_json(self) -> tuple[bytes, bytes, int]:
         """The live recorder: (zlib of the JSON, its digest, its length)."""
         return await self.call_compressed("fr_trace_json")
+
+    async def timings(self) -> bytes:
+        """The rank's own collective times (the bootstrap's `frscope_timings`, frscope.wire.timings);
+        WorkerError("http") where the rank has no such handler (no bootstrap, or an older one)."""
+        return await self.call("frscope_timings", max_bytes=min(self.max_bytes, TIMINGS_MAX_BYTES))
 
     async def dump_traceback(self, timeout_s: float, max_bytes: int) -> str:
         """Every Python thread's stack; cut (with a note) rather than refused when over `max_bytes`."""

@@ -94,7 +94,8 @@ class SidecarMetrics:
             "frscope_collective_wait_seconds",
             "Seconds the rank spent inside collectives, waiting for its peers and then transferring: the "
             "recorded durations of completed collectives where its recorder has them (NCCL with "
-            "TORCH_NCCL_ENABLE_TIMING=1), else sampled at every poll (a collective in flight counts the time "
+            "TORCH_NCCL_ENABLE_TIMING=1) or the rank dates them (the bootstrap's frscope_timings), else "
+            "sampled at every poll (a collective in flight counts the time "
             "since the rank's previous poll). The rank that arrives late waits least: the job's highest rate "
             "minus a rank's rate is how long the others wait for it (docs/sidecar.md)",
             ["rank"], registry=registry,

@@ -206,6 +206,7 @@ class Poller:
             if state.probe is None or not state.up:
                 state.probe = await self._find_probe(state)
                 state.probe_fp = state.full_fp = None
+                state.dates = None  # a new process may have the timings handler, or not
             if state.probe[0]:
                 async with self._fetch_slots:
                     fp, inflight = await state.client.probe(*state.probe)
@@ -310,11 +311,12 @@ class Poller:
         try:
             async with self._fetch_slots:
                 raw_z, raw_hash, _size = await state.client.fr_trace_json()
+            timings_raw = await self._fetch_timings(state)
             # What the bootstrap wrote, at every full fetch: torchrun restarts a worker in place (same
             # socket name, new process and restart count) faster than a rank is seen down.
             state.meta = await asyncio.to_thread(read_meta, self.config.socket_dir, state.rank)
             async with self._parse_slot:
-                got = await asyncio.to_thread(digest, raw_z, raw_hash, state.rank, source, state)
+                got = await asyncio.to_thread(digest, raw_z, raw_hash, state.rank, source, state, timings_raw)
         except WorkerError as exc:
             return [], self._mark_down(state, exc, now_ns)
         self.metrics.recorder_fetches.labels(cause=cause).inc()
@@ -328,6 +330,9 @@ class Poller:
             state.raw_z = got.raw_z
             state.raw_hash = got.raw_hash
         state.count_watermark, state.duration_watermark = got.count_watermark, got.duration_watermark
+        state.timings_json = got.timings_json
+        if got.timings_problem:
+            log.warning("rank %d: %s", state.rank, got.timings_problem)
         for pg, op in got.new_ops:
             self.metrics.collectives.labels(rank=rank_label, pg=pg, op=op).inc()
         for op, seconds in got.durations:
@@ -348,6 +353,27 @@ class Poller:
             return self.tracker.update(state.rank, samples, now_ns, state.probe_before_ns,
                                        changed_by_ns=state.probe_first_ns), False
         return self.tracker.update(state.rank, samples, now_ns, previous_round), False
+
+    async def _fetch_timings(self, state: RankState) -> bytes | None:
+        """The rank's own collective times (the bootstrap's frscope_timings), right after its recorder;
+        None where it dates none (asked once per process) or did not answer this time."""
+        if state.dates is False:
+            return None
+        try:
+            async with self._fetch_slots:
+                raw = await state.client.timings()
+        except WorkerError as exc:
+            if exc.reason == "http":
+                state.dates = False
+                log.info("rank %d: no frscope_timings handler (no bootstrap, or an older one): durations only "
+                         "where its recorder dates them", state.rank)
+            elif exc.reason in ("oversized", "timeout", "protocol"):
+                log.warning("rank %d: frscope_timings: %s", state.rank, exc.message)
+            return None
+        if state.dates is None:
+            state.dates = True
+            log.info("rank %d: dates its own collectives (frscope_timings)", state.rank)
+        return raw
 
     def _mark_down(self, state: RankState, exc: WorkerError, now_ns: int) -> bool:
         """Record a failed poll; True when the rank was up until now."""

@@ -54,6 +54,11 @@ class RankState:
     probe_before_ns: int | None = None  # the probe before that one (a change happened after it)
     full_fp: Fingerprint | None = None  # probe_fp when the kept full recorder was fetched
     polls_since_full: int = 0
+    # The rank's own collective times (the bootstrap's frscope_timings, frscope.wire.timings) as the
+    # piece's `timings` JSON, of the same full fetch as raw_z; None: the rank dates none. `dates`:
+    # whether the rank answers frscope_timings (None: not asked since it (re)appeared).
+    timings_json: bytes | None = None
+    dates: bool | None = None
 
 
 def scan_sockets(socket_dir: Path) -> dict[int, Path] | None:

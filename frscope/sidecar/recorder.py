@@ -13,8 +13,10 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+from frscope import wire
 from frscope.analysis import op_label
 from frscope.records import DumpError, normalize_dump
+from frscope.records.timings import apply_rows
 from frscope.sidecar.client import WorkerError
 from frscope.sidecar.progress import GroupSample, sample_groups
 from frscope.sidecar.ranks import RankState
@@ -32,7 +34,9 @@ class Digest:
     count_watermark: int
     duration_watermark: int
     info: dict[str, str]
-    timed: bool  # the recorder dates collectives' durations (NCCL with timing)
+    timed: bool  # the recorder dates collectives' durations (NCCL with timing, or the rank's own times)
+    timings_json: bytes | None = None  # the rank's own times as a piece's `timings` (frscope.wire.timings)
+    timings_problem: str | None = None  # why the rank's answer to frscope_timings was not used
 
 
 _DECODER = json.JSONDecoder()
@@ -97,16 +101,35 @@ def loads_in_pieces(raw: bytes) -> Any:
     return out
 
 
-def digest(raw_z: bytes, raw_hash: bytes, rank: int, source: str, previous: RankState) -> Digest:
-    """Parse and normalize one fr_trace_json answer, given compressed (worker thread). Raises WorkerError."""
+def read_timings(raw: bytes | None) -> tuple[wire.Timings | None, bytes | None, str | None]:
+    """A rank's frscope_timings answer -> (its rows, the piece's `timings` JSON, why it is unusable)."""
+    if raw is None:
+        return None, None, None
+    try:
+        timings = wire.loads_timings(raw)
+    except wire.WireError as exc:
+        return None, None, str(exc)
+    doc = json.dumps(wire.timings_document(timings), separators=(",", ":")).encode()
+    problem = f"frscope_timings: {timings.rejected} malformed row(s) left out" if timings.rejected else None
+    return timings, doc, problem
+
+
+def digest(raw_z: bytes, raw_hash: bytes, rank: int, source: str, previous: RankState,
+           timings_raw: bytes | None = None) -> Digest:
+    """Parse and normalize one fr_trace_json answer, given compressed, with the rank's own collective
+    times where it dates them (`timings_raw`, its frscope_timings answer) put on the entries they
+    belong to (worker thread). Raises WorkerError."""
+    timings, timings_json, problem = read_timings(timings_raw)
     if raw_hash == previous.raw_hash:
         return Digest(raw_hash, None, None, [], [], previous.count_watermark, previous.duration_watermark,
-                      previous.info, previous.timed)
+                      previous.info, previous.timed, timings_json, problem)
     raw = zlib.decompress(raw_z)
     try:
         obj = loads_in_pieces(raw) if raw.lstrip()[:1] == b"{" else json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise WorkerError("decode", f"{source}: fr_trace_json: not JSON: {exc}") from exc
+    if timings is not None and isinstance(obj, dict):
+        apply_rows(obj, timings)
     try:
         dump = normalize_dump(obj, source, rank)
     except DumpError as exc:
@@ -142,4 +165,5 @@ def digest(raw_z: bytes, raw_hash: bytes, rank: int, source: str, previous: Rank
         "comm_lib_version": dump.comm_lib_version or "unknown",
         "torch_version": str(previous.meta.get("torch_version") or "unknown"),
     }
-    return Digest(raw_hash, raw_z, samples, new_ops, durations, max(count_wm, top), duration_wm, info, timed)
+    return Digest(raw_hash, raw_z, samples, new_ops, durations, max(count_wm, top), duration_wm, info, timed,
+                  timings_json, problem)

@@ -34,7 +34,7 @@ def live_piece(state: RankState) -> bytes | None:
         return None
     stacks = state.stacks if state.stacks_for_ns == state.raw_ns else None
     piece = wire.snapshot_piece_bytes(state.rank, state.raw_ns, f"socket:{state.socket_path}", stacks,
-                                      zlib.decompress(state.raw_z))
+                                      zlib.decompress(state.raw_z), state.timings_json)
     return zlib.compress(piece, 1)
 
 

@@ -98,8 +98,9 @@ def _free_port() -> int:
 
 @contextmanager
 def start_rhythm_job(world: int, ranks_per_pod: int, job_args: list[str], *, lifetime_s: float = 900.0,
-                     python: str | None = None) -> Iterator[RhythmJob]:
-    """`world` ranks, `ranks_per_pod` to a pod (socket dir), running rhythm_job.py with `job_args`."""
+                     python: str | None = None, env_extra: dict[str, str] | None = None) -> Iterator[RhythmJob]:
+    """`world` ranks, `ranks_per_pod` to a pod (socket dir), running rhythm_job.py with `job_args`
+    (and `env_extra` in every rank's environment)."""
     base = tempfile.gettempdir() if len(tempfile.gettempdir()) < 60 else "/tmp"
     work_dir = Path(tempfile.mkdtemp(prefix="frscope-rhythm-", dir=base))
     out = work_dir / "out"
@@ -117,6 +118,7 @@ def start_rhythm_job(world: int, ranks_per_pod: int, job_args: list[str], *, lif
         "TORCH_FR_BUFFER_SIZE": "2000",
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
+        **(env_extra or {}),
     }
     procs: dict[int, subprocess.Popen[bytes]] = {}
     files: list[IO[bytes]] = []

@@ -9,6 +9,8 @@ Three documents travel between frscope's parts:
 - the **snapshot envelope** (`snapshot`, ``frscope.sidecar.snapshot/v1``): a pod's pieces plus
   per-rank errors, served at ``/v1/snapshot``, pushed to the operator's ``/v1/push`` and kept on disk
   by the sidecar;
+- a rank's **own collective times** (`timings`): the bootstrap's `frscope_timings` answer, carried in
+  a snapshot piece's ``timings`` field beside the recorder;
 - the **status document** (`status`, ``frscope.sidecar.status/v1``): per rank and group progress and
   recent arrivals, ``/v1/status``.
 
@@ -70,13 +72,26 @@ from frscope.wire.status import (
     parse_status,
     status_arrivals_each,
 )
+from frscope.wire.timings import (
+    TIMINGS_KEY,
+    TIMINGS_MAX_BYTES,
+    TIMINGS_PIECE_KEY,
+    TimingRow,
+    Timings,
+    loads_timings,
+    parse_timings,
+    timings_document,
+    window_timings,
+)
 
 __all__ = [
     "CERTIFICATE_PATH", "DumpDirDoc", "DumpFileDoc", "ENTRIES_DROPPED_KEY", "EvidenceDoc", "GroupStall",
     "GroupStatusDoc", "LatenessDoc", "RankLate", "RankStatusDoc", "RankUp", "SIDECAR_AUDIENCE",
     "SIDECAR_TLS_SUFFIX", "SNAPSHOT_FORMAT", "SNAPSHOT_KEY", "SNAPSHOT_PIECE_KEYS", "SNAPSHOT_SCHEMA",
     "SNAPSHOT_WINDOW_MAX", "SNAPSHOT_WINDOW_MIN", "STATUS_ARRIVALS", "STATUS_ARRIVALS_TOTAL", "STATUS_MAX_BYTES",
-    "STATUS_SCHEMA", "SidecarSnapshot", "SidecarStatus", "SnapshotError", "StatusDoc", "UnrecordedWaitDoc", "WireError",
+    "STATUS_SCHEMA", "TIMINGS_KEY", "TIMINGS_MAX_BYTES", "TIMINGS_PIECE_KEY", "TimingRow", "Timings",
+    "loads_timings", "parse_timings", "timings_document", "window_timings", "SidecarSnapshot", "SidecarStatus",
+    "SnapshotError", "StatusDoc", "UnrecordedWaitDoc", "WireError",
     "entries_dropped", "is_snapshot_envelope", "is_snapshot_piece", "loads_status", "parse_snapshot",
     "parse_status", "parse_window", "sidecar_audience", "sidecar_tls_name", "snapshot_envelope_bytes",
     "snapshot_head", "snapshot_piece", "snapshot_piece_bytes", "status_arrivals_each", "unwrap_snapshot",

@@ -17,6 +17,7 @@ from frscope.wire.common import (
     WireError,
     read_int,
 )
+from frscope.wire.timings import TIMINGS_PIECE_KEY, window_timings
 
 # -- the snapshot piece (one rank) -------------------------------------------------------------------
 
@@ -34,12 +35,14 @@ def snapshot_piece(rank: int, captured_at_ns: int, source: str, stacks: str | No
 
 
 def snapshot_piece_bytes(rank: int, captured_at_ns: int, source: str, stacks: str | None,
-                         trace_json: bytes) -> bytes:
+                         trace_json: bytes, timings_json: bytes | None = None) -> bytes:
     """The same piece as JSON bytes, `trace_json` spliced in as is (never decoded again: the sidecar
-    keeps recorders as the bytes torch answered)."""
+    keeps recorders as the bytes torch answered). `timings_json`: the rank's own collective times
+    (`frscope.wire.timings`), the piece's `timings` field, where the rank dates them."""
     head = snapshot_piece(rank, captured_at_ns, source, stacks, None)
     del head["trace"]
-    return json.dumps(head)[:-1].encode() + b', "trace": ' + trace_json + b"}"
+    timings = b', "' + TIMINGS_PIECE_KEY.encode() + b'": ' + timings_json if timings_json else b""
+    return json.dumps(head)[:-1].encode() + timings + b', "trace": ' + trace_json + b"}"
 
 
 def is_snapshot_piece(raw: Any) -> bool:
@@ -89,6 +92,7 @@ def window_piece(piece: dict[str, Any], last: int) -> bool:
         return False
     trace["entries"] = entries[-last:]
     piece[ENTRIES_DROPPED_KEY] = entries_dropped(piece) + len(entries) - last
+    window_timings(piece, last)
     return True
 
 

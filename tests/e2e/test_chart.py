@@ -224,7 +224,8 @@ def test_chart_generated_certificate_is_signed_by_the_ca_bundle_for_the_service(
 
 def test_cert_manager_replaces_the_generated_certificate(rendered: dict[str, list[dict[str, Any]]]) -> None:
     objs = rendered["all-on"]
-    assert "Secret" not in _kinds(objs)
+    # No generated key pair (only the metrics reader's token Secret, which the token controller fills).
+    assert [o["type"] for o in of_kind(objs, "Secret")] == ["kubernetes.io/service-account-token"]
     cert = one(objs, "Certificate", "frs-frscope-webhook")
     assert cert["spec"]["secretName"] == "frs-frscope-webhook-tls"
     assert "frs-frscope.frscope-system.svc" in cert["spec"]["dnsNames"]
@@ -320,7 +321,7 @@ def test_monitoring_objects_only_when_enabled(rendered: dict[str, list[dict[str,
 
 
 def test_monitoring_objects_carry_extra_labels_and_scrape_the_right_ports(
-    rendered: dict[str, list[dict[str, Any]]],
+    rendered: dict[str, list[dict[str, Any]]], helm: Helm,
 ) -> None:
     objs = rendered["all-on"]
     for kind in MONITORING_KINDS:
@@ -337,19 +338,53 @@ def test_monitoring_objects_carry_extra_labels_and_scrape_the_right_ports(
     assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
     assert [e["port"] for e in sm["spec"]["endpoints"]] == ["http"]
     assert sm["spec"]["endpoints"][0]["honorLabels"] is True  # the per-job diagnosis gauge keeps the job's namespace
-    # /metrics wants a token allowed `get /metrics` (auth.metrics): Prometheus sends its own.
-    assert sm["spec"]["endpoints"][0]["bearerTokenFile"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    # /metrics wants a token allowed `get /metrics` (auth.metrics): `authorization` from a Secret (the deprecated
+    # bearerTokenFile is refused by OpenShift's user-workload monitoring), the token of the chart's reader.
+    endpoint_sm = sm["spec"]["endpoints"][0]
+    assert "bearerTokenFile" not in endpoint_sm
+    assert endpoint_sm["authorization"] == {"type": "Bearer",
+                                            "credentials": {"name": "frs-frscope-metrics-reader", "key": "token"}}
+    secret = one(objs, "Secret", "frs-frscope-metrics-reader")
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    assert secret["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "frs-frscope-metrics-reader"}
+    reader = one(objs, "ClusterRole", "frs-frscope-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    # Series hygiene: `_created` dropped, sampleLimit on the sidecars, extra relabelings appended.
+    drop_created = {"sourceLabels": ["__name__"], "regex": ".+_created", "action": "drop"}
+    assert endpoint_sm["metricRelabelings"][0] == drop_created
+    assert endpoint["metricRelabelings"][0] == drop_created
+    assert pm["spec"]["sampleLimit"] == 10000 and "sampleLimit" not in sm["spec"]
+    own = objects(helm, sets=["podMonitor.enabled=true", "podMonitor.sampleLimit=0", "serviceMonitor.enabled=true",
+                        "serviceMonitor.sampleLimit=5000", "serviceMonitor.tokenSecret.name=prom-token",
+                        "podMonitor.metricRelabelings[0].action=labeldrop",
+                        "podMonitor.metricRelabelings[0].regex=replica_type"])
+    own_pm, own_sm = one(own, "PodMonitor"), one(own, "ServiceMonitor")
+    assert "sampleLimit" not in own_pm["spec"] and own_sm["spec"]["sampleLimit"] == 5000
+    assert own_pm["spec"]["podMetricsEndpoints"][0]["metricRelabelings"] == [
+        drop_created, {"action": "labeldrop", "regex": "replica_type"}]
+    assert own_sm["spec"]["endpoints"][0]["authorization"]["credentials"] == {"name": "prom-token", "key": "token"}
+    assert not [o for o in own if o["metadata"]["name"].endswith("-metrics-reader")]  # the user's Secret instead
     alerts = {r["alert"]: r for g in one(objs, "PrometheusRule")["spec"]["groups"] for r in g["rules"]}
-    assert set(alerts) == {"FrscopeCollectiveStalled", "FrscopeDiagnosisMade", "FrscopeSidecarDown"}
+    assert set(alerts) == {"FrscopeOperatorDown", "FrscopePublishErrors", "FrscopeCollectiveStalled",
+                           "FrscopeDiagnosisMade", "FrscopeSidecarDown"}
     for alert in alerts.values():
         assert alert["labels"]["team"] == "ml-infra"
         assert alert["labels"]["severity"]
-        assert "{{ $labels." in alert["annotations"]["summary"]
+        # The operator's own alert names the release; the others the job, pod or step from the series.
+        assert ("{{ $labels." in alert["annotations"]["summary"]) is (alert["alert"] != "FrscopeOperatorDown")
         # Every alert links to its own section of docs/runbooks.md, and that section exists.
         url = alert["annotations"]["runbook_url"]
         assert url == f"https://github.com/frscope/frscope/blob/main/docs/runbooks.md#{alert['alert'].lower()}"
         assert f"\n## {alert['alert']}\n" in RUNBOOKS.read_text()
     assert 'job="frscope-system/frs-frscope-sidecars"' in alerts["FrscopeSidecarDown"]["expr"]
+    assert alerts["FrscopeOperatorDown"]["expr"] == 'absent(up{job="frs-frscope"} == 1)'
+    # One diagnosis alert per job, routed by the job's namespace; the promtool tests fire each alert
+    # (test_chart_rules.py).
+    assert "by (namespace, training_job, category)" in alerts["FrscopeDiagnosisMade"]["expr"]
+    # Without the ServiceMonitor nothing scrapes the operator: no FrscopeOperatorDown (it would always fire).
+    no_sm = objects(helm, sets=["prometheusRule.enabled=true"])
+    assert "FrscopeOperatorDown" not in {r["alert"] for g in one(no_sm, "PrometheusRule")["spec"]["groups"]
+                                         for r in g["rules"]}
     namespaced_pm = one(rendered["namespaced"], "PodMonitor")
     assert namespaced_pm["spec"]["namespaceSelector"] == {"matchNames": ["team-a", "team-b"]}
 
@@ -363,7 +398,7 @@ def test_rendered_alert_rules_pass_promtool(rendered: dict[str, list[dict[str, A
     proc = subprocess.run([promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=60,
                           check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "SUCCESS: 3 rules found" in proc.stdout + proc.stderr
+    assert "SUCCESS: 5 rules found" in proc.stdout + proc.stderr
 
 
 def test_dashboard_configmap_loads_the_json_file_with_settable_label(
@@ -379,22 +414,75 @@ def test_dashboard_configmap_loads_the_json_file_with_settable_label(
     assert custom["metadata"]["annotations"] == {"grafana_folder": "ML"}
 
 
-def test_network_policy_limits_only_the_sidecar_port(rendered: dict[str, list[dict[str, Any]]]) -> None:
+def test_network_policy_opens_only_the_sidecar_port_to_the_operator_and_prometheus(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
     policies = [p for p in of_kind(rendered["all-on"], "NetworkPolicy") if p["metadata"]["name"].endswith("-sidecar")]
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["team-a", "team-b"]
     policy = policies[0]["spec"]
     assert policy["podSelector"] == {"matchLabels": {"frscope.io/inject": "true"}}
-    sidecar_rule, rest = policy["ingress"]
+    assert policy["policyTypes"] == ["Ingress"]
+    # One rule, with peers: no port but the sidecar's, no peer but the operator and Prometheus. (The old
+    # second rule without `from` opened every other port of the training pods to the whole cluster in a
+    # namespace that denies by default.)
+    [sidecar_rule] = policy["ingress"]
     assert sidecar_rule["ports"] == [{"protocol": "TCP", "port": 9402}]
     peers = sidecar_rule["from"]
+    assert len(peers) == 2
     assert peers[0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "frscope-system"}}
     assert peers[0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
-    assert peers[1]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
-    assert "from" not in rest  # every other port: open to all
-    tcp = sorted((p["port"], p["endPort"]) for p in rest["ports"] if p["protocol"] == "TCP")
-    assert tcp == [(1, 9401), (9403, 65535)]
-    # Namespaces default to watchNamespaces (and the operator's own policy comes with them).
-    assert len(of_kind(rendered["namespaced"], "NetworkPolicy")) == 3
+    assert peers[1] == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    # Watching namespaces does not ask for a policy in them (it would isolate the training pods of a namespace
+    # without policies): only networkPolicy.namespaces does; the operator's own policy stays.
+    assert [p["metadata"]["name"] for p in of_kind(rendered["namespaced"], "NetworkPolicy")] == ["frs-frscope-operator"]
+    assert [p["metadata"]["name"] for p in of_kind(rendered["defaults"], "NetworkPolicy")] == ["frs-frscope-operator"]
+
+
+@pytest.mark.parametrize("sets", [
+    ["serviceMonitor.enabled=true"],
+    ["podMonitor.enabled=true", "networkPolicy.namespaces={team-a}"],
+    ["podMonitor.enabled=true", "networkPolicy.sidecars.addToNamespacesWithPolicies=true"],
+])
+def test_monitoring_with_no_prometheus_peer_fails_loudly(helm: Helm, sets: list[str]) -> None:
+    """With the Prometheus selectors emptied, the chart's policies would time every scrape out: install fails,
+    saying which values to set."""
+    empty = ["networkPolicy.prometheus.namespaceSelector=null", "networkPolicy.prometheus.podSelector=null"]
+    proc = helm.run("template", "frs", str(CHART), "--namespace", "frscope-system",
+                    *[a for s in [*sets, *empty] for a in ("--set", s)], check=False)
+    assert proc.returncode != 0
+    assert "networkPolicy.prometheus is empty" in proc.stderr and "namespaceSelector" in proc.stderr, proc.stderr
+    # The same monitoring with the default selectors, or a sidecar policy nobody asked for: fine.
+    helm.run("template", "frs", str(CHART), *[a for s in sets for a in ("--set", s)])
+    helm.run("template", "frs", str(CHART), "--set", "podMonitor.enabled=true", *[a for s in empty
+                                                                                  for a in ("--set", s)])
+
+
+def test_user_roles_aggregate_reading_the_reports(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    """A namespace viewer can `kubectl get flightrecorderreports`: Kubernetes' view/edit/admin roles aggregate
+    these (installed: test_chart_install.py). Nothing about the cluster-scoped node ledger."""
+    view = one(rendered["defaults"], "ClusterRole", "frs-frscope-view")
+    edit = one(rendered["defaults"], "ClusterRole", "frs-frscope-edit")
+    labels = "rbac.authorization.k8s.io/aggregate-to-"
+    assert {k for k, v in view["metadata"]["labels"].items() if k.startswith(labels) and v == "true"} == {
+        f"{labels}view", f"{labels}edit", f"{labels}admin"}
+    assert {k for k, v in edit["metadata"]["labels"].items() if k.startswith(labels) and v == "true"} == {
+        f"{labels}edit", f"{labels}admin"}
+    assert view["rules"] == [{"apiGroups": ["frscope.io"], "resources": ["flightrecorderreports"],
+                              "verbs": ["get", "list", "watch"]}]
+    assert edit["rules"] == [{"apiGroups": ["frscope.io"], "resources": ["flightrecorderreports"],
+                              "verbs": ["delete", "deletecollection"]}]
+
+
+def test_pod_disruption_budget_only_with_more_than_one_replica(
+    rendered: dict[str, list[dict[str, Any]]], helm: Helm,
+) -> None:
+    pdb = one(rendered["all-on"], "PodDisruptionBudget")  # peering, 2 replicas
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"] == one(rendered["all-on"], "Deployment")["spec"]["selector"]
+    assert not of_kind(rendered["defaults"], "PodDisruptionBudget")  # one replica: a budget would block drains
+    # replicas without peering are ignored (one replica), and so is the budget.
+    assert not of_kind(objects(helm, sets=["operator.replicas=3"]), "PodDisruptionBudget")
 
 
 def test_network_policy_of_the_operator_is_on_by_default(rendered: dict[str, list[dict[str, Any]]]) -> None:
@@ -408,7 +496,10 @@ def test_network_policy_of_the_operator_is_on_by_default(rendered: dict[str, lis
     opted_in = {"matchLabels": {"frscope.io/inject": "true"}}
     test_pod = {"matchLabels": {"app.kubernetes.io/name": "frscope", "app.kubernetes.io/instance": "frs",
                                 "app.kubernetes.io/component": "test"}}
-    assert http_rule["from"] == [{"namespaceSelector": {}, "podSelector": opted_in}, {"podSelector": test_pod}]
+    prometheus = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                  "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    assert http_rule["from"] == [{"namespaceSelector": {}, "podSelector": opted_in}, prometheus,
+                                 {"podSelector": test_pod}]
     assert webhook_rule == {"ports": [{"protocol": "TCP", "port": 9443}]}
     named = [p for p in of_kind(rendered["all-on"], "NetworkPolicy") if p["metadata"]["name"].endswith("-operator")]
     peers = named[0]["spec"]["ingress"][0]["from"]
@@ -448,6 +539,9 @@ def test_images_tags_digests_and_sidecar_settings(rendered: dict[str, list[dict[
     # One straggler threshold for the sidecars (their pod's ranks) and the operator (the pods).
     assert default_env["FRSCOPE_SIDECAR_STRAGGLER_MIN_SHARE"] == "0.1"
     assert "--straggler-min-share=0.1" in default_container["args"]
+    # The injected sidecar's own non-root user and group, whatever the pod says (issue 34).
+    assert (default_env["FRSCOPE_SIDECAR_RUN_AS_USER"], default_env["FRSCOPE_SIDECAR_RUN_AS_GROUP"]) == (
+        "65532", "65532")
 
 
 # --- the values schema -------------------------------------------------------------------------------
@@ -463,6 +557,8 @@ BAD_VALUES = [
     (["podMonitor.interval=fast"], r"podMonitor.interval.*does not match pattern"),
     (["operator.watchNamespaces[0]=Team_A"], r"operator.watchNamespaces.*does not match pattern"),
     (["webhook.injectLabel.value=not a label"], r"webhook.injectLabel.value.*does not match pattern"),
+    (["sidecar.runAsUser=0"], r"sidecar.runAsUser.*minimum"),  # never root
+    (["podMonitor.sampleLimit=-1"], r"podMonitor.sampleLimit.*minimum"),
 ]
 
 

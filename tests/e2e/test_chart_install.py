@@ -209,6 +209,49 @@ def test_notes_say_how_to_opt_in_and_where_to_look(installed: Install) -> None:
     assert "kubectl get flightrecorderreports -n <namespace>" in notes
     assert f"{installed.release}-frscope-dashboard, labelled grafana_dashboard=\"1\"" in notes
     assert "podMonitor.enabled=true" in notes  # how to turn metrics on
+    # Every job kind, and the opt-in rule as the webhook applies it: with namespaceOptIn (the default) the
+    # job pods of a labelled namespace are injected without a label of their own.
+    assert "The operator watches PyTorchJobs, TrainJobs, JobSets in all namespaces" in notes
+    assert "spec.pytorchReplicaSpecs.<Master|Worker>.template.metadata.labels:" in notes
+    assert "spec.runtimePatches[].trainingRuntimeSpec.template.spec.replicatedJobs[].template.spec.template" in notes
+    assert "spec.replicatedJobs[].template.spec.template.metadata.labels:" in notes
+    assert "belong to a PyTorchJob, TrainJob, JobSet in a namespace labelled frscope.io/inject=true" in notes
+    assert "kubectl label namespace <namespace> frscope.io/inject=true" in notes
+    assert 'labelled or not, unless it carries\n     frscope.io/inject: "false"' in notes  # the pod's opt-out
+    assert "never touched" in notes and "kube-system" in notes
+    assert "unlabeled pods are never touched" not in notes.lower()
+    assert "anyone who may view the namespace may list them" in notes
+    assert "No policy is written into training namespaces" in notes
+
+
+def test_a_namespace_viewer_lists_the_reports(kube: ControlPlane, installed: Install) -> None:
+    """README's `kubectl get flightrecorderreports` for the people who run the jobs: Kubernetes' view role
+    (bound in their namespace) aggregates the chart's read rule, edit its delete; the node ledger stays out."""
+    ns = f"ml-{_suffix()}"
+    _create_namespace(kube, ns)
+    try:
+        for who, role in (("alice", "view"), ("bob", "edit")):
+            kube.kubectl("create", "rolebinding", f"{who}-{role}", f"--clusterrole={role}", f"--user={who}",
+                         "-n", ns)
+
+        def aggregated() -> bool:
+            return _can_i(kube, "alice", "list", REPORTS, "-n", ns)
+
+        _wait_for("the view role to aggregate the reports", aggregated, 60)
+        for verb in ("get", "list", "watch"):
+            assert _can_i(kube, "alice", verb, REPORTS, "-n", ns)
+            assert _can_i(kube, "bob", verb, REPORTS, "-n", ns)
+        assert not _can_i(kube, "alice", "delete", REPORTS, "-n", ns)
+        _wait_for("the edit role to aggregate the delete", lambda: _can_i(kube, "bob", "delete", REPORTS, "-n", ns))
+        for who in ("alice", "bob"):
+            assert not _can_i(kube, who, "create", REPORTS, "-n", ns)  # only the operator writes reports
+            assert not _can_i(kube, who, "list", REPORTS, "-n", "default")  # only where they are bound
+            assert not _can_i(kube, who, "list", LEDGER)
+        # For real, as alice: the list request the README's command makes.
+        proc = kube.kubectl("get", "flightrecorderreports", "-n", ns, "--as=alice", check=False)
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        _delete_namespaces(kube, ns)
 
 
 def test_upgrade_keeps_the_webhook_certificate(kube: ControlPlane, installed: Install) -> None:
@@ -381,11 +424,8 @@ def test_the_whole_rule_set_is_exactly_the_needed_one(kube: ControlPlane, instal
         CRDS: {"list", "watch"},
         "nodes": {"get", "list"},
         LEDGER: {"get", "list", "watch", "create", "update", "patch", "delete"},
-        # No training namespace named: the sidecars' NetworkPolicy, written by the operator (create any,
-        # then only that one), and its owner, read for its uid.
-        "networkpolicies.networking.k8s.io": {"create"},
-        f"networkpolicies.networking.k8s.io[{installed.release}-frscope-sidecar]": {"get", "patch"},
-        f"clusterroles.rbac.authorization.k8s.io[{installed.release}-frscope-operator-sidecar-policy]": {"get"},
+        # No NetworkPolicy rights: by default nobody writes the sidecars' policy into training namespaces
+        # (networkPolicy.sidecars.addToNamespacesWithPolicies; test_sidecar_policy_e2e.py).
     }
 
 
@@ -433,7 +473,8 @@ def test_namespaced_install_is_limited_to_its_namespaces(helm: Helm, kube: Contr
     try:
         with _install(helm, kube, "monitoring-off", namespaces=(team_a, team_b), sets=(
                 f"operator.watchNamespaces[0]={team_a}", f"operator.watchNamespaces[1]={team_b}",
-                "networkPolicy.enabled=true")) as install:
+                "networkPolicy.enabled=true", f"networkPolicy.namespaces[0]={team_a}",
+                f"networkPolicy.namespaces[1]={team_b}")) as install:
             user = install.user
             assert "The webhook is off" in install.notes and "docs/install.md" in install.notes
             assert "grafana_dashboard" not in install.notes
@@ -457,11 +498,11 @@ def test_namespaced_install_is_limited_to_its_namespaces(helm: Helm, kube: Contr
                                                       "nodes": {"get", "list"},
                                                       LEDGER: {"get", "list", "watch", "create", "update",
                                                                "patch", "delete"}}
-            # The NetworkPolicy (endPort ranges included) is accepted in each training namespace.
+            # The sidecars' NetworkPolicy is accepted in each named training namespace: one rule, the sidecar port.
             for ns in (team_a, team_b):
                 policy = _get(kube, "networkpolicy", f"{install.release}-frscope-sidecar", "-n", ns)
-                assert policy["spec"]["ingress"][0]["ports"] == [{"protocol": "TCP", "port": 9402}]
-                assert {"port": 9403, "endPort": 65535, "protocol": "TCP"} in policy["spec"]["ingress"][1]["ports"]
+                [rule] = policy["spec"]["ingress"]
+                assert rule["ports"] == [{"protocol": "TCP", "port": 9402}] and len(rule["from"]) == 2
             # Nothing of the webhook is installed with it off.
             assert kube.kubectl("get", "mutatingwebhookconfiguration", f"{install.release}-frscope",
                                 check=False).returncode != 0
@@ -514,8 +555,19 @@ def test_monitoring_objects_are_accepted_by_the_prometheus_operator_crds(helm: H
         assert _get(kube, "servicemonitors.monitoring.coreos.com", full, "-n", ns)["spec"]["endpoints"]
         rule = _get(kube, "prometheusrules.monitoring.coreos.com", full, "-n", ns)
         alerts = {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
-        assert alerts == {"FrscopeCollectiveStalled", "FrscopeDiagnosisMade", "FrscopeSidecarDown"}
-        assert f"PrometheusRule {full} (FrscopeCollectiveStalled" in install.notes
+        assert alerts == {"FrscopeOperatorDown", "FrscopePublishErrors", "FrscopeCollectiveStalled",
+                          "FrscopeDiagnosisMade", "FrscopeSidecarDown"}
+        assert f"PrometheusRule {full} (FrscopeOperatorDown, FrscopePublishErrors" in install.notes
+        # The ServiceMonitor's `authorization` (the CRD's schema accepted it) names a token Secret that the
+        # token controller fills, of an account that may get /metrics and nothing else.
+        sm = _get(kube, "servicemonitors.monitoring.coreos.com", full, "-n", ns)
+        credentials = sm["spec"]["endpoints"][0]["authorization"]["credentials"]
+        assert credentials == {"name": f"{full}-metrics-reader", "key": "token"}
+        _wait_for("the reader's token", lambda: (_get(kube, "secret", credentials["name"], "-n", ns).get("data")
+                                                 or {}).get("token"))
+        reader = f"system:serviceaccount:{ns}:{full}-metrics-reader"
+        assert _can_i(kube, reader, "get", "/metrics")
+        assert not _can_i(kube, reader, "list", "pods", "-A")
         # The API server validated them against the CRDs' schemas: a wrong field is rejected.
         broken = {**pm, "spec": {**pm["spec"], "podMetricsEndpoints": [{"port": 9402}]}}
         broken["metadata"] = {"name": "broken", "namespace": ns}

@@ -210,7 +210,7 @@ def rendered(testenv_bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) ->
     helm = Helm(testenv_bin_dir / "helm", tmp_path_factory.mktemp("helm-home"))
     return objects(helm, "install", release=RELEASE, namespace=RELEASE_NAMESPACE,
                    sets=["prometheusRule.stalledFor=2s", "prometheusRule.sidecarDownFor=2s",
-                         "podMonitor.enabled=true"])
+                         "prometheusRule.operatorDownFor=2s", "podMonitor.enabled=true"])
 
 
 @pytest.fixture(scope="module")
@@ -403,12 +403,18 @@ def test_panels_show_the_hang(stack: Stack) -> None:
 
 
 def test_every_alert_expression_returns_data_and_fires(stack: Stack) -> None:
-    sidecar_rules = [r for r in stack.rules if "frscope_operator_" not in r["expr"]]
+    operator_up = f'job="{OPERATOR_JOB}"'  # FrscopeOperatorDown: no operator is scraped in this phase
+    sidecar_rules = [r for r in stack.rules if "frscope_operator_" not in r["expr"] and operator_up not in r["expr"]]
     assert {r["alert"] for r in sidecar_rules} == {"FrscopeCollectiveStalled", "FrscopeSidecarDown"}
     for rule in sidecar_rules:
         assert stack.prometheus.query_data(rule["expr"]), f"{rule['alert']}: {rule['expr']} returned nothing"
     alerts = {a["labels"]["alertname"]: a for a in stack.prometheus.get("/api/v1/alerts")["alerts"]
               if a["state"] == "firing"}
+    # No operator is scraped yet (test_operator_queries_return_data runs one): the webhook would fail open.
+    assert alerts["FrscopeOperatorDown"]["labels"]["namespace"] == RELEASE_NAMESPACE
+    # The sidecar exports no `_created` series (prometheus_client.disable_created_metrics in its entry point).
+    assert not stack.prometheus.query('count({__name__=~"frscope_.+_created"})')
+    assert stack.prometheus.query('count({__name__=~"frscope_.+_total"})')
     stalled = alerts["FrscopeCollectiveStalled"]
     labels = stalled["labels"]
     assert (labels["namespace"], labels["training_job"], labels["job_kind"], labels["pg"]) == (ML, JOB, "jobset", "0")
@@ -548,10 +554,15 @@ def test_operator_queries_return_data(stack: Stack, kube: ControlPlane, tmp_path
         assert not empty, "queries without data:\n" + "\n".join(empty)
         (rule,) = [r for r in stack.rules if r["alert"] == "FrscopeDiagnosisMade"]
         (result,) = prom.query_data(rule["expr"])
-        assert result["metric"] == {"category": "RankNotJoined"}
+        # One alert per job, with the job's namespace (routing).
+        assert result["metric"] == {"namespace": ML, "training_job": JOB, "category": "RankNotJoined"}
         (alert,) = [a for a in prom.get("/api/v1/alerts")["alerts"]
                     if a["labels"]["alertname"] == "FrscopeDiagnosisMade"]
-        assert alert["annotations"]["summary"] == "frscope diagnosed a hung PyTorchJob: RankNotJoined"
+        assert alert["annotations"]["summary"] == f"frscope diagnosed training job {ML}/{JOB}: RankNotJoined"
+        # The operator answers: FrscopeOperatorDown resolved; nor does the operator export `_created` series.
+        _wait("FrscopeOperatorDown to resolve", lambda: not [
+            a for a in prom.get("/api/v1/alerts")["alerts"] if a["labels"]["alertname"] == "FrscopeOperatorDown"], 30)
+        assert not prom.query('count({__name__=~"frscope_operator_.+_created"})')
     except BaseException:
         sys.stderr.write(f"--- operator log\n{(tmp_path / 'operator.log').read_text()[-6000:]}\n")
         raise

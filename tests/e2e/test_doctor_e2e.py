@@ -12,6 +12,7 @@ import base64
 import contextlib
 import datetime
 import json
+import os
 import secrets
 import subprocess
 import sys
@@ -23,11 +24,13 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 try:  # tests/e2e is a plain directory today; keep working if it becomes a package
-    from tests.e2e.test_chart_install import REPORT_CRD, Install, _install, _wait_for, helm
+    from tests.e2e.test_chart_install import CHART, REPORT_CRD, Install, _install, _wait_for, helm
     from tests.e2e.test_operator_e2e import make_serving_cert
 except ModuleNotFoundError:
-    from test_chart_install import REPORT_CRD, Install, _install, _wait_for, helm
+    from test_chart_install import CHART, REPORT_CRD, Install, _install, _wait_for, helm
     from test_operator_e2e import make_serving_cert
+
+from frscope.doctor.crd_schema import ANNOTATION, SHIPPED
 
 if TYPE_CHECKING:
     from testenv.cluster import ControlPlane
@@ -40,11 +43,16 @@ __all__ = ["helm"]  # the fixture, imported for this module's tests
 PROMETHEUS = "networkPolicy.prometheus.namespaceSelector.matchLabels.kubernetes\\.io/metadata\\.name=monitoring"
 
 
-def doctor(kube: ControlPlane, *args: str, kubeconfig: Path | None = None) -> tuple[int, dict[str, str], str]:
-    """Run `frscope doctor`; returns (exit code, check name -> its outcome, the whole output)."""
-    proc = subprocess.run([sys.executable, "-m", "frscope", "doctor", "--kubeconfig",
-                           str(kubeconfig or kube.kubeconfig), *args],
-                          capture_output=True, text=True, timeout=120, check=False)
+def doctor(kube: ControlPlane, *args: str, kubeconfig: Path | None = None,
+           kubeconfig_env: str | None = None) -> tuple[int, dict[str, str], str]:
+    """Run `frscope doctor`; returns (exit code, check name -> its outcome, the whole output). `kubeconfig_env`:
+    no --kubeconfig, KUBECONFIG set to it (a list, as a user's shell has it)."""
+    if kubeconfig_env is None:
+        where, env = ["--kubeconfig", str(kubeconfig or kube.kubeconfig)], None
+    else:
+        where, env = [], {**os.environ, "KUBECONFIG": kubeconfig_env}
+    proc = subprocess.run([sys.executable, "-m", "frscope", "doctor", *where, *args],
+                          capture_output=True, text=True, timeout=120, check=False, env=env)
     outcomes = {}
     for line in proc.stdout.splitlines():
         if line.startswith("[") and "]" in line:
@@ -200,7 +208,7 @@ def test_a_missing_crd_fails_crd(kube: ControlPlane, good: Install) -> None:
         code, outcomes, out = doctor(kube)
         assert code == 1, out
         assert outcomes["crd"] == "FAIL", out
-        assert "kubectl apply --server-side -f charts/frscope/crds/" in out
+        assert "kubectl apply --server-side --force-conflicts" in out
     finally:
         kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPORT_CRD))
         kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPORT_CRD), timeout=70)
@@ -234,6 +242,110 @@ def test_an_unreachable_cluster_exits_2(kube: ControlPlane, tmp_path: Path) -> N
     assert code == 2, out
     assert "cannot reach the API server https://127.0.0.1:1" in out
     assert time.monotonic() - started < 60
+
+
+def test_a_stale_crd_schema_fails_crd_until_the_charts_crds_are_applied(kube: ControlPlane, good: Install,
+                                                                         helm: Any) -> None:
+    """After `helm upgrade` the served CRD keeps the schema of the first install (Helm never upgrades crds/):
+    its schema-hash annotation is an older one here. Applying the chart's CRDs, as the fix says, heals it."""
+    name = "flightrecorderreports.frscope.io"
+    kube.kubectl("annotate", "crd", name, "--overwrite", f"{ANNOTATION}=0123456789abcdef")
+    try:
+        code, outcomes, out = doctor(kube)
+        assert code == 1, out
+        assert outcomes["crd"] == "FAIL", out
+        assert "serves schema '0123456789abcdef'" in out and SHIPPED[name] in out, out
+    finally:
+        crds = helm.run("show", "crds", str(CHART)).stdout
+        kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=crds)
+    assert doctor(kube)[1]["crd"] == "ok"
+
+
+# -- credentials as managed clusters hand them out: exec plugins, merged KUBECONFIG lists ---------------
+
+CLUSTER_CHECKS = {"kubernetes-version", "operator", "webhook", "webhook-ca", "crd", "network-policy", "sidecar-tls"}
+
+
+def _token_plugin(directory: Path, token: str) -> tuple[Path, Path]:
+    """A real exec credential plugin (as `aws eks get-token` is): prints an ExecCredential with `token`, and
+    notes each run in the returned file."""
+    (directory / "token").write_text(token)
+    runs = directory / "runs"
+    plugin = directory / "credential-plugin"
+    plugin.write_text(f"""#!{sys.executable}
+import json, os
+info = json.loads(os.environ["KUBERNETES_EXEC_INFO"])
+open({str(runs)!r}, "a").write("run\\n")
+token = open({str(directory / "token")!r}).read()
+print(json.dumps({{"apiVersion": info["apiVersion"], "kind": "ExecCredential", "status": {{"token": token}}}}))
+""")
+    plugin.chmod(0o755)
+    return plugin, runs
+
+
+def _cluster_and_context(kube: ControlPlane, user: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Config", "current-context": "e2e",
+            "clusters": [{"name": "e2e", "cluster": {"server": kube.server,
+                                                     "certificate-authority": str(kube.ca_file)}}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}]}
+
+
+def _exec_user(plugin: Path) -> dict[str, Any]:
+    return {"exec": {"apiVersion": "client.authentication.k8s.io/v1", "command": str(plugin),
+                     "interactiveMode": "Never", "provideClusterInfo": True}}
+
+
+def _beat_as_a_kubelet_would(kube: ControlPlane, install: Install) -> None:
+    """No kubelet heartbeats in this tier: once the node monitor's grace period is over (40 s) the node is
+    NotReady and its pods unready. One more heartbeat for the operator pod's node, and the pod ready again."""
+    selector = f"app.kubernetes.io/instance={install.release},app.kubernetes.io/component=operator"
+    [pod] = kube.kubectl_json("get", "pods", "-n", install.namespace, "-l", selector)["items"]
+    kube.kubectl("patch", "node", pod["spec"]["nodeName"], "--subresource=status", "--type=merge", "-p", json.dumps(
+        {"status": {"conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e",
+                                    "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}]}}))
+    kube.kubectl("patch", "pod", pod["metadata"]["name"], "-n", install.namespace, "--subresource=status",
+                 "--type=merge", "-p", json.dumps({"status": {"conditions": [
+                     {"type": t, "status": "True", "lastTransitionTime": _now()}
+                     for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")]}}))
+
+
+def _checks_pass(kube: ControlPlane, good: Install, **where: Any) -> str:
+    """Every cluster check passes with the credentials of `where`, once it does with the admin's (the operator's
+    pod reported ready again; an earlier test recreated the webhook's Service, whose EndpointSlice follows)."""
+    _beat_as_a_kubelet_would(kube, good)
+    _ready(kube, good)
+    _wait_for("a ready endpoint for the webhook", lambda: doctor(kube)[1].get("webhook") == "ok", timeout=120)
+    code, outcomes, out = doctor(kube, **where)
+    assert code == 0, out
+    assert set(outcomes) == CLUSTER_CHECKS and set(outcomes.values()) == {"ok"}, out
+    return out
+
+
+def test_an_exec_plugin_kubeconfig_gets_every_check(kube: ControlPlane, good: Install, tmp_path: Path) -> None:
+    plugin, runs = _token_plugin(tmp_path, kube.admin_token)
+    config = tmp_path / "kubeconfig"
+    config.write_text(json.dumps({**_cluster_and_context(kube, "sso"),
+                                  "users": [{"name": "sso", "user": _exec_user(plugin)}]}))
+    _checks_pass(kube, good, kubeconfig=config)
+    assert runs.read_text().count("run") >= 1
+    # A token the API server does not accept: exit 2, naming the context, no check run.
+    (tmp_path / "token").write_text("not-" + kube.admin_token)
+    code, outcomes, out = doctor(kube, kubeconfig=config)
+    assert code == 2 and not outcomes, out
+    assert "refused the credentials of context e2e" in out, out
+
+
+def test_a_merged_kubeconfig_pair_context_in_one_file_user_in_the_other(kube: ControlPlane, good: Install,
+                                                                        tmp_path: Path) -> None:
+    plugin, _ = _token_plugin(tmp_path, kube.admin_token)
+    context_file, user_file = tmp_path / "a", tmp_path / "b"
+    context_file.write_text(json.dumps(_cluster_and_context(kube, "sso")))
+    user_file.write_text(json.dumps({"apiVersion": "v1", "kind": "Config",
+                                     "users": [{"name": "sso", "user": _exec_user(plugin)}]}))
+    _checks_pass(kube, good, kubeconfig_env=f"{context_file}{os.pathsep}{user_file}")
+    # Without the second file the context names a user no file has: said, instead of going out anonymous.
+    code, _, out = doctor(kube, kubeconfig_env=str(context_file))
+    assert code == 2 and "names user 'sso', which no file" in out, out
 
 
 # -- ranks served: real sidecars asked through the API server's pod proxy ---------------------------

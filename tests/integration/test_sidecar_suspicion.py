@@ -60,7 +60,10 @@ async def test_hang_is_suspected_and_its_capture_names_the_culprit() -> None:
                 assert group.sample.inflight_op == "all_reduce" and not group.stalled
                 assert group.suspect_threshold_s < STALL_AFTER_S
             assert not sidecar.tracker.groups[(1, "0")].sample.inflight
-            assert value(registry, "frscope_collective_suspected", rank="0", pg="0") == 1
+            # (the gauges are set when the poll round ends: the tracker is seen mid-round, while the round
+            # waits for the ranks' other answers)
+            await wait_until(lambda: value(registry, "frscope_collective_suspected", rank="0", pg="0") == 1, 10,
+                             "the suspected gauge", step_s=0.1)
             assert value(registry, "frscope_collective_stalled", rank="0", pg="0") == 0
 
             # The suspicion was captured (recorders and stacks of that moment) and is what is served.
@@ -159,12 +162,14 @@ async def test_a_rank_20_percent_slower_alone_in_its_pod_is_a_straggler_across_p
     # ranks, so only the operator's comparison across pods sees rank 2 take 1.2 x the others' 0.25 s
     # step (50 ms late a step). The sweeps are the operator's: its own clock read around each
     # /v1/status request (each pod's clock offset from the answer's `answered_at_ns`), the answers
-    # merged and compared by engine/pod_stragglers.compare with the default --clock-skew-ms. Gloo dates
-    # enqueues only, so this is the comparison by clocks; the sidecars share this host's clock, and the
-    # measured offsets say so within a few ms, not the 20 ms assumed without them.
+    # merged and compared by engine/pod_stragglers.compare with the default --clock-skew-ms. Gloo's
+    # recorder dates enqueues only, and the bootstrap's collective timer (which dates the ranks' waits,
+    # and makes the comparison one by waits) is off here (FRSCOPE_TIMINGS=0), so this is the comparison
+    # by clocks; the sidecars share this host's clock, and the measured offsets say so within a few ms,
+    # not the 20 ms assumed without them.
     args = ["--steps", "600", "--step-s", "0.25", "--jitter-s", "0.02", "--culprit", "2", "--slow-factor", "1.2",
             "--slow-from-step", "20"]
-    with start_rhythm_job(3, 1, args, lifetime_s=250) as job:
+    with start_rhythm_job(3, 1, args, lifetime_s=250, env_extra={"FRSCOPE_TIMINGS": "0"}) as job:
         job.wait_for_sockets()
         async with contextlib.AsyncExitStack() as stack:
             sidecars = {f"trainer-worker-{i}": await stack.enter_async_context(

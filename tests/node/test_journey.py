@@ -237,11 +237,11 @@ def node_free_port() -> int:
 
 
 def stall_query() -> str:
-    """The dashboard's per-rank stall panel (one series per rank and group), with Grafana's variables
-    set to "all"."""
+    """The dashboard's per-rank stall panel (one series per rank and group, the top 20), with Grafana's
+    variables set to "all"."""
     dashboard = json.loads(DASHBOARD.read_text())
     [expr] = [t["expr"] for p in dashboard["panels"] if p.get("type") != "row" for t in p.get("targets", [])
-              if t["expr"].startswith("max by (") and "(frscope_collective_stalled{" in t["expr"]]
+              if t["expr"].startswith("topk(") and "(frscope_collective_stalled{" in t["expr"]]
     for var in ("namespace", "job", "pg"):
         expr = expr.replace(f"${var}", ".*")
     return str(expr)

@@ -165,3 +165,14 @@ def test_lateness_panel_compares_ranks_across_pods_in_promql(dashboard: dict[str
     assert expr.count("[$__range]") == 2 and target["instant"] and not target["range"]
     assert panel["fieldConfig"]["defaults"]["unit"] == "s"
     assert "TORCH_NCCL_ENABLE_TIMING=1" in panel["description"] and "gloo" in panel["description"]
+
+
+def test_every_per_rank_panel_draws_a_bounded_number_of_ranks(dashboard: dict[str, Any]) -> None:
+    """A panel with one series per rank would draw 8,192 lines for an 8,192-rank job (and make Prometheus
+    return them all): every query that keeps `rank` in its result goes through topk/bottomk."""
+    per_rank = [(p["title"], t["expr"]) for p in _panels(dashboard) for t in p["targets"]
+                if re.search(r"by \([^)]*\brank\b", t["expr"]) and p["type"] != "stat"]
+    assert len(per_rank) >= 5, per_rank
+    for title, expr in per_rank:
+        assert re.search(r"\b(topk|bottomk)\((\d+),", expr), f"{title}: {expr}"
+        assert int(re.search(r"\b(?:topk|bottomk)\((\d+),", expr).group(1)) <= 20, title  # type: ignore[union-attr]

@@ -1,23 +1,22 @@
 """The pure parts of `frscope doctor`: the certificate check (on real certificates made here), the
-NetworkPolicy verdict, pod injection and readiness, the kubeconfig reader, results and exit codes.
+NetworkPolicy verdict, pod injection and readiness, results and exit codes (the kubeconfig loader:
+test_doctor_kubeconfig.py).
 The checks against a cluster are in tests/e2e/test_doctor_e2e.py."""
 
 from __future__ import annotations
 
-import base64
 import datetime
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from frscope.doctor import kubeconfig, versions
+from frscope.doctor import versions
 from frscope.doctor.certs import serving_cert_problems
 from frscope.doctor.job_checks import not_injected, pytorchjob_templates_opted_in, sidecar_not_ready
 from frscope.doctor.policies import shuts_out_prometheus
@@ -93,6 +92,13 @@ def test_a_policy_with_a_prometheus_peer_or_open_rules_admits_it() -> None:
     assert not shuts_out_prometheus(_policy({"from": [OWN, PROMETHEUS], "ports": [{"port": 8080}]}))
     assert not shuts_out_prometheus(_policy({"ports": [{"port": 8080}]}))
     assert not shuts_out_prometheus({"spec": {}})
+    # The chart's default Prometheus peer: the Prometheus Operator's pods, named by app.kubernetes.io/name too.
+    operator_pods = {"namespaceSelector": PROMETHEUS["namespaceSelector"],
+                     "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+    assert not shuts_out_prometheus(_policy({"from": [OWN, operator_pods], "ports": [{"port": 8080}]}))
+    renamed = {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "ml-frscope",
+                                               "app.kubernetes.io/component": "operator"}}}
+    assert shuts_out_prometheus(_policy({"from": [OWN, renamed], "ports": [{"port": 8080}]}))  # nameOverride
 
 
 def _pod(name: str, *, annotated: bool = True, native: bool = True, ready: bool | None = True) -> dict[str, Any]:
@@ -156,35 +162,6 @@ def test_the_tested_kubernetes_minors_are_the_releases_testenv_builds() -> None:
     built |= {(int(d.name.split(".")[0]), int(d.name.split(".")[1])) for d in (testenv / "kube").iterdir()
               if (d / "go.mod").is_file()}
     assert set(versions.TESTED_KUBERNETES) == built
-
-
-def _write_kubeconfig(path: Path, user: dict[str, Any], cluster: dict[str, Any]) -> Path:
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
-        "clusters": [{"name": "k", "cluster": cluster}], "users": [{"name": "u", "user": user}]}))
-    return path
-
-
-def test_kubeconfig_token_file_and_ca_data(tmp_path: Path, ca: Any) -> None:
-    (tmp_path / "token").write_text("abc\n")
-    config = _write_kubeconfig(tmp_path / "config", {"tokenFile": "token"},
-                               {"server": "https://h:6443", "certificate-authority-data":
-                                base64.b64encode(ca[0]).decode()})
-    access = kubeconfig.load(config)
-    assert (access.server, access.token, access.context) == ("https://h:6443", "abc", "c")
-    assert access.ssl_context is not False
-
-
-def test_kubeconfig_problems_are_named(tmp_path: Path) -> None:
-    with pytest.raises(kubeconfig.KubeconfigError, match="cannot read"):
-        kubeconfig.load(tmp_path / "missing")
-    plugin = _write_kubeconfig(tmp_path / "plugin", {"exec": {"command": "aws"}},
-                               {"server": "https://h", "insecure-skip-tls-verify": True})
-    with pytest.raises(kubeconfig.KubeconfigError, match="plugin"):
-        kubeconfig.load(plugin)
-    with pytest.raises(kubeconfig.KubeconfigError, match="no context named 'other'"):
-        kubeconfig.load(plugin, "other")
 
 
 def _event(reason: str, when: str, job: str = "llm") -> dict[str, Any]:

@@ -17,7 +17,7 @@ from frscope.analysis import analyze
 from frscope.records import DumpSet, Entry, RankExit, exits_from_json, load_dumps, scan
 from frscope.records.columns import EntryTable
 from frscope.report.serialize import report_to_dict
-from frscope.testing.synthetic import SCENARIOS, generate
+from frscope.testing.synthetic import SCENARIOS, generate, make_plan, write_plan
 
 REAL = Path(__file__).resolve().parents[1] / "data" / "real"
 FIXTURES = sorted(p.name for p in REAL.iterdir() if p.is_dir())
@@ -101,3 +101,31 @@ def test_with_the_runners_exits(path: Path, exits: dict[int, RankExit]) -> None:
     assert all(isinstance(d.entries, EntryTable) for d in fast.dumps.values())
     assert report_to_dict(analyze(fast, exits=exits)) == report_to_dict(analyze(reference, exits=exits))
     assert analyze(fast, exits=exits).findings  # the exits make it a finding (none are young-and-clean)
+
+
+# Every comm library that records into torch's Flight Recorder prefixes its profiling names with its own
+# name: NCCL ('nccl', 'nccl2' the newer default ProcessGroup, Meta's 'ncclx', ROCm's 'rccl'), Intel's 'xccl',
+# Ascend's 'hccl', 'gloo', and torchcomms' backend-neutral hook ('torchcomms').
+COMM_LIBS = ("nccl", "nccl2", "ncclx", "xccl", "rccl", "hccl", "gloo", "torchcomms")
+
+
+@pytest.mark.parametrize("comm_lib", COMM_LIBS)
+@pytest.mark.parametrize("fmt", ["pickle", "json"])
+def test_every_comm_library_prefix_reads_and_diagnoses_alike(tmp_path: Path, comm_lib: str, fmt: str) -> None:
+    """The same hung job recorded by each library: the readers agree (C scanner, columnar, row by row), the
+    backend is the library, and the diagnosis is the NCCL one, word for word but the backend's name."""
+    reports = {}
+    for lib in ("nccl", comm_lib):
+        plan = make_plan(8, entries=60, shape="nccl", scenario="not_joined", seed=7, tp=2, pp=2,
+                         now_ns=1_796_582_553_000_000_000)
+        plan.comm_lib = lib
+        write_plan(plan, tmp_path / lib, fmt=fmt)
+        _same(tmp_path / lib)
+        dumpset = load_dumps([tmp_path / lib], jobs=1)
+        assert {d.backend for d in dumpset.dumps.values()} == {lib}
+        assert all(e.profiling_name.startswith(f"{lib}:") and ":" not in e.op for d in dumpset.dumps.values()
+                   for e in d.entries)
+        report = report_to_dict(analyze(dumpset))
+        assert report["findings"], report  # the hang is found
+        reports[lib] = json.dumps(report, sort_keys=True).replace(f'"{lib}:', '"LIB:').replace(f'"{lib}"', '"LIB"')
+    assert reports[comm_lib] == reports["nccl"]

@@ -170,11 +170,10 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
   {{- end }}
 {{- end }}
 
-{{/* The sidecars' NetworkPolicy (templates/networkpolicy.yaml): only the operator (and Prometheus) may reach
-  the sidecar port of an opted-in pod. A NetworkPolicy can only allow, so every other port stays open to
-  everyone by explicit ranges: the training traffic between ranks (rendezvous, NCCL/Gloo) is not affected. */}}
+{{/* The sidecars' NetworkPolicy (templates/networkpolicy.yaml): one rule, the sidecar port of opted-in pods from
+  the operator and the Prometheus peers. It only allows: next to a namespace's own policies (default-deny) it
+  opens that port to those peers and nothing else; there is no rule without `from`. */}}
 {{- define "frscope.sidecarPolicySpec" -}}
-{{- $port := int .Values.sidecar.port -}}
 podSelector:
   matchLabels:
     {{ .Values.webhook.injectLabel.key }}: {{ .Values.webhook.injectLabel.value | quote }}
@@ -202,34 +201,18 @@ ingress:
       {{- end }}
     ports:
       - protocol: TCP
-        port: {{ $port }}
-  - ports:
-      {{- if gt $port 1 }}
-      - protocol: TCP
-        port: 1
-        endPort: {{ sub $port 1 }}
-      {{- end }}
-      {{- if lt $port 65535 }}
-      - protocol: TCP
-        port: {{ add $port 1 }}
-        endPort: 65535
-      {{- end }}
-      - protocol: UDP
-        port: 1
-        endPort: 65535
-      - protocol: SCTP
-        port: 1
-        endPort: 65535
+        port: {{ int .Values.sidecar.port }}
 {{- end }}
 
 {{- define "frscope.sidecarPolicyRole" -}}
 {{- printf "%s-operator-sidecar-policy" (include "frscope.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* FRSCOPE_SIDECAR_NETWORK_POLICY: the policy above as the operator writes it into namespaces the chart does
-  not know (networkPolicy.enabled, no training namespaces named); empty otherwise. */}}
+{{/* FRSCOPE_SIDECAR_NETWORK_POLICY: the policy above as the operator writes it into the namespaces of opted-in pods
+  that have policies of their own (networkPolicy.enabled, sidecars.addToNamespacesWithPolicies, no training
+  namespaces named); empty otherwise. */}}
 {{- define "frscope.sidecarPolicyJson" -}}
-{{- if and .Values.networkPolicy.enabled (not (default .Values.operator.watchNamespaces .Values.networkPolicy.namespaces)) -}}
+{{- if and .Values.networkPolicy.enabled .Values.networkPolicy.sidecars.addToNamespacesWithPolicies (not .Values.networkPolicy.namespaces) -}}
 {{- $labels := merge (dict "app.kubernetes.io/component" "sidecar" "app.kubernetes.io/managed-by" "frscope-operator") (fromYaml (include "frscope.labels" .)) -}}
 {{- $meta := dict "name" (printf "%s-sidecar" (include "frscope.fullname" .)) "labels" $labels -}}
 {{- $policy := dict "metadata" $meta "spec" (fromYaml (include "frscope.sidecarPolicySpec" .)) -}}

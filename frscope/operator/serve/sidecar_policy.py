@@ -1,6 +1,12 @@
-"""The sidecars' NetworkPolicy in every namespace where an opted-in pod appears (docs/install.md, "Network
-policies"), for the chart's default of no named training namespaces: a NetworkPolicy is namespaced, so the
-chart cannot render one for namespaces it does not know.
+"""The sidecars' NetworkPolicy in the namespaces of opted-in pods that have NetworkPolicies of their own
+(docs/install.md, "NetworkPolicy"), when the chart is asked to (`networkPolicy.sidecars.addToNamespacesWithPolicies`)
+and names no training namespace: a NetworkPolicy is namespaced, so the chart cannot render one for namespaces it
+does not know.
+
+The policy only allows: the sidecar port, from the operator and Prometheus. It is added only where the
+namespace already has policies of its own (a default-deny one, say), where it opens exactly that port to
+exactly those peers. A namespace with none is left open as it is: selecting its training pods would isolate
+them and cut the traffic between their ranks; it is looked at again on a later pod event.
 
 The chart renders the policy once (`FRSCOPE_SIDECAR_NETWORK_POLICY`: its name, labels and spec, and the
 ClusterRole that grants this, named as its owner) and the operator creates it, the same, in each namespace
@@ -24,7 +30,7 @@ from frscope.operator.kube.resources import CLUSTER_ROLES, NETWORK_POLICIES
 
 log = logging.getLogger(__name__)
 
-RETRY_AFTER_S = 60.0  # a namespace whose policy could not be written is tried again on a pod event after this
+RETRY_AFTER_S = 60.0  # a namespace left alone or not written is looked at again on a pod event after this
 
 
 class SidecarPolicies:
@@ -42,6 +48,7 @@ class SidecarPolicies:
         self._failed_at: dict[str, float] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.written = 0
+        self.skipped_open = 0
 
     @classmethod
     def from_env(cls, kube: KubeClient, text: str | None) -> SidecarPolicies | None:
@@ -74,7 +81,25 @@ class SidecarPolicies:
                                "name": self._owner_name, "uid": role["metadata"]["uid"]}
         return self._owner_ref
 
+    async def _has_own_policies(self, namespace: str) -> bool:
+        """Whether a NetworkPolicy other than frscope's own is in the namespace."""
+        policies = await self._kube.list(NETWORK_POLICIES, namespace)
+        return any((p.get("metadata") or {}).get("name") != self.name for p in policies)
+
     async def ensure(self, namespace: str) -> None:
+        try:
+            own = await self._has_own_policies(namespace)
+        except KubeError as exc:
+            self._failed_at[namespace] = time.monotonic()
+            log.warning("NetworkPolicies of namespace %s not listed (%s); tried again on a later pod event",
+                        namespace, exc)
+            return
+        if not own:
+            self._failed_at[namespace] = time.monotonic()
+            self.skipped_open += 1
+            log.info("namespace %s has no NetworkPolicy of its own: left open (a policy would isolate its training "
+                     "pods); looked at again on a later pod event", namespace)
+            return
         body = copy.deepcopy(self._policy)
         body.update(apiVersion="networking.k8s.io/v1", kind="NetworkPolicy")
         meta = body.setdefault("metadata", {})
@@ -85,8 +110,8 @@ class SidecarPolicies:
         try:
             try:
                 await self._kube.create(NETWORK_POLICIES, namespace, body)
-                log.info("NetworkPolicy %s/%s created: the sidecar port is reachable by the operator (and "
-                         "Prometheus) only", namespace, self.name)
+                log.info("NetworkPolicy %s/%s created: the sidecar port is open to the operator (and "
+                         "Prometheus), next to the namespace's own policies", namespace, self.name)
             except Conflict:  # there already: bring it up to date (a chart upgrade may have changed it)
                 patch = {"metadata": {k: v for k, v in meta.items() if k in ("labels", "ownerReferences")},
                          "spec": body["spec"]}

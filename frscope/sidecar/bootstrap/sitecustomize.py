@@ -28,8 +28,14 @@ agent then prints the exception in its failure summary, the end of the container
 Kubernetes keeps as the termination message (its last 2 KiB). Without it the summary says only "To
 enable traceback see ...", and the rank's own error has scrolled out of those 2 KiB.
 
-Environment: FRSCOPE_SOCKET_DIR (default /run/frscope), FRSCOPE_BOOTSTRAP=0 to switch it off. Any
-other `sitecustomize` that this file shadows on sys.path (Debian's, a venv's) is still run. The
+Each rank also dates its own collectives (start, end) on every backend, served as
+`frscope_timings` (`_frscope_timings.py`, beside this file): the durations gloo's recorder lacks.
+
+Environment: FRSCOPE_SOCKET_DIR (default /run/frscope), FRSCOPE_BOOTSTRAP=0 to switch it off,
+FRSCOPE_TIMINGS=0 to leave collectives undated, FRSCOPE_TIMINGS_SIZE (the ring, default 2000). The
+recorder's settings (TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE, TORCH_FR_DUMP_ON_TIMEOUT, each else
+its old TORCH_NCCL_* name, as torch reads them) go into `.rank-<r>.json`; a buffer of 0 (the recorder off)
+is said. Any other `sitecustomize` that this file shadows on sys.path (Debian's, a venv's) is still run. The
 bootstrap never raises into the training process; a failure, or a torch without the worker server,
 is one line on stderr and no live collection.
 
@@ -138,6 +144,7 @@ def _start_server(rank: int) -> None:
                     return
                 os.unlink(path)
             _register_progress_handler()
+            _register_timings_handler()
             import atexit
 
             # Registered before the socket exists: a short program may be exiting while this runs.
@@ -256,6 +263,7 @@ def _on_loaded() -> None:
     """torch.distributed has finished importing: decide whether this process serves."""
     if _inherited():
         return  # a spawned child of a serving rank
+    _install_timings()
     rank = _elastic_rank()
     if rank is not None:
         _record_uncaught_for_torchrun()
@@ -291,6 +299,38 @@ def _progress(request: Any, response: Any) -> None:
         response.set_status(500)
 
 
+def _timings_module() -> Any:
+    """This bootstrap's `_frscope_timings` (beside this file), or None where it is off or missing."""
+    if os.environ.get("FRSCOPE_TIMINGS", "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    try:
+        import _frscope_timings  # type: ignore[import-not-found]  # beside this file on sys.path
+
+        return _frscope_timings
+    except Exception as exc:
+        _say(f"no collective durations: {type(exc).__name__}: {exc}")
+        return None
+
+
+def _install_timings() -> None:
+    timings = _timings_module()
+    if timings is not None:
+        timings.install(_say)
+
+
+def _register_timings_handler() -> None:
+    timings = _timings_module()
+    if timings is None or not timings.TIMINGS.mechanism:
+        return
+    try:
+        from torch._C._distributed_c10d import _register_handler
+
+        _keep_forever(timings.handler)
+        _register_handler("frscope_timings", timings.handler)
+    except Exception as exc:
+        _say(f"no frscope_timings handler ({type(exc).__name__}: {exc})")
+
+
 def _register_progress_handler() -> None:
     try:
         from torch._C._distributed_c10d import _register_handler
@@ -301,9 +341,39 @@ def _register_progress_handler() -> None:
         _say(f"no frscope_progress handler ({type(exc).__name__}: {exc}); the sidecar polls full recorders")
 
 
+# The recorder's settings as torch reads them: the TORCH_FR_* name, else its old TORCH_NCCL_* alias (torch
+# >= 2.9 reads the names in this order, older torch the alias only), else torch's default.
+_RECORDER_ENV = (
+    ("buffer_size", ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"), "2000"),
+    ("dump_prefix", ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), ""),
+    ("dump_on_timeout", ("TORCH_FR_DUMP_ON_TIMEOUT", "TORCH_NCCL_DUMP_ON_TIMEOUT"), ""),
+)
+
+
+def _recorder_settings(env: Any = None) -> dict[str, Any]:
+    """{setting: {"value": ..., "from": the variable it came from, or "default"}}."""
+    env = os.environ if env is None else env
+    settings: dict[str, Any] = {}
+    for key, names, default in _RECORDER_ENV:
+        name = next((n for n in names if env.get(n) is not None), None)
+        settings[key] = {"value": env[name] if name else default, "from": name or "default"}
+    return settings
+
+
+def _recorder_off(settings: dict[str, Any]) -> bool:
+    try:
+        return int(str(settings["buffer_size"]["value"]).strip()) <= 0
+    except ValueError:
+        return False  # torch refuses it itself
+
+
 def _write_meta(socket_dir: str, rank: int, path: str) -> None:
     torch = sys.modules.get("torch")
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+    recorder = _recorder_settings()
+    if _recorder_off(recorder):
+        _say(f"{recorder['buffer_size']['from']}={recorder['buffer_size']['value']}: torch's Flight Recorder is "
+             "off in this rank; frscope sees its stacks but no collectives")
     meta: dict[str, Any] = {
         "rank": rank,
         "pid": os.getpid(),
@@ -311,6 +381,7 @@ def _write_meta(socket_dir: str, rank: int, path: str) -> None:
         "torch_version": str(getattr(torch, "__version__", "")),
         "hostname": socket.gethostname(),
         "started_at_ns": time.time_ns(),
+        "recorder": recorder,
     }
     if restarts.isdigit():  # torchrun restarted its workers this many times (--max-restarts)
         meta["restart_count"] = int(restarts)
@@ -319,6 +390,8 @@ def _write_meta(socket_dir: str, rank: int, path: str) -> None:
     try:
         with open(tmp, "w") as handle:
             json.dump(meta, handle)
+        # Read by the sidecar, which runs as its own user (65532): readable whatever the trainer's umask.
+        os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except OSError:
         pass

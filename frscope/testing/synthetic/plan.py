@@ -74,6 +74,9 @@ class Plan:
     timeout_ms: int
     seed: int
     _group_straggle: dict[tuple[int, int], int] = field(default_factory=dict)
+    # The profiling names' prefix when not the shape's own ('nccl2', 'ncclx', 'xccl', 'torchcomms', ...): every
+    # comm library that records into torch's Flight Recorder names its ops '<library>:<op>'.
+    comm_lib: str = ""
 
     # -- one rank ---------------------------------------------------------------------------
 
@@ -84,7 +87,7 @@ class Plan:
         everything else unchanged; the older entries are counted, never built)."""
         topo = self.topo
         gloo = self.shape == "gloo"
-        backend = self.shape
+        backend = self.comm_lib or self.shape
         stage = topo.local_rank(PP, rank) if topo.pp > 1 else 0
         template = self.templates[stage]
         n_pos = len(template)

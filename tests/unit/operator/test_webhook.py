@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from frscope.operator import names
 from frscope.operator.command import injection_from_env
 from frscope.operator.injection import InjectionConfig, inject, mutate, native_sidecars_supported
@@ -98,6 +100,20 @@ def test_existing_env_is_kept_and_pythonpath_extended() -> None:
     assert env["PYTHONPATH"] == "/run/frscope/python:/app/src"
 
 
+@pytest.mark.parametrize("name", ["TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"])
+def test_a_recorder_setting_the_pod_sets_under_either_name_is_kept(name: str) -> None:
+    """torch reads TORCH_FR_* before its TORCH_NCCL_* alias: injecting the new name beside a pod's old one would
+    override the pod's value. Settings the pod leaves alone come under both names."""
+    pod = training_pod(env=[{"name": name, "value": "20000"},
+                            {"name": "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "value": "/data/fr_"}])
+    out = inject(pod, InjectionConfig(buffer_size=4000))
+    assert out is not None
+    env = env_of(out["spec"]["containers"][0])
+    assert {k: v for k, v in env.items() if "BUFFER_SIZE" in k} == {name: "20000"}
+    assert {k: v for k, v in env.items() if "TEMP_FILE" in k} == {"TORCH_NCCL_DEBUG_INFO_TEMP_FILE": "/data/fr_"}
+    assert env["TORCH_FR_DUMP_ON_TIMEOUT"] == env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+
+
 def test_the_images_pythonpath_from_the_annotation_follows_the_bootstrap() -> None:
     """Kubernetes' container env replaces an image's ENV PYTHONPATH; the pod template passes the image's
     value in frscope.io/pythonpath and keeps it (a PYTHONPATH the pod sets itself wins, as above)."""
@@ -161,3 +177,40 @@ def test_kubernetes_identity_mounts_the_projected_tokens_in_the_sidecar_only() -
     # Without an operator identity, nothing of it.
     plain = inject(training_pod(), InjectionConfig())
     assert plain is not None and all(v["name"] != names.SIDECAR_TOKEN_VOLUME for v in plain["spec"]["volumes"])
+
+
+RESTRICTED = {"allowPrivilegeEscalation": False, "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]},
+              "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _effective(pod_ctx: dict[str, Any], container_ctx: dict[str, Any], key: str) -> Any:
+    """What the kubelet applies: the container's field, else the pod's (runAsUser, runAsGroup, runAsNonRoot,
+    seccompProfile are inherited from the pod's securityContext)."""
+    return container_ctx[key] if key in container_ctx else pod_ctx.get(key)
+
+
+def test_the_sidecar_runs_as_its_own_non_root_user_whatever_the_pod_says() -> None:
+    """A root pod (runAsUser 0, runAsNonRoot false) must not hand the sidecar root, and a pod-level root user
+    next to the sidecar's runAsNonRoot would keep the pod in Init: the sidecar's container sets its own user,
+    group and the restricted profile, so neither the root pod nor a restricted pod changes what it runs as."""
+    root = {"runAsUser": 0, "runAsGroup": 0, "runAsNonRoot": False, "seccompProfile": {"type": "Unconfined"}}
+    restricted = {"runAsUser": 1000, "runAsGroup": 1000, "runAsNonRoot": True, "fsGroup": 1000,
+                  "seccompProfile": {"type": "RuntimeDefault"}}
+    cfg = injection_from_env({"FRSCOPE_SIDECAR_RUN_AS_USER": "65532", "FRSCOPE_SIDECAR_RUN_AS_GROUP": "65533"})
+    for pod_ctx in (root, restricted, {}):
+        pod = training_pod()
+        pod["spec"]["securityContext"] = copy.deepcopy(pod_ctx)
+        for native in (True, False):
+            out = inject(pod, InjectionConfig(native=native, run_as_user=cfg.run_as_user,
+                                              run_as_group=cfg.run_as_group))
+            assert out is not None
+            [sidecar] = [c for c in out["spec"].get("initContainers", []) + out["spec"]["containers"]
+                         if c["name"] == names.SIDECAR_CONTAINER]
+            ctx = sidecar["securityContext"]
+            assert RESTRICTED.items() <= ctx.items(), ctx
+            assert _effective(pod_ctx, ctx, "runAsUser") == 65532
+            assert _effective(pod_ctx, ctx, "runAsGroup") == 65533
+            assert _effective(pod_ctx, ctx, "runAsNonRoot") is True
+            assert _effective(pod_ctx, ctx, "seccompProfile") == {"type": "RuntimeDefault"}
+            assert out["spec"]["securityContext"] == pod_ctx  # the pod's own settings are left as they are
+    assert (InjectionConfig().run_as_user, InjectionConfig().run_as_group) == (65532, 65532)  # the image's USER

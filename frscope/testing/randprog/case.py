@@ -1,0 +1,160 @@
+"""One random case from a seed: layout, program, fault, execution, truth, and the capture in three forms
+(torch's pickle and JSON files, as copies or with their write times as mtimes, and sidecar snapshots
+with live stacks and the capture time), written to a folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from frscope.testing.randprog import torchpickle
+from frscope.testing.randprog.executor import BLOCKED, EXITED, FAILED, STUCK, Execution, execute
+from frscope.testing.randprog.faults import Fault, apply_fault
+from frscope.testing.randprog.layout import random_layout
+from frscope.testing.randprog.program import Program, random_program
+from frscope.testing.randprog.recorder import dump, ns
+from frscope.testing.randprog.stacks import stack_text
+from frscope.testing.randprog.truth import FILE_FORMS, Truth, truth_of
+
+FORMS = ("snapshot", "pickle", "json")
+POLL_S = 0.3  # how often a sidecar reads a rank's recorder
+NO_DUMP_WHY = "the rank crashed without a dump and no exit code was passed: nothing says it ever existed"
+STALE_GLOO_WHY = ("one rank's recorder was read steps before its peers', whose recorders show every op retired: "
+                  "on gloo a crash after that read leaves the same files (its peers fail at once and gloo retires "
+                  "the failed op); the exit codes or live stacks decide")
+NO_TORCH_FRAME_WHY = ("the waiting ranks sit in Work.wait() of unrecorded ops (batch_isend_irecv, async ops): a C++ "
+                      "call, so their stacks' top frame is their own Python, like the culprit's")
+EVICTED_WHY = "the ring buffer wrapped: a rank's entry of the collective where the ranks disagreed is gone"
+UNRECORDED_WHY = ("gloo records no point-to-point op (send/recv, batch_isend_irecv, monitored_barrier): "
+                  "without live stacks the recorders cannot show who started the wait")
+
+
+@dataclass(slots=True)
+class Case:
+    seed: int
+    program: Program
+    fault: Fault
+    ex: Execution
+    truth: Truth
+    capture_t: float  # seconds into the run when the live ranks were read
+    version: str
+    copied: bool  # the file forms are copies: their mtimes are the copy's, hours later
+    exits: dict[int, int]
+    dump_t: dict[str, dict[int, float]]  # form -> rank -> when its recorder was read
+    buffer: int  # the recorder's ring size (TORCH_FR_BUFFER_SIZE)
+
+    @property
+    def hung(self) -> bool:
+        return any(st.status in (BLOCKED, STUCK) for st in self.ex.states.values())
+
+    def undecidable(self, form: str) -> str:
+        why = self.truth.undecidable.get(form, "")
+        if why:
+            return why
+        if self.truth.via_unrecorded and self.program.backend == "gloo":
+            if form in FILE_FORMS:
+                return UNRECORDED_WHY
+            waiting = [st.block_op for st in self.ex.states.values() if st.status == BLOCKED]
+            if waiting and all(op is not None and op.kind in ("wait", "batch") for op in waiting):
+                return NO_TORCH_FRAME_WHY
+        rdv = self.truth.mismatch_at
+        if rdv is not None:
+            for rank in rdv.recs:
+                tv = self.dump_t[form].get(rank)
+                seen = [e for e in self.ex.states[rank].issued if tv is not None and e.t_created <= tv]
+                if not any(e.rdv is rdv for e in seen[-self.buffer:]):
+                    return EVICTED_WHY
+        if (form in FILE_FORMS and self.truth.category == "healthy" and self.program.backend == "gloo"
+                and self.fault.name == "stale_read"):
+            return STALE_GLOO_WHY
+        if form in FILE_FORMS and self.truth.category != "healthy":
+            gone = [r for r in self.truth.culprits if r not in self.dump_t[form]]
+            if gone and not all(r in self.exits for r in gone):
+                return NO_DUMP_WHY
+        return ""
+
+
+def make_case(seed: int, fault: str | None = None) -> Case:
+    rng = random.Random(seed)
+    layout = random_layout(rng)
+    program = random_program(rng, layout)
+    flt = apply_fault(rng, program, fault)
+    ex = execute(program, rng)
+    truth = truth_of(ex)
+    hung = any(st.status in (BLOCKED, STUCK) for st in ex.states.values())
+    capture = ex.end_t + (rng.uniform(20, 900) if hung else rng.uniform(0.01, 0.5))
+    version = rng.choices(("2.10", "2.4", "2.2"), (8, 1, 1))[0]
+    copied = rng.random() < 0.5
+    buffer = 2000 if rng.random() < 0.88 else rng.randint(8, 40)
+    exited = {r: st for r, st in ex.states.items() if st.status in (EXITED, FAILED)}
+    aborted = any(r.outcome == "abort" for r in ex.rdvs)
+    exits = {r: st.code for r, st in exited.items()} if (flt.exits_known or aborted) else {}
+    dump_t: dict[str, dict[int, float]] = {f: {} for f in FORMS}
+    for r, st in ex.states.items():
+        if st.status not in (EXITED, FAILED):
+            for f in FORMS:
+                dump_t[f][r] = capture + 0.0007 * r
+                if flt.name == "stale_read" and r in flt.ranks:
+                    # read just before its compute of that step ended (the step's first op not yet issued)
+                    dump_t[f][r] = st.last_step_t.get(flt.step, capture) - 1e-6
+            continue
+        # the sidecar's last poll, unless the rank wrote a dump as it died (its dump-dir watcher reads it)
+        dump_t["snapshot"][r] = max(0.0, st.t - rng.uniform(0, POLL_S))
+        when: float | None = None
+        if flt.dump == "periodic" and r in flt.ranks and st.block_op is not None:
+            earlier = max(1, st.block_op.step - flt.stale_steps)
+            when = st.last_step_t.get(earlier, 0.0) - 1e-6
+        elif st.dump_at_exit:
+            when = st.t + 0.001
+        if when is not None:
+            for f in FILE_FORMS:
+                dump_t[f][r] = when
+            if st.dump_at_exit:
+                dump_t["snapshot"][r] = when
+    return Case(seed, program, flt, ex, truth, capture, version, copied, exits, dump_t, buffer)
+
+
+def write_form(case: Case, form: str, folder: Path) -> list[Path]:
+    """The form's files for every rank that has one; mtimes as the capture left them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    ex, paths = case.ex, []
+    later_ns = ns(ex, case.capture_t) + int(3600e9 * (1 + case.seed % 47))
+    for r, tv in sorted(case.dump_t[form].items()):
+        if form == "snapshot":
+            trace = dump(ex, r, tv, pickle=False, version=case.version, buffer=case.buffer)
+            st = ex.states[r]
+            piece = {"frscope_snapshot": 1, "rank": r, "source": "randprog", "captured_at_ns": ns(ex, tv),
+                     "stacks": stack_text(st) if st.status not in (EXITED, FAILED) else None, "trace": trace}
+            path = folder / f"rank-{r}.json"
+            path.write_text(json.dumps(piece, separators=(",", ":")))
+        elif form == "pickle":
+            path = folder / f"comm_lib_trace_rank_{r}"
+            path.write_bytes(torchpickle.dumps(dump(ex, r, tv, pickle=True, version=case.version, buffer=case.buffer)))
+        else:
+            path = folder / f"trace_rank_{r}.json"
+            path.write_text(json.dumps(dump(ex, r, tv, pickle=False, version=case.version, buffer=case.buffer),
+                                       sort_keys=True, separators=(",", ":")))
+        if form != "snapshot":
+            when = later_ns if case.copied else ns(ex, tv)
+            os.utime(path, ns=(when, when))
+        paths.append(path)
+    return paths
+
+
+def describe(case: Case) -> str:
+    ex, layout = case.ex, case.program.layout
+    lines = [f"seed {case.seed}: world {layout.world}, {case.program.backend}, format {case.version}, "
+             f"ring {case.buffer}"
+             + (", file forms copied" if case.copied else ""),
+             "groups: " + "; ".join(f"{g.name} {g.desc} {list(g.ranks)}" for g in layout.groups),
+             *case.program.notes,
+             f"fault: {case.fault.name} ranks {list(case.fault.ranks)} step {case.fault.step} {case.fault.detail}",
+             "final: " + ", ".join(f"{r} {st.status}" + (f" {st.blocked[0].key}" if st.blocked else "")
+                                   + (f" code {st.code}" if st.status in (EXITED, FAILED) else "")
+                                   for r, st in sorted(ex.states.items())),
+             f"truth: {case.truth.category} {list(case.truth.culprits)} ({case.truth.why})"
+             + (f"; exits {case.exits}" if case.exits else "")]
+    return "\n".join(lines)

@@ -1,0 +1,155 @@
+"""The random-program executor and its truth, on hand-built programs: the truth follows what the executor
+ended in (sinks, cycles, counts, mismatches), never the fault's name, and the written dumps load."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from frscope.records import load_dumps
+from frscope.records.safe_pickle import safe_loads
+from frscope.testing.randprog import torchpickle
+from frscope.testing.randprog.case import FORMS, make_case, write_form
+from frscope.testing.randprog.executor import BLOCKED, DONE, FAILED, execute
+from frscope.testing.randprog.faults import apply_fault
+from frscope.testing.randprog.layout import DEFAULT, NEW_GROUP, Group, Layout
+from frscope.testing.randprog.program import Call, Op, build_program
+from frscope.testing.randprog.recorder import dump
+from frscope.testing.randprog.truth import truth_of
+
+
+def _layout(world: int, *subgroups: tuple[int, ...]) -> Layout:
+    groups = [Group(0, "0", "default_pg", tuple(range(world)), DEFAULT)]
+    groups += [Group(i, str(i), "sub", ranks, NEW_GROUP) for i, ranks in enumerate(subgroups, 1)]
+    return Layout(world, tuple(groups), tuple((g.index,) for g in groups))
+
+
+def _program(layout: Layout, calls: list[Call], backend: str = "gloo", steps: int = 3):  # type: ignore[no-untyped-def]
+    return build_program(layout, backend, [], calls, steps=steps, step_s=0.05)
+
+
+def _first(ops: list[Op], group: int, step: int) -> int:
+    return next(i for i, op in enumerate(ops) if op.kind == "coll" and op.group == group and op.step == step)
+
+
+def test_a_rank_stuck_in_python_is_the_sink_its_peers_wait_for() -> None:
+    prog = _program(_layout(4), [Call("all_reduce", 0, (8,), "Float")])
+    prog.ops[2].insert(_first(prog.ops[2], 0, 2), Op("stuck", 2, func="load_next_batch"))
+    ex = execute(prog, random.Random(0))
+    truth = truth_of(ex)
+    assert (truth.category, truth.culprits) == ("RankNotJoined", (2,))
+    assert [ex.states[r].status for r in (0, 1, 3)] == [BLOCKED] * 3
+
+
+def test_swapped_groups_form_a_cycle_broken_at_the_rank_out_of_order() -> None:
+    layout = _layout(6, (3, 4, 5))
+    prog = _program(layout, [Call("all_reduce", 1, (8,), "Float"), Call("all_reduce", 0, (8,), "Float")])
+    ops = prog.ops[3]
+    at = _first(ops, 1, 2)
+    ops[at], ops[at + 1] = ops[at + 1], ops[at]
+    truth = truth_of(execute(prog, random.Random(0)))
+    assert (truth.category, truth.culprits, truth.undecidable) == ("RankNotJoined", (3,), {})
+
+
+def test_the_same_swap_in_a_two_rank_group_cannot_be_decided() -> None:
+    prog = _program(_layout(4, (0, 1)), [Call("all_reduce", 1, (8,), "Float"), Call("all_reduce", 0, (8,), "Float")])
+    ops = prog.ops[0]
+    at = _first(ops, 1, 2)
+    ops[at], ops[at + 1] = ops[at + 1], ops[at]
+    truth = truth_of(execute(prog, random.Random(0)))
+    assert set(truth.culprits) == {0, 1} and truth.undecidable
+
+
+def test_an_extra_collective_blames_the_rank_with_the_odd_count_not_the_idle_ones() -> None:
+    prog = _program(_layout(4), [Call("all_reduce", 0, (8,), "Float")])
+    ops = prog.ops[1]
+    ops.insert(_first(ops, 0, 3), ops[_first(ops, 0, 3)])
+    ex = execute(prog, random.Random(0))
+    assert ex.states[1].status == BLOCKED and all(ex.states[r].status == DONE for r in (0, 2, 3))
+    truth = truth_of(ex)
+    assert (truth.category, truth.culprits) == ("RankNotJoined", (1,))
+
+
+def test_mismatches_by_the_minority_signature_and_gloo_byte_counts() -> None:
+    calls = [Call("all_reduce", 0, (8,), "Float")]
+    for dtype, outcome in (("Int", "silent"), ("Double", "abort")):
+        prog = _program(_layout(3), calls)
+        at = _first(prog.ops[2], 0, 2)
+        op = prog.ops[2][at]
+        rec = op.recs[0]
+        prog.ops[2][at] = Op("coll", op.step, 0, recs=(type(rec)(rec.op, rec.in_sizes, (dtype,), rec.out_sizes,
+                                                                 (dtype,), rec.shape, dtype, rec.api),))
+        ex = execute(prog, random.Random(0))
+        truth = truth_of(ex)
+        assert (truth.category, truth.culprits) == ("DtypeMismatch", (2,))
+        assert {r.outcome for r in ex.rdvs} >= {outcome}
+        if outcome == "abort":  # the common side aborts without a dump: the evidence cannot decide
+            assert truth.undecidable and not ex.states[0].dump_at_exit and ex.states[2].dump_at_exit
+
+
+def test_gloo_peers_of_a_dead_rank_fail_and_their_dumps_retire_the_failed_op() -> None:
+    prog = _program(_layout(3), [Call("all_reduce", 0, (8,), "Float")])
+    prog.ops[1].insert(_first(prog.ops[1], 0, 2), Op("crash", 2, code=137))
+    ex = execute(prog, random.Random(0))
+    assert ex.states[0].status == ex.states[2].status == FAILED
+    truth = truth_of(ex)
+    assert (truth.category, truth.culprits) == ("RankStopped", (1,))
+    last = dump(ex, 0, ex.end_t + 1, pickle=False)["entries"][-1]
+    assert last["retired"] is True and last["state"] == "scheduled"
+
+
+def test_nccl_python_goes_on_until_the_step_sync_and_records_p2p() -> None:
+    prog = _program(_layout(2), [Call("all_reduce", 0, (8,), "Float"), Call("sendrecv", 0, (4,), "Float", src=0,
+                                                                                 dst=1)], backend="nccl")
+    prog.ops[1].insert(_first(prog.ops[1], 0, 2), Op("stuck", 2, func="load_next_batch"))
+    ex = execute(prog, random.Random(0))
+    entries = dump(ex, 0, ex.end_t + 30, pickle=False)["entries"]
+    names = [e["profiling_name"] for e in entries]
+    assert "nccl:send 0->1" in names and names[-1] == "nccl:send 0->1"  # enqueued past the hung all_reduce
+    states = {e["profiling_name"]: e["state"] for e in entries[-2:]}
+    assert states == {"nccl:all_reduce": "started", "nccl:send 0->1": "started"}
+    assert ex.states[0].block_op is not None and ex.states[0].block_op.kind == "wait"
+
+
+def test_every_form_loads_and_pickles_are_safe_to_read(tmp_path: Path) -> None:
+    for seed in range(30):
+        case = make_case(seed)
+        for form in FORMS:
+            folder = tmp_path / f"{seed}-{form}"
+            paths = write_form(case, form, folder)
+            if not paths:
+                continue
+            dumpset = load_dumps([folder], jobs=1)
+            assert not [p for p in dumpset.problems if p.kind != "warning"], (seed, form)
+            assert set(dumpset.dumps) == set(case.dump_t[form])
+        want = dump(case.ex, 0, case.capture_t, pickle=True)
+        assert safe_loads(torchpickle.dumps(want), "randprog") == want
+
+
+def test_the_fault_name_does_not_make_the_truth() -> None:
+    # a fault drawn where it changes nothing leaves a healthy truth (no collective to change: a barrier-only
+    # template cannot take a wrong size)
+    prog = _program(_layout(2), [Call("barrier", 0, (), "Float")])
+    fault = apply_fault(random.Random(3), prog, "wrong_size")
+    assert fault.name == "healthy"
+    assert truth_of(execute(prog, random.Random(0))).category == "healthy"
+
+
+def test_p2p_peer_errors_blame_the_rank_whose_peer_never_posts_the_counterpart() -> None:
+    for backend in ("gloo", "nccl"):
+        # a pipeline 0 -> 1 -> 2 where rank 2 receives from rank 0, which never sends to it
+        prog = _program(_layout(3), [Call("sendrecv", 0, (4,), "Float", src=0, dst=1),
+                                     Call("sendrecv", 0, (4,), "Float", src=1, dst=2)], backend=backend)
+        ops = prog.ops[2]
+        at = next(i for i, op in enumerate(ops) if op.kind == "p2p" and op.step == 2)
+        ops[at] = Op("p2p", 2, 0, peer=0, send=False, shape=(4,))
+        truth = truth_of(execute(prog, random.Random(0)))
+        assert (truth.category, truth.culprits) == ("P2PMismatch", (2,)), backend
+        # both ranks receiving first deadlock on either backend (NCCL: one stream per peer, in order)
+        prog = _program(_layout(3), [Call("all_reduce", 0, (8,), "Float")], backend=backend)
+        for me, peer in ((0, 1), (1, 0)):
+            at = next(i for i, op in enumerate(prog.ops[me]) if op.kind == "coll" and op.step == 2)
+            prog.ops[me][at:at] = [Op("p2p", 2, 0, peer=peer, send=False, shape=(4,)),
+                                   Op("p2p", 2, 0, peer=peer, send=True, shape=(4,))]
+        truth = truth_of(execute(prog, random.Random(0)))
+        assert (truth.category, truth.culprits) == ("P2PMismatch", (0, 1)), backend
