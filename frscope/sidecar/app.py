@@ -50,6 +50,7 @@ from frscope.sidecar.schedule import next_slot, phase_s
 from frscope.sidecar.snapshot import Snapshots
 from frscope.sidecar.status import status_document
 from frscope.sidecar.tls import FromFiles, OperatorIssued, ServingTls, operator_context
+from frscope.sidecar.unrecorded import UnrecordedWatch
 from frscope.wire import StatusDoc
 
 log = logging.getLogger("frscope.sidecar")
@@ -82,6 +83,8 @@ class Sidecar:
             verifier = OperatorVerifier(keys, config.operator_identity, audiences)
         self.auth = BearerToken(config.token_file, verifier)
         self.poller = Poller(config, self.tracker, self.metrics)
+        self.unrecorded = UnrecordedWatch(config.suspect_min_s, config.suspect_after_s, config.stall_after_s,
+                                          config.poll_interval_s)
         self.snapshots = Snapshots(config, self.poller, self.tracker, self.evidence, self.dumps, self.metrics)
         self.pusher: Pusher | None = None
         self.tls: ServingTls | None = None
@@ -239,14 +242,33 @@ class Sidecar:
                 await self.capture(found.capture)  # (takes every live rank's stacks too)
             elif stacks:
                 await self.poller.fetch_stacks()
+            await self._unrecorded_round()
             if found.exits and self.pusher is not None:
                 self.pusher.submit("exit", await self.snapshots.render_gz("exit"))
             return found.newly
 
-    async def capture(self, reason: str) -> Capture:
-        """Stacks of every live rank, paired with this round's recorders; kept, and pushed."""
+    async def _unrecorded_round(self) -> None:
+        """A hang the recorder cannot see (unrecorded.py): suspected or confirmed, it is captured and
+        pushed as a stall's suspicion is; its end retires that capture."""
+        now_ns = self.poller.last_round_ns or time.time_ns()
+        event = await self.unrecorded.round(self.poller, now_ns)
+        self.metrics.show_unrecorded(self.unrecorded, self.ranks, now_ns)  # (with the state: no await between)
+        if event in ("suspect", "stall"):
+            if event == "stall":
+                self.metrics.suspected_stalls.labels(outcome="confirmed").inc()
+            if self._capture_wanted(event):
+                await self.poller.refresh_recorders()
+                await self.capture(event, unrecorded=True)
+        elif event == "resumed":
+            self.metrics.suspected_stalls.labels(outcome="resumed").inc()
+        if event == "resumed" or (not self.unrecorded.suspected and self.snapshots.unrecorded_capture_held()):
+            self.snapshots.retire_unrecorded()
+
+    async def capture(self, reason: str, *, unrecorded: bool = False) -> Capture:
+        """Stacks of every live rank, paired with this round's recorders; kept, and pushed.
+        `unrecorded`: a hang the recorder cannot see (no group of it is in flight)."""
         with_stacks = await self.poller.fetch_stacks()
-        capture = await self.snapshots.capture(reason, len(with_stacks))
+        capture = await self.snapshots.capture(reason, len(with_stacks), unrecorded=unrecorded)
         if self.pusher is not None:
             self.pusher.submit(reason, capture.body_gz)
         return capture
@@ -292,7 +314,7 @@ class Sidecar:
 
     def status(self) -> StatusDoc:
         return status_document(self.config, self.ranks, self.tracker, self.evidence, self.dumps,
-                                self.poller.last_round_ns, time.time_ns(), self.poller.lateness)
+                                self.poller.last_round_ns, time.time_ns(), self.poller.lateness, self.unrecorded)
 
 
 def _write_port_file(path: Path, port: int) -> None:

@@ -33,6 +33,8 @@ class Capture:
     # current evidence until one of them enqueues again.
     stalled_groups: dict[tuple[int, str], int] = field(default_factory=dict)
     path: Path | None = None
+    # A hang the recorder cannot see (frscope.sidecar.unrecorded): current until that suspicion ends.
+    unrecorded: bool = False
 
     @property
     def name(self) -> str:

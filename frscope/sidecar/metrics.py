@@ -15,6 +15,7 @@ from frscope import __version__
 from frscope.analysis.lateness import RankLateness
 from frscope.sidecar.evidence import EvidenceStore
 from frscope.sidecar.progress import SUSPICION_OUTCOMES, StallTracker
+from frscope.sidecar.unrecorded import UnrecordedWatch
 
 DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0)
 POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -115,6 +116,31 @@ class SidecarMetrics:
             "1 while the rank is a straggler: late far more often than chance, costing the job >= 10% of its time",
             ["rank"], registry=registry,
         )
+        self.unrecorded_suspected = Gauge(
+            "frscope_unrecorded_wait_suspected",
+            "1 while the rank's stack waits in a torch.distributed call its recorder does not show (gloo's p2p, "
+            "monitored_barrier) with every recorder of the pod idle past the job's usual step: a suspected hang "
+            "the recorder cannot see (stays 1 once confirmed, until the recorders or the stacks move)",
+            ["rank"], registry=registry,
+        )
+        self.unrecorded_stalled = Gauge(
+            "frscope_unrecorded_wait_stalled",
+            "1 while such a wait is confirmed: the recorders idle for --stall-after with the rank's stack still "
+            "in the same torch.distributed call",
+            ["rank"], registry=registry,
+        )
+        self.recorder_quiet = Gauge(
+            "frscope_recorder_quiet_seconds",
+            "How long no recorder of the pod's live ranks has moved with nothing in flight (0: something in "
+            "flight, or a recorder moved at the last poll)",
+            registry=registry,
+        )
+        self.recorder_quiet_threshold = Gauge(
+            "frscope_recorder_quiet_threshold_seconds",
+            "Quiet recorders past this make the sidecar read the ranks' stacks: 3 x the job's usual step, within "
+            "--suspect-min and --suspect-after, at most --stall-after",
+            registry=registry,
+        )
         self.worker_up = Gauge(
             "frscope_worker_up", "1 when the rank's worker server answered the last poll", ["rank"],
             registry=registry,
@@ -183,6 +209,16 @@ class SidecarMetrics:
             self.suspected.labels(**labels).set(1 if group.suspected else 0)
             self.suspect_threshold.labels(**labels).set(group.suspect_threshold_s)
             self.usual_wait.labels(**labels).set(group.rhythm.usual_wait_s)
+
+    def show_unrecorded(self, watch: UnrecordedWatch, ranks: Mapping[int, object], now_ns: int) -> None:
+        """The watch for hangs the recorder cannot see, after a poll round."""
+        for rank in ranks:
+            label = str(rank)
+            blocked = watch.suspected and rank in watch.blocked
+            self.unrecorded_suspected.labels(rank=label).set(1 if blocked else 0)
+            self.unrecorded_stalled.labels(rank=label).set(1 if blocked and watch.stalled else 0)
+        self.recorder_quiet.set(watch.quiet_s(now_ns))
+        self.recorder_quiet_threshold.set(watch.threshold_s)
 
     def show_lateness(self, found: dict[int, RankLateness], ranks: Mapping[int, object]) -> None:
         """Every local rank's lateness against the others (0 where not compared), after a poll round."""

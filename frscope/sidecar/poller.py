@@ -389,6 +389,14 @@ class Poller:
         state.wait_sampled_ns = None  # what it did while unreachable is unknown: not a wait
         return was_up
 
+    async def refresh_recorders(self) -> None:
+        """Every live rank's full recorder of the latest round, for a capture that a round did not ask
+        for (a hang the recorder cannot see: the kept recorders may be a few probes old, and the
+        capture's age is read from when they were fetched)."""
+        now_ns = self.last_round_ns or time.time_ns()
+        behind = [s for s in self.ranks.values() if s.up and s.raw_ns != now_ns]
+        await asyncio.gather(*(self._fetch_full(s, now_ns, None, "stall_capture") for s in behind))
+
     async def fetch_stacks(self) -> list[int]:
         """dump_traceback from every rank that answered the last round; the ranks that gave one."""
         ranks = [s for s in self.ranks.values() if s.up and s.raw_ns is not None]

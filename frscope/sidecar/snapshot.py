@@ -103,9 +103,20 @@ class Snapshots:
                 return None
         return capture
 
-    async def capture(self, reason: str, with_stacks: int) -> Capture:
+    def unrecorded_capture_held(self) -> bool:
+        current = self.current_capture()
+        return current is not None and current.unrecorded
+
+    def retire_unrecorded(self) -> None:
+        """A hang the recorder cannot see is over: its capture is no longer the truth."""
+        current = self.current_capture()
+        if current is not None and current.unrecorded:
+            self.stale_captures.add(current.captured_at_ns)
+
+    async def capture(self, reason: str, with_stacks: int, *, unrecorded: bool = False) -> Capture:
         """This round's recorders (and the stacks just taken of `with_stacks` ranks) as one capture,
-        kept in memory and on disk."""
+        kept in memory and on disk. `unrecorded`: a hang the recorder cannot see; every group of the
+        pod's ranks is watched (one that enqueues again ends it), and its end retires it."""
         ranks = self.poller.ranks
         now_ns = self.poller.last_round_ns or time.time_ns()
         states = [s for s in ranks.values() if s.raw_z is not None]
@@ -127,9 +138,10 @@ class Snapshots:
             assemble, head, sorted(pieces.items()), errors, self.config.max_snapshot_bytes
         )
         stalled = {  # (suspected groups: a confirmed stall is one too)
-            (g.rank, g.sample.pg): g.sample.last_enqueued_seq or 0 for g in self.tracker.suspected
+            (g.rank, g.sample.pg): g.sample.last_enqueued_seq or 0
+            for g in (self.tracker.groups.values() if unrecorded else self.tracker.suspected)
         }
-        capture = Capture(reason, now_ns, pieces, body_gz, stalled)
+        capture = Capture(reason, now_ns, pieces, body_gz, stalled, unrecorded=unrecorded)
         written = await asyncio.to_thread(self.evidence.write, capture)
         if not written:
             self.metrics.evidence_write_errors.inc()

@@ -10,7 +10,8 @@ from frscope.sidecar.dumpdir import DumpDirWatcher
 from frscope.sidecar.evidence import EvidenceStore
 from frscope.sidecar.progress import GroupSample, StallTracker
 from frscope.sidecar.ranks import RankState
-from frscope.wire import DumpFileDoc, GroupStatusDoc, LatenessDoc, RankStatusDoc, StatusDoc
+from frscope.sidecar.unrecorded import UnrecordedWatch
+from frscope.wire import DumpFileDoc, GroupStatusDoc, LatenessDoc, RankStatusDoc, StatusDoc, UnrecordedWaitDoc
 
 
 def _lateness_doc(found: RankLateness | None) -> LatenessDoc | None:
@@ -30,9 +31,21 @@ def arrivals_doc(sample: GroupSample, each: int) -> list[list[int]]:
     return [[seq, ns, waits[seq]] if seq in waits else [seq, ns] for seq, ns in sample.arrivals[-each:]]
 
 
+def _unrecorded_doc(watch: UnrecordedWatch | None, rank: int, now_ns: int) -> UnrecordedWaitDoc | None:
+    """The rank's part in a hang the recorder cannot see (suspected or confirmed), else None."""
+    if watch is None or not watch.suspected or rank not in watch.blocked:
+        return None
+    wait = watch.blocked[rank]
+    return {"op": wait.op, "site": wait.site, "no_progress_s": round(watch.quiet_s(now_ns), 3),
+            "suspected_since_ns": watch.suspected_since_ns, "stalled": watch.stalled,
+            "stalled_since_ns": watch.stalled_since_ns, "usual_step_s": round(watch.usual_step_s, 3),
+            "suspect_threshold_s": watch.threshold_s}
+
+
 def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker: StallTracker,
                     evidence: EvidenceStore, dumps: DumpDirWatcher | None, last_round_ns: int | None,
-                    now_ns: int, lateness: dict[int, RankLateness] | None = None) -> StatusDoc:
+                    now_ns: int, lateness: dict[int, RankLateness] | None = None,
+                    unrecorded: UnrecordedWatch | None = None) -> StatusDoc:
     by_rank: dict[str, RankStatusDoc] = {}
     listed = sum(1 for rank in ranks for group in tracker.for_rank(rank).values() if group.sample.arrivals)
     each = wire.status_arrivals_each(listed)
@@ -68,6 +81,7 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
             "restart_count": restarts if isinstance(restarts := state.meta.get("restart_count"), int) else None,
             "groups": groups,
             "lateness": _lateness_doc((lateness or {}).get(rank)),
+            "unrecorded_wait": _unrecorded_doc(unrecorded, rank, now_ns),
         }
     capture = evidence.latest()
     dump_files: list[DumpFileDoc] = []
@@ -83,8 +97,9 @@ def status_document(config: SidecarConfig, ranks: dict[int, RankState], tracker:
         "node": config.node,
         "captured_at_ns": last_round_ns or now_ns,
         "answered_at_ns": now_ns,
-        "stalled": any(g.stalled for g in tracker.groups.values()),
-        "suspected": any(g.suspected for g in tracker.groups.values()),
+        "stalled": any(g.stalled for g in tracker.groups.values()) or (unrecorded is not None and unrecorded.stalled),
+        "suspected": any(g.suspected for g in tracker.groups.values()) or (
+            unrecorded is not None and unrecorded.suspected),
         "ranks": by_rank,
         "dump_dir": {
             "path": str(config.dump_dir) if config.dump_dir else None,

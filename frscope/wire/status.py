@@ -60,6 +60,20 @@ class LatenessDoc(TypedDict):
     straggler: bool
 
 
+class UnrecordedWaitDoc(TypedDict):
+    """A rank waiting in a torch.distributed call its recorder does not show (gloo's p2p,
+    monitored_barrier) while every recorder of the pod is idle: a hang the recorder cannot see."""
+
+    op: str  # the call its stack waits in: recv, monitored_barrier, batch_isend_irecv (pipelining)...
+    site: str  # where the user's code called it ("" if unknown)
+    no_progress_s: float  # how long the pod's recorders have been idle
+    suspected_since_ns: int | None
+    stalled: bool
+    stalled_since_ns: int | None
+    usual_step_s: float
+    suspect_threshold_s: float
+
+
 class RankStatusDoc(TypedDict):
     up: bool
     error: str | None
@@ -70,6 +84,8 @@ class RankStatusDoc(TypedDict):
     restart_count: int | None  # torchrun's TORCHELASTIC_RESTART_COUNT of the serving process (bootstrap)
     groups: dict[str, GroupStatusDoc]
     lateness: NotRequired[LatenessDoc | None]  # None: not compared (the pod's only rank, or no arrivals yet)
+    # None: the rank is in no hang the recorder cannot see (absent in documents of older sidecars)
+    unrecorded_wait: NotRequired[UnrecordedWaitDoc | None]
 
 
 class DumpFileDoc(TypedDict):
@@ -113,12 +129,19 @@ class StatusDoc(TypedDict):
 @dataclass(frozen=True, slots=True)
 class GroupStall:
     rank: int
-    group: str
+    group: str  # "" for a wait the recorder does not show (`unrecorded`)
     desc: str
     op: str | None
     seq: int | None
     age_s: float | None
     restarts: int | None = None  # torchrun restarted the rank's worker group this many times
+    unrecorded: bool = False  # a wait in a call the recorder does not show: the rank's stack's (no group, no seq)
+
+    def where(self) -> str:
+        """'all_reduce #12 of group 0', or 'recv (not recorded: seen in its stack)'."""
+        if self.unrecorded:
+            return f"{self.op} (not recorded: seen in its stack)"
+        return f"{self.op} #{self.seq} of group {self.group}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +243,11 @@ def _parse_status(obj: Any) -> SidecarStatus:
                                        read_seconds(late.get("lateness_s")) or 0.0,
                                        read_seconds(late.get("share")) or 0.0, read_int(late.get("late")) or 0,
                                        read_int(late.get("compared")) or 0))
+        unrecorded = rank_obj.get("unrecorded_wait")
+        if isinstance(unrecorded, dict) and isinstance(unrecorded.get("op"), str):
+            found_wait = GroupStall(rank, "", "", read_text(unrecorded["op"]), None,
+                                    read_seconds(unrecorded.get("no_progress_s")), restarts, unrecorded=True)
+            (stalls if unrecorded.get("stalled") is True else suspects).append(found_wait)
         groups = rank_obj.get("groups")
         for group, g in (groups.items() if isinstance(groups, dict) else []):
             if not isinstance(g, dict):

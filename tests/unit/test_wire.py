@@ -76,6 +76,22 @@ def test_status_document_parses_into_stalls_and_ranks() -> None:
     status = wire.parse_status(json.loads(json.dumps(doc)))
     assert not status.stalled and status.stalls == () and len(status.suspects) == 1
 
+    # A hang the recorder cannot see: no group in flight, the rank's stack waits in an unrecorded call.
+    unrecorded: wire.UnrecordedWaitDoc = {
+        "op": "monitored_barrier", "site": "train.py:166 (main)", "no_progress_s": 8.0, "suspected_since_ns": 3,
+        "stalled": False, "stalled_since_ns": None, "usual_step_s": 0.2, "suspect_threshold_s": 4.0}
+    doc["ranks"]["3"]["groups"] = {}
+    doc["ranks"]["3"]["unrecorded_wait"] = unrecorded
+    status = wire.parse_status(json.loads(json.dumps(doc)))
+    assert status.suspects == (wire.GroupStall(3, "", "", "monitored_barrier", None, 8.0, unrecorded=True),)
+    assert status.suspects[0].where() == "monitored_barrier (not recorded: seen in its stack)"
+    doc["ranks"]["3"]["unrecorded_wait"] = {**unrecorded, "stalled": True}
+    doc["stalled"] = True
+    status = wire.parse_status(json.loads(json.dumps(doc)))
+    assert status.stalled and [s.op for s in status.stalls] == ["monitored_barrier"] and not status.suspects
+    doc["ranks"]["3"]["unrecorded_wait"] = {"op": 7}  # type: ignore[typeddict-item]  # hostile: no wait
+    assert wire.parse_status(json.loads(json.dumps(doc))).stalls == ()
+
 
 @pytest.mark.parametrize("text", ["0", "-1", "x", "1.5", "", " ", "1000001", "99999999999", "²", "+5", "1e3"])
 def test_snapshot_window_out_of_bounds_is_refused(text: str) -> None:

@@ -235,8 +235,8 @@ class Controller:
         if status.stalls or not status.suspects or self._confirmed_or_busy(key):
             return
         first = min(status.suspects, key=lambda s: (s.seq if s.seq is not None else 1 << 62, s.rank))
-        self.suspicions.suspect(key, f"sidecar of pod {pod}: rank {first.rank} waits in {first.op} #{first.seq} "
-                                     f"of group {first.group} for {first.age_s or 0:.0f} s", status.suspects)
+        self.suspicions.suspect(key, f"sidecar of pod {pod}: rank {first.rank} waits in {first.where()} for "
+                                     f"{first.age_s or 0:.0f} s", status.suspects)
 
     def on_status(self, key: JobKey, statuses: dict[str, SidecarStatus],
                   unreachable: dict[str, str] | None = None) -> None:
@@ -273,8 +273,8 @@ class Controller:
     def _stall_signal(self, key: JobKey, stalls: list[tuple[str, GroupStall]]) -> None:
         pod, first = min(stalls, key=lambda ps: (ps[1].seq if ps[1].seq is not None else 1 << 62, ps[1].rank))
         self.signal(Signal(SignalKind.SIDECAR_STALL, key,
-                           f"sidecar of pod {pod}: rank {first.rank} stalled in {first.op} #{first.seq} "
-                           f"of group {first.group}", pod=pod, group=first.group, seq=first.seq,
+                           f"sidecar of pod {pod}: rank {first.rank} stalled in {first.where()}", pod=pod,
+                           group=first.group or None, seq=first.seq,
                            restarts=first.restarts))
 
     # -- incident handling -------------------------------------------------------------------------

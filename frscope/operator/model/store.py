@@ -94,7 +94,8 @@ def _stall_detail(status: SidecarStatus) -> dict[int, str]:
     for s in sorted(status.stalls, key=lambda s: (s.seq if s.seq is not None else 1 << 62, s.group)):
         if s.rank not in out:
             where = f"{s.op or 'a collective'}" + (f" #{s.seq}" if s.seq is not None else "")
-            out[s.rank] = f"no progress in {where} of group {s.desc or s.group}"
+            out[s.rank] = (f"waits in {s.where()}" if s.unrecorded
+                           else f"no progress in {where} of group {s.desc or s.group}")
     return out
 
 

@@ -1,0 +1,76 @@
+"""Hangs the recorder cannot see, as the sidecar captures them (frscope.sidecar.unrecorded): which stacks
+wait in torch.distributed (frscope.analysis.stacks.blocked_in, what the sidecar asks of each stack), and
+what the analysis makes of a capture where every recorder is idle, some ranks wait in monitored_barrier
+or pipelining's p2p wait and one is in Python. The stacks are faulthandler's text as
+the worker server returned it from real gloo jobs (tests/integration/test_sidecar_unrecorded.py runs
+them live); the recorders are gloo-shaped (every entry `scheduled`, retired)."""
+
+from __future__ import annotations
+
+from frscope import wire
+from frscope.analysis import AnalysisOptions, Category, Report, analyze
+from frscope.analysis.stacks import blocked_in, main_stack
+from frscope.records import assemble, normalize_dump
+from tests.unit import builders as b
+
+S = 1_000_000_000
+SITE = "/venv/lib/python3.11/site-packages/torch/distributed"
+SERVER = "Current thread 0x00007f0a8d7fa6c0 (most recent call first):\n  <no Python frame>\n\n"
+
+
+def _stack(*frames: tuple[str, str, int]) -> str:
+    lines = [f'  File "{file}", line {line} in {name}' for name, file, line in frames]
+    return SERVER + "Thread 0x00007f3e247c9b80 (most recent call first):\n" + "\n".join(lines) + "\n"
+
+
+BARRIER = _stack(("monitored_barrier", f"{SITE}/distributed_c10d.py", 5435), ("main", "/app/train.py", 166),
+                 ("<module>", "/app/train.py", 177))
+PIPELINE = _stack(("_wait_batch_p2p", f"{SITE}/pipelining/schedules.py", 683),
+                  ("_step_microbatches", f"{SITE}/pipelining/schedules.py", 910),
+                  ("step", f"{SITE}/pipelining/schedules.py", 785), ("main", "/app/train.py", 155))
+RECV = _stack(("recv", f"{SITE}/distributed_c10d.py", 2600), ("main", "/app/train.py", 40))
+IN_PYTHON = _stack(("stuck_in_python", "/app/train.py", 77), ("main", "/app/train.py", 163),
+                   ("<module>", "/app/train.py", 177))
+# A rank inside torch.distributed's Python but not waiting (pipelining running a stage's forward).
+FORWARD = _stack(("forward", "/app/model.py", 12), ("forward_one_chunk", f"{SITE}/pipelining/stage.py", 892))
+
+
+def _gloo_steps(steps: int, last_ns: int) -> list[dict[str, object]]:
+    """A gloo recorder of `steps` all_reduces 0.2 s apart, the last enqueued at `last_ns`, all retired."""
+    return [b.entry(seq, backend="gloo", state="scheduled", retired=True,
+                    created_ns=last_ns - (steps - seq) * S // 5) for seq in range(1, steps + 1)]
+
+
+def _capture(stacks: dict[int, str], quiet_s: float) -> Report:
+    last = b.T0 + 100 * S
+    world = len(stacks)
+    pieces = [wire.snapshot_piece(rank, last + int(quiet_s * S), f"socket:/run/rank-{rank}.sock", text,
+                                  b.dump(_gloo_steps(20, last), world=world))
+              for rank, text in stacks.items()]
+    dumps = [normalize_dump(piece, piece["source"], piece["rank"]) for piece in pieces]
+    return analyze(assemble(dumps, []), AnalysisOptions(stall_after_s=10.0))
+
+
+def test_blocked_in_reads_c10d_calls_and_pipelinings_p2p_wait() -> None:
+    assert blocked_in(main_stack(BARRIER)) == "monitored_barrier"
+    assert blocked_in(main_stack(PIPELINE)) == "batch_isend_irecv"
+    assert blocked_in(main_stack(RECV)) == "recv"
+    assert blocked_in(main_stack(IN_PYTHON)) is None
+    assert blocked_in(main_stack(FORWARD)) is None  # inside torch.distributed's Python, not waiting
+
+
+def test_a_monitored_barrier_waiting_for_a_rank_in_python_names_that_rank() -> None:
+    report = _capture({0: BARRIER, 1: IN_PYTHON, 2: BARRIER}, quiet_s=30)
+    [root] = report.findings
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (1,)
+    assert root.op == "monitored_barrier"
+    assert [f.name for f in root.culprit_stacks[1]][:1] == ["stuck_in_python"]
+
+
+def test_a_pipeline_stage_in_python_is_named_by_the_stages_waiting_in_p2p() -> None:
+    report = _capture({0: IN_PYTHON, 1: PIPELINE, 2: PIPELINE}, quiet_s=30)
+    assert [(f.category, f.culprit_ranks) for f in report.findings] == [(Category.RANK_NOT_JOINED, (0,))]
+
+
+def test_a_pause_in_python_is_no_finding() -> None:
+    assert _capture({0: IN_PYTHON, 1: IN_PYTHON, 2: FORWARD}, quiet_s=30).findings == []
