@@ -1,9 +1,9 @@
 """A seeded sample of the random-program sweep (frscope.testing.randprog; the full run is
 `make random-sweep`): frscope's analysis on 200 random programs in three capture forms each, judged
 against the executor's own truth. Healthy programs must give no finding at all; on the decidable
-verdicts the accuracy must stay at or above the floor measured when the generator was written
-(88.5%: 400 of 452 with the analysis of 2026-12-06, after the peer-order, stale and late-set changes) less a margin, so that a change to the analysis
-that loses ground fails here while the redesign in progress may only raise it."""
+verdicts the accuracy must stay at or above the floor measured (88.5%: 400 of 452 with the analysis
+of 2026-12-06, after the peer-order, stale and late-set changes) less a margin, so that a change to the
+analysis that loses ground fails here, while the redesign in progress may only raise it."""
 
 from __future__ import annotations
 
