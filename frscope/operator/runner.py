@@ -37,7 +37,7 @@ from frscope.operator.injection import InjectionConfig, native_sidecars_supporte
 from frscope.operator.kube import BearerAuth, KubeClient, TokenFile
 from frscope.operator.kube.pod_tokens import PodTokens
 from frscope.operator.kube.resources import PODS
-from frscope.operator.ledger import LedgerMetrics, NodeLedger
+from frscope.operator.ledger import LedgerMetrics, LedgerSeal, NodeLedger
 from frscope.operator.model.objects import JobRef
 from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.model.store import JobStore
@@ -215,7 +215,10 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
                 pushes.put(kept)
         log.info("evidence dir %s: %d push(es) kept from before", config.evidence_dir, len(pushes))
     reviewer = Reviewer(kube)
-    publisher = Publisher(kube, instance=config.instance)
+    ca_key = config.sidecar_ca_dir / "tls.key" if config.sidecar_ca_dir is not None else None
+    seal = (await asyncio.to_thread(LedgerSeal.from_sources, config.node_ledger.key_file, ca_key)
+            if config.node_ledger is not None else None)
+    publisher = Publisher(kube, instance=config.instance, seal=seal.sealed if seal is not None else None)
     shown, push_auth = sidecar_auth(config, reviewer)
     decoder = Decoder(config.decode_processes)
     # TLS to the sidecars: an unreadable CA stops the start here, with the reason.
@@ -240,8 +243,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         http.add_routes([aiohttp.web.post(wire.CERTIFICATE_PATH, issuer.handle)])
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
-    ledger = (NodeLedger(kube, LedgerMetrics(registry), config.node_ledger, config.actions, instance=config.instance)
-              if config.node_ledger is not None else None)
+    ledger = (NodeLedger(kube, LedgerMetrics(registry), config.node_ledger, config.actions, instance=config.instance,
+                         seal=seal) if config.node_ledger is not None and seal is not None else None)
     operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer, ledger)
 
     kopf_registry = kopf.OperatorRegistry()
