@@ -106,8 +106,9 @@ def oom_signal(events: Iterable[dict[str, Any]], node: str, at: float, options: 
             continue
         when = _event_time(event)
         if when is not None and abs(when - at) <= options.oom_window_s:
-            return NodeSignal(EvidenceClass.NODE_OOM,
-                              f"the kubelet reported {event['reason']} on the node ({_text(event.get('message'))})")
+            message = _text(event.get("message"))
+            return NodeSignal(EvidenceClass.NODE_OOM, f"the kubelet reported {event['reason']} on the node"
+                              + (f" ({message})" if message else ""))
     return None
 
 

@@ -1,7 +1,8 @@
 """The node ledger's sequence (frscope.operator.ledger.NodeLedger) over the fake API server: recording
 incidents once, only from reports the operator sealed, by tenant and with hardware evidence only from
 the node itself (its conditions, the kubelet's OOM Events), the suspected Event, the dry run, the cordon
-and each limit that refuses it (a namespace's share of the budget too), a person's uncordon. What the real API server decides (the CRD, RBAC, printer columns) is in
+and each limit that refuses it (a namespace's share of the budget too), a person's uncordon. What the
+real API server decides (the CRD, RBAC, printer columns) is in
 tests/e2e/test_node_ledger_e2e.py."""
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ def stamp(at: float) -> str:
 
 
 def put_node(fake: FakeKube, name: str, *, ready: bool = True, cordoned: bool = False,
-             managed: list[dict[str, Any]] | None = None, conditions: list[dict[str, Any]] = ()) -> None:  # type: ignore[assignment]
+             managed: list[dict[str, Any]] | None = None, conditions: list[dict[str, Any]] | None = None) -> None:
     fake.put("nodes", {"apiVersion": "v1", "kind": "Node",
                        "metadata": {"name": name, "labels": {"cloud.google.com/gke-nodepool": "a"},
                                     "managedFields": managed or []},
                        "spec": {"unschedulable": True} if cordoned else {},
                        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"},
-                                                 *conditions]}})
+                                                 *(conditions or [])]}})
 
 
 def after_now(seconds: float) -> float:
@@ -136,11 +137,11 @@ async def test_fencing_cordons_and_a_persons_uncordon_is_recorded_once(nodes: Fa
     await led.refresh()  # still cordoned: nothing to record
     assert frnode(nodes, "n1")["fence"]["state"] == "fenced"
     later = stamp(time.time() + 1)
-    put_node(nodes, "n1", conditions=[XID_CONDITION], managed=[{"manager": "frscope-operator", "operation": "Update", "time": later},
-                                   {"manager": "kubelet", "operation": "Update", "time": later,
-                                    "subresource": "status"},
-                                   {"manager": "kube-controller-manager", "operation": "Update", "time": later},
-                                   {"manager": "kubectl-uncordon", "operation": "Update", "time": later}])
+    put_node(nodes, "n1", conditions=[XID_CONDITION],
+             managed=[{"manager": "frscope-operator", "operation": "Update", "time": later},
+                      {"manager": "kubelet", "operation": "Update", "time": later, "subresource": "status"},
+                      {"manager": "kube-controller-manager", "operation": "Update", "time": later},
+                      {"manager": "kubectl-uncordon", "operation": "Update", "time": later}])
     await led.refresh()
     n1 = frnode(nodes, "n1")
     assert (n1["fence"]["state"], n1["fence"]["releasedBy"], n1["summary"]["state"]) == (
