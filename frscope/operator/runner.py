@@ -208,9 +208,9 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         log.info("evidence dir %s: %d incident view(s) kept from before", config.evidence_dir, len(kept_views))
     spill = EvidenceDir(config.evidence_dir) if config.evidence_dir is not None else None
     pushes = PushStore(on_drop=spill.remove if spill is not None else None)
-    if spill is not None:
-        for kept in await asyncio.to_thread(lambda: list(spill.load(max_entries=config.gather.max_entries,
-                                                                    ttl_s=pushes.ttl_s))):
+    decoder = Decoder(config.decode_processes)
+    if spill is not None:  # decoded in the decoder processes: a big kept push never lands in this one
+        async for kept in spill.reload(decoder, max_entries=config.gather.max_entries, ttl_s=pushes.ttl_s):
             with contextlib.suppress(Full):
                 pushes.put(kept)
         log.info("evidence dir %s: %d push(es) kept from before", config.evidence_dir, len(pushes))
@@ -220,7 +220,6 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
             if config.node_ledger is not None else None)
     publisher = Publisher(kube, instance=config.instance, seal=seal.sealed if seal is not None else None)
     shown, push_auth = sidecar_auth(config, reviewer)
-    decoder = Decoder(config.decode_processes)
     # TLS to the sidecars: an unreadable CA stops the start here, with the reason.
     sidecar_ca = await asyncio.to_thread(SidecarCa, config.sidecar_ca_dir) if config.sidecar_ca_dir else None
     https_name = config.operator_https_name

@@ -20,6 +20,7 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
 from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes, share_groups
+from frscope.operator.evidence.push_decode import decode_file
 from frscope.operator.evidence.sidecars import SidecarClient, SidecarError
 from frscope.operator.kube.backoff import Backoff
 
@@ -73,6 +74,22 @@ class Decoder:
             self._pool = _pool(self.processes)
             raise SidecarError(endpoint, "the decoder process died decoding this body", retryable=False) from None
         return share_groups(evidence, shared if shared is not None else {})
+
+    async def decode_file(self, path: str, endpoint: str, *, max_entries: int, pod: str | None,
+                          namespace: str | None, origin: str = "push") -> PodEvidence:
+        """A body streamed into the file `path` (a push, a push kept on disk), decoded one rank at a time
+        (`push_decode.decode_file`) in a decoder process: the operator's process never holds the body."""
+        call = functools.partial(decode_file, path, endpoint, origin=origin, max_entries=max_entries, pod=pod,
+                                 namespace=namespace)
+        if self._pool is None:
+            return await asyncio.to_thread(call)
+        try:
+            evidence = await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        except BrokenProcessPool:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = _pool(self.processes)
+            raise SidecarError(endpoint, "the decoder process died decoding this body", retryable=False) from None
+        return share_groups(evidence, {})
 
     def close(self) -> None:
         if self._pool is not None:

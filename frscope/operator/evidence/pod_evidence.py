@@ -11,8 +11,10 @@ decided by the newest collectives of every group; the ring buffer is already a w
 
 from __future__ import annotations
 
+import array
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,9 @@ DEFAULT_MAX_ENTRIES = 200
 MAX_EXPANSION = 64
 EXPANSION_FLOOR = 1024 * 1024
 MAX_PIECES = 1024
+# A rank's thread stacks (torch's `dump_traceback` text) kept, at most: a trainer's threads' stacks are
+# tens of KiB; past this the head is kept (the main thread comes first) and the rank says what was cut.
+MAX_STACKS_CHARS = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -49,6 +54,9 @@ class PodEvidence:
     # The pushing pod's uid, when its token says so (--sidecar-auth kubernetes): a job's pods keep their
     # names across a restart, so a push from a pod that is gone is told from its successor by uid.
     pod_uid: str = ""
+    # What the decoded evidence keeps in memory (its tables, stacks, groups: `kept_bytes`), measured
+    # where it was decoded; 0: not measured (then `held_bytes` falls back on the body's size).
+    measured_bytes: int = 0
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -56,12 +64,44 @@ class PodEvidence:
 
     @property
     def held_bytes(self) -> int:
-        """The share of the body this evidence keeps: all of it, less the entries past `max_entries` a
-        rank that were cut from it (a push of 2,000 entries a rank keeps its newest 200: a tenth)."""
-        kept = sum(len(d.entries) for d in self.dumps)
-        if self.cut_here <= 0 or kept + self.cut_here == 0:
-            return self.size_bytes
-        return max(1, self.size_bytes * kept // (kept + self.cut_here))
+        """What this evidence keeps in memory, as measured when it was decoded (every table, stack and
+        group: `kept_bytes`), else the body's size (an upper bound for a body nothing was cut from)."""
+        return self.measured_bytes if self.measured_bytes > 0 else max(1, self.size_bytes)
+
+
+def kept_bytes(dumps: list[RankDump], problems: list[LoadProblem]) -> int:
+    """The memory the decoded evidence keeps: each rank's table columns, its stacks and its groups,
+    and the problems' text, measured object by object (shared objects counted once)."""
+    seen: set[int] = set()
+    total = 0
+    stack: list[Any] = [*dumps, *problems]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, (bool, int, float)) and -5 <= obj <= 256:
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, (str, bytes, bytearray, array.array, int, float)):
+            continue
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(obj)
+        else:
+            for name in getattr(type(obj), "__slots__", ()) or ():
+                stack.append(getattr(obj, name, None))
+            if hasattr(obj, "__dict__"):
+                stack.extend(vars(obj).values())
+    return total
+
+
+def _cap_stacks(dump: RankDump) -> None:
+    if dump.stacks is not None and len(dump.stacks) > MAX_STACKS_CHARS:
+        cut = len(dump.stacks) - MAX_STACKS_CHARS
+        dump.stacks = dump.stacks[:MAX_STACKS_CHARS]
+        dump.warnings.append(f"its thread stacks were cut to their first {MAX_STACKS_CHARS} characters "
+                             f"({cut} left out)")
 
 
 def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES) -> PodEvidence:
@@ -74,21 +114,28 @@ def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = 
                       size_bytes=snapshot.size_bytes)
     out.problems.extend(envelope_problems(snapshot.errors, where))
     for index, raw in enumerate(snapshot.ranks):
-        if isinstance(raw, _Unreadable):
-            out.problems.append(LoadProblem(where, raw.why))
-            continue
-        before = entries_dropped(raw)
-        if max_entries > 0:
-            window_piece(raw, max_entries)
-        got = piece_dump(raw, where, index, columnar=True)
-        if isinstance(got, LoadProblem):
-            out.problems.append(got)
-            continue
-        dropped = entries_dropped(raw)
-        out.entries_dropped += dropped
-        out.cut_here += dropped - before
-        out.dumps.append(got)
+        add_piece(out, raw, index, where, max_entries)
+    out.measured_bytes = kept_bytes(out.dumps, out.problems)
     return out
+
+
+def add_piece(out: PodEvidence, raw: dict[str, Any], index: int, where: str, max_entries: int) -> None:
+    """One rank's decoded piece -> its dump in `out` (cut to `max_entries`, stacks capped), or a problem."""
+    if isinstance(raw, _Unreadable):
+        out.problems.append(LoadProblem(where, raw.why))
+        return
+    before = entries_dropped(raw)
+    if max_entries > 0:
+        window_piece(raw, max_entries)
+    got = piece_dump(raw, where, index, columnar=True)
+    if isinstance(got, LoadProblem):
+        out.problems.append(got)
+        return
+    dropped = entries_dropped(raw)
+    out.entries_dropped += dropped
+    out.cut_here += dropped - before
+    _cap_stacks(got)
+    out.dumps.append(got)
 
 
 def share_groups(evidence: PodEvidence, shared: dict[tuple[int, ...], tuple[int, ...]]) -> PodEvidence:
