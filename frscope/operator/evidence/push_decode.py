@@ -135,7 +135,7 @@ def _piece(body: _Body, at: int, index: int, endpoint: str) -> tuple[Any, int]:
             end, _ = _value_span(text, 0)
             return _Unreadable(f"a rank's snapshot ({end} bytes) is nested too deeply to decode"), at + end
         except ValueError as exc:
-            if whole or not _unfinished(text):
+            if whole or not _cut_short(exc, text):
                 raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
             if size >= MAX_PIECE_BYTES:
                 raise SidecarError(endpoint, f"rank piece #{index} is over {MAX_PIECE_BYTES} bytes: not a "
@@ -143,15 +143,11 @@ def _piece(body: _Body, at: int, index: int, endpoint: str) -> tuple[Any, int]:
             size = min(size * 4, MAX_PIECE_BYTES)  # the piece goes on past the window: read more of it
 
 
-def _unfinished(text: str) -> bool:
-    """Whether the array/object that `text` starts with goes on past it (else the JSON is bad)."""
-    if text[:1] not in ("{", "["):
+def _cut_short(exc: ValueError, text: str) -> bool:
+    """Whether the decoder failed because the window ends inside the piece (read more), not at bad JSON."""
+    if not isinstance(exc, json.JSONDecodeError):
         return False
-    try:
-        _value_span(text, 0)
-    except ValueError:
-        return True
-    return False
+    return exc.msg.startswith("Unterminated string") or exc.pos >= len(text) - 1
 
 
 def decode_file(path: str, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
