@@ -14,7 +14,7 @@ process (separate processes: in a pod they count against the same container limi
 time, and what the push store says the push keeps (`total_bytes`) against the measured growth.
 
     .venv/bin/python bench/push_memory.py                                  # this tree
-    PYTHONPATH=/tmp/before .venv/bin/python bench/push_memory.py           # another tree (git archive)
+    FRSCOPE_TREE=/tmp/before .venv/bin/python bench/push_memory.py         # another tree (git archive)
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 SERVER = r"""
 import asyncio, json, os, sys, time
+if os.environ.get("FRSCOPE_TREE"):  # another tree: ahead of the editable install's finder
+    sys.path.insert(0, os.environ["FRSCOPE_TREE"])
+    sys.meta_path = [f for f in sys.meta_path if "editable" not in repr(f).lower()]
 from pathlib import Path
 from prometheus_client import CollectorRegistry
 from frscope.operator.evidence.gather import Decoder
@@ -44,6 +47,8 @@ from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.serve.operator_http import Health, OperatorHttp
 
 mode, evidence = sys.argv[1], Path(sys.argv[2])
+import frscope
+print("server runs", frscope.__file__, file=sys.stderr)
 
 async def main():
     decoder = Decoder(2)
@@ -53,7 +58,7 @@ async def main():
     if mode == "reload":
         started = time.monotonic()
         if hasattr(spill, "reload"):
-            async for kept in spill.reload(decoder, max_entries=200, ttl_s=store.ttl_s):
+            async for kept in spill.reload(decoder, max_entries=200, ttl_s=store.ttl_s, plain_bytes=256 << 20):
                 store.put(kept)
         else:  # a tree from before: decoded in this process
             for kept in await asyncio.to_thread(lambda: list(spill.load(max_entries=200, ttl_s=store.ttl_s))):
@@ -113,7 +118,8 @@ def rank_piece(base: dict[str, Any], rank: int, entries: int, stacks_bytes: int)
             entry["collective_seq_id"] = i + 1
         grown.append(entry)
     piece["trace"]["entries"] = grown
-    line = '  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2501 in all_reduce\n'
+    line = ('  File "/opt/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", '
+            "line 2501 in all_reduce\n")
     piece["stacks"] = "Thread 0x00007f (most recent call first):\n" + line * (stacks_bytes // len(line))
     return json.dumps(piece).encode()
 
@@ -143,8 +149,7 @@ def push(port: int, body: Path) -> tuple[int, str]:
 
 
 def start(mode: str, evidence: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", SERVER, mode, str(evidence)], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO))})
+    return subprocess.Popen([sys.executable, "-c", SERVER, mode, str(evidence)], stdout=subprocess.PIPE, text=True)
 
 
 def main() -> int:
@@ -157,7 +162,7 @@ def main() -> int:
         body, evidence = Path(tmp) / "body.json", Path(tmp) / "evidence"
         size = write_body(body, args.ranks, args.entries, args.stacks_bytes)
         print(f"body: {size / 2**20:.0f} MiB, {args.ranks} ranks x {args.entries} entries, "
-              f"{args.stacks_bytes / 2**20:.1f} MiB of stacks each; tree: {os.environ.get('PYTHONPATH', REPO)}")
+              f"{args.stacks_bytes / 2**20:.1f} MiB of stacks each; tree: {os.environ.get('FRSCOPE_TREE', REPO)}")
         server = start("serve", evidence)
         assert server.stdout is not None
         try:

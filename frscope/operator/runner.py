@@ -210,7 +210,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
     pushes = PushStore(on_drop=spill.remove if spill is not None else None)
     decoder = Decoder(config.decode_processes)
     if spill is not None:  # decoded in the decoder processes: a big kept push never lands in this one
-        async for kept in spill.reload(decoder, max_entries=config.gather.max_entries, ttl_s=pushes.ttl_s):
+        async for kept in spill.reload(decoder, max_entries=config.gather.max_entries, ttl_s=pushes.ttl_s,
+                                       plain_bytes=config.max_push_bytes):
             with contextlib.suppress(Full):
                 pushes.put(kept)
         log.info("evidence dir %s: %d push(es) kept from before", config.evidence_dir, len(pushes))

@@ -76,11 +76,11 @@ class Decoder:
         return share_groups(evidence, shared if shared is not None else {})
 
     async def decode_file(self, path: str, endpoint: str, *, max_entries: int, pod: str | None,
-                          namespace: str | None, origin: str = "push") -> PodEvidence:
+                          namespace: str | None, origin: str = "push", plain_bytes: int = 0) -> PodEvidence:
         """A body streamed into the file `path` (a push, a push kept on disk), decoded one rank at a time
         (`push_decode.decode_file`) in a decoder process: the operator's process never holds the body."""
         call = functools.partial(decode_file, path, endpoint, origin=origin, max_entries=max_entries, pod=pod,
-                                 namespace=namespace)
+                                 namespace=namespace, plain_bytes=plain_bytes)
         if self._pool is None:
             return await asyncio.to_thread(call)
         try:

@@ -151,8 +151,10 @@ def _cut_short(exc: ValueError, text: str) -> bool:
 
 
 def decode_file(path: str, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
-                pod: str | None = None, namespace: str | None = None) -> PodEvidence:
-    """Decode the snapshot body in the file `path` (gzip or plain; in a decoder process)."""
+                pod: str | None = None, namespace: str | None = None, plain_bytes: int = 0) -> PodEvidence:
+    """Decode the snapshot body in the file `path` (gzip or plain; in a decoder process). A gzip body
+    inflates to at most MAX_EXPANSION x its size (+ EXPANSION_FLOOR), or `plain_bytes` where larger: a
+    push kept on disk was accepted plain up to that size, and compressed by the operator itself."""
     source = Path(path)
     inflated: Path | None = None
     try:
@@ -161,8 +163,8 @@ def decode_file(path: str, endpoint: str, *, origin: str, max_entries: int = DEF
             magic = handle.read(2)
         if magic == b"\x1f\x8b":
             inflated = source.with_name(f".{source.name}.{os.getpid()}.inflated")
-            inflate_file(source, inflated, min(DEFAULT_MAX_SNAPSHOT_BYTES, MAX_EXPANSION * size + EXPANSION_FLOOR),
-                         endpoint)
+            limit = max(MAX_EXPANSION * size + EXPANSION_FLOOR, plain_bytes)
+            inflate_file(source, inflated, min(DEFAULT_MAX_SNAPSHOT_BYTES, limit), endpoint)
             source = inflated
         fd = os.open(source, os.O_RDONLY)
         try:

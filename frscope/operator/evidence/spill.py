@@ -135,25 +135,27 @@ class EvidenceDir:
         log.warning("evidence dir: %s dropped: %s", file, exc)
         file.unlink(missing_ok=True)
 
-    def load(self, *, max_entries: int, ttl_s: float) -> Iterator[PodEvidence]:
+    def load(self, *, max_entries: int, ttl_s: float, plain_bytes: int = 0) -> Iterator[PodEvidence]:
         """The kept pushes decoded in this process (tests, tools), oldest first; `reload` is the operator's."""
         for file, namespace, pod, uid in self.files(ttl_s=ttl_s):
             try:
                 evidence = decode_file(str(file), str(file), origin="push", max_entries=max_entries, pod=pod,
-                                       namespace=namespace)
+                                       namespace=namespace, plain_bytes=plain_bytes)
             except SidecarError as exc:
                 self._dropped(file, exc)
                 continue
             evidence.pod_uid = uid
             yield evidence
 
-    async def reload(self, decoder: Decoder, *, max_entries: int, ttl_s: float) -> AsyncIterator[PodEvidence]:
+    async def reload(self, decoder: Decoder, *, max_entries: int, ttl_s: float,
+                     plain_bytes: int = 0) -> AsyncIterator[PodEvidence]:
         """The kept pushes, oldest first, each decoded in the decoder processes (one at a time: a restart
-        costs the operator's process only the decoded evidence it keeps)."""
+        costs the operator's process only the decoded evidence it keeps). `plain_bytes`: the largest
+        push accepted (`--max-push-bytes`): a plain one was compressed here, maybe past 64x."""
         for file, namespace, pod, uid in await asyncio.to_thread(self.files, ttl_s=ttl_s):
             try:
                 evidence = await decoder.decode_file(str(file), str(file), origin="push", max_entries=max_entries,
-                                                     pod=pod, namespace=namespace)
+                                                     pod=pod, namespace=namespace, plain_bytes=plain_bytes)
             except SidecarError as exc:
                 self._dropped(file, exc)
                 continue

@@ -80,3 +80,18 @@ def test_a_gzip_bomb_stops_at_its_expansion_and_leaves_no_file(tmp_path: Path) -
     with pytest.raises(SidecarError, match="once decompressed"):
         decode_file(write(tmp_path, bomb), "push", origin="push")
     assert [p.name for p in tmp_path.iterdir()] == ["push"]
+
+
+def test_a_kept_push_the_operator_compressed_reloads_past_the_expansion_cap(tmp_path: Path,
+                                                                            hang_ranks: dict[int, Any]) -> None:
+    """A plain push of repetitive stacks compresses past 64x when the operator keeps it: reloading it
+    allows what was accepted plain (`plain_bytes`, --max-push-bytes); a gzip push as sent does not."""
+    obj = json.loads(body(hang_ranks))
+    obj["ranks"][0]["stacks"] = "  File \"train.py\", line 1 in step\n" * 200_000
+    raw = json.dumps(obj).encode()
+    kept = gzip.compress(raw, 9)
+    assert len(raw) > 64 * len(kept) + (1 << 20)
+    with pytest.raises(SidecarError, match="once decompressed"):
+        decode_file(write(tmp_path, kept), "push", origin="push")
+    got = decode_file(write(tmp_path, kept), "push", origin="push", plain_bytes=len(raw))
+    assert got.ranks == (0, 1, 2, 3)
