@@ -55,15 +55,16 @@ def inflate_file(source: Path, target: Path, limit: int, endpoint: str) -> None:
     with source.open("rb") as src, target.open("wb") as out:
         while chunk := src.read(CHUNK):
             try:
-                data = inflater.decompress(chunk, limit + 1 - written)
-                while data:
+                while chunk:  # at most CHUNK bytes out at a time: 1 MiB of gzip may hold 1 GiB
+                    data = inflater.decompress(chunk, CHUNK)
                     written += len(data)
                     if written > limit:
                         raise SidecarError(endpoint, f"answer larger than {limit} bytes once decompressed",
                                            retryable=False)
                     out.write(data)
-                    data = inflater.decompress(inflater.unconsumed_tail, limit + 1 - written) \
-                        if inflater.unconsumed_tail else b""
+                    chunk = inflater.unconsumed_tail
+                    if inflater.eof:
+                        break
             except zlib.error as exc:
                 raise SidecarError(endpoint, f"corrupt gzip: {exc}", retryable=False) from exc
             if inflater.eof:
