@@ -154,6 +154,8 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add("--live-entries", _DEFAULTS.live_entries,
         "web UI: newest collectives per rank in a watched job's live window (0: no live window)", int)
     add("--live-interval", _DEFAULTS.live_interval_s, "web UI: seconds between live window refreshes", float)
+    add("--live-ranks-per-pod", _DEFAULTS.live_ranks_per_pod,
+        "web UI: ranks of one pod's answer a live window keeps (a pod hosts a node's ranks)", int)
     add("--peering", _DEFAULTS.peering, "kopf peering name (several replicas, one active); unset: standalone")
     add("--webhook-port", None, "serve the sidecar-injection webhook on this port; unset: no webhook", int)
     add("--webhook-host", _WEBHOOK.host, "address the webhook listens on")
@@ -289,6 +291,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         report_limit_bytes=args.report_limit,
         live_entries=args.live_entries,
         live_interval_s=args.live_interval,
+        live_ranks_per_pod=args.live_ranks_per_pod,
         peering=args.peering,
         webhook=webhook,
         actions=ActionOptions(

@@ -340,7 +340,8 @@ def mount_default_ui(operator: Operator) -> None:
     behind `--ui-auth`."""
     config = operator.config
     live = (LiveWindows(operator.store, operator.controller.sidecars, entries=config.live_entries,
-                        interval_s=config.live_interval_s, metrics=operator.metrics.perf)
+                        interval_s=config.live_interval_s, metrics=operator.metrics.perf,
+                        decoder=operator.controller.incidents.decoder, ranks_per_pod=config.live_ranks_per_pod)
             if config.live_entries > 0 else None)
     mount_ui(operator.http, operator.store, guard=ui_guard(config.ui_auth, operator.reviewer), live=live,
              ledger=operator.ledger, bundles=operator.controller.writer.bundles)

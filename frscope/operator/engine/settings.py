@@ -111,6 +111,7 @@ class OperatorConfig:
     # entries per rank asked of its sidecars every `live_interval_s`; 0 entries: no live window.
     live_entries: int = 256
     live_interval_s: float = 1.0
+    live_ranks_per_pod: int = 64  # ranks kept of one pod's answer in a live window
     peering: str | None = None  # kopf peering name; None: standalone (one replica)
     webhook: WebhookConfig | None = None
     # Acting on a diagnosis (docs/actions.md): what is allowed, the default policy, limits.

@@ -19,7 +19,13 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 
-from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes, share_groups
+from frscope.operator.evidence.pod_evidence import (
+    DEFAULT_MAX_ENTRIES,
+    MAX_PIECES,
+    PodEvidence,
+    from_bytes,
+    share_groups,
+)
 from frscope.operator.evidence.push_decode import decode_file
 from frscope.operator.evidence.sidecars import SidecarClient, SidecarError
 from frscope.operator.kube.backoff import Backoff
@@ -38,6 +44,7 @@ class GatherOptions:
     decode_threads: int = 2  # bodies decoded at once (threads, or as many as there are processes)
     max_entries: int = DEFAULT_MAX_ENTRIES
     refresh: bool = True
+    max_ranks: int = MAX_PIECES  # ranks kept of one pod's answer (the live windows keep fewer)
 
 
 class Decoder:
@@ -59,11 +66,11 @@ class Decoder:
 
     async def decode(self, raw: bytes, endpoint: str, *, max_entries: int, pod: str | None, namespace: str | None,
                      shared: dict[tuple[int, ...], tuple[int, ...]] | None = None,
-                     origin: str = "sidecar") -> PodEvidence:
+                     origin: str = "sidecar", max_ranks: int = MAX_PIECES) -> PodEvidence:
         """`shared`: the gather's one tuple per distinct group rank list (`evidence.share_groups`).
         `origin`: 'sidecar' (a fetched snapshot) or 'push'."""
         call = functools.partial(from_bytes, raw, endpoint, origin=origin, max_entries=max_entries, pod=pod,
-                                 namespace=namespace)
+                                 namespace=namespace, max_ranks=max_ranks)
         if self._pool is None:
             return await asyncio.to_thread(call)  # in-process: normalize's cache shares them already
         try:
@@ -160,7 +167,8 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
                                                   pod=(namespace, target.pod))
                 async with decoding:
                     return await decoder.decode(raw, target.endpoint, max_entries=options.max_entries,
-                                                pod=target.pod, namespace=namespace, shared=shared)
+                                                pod=target.pod, namespace=namespace, shared=shared,
+                                                max_ranks=options.max_ranks)
         except SidecarError as exc:
             delay = next(delays, None) if exc.retryable else None
             if delay is None:

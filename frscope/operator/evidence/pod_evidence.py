@@ -104,7 +104,8 @@ def _cap_stacks(dump: RankDump) -> None:
                              f"({cut} left out)")
 
 
-def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES) -> PodEvidence:
+def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
+                  max_ranks: int = MAX_PIECES) -> PodEvidence:
     """A pod's snapshot -> its evidence, each rank read by `records.envelope` as the CLI reads an envelope,
     after its cut to the newest `max_entries` entries (frscope.wire's cut, the one the sidecar makes for
     ?entries=N: a sidecar that predates the window, or a push, sends the whole ring). Ranks go into
@@ -113,8 +114,11 @@ def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = 
     out = PodEvidence(snapshot.namespace, snapshot.pod, snapshot.reason, snapshot.captured_at_ns,
                       size_bytes=snapshot.size_bytes)
     out.problems.extend(envelope_problems(snapshot.errors, where))
-    for index, raw in enumerate(snapshot.ranks):
+    for index, raw in enumerate(snapshot.ranks[:max_ranks]):
         add_piece(out, raw, index, where, max_entries)
+    if len(snapshot.ranks) > max_ranks:
+        out.problems.append(LoadProblem(where, f"{len(snapshot.ranks)} ranks in one pod's answer: only the first "
+                                        f"{max_ranks} are kept here", kind="warning"))
     out.measured_bytes = kept_bytes(out.dumps, out.problems)
     return out
 
@@ -252,7 +256,7 @@ def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
 
 
 def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
-               pod: str | None = None, namespace: str | None = None) -> PodEvidence:
+               pod: str | None = None, namespace: str | None = None, max_ranks: int = MAX_PIECES) -> PodEvidence:
     """Inflate (if gzip), decode, validate and normalize one snapshot body (in a worker process or thread)."""
     if raw[:2] == b"\x1f\x8b":
         raw = gunzip_capped(raw, min(DEFAULT_MAX_SNAPSHOT_BYTES, MAX_EXPANSION * len(raw) + EXPANSION_FLOOR),
@@ -274,4 +278,4 @@ def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEF
         snapshot.pod = pod
     if namespace:
         snapshot.namespace = namespace
-    return from_snapshot(snapshot, origin=origin, max_entries=max_entries)
+    return from_snapshot(snapshot, origin=origin, max_entries=max_entries, max_ranks=max_ranks)
