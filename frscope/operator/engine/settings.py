@@ -133,6 +133,8 @@ class OperatorConfig:
             raise ValueError("--straggler-min-share must be in (0, 1]")
         if self.sidecar_auth not in SIDECAR_AUTH_MODES:
             raise ValueError(f"--sidecar-auth must be one of {', '.join(SIDECAR_AUTH_MODES)}")
+        if self.live_ranks_per_pod < 1:
+            raise ValueError("--live-ranks-per-pod must be >= 1")
         if self.ui_auth not in UI_AUTH_MODES:
             raise ValueError(f"--ui-auth must be one of {', '.join(UI_AUTH_MODES)}")
         if self.metrics_auth not in UI_AUTH_MODES:
