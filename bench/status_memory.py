@@ -3,9 +3,10 @@
 
 Two pods of one job answer 16 sweeps each with a document of one rank in 300 groups x 256
 arrivals, each sweep new collectives (short numbers: just inside the 1 MiB a document may be). Each
-document goes through the operator's own parse (`wire.parse_status`) and merge (`engine.job_arrivals.JobArrivals`, what the lateness across
-pods compares). Printed: the arrivals a parsed document holds, the arrivals the job keeps after the
-sweeps, the process's RSS growth, and the time of one comparison (`pod_lateness`) over what is kept.
+document goes through the operator's own parse (`wire.parse_status`) and merge
+(`engine.job_arrivals.JobArrivals`, what the lateness across pods compares). Printed: the arrivals a
+parsed document holds, the arrivals the job keeps after the sweeps, the process's RSS growth, and the
+time of one comparison (`pod_lateness`) over what is kept.
 
     .venv/bin/python bench/status_memory.py
     FRSCOPE_TREE=/tmp/before .venv/bin/python bench/status_memory.py     # another tree (git archive)
