@@ -38,6 +38,7 @@ from frscope.operator.evidence.pod_evidence import (
     kept_bytes,
 )
 from frscope.operator.evidence.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, parse_snapshot
+from frscope.records import LoadProblem
 from frscope.records.envelope import envelope_problems
 from frscope.records.limits import describe
 
@@ -152,7 +153,8 @@ def _cut_short(exc: ValueError, text: str) -> bool:
 
 
 def decode_file(path: str, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
-                pod: str | None = None, namespace: str | None = None, plain_bytes: int = 0) -> PodEvidence:
+                pod: str | None = None, namespace: str | None = None, plain_bytes: int = 0,
+                max_ranks: int = MAX_PIECES) -> PodEvidence:
     """Decode the snapshot body in the file `path` (gzip or plain; in a decoder process). A gzip body
     inflates to at most MAX_EXPANSION x its size (+ EXPANSION_FLOOR), or `plain_bytes` where larger: a
     push kept on disk was accepted plain up to that size, and compressed by the operator itself."""
@@ -170,7 +172,7 @@ def decode_file(path: str, endpoint: str, *, origin: str, max_entries: int = DEF
         fd = os.open(source, os.O_RDONLY)
         try:
             return _decode(_Body(fd, os.fstat(fd).st_size), endpoint, origin=origin, max_entries=max_entries,
-                           pod=pod, namespace=namespace)
+                           pod=pod, namespace=namespace, max_ranks=max_ranks)
         finally:
             os.close(fd)
     except OSError as exc:
@@ -181,7 +183,7 @@ def decode_file(path: str, endpoint: str, *, origin: str, max_entries: int = DEF
 
 
 def _decode(body: _Body, endpoint: str, *, origin: str, max_entries: int, pod: str | None,
-            namespace: str | None) -> PodEvidence:
+            namespace: str | None, max_ranks: int = MAX_PIECES) -> PodEvidence:
     head = body.find(b'"ranks"', 0, MAX_REST_BYTES)
     start = body.find(b"[", head, 64) if head >= 0 else -1
     if start < 0:
@@ -193,7 +195,7 @@ def _decode(body: _Body, endpoint: str, *, origin: str, max_entries: int, pod: s
         if index >= MAX_PIECES:
             raise SidecarError(endpoint, f"more than {MAX_PIECES} rank pieces in one pod's snapshot", retryable=False)
         value, offset = _piece(body, offset, index, endpoint)
-        if isinstance(value, dict):
+        if isinstance(value, dict) and index < max_ranks:
             add_piece(out, value, index, where, max_entries)
         index += 1
         del value
@@ -218,5 +220,8 @@ def _decode(body: _Body, endpoint: str, *, origin: str, max_entries: int, pod: s
     out.namespace, out.pod = namespace or snapshot.namespace, pod or snapshot.pod
     out.reason, out.captured_at_ns = snapshot.reason, snapshot.captured_at_ns
     out.problems[:0] = envelope_problems(snapshot.errors, f"pod {out.namespace}/{out.pod} ({origin})")
+    if index > max_ranks:
+        out.problems.append(LoadProblem(where, f"{index} ranks in one pod's answer: only the first {max_ranks} are "
+                                        "kept here", kind="warning"))
     out.measured_bytes = kept_bytes(out.dumps, out.problems)
     return out

@@ -2,8 +2,9 @@
 every `interval_s`, healthy or not, before any diagnosis.
 
 Bounded whatever the sidecars answer (issue 34: one pod answering 1,024 ranks x 256 entries with the
-page open took the operator from 188 to 2,108 MiB): the answers are decoded in the operator's decoder
-processes (its `Decoder`, never threads of its own process), at most `ranks_per_pod` ranks of a pod's
+page open took the operator from 188 to 2,108 MiB): each answer is streamed to a file (never whole in
+the operator's memory) and decoded from it one rank at a time in the operator's decoder processes (its
+`Decoder`, never threads of its own process), at most `ranks_per_pod` ranks of a pod's
 answer are kept (`--live-ranks-per-pod`), and a job has at most one refresh in flight (a slow one is
 not started again on top of itself).
 
@@ -22,8 +23,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from frscope.analysis.perf import analyze_perf
@@ -85,6 +88,7 @@ class LiveWindows:
         self.decoder = decoder or Decoder()
         self.ranks_per_pod = ranks_per_pod
         self._in_flight: set[JobKey] = set()  # jobs whose refresh is under way: one at a time each
+        self._spool: Path | None = None  # where answers are streamed (made on first use)
         self._asked: dict[JobKey, float] = {}  # job -> monotonic time it was last asked about
         self._windows: dict[JobKey, LiveWindow] = {}
         self._updated: dict[JobKey, asyncio.Event] = {}
@@ -135,7 +139,8 @@ class LiveWindows:
             return None
         targets = [Target(p.name, p.endpoint, None, p.uid) for p in view.pods]
         options = GatherOptions(per_pod_timeout_s=max(1.0, self.interval_s * 2), overall_timeout_s=self.interval_s * 3,
-                                attempts=1, max_entries=self.entries, refresh=False, max_ranks=self.ranks_per_pod)
+                                attempts=1, max_entries=self.entries, refresh=False, max_ranks=self.ranks_per_pod,
+                                spool=self._spool_dir())
         gathered = await gather(self.client, key.namespace, targets, options, decoder=self.decoder)
         dumpset = build_dumpset(gathered, view.world_size)
         timeline, perf = await asyncio.to_thread(_views, dumpset) if dumpset.dumps else (None, None)
@@ -148,6 +153,11 @@ class LiveWindows:
         if event is not None:
             event.set()
         return window
+
+    def _spool_dir(self) -> Path:
+        if self._spool is None:
+            self._spool = Path(tempfile.mkdtemp(prefix="frscope-live-"))
+        return self._spool
 
     def _forget(self, key: JobKey) -> None:
         self._asked.pop(key, None)
