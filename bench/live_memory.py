@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """What a live window over one hostile pod costs the operator (issue 34).
 
-One sidecar stand-in (an aiohttp server on loopback) answers `/v1/snapshot` with 1,024 ranks x 256
-entries (each a real recorded rank's snapshot, tests/data/real/straggler, grown): a pod that claims a
-thousand ranks. The operator's `LiveWindows` follows the job as the web UI does while its page is open
-(`--live-interval` 1 s) for `--seconds`, in this process, with the operator's decoder processes
+One sidecar stand-in (an aiohttp server on loopback, in a process of its own) answers `/v1/snapshot`
+with 1,024 ranks x 256 entries (each a real recorded rank's snapshot, tests/data/real/straggler,
+grown): a pod that claims a thousand ranks. The operator's `LiveWindows` follows the job as the web UI
+does while its page is open (`--live-interval` 1 s) for `--seconds`, in this process, with the operator's decoder processes
 (`--decode-processes 2`) where the tree has them. Printed: this process's RSS before, its peak
 (sampled every 0.1 s) and after; how late the event loop ran at worst (a 0.1 s sleep that took
 longer); windows made and sidecar answers asked for.
@@ -20,6 +20,7 @@ import asyncio
 import inspect
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -61,12 +62,12 @@ def body(ranks: int, entries: int) -> bytes:
     return (json.dumps(head)[:-1] + ', "ranks": [' + ",".join(pieces) + "]}").encode()
 
 
-async def main(seconds: float, ranks: int, entries: int) -> None:
+async def serve(ranks: int, entries: int) -> None:
+    """The stand-in sidecar (in its own process: its body and buffers are not the operator's)."""
     raw = body(ranks, entries)
-    asked = [0]
 
     async def snapshot(_: web.Request) -> web.Response:
-        asked[0] += 1
+        print("asked", flush=True)
         return web.Response(body=raw, content_type="application/json")
 
     app = web.Application()
@@ -75,7 +76,16 @@ async def main(seconds: float, ranks: int, entries: int) -> None:
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    print(site._server.sockets[0].getsockname()[1], len(raw), flush=True)  # type: ignore[union-attr]
+    await asyncio.Event().wait()
+
+
+async def main(seconds: float, ranks: int, entries: int) -> None:
+    sidecar = subprocess.Popen([sys.executable, __file__, "--serve", "--ranks", str(ranks), "--entries", str(entries)],
+                               stdout=subprocess.PIPE, text=True)
+    assert sidecar.stdout is not None
+    port_text, size_text = sidecar.stdout.readline().split()
+    port, size = int(port_text), int(size_text)
     store = JobStore()
     store.upsert_job(JobRef("ml", "train", "uid"), world_size=ranks, conditions=[{"type": "Running"}])
     store.upsert_pod(PodInfo("ml", "train-worker-0", "uid-0", "train", "Worker", 0, "127.0.0.1", port, "Running", 0,
@@ -104,9 +114,10 @@ async def main(seconds: float, ranks: int, entries: int) -> None:
         await live.close()
     after = rss_bytes() or 0
     decoder.close()
-    await runner.cleanup()
+    sidecar.kill()
+    asked = [sum(1 for line in sidecar.communicate()[0].splitlines() if line == "asked")]
     print(f"tree: {os.path.dirname(frscope.__file__)}; one pod answering {ranks} ranks x {entries} entries "
-          f"({len(raw) / 2**20:.0f} MiB of JSON), page open {seconds:.0f} s")
+          f"({size / 2**20:.0f} MiB of JSON), page open {seconds:.0f} s")
     print(f"operator process RSS: before {before / 2**20:.0f} MiB, peak {peak / 2**20:.0f} MiB, "
           f"after {after / 2**20:.0f} MiB; event loop late by {late:.2f} s at worst; {windows} window(s), "
           f"{asked[0]} snapshot(s) asked")
@@ -117,5 +128,6 @@ if __name__ == "__main__":
     parser.add_argument("--seconds", type=float, default=25.0)
     parser.add_argument("--ranks", type=int, default=1024)
     parser.add_argument("--entries", type=int, default=256)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    asyncio.run(main(args.seconds, args.ranks, args.entries))
+    asyncio.run(serve(args.ranks, args.entries) if args.serve else main(args.seconds, args.ranks, args.entries))
