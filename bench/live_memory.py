@@ -3,11 +3,11 @@
 
 One sidecar stand-in (an aiohttp server on loopback, in a process of its own) answers `/v1/snapshot`
 with 1,024 ranks x 256 entries (each a real recorded rank's snapshot, tests/data/real/straggler,
-grown): a pod that claims a thousand ranks. The operator's `LiveWindows` follows the job as the web UI
-does while its page is open (`--live-interval` 1 s) for `--seconds`, in this process, with the
-operator's decoder processes (`--decode-processes 2`) where the tree has them. Printed: this process's RSS before, its peak
-(sampled every 0.1 s) and after; how late the event loop ran at worst (a 0.1 s sleep that took
-longer); windows made and sidecar answers asked for.
+grown): a pod that claims a thousand ranks. The operator's `LiveWindows` follows the job as the web
+UI does while its page is open (`--live-interval` 1 s) for `--seconds`, in this process, with the
+operator's decoder processes (`--decode-processes 2`) where the tree has them. Printed: this
+process's RSS before, its peak (sampled every 0.1 s) and after; how late the event loop ran at worst
+(a 0.1 s sleep that took longer); windows made and sidecar answers asked for.
 
     .venv/bin/python bench/live_memory.py
     FRSCOPE_TREE=/tmp/before .venv/bin/python bench/live_memory.py    # another tree (git archive)
