@@ -294,3 +294,25 @@ async def test_one_namespace_never_holds_more_than_its_share_of_the_fence_budget
     await led.on_report("ADDED", report(fake_kube, "cv-n3", "b", "RankStopped", {"n3": [1]}, namespace="cv"))
     await led.on_report("ADDED", report(fake_kube, "ml-n3", "a", "RankStopped", {"n3": [1]}))
     assert frnode(fake_kube, "n3")["fence"]["state"] == "fenced"  # set off by ml: its own share
+
+
+def test_the_flags_count_namespaces_and_the_older_names_still_work(tmp_path: Any) -> None:
+    from frscope.cli import build_parser
+    from frscope.operator.command import from_args
+
+    def ledger_options(*argv: str) -> NodeLedgerOptions:
+        options = from_args(build_parser("operator").parse_args(["operator", *argv])).node_ledger
+        assert options is not None
+        return options
+
+    default = ledger_options()
+    assert (default.policy.suspect_namespaces, default.policy.fence_namespaces) == (2, 2)
+    assert default.policy.need_node_evidence and default.fencing.namespace_share == 0.5
+    assert default.signals.hardware_conditions == ("*",) and default.key_file is None
+    key = tmp_path / "key"
+    given = ledger_options("--node-suspect-jobs", "3", "--node-fence-namespaces", "4", "--node-hardware-conditions",
+                           "GpuXidError, KernelDeadlock", "--node-fence-namespace-share", "0.25",
+                           "--node-ledger-key-file", str(key), "--node-oom-window", "60")
+    assert (given.policy.suspect_namespaces, given.policy.fence_namespaces) == (3, 4)
+    assert given.signals.hardware_conditions == ("GpuXidError", "KernelDeadlock")
+    assert (given.fencing.namespace_share, given.signals.oom_window_s, given.key_file) == (0.25, 60.0, key)
