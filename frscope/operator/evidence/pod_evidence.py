@@ -125,7 +125,7 @@ def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = 
 
 def add_piece(out: PodEvidence, raw: dict[str, Any], index: int, where: str, max_entries: int) -> None:
     """One rank's decoded piece -> its dump in `out` (cut to `max_entries`, stacks capped), or a problem."""
-    if isinstance(raw, _Unreadable):
+    if isinstance(raw, Unreadable):
         out.problems.append(LoadProblem(where, raw.why))
         return
     before = entries_dropped(raw)
@@ -150,7 +150,7 @@ def share_groups(evidence: PodEvidence, shared: dict[tuple[int, ...], tuple[int,
     return evidence
 
 
-class _Unreadable(dict[str, Any]):
+class Unreadable(dict[str, Any]):
     """Stands for one rank's piece that could not be decoded (kept in `ranks` so it is reported)."""
 
     def __init__(self, why: str) -> None:
@@ -167,7 +167,7 @@ def _no_constant(_name: str) -> None:
     return None  # NaN / Infinity: 'not recorded'
 
 
-def _loads(raw: bytes | str) -> Any:
+def loads_json(raw: bytes | str) -> Any:
     return json.loads(raw, parse_int=_int_or_none, parse_constant=_no_constant)
 
 
@@ -176,7 +176,7 @@ def _loads(raw: bytes | str) -> Any:
 _TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
 
-def _value_span(text: str, start: int) -> tuple[int, int]:
+def value_span(text: str, start: int) -> tuple[int, int]:
     """End and deepest nesting of the JSON array/object starting at `start`, by bracket matching
     (strings skipped)."""
     depth = deepest = 0
@@ -193,14 +193,14 @@ def _value_span(text: str, start: int) -> tuple[int, int]:
 
 
 def _value_end(text: str, start: int) -> int:
-    return _value_span(text, start)[0]
+    return value_span(text, start)[0]
 
 
 # Deeper than this, a piece is not decoded (json's recursion would fail on it anyway).
 MAX_PIECE_DEPTH = 256
 
 
-def _dense(text: str | bytes) -> bool:
+def dense(text: str | bytes) -> bool:
     """More JSON objects/arrays than one per MIN_JSON_BYTES_PER_CONTAINER bytes (strings' brackets count
     too: an upper bound). Real snapshots have one per ~80 bytes; `{}` repeated, one per 3."""
     containers = text.count("{") + text.count("[") if isinstance(text, str) else text.count(b"{") + text.count(b"[")
@@ -209,7 +209,7 @@ def _dense(text: str | bytes) -> bool:
 
 def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
     """The snapshot envelope with each rank decoded on its own: a rank too deep to decode, or made of
-    too many tiny objects and arrays, becomes an `_Unreadable` (reported as that rank's problem); the
+    too many tiny objects and arrays, becomes an `Unreadable` (reported as that rank's problem); the
     others are kept. More than MAX_PIECES pieces refuse the body before any more is decoded."""
     try:
         text = raw.decode("utf-8")
@@ -229,12 +229,12 @@ def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
                 raise SidecarError(endpoint, f"more than {MAX_PIECES} rank pieces in one pod's snapshot",
                                    retryable=False)
             if text[i : i + 1] in ("{", "["):
-                end, deepest = _value_span(text, i)
+                end, deepest = value_span(text, i)
                 why = ("is nested too deeply to decode" if deepest > MAX_PIECE_DEPTH
-                       else "is made of tiny JSON objects and arrays: not a recorder" if _dense(text[i:end])
+                       else "is made of tiny JSON objects and arrays: not a recorder" if dense(text[i:end])
                        else None)
                 if why is not None:
-                    ranks.append(_Unreadable(f"a rank's snapshot ({end - i} bytes) {why}"))
+                    ranks.append(Unreadable(f"a rank's snapshot ({end - i} bytes) {why}"))
                     i = end
                     continue
             try:
@@ -242,12 +242,12 @@ def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
                 ranks.append(value)
             except RecursionError:
                 end = _value_end(text, i)
-                ranks.append(_Unreadable(f"a rank's snapshot ({end - i} bytes) is nested too deeply to decode"))
+                ranks.append(Unreadable(f"a rank's snapshot ({end - i} bytes) is nested too deeply to decode"))
                 i = end
         rest = text[:start] + "[]" + text[i + 1 :]
-        if _dense(rest):
+        if dense(rest):
             raise ValueError("the snapshot's other fields are made of tiny JSON objects and arrays")
-        obj = _loads(rest)
+        obj = loads_json(rest)
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
         raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
     if isinstance(obj, dict):
@@ -264,7 +264,7 @@ def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEF
     try:
         # Too many containers for one body, or some rank's piece is nested too deeply for json: decode the
         # ranks one by one instead (each checked on its own before it is decoded).
-        obj = _loads_rank_by_rank(raw, endpoint) if _dense(raw) else _loads(raw)
+        obj = _loads_rank_by_rank(raw, endpoint) if dense(raw) else loads_json(raw)
     except RecursionError:
         obj = _loads_rank_by_rank(raw, endpoint)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -30,12 +30,12 @@ from frscope.operator.evidence.pod_evidence import (
     MAX_PIECE_DEPTH,
     MAX_PIECES,
     PodEvidence,
-    _dense,
-    _loads,
-    _Unreadable,
-    _value_span,
+    Unreadable,
     add_piece,
+    dense,
     kept_bytes,
+    loads_json,
+    value_span,
 )
 from frscope.operator.evidence.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, parse_snapshot
 from frscope.records import LoadProblem
@@ -111,7 +111,7 @@ def _text(window: bytes, endpoint: str) -> str:
 
 
 def _piece(body: _Body, at: int, index: int, endpoint: str) -> tuple[Any, int]:
-    """The rank piece starting at `at`: (its decoded value or an `_Unreadable`, the offset after it)."""
+    """The rank piece starting at `at`: (its decoded value or an `Unreadable`, the offset after it)."""
     decoder = json.JSONDecoder(parse_int=lambda d: int(d) if len(d) <= 20 else None,
                                parse_constant=lambda _: None)
     size = FIRST_READ
@@ -119,23 +119,23 @@ def _piece(body: _Body, at: int, index: int, endpoint: str) -> tuple[Any, int]:
         window = body.read(at, size + 1)
         whole = at + len(window) >= body.size
         text = _text(window, endpoint)
-        if text[:1] in ("{", "[") and _dense(window):
+        if text[:1] in ("{", "[") and dense(window):
             try:  # the window is dense: decide by this piece's own span (the next ones may be the dense ones)
-                end, deepest = _value_span(text, 0)
+                end, deepest = value_span(text, 0)
             except ValueError:
                 end, deepest = -1, 0
             if end >= 0:
                 raw = text[:end].encode("utf-8")
                 why = ("is nested too deeply to decode" if deepest > MAX_PIECE_DEPTH
-                       else "is made of tiny JSON objects and arrays: not a recorder" if _dense(raw) else None)
+                       else "is made of tiny JSON objects and arrays: not a recorder" if dense(raw) else None)
                 if why is not None:
-                    return _Unreadable(f"a rank's snapshot ({len(raw)} bytes) {why}"), at + len(raw)
+                    return Unreadable(f"a rank's snapshot ({len(raw)} bytes) {why}"), at + len(raw)
         try:
             value, end = decoder.raw_decode(text, 0)
             return value, at + (end if text.isascii() else len(text[:end].encode("utf-8")))
         except RecursionError:
-            end, _ = _value_span(text, 0)
-            return _Unreadable(f"a rank's snapshot ({end} bytes) is nested too deeply to decode"), at + end
+            end, _ = value_span(text, 0)
+            return Unreadable(f"a rank's snapshot ({end} bytes) is nested too deeply to decode"), at + end
         except ValueError as exc:
             if whole or not _cut_short(exc, text):
                 raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
@@ -208,9 +208,9 @@ def _decode(body: _Body, endpoint: str, *, origin: str, max_entries: int, pod: s
                            retryable=False)
     rest = body.read(0, start) + b"[]" + body.read(offset + 1, tail)
     try:
-        if _dense(rest):
+        if dense(rest):
             raise ValueError("the snapshot's other fields are made of tiny JSON objects and arrays")
-        obj = _loads(rest)
+        obj = loads_json(rest)
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
         raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
     snapshot = parse_snapshot(obj, endpoint, size_bytes=body.size)
