@@ -90,7 +90,9 @@ def test_defaults_render_the_operator_webhook_and_dashboard_but_no_monitoring(
         "Pod",  # `helm test`'s (a hook: created by `helm test` only)
     }
     for obj in objs:
-        if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}:
+        if obj["metadata"]["name"] == "frs-frscope-operator-ledger-events":  # reads the kubelet's node Events
+            assert obj["metadata"]["namespace"] == "default", obj["metadata"]
+        elif obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}:
             assert obj["metadata"]["namespace"] == "frscope-system", obj["metadata"]
     deploy = one(objs, "Deployment")
     assert deploy["metadata"]["name"] == "frs-frscope"
