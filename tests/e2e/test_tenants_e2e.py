@@ -229,3 +229,70 @@ def test_a_hostile_tenant_alone_never_suspects_a_shared_node_the_nodes_condition
         [warning] = [e for e in node_events(kube, shared) if e["reason"] == "NodeSuspected"]
         assert "evidence from 2 namespaces" in warning["message"]
         assert not kube.kubectl_json("get", "node", shared)["spec"].get("unschedulable")  # the default: a dry run
+
+
+def node_problem_detector() -> Path | None:
+    """The node-problem-detector binary testenv/build-npd made (k8s.io/node-problem-detector v1.34.0)."""
+    proc = subprocess.run([str(ROOT / "testenv" / "build-npd"), "--check"], capture_output=True, text=True,
+                          check=False, timeout=60)
+    return Path(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() else None
+
+
+@pytest.mark.timeout(300)
+def test_a_real_node_problem_detector_sets_the_condition_the_ledger_reads(
+        kube: ControlPlane, setup: dict[str, Any], tmp_path: Path) -> None:
+    """The real node-problem-detector (testenv/build-npd: k8s.io/node-problem-detector v1.34.0) runs for the
+    shared node against the API server, with a custom plugin monitor whose check reports an Xid (exit 1,
+    as an NVIDIA health check does): it sets GpuXidError=True on the Node through the API server. Then
+    incidents of two namespaces on that node make it suspected, with the detector's condition as the
+    hardware evidence. This tier has no kubelet: the detector runs as a process for that Node's name."""
+    binary = node_problem_detector()
+    if binary is None:
+        pytest.skip("node-problem-detector is not built: testenv/build-npd")
+    suffix = secrets.token_hex(3)
+    shared, spare = f"npd-{suffix}", f"spare-{suffix}"
+    check = tmp_path / "check-gpu.sh"
+    check.write_text("#!/bin/sh\necho 'NVRM: Xid (PCI:0000:3b:00): 79, GPU has fallen off the bus'\nexit 1\n")
+    check.chmod(0o755)
+    monitor = tmp_path / "gpu-health.json"
+    monitor.write_text(json.dumps({
+        "plugin": "custom", "source": "gpu-health-e2e", "metricsReporting": False,
+        "pluginConfig": {"invoke_interval": "2s", "timeout": "5s", "max_output_length": 200, "concurrency": 1},
+        "conditions": [{"type": "GpuXidError", "reason": "NoXid", "message": "no Xid seen"}],
+        "rules": [{"type": "permanent", "condition": "GpuXidError", "reason": "Xid79", "path": str(check),
+                   "timeout": "5s"}],
+    }))
+    with ready_nodes(kube, [shared, spare], f"pool-{suffix}"):
+        log = open(tmp_path / "npd.log", "wb")  # closed below
+        npd = subprocess.Popen(
+            [str(binary), f"--apiserver-override={kube.server}?inClusterConfig=false&auth={kube.kubeconfig}",
+             f"--hostname-override={shared}", f"--config.custom-plugin-monitor={monitor}", "--port=0",
+             "--prometheus-port=0", "--k8s-exporter-heartbeat-period=5s", "--v=2"],
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            def condition() -> dict[str, Any]:
+                node = kube.kubectl_json("get", "node", shared)
+                return next((c for c in node["status"].get("conditions", []) if c["type"] == "GpuXidError"), {})
+
+            wait_for("node-problem-detector's condition", lambda: condition().get("status") == "True", 120,
+                     interval=1, diagnostics=lambda: (tmp_path / "npd.log").read_text(errors="replace")[-3000:])
+            assert condition()["reason"] == "Xid79" and "fallen off the bus" in condition()["message"]
+            one, two = new_namespace(kube), new_namespace(kube)
+            simulated_report(kube, one, "train", "RankStopped", {shared: [0]}, age_s=300,
+                             exits={"0": {"exit_code": 1, "message": "RuntimeError: NCCL error"}})
+            simulated_report(kube, two, "train", "NotCompleted", {shared: [1]}, age_s=200)
+            with operator(kube, setup["kubeconfig"], tmp_path / "operator.log",
+                          [*setup["args"], *watching([one, two])]) as op:
+                wait_for("the node suspected", lambda: frnode(kube, shared).get("summary", {}).get("state")
+                         == "suspected", 90, interval=1, diagnostics=op.logs)
+        finally:
+            npd.terminate()
+            try:
+                npd.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                npd.kill()
+                npd.wait()
+            log.close()
+    suspected = frnode(kube, shared)
+    assert suspected["summary"]["nodeSourced"] == 2 and suspected["summary"]["distinctNamespaces"] == 2, suspected
+    assert all("the node's condition GpuXidError=True (Xid79" in i["why"] for i in suspected["incidents"]), suspected
