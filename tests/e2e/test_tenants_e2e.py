@@ -293,6 +293,8 @@ def test_a_real_node_problem_detector_sets_the_condition_the_ledger_reads(
                 npd.kill()
                 npd.wait()
             log.close()
-    suspected = frnode(kube, shared)
-    assert suspected["summary"]["nodeSourced"] == 2 and suspected["summary"]["distinctNamespaces"] == 2, suspected
-    assert all("the node's condition GpuXidError=True (Xid79" in i["why"] for i in suspected["incidents"]), suspected
+        suspected = frnode(kube, shared)  # (the node and its ledger object go when the nodes do)
+        summary = suspected["summary"]
+        assert summary["nodeSourced"] == 2 and summary["distinctNamespaces"] == 2, suspected
+        assert all("the node's condition GpuXidError=True (Xid79" in i["why"] for i in suspected["incidents"]), \
+            suspected
