@@ -132,6 +132,8 @@ controllers: deps-apt
 	testenv/build-kueue >/dev/null || [ $$? -eq 3 ]
 	@if [ "$$(id -u)" = 0 ] && dir="$$(testenv/build-kueue --check)"; then \
 	  testenv/build-images --kueue "$$dir" >/dev/null; fi
+	@# node-problem-detector, for the node ledger's e2e test (tests/e2e/test_tenants_e2e.py)
+	testenv/build-npd >/dev/null || [ $$? -eq 3 ]
 
 # What the suite needs, built side by side on a cold machine (the Go builds are CPU-bound, the torch
 # venvs and images mostly download and unpack): then the suite.

@@ -27,7 +27,7 @@ from frscope.operator.actions import ActionOptions, CordonOptions, Policy, parse
 from frscope.operator.engine.settings import SIDECAR_AUTH_MODES, UI_AUTH_MODES, OperatorConfig, WebhookConfig
 from frscope.operator.evidence.gather import GatherOptions
 from frscope.operator.injection import InjectionConfig
-from frscope.operator.ledger import FencingOptions, NodeLedgerOptions
+from frscope.operator.ledger import FencingOptions, NodeLedgerOptions, SignalOptions
 from frscope.operator.ledger.fencing import MODES as FENCING_MODES
 from frscope.operator.model import jobkinds
 
@@ -158,6 +158,8 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add("--live-entries", _DEFAULTS.live_entries,
         "web UI: newest collectives per rank in a watched job's live window (0: no live window)", int)
     add("--live-interval", _DEFAULTS.live_interval_s, "web UI: seconds between live window refreshes", float)
+    add("--live-ranks-per-pod", _DEFAULTS.live_ranks_per_pod,
+        "web UI: ranks of one pod's answer a live window keeps (a pod hosts a node's ranks)", int)
     add("--peering", _DEFAULTS.peering, "kopf peering name (several replicas, one active); unset: standalone")
     add("--webhook-port", None, "serve the sidecar-injection webhook on this port; unset: no webhook", int)
     add("--webhook-host", _WEBHOOK.host, "address the webhook listens on")
@@ -184,7 +186,9 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add("--node-ledger-half-life", policy.half_life_s, "seconds after which an incident's weight on a node halves",
         float)
     add("--node-suspect-score", policy.suspect_score, "a node is suspected from this score ...", float)
-    add("--node-suspect-jobs", policy.suspect_jobs, "... with evidence from at least this many different jobs", int)
+    add("--node-suspect-namespaces", policy.suspect_namespaces,
+        "... with evidence from at least this many namespaces (tenants; one namespace's jobs count once)", int)
+    add("--node-suspect-jobs", None, "deprecated name of --node-suspect-namespaces (counts namespaces)", int)
     add("--node-ledger-memory", policy.memory_s, "seconds after which an incident is forgotten", float)
     add("--node-ledger-refresh", _LEDGER.refresh_s, "seconds between two refreshes of the ledger's scores", float)
     add("--node-fencing", fence.mode, "what the ledger does with a node ready to fence (dry-run: says what it "
@@ -193,7 +197,18 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
         choices=("on", "off"))
     add("--node-fence-incidents", policy.fence_incidents,
         "fence a suspected node implicated in at least this many weighing incidents ...", int)
-    add("--node-fence-jobs", policy.fence_jobs, "... of at least this many different jobs ...", int)
+    add("--node-fence-namespaces", policy.fence_namespaces, "... of at least this many namespaces ...", int)
+    add("--node-fence-jobs", None, "deprecated name of --node-fence-namespaces (counts namespaces)", int)
+    add("--node-fence-namespace-share", fence.namespace_share,
+        "share of --cordon-max-nodes that fences set off by one namespace's incidents may hold (at least 1 node)",
+        float)
+    add("--node-hardware-conditions", ",".join(_LEDGER.signals.hardware_conditions),
+        "Node condition types that, True, are hardware evidence (node-problem-detector, a GPU health agent); "
+        "*: any but the kubelet's own")
+    add("--node-oom-window", _LEDGER.signals.oom_window_s,
+        "seconds around an incident in which the kubelet's SystemOOM Event on its node is node-OOM evidence", float)
+    add("--node-ledger-key-file", None, "file (>= 32 bytes) keying the seal on published reports that the "
+        "ledger checks; unset: the sidecar CA's key, else random per process", Path)
     add("--node-fence-window", policy.fence_window_s, "... within this many seconds", float)
     add("--node-fence-keep-healthy", fence.keep_healthy,
         "never fence a node when fewer other healthy nodes of its pool would remain", int)
@@ -282,6 +297,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         report_limit_bytes=args.report_limit,
         live_entries=args.live_entries,
         live_interval_s=args.live_interval,
+        live_ranks_per_pod=args.live_ranks_per_pod,
         peering=args.peering,
         webhook=webhook,
         actions=ActionOptions(
@@ -301,10 +317,22 @@ def _node_ledger(args: argparse.Namespace) -> NodeLedgerOptions | None:
     if args.node_ledger == "off":
         return None
     policy = LedgerPolicy(half_life_s=args.node_ledger_half_life, suspect_score=args.node_suspect_score,
-                          suspect_jobs=args.node_suspect_jobs, fence_incidents=args.node_fence_incidents,
-                          fence_jobs=args.node_fence_jobs, fence_window_s=args.node_fence_window,
+                          suspect_namespaces=_either(args.node_suspect_jobs, args.node_suspect_namespaces),
+                          fence_incidents=args.node_fence_incidents,
+                          fence_namespaces=_either(args.node_fence_jobs, args.node_fence_namespaces),
+                          fence_window_s=args.node_fence_window,
                           memory_s=args.node_ledger_memory)
     labels = tuple(label.strip() for label in args.node_pool_labels.split(",") if label.strip())
     fencing = FencingOptions(mode=args.node_fencing, taint=args.node_fence_taint == "on",
-                             keep_healthy=args.node_fence_keep_healthy, pool_labels=labels)
-    return NodeLedgerOptions(policy=policy, fencing=fencing, refresh_s=args.node_ledger_refresh)
+                             keep_healthy=args.node_fence_keep_healthy, pool_labels=labels,
+                             namespace_share=args.node_fence_namespace_share)
+    conditions = tuple(c.strip() for c in args.node_hardware_conditions.split(",") if c.strip())
+    signals = SignalOptions(hardware_conditions=conditions or SignalOptions().hardware_conditions,
+                            oom_window_s=args.node_oom_window)
+    return NodeLedgerOptions(policy=policy, fencing=fencing, signals=signals, refresh_s=args.node_ledger_refresh,
+                             key_file=args.node_ledger_key_file)
+
+
+def _either(deprecated: int | None, current: int) -> int:
+    """A deprecated flag's value where it was given (the chart's older templates pass it), else the new one's."""
+    return deprecated if deprecated is not None else current

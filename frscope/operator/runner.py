@@ -37,7 +37,7 @@ from frscope.operator.injection import InjectionConfig, native_sidecars_supporte
 from frscope.operator.kube import BearerAuth, KubeClient, TokenFile
 from frscope.operator.kube.pod_tokens import PodTokens
 from frscope.operator.kube.resources import PODS
-from frscope.operator.ledger import LedgerMetrics, NodeLedger
+from frscope.operator.ledger import LedgerMetrics, LedgerSeal, NodeLedger
 from frscope.operator.model.objects import JobRef
 from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.model.store import JobStore
@@ -208,16 +208,19 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         log.info("evidence dir %s: %d incident view(s) kept from before", config.evidence_dir, len(kept_views))
     spill = EvidenceDir(config.evidence_dir) if config.evidence_dir is not None else None
     pushes = PushStore(on_drop=spill.remove if spill is not None else None)
-    if spill is not None:
-        for kept in await asyncio.to_thread(lambda: list(spill.load(max_entries=config.gather.max_entries,
-                                                                    ttl_s=pushes.ttl_s))):
+    decoder = Decoder(config.decode_processes)
+    if spill is not None:  # decoded in the decoder processes: a big kept push never lands in this one
+        async for kept in spill.reload(decoder, max_entries=config.gather.max_entries, ttl_s=pushes.ttl_s,
+                                       plain_bytes=config.max_push_bytes):
             with contextlib.suppress(Full):
                 pushes.put(kept)
         log.info("evidence dir %s: %d push(es) kept from before", config.evidence_dir, len(pushes))
     reviewer = Reviewer(kube)
-    publisher = Publisher(kube, instance=config.instance)
+    ca_key = config.sidecar_ca_dir / "tls.key" if config.sidecar_ca_dir is not None else None
+    seal = (await asyncio.to_thread(LedgerSeal.from_sources, config.node_ledger.key_file, ca_key)
+            if config.node_ledger is not None else None)
+    publisher = Publisher(kube, instance=config.instance, seal=seal.sealed if seal is not None else None)
     shown, push_auth = sidecar_auth(config, reviewer)
-    decoder = Decoder(config.decode_processes)
     # TLS to the sidecars: an unreadable CA stops the start here, with the reason.
     sidecar_ca = await asyncio.to_thread(SidecarCa, config.sidecar_ca_dir) if config.sidecar_ca_dir else None
     https_name = config.operator_https_name
@@ -240,8 +243,8 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         http.add_routes([aiohttp.web.post(wire.CERTIFICATE_PATH, issuer.handle)])
     poller = StatusPoller(controller, interval_s=config.poll_interval_s, timeout_s=config.poll_timeout_s,
                           max_rps=config.poll_max_rps, concurrency=config.poll_concurrency)
-    ledger = (NodeLedger(kube, LedgerMetrics(registry), config.node_ledger, config.actions, instance=config.instance)
-              if config.node_ledger is not None else None)
+    ledger = (NodeLedger(kube, LedgerMetrics(registry), config.node_ledger, config.actions, instance=config.instance,
+                         seal=seal) if config.node_ledger is not None and seal is not None else None)
     operator = Operator(config, controller, http, store, poller, metrics, kube, reviewer, ledger)
 
     kopf_registry = kopf.OperatorRegistry()
@@ -337,7 +340,8 @@ def mount_default_ui(operator: Operator) -> None:
     behind `--ui-auth`."""
     config = operator.config
     live = (LiveWindows(operator.store, operator.controller.sidecars, entries=config.live_entries,
-                        interval_s=config.live_interval_s, metrics=operator.metrics.perf)
+                        interval_s=config.live_interval_s, metrics=operator.metrics.perf,
+                        decoder=operator.controller.incidents.decoder, ranks_per_pod=config.live_ranks_per_pod)
             if config.live_entries > 0 else None)
     mount_ui(operator.http, operator.store, guard=ui_guard(config.ui_auth, operator.reviewer), live=live,
              ledger=operator.ledger, bundles=operator.controller.writer.bundles)

@@ -17,6 +17,12 @@ from frscope.wire.common import MAX_RANK, STATUS_MAX_BYTES, STATUS_SCHEMA, WireE
 # ranks and groups, fewer each.
 STATUS_ARRIVALS = 256
 STATUS_ARRIVALS_TOTAL = 6144
+# What the operator reads of one document, whatever it holds (a hostile sidecar's is well inside
+# STATUS_MAX_BYTES with 100,000s of arrivals in 1,000s of groups): at most STATUS_ARRIVALS_TOTAL
+# arrivals in all, STATUS_MAX_GROUPS groups a rank and STATUS_MAX_RANKS ranks (a pod hosts a node's
+# ranks: 8-64).
+STATUS_MAX_GROUPS = 64
+STATUS_MAX_RANKS = 1024
 
 
 def status_arrivals_each(lists: int) -> int:
@@ -222,8 +228,11 @@ def _parse_status(obj: Any) -> SidecarStatus:
     per_rank: list[RankUp] = []
     arrivals: dict[int, dict[str, tuple[tuple[int, ...], ...]]] = {}
     up = down = 0
+    budget = STATUS_ARRIVALS_TOTAL  # arrivals left to read in this document
     ranks = obj.get("ranks")
-    for rank_text, rank_obj in (ranks.items() if isinstance(ranks, dict) else []):
+    for index, (rank_text, rank_obj) in enumerate(ranks.items() if isinstance(ranks, dict) else []):
+        if index >= STATUS_MAX_RANKS:
+            break
         if not isinstance(rank_obj, dict):
             continue
         if rank_obj.get("up"):
@@ -249,11 +258,14 @@ def _parse_status(obj: Any) -> SidecarStatus:
                                     read_seconds(unrecorded.get("no_progress_s")), restarts, unrecorded=True)
             (stalls if unrecorded.get("stalled") is True else suspects).append(found_wait)
         groups = rank_obj.get("groups")
-        for group, g in (groups.items() if isinstance(groups, dict) else []):
+        for number, (group, g) in enumerate(groups.items() if isinstance(groups, dict) else []):
+            if number >= STATUS_MAX_GROUPS:
+                break
             if not isinstance(g, dict):
                 continue
-            pairs = _arrivals(g.get("arrivals"))
+            pairs = _arrivals(g.get("arrivals"), budget) if budget > 0 else ()
             if pairs:
+                budget -= len(pairs)
                 arrivals.setdefault(rank, {})[read_text(group)] = pairs
             if not (g.get("stalled") or g.get("suspected")):
                 continue
@@ -269,13 +281,13 @@ def _parse_status(obj: Any) -> SidecarStatus:
     )
 
 
-def _arrivals(value: Any) -> tuple[tuple[int, ...], ...]:
-    """A group's `arrivals`: its newest STATUS_ARRIVALS well-formed [seq, ns] or [seq, ns, wait ns]
-    (others skipped; a negative wait is no wait)."""
+def _arrivals(value: Any, most: int = STATUS_ARRIVALS) -> tuple[tuple[int, ...], ...]:
+    """A group's `arrivals`: its newest min(STATUS_ARRIVALS, `most`) well-formed [seq, ns] or
+    [seq, ns, wait ns] (others skipped; a negative wait is no wait)."""
     if not isinstance(value, list):
         return ()
     out: list[tuple[int, ...]] = []
-    for item in value[-STATUS_ARRIVALS:]:
+    for item in value[-min(STATUS_ARRIVALS, most):]:
         if not isinstance(item, list) or len(item) not in (2, 3):
             continue
         seq, ns = read_int(item[0]), read_int(item[1])

@@ -90,7 +90,9 @@ def test_defaults_render_the_operator_webhook_and_dashboard_but_no_monitoring(
         "Pod",  # `helm test`'s (a hook: created by `helm test` only)
     }
     for obj in objs:
-        if obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}:
+        if obj["metadata"]["name"] == "frs-frscope-operator-ledger-events":  # reads the kubelet's node Events
+            assert obj["metadata"]["namespace"] == "default", obj["metadata"]
+        elif obj["kind"] not in {"ClusterRole", "ClusterRoleBinding", "MutatingWebhookConfiguration"}:
             assert obj["metadata"]["namespace"] == "frscope-system", obj["metadata"]
     deploy = one(objs, "Deployment")
     assert deploy["metadata"]["name"] == "frs-frscope"
@@ -596,7 +598,8 @@ def test_service_account_name_is_required_when_not_created(helm: Helm) -> None:
 
 def test_the_node_ledgers_rbac_and_flags_follow_its_values(helm: Helm) -> None:
     """On by default: nodes read and its own FlightRecorderNodes, never nodes patched; fencing `cordon`
-    adds nodes patch; with watched namespaces its node Events get a Role in `default`; off: nothing."""
+    adds nodes patch; a Role in `default` reads the kubelet's node Events (node-OOM evidence), and with
+    watched namespaces writes its own there; off: nothing."""
     def ledger_rules(objs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
         role = one(objs, "ClusterRole", LEDGER_ROLE)
         return {(g, r, v) for rule in _rules(role) for g in rule["apiGroups"] for r in rule["resources"]
@@ -617,7 +620,9 @@ def test_the_node_ledgers_rbac_and_flags_follow_its_values(helm: Helm) -> None:
     assert "--node-fencing=cordon" in args(fencing) and "--node-fence-taint=on" in args(fencing)
     events = one(fencing, "Role", "frs-frscope-operator-ledger-events")
     assert events["metadata"]["namespace"] == "default"
-    assert _rules(events) == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]}]
+    assert _rules(events) == [{"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch", "list"]}]
+    cluster_wide = one(defaults, "Role", "frs-frscope-operator-ledger-events")
+    assert _rules(cluster_wide) == [{"apiGroups": [""], "resources": ["events"], "verbs": ["list"]}]
     off = objects(helm, sets=["nodeLedger.enabled=false"])
     assert not [o for o in off if "ledger" in o["metadata"]["name"]]
     assert "--node-ledger=off" in args(off) and not [a for a in args(off) if a.startswith("--node-fenc")]

@@ -3,25 +3,32 @@
 and the ledger's with `nodeLedger.fencing.mode=cordon`), the real FlightRecorderReport and
 FlightRecorderNode CRDs, and Node objects.
 
-Three jobs, two nodes of one pool. The incidents are SIMULATED: this tier has no kubelet, scheduler or
-training operator to run real jobs on real nodes, so each incident is a FlightRecorderReport created
-the way the operator publishes one (verdict, culprit ranks, `impact.culpritRanksByNode` naming the node
-the culprit ranks ran on). The operator's real report watch, ledger, fencing and Events handle them:
+Three jobs of two tenants (namespaces), two nodes of one pool. The incidents are SIMULATED: this tier
+has no kubelet, scheduler or training operator to run real jobs on real nodes, so each incident is a
+FlightRecorderReport created the way the operator publishes one (verdict, culprit ranks,
+`impact.culpritRanksByNode` naming the node the culprit ranks ran on), sealed with the operator's key
+(`--node-ledger-key-file`; the ledger records no other report). What the node says about itself is
+real API state: a condition set through the Node's status subresource, as node-problem-detector does.
+The operator's real report watch, ledger, fencing and Events handle them:
 
-    job a   NotCompleted on the shared node (a collective every rank entered that never completed)
-    job b   NotCompleted on the shared node
-    job c   RankNotJoined (a rank stuck in the user's Python) on both nodes, and a SizeMismatch on the
-            other node: code faults, which never count
+    job a   (tenant 1) NotCompleted on the shared node (a collective every rank entered that never completed)
+    job b   (tenant 2) NotCompleted on the shared node
+    job c   (tenant 1) RankNotJoined (a rank stuck in the user's Python) on both nodes, and a SizeMismatch
+            on the other node: code faults, which never count
+    node    the shared node reports GpuXidError=True (a GPU health agent's condition)
 
 The shared node becomes suspected (a Warning Event on it) and, with fencing on, is cordoned; in the
 default dry run it is not. The other node stays watched at score 0. A person's uncordon is recorded and
-does not lead to a second fence without new incidents.
+does not lead to a second fence without new incidents. The hostile tenant's side (one namespace alone,
+Xid text in termination messages, reports it made itself) is tests/e2e/test_tenants_e2e.py.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import subprocess
 import threading
 import time
 import urllib.request
@@ -31,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+import yaml
 
 try:  # tests/e2e is a plain directory today; keep working if it becomes a package
     from tests.e2e.test_actions_e2e import bind, helm_rules, new_namespace
@@ -47,7 +55,9 @@ pytestmark = [pytest.mark.e2e]
 CRDS = [ROOT / "charts" / "frscope" / "crds" / f"{name}.yaml"
         for name in ("flightrecorderreport", "flightrecordernode")]
 POOL_LABEL = "cloud.google.com/gke-nodepool"
-ARGS = ["--poll-interval", "1", "--node-ledger-refresh", "1"]
+SEAL_KEY = os.urandom(32)  # the operator's key (--node-ledger-key-file): the tests publish as it does
+XID_CONDITION = {"type": "GpuXidError", "status": "True", "reason": "Xid79",
+                 "message": "GPU has fallen off the bus (a GPU health agent's condition)"}
 
 
 def now(offset_s: float = 0.0) -> str:
@@ -65,14 +75,45 @@ def setup(kube: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> Itera
     home_ns = new_namespace(kube)
     home = tmp_path_factory.mktemp("helm-home")
     bind(kube, home_ns, "ledger", helm_rules(kube, home, "nodeLedger.fencing.mode=cordon"))
+    bind_default_role(kube, home_ns, "ledger", home)
     bind(kube, home_ns, "ledger-defaults", helm_rules(kube, home))
     bind(kube, home_ns, "ledger-off", helm_rules(kube, home, "nodeLedger.enabled=false"))
     token = kube.kubectl("create", "token", "ledger", "-n", home_ns, "--duration=2h").stdout.strip()
     kubeconfig = kube.write_token_kubeconfig(tmp_path_factory.mktemp("kc") / "operator.kubeconfig", token,
                                              f"system:serviceaccount:{home_ns}:ledger")
-    yield {"kubeconfig": kubeconfig, "namespace": home_ns}
+    key_file = tmp_path_factory.mktemp("seal") / "ledger.key"
+    key_file.write_bytes(SEAL_KEY)
+    yield {"kubeconfig": kubeconfig, "namespace": home_ns,
+           "args": ["--poll-interval", "1", "--node-ledger-refresh", "1", "--node-ledger-key-file", str(key_file)]}
     kube.kubectl("delete", "clusterrolebinding,clusterrole", "-l", "frscope-e2e=actions", "--ignore-not-found")
+    kube.kubectl("delete", "rolebinding,role", "-n", "default", "-l", "frscope-e2e=actions", "--ignore-not-found")
     kube.kubectl("delete", "namespace", home_ns, "--wait=false")
+
+
+def bind_default_role(kube: ControlPlane, namespace: str, sa: str, home: Path) -> None:
+    """The chart's ledger Role in `default` (the kubelet's node Events read), bound to `sa`."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(home), "HELM_CACHE_HOME": str(home / "cache"),
+           "HELM_CONFIG_HOME": str(home / "config"), "HELM_DATA_HOME": str(home / "data")}
+    proc = subprocess.run([str(kube.bin_dir / "helm"), "template", "frs", str(ROOT / "charts" / "frscope"),
+                           "--namespace", "frscope-system"], capture_output=True, text=True, env=env, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    [role] = [o for o in yaml.safe_load_all(proc.stdout) if o and o["kind"] == "Role"
+              and o["metadata"]["name"].endswith("-operator-ledger-events")]
+    name = f"{sa}-{namespace}"
+    meta = {"name": name, "namespace": "default", "labels": {"frscope-e2e": "actions"}}
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": role["rules"]})
+    kube.apply({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": namespace}]})
+
+
+def set_condition(kube: ControlPlane, node: str, condition: dict[str, Any]) -> None:
+    """A condition on the Node, through its status subresource, as node-problem-detector sets one (a
+    strategic merge: the conditions are merged by type)."""
+    stamp = now()
+    kube.kubectl("patch", "node", node, "--subresource=status", "--type=strategic", "-p", json.dumps(
+        {"status": {"conditions": [{**condition, "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}]}}))
 
 
 @contextmanager
@@ -89,7 +130,7 @@ def ready_nodes(kube: ControlPlane, names: list[str], pool: str) -> Iterator[Non
             stamp = now()
             ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "e2e heartbeat",
                      "lastHeartbeatTime": stamp, "lastTransitionTime": stamp}
-            kube.kubectl("patch", "node", name, "--subresource=status", "--type=merge",
+            kube.kubectl("patch", "node", name, "--subresource=status", "--type=strategic",
                          "-p", json.dumps({"status": {"conditions": [ready]}}), check=False)
             lease = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                      "metadata": {"name": name, "namespace": "kube-node-lease"},
@@ -134,12 +175,16 @@ def test_permissions_follow_the_ledger_values(kube: ControlPlane, setup: dict[st
 
 
 def simulated_report(kube: ControlPlane, namespace: str, job: str, category: str,
-                     ranks_by_node: dict[str, list[int]], *, age_s: float = 600.0) -> str:
+                     ranks_by_node: dict[str, list[int]], *, age_s: float = 600.0,
+                     exits: dict[str, Any] | None = None, sealed: bool = True) -> str:
     """A FlightRecorderReport as the operator publishes one for a diagnosed incident (simulated: see the
-    module's docstring). Returns namespace/name."""
+    module's docstring), sealed with the operator's key; `sealed=False`: as a tenant makes one. Returns
+    namespace/name."""
+    from frscope.operator.ledger import LedgerSeal
+
     name = f"{job}-{secrets.token_hex(4)}"
     culprits = sorted({r for ranks in ranks_by_node.values() for r in ranks})
-    kube.apply({
+    body = {
         "apiVersion": "frscope.io/v1alpha1", "kind": "FlightRecorderReport",
         "metadata": {"name": name, "namespace": namespace,
                      "labels": {"frscope.io/job": job, "frscope.io/incident": name[-8:]}},
@@ -151,21 +196,27 @@ def simulated_report(kube: ControlPlane, namespace: str, job: str, category: str
         "impact": {"watchdogTimeoutSeconds": 600, "timeoutSource": "simulated", "gpus": 0, "ranks": 4,
                    "culpritPods": [], "culpritNodes": sorted(ranks_by_node),
                    "culpritRanksByNode": ranks_by_node},
-        "report": {"schema": "frscope.report/v1", "findings": [{"category": category, "exits": {}}]},
-    })
+        "report": {"schema": "frscope.report/v1", "findings": [{"category": category, "exits": exits or {}}]},
+    }
+    kube.apply(LedgerSeal(SEAL_KEY).sealed(body) if sealed else body)
     return f"{namespace}/{name}"
 
 
-def three_jobs(kube: ControlPlane, shared: str, other: str) -> tuple[str, dict[str, str]]:
-    """Jobs a and b hang on the shared node; job c's faults (everywhere) are the code's. The namespace (the
-    operator watches only it: other tests' reports stay out of its counts) and each incident's report."""
-    ns = new_namespace(kube)
-    return ns, {
-        "a": simulated_report(kube, ns, "a", "NotCompleted", {shared: [1]}, age_s=1800),
-        "b": simulated_report(kube, ns, "b", "NotCompleted", {shared: [3]}, age_s=900),
-        "c1": simulated_report(kube, ns, "c", "RankNotJoined", {shared: [2], other: [0]}, age_s=600),
-        "c2": simulated_report(kube, ns, "c", "SizeMismatch", {other: [0]}, age_s=300),
+def three_jobs(kube: ControlPlane, shared: str, other: str) -> tuple[list[str], dict[str, str]]:
+    """Jobs a (tenant 1) and b (tenant 2) hang on the shared node; job c's faults (everywhere, tenant 1) are
+    the code's. The namespaces (the operator watches only them: other tests' reports stay out of its
+    counts) and each incident's report."""
+    one, two = new_namespace(kube), new_namespace(kube)
+    return [one, two], {
+        "a": simulated_report(kube, one, "a", "NotCompleted", {shared: [1]}, age_s=1800),
+        "b": simulated_report(kube, two, "b", "NotCompleted", {shared: [3]}, age_s=900),
+        "c1": simulated_report(kube, one, "c", "RankNotJoined", {shared: [2], other: [0]}, age_s=600),
+        "c2": simulated_report(kube, one, "c", "SizeMismatch", {other: [0]}, age_s=300),
     }
+
+
+def watching(namespaces: list[str]) -> list[str]:
+    return [arg for ns in namespaces for arg in ("--namespace", ns)]
 
 
 def frnode(kube: ControlPlane, name: str) -> dict[str, Any]:
@@ -193,10 +244,13 @@ def _check_suspected_and_code_faults_ignored(kube: ControlPlane, shared: str, ot
                                              reports: dict[str, str]) -> None:
     ledger = frnode(kube, shared)
     assert ledger["summary"]["state"] in ("suspected", "fenced"), ledger
-    assert ledger["summary"]["incidents"] == 2 and ledger["summary"]["distinctJobs"] == 2, ledger
+    summary = ledger["summary"]
+    assert (summary["incidents"], summary["distinctJobs"], summary["distinctNamespaces"], summary["nodeSourced"]) \
+        == (2, 2, 2, 2), ledger
     assert 1.5 <= ledger["summary"]["score"] <= 2.0, ledger
     by_key = {i["key"]: i for i in ledger["incidents"]}
-    assert (by_key[reports["a"]]["evidence"], by_key[reports["a"]]["weight"]) == ("stuck-collective", 1)
+    assert (by_key[reports["a"]]["evidence"], by_key[reports["a"]]["weight"]) == ("hardware-exit", 1)
+    assert "the node's condition GpuXidError=True (Xid79" in by_key[reports["a"]]["why"]
     assert (by_key[reports["c1"]]["evidence"], by_key[reports["c1"]]["weight"]) == ("code", 0)
     assert ledger["node"]["pool"].startswith(f"{POOL_LABEL}=")
     clean = frnode(kube, other)
@@ -220,8 +274,10 @@ def test_the_shared_node_is_suspected_and_in_a_dry_run_not_cordoned(kube: Contro
     suffix = secrets.token_hex(3)
     shared, other = f"shared-{suffix}", f"other-{suffix}"
     with ready_nodes(kube, [shared, other], f"pool-{suffix}"):
-        ns, reports = three_jobs(kube, shared, other)
-        with operator(kube, setup["kubeconfig"], tmp_path / "operator.log", [*ARGS, "--namespace", ns]) as op:
+        set_condition(kube, shared, XID_CONDITION)
+        namespaces, reports = three_jobs(kube, shared, other)
+        with operator(kube, setup["kubeconfig"], tmp_path / "operator.log",
+                      [*setup["args"], *watching(namespaces)]) as op:
             wait_for("the ledger's objects", lambda: _recorded(kube, shared, other, 3), 90, interval=1,
                      diagnostics=op.logs)
             wait_for("the dry run", lambda: frnode(kube, shared).get("fence", {}).get("state") == "would-fence", 30,
@@ -239,7 +295,7 @@ def test_the_shared_node_is_suspected_and_in_a_dry_run_not_cordoned(kube: Contro
         assert f'frscope_node_suspicion{{node="{shared}"}}' in metrics
         assert f'frscope_node_suspicion{{node="{other}"}} 0.0' in metrics
         assert 'frscope_node_incidents_total{evidence="code"} 3.0' in metrics
-        assert 'frscope_node_incidents_total{evidence="stuck-collective"} 2.0' in metrics
+        assert 'frscope_node_incidents_total{evidence="hardware-exit"} 2.0' in metrics
         assert 'frscope_node_fences_total{outcome="dry-run"} 1.0' in metrics
         assert [(n["node"], n["state"]) for n in listed if n["node"] in (shared, other)] == [
             (shared, "suspected"), (other, "watched")]
@@ -252,8 +308,9 @@ def test_with_fencing_the_shared_node_is_cordoned_and_a_persons_uncordon_is_reco
     suffix = secrets.token_hex(3)
     shared, other = f"shared-{suffix}", f"other-{suffix}"
     with ready_nodes(kube, [shared, other], f"pool-{suffix}"):
-        ns, reports = three_jobs(kube, shared, other)
-        args = [*ARGS, "--namespace", ns, "--node-fencing", "cordon", "--node-fence-taint", "on",
+        set_condition(kube, shared, XID_CONDITION)
+        namespaces, reports = three_jobs(kube, shared, other)
+        args = [*setup["args"], *watching(namespaces), "--node-fencing", "cordon", "--node-fence-taint", "on",
                 "--cordon-max-nodes", "5"]
         with operator(kube, setup["kubeconfig"], tmp_path / "operator-1.log", args) as op:
             wait_for("the fence", lambda: frnode(kube, shared).get("fence", {}).get("state") == "fenced", 90,

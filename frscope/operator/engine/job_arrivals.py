@@ -35,6 +35,9 @@ from frscope.wire import STATUS_ARRIVALS, SidecarStatus
 KEPT = 512
 MIN_KEPT = 32
 KEPT_TOTAL = 1 << 18
+# Groups kept per pod (the first seen stay; a pod's ranks are in a few groups each): with the floor
+# MIN_KEPT, a pod keeps at most MAX_GROUPS_PER_POD x KEPT arrivals whatever its sidecar reports.
+MAX_GROUPS_PER_POD = 64
 # The most (rank, group, collective) arrivals one sweep's answers of a job are read for, and the
 # fewest per rank and group.
 MERGE_BUDGET = 1 << 18
@@ -95,7 +98,8 @@ class JobArrivals:
             self._clocks.pop(gone, None)
             self._seen.pop(gone, None)
         lists = sum(len(g) for p, g in self._by_pod.items() if p not in statuses) + sum(
-            len({g for groups in st.arrivals.values() for g in groups}) for st in statuses.values())
+            min(MAX_GROUPS_PER_POD, len({g for groups in st.arrivals.values() for g in groups}))
+            for st in statuses.values())
         each = kept_each(lists)
         read = min(each, read_each(sum(len(groups) for st in statuses.values() for groups in st.arrivals.values())))
         for pod, status in statuses.items():
@@ -114,7 +118,7 @@ class JobArrivals:
             recent = {rank: {group: rows[-read:] for group, rows in groups.items()}
                       for rank, groups in status.arrivals.items()}
             for group, seqs in pod_arrivals(recent).items():
-                if not seqs:
+                if not seqs or (group not in by_group and len(by_group) >= MAX_GROUPS_PER_POD):
                     continue
                 kept = by_group.setdefault(group, {})
                 if kept and max(seqs) < max(kept):

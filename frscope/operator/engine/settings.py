@@ -111,6 +111,7 @@ class OperatorConfig:
     # entries per rank asked of its sidecars every `live_interval_s`; 0 entries: no live window.
     live_entries: int = 256
     live_interval_s: float = 1.0
+    live_ranks_per_pod: int = 64  # ranks kept of one pod's answer in a live window
     peering: str | None = None  # kopf peering name; None: standalone (one replica)
     webhook: WebhookConfig | None = None
     # Acting on a diagnosis (docs/actions.md): what is allowed, the default policy, limits.
@@ -132,6 +133,8 @@ class OperatorConfig:
             raise ValueError("--straggler-min-share must be in (0, 1]")
         if self.sidecar_auth not in SIDECAR_AUTH_MODES:
             raise ValueError(f"--sidecar-auth must be one of {', '.join(SIDECAR_AUTH_MODES)}")
+        if self.live_ranks_per_pod < 1:
+            raise ValueError("--live-ranks-per-pod must be >= 1")
         if self.ui_auth not in UI_AUTH_MODES:
             raise ValueError(f"--ui-auth must be one of {', '.join(UI_AUTH_MODES)}")
         if self.metrics_auth not in UI_AUTH_MODES:

@@ -13,13 +13,22 @@ import asyncio
 import functools
 import multiprocessing
 import os
+import tempfile
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, PodEvidence, from_bytes, share_groups
+from frscope.operator.evidence.pod_evidence import (
+    DEFAULT_MAX_ENTRIES,
+    MAX_PIECES,
+    PodEvidence,
+    from_bytes,
+    share_groups,
+)
+from frscope.operator.evidence.push_decode import decode_file
 from frscope.operator.evidence.sidecars import SidecarClient, SidecarError
 from frscope.operator.kube.backoff import Backoff
 
@@ -37,6 +46,10 @@ class GatherOptions:
     decode_threads: int = 2  # bodies decoded at once (threads, or as many as there are processes)
     max_entries: int = DEFAULT_MAX_ENTRIES
     refresh: bool = True
+    max_ranks: int = MAX_PIECES  # ranks kept of one pod's answer (the live windows keep fewer)
+    # Where answers are streamed to be decoded from their file (never whole in this process: the live
+    # windows); None: read into memory, then decoded.
+    spool: Path | None = None
 
 
 class Decoder:
@@ -58,17 +71,35 @@ class Decoder:
 
     async def decode(self, raw: bytes, endpoint: str, *, max_entries: int, pod: str | None, namespace: str | None,
                      shared: dict[tuple[int, ...], tuple[int, ...]] | None = None,
-                     origin: str = "sidecar") -> PodEvidence:
+                     origin: str = "sidecar", max_ranks: int = MAX_PIECES) -> PodEvidence:
         """`shared`: the gather's one tuple per distinct group rank list (`evidence.share_groups`).
         `origin`: 'sidecar' (a fetched snapshot) or 'push'."""
         call = functools.partial(from_bytes, raw, endpoint, origin=origin, max_entries=max_entries, pod=pod,
-                                 namespace=namespace)
+                                 namespace=namespace, max_ranks=max_ranks)
         if self._pool is None:
             return await asyncio.to_thread(call)  # in-process: normalize's cache shares them already
         try:
             evidence = await asyncio.get_running_loop().run_in_executor(self._pool, call)
         except BrokenProcessPool:
             # A body killed its worker (the pool is then unusable): this body fails, the next get a new pool.
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = _pool(self.processes)
+            raise SidecarError(endpoint, "the decoder process died decoding this body", retryable=False) from None
+        return share_groups(evidence, shared if shared is not None else {})
+
+    async def decode_file(self, path: str, endpoint: str, *, max_entries: int, pod: str | None,
+                          namespace: str | None, origin: str = "push", plain_bytes: int = 0,
+                          max_ranks: int = MAX_PIECES,
+                          shared: dict[tuple[int, ...], tuple[int, ...]] | None = None) -> PodEvidence:
+        """A body streamed into the file `path` (a push, a push kept on disk), decoded one rank at a time
+        (`push_decode.decode_file`) in a decoder process: the operator's process never holds the body."""
+        call = functools.partial(decode_file, path, endpoint, origin=origin, max_entries=max_entries, pod=pod,
+                                 namespace=namespace, plain_bytes=plain_bytes, max_ranks=max_ranks)
+        if self._pool is None:
+            return await asyncio.to_thread(call)
+        try:
+            evidence = await asyncio.get_running_loop().run_in_executor(self._pool, call)
+        except BrokenProcessPool:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = _pool(self.processes)
             raise SidecarError(endpoint, "the decoder process died decoding this body", retryable=False) from None
@@ -137,18 +168,41 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
         try:
             # A fetched body is held until it is decoded: at most `concurrency` raw bodies in memory.
             async with fetching:
+                if options.spool is not None:
+                    return await _fetch_to_file(client, namespace, target, options, options.spool, decoding,
+                                                decoder, shared)
                 raw = await client.snapshot_bytes(target.endpoint, options.per_pod_timeout_s,
                                                   refresh=options.refresh,
                                                   last_entries=options.max_entries or None,
                                                   pod=(namespace, target.pod))
                 async with decoding:
                     return await decoder.decode(raw, target.endpoint, max_entries=options.max_entries,
-                                                pod=target.pod, namespace=namespace, shared=shared)
+                                                pod=target.pod, namespace=namespace, shared=shared,
+                                                max_ranks=options.max_ranks)
         except SidecarError as exc:
             delay = next(delays, None) if exc.retryable else None
             if delay is None:
                 raise
             await asyncio.sleep(delay)
+
+
+async def _fetch_to_file(client: SidecarClient, namespace: str, target: Target, options: GatherOptions,
+                         spool: Path, decoding: asyncio.Semaphore, decoder: Decoder,
+                         shared: dict[tuple[int, ...], tuple[int, ...]]) -> PodEvidence:
+    """One answer streamed to a file of `spool` and decoded from it in the decoder processes."""
+    assert target.endpoint is not None
+    fd, name = tempfile.mkstemp(dir=spool, prefix=".snapshot-", suffix=".part")
+    os.close(fd)
+    path = Path(name)
+    try:
+        await client.snapshot_bytes(target.endpoint, options.per_pod_timeout_s, refresh=options.refresh,
+                                    last_entries=options.max_entries or None, pod=(namespace, target.pod), into=path)
+        async with decoding:
+            return await decoder.decode_file(str(path), target.endpoint, origin="sidecar",
+                                             max_entries=options.max_entries, pod=target.pod, namespace=namespace,
+                                             max_ranks=options.max_ranks, shared=shared)
+    finally:
+        path.unlink(missing_ok=True)
 
 
 async def _cancel_all(tasks: list[asyncio.Task[PodEvidence]]) -> None:

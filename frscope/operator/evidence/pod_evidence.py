@@ -11,8 +11,10 @@ decided by the newest collectives of every group; the ring buffer is already a w
 
 from __future__ import annotations
 
+import array
 import json
 import re
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +35,9 @@ DEFAULT_MAX_ENTRIES = 200
 MAX_EXPANSION = 64
 EXPANSION_FLOOR = 1024 * 1024
 MAX_PIECES = 1024
+# A rank's thread stacks (torch's `dump_traceback` text) kept, at most: a trainer's threads' stacks are
+# tens of KiB; past this the head is kept (the main thread comes first) and the rank says what was cut.
+MAX_STACKS_CHARS = 256 * 1024
 
 
 @dataclass(slots=True)
@@ -49,6 +54,9 @@ class PodEvidence:
     # The pushing pod's uid, when its token says so (--sidecar-auth kubernetes): a job's pods keep their
     # names across a restart, so a push from a pod that is gone is told from its successor by uid.
     pod_uid: str = ""
+    # What the decoded evidence keeps in memory (its tables, stacks, groups: `kept_bytes`), measured
+    # where it was decoded; 0: not measured (then `held_bytes` falls back on the body's size).
+    measured_bytes: int = 0
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -56,15 +64,48 @@ class PodEvidence:
 
     @property
     def held_bytes(self) -> int:
-        """The share of the body this evidence keeps: all of it, less the entries past `max_entries` a
-        rank that were cut from it (a push of 2,000 entries a rank keeps its newest 200: a tenth)."""
-        kept = sum(len(d.entries) for d in self.dumps)
-        if self.cut_here <= 0 or kept + self.cut_here == 0:
-            return self.size_bytes
-        return max(1, self.size_bytes * kept // (kept + self.cut_here))
+        """What this evidence keeps in memory, as measured when it was decoded (every table, stack and
+        group: `kept_bytes`), else the body's size (an upper bound for a body nothing was cut from)."""
+        return self.measured_bytes if self.measured_bytes > 0 else max(1, self.size_bytes)
 
 
-def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES) -> PodEvidence:
+def kept_bytes(dumps: list[RankDump], problems: list[LoadProblem]) -> int:
+    """The memory the decoded evidence keeps: each rank's table columns, its stacks and its groups,
+    and the problems' text, measured object by object (shared objects counted once)."""
+    seen: set[int] = set()
+    total = 0
+    stack: list[Any] = [*dumps, *problems]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, (bool, int, float)) and -5 <= obj <= 256:
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        if isinstance(obj, (str, bytes, bytearray, array.array, int, float)):
+            continue
+        if isinstance(obj, dict):
+            stack.extend(obj.keys())
+            stack.extend(obj.values())
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            stack.extend(obj)
+        else:
+            for name in getattr(type(obj), "__slots__", ()) or ():
+                stack.append(getattr(obj, name, None))
+            if hasattr(obj, "__dict__"):
+                stack.extend(vars(obj).values())
+    return total
+
+
+def _cap_stacks(dump: RankDump) -> None:
+    if dump.stacks is not None and len(dump.stacks) > MAX_STACKS_CHARS:
+        cut = len(dump.stacks) - MAX_STACKS_CHARS
+        dump.stacks = dump.stacks[:MAX_STACKS_CHARS]
+        dump.warnings.append(f"its thread stacks were cut to their first {MAX_STACKS_CHARS} characters "
+                             f"({cut} left out)")
+
+
+def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
+                  max_ranks: int = MAX_PIECES) -> PodEvidence:
     """A pod's snapshot -> its evidence, each rank read by `records.envelope` as the CLI reads an envelope,
     after its cut to the newest `max_entries` entries (frscope.wire's cut, the one the sidecar makes for
     ?entries=N: a sidecar that predates the window, or a push, sends the whole ring). Ranks go into
@@ -73,22 +114,32 @@ def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = 
     out = PodEvidence(snapshot.namespace, snapshot.pod, snapshot.reason, snapshot.captured_at_ns,
                       size_bytes=snapshot.size_bytes)
     out.problems.extend(envelope_problems(snapshot.errors, where))
-    for index, raw in enumerate(snapshot.ranks):
-        if isinstance(raw, _Unreadable):
-            out.problems.append(LoadProblem(where, raw.why))
-            continue
-        before = entries_dropped(raw)
-        if max_entries > 0:
-            window_piece(raw, max_entries)
-        got = piece_dump(raw, where, index, columnar=True)
-        if isinstance(got, LoadProblem):
-            out.problems.append(got)
-            continue
-        dropped = entries_dropped(raw)
-        out.entries_dropped += dropped
-        out.cut_here += dropped - before
-        out.dumps.append(got)
+    for index, raw in enumerate(snapshot.ranks[:max_ranks]):
+        add_piece(out, raw, index, where, max_entries)
+    if len(snapshot.ranks) > max_ranks:
+        out.problems.append(LoadProblem(where, f"{len(snapshot.ranks)} ranks in one pod's answer: only the first "
+                                        f"{max_ranks} are kept here", kind="warning"))
+    out.measured_bytes = kept_bytes(out.dumps, out.problems)
     return out
+
+
+def add_piece(out: PodEvidence, raw: dict[str, Any], index: int, where: str, max_entries: int) -> None:
+    """One rank's decoded piece -> its dump in `out` (cut to `max_entries`, stacks capped), or a problem."""
+    if isinstance(raw, Unreadable):
+        out.problems.append(LoadProblem(where, raw.why))
+        return
+    before = entries_dropped(raw)
+    if max_entries > 0:
+        window_piece(raw, max_entries)
+    got = piece_dump(raw, where, index, columnar=True)
+    if isinstance(got, LoadProblem):
+        out.problems.append(got)
+        return
+    dropped = entries_dropped(raw)
+    out.entries_dropped += dropped
+    out.cut_here += dropped - before
+    _cap_stacks(got)
+    out.dumps.append(got)
 
 
 def share_groups(evidence: PodEvidence, shared: dict[tuple[int, ...], tuple[int, ...]]) -> PodEvidence:
@@ -99,7 +150,7 @@ def share_groups(evidence: PodEvidence, shared: dict[tuple[int, ...], tuple[int,
     return evidence
 
 
-class _Unreadable(dict[str, Any]):
+class Unreadable(dict[str, Any]):
     """Stands for one rank's piece that could not be decoded (kept in `ranks` so it is reported)."""
 
     def __init__(self, why: str) -> None:
@@ -116,14 +167,16 @@ def _no_constant(_name: str) -> None:
     return None  # NaN / Infinity: 'not recorded'
 
 
-def _loads(raw: bytes | str) -> Any:
+def loads_json(raw: bytes | str) -> Any:
     return json.loads(raw, parse_int=_int_or_none, parse_constant=_no_constant)
 
 
-_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]')
+# A JSON string (the loop unrolled: a run of plain characters at a time, not one alternation a character),
+# or a bracket.
+_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 
 
-def _value_span(text: str, start: int) -> tuple[int, int]:
+def value_span(text: str, start: int) -> tuple[int, int]:
     """End and deepest nesting of the JSON array/object starting at `start`, by bracket matching
     (strings skipped)."""
     depth = deepest = 0
@@ -140,14 +193,14 @@ def _value_span(text: str, start: int) -> tuple[int, int]:
 
 
 def _value_end(text: str, start: int) -> int:
-    return _value_span(text, start)[0]
+    return value_span(text, start)[0]
 
 
 # Deeper than this, a piece is not decoded (json's recursion would fail on it anyway).
 MAX_PIECE_DEPTH = 256
 
 
-def _dense(text: str | bytes) -> bool:
+def dense(text: str | bytes) -> bool:
     """More JSON objects/arrays than one per MIN_JSON_BYTES_PER_CONTAINER bytes (strings' brackets count
     too: an upper bound). Real snapshots have one per ~80 bytes; `{}` repeated, one per 3."""
     containers = text.count("{") + text.count("[") if isinstance(text, str) else text.count(b"{") + text.count(b"[")
@@ -156,7 +209,7 @@ def _dense(text: str | bytes) -> bool:
 
 def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
     """The snapshot envelope with each rank decoded on its own: a rank too deep to decode, or made of
-    too many tiny objects and arrays, becomes an `_Unreadable` (reported as that rank's problem); the
+    too many tiny objects and arrays, becomes an `Unreadable` (reported as that rank's problem); the
     others are kept. More than MAX_PIECES pieces refuse the body before any more is decoded."""
     try:
         text = raw.decode("utf-8")
@@ -176,12 +229,12 @@ def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
                 raise SidecarError(endpoint, f"more than {MAX_PIECES} rank pieces in one pod's snapshot",
                                    retryable=False)
             if text[i : i + 1] in ("{", "["):
-                end, deepest = _value_span(text, i)
+                end, deepest = value_span(text, i)
                 why = ("is nested too deeply to decode" if deepest > MAX_PIECE_DEPTH
-                       else "is made of tiny JSON objects and arrays: not a recorder" if _dense(text[i:end])
+                       else "is made of tiny JSON objects and arrays: not a recorder" if dense(text[i:end])
                        else None)
                 if why is not None:
-                    ranks.append(_Unreadable(f"a rank's snapshot ({end - i} bytes) {why}"))
+                    ranks.append(Unreadable(f"a rank's snapshot ({end - i} bytes) {why}"))
                     i = end
                     continue
             try:
@@ -189,12 +242,12 @@ def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
                 ranks.append(value)
             except RecursionError:
                 end = _value_end(text, i)
-                ranks.append(_Unreadable(f"a rank's snapshot ({end - i} bytes) is nested too deeply to decode"))
+                ranks.append(Unreadable(f"a rank's snapshot ({end - i} bytes) is nested too deeply to decode"))
                 i = end
         rest = text[:start] + "[]" + text[i + 1 :]
-        if _dense(rest):
+        if dense(rest):
             raise ValueError("the snapshot's other fields are made of tiny JSON objects and arrays")
-        obj = _loads(rest)
+        obj = loads_json(rest)
     except (ValueError, RecursionError, UnicodeDecodeError) as exc:
         raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
     if isinstance(obj, dict):
@@ -203,7 +256,7 @@ def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
 
 
 def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
-               pod: str | None = None, namespace: str | None = None) -> PodEvidence:
+               pod: str | None = None, namespace: str | None = None, max_ranks: int = MAX_PIECES) -> PodEvidence:
     """Inflate (if gzip), decode, validate and normalize one snapshot body (in a worker process or thread)."""
     if raw[:2] == b"\x1f\x8b":
         raw = gunzip_capped(raw, min(DEFAULT_MAX_SNAPSHOT_BYTES, MAX_EXPANSION * len(raw) + EXPANSION_FLOOR),
@@ -211,7 +264,7 @@ def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEF
     try:
         # Too many containers for one body, or some rank's piece is nested too deeply for json: decode the
         # ranks one by one instead (each checked on its own before it is decoded).
-        obj = _loads_rank_by_rank(raw, endpoint) if _dense(raw) else _loads(raw)
+        obj = _loads_rank_by_rank(raw, endpoint) if dense(raw) else loads_json(raw)
     except RecursionError:
         obj = _loads_rank_by_rank(raw, endpoint)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -225,4 +278,4 @@ def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEF
         snapshot.pod = pod
     if namespace:
         snapshot.namespace = namespace
-    return from_snapshot(snapshot, origin=origin, max_entries=max_entries)
+    return from_snapshot(snapshot, origin=origin, max_entries=max_entries, max_ranks=max_ranks)

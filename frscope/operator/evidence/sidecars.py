@@ -12,6 +12,7 @@ import asyncio
 import time
 import zlib
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
@@ -19,7 +20,7 @@ import aiohttp
 from frscope import wire
 from frscope.operator.evidence.sidecar_tls import SidecarCa, server_name
 from frscope.operator.kube.api_errors import KubeError
-from frscope.operator.kube.bodies import read_capped
+from frscope.operator.kube.bodies import read_capped, write_capped
 from frscope.operator.kube.credentials import BearerAuth
 from frscope.wire import SidecarSnapshot, SidecarStatus
 
@@ -123,9 +124,10 @@ class SidecarClient:
         return headers
 
     async def _get_bytes(self, url: str, endpoint: str, timeout_s: float, limit: int,
-                         pod: tuple[str, str] | None = None, times: list[int] | None = None) -> bytes:
+                         pod: tuple[str, str] | None = None, times: list[int] | None = None,
+                         into: Path | None = None) -> bytes:
         """`times`: gets this process' wall clock just before the request and when the answer's head
-        arrived (the answer was made between the two)."""
+        arrived (the answer was made between the two). `into`: the body goes to that file instead (b"")."""
         tls: dict[str, Any] = {}
         if self._tls is not None:
             if pod is None:
@@ -151,14 +153,19 @@ class SidecarClient:
                     text = (await resp.content.read(300)).decode("utf-8", "replace")
                     raise SidecarError(endpoint, f"HTTP {resp.status}: {' '.join(text.split())[:200]}",
                                        retryable=resp.status >= 500 or resp.status == 429)
-                raw = await read_capped(resp, limit)
+                if into is not None:
+                    size = await write_capped(resp, into, limit)
+                    raw = b""
+                else:
+                    raw = await read_capped(resp, limit)
+                    size = len(raw)
         except aiohttp.ClientConnectorCertificateError as exc:
             # Not the pod's own sidecar (another CA, another pod's name, or not issued yet): never trusted.
             raise SidecarError(endpoint, f"TLS: the sidecar's certificate is refused: {exc.certificate_error}",
                                retryable=False) from exc
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise SidecarError(endpoint, f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
-        if len(raw) > limit:
+        if size > limit:
             raise SidecarError(endpoint, f"answer larger than {limit} bytes", retryable=False)
         return raw
 
@@ -176,14 +183,14 @@ class SidecarClient:
 
     async def snapshot_bytes(
         self, endpoint: str, timeout_s: float, *, refresh: bool = True, last_entries: int | None = None,
-        pod: tuple[str, str] | None = None,
+        pod: tuple[str, str] | None = None, into: Path | None = None,
     ) -> bytes:
         """The `/v1/snapshot` body, undecoded and maybe gzipped (`evidence.from_bytes` takes both, off the
-        event loop)."""
+        event loop); with `into`, written to that file as it arrives (b"" returned)."""
         query = [("refresh", "1")] if refresh else []
         window = wire.window_query(last_entries)
         if window is not None:
             # Only the newest entries per rank travel: the operator keeps no more than these.
             query.append(("entries", window))
         url = f"{endpoint}/v1/snapshot" + ("?" + "&".join(f"{k}={v}" for k, v in query) if query else "")
-        return await self._get_bytes(url, endpoint, timeout_s, self._max_snapshot, pod)
+        return await self._get_bytes(url, endpoint, timeout_s, self._max_snapshot, pod, into=into)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import aiohttp
 
 
@@ -16,3 +18,16 @@ async def read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:
         chunks.append(chunk)
         total += len(chunk)
     return b"".join(chunks)
+
+
+async def write_capped(resp: aiohttp.ClientResponse, path: Path, limit: int) -> int:
+    """The body written to `path` in chunks (never whole in memory); its size, or limit + 1 when longer."""
+    total = 0
+    with path.open("wb") as out:
+        while total <= limit:
+            chunk = await resp.content.read(min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            out.write(chunk)
+            total += len(chunk)
+    return total

@@ -6,6 +6,9 @@ FlightRecorderNode per node a diagnosis implicated, a suspicion score from the m
     ledger_object    the FlightRecorderNode object, built and read back (pure)
     pools            a node's pool and whether fencing it leaves the pool healthy nodes (pure)
     fencing          the fence's limits (budget, rate, pools), the cordon, a person's uncordon
+    node_signals     what a node says about itself: its conditions, the kubelet's OOM Events (the only
+                     hardware and node-OOM evidence)
+    seal             the operator's HMAC on the reports it publishes: the ledger records no other
     ledger_metrics   frscope_node_suspicion{node}, incidents by evidence class, nodes by state, fences
     node_ledger      the sequence: record an incident, fence, refresh (decay, releases, metrics)
 """
@@ -13,5 +16,7 @@ FlightRecorderNode per node a diagnosis implicated, a suspicion score from the m
 from frscope.operator.ledger.fencing import FencingOptions
 from frscope.operator.ledger.ledger_metrics import LedgerMetrics
 from frscope.operator.ledger.node_ledger import NodeLedger, NodeLedgerOptions
+from frscope.operator.ledger.node_signals import SignalOptions
+from frscope.operator.ledger.seal import LedgerSeal
 
-__all__ = ["FencingOptions", "LedgerMetrics", "NodeLedger", "NodeLedgerOptions"]
+__all__ = ["FencingOptions", "LedgerMetrics", "LedgerSeal", "NodeLedger", "NodeLedgerOptions", "SignalOptions"]

@@ -3,6 +3,9 @@ the action policy's limits (docs/actions.md):
 
 - the cordon budget, `--cordon-max-nodes`: nodes frscope holds at once, cluster-wide, whether fenced
   by the ledger or tainted by a job's `cordon` action;
+- a namespace's share of that budget, `--node-fence-namespace-share`: the nodes held by fences that one
+  namespace's incidents set off, at most max(1, floor(budget x share)); one tenant never holds it all
+  where the budget has room for two;
 - the rate limit, `--action-rate`: actions in the namespace of the incident that made the node ready,
   in any hour, counting the actions recorded in that namespace's reports and the ledger's fences
   that incidents there set off;
@@ -15,6 +18,7 @@ decision: the ledger notices the node schedulable again and records who (`releas
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +40,14 @@ class FencingOptions:
     taint: bool = False
     keep_healthy: int = 1
     pool_labels: tuple[str, ...] = pools.DEFAULT_POOL_LABELS
+    namespace_share: float = 0.5  # of --cordon-max-nodes, for the fences one namespace's incidents set off
+
+    def namespace_budget(self, max_nodes: int) -> int:
+        return max(1, math.floor(max_nodes * self.namespace_share))
 
     def __post_init__(self) -> None:
+        if not 0 < self.namespace_share <= 1:
+            raise ValueError("--node-fence-namespace-share must be > 0 and <= 1")
         if self.mode not in MODES:
             raise ValueError(f"--node-fencing must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.keep_healthy < 0:
@@ -48,6 +58,12 @@ def held_nodes(entries: Iterable[LedgerEntry], nodes: Iterable[dict[str, Any]]) 
     """Nodes frscope holds now: fenced (or being fenced) by the ledger, or carrying the action's taint."""
     held = {e.node for e in entries if e.fence is not None and e.fence.state in HOLDING}
     return held | {pools.node_name(n) for n in nodes if pools.has_suspect_taint(n)}
+
+
+def held_from(entries: Iterable[LedgerEntry], namespace: str) -> int:
+    """Nodes the ledger holds fenced now that incidents of `namespace` set off."""
+    return sum(1 for e in entries if e.fence is not None and e.fence.state in HOLDING
+               and e.fence.incident.startswith(f"{namespace}/"))
 
 
 def fences_from(entries: Iterable[LedgerEntry], namespace: str, since: float) -> int:
@@ -77,6 +93,11 @@ async def refusal(kube: KubeClient, node: str, trigger: str, entries: Sequence[L
     if len(held) + 1 > max_nodes:
         return f"{len(held)} node(s) already held by frscope (budget --cordon-max-nodes={max_nodes})"
     namespace = trigger.split("/", 1)[0]
+    share = options.namespace_budget(max_nodes)
+    theirs = held_from([e for e in entries if e.node != node], namespace)
+    if theirs + 1 > share:
+        return (f"{theirs} node(s) already held by fences that namespace {namespace} set off (its share of the budget: "
+                f"{share}, --node-fence-namespace-share={options.namespace_share:g})")
     reports = await kube.list(REPORTS, namespace)
     recent = record.actions_since(reports, now - RATE_WINDOW_S) + fences_from(entries, namespace, now - RATE_WINDOW_S)
     if recent >= rate_per_hour:

@@ -38,6 +38,12 @@ class LedgerMetrics:
             "made a fenced node schedulable again).",
             ["outcome"], registry=registry,
         )
+        self.unsealed = Counter(
+            "frscope_node_reports_unsealed",
+            "FlightRecorderReports the node ledger ignored: not sealed by this operator (made or changed by "
+            "someone else; docs/install.md, 'Threat model').",
+            registry=registry,
+        )
         self._shown: set[str] = set()
         for evidence in EvidenceClass:
             self.incidents.labels(evidence=evidence.value)

@@ -3,7 +3,8 @@ node, cluster-scoped, named after the node. Building it from the ledger's model 
 (defensively: whatever is malformed is dropped, never trusted). Pure.
 
     node       name, pool
-    summary    score (at scoreAt), incidents and distinct jobs that weigh, last incident, state, why
+    summary    score (at scoreAt), incidents, distinct jobs and namespaces that weigh, incidents backed by
+               the node's own signals, last incident, state, why
     incidents  each incident with its evidence class and weight, oldest first
     fence      frscope's last fencing step: would-fence (dry run), fencing (the claim), fenced,
                skipped, failed, released (a person made the node schedulable again: releasedAt, releasedBy)
@@ -150,7 +151,8 @@ class LedgerEntry:
             "node": {"name": self.node, "pool": self.pool},
             "summary": {
                 "score": assessment.score, "scoreAt": rfc3339(now), "incidents": assessment.incidents,
-                "distinctJobs": assessment.jobs,
+                "distinctJobs": assessment.jobs, "distinctNamespaces": assessment.namespaces,
+                "nodeSourced": assessment.node_sourced,
                 "lastIncident": rfc3339(assessment.last_incident) if assessment.last_incident is not None else None,
                 "state": assessment.state.value, "why": _clip(assessment.why),
             },

@@ -2,10 +2,11 @@
 node ledger").
 
 - `on_report(event, report)`, from the operator's watch of FlightRecorderReports (every report at
-  start, then each one published): the nodes its culprit ranks ran on get the incident with its
-  evidence class and weight
-  (analysis.suspicion), their score and state are written; a node that becomes suspected gets a
-  Warning Event; a node ready to fence is fenced (or, by default, a dry run says it would be);
+  start, then each one published): a report the operator sealed (ledger.seal; any other is ignored)
+  has its incident recorded on the nodes its culprit ranks ran on, with its evidence class and weight
+  (analysis.suspicion) and what each node says about itself (ledger.node_signals: its conditions, the
+  kubelet's OOM Events; the only hardware evidence), their score and state are written; a node that
+  becomes suspected gets a Warning Event; a node ready to fence is fenced (or, by default, a dry run says it would be);
 - `refresh()`, every `--node-ledger-refresh` seconds: scores decay, old incidents are forgotten, a
   fence a person lifted is recorded as released, the metrics follow.
 
@@ -21,6 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from frscope.analysis.suspicion import Assessment, LedgerPolicy, NodeIncident, NodeState, assess, implicate, remember
@@ -53,6 +55,8 @@ from frscope.operator.ledger.ledger_object import (
     LedgerEntry,
     rfc3339,
 )
+from frscope.operator.ledger.node_signals import NodeSignals, SignalOptions
+from frscope.operator.ledger.seal import LedgerSeal
 from frscope.operator.model.objects import JobRef
 from frscope.operator.publish import build_event, clip_line
 
@@ -70,7 +74,10 @@ class NodeLedgerOptions:
 
     policy: LedgerPolicy = field(default_factory=LedgerPolicy)
     fencing: FencingOptions = field(default_factory=FencingOptions)
+    signals: SignalOptions = field(default_factory=SignalOptions)
     refresh_s: float = 60.0
+    # The seal's key (ledger.seal): this file, else the sidecar CA's key, else random per process.
+    key_file: Path | None = None
 
     def __post_init__(self) -> None:
         if not self.refresh_s > 0:
@@ -88,8 +95,10 @@ def _tag(key: str) -> str:
 
 class NodeLedger:
     def __init__(self, kube: KubeClient, metrics: LedgerMetrics, options: NodeLedgerOptions, actions: ActionOptions,
-                 *, instance: str, clock: Callable[[], float] = time.time) -> None:
+                 *, instance: str, seal: LedgerSeal, clock: Callable[[], float] = time.time) -> None:
         self._kube = kube
+        self._seal = seal
+        self._signals = NodeSignals(kube, options.signals)
         self._metrics = metrics
         self.options = options
         self._actions = actions
@@ -130,17 +139,26 @@ class NodeLedger:
 
     async def record(self, report: dict[str, Any]) -> bool:
         """Record the report's incident on each node it implicates; False when a write failed (try again
-        on the report's next event)."""
+        on the report's next event). A report the operator did not seal is never recorded."""
         incident = incident_from_report(report)
         if incident is None:
             return True
+        if not self._seal.verify(report):
+            self._metrics.unsealed.inc()
+            log.warning("node ledger: report %s ignored: not sealed by this operator (made or changed by someone "
+                        "else, or sealed under another key)", incident.key)
+            return True
         ok = True
-        for node, item in implicate(incident).items():
+        for node in sorted(n for n in incident.nodes if n):
             try:
-                await self._record_on(node, item)
+                if incident.key in (await self._read(node)).known_keys:
+                    continue
+                signal = await self._signals.read(node, incident.at)
+                with_signal = replace(incident, node_signals={node: signal} if signal is not None else {})
+                await self._record_on(node, implicate(with_signal)[node])
             except KubeError as exc:
                 ok = False
-                log.error("node ledger: incident %s not recorded on node %s: %s", item.key, node, exc)
+                log.error("node ledger: incident %s not recorded on node %s: %s", incident.key, node, exc)
         return ok
 
     def _assess(self, entry: LedgerEntry, now: float) -> Assessment:

@@ -14,6 +14,7 @@ A job deleted meanwhile ends the publish quietly (`JobGone`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -69,9 +70,12 @@ class Published:
 
 
 class Publisher:
-    def __init__(self, kube: KubeClient, *, instance: str) -> None:
+    def __init__(self, kube: KubeClient, *, instance: str,
+                 seal: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> None:
         self._kube = kube
         self._instance = instance
+        # The node ledger's seal (ledger.seal): each incident report it writes carries the operator's HMAC.
+        self._seal = seal or (lambda body: body)
 
     async def _job(self, ref: JobRef) -> dict[str, Any]:
         try:
@@ -86,7 +90,7 @@ class Publisher:
         done = Published()
         await self._job(pub.job)  # JobGone before writing anything
         try:
-            await self._kube.create(REPORTS, pub.job.namespace, pub.report_object)
+            await self._kube.create(REPORTS, pub.job.namespace, self._seal(pub.report_object))
             done.report = True
         except AlreadyExists:
             done.report = True  # this incident's report was made before (a publish that is re-run)
@@ -117,9 +121,9 @@ class Publisher:
             try:
                 current = await self._kube.get(REPORTS, pub.job.namespace, pub.record.report)
             except NotFound:
-                await self._kube.create(REPORTS, pub.job.namespace, pub.report_object)
+                await self._kube.create(REPORTS, pub.job.namespace, self._seal(pub.report_object))
                 return
-            body = dict(pub.report_object)
+            body = self._seal(pub.report_object)
             meta = dict(body.get("metadata") or {})
             meta["resourceVersion"] = (current.get("metadata") or {}).get("resourceVersion")
             body["metadata"] = meta

@@ -1,6 +1,13 @@
 """The live window of a job someone is looking at: the last N collectives of every rank, from its sidecars,
 every `interval_s`, healthy or not, before any diagnosis.
 
+Bounded whatever the sidecars answer (issue 34: one pod answering 1,024 ranks x 256 entries with the
+page open took the operator from 188 to 2,108 MiB): each answer is streamed to a file (never whole in
+the operator's memory) and decoded from it one rank at a time in the operator's decoder processes (its
+`Decoder`, never threads of its own process), at most `ranks_per_pod` ranks of a pod's
+answer are kept (`--live-ranks-per-pod`), and a job has at most one refresh in flight (a slow one is
+not started again on top of itself).
+
 A web UI request for a job (its page, data, event stream or trace) marks the job as watched; while it
 was asked about within `linger_s`, each of its pods' sidecars is asked for `GET /v1/snapshot?entries=N`
 (what the sidecar already holds: no extra poll of the ranks) every `interval_s`, the answers go through
@@ -16,8 +23,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from frscope.analysis.perf import analyze_perf
@@ -37,6 +46,7 @@ DEFAULT_LIVE_ENTRIES = 256
 DEFAULT_LIVE_INTERVAL_S = 1.0
 DEFAULT_LIVE_LINGER_S = 60.0
 MAX_WATCHED = 32  # jobs followed at once (the most recently asked about)
+DEFAULT_LIVE_RANKS_PER_POD = 64  # a pod hosts a node's ranks: 8, rarely more than 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +77,8 @@ def fingerprint(timeline: dict[str, Any] | None) -> str:
 class LiveWindows:
     def __init__(self, store: JobsView, client: SidecarClient, *, entries: int = DEFAULT_LIVE_ENTRIES,
                  interval_s: float = DEFAULT_LIVE_INTERVAL_S, linger_s: float = DEFAULT_LIVE_LINGER_S,
-                 decoder: Decoder | None = None, metrics: PerfMetrics | None = None) -> None:
+                 decoder: Decoder | None = None, metrics: PerfMetrics | None = None,
+                 ranks_per_pod: int = DEFAULT_LIVE_RANKS_PER_POD) -> None:
         self.store = store
         self.metrics = metrics  # each kept window's --perf numbers as gauges
         self.client = client
@@ -75,6 +86,9 @@ class LiveWindows:
         self.interval_s = interval_s
         self.linger_s = linger_s
         self.decoder = decoder or Decoder()
+        self.ranks_per_pod = ranks_per_pod
+        self._in_flight: set[JobKey] = set()  # jobs whose refresh is under way: one at a time each
+        self._spool: Path | None = None  # where answers are streamed (made on first use)
         self._asked: dict[JobKey, float] = {}  # job -> monotonic time it was last asked about
         self._windows: dict[JobKey, LiveWindow] = {}
         self._updated: dict[JobKey, asyncio.Event] = {}
@@ -109,13 +123,24 @@ class LiveWindows:
         return self._windows.get(key)
 
     async def refresh(self, key: JobKey) -> LiveWindow | None:
+        """A new window of the job; while one is being made, the last one (never two at once)."""
+        if key in self._in_flight:
+            return self._windows.get(key)
+        self._in_flight.add(key)
+        try:
+            return await self._refresh(key)
+        finally:
+            self._in_flight.discard(key)
+
+    async def _refresh(self, key: JobKey) -> LiveWindow | None:
         view = self.store.job(key)
         if view is None:
             self._forget(key)
             return None
         targets = [Target(p.name, p.endpoint, None, p.uid) for p in view.pods]
         options = GatherOptions(per_pod_timeout_s=max(1.0, self.interval_s * 2), overall_timeout_s=self.interval_s * 3,
-                                attempts=1, max_entries=self.entries, refresh=False)
+                                attempts=1, max_entries=self.entries, refresh=False, max_ranks=self.ranks_per_pod,
+                                spool=self._spool_dir())
         gathered = await gather(self.client, key.namespace, targets, options, decoder=self.decoder)
         dumpset = build_dumpset(gathered, view.world_size)
         timeline, perf = await asyncio.to_thread(_views, dumpset) if dumpset.dumps else (None, None)
@@ -128,6 +153,11 @@ class LiveWindows:
         if event is not None:
             event.set()
         return window
+
+    def _spool_dir(self) -> Path:
+        if self._spool is None:
+            self._spool = Path(tempfile.mkdtemp(prefix="frscope-live-"))
+        return self._spool
 
     def _forget(self, key: JobKey) -> None:
         self._asked.pop(key, None)

@@ -6,7 +6,9 @@ web UI.
     GET  /metrics   Prometheus text of the injected registry, behind `--metrics-auth` (`guards`)
     POST /v1/push   a sidecar's snapshot body (docs/sidecar-api.md), gzip or plain, checked by `push_auth`;
                     `max_push_bytes` caps it as sent, `pod_evidence` what it may inflate to
-                    (by default the pod's own service-account token: the pod and namespace come from it)
+                    (by default the pod's own service-account token: the pod and namespace come from it);
+                    streamed to a file (`push_body`) and decoded from it in the decoder processes, one
+                    rank at a time (`evidence.push_decode`): the body is never in this process's memory
 
 Other components add their routes with `OperatorHttp.add_routes()` (or `add_subapp()`) before
 `start()`; `frscope/webui` mounts itself this way and reads `JobsView`.
@@ -19,6 +21,7 @@ import logging
 import ssl
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -32,6 +35,7 @@ from frscope.operator.model.objects import JobKey
 from frscope.operator.model.operator_metrics import OperatorMetrics
 from frscope.operator.serve.access import OpenPush, PushAuth, Refused
 from frscope.operator.serve.guards import Check
+from frscope.operator.serve.push_body import TooLarge, receive, spool_dir
 from frscope.operator.serve.push_gate import PushGate
 
 log = logging.getLogger(__name__)
@@ -78,6 +82,8 @@ class OperatorHttp:
         # Push bodies decode where fetched snapshots do (the decode processes): json holds the GIL for a
         # whole body, which in a thread of this process would stall the event loop.
         self._decoder = decoder if decoder is not None else Decoder()
+        self._max_push_bytes = max_push_bytes
+        self._spool = spool_dir(spill.path if spill is not None else None)
         self.app = web.Application(client_max_size=max_push_bytes)
         self.app.add_routes([
             web.get("/healthz", self._healthz),
@@ -150,19 +156,25 @@ class OperatorHttp:
         namespace = caller.namespace or claimed[0]
         pod = caller.pod or claimed[1]
         try:
-            # As it came (the server does not undo Content-Encoding): `from_bytes` inflates it off the
-            # event loop, to at most a multiple of its size (pod_evidence.MAX_EXPANSION).
-            raw = await request.read()
-        except web.HTTPRequestEntityTooLarge:
+            # As it came (the server does not undo Content-Encoding): the decoder inflates it, capped.
+            path = await receive(request, self._spool, self._max_push_bytes)
+        except TooLarge:
             self._metrics.pushes.labels(result="rejected").inc()
-            return web.json_response({"error": "body too large"}, status=413)
+            return web.json_response({"error": f"body too large (over {self._max_push_bytes} bytes)"}, status=413)
         try:
-            evidence = await self._decoder.decode(raw, "push", origin="push", max_entries=self._max_entries,
-                                                  pod=pod, namespace=namespace)
+            return await self._decode_push(path, caller.who, caller.pod_uid or "", namespace, pod)
+        finally:
+            path.unlink(missing_ok=True)
+
+    async def _decode_push(self, path: Path, who: str, uid: str, namespace: str | None,
+                           pod: str | None) -> web.Response:
+        try:
+            evidence = await self._decoder.decode_file(str(path), "push", origin="push", max_entries=self._max_entries,
+                                                       pod=pod, namespace=namespace)
         except SidecarError as exc:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": f"not a sidecar snapshot: {exc.message}"}, status=400)
-        evidence.pod_uid = caller.pod_uid or ""
+        evidence.pod_uid = uid
         if not evidence.pod or not evidence.namespace:
             self._metrics.pushes.labels(result="rejected").inc()
             return web.json_response({"error": "pod and namespace are required"}, status=400)
@@ -175,9 +187,9 @@ class OperatorHttp:
             return web.json_response({"error": exc.message, "retry_after_s": exc.retry_after_s}, status=429,
                                      headers={"Retry-After": str(exc.retry_after_s)})
         if self._spill is not None:
-            await asyncio.to_thread(self._spill.save, evidence.namespace, evidence.pod, raw, evidence.pod_uid)
+            await asyncio.to_thread(self._spill.keep_file, evidence.namespace, evidence.pod, path, evidence.pod_uid)
         self._metrics.pushes.labels(result="accepted").inc()
-        log.info("push from %s/%s by %s (%s, ranks %s, job %s)", evidence.namespace, evidence.pod, caller.who,
+        log.info("push from %s/%s by %s (%s, ranks %s, job %s)", evidence.namespace, evidence.pod, who,
                  evidence.reason, list(evidence.ranks), job or "unknown")
         return web.json_response({"accepted": True, "pod": f"{evidence.namespace}/{evidence.pod}",
                                   "job": str(job) if job else None}, status=202)

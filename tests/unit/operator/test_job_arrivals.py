@@ -54,3 +54,30 @@ def test_arrivals_are_merged_per_pod_and_bounded_per_job() -> None:
                   for i, p in enumerate(names)}, set(names))
     kept = sum(len(g) for by_group in many.arrivals().values() for g in by_group.values())
     assert kept == 2048 * kept_each(2048) == KEPT_TOTAL and kept_each(2048) == 128
+
+
+def test_a_hostile_status_document_is_read_within_its_totals_and_groups_are_capped() -> None:
+    """Issue 34: 2 pods x 16 sweeps of documents with 1,000s of groups kept 691,968 arrivals. A document
+    is read for at most STATUS_ARRIVALS_TOTAL arrivals, STATUS_MAX_GROUPS groups a rank and
+    STATUS_MAX_RANKS ranks; a pod keeps at most MAX_GROUPS_PER_POD groups."""
+    from frscope.operator.engine.job_arrivals import MAX_GROUPS_PER_POD
+    from frscope.wire import parse_status
+    from frscope.wire.status import STATUS_ARRIVALS_TOTAL, STATUS_MAX_GROUPS, STATUS_MAX_RANKS
+
+    def document(pod: str, sweep: int) -> dict[str, object]:
+        groups = {str(g): {"arrivals": [[sweep * 300 + i, 10**18 + i] for i in range(256)]} for g in range(400)}
+        return {"schema": "frscope.sidecar.status/v1", "pod": pod, "namespace": "ml",
+                "ranks": {str(r): {"up": True, "groups": groups} for r in range(STATUS_MAX_RANKS + 5)}}
+
+    arrivals = JobArrivals()
+    for sweep in range(16):
+        parsed = {pod: parse_status(document(pod, sweep)) for pod in ("a", "b")}
+        for got in parsed.values():
+            assert sum(len(rows) for groups in got.arrivals.values() for rows in groups.values()) \
+                <= STATUS_ARRIVALS_TOTAL
+            assert all(len(groups) <= STATUS_MAX_GROUPS for groups in got.arrivals.values())
+            assert len(got.ranks) == STATUS_MAX_RANKS
+        arrivals.add(parsed, {"a", "b"})
+    kept = sum(len(seqs) for groups in arrivals.arrivals().values() for seqs in groups.values())
+    assert all(len(groups) <= MAX_GROUPS_PER_POD for groups in arrivals.arrivals().values())
+    assert 0 < kept <= KEPT_TOTAL, kept

@@ -41,7 +41,8 @@ def test_a_report_names_its_nodes_and_culprit_ends() -> None:
     assert dict(inc.nodes) == {"gpu-a": (1,), "gpu-b": (2,)}
     assert inc.exits[1].message == "NVRM: Xid 79" and list(inc.exits) == [1]
     implicated = implicate(inc)
-    assert implicated["gpu-a"].evidence is EvidenceClass.HARDWARE_EXIT
+    # The Xid is the container's own text: its exit code 1 makes it the code's fault, never the node's.
+    assert (implicated["gpu-a"].evidence, implicated["gpu-a"].weight) == (EvidenceClass.CODE, 0)
     assert implicated["gpu-b"].evidence is EvidenceClass.UNCLEAR
 
 

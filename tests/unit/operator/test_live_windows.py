@@ -109,3 +109,24 @@ async def test_the_windows_perf_numbers_are_gauges_while_the_window_is_kept() ->
         finally:
             await live.close()
             await sidecar.close()
+
+
+async def test_a_pods_answer_keeps_at_most_the_ranks_per_pod_and_one_refresh_runs_at_a_time() -> None:
+    """Issue 34: one pod answering 1,024 ranks with the page open took the operator to 2 GiB, a refresh
+    starting while the last one still decoded. A pod's answer keeps `ranks_per_pod` ranks (the rest is a
+    named warning), and a second refresh of the job while one is under way asks no sidecar."""
+    ranks = real_snapshots("straggler")
+    sidecar = await StandInSidecar("train-worker-0", ranks, stalled=False).start()
+    store = JobStore()
+    store.upsert_job(JobRef("ml", "train", "uid"), world_size=4, conditions=[{"type": "Running"}])
+    store.upsert_pod(_pod("train-worker-0", sidecar.port))
+    async with aiohttp.ClientSession() as session:
+        live = LiveWindows(store, SidecarClient(session), entries=16, interval_s=60, ranks_per_pod=2)
+        try:
+            first, second = await asyncio.gather(live.refresh(KEY), live.refresh(KEY))
+            assert sidecar.snapshot_requests == 1
+            assert first is not None and second is None  # the second found the first under way, no window yet
+            assert first.timeline is not None and first.timeline["ranks_loaded"] == [0, 1]
+        finally:
+            await live.close()
+            await sidecar.close()

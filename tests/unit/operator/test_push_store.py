@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from frscope.operator.evidence import pod_evidence
 from frscope.operator.evidence.pod_evidence import PodEvidence, from_snapshot
 from frscope.operator.evidence.push_store import Full, PushStore
 from frscope.operator.evidence.sidecars import parse_snapshot
@@ -49,15 +50,23 @@ def test_one_jobs_storm_cannot_take_the_whole_budget() -> None:
 
 def test_a_push_counts_what_it_keeps_not_the_entries_it_drops(hang_ranks: dict[int, dict[str, object]]) -> None:
     """A sidecar pushes every rank's whole recorder; the operator keeps the newest `max_entries` of each
-    rank. The budget counts the kept share, so a storm of long recorders holds as many pods as fit in
-    memory, not a tenth of them."""
+    rank. The budget counts what is kept, measured (tables, stacks, groups), not the body's size: a storm
+    of long recorders holds as many pods as fit in memory, and kept stacks are counted whole (issue 34:
+    three pushes kept 48 MiB of stacks counted as 21 KiB)."""
     snap = {"schema": "frscope.sidecar.snapshot/v1", "pod": "p0", "namespace": "ml", "ranks": [hang_ranks[0]]}
     whole = from_snapshot(parse_snapshot(snap, "push", size_bytes=10_000), origin="push", max_entries=0)
     entries = len(whole.dumps[0].entries)
     assert entries >= 4
     part = from_snapshot(parse_snapshot(snap, "push", size_bytes=10_000), origin="push", max_entries=entries // 2)
-    assert whole.held_bytes == 10_000 and part.entries_dropped == entries - entries // 2
-    assert part.held_bytes == 10_000 * (entries // 2) // entries
+    assert part.entries_dropped == entries - entries // 2
+    assert 0 < part.held_bytes < whole.held_bytes
+    stacks = "Thread 0x1 (most recent call first):\n" + "  File \"train.py\", line 1 in step\n" * 200_000
+    heavy = from_snapshot(parse_snapshot({**snap, "ranks": [{**hang_ranks[0], "stacks": stacks}]}, "push",
+                                         size_bytes=10_000), origin="push", max_entries=entries // 2)
+    kept = heavy.dumps[0].stacks
+    assert kept is not None and len(kept) == pod_evidence.MAX_STACKS_CHARS < len(stacks)
+    assert "thread stacks were cut" in heavy.dumps[0].warnings[-1]
+    assert heavy.held_bytes > pod_evidence.MAX_STACKS_CHARS > 30 * part.held_bytes
     store = PushStore(max_bytes=5_000, hold_s=300)
     store.put(part)
     assert store.total_bytes == part.held_bytes

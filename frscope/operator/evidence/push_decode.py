@@ -1,0 +1,227 @@
+"""A pushed body decoded from the file it was streamed into, one rank at a time (in a decoder process).
+
+`POST /v1/push` takes up to `--max-push-bytes` (256 MiB by default). Read whole and decoded whole, one
+such body took the operator from 53 to 1,054 MiB (issue 34): the raw body, its text and every rank's
+decoded objects at once. Here the operator's process streams the body to a file and never holds it; a
+decoder process reads the file piece by piece with `os.pread` (no mapping, nothing kept resident):
+
+- a gzip body is first inflated to a sibling file, streamed and capped (pod_evidence.MAX_EXPANSION);
+- each rank's piece of the envelope's `ranks` array is read (at most MAX_PIECE_BYTES: a recorder
+  window is a few MiB; a larger piece refuses the body, naming it), checked like any piece (too deep,
+  made of tiny containers: that rank's problem), decoded, cut to `max_entries`, normalized into
+  columns, and dropped before the next one is read;
+- the envelope's other fields (at most MAX_REST_BYTES) are decoded last.
+
+So a decoder process holds one piece and its decoded objects at a time, whatever the body's size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from pathlib import Path
+from typing import Any
+
+from frscope.operator.evidence.pod_evidence import (
+    DEFAULT_MAX_ENTRIES,
+    EXPANSION_FLOOR,
+    MAX_EXPANSION,
+    MAX_PIECE_DEPTH,
+    MAX_PIECES,
+    PodEvidence,
+    Unreadable,
+    add_piece,
+    dense,
+    kept_bytes,
+    loads_json,
+    value_span,
+)
+from frscope.operator.evidence.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, parse_snapshot
+from frscope.records import LoadProblem
+from frscope.records.envelope import envelope_problems
+from frscope.records.limits import describe
+
+MAX_PIECE_BYTES = 16 * 1024 * 1024
+MAX_REST_BYTES = 4 * 1024 * 1024
+FIRST_READ = 64 * 1024
+CHUNK = 1024 * 1024
+_WS = b" \t\n\r"
+
+
+def inflate_file(source: Path, target: Path, limit: int, endpoint: str) -> None:
+    """Gunzip `source` into `target`, streamed, refusing more than `limit` bytes out."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    written = 0
+    with source.open("rb") as src, target.open("wb") as out:
+        while chunk := src.read(CHUNK):
+            try:
+                while chunk:  # at most CHUNK bytes out at a time: 1 MiB of gzip may hold 1 GiB
+                    data = inflater.decompress(chunk, CHUNK)
+                    written += len(data)
+                    if written > limit:
+                        raise SidecarError(endpoint, f"answer larger than {limit} bytes once decompressed",
+                                           retryable=False)
+                    out.write(data)
+                    chunk = inflater.unconsumed_tail
+                    if inflater.eof:
+                        break
+            except zlib.error as exc:
+                raise SidecarError(endpoint, f"corrupt gzip: {exc}", retryable=False) from exc
+            if inflater.eof:
+                break
+    if not inflater.eof:
+        raise SidecarError(endpoint, "gzip stream ends early", retryable=False)
+
+
+class _Body:
+    """Reads of one file by offset."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self.fd = fd
+        self.size = size
+
+    def read(self, offset: int, length: int) -> bytes:
+        return os.pread(self.fd, max(0, min(length, self.size - offset)), offset)
+
+    def skip_ws(self, offset: int) -> int:
+        while offset < self.size:
+            block = self.read(offset, 4096)
+            stripped = len(block) - len(block.lstrip(_WS + b","))
+            offset += stripped
+            if stripped < len(block):
+                break
+        return offset
+
+    def find(self, needle: bytes, start: int, limit: int) -> int:
+        """The offset of `needle` at or after `start` within `limit` bytes, else -1."""
+        block = self.read(start, limit)
+        at = block.find(needle)
+        return start + at if at >= 0 else -1
+
+
+def _text(window: bytes, endpoint: str) -> str:
+    """`window` as text; an incomplete character at its very end (a cut window) is left out."""
+    try:
+        return window.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start >= len(window) - 3 and exc.reason == "unexpected end of data":
+            return window[: exc.start].decode("utf-8")
+        raise SidecarError(endpoint, f"answer is not UTF-8 JSON: {describe(str(exc))}", retryable=False) from exc
+
+
+def _piece(body: _Body, at: int, index: int, endpoint: str) -> tuple[Any, int]:
+    """The rank piece starting at `at`: (its decoded value or an `Unreadable`, the offset after it)."""
+    decoder = json.JSONDecoder(parse_int=lambda d: int(d) if len(d) <= 20 else None,
+                               parse_constant=lambda _: None)
+    size = FIRST_READ
+    while True:
+        window = body.read(at, size + 1)
+        whole = at + len(window) >= body.size
+        text = _text(window, endpoint)
+        if text[:1] in ("{", "[") and dense(window):
+            try:  # the window is dense: decide by this piece's own span (the next ones may be the dense ones)
+                end, deepest = value_span(text, 0)
+            except ValueError:
+                end, deepest = -1, 0
+            if end >= 0:
+                raw = text[:end].encode("utf-8")
+                why = ("is nested too deeply to decode" if deepest > MAX_PIECE_DEPTH
+                       else "is made of tiny JSON objects and arrays: not a recorder" if dense(raw) else None)
+                if why is not None:
+                    return Unreadable(f"a rank's snapshot ({len(raw)} bytes) {why}"), at + len(raw)
+        try:
+            value, end = decoder.raw_decode(text, 0)
+            return value, at + (end if text.isascii() else len(text[:end].encode("utf-8")))
+        except RecursionError:
+            end, _ = value_span(text, 0)
+            return Unreadable(f"a rank's snapshot ({end} bytes) is nested too deeply to decode"), at + end
+        except ValueError as exc:
+            if whole or not _cut_short(exc, text):
+                raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
+            if size >= MAX_PIECE_BYTES:
+                raise SidecarError(endpoint, f"rank piece #{index} is over {MAX_PIECE_BYTES} bytes: not a "
+                                   "recorder window", retryable=False) from exc
+            size = min(size * 4, MAX_PIECE_BYTES)  # the piece goes on past the window: read more of it
+
+
+def _cut_short(exc: ValueError, text: str) -> bool:
+    """Whether the decoder failed because the window ends inside the piece (read more), not at bad JSON."""
+    if not isinstance(exc, json.JSONDecodeError):
+        return False
+    return exc.msg.startswith("Unterminated string") or exc.pos >= len(text) - 1
+
+
+def decode_file(path: str, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
+                pod: str | None = None, namespace: str | None = None, plain_bytes: int = 0,
+                max_ranks: int = MAX_PIECES) -> PodEvidence:
+    """Decode the snapshot body in the file `path` (gzip or plain; in a decoder process). A gzip body
+    inflates to at most MAX_EXPANSION x its size (+ EXPANSION_FLOOR), or `plain_bytes` where larger: a
+    push kept on disk was accepted plain up to that size, and compressed by the operator itself."""
+    source = Path(path)
+    inflated: Path | None = None
+    try:
+        size = source.stat().st_size
+        with source.open("rb") as handle:
+            magic = handle.read(2)
+        if magic == b"\x1f\x8b":
+            inflated = source.with_name(f".{source.name}.{os.getpid()}.inflated")
+            limit = max(MAX_EXPANSION * size + EXPANSION_FLOOR, plain_bytes)
+            inflate_file(source, inflated, min(DEFAULT_MAX_SNAPSHOT_BYTES, limit), endpoint)
+            source = inflated
+        fd = os.open(source, os.O_RDONLY)
+        try:
+            return _decode(_Body(fd, os.fstat(fd).st_size), endpoint, origin=origin, max_entries=max_entries,
+                           pod=pod, namespace=namespace, max_ranks=max_ranks)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise SidecarError(endpoint, f"the body could not be read: {exc}", retryable=False) from exc
+    finally:
+        if inflated is not None:
+            inflated.unlink(missing_ok=True)
+
+
+def _decode(body: _Body, endpoint: str, *, origin: str, max_entries: int, pod: str | None,
+            namespace: str | None, max_ranks: int = MAX_PIECES) -> PodEvidence:
+    head = body.find(b'"ranks"', 0, MAX_REST_BYTES)
+    start = body.find(b"[", head, 64) if head >= 0 else -1
+    if start < 0:
+        raise SidecarError(endpoint, "not a snapshot: no 'ranks' array near its start", retryable=False)
+    where = f"pod {namespace or '?'}/{pod or '?'} ({origin})"
+    out = PodEvidence(namespace or "", pod or "", "", None, size_bytes=body.size)
+    offset, index = body.skip_ws(start + 1), 0
+    while offset < body.size and body.read(offset, 1) != b"]":
+        if index >= MAX_PIECES:
+            raise SidecarError(endpoint, f"more than {MAX_PIECES} rank pieces in one pod's snapshot", retryable=False)
+        value, offset = _piece(body, offset, index, endpoint)
+        if isinstance(value, dict) and index < max_ranks:
+            add_piece(out, value, index, where, max_entries)
+        index += 1
+        del value
+        offset = body.skip_ws(offset)
+    if offset >= body.size:
+        raise SidecarError(endpoint, "answer is not JSON: the 'ranks' array never ends", retryable=False)
+    tail = body.size - offset - 1
+    if start + tail > MAX_REST_BYTES:
+        raise SidecarError(endpoint, f"the snapshot's fields other than its ranks are over {MAX_REST_BYTES} bytes",
+                           retryable=False)
+    rest = body.read(0, start) + b"[]" + body.read(offset + 1, tail)
+    try:
+        if dense(rest):
+            raise ValueError("the snapshot's other fields are made of tiny JSON objects and arrays")
+        obj = loads_json(rest)
+    except (ValueError, RecursionError, UnicodeDecodeError) as exc:
+        raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
+    snapshot = parse_snapshot(obj, endpoint, size_bytes=body.size)
+    if index + len(snapshot.errors) > MAX_PIECES:
+        raise SidecarError(endpoint, f"{index} rank pieces and {len(snapshot.errors)} errors: more than "
+                           f"{MAX_PIECES} in one pod's snapshot", retryable=False)
+    out.namespace, out.pod = namespace or snapshot.namespace, pod or snapshot.pod
+    out.reason, out.captured_at_ns = snapshot.reason, snapshot.captured_at_ns
+    out.problems[:0] = envelope_problems(snapshot.errors, f"pod {out.namespace}/{out.pod} ({origin})")
+    if index > max_ranks:
+        out.problems.append(LoadProblem(where, f"{index} ranks in one pod's answer: only the first {max_ranks} are "
+                                        "kept here", kind="warning"))
+    out.measured_bytes = kept_bytes(out.dumps, out.problems)
+    return out
