@@ -20,7 +20,7 @@ ANNOTATION = "frscope.io/schema-hash"
 # name -> the schema hash of charts/frscope/crds/ as this frscope ships it
 SHIPPED: Mapping[str, str] = {
     "flightrecorderreports.frscope.io": "6a9cc1c6f5143a55",
-    "flightrecordernodes.frscope.io": "7e5fd65e8ace5cfa",
+    "flightrecordernodes.frscope.io": "e3ccecb6848e50e1",
 }
 
 
