@@ -1,6 +1,8 @@
 """`python -m frscope.testing.libjobs sweep --out DIR [--torch 2.13,2.14,2.15] [--programs a,b] [--faults ...]`:
 run every (program, fault, torch) job, judge each form, print one line per job and the totals per form.
-A torch version whose venv is not built (`make torch-venvs`) is skipped and said so. Exit 1 on any miss."""
+A torch version whose venv is not built (`make torch-venvs`) is skipped and said so. Exit 1 on any miss.
+`python -m frscope.testing.libjobs score --out DIR`: judge the jobs captured there again (the analysis
+changed, the captures did not)."""
 
 from __future__ import annotations
 
@@ -35,13 +37,15 @@ def jobs_for(programs: list[str], faults: list[str], torches: list[str], worlds:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m frscope.testing.libjobs", description=__doc__)
-    parser.add_argument("command", choices=["sweep"])
+    parser.add_argument("command", choices=["sweep", "score"])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--torch", default="2.13,2.14,2.15")
     parser.add_argument("--programs", default=",".join(PROGRAMS))
     parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--worlds", default="4")
     args = parser.parse_args(argv)
+    if args.command == "score":
+        return _rescore(args.out)
     torches = []
     for version in args.torch.split(","):
         if python_for(version) is None:
@@ -73,6 +77,27 @@ def main(argv: list[str] | None = None) -> int:
     for miss in misses:
         print("miss", miss)
     print("; ".join(f"{form} {ok}/{n}" for form, (ok, n) in totals.items()))
+    return 1 if misses else 0
+
+
+def _rescore(out: Path) -> int:
+    totals: dict[tuple[str, str, str], list[int]] = {}
+    misses: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="frscope-libjobs-") as scratch:
+        for job_dir in sorted(p for p in out.iterdir() if (p / "truth.json").exists()):
+            truth = json.loads((job_dir / "truth.json").read_text())
+            for r in score_job(job_dir, Path(scratch)):
+                if r["apart"]:
+                    continue
+                cell = totals.setdefault((truth["torch"], truth["fault"], r["form"]), [0, 0])
+                cell[0] += r["right"]
+                cell[1] += 1
+                if not r["right"]:
+                    misses.append(f"{job_dir.name} {r['form']}: {r['why']}")
+    for (torch, fault, form), (ok, n) in sorted(totals.items()):
+        print(f"torch {torch} {fault} {form}: {ok}/{n}")
+    for miss in misses:
+        print("miss", miss)
     return 1 if misses else 0
 
 
