@@ -89,9 +89,10 @@ def run_job(job: Job, python: str, out: Path) -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RANK", "WORLD_SIZE")}
     env.update(OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore")
     fault = f"{job.fault}:{job.rank}:{job.step}"
+    logs = {r: (out / f"log-{r}.txt").open("w") for r in range(job.world)}
     procs = {r: subprocess.Popen([python, str(WORKER), "--program", job.program, "--fault", fault, "--out", str(out),
                                   "--rank", str(r), "--world", str(job.world), "--port", str(port)],
-                                 env=env, stdout=subprocess.DEVNULL, stderr=(out / f"log-{r}.txt").open("w"))
+                                 env=env, stdout=subprocess.DEVNULL, stderr=logs[r])
              for r in range(job.world)}
     started = time.monotonic()
     struck: float | None = None
@@ -125,6 +126,8 @@ def run_job(job: Job, python: str, out: Path) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for log in logs.values():
+            log.close()
     exits = {r: p.returncode for r, p in procs.items()}
     if outcome == "fault" and not list(out.glob("fault-*")) and job.fault != "crash":
         outcome = "broken"  # a rank failed on its own before any fault: the program cannot run here (log-*.txt)
