@@ -22,6 +22,9 @@ from frscope.testing.randprog.truth import FILE_FORMS, Truth, truth_of
 FORMS = ("snapshot", "pickle", "json")
 POLL_S = 0.3  # how often a sidecar reads a rank's recorder
 NO_DUMP_WHY = "the rank crashed without a dump and no exit code was passed: nothing says it ever existed"
+STALE_COPIED_WHY = ("one rank's recorder was read steps before its peers' and the files are copies: when each "
+                    "was read is lost, so a read taken early and the last dump of a rank that stopped leave the "
+                    "same files")
 STALE_GLOO_WHY = ("one rank's recorder was read steps before its peers', whose recorders show every op retired: "
                   "on gloo a crash after that read leaves the same files (its peers fail at once and gloo retires "
                   "the failed op); the exit codes or live stacks decide")
@@ -70,6 +73,8 @@ class Case:
         if (form in FILE_FORMS and self.truth.category == "healthy" and self.program.backend == "gloo"
                 and self.fault.name == "stale_read"):
             return STALE_GLOO_WHY
+        if form in FILE_FORMS and self.copied and self.fault.name == "stale_read":
+            return STALE_COPIED_WHY
         if form in FILE_FORMS and self.truth.category != "healthy":
             gone = [r for r in self.truth.culprits if r not in self.dump_t[form]]
             if gone and not all(r in self.exits for r in gone):
