@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from frscope.analysis.clock import CAPTURED
 from frscope.analysis.collectives import StuckPoint, stuck_point
 from frscope.analysis.context import Context
 from frscope.analysis.findings import GroupProgress, GroupRef, RankProgress
@@ -100,7 +101,12 @@ def group_tracks(ctx: Context, group: GroupInfo) -> dict[int, Track]:
         newest = newest_created(ctx.dumpset.dumps[rank].entries)
         # An empty recorder has no time: it may be a read from before the rank's first collective (a
         # collector between two full reads) as well as a stale dump. Only a dated one is judged.
-        before = certain and oldest is not None and newest is not None and newest < oldest
+        # Its newest entry is only a lower bound of when it was read: where the collector's read time is known and
+        # later than the others' oldest entry of the group, its entries there were evicted (a small ring),
+        # it is no dump taken before the group's first collective.
+        read_at = ctx.clock.at_ns.get(rank) if ctx.clock.source.get(rank) == CAPTURED else None
+        before = (certain and oldest is not None and newest is not None and newest < oldest
+                  and (read_at is None or read_at < oldest))
         # An empty recorder is dated by its read alone: one read clearly before the others began what
         # they all entered last, which they all recorded as done (no wait here whose age could still
         # say it is young), is as old as a dated one.
