@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -92,7 +93,7 @@ def run_job(job: Job, python: str, out: Path) -> dict[str, Any]:
     logs = {r: (out / f"log-{r}.txt").open("w") for r in range(job.world)}
     procs = {r: subprocess.Popen([python, str(WORKER), "--program", job.program, "--fault", fault, "--out", str(out),
                                   "--rank", str(r), "--world", str(job.world), "--port", str(port)],
-                                 env=env, stdout=subprocess.DEVNULL, stderr=logs[r])
+                                 env=env, stdout=subprocess.DEVNULL, stderr=logs[r], start_new_session=True)
              for r in range(job.world)}
     started = time.monotonic()
     struck: float | None = None
@@ -126,6 +127,11 @@ def run_job(job: Job, python: str, out: Path) -> dict[str, Any]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            # What the rank started (a DataLoader worker hung in the dataset) is in its process group: ended too.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         for log in logs.values():
             log.close()
     exits = {r: p.returncode for r, p in procs.items()}
