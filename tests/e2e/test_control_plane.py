@@ -287,6 +287,19 @@ def test_a_narrow_role_is_refused_what_it_does_not_grant(kube: ControlPlane, nam
     assert status == 403 and body["reason"] == "Forbidden", body
 
 
+_CLUSTER_SCOPED = frozenset(
+    {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+        "PriorityClass",
+        "Namespace",
+    }
+)
+
+
 def _tiny_chart(directory: Path) -> Path:
     (directory / "templates").mkdir(parents=True)
     (directory / "Chart.yaml").write_text(
@@ -297,6 +310,7 @@ def _tiny_chart(directory: Path) -> Path:
     (directory / "values.yaml").write_text("greeting: hello\n")
     (directory / "templates" / "configmap.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-tiny\n"
+        "  namespace: {{ .Release.Namespace }}\n"
         "  labels:\n    app.kubernetes.io/name: {{ .Chart.Name }}\n"
         "data:\n  greeting: {{ .Values.greeting | quote }}\n"
         "  kubeVersion: {{ .Capabilities.KubeVersion.Version | quote }}\n"
@@ -333,7 +347,16 @@ def test_helm_lints_and_renders_charts_against_the_api_server(
         offline = helm("template", "e2e", str(chart), "--namespace", namespace)
         # Against the API server: its version, its schemas (--validate), then a server-side dry run.
         online = helm("template", "e2e", str(chart), "--namespace", namespace, "--validate")
-        kube.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=online)
+        # No `-n`: every namespaced object names its own namespace (the release's, or `default` for the
+        # node Events the operator reads), and kubectl refuses a document whose namespace differs from -n.
+        applied = kube.kubectl("apply", "--dry-run=server", "-o", "json", "-f", "-", input=online).stdout
+        # Nothing lands in kubectl's own default namespace by omission: each namespaced object names one.
+        for item in json.loads(applied).get("items", []):
+            meta = item["metadata"]
+            if item["kind"] not in _CLUSTER_SCOPED:
+                # `default` only for the Role (and binding) that reads and writes nodes' Events there
+                in_default = meta.get("namespace") == "default" and meta["name"].endswith("-events")
+                assert meta.get("namespace") == namespace or in_default, (item["kind"], meta["name"], meta)
         if chart.name == "tiny":
             assert f'kubeVersion: "v1.{minor}.0"' in offline, offline
             assert f'kubeVersion: "{kube.get_raw("/version")["gitVersion"]}"' in online, online
