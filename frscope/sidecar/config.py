@@ -14,6 +14,9 @@ from typing import Any
 from frscope import logs
 from frscope.analysis.lateness import MIN_SHARE
 
+# (frscope.sidecar.metrics holds the same names; this module stays import-cheap, no prometheus_client.)
+METRICS_DETAILS = ("pod", "rank-group")
+
 DEFAULT_PORT = 9402
 DEFAULT_SOCKET_DIR = "/run/frscope"
 MiB = 1024 * 1024
@@ -88,6 +91,9 @@ class SidecarConfig:
     namespace: str = ""
     node: str = ""
     install_bootstrap: Path | None = None
+    # The collective series per rank and group ("rank-group"), or aggregated over the pod ("pod"): see
+    # frscope.sidecar.metrics and docs/sidecar.md, "Metrics: how many series".
+    metrics_detail: str = "pod"
 
     def __post_init__(self) -> None:
         if self.poll_interval_s <= 0:
@@ -125,6 +131,8 @@ class SidecarConfig:
                 base64.b64decode(self.operator_ca, validate=True).decode("ascii")
             except (ValueError, UnicodeDecodeError):
                 raise ValueError("--operator-ca is not base64 of a PEM certificate") from None
+        if self.metrics_detail not in METRICS_DETAILS:
+            raise ValueError(f"--metrics-detail {self.metrics_detail!r}: not one of {', '.join(METRICS_DETAILS)}")
         if self.certificate_url and not self.operator_identity:
             raise ValueError("--certificate-url needs --operator-identity: the certificate is asked for with the "
                              "pod's own token")
@@ -234,6 +242,10 @@ _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
     ("--pod", "pod", "FRSCOPE_POD", "str", None, "pod name (default: $POD_NAME, else the host name)"),
     ("--namespace", "namespace", "FRSCOPE_NAMESPACE", "str", None, "namespace (default: $POD_NAMESPACE)"),
     ("--node", "node", "FRSCOPE_NODE", "str", None, "node name (default: $NODE_NAME)"),
+    ("--metrics-detail", "metrics_detail", "FRSCOPE_METRICS_DETAIL", "str", "pod",
+     "pod: the collective series aggregated over the pod (a bounded count per pod, whatever its ranks' process "
+     "groups); rank-group: one series per rank and process group, with each group's sequence ids, thresholds "
+     "and rhythm (docs/sidecar.md, 'Metrics: how many series')"),
     ("--install-bootstrap", "install_bootstrap", "FRSCOPE_INSTALL_BOOTSTRAP", "path", None,
      "copy the sitecustomize bootstrap into this directory before serving (a volume the trainer has on "
      "PYTHONPATH)"),

@@ -136,7 +136,7 @@ class Poller:
             self.ready = True
             log.info("first poll done: %d rank socket(s)", len(found))
         for group in newly:
-            self.metrics.stalls.labels(rank=str(group.rank), pg=group.sample.pg).inc()
+            self.metrics.count_stall(group.rank, group.sample.pg)
             age = group.inflight_age_s(now_ns)
             log.warning(
                 "stall: rank %d, group %s%s: %s #%s in flight%s, no progress for %.1f s (threshold %.1f s)",
@@ -334,7 +334,7 @@ class Poller:
         if got.timings_problem:
             log.warning("rank %d: %s", state.rank, got.timings_problem)
         for pg, op in got.new_ops:
-            self.metrics.collectives.labels(rank=rank_label, pg=pg, op=op).inc()
+            self.metrics.count_collective(state.rank, pg, op)
         for op, seconds in got.durations:
             self.metrics.duration.labels(op=op).observe(seconds)
         state.timed = got.timed
