@@ -31,6 +31,15 @@ enable traceback see ...", and the rank's own error has scrolled out of those 2 
 Each rank also dates its own collectives (start, end) on every backend, served as
 `frscope_timings` (`_frscope_timings.py`, beside this file): the durations gloo's recorder lacks.
 
+A job that starts torch's own debug server (`torch.distributed.debug.start_debug_server()`, torch 2.14+: a
+`_WorkerServer` on a TCP port in every rank, the same process-wide handlers) is read there instead: the
+bootstrap wraps `start_debug_server`, and once torch's server runs in the rank it writes
+`<dir>/rank-<rank>.debug-server` (`{"port": N, "pid": P}`), which the sidecar reads on the pod's loopback,
+and withdraws its own socket (the file first, so that the sidecar never sees the rank vanish). A rank whose
+debug server already runs when the bootstrap would start its own (the group made, then the debug server,
+before the bootstrap's thread looked) never starts one. The bootstrap's server, where it had started, is
+left idle rather than shut down (see _keep_forever).
+
 Environment: FRSCOPE_SOCKET_DIR (default /run/frscope), FRSCOPE_BOOTSTRAP=0 to switch it off,
 FRSCOPE_TIMINGS=0 to leave collectives undated, FRSCOPE_TIMINGS_SIZE (the ring, default 2000). The
 recorder's settings (TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE, TORCH_FR_DUMP_ON_TIMEOUT, each else
@@ -59,9 +68,14 @@ from types import ModuleType
 from typing import Any
 
 _TARGET = "torch.distributed"
+_DEBUG_TARGET = "torch.distributed.debug"
 _SERVER: Any = None  # kept referenced for the life of the process: torch stops the server on collection
 _SERVER_PID = 0  # the process that started _SERVER (a forked child inherits the variable, not the server)
 _SERVER_PATH = ""  # the socket _SERVER listens on
+_SERVER_RANK: int | None = None  # the rank this process serves as (its own server, or torch's debug server)
+_DEBUG_PORT = 0  # the port of torch's debug server in this process, once the sidecar is pointed at it
+_DEBUG_FILE = ""  # the rank-<r>.debug-server file this process wrote
+_HANDLERS_REGISTERED = False
 _LOCK = threading.Lock()
 _OWNER_VAR = "FRSCOPE_WORKER_SERVER_PID"
 # Set by torchrun's elastic agent in the environment of each worker it starts, never in its own.
@@ -123,12 +137,16 @@ def _alive(pid: int) -> bool:
 
 
 def _start_server(rank: int) -> None:
-    global _SERVER, _SERVER_PID, _SERVER_PATH
+    global _SERVER, _SERVER_PID, _SERVER_PATH, _SERVER_RANK
     with _LOCK:
-        if _SERVER is not None or _inherited():
+        if _SERVER is not None or _DEBUG_PORT or _inherited():
             return
         socket_dir = _socket_dir()
         path = os.path.join(socket_dir, f"rank-{rank}.sock")
+        port = _debug_server_port()
+        if port:  # torch's debug server runs here already: the sidecar reads that one
+            _point_at_debug_server(rank, port)
+            return
         try:
             from torch._C import _distributed_c10d as c10d
 
@@ -143,8 +161,8 @@ def _start_server(rank: int) -> None:
                     _say(f"{path} is already served by another process; not starting a second server")
                     return
                 os.unlink(path)
-            _register_progress_handler()
-            _register_timings_handler()
+            _remove_stale_debug_file(socket_dir, rank)
+            _register_handlers()
             import atexit
 
             # Registered before the socket exists: a short program may be exiting while this runs.
@@ -152,6 +170,7 @@ def _start_server(rank: int) -> None:
             atexit.register(_remove_socket, path)
             _SERVER = server_type(path)
             _SERVER_PATH = path
+            _SERVER_RANK = rank
             # The sidecar runs as its own user (the chart's 65532), the trainer often as root: connecting to
             # a unix socket needs write permission on it. The directory is the pod's own shared volume.
             os.chmod(path, 0o666)
@@ -163,10 +182,138 @@ def _start_server(rank: int) -> None:
             _say(f"no live collection: could not start torch's worker server on {path}: {type(exc).__name__}: {exc}")
 
 
+def _debug_server_port() -> int:
+    """The port of torch's debug server in this process (`torch.distributed.debug._WORKER_SERVER`), or 0."""
+    module = sys.modules.get(_DEBUG_TARGET)
+    server = getattr(module, "_WORKER_SERVER", None) if module is not None else None
+    try:
+        port = int(getattr(server, "port", 0) or 0)
+    except Exception:
+        return 0
+    return port if 0 < port < 65536 else 0
+
+
+def _debug_file(socket_dir: str, rank: int) -> str:
+    return os.path.join(socket_dir, f"rank-{rank}.debug-server")
+
+
+def _point_at_debug_server(rank: int, port: int) -> None:
+    """torch's debug server runs in this rank: tell the sidecar its port (rank-<rank>.debug-server), serve
+    frscope's handlers there too, and withdraw the bootstrap's own socket if it had one. Holds _LOCK."""
+    global _DEBUG_PORT, _DEBUG_FILE, _SERVER_RANK, _SERVER_PID
+    socket_dir = _socket_dir()
+    target = _debug_file(socket_dir, rank)
+    _register_handlers()
+    tmp = f"{target}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as handle:
+            json.dump({"port": port, "pid": os.getpid()}, handle)
+        os.chmod(tmp, 0o644)  # read by the sidecar's own user
+        os.replace(tmp, target)
+    except OSError as exc:
+        _say(f"cannot point the sidecar at torch's debug server ({target}: {exc}); frscope's own server stays")
+        return
+    import atexit
+
+    _DEBUG_PORT, _DEBUG_FILE, _SERVER_RANK = port, target, rank
+    if not _SERVER_PID:
+        _SERVER_PID = os.getpid()
+    atexit.register(_remove_debug_file, target)
+    os.environ[_OWNER_VAR] = str(os.getpid())  # children of this rank never serve
+    _write_meta(socket_dir, rank, "", debug_server_port=port)
+    if _SERVER is not None and _SERVER_PATH:
+        # Only now (the file above exists): the sidecar reads the rank there, never sees it gone.
+        try:
+            os.unlink(_SERVER_PATH)
+        except OSError:
+            pass
+        _say(f"torch's debug server serves rank {rank} on port {port}: the sidecar reads it there; frscope's own "
+             f"socket {_SERVER_PATH} withdrawn")
+    else:
+        _say(f"torch's debug server serves rank {rank} on port {port}: the sidecar reads it there")
+
+
+def _remove_stale_debug_file(socket_dir: str, rank: int) -> None:
+    """An earlier process of this rank (a restarted worker) pointed the sidecar at its debug server, and died
+    without removing the file: this process serves the socket instead."""
+    path = _debug_file(socket_dir, rank)
+    try:
+        with open(path, "rb") as handle:
+            pid = json.loads(handle.read(4096)).get("pid")
+    except (OSError, ValueError, AttributeError):
+        pid = None
+    if isinstance(pid, int) and pid != os.getpid() and _alive(pid):
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _remove_debug_file(path: str) -> None:
+    """At a clean exit: the sidecar sees the trainer is gone (as _remove_socket)."""
+    if os.getpid() != _SERVER_PID:
+        return
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def _this_rank() -> int | None:
+    """The rank this process is: the one it serves as, torchrun's, its default group's, else RANK (which
+    torch's debug server keys itself by)."""
+    if _SERVER_RANK is not None:
+        return _SERVER_RANK
+    rank = _elastic_rank()
+    if rank is not None:
+        return rank
+    if _has_group():
+        try:
+            return int(sys.modules[_TARGET].get_rank())
+        except Exception:
+            pass
+    text = os.environ.get("RANK", "")
+    return int(text) if text.isdigit() else None
+
+
+def _debug_server_started() -> None:
+    """After the job's start_debug_server() (which may have raised after its worker server started)."""
+    if _inherited() or _DEBUG_PORT:
+        return
+    port = _debug_server_port()
+    rank = _this_rank()
+    if not port or rank is None:
+        return
+    with _LOCK:
+        _point_at_debug_server(rank, port)
+
+
+def _wrap_debug_server(module: ModuleType) -> None:
+    """Make the module's start_debug_server point the sidecar at the server it starts."""
+    real = getattr(module, "start_debug_server", None)
+    if real is None or getattr(real, "_frscope_wrapped", False):
+        return
+
+    def start_debug_server(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return real(*args, **kwargs)
+        finally:
+            try:
+                _debug_server_started()
+            except Exception as exc:
+                _say(f"torch's debug server: {type(exc).__name__}: {exc}")
+
+    start_debug_server.__wrapped__ = real  # type: ignore[attr-defined]
+    start_debug_server.__doc__ = real.__doc__
+    start_debug_server._frscope_wrapped = True  # type: ignore[attr-defined]
+    module.start_debug_server = start_debug_server  # type: ignore[attr-defined]
+
+
 def _wait_for_group() -> None:
     """Serve as soon as this process has a default process group (it is a rank then), however late."""
     delay = 0.05
-    while _SERVER is None and not _inherited():
+    while _SERVER is None and not _DEBUG_PORT and not _inherited():
         try:
             dist = sys.modules[_TARGET]
             if dist.is_available() and dist.is_initialized():
@@ -263,6 +410,11 @@ def _on_loaded() -> None:
     """torch.distributed has finished importing: decide whether this process serves."""
     if _inherited():
         return  # a spawned child of a serving rank
+    debug = sys.modules.get(_DEBUG_TARGET)
+    if debug is not None:
+        _wrap_debug_server(debug)
+    else:
+        sys.meta_path.insert(0, _Finder(_DEBUG_TARGET, _wrap_debug_server))
     _install_timings()
     rank = _elastic_rank()
     if rank is not None:
@@ -318,6 +470,17 @@ def _install_timings() -> None:
         timings.install(_say)
 
 
+def _register_handlers() -> None:
+    """frscope's handlers, once per process: every worker server of the process serves them (ours, or torch's
+    debug server's)."""
+    global _HANDLERS_REGISTERED
+    if _HANDLERS_REGISTERED:
+        return
+    _HANDLERS_REGISTERED = True
+    _register_progress_handler()
+    _register_timings_handler()
+
+
 def _register_timings_handler() -> None:
     timings = _timings_module()
     if timings is None or not timings.TIMINGS.mechanism:
@@ -367,7 +530,7 @@ def _recorder_off(settings: dict[str, Any]) -> bool:
         return False  # torch refuses it itself
 
 
-def _write_meta(socket_dir: str, rank: int, path: str) -> None:
+def _write_meta(socket_dir: str, rank: int, path: str, debug_server_port: int = 0) -> None:
     torch = sys.modules.get("torch")
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
     recorder = _recorder_settings()
@@ -383,6 +546,8 @@ def _write_meta(socket_dir: str, rank: int, path: str) -> None:
         "started_at_ns": time.time_ns(),
         "recorder": recorder,
     }
+    if debug_server_port:  # read through torch's debug server (path: "")
+        meta["debug_server_port"] = debug_server_port
     if restarts.isdigit():  # torchrun restarted its workers this many times (--max-restarts)
         meta["restart_count"] = int(restarts)
     target = os.path.join(socket_dir, f".rank-{rank}.json")
@@ -423,10 +588,12 @@ def _remove_socket(path: str) -> None:
 
 
 class _Loader:
-    """Runs the real loader, then decides about the server. Everything else is the real loader's."""
+    """Runs the real loader, then `after(module)` (decides about the server). Everything else is the real
+    loader's."""
 
-    def __init__(self, real: Any) -> None:
+    def __init__(self, real: Any, after: Any) -> None:
         self._real = real
+        self._after = after
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         create = getattr(self._real, "create_module", None)
@@ -435,7 +602,7 @@ class _Loader:
     def exec_module(self, module: ModuleType) -> None:
         self._real.exec_module(module)
         try:
-            _on_loaded()
+            self._after(module)
         except Exception as exc:
             _say(f"no live collection: {type(exc).__name__}: {exc}")
 
@@ -444,10 +611,16 @@ class _Loader:
 
 
 class _Finder(importlib.abc.MetaPathFinder):
+    """One shot: the real spec of module `name`, whose loader runs `after(module)` once it has run."""
+
+    def __init__(self, name: str, after: Any) -> None:
+        self._name = name
+        self._after = after
+
     def find_spec(
         self, fullname: str, path: Any, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _TARGET:
+        if fullname != self._name:
             return None
         try:
             sys.meta_path.remove(self)  # one shot
@@ -460,7 +633,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader)  # type: ignore[assignment]
+                    spec.loader = _Loader(spec.loader, self._after)  # type: ignore[assignment]
                 return spec
         return None
 
@@ -493,7 +666,7 @@ def _chain() -> None:
 
 try:
     if _wanted() and _TARGET not in sys.modules:
-        sys.meta_path.insert(0, _Finder())
+        sys.meta_path.insert(0, _Finder(_TARGET, lambda _module: _on_loaded()))
 except Exception as _exc:  # pragma: no cover - never break the interpreter's startup
     _say(f"disabled: {type(_exc).__name__}: {_exc}")
 _chain()
