@@ -161,7 +161,8 @@ def _env(name: str, fallback: str | None = None, *more: str) -> str | None:
 # environment variable is given.
 _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
     ("--socket-dir", "socket_dir", "FRSCOPE_SOCKET_DIR", "path", DEFAULT_SOCKET_DIR,
-     "directory of the ranks' worker-server sockets, rank-<RANK>.sock"),
+     "directory of the ranks' worker-server sockets, rank-<RANK>.sock (and rank-<RANK>.debug-server where a rank "
+     "runs torch's own debug server)"),
     ("--dump-dir", "dump_dir", "FRSCOPE_DUMP_DIR", "path", None,
      "directory torch writes on-timeout dumps into (TORCH_FR_DUMP_TEMP_FILE=<dir>/<prefix>); unset: not watched"),
     ("--evidence-dir", "evidence_dir", "FRSCOPE_EVIDENCE_DIR", "path", None,

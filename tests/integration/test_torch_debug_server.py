@@ -144,3 +144,60 @@ async def test_the_sidecar_reads_torchs_debug_server_instead_of_its_own(minor: s
             proc.wait(timeout=30)
             if proc.stdout is not None:
                 proc.stdout.close()
+
+
+STOPPING_JOB = """
+import datetime, os, sys, time, torch, torch.distributed as dist
+import torch.distributed.debug as debug
+store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), 1, is_master=True,
+                      timeout=datetime.timedelta(seconds=60))
+debug.start_debug_server(port=int(sys.argv[1]), start_method="spawn")
+print("worker_port", debug._WORKER_SERVER.port, flush=True)
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+dist.all_reduce(torch.ones(4))
+sys.stdin.readline()  # the test says when
+debug.stop_debug_server()
+print("stopped", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("minor", MINORS)
+async def test_after_stop_debug_server_the_bootstraps_own_socket_serves_the_rank(minor: str, tmp_path: Path) -> None:
+    """The job stops torch's debug server: the rank is not lost (no trainer exit), its own socket serves it."""
+    python = python_for(minor)
+    env = {**_env(python, tmp_path, 0, free_port(), torchrun=False), "WORLD_SIZE": "1"}
+    _skip_without_debug_server(python, env)
+    with (tmp_path / "rank-0.log").open("wb") as log:
+        proc = subprocess.Popen([python, "-W", "ignore", "-c", STOPPING_JOB, str(free_port())], env=env,
+                                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        line = proc.stdout.readline().decode().split()
+        assert line[:1] == ["worker_port"], (tmp_path / "rank-0.log").read_text()
+        port = int(line[1])
+        async with running(config(tmp_path)) as sidecar:
+            await wait_until(lambda: 0 in sidecar.ranks and sidecar.ranks[0].up and sidecar.ranks[0].raw_z is not None,
+                             60, "rank 0 read at torch's debug server")
+            assert sidecar.ranks[0].endpoint == DebugServerPort(port)
+            assert not (tmp_path / "rank-0.sock").exists()
+            proc.stdin.write(b"stop\n")
+            proc.stdin.flush()
+            assert proc.stdout.readline().decode().strip() == "stopped", (tmp_path / "rank-0.log").read_text()
+            socket_path = tmp_path / "rank-0.sock"
+            assert socket_path.exists() and not (tmp_path / "rank-0.debug-server").exists()
+            await sidecar.poll_once(full=True)
+            state = sidecar.ranks[0]
+            assert state.endpoint == socket_path and state.up and state.ever_up
+            status, headers, body = await get(sidecar, "/v1/snapshot")
+            assert status == 200
+            (piece,) = decode(headers, body)["ranks"]
+            assert piece["source"] == f"socket:{socket_path}"
+            assert [e["profiling_name"] for e in piece["trace"]["entries"]] == ["gloo:all_reduce"]
+        said = (tmp_path / "rank-0.log").read_text()
+        assert "frscope's own socket" not in said  # it never had one before the stop
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        proc.stdin.close()

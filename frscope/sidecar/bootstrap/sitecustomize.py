@@ -31,14 +31,10 @@ enable traceback see ...", and the rank's own error has scrolled out of those 2 
 Each rank also dates its own collectives (start, end) on every backend, served as
 `frscope_timings` (`_frscope_timings.py`, beside this file): the durations gloo's recorder lacks.
 
-A job that starts torch's own debug server (`torch.distributed.debug.start_debug_server()`, torch 2.14+: a
-`_WorkerServer` on a TCP port in every rank, the same process-wide handlers) is read there instead: the
-bootstrap wraps `start_debug_server`, and once torch's server runs in the rank it writes
-`<dir>/rank-<rank>.debug-server` (`{"port": N, "pid": P}`), which the sidecar reads on the pod's loopback,
-and withdraws its own socket (the file first, so that the sidecar never sees the rank vanish). A rank whose
-debug server already runs when the bootstrap would start its own (the group made, then the debug server,
-before the bootstrap's thread looked) never starts one. The bootstrap's server, where it had started, is
-left idle rather than shut down (see _keep_forever).
+A rank that runs torch's own debug server (`torch.distributed.debug.start_debug_server()`: a `_WorkerServer`
+on a TCP port, the same process-wide handlers) is read there instead: `_frscope_debug_server.py`, beside
+this file, points the sidecar at it (`rank-<rank>.debug-server`) and withdraws this bootstrap's socket, or
+never starts one.
 
 Environment: FRSCOPE_SOCKET_DIR (default /run/frscope), FRSCOPE_BOOTSTRAP=0 to switch it off,
 FRSCOPE_TIMINGS=0 to leave collectives undated, FRSCOPE_TIMINGS_SIZE (the ring, default 2000). The
@@ -68,13 +64,10 @@ from types import ModuleType
 from typing import Any
 
 _TARGET = "torch.distributed"
-_DEBUG_TARGET = "torch.distributed.debug"
 _SERVER: Any = None  # kept referenced for the life of the process: torch stops the server on collection
 _SERVER_PID = 0  # the process that started _SERVER (a forked child inherits the variable, not the server)
 _SERVER_PATH = ""  # the socket _SERVER listens on
 _SERVER_RANK: int | None = None  # the rank this process serves as (its own server, or torch's debug server)
-_DEBUG_PORT = 0  # the port of torch's debug server in this process, once the sidecar is pointed at it
-_DEBUG_FILE = ""  # the rank-<r>.debug-server file this process wrote
 _HANDLERS_REGISTERED = False
 _LOCK = threading.Lock()
 _OWNER_VAR = "FRSCOPE_WORKER_SERVER_PID"
@@ -139,13 +132,14 @@ def _alive(pid: int) -> bool:
 def _start_server(rank: int) -> None:
     global _SERVER, _SERVER_PID, _SERVER_PATH, _SERVER_RANK
     with _LOCK:
-        if _SERVER is not None or _DEBUG_PORT or _inherited():
+        if _SERVER is not None or _debug_port() or _inherited():
             return
         socket_dir = _socket_dir()
         path = os.path.join(socket_dir, f"rank-{rank}.sock")
-        port = _debug_server_port()
+        debug: Any = sys.modules.get("_frscope_debug_server")
+        port = debug.running_port() if debug is not None else 0
         if port:  # torch's debug server runs here already: the sidecar reads that one
-            _point_at_debug_server(rank, port)
+            debug.point(sys.modules[__name__], rank, port)
             return
         try:
             from torch._C import _distributed_c10d as c10d
@@ -161,7 +155,8 @@ def _start_server(rank: int) -> None:
                     _say(f"{path} is already served by another process; not starting a second server")
                     return
                 os.unlink(path)
-            _remove_stale_debug_file(socket_dir, rank)
+            if debug is not None:
+                debug.remove_stale(socket_dir, rank, _alive)
             _register_handlers()
             import atexit
 
@@ -182,138 +177,28 @@ def _start_server(rank: int) -> None:
             _say(f"no live collection: could not start torch's worker server on {path}: {type(exc).__name__}: {exc}")
 
 
-def _debug_server_port() -> int:
-    """The port of torch's debug server in this process (`torch.distributed.debug._WORKER_SERVER`), or 0."""
-    module = sys.modules.get(_DEBUG_TARGET)
-    server = getattr(module, "_WORKER_SERVER", None) if module is not None else None
+def _debug_server() -> Any:
+    """`_frscope_debug_server` (beside this file): a rank that runs torch's own debug server is read through
+    it. None where it is missing (an older copy of the bootstrap)."""
     try:
-        port = int(getattr(server, "port", 0) or 0)
-    except Exception:
-        return 0
-    return port if 0 < port < 65536 else 0
+        import _frscope_debug_server  # type: ignore[import-not-found]  # beside this file on sys.path
+
+        return _frscope_debug_server
+    except Exception as exc:
+        _say(f"torch's debug server will not be read ({type(exc).__name__}: {exc})")
+        return None
 
 
-def _debug_file(socket_dir: str, rank: int) -> str:
-    return os.path.join(socket_dir, f"rank-{rank}.debug-server")
-
-
-def _point_at_debug_server(rank: int, port: int) -> None:
-    """torch's debug server runs in this rank: tell the sidecar its port (rank-<rank>.debug-server), serve
-    frscope's handlers there too, and withdraw the bootstrap's own socket if it had one. Holds _LOCK."""
-    global _DEBUG_PORT, _DEBUG_FILE, _SERVER_RANK, _SERVER_PID
-    socket_dir = _socket_dir()
-    target = _debug_file(socket_dir, rank)
-    _register_handlers()
-    tmp = f"{target}.{os.getpid()}.tmp"
-    try:
-        with open(tmp, "w") as handle:
-            json.dump({"port": port, "pid": os.getpid()}, handle)
-        os.chmod(tmp, 0o644)  # read by the sidecar's own user
-        os.replace(tmp, target)
-    except OSError as exc:
-        _say(f"cannot point the sidecar at torch's debug server ({target}: {exc}); frscope's own server stays")
-        return
-    import atexit
-
-    _DEBUG_PORT, _DEBUG_FILE, _SERVER_RANK = port, target, rank
-    if not _SERVER_PID:
-        _SERVER_PID = os.getpid()
-    atexit.register(_remove_debug_file, target)
-    os.environ[_OWNER_VAR] = str(os.getpid())  # children of this rank never serve
-    _write_meta(socket_dir, rank, "", debug_server_port=port)
-    if _SERVER is not None and _SERVER_PATH:
-        # Only now (the file above exists): the sidecar reads the rank there, never sees it gone.
-        try:
-            os.unlink(_SERVER_PATH)
-        except OSError:
-            pass
-        _say(f"torch's debug server serves rank {rank} on port {port}: the sidecar reads it there; frscope's own "
-             f"socket {_SERVER_PATH} withdrawn")
-    else:
-        _say(f"torch's debug server serves rank {rank} on port {port}: the sidecar reads it there")
-
-
-def _remove_stale_debug_file(socket_dir: str, rank: int) -> None:
-    """An earlier process of this rank (a restarted worker) pointed the sidecar at its debug server, and died
-    without removing the file: this process serves the socket instead."""
-    path = _debug_file(socket_dir, rank)
-    try:
-        with open(path, "rb") as handle:
-            pid = json.loads(handle.read(4096)).get("pid")
-    except (OSError, ValueError, AttributeError):
-        pid = None
-    if isinstance(pid, int) and pid != os.getpid() and _alive(pid):
-        return
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _remove_debug_file(path: str) -> None:
-    """At a clean exit: the sidecar sees the trainer is gone (as _remove_socket)."""
-    if os.getpid() != _SERVER_PID:
-        return
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
-def _this_rank() -> int | None:
-    """The rank this process is: the one it serves as, torchrun's, its default group's, else RANK (which
-    torch's debug server keys itself by)."""
-    if _SERVER_RANK is not None:
-        return _SERVER_RANK
-    rank = _elastic_rank()
-    if rank is not None:
-        return rank
-    if _has_group():
-        try:
-            return int(sys.modules[_TARGET].get_rank())
-        except Exception:
-            pass
-    text = os.environ.get("RANK", "")
-    return int(text) if text.isdigit() else None
-
-
-def _debug_server_started() -> None:
-    """After the job's start_debug_server() (which may have raised after its worker server started)."""
-    if _inherited() or _DEBUG_PORT:
-        return
-    port = _debug_server_port()
-    rank = _this_rank()
-    if not port or rank is None:
-        return
-    with _LOCK:
-        _point_at_debug_server(rank, port)
-
-
-def _wrap_debug_server(module: ModuleType) -> None:
-    """Make the module's start_debug_server point the sidecar at the server it starts."""
-    real = getattr(module, "start_debug_server", None)
-    if real is None or getattr(real, "_frscope_wrapped", False):
-        return
-
-    def start_debug_server(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return real(*args, **kwargs)
-        finally:
-            try:
-                _debug_server_started()
-            except Exception as exc:
-                _say(f"torch's debug server: {type(exc).__name__}: {exc}")
-
-    start_debug_server.__wrapped__ = real  # type: ignore[attr-defined]
-    start_debug_server.__doc__ = real.__doc__
-    start_debug_server._frscope_wrapped = True  # type: ignore[attr-defined]
-    module.start_debug_server = start_debug_server  # type: ignore[attr-defined]
+def _debug_port() -> int:
+    """The port of torch's debug server the sidecar reads this rank at (0: none)."""
+    module = sys.modules.get("_frscope_debug_server")
+    return int(getattr(module, "PORT", 0) or 0)
 
 
 def _wait_for_group() -> None:
     """Serve as soon as this process has a default process group (it is a rank then), however late."""
     delay = 0.05
-    while _SERVER is None and not _DEBUG_PORT and not _inherited():
+    while _SERVER is None and not _debug_port() and not _inherited():
         try:
             dist = sys.modules[_TARGET]
             if dist.is_available() and dist.is_initialized():
@@ -347,7 +232,10 @@ def _after_fork_in_child() -> None:
     _LOCK = threading.Lock()  # the parent's lock may have been held by a thread that is gone
     if _SERVER is not None:
         _close_inherited_listener(_SERVER_PATH)
-    if _SERVER is not None or _inherited() or _has_group():
+    debug = sys.modules.get("_frscope_debug_server")
+    if debug is not None:
+        debug.close_inherited_listener()
+    if _SERVER is not None or _debug_port() or _inherited() or _has_group():
         os.environ.setdefault(_OWNER_VAR, str(os.getppid()))
         return
     _watch()
@@ -410,11 +298,9 @@ def _on_loaded() -> None:
     """torch.distributed has finished importing: decide whether this process serves."""
     if _inherited():
         return  # a spawned child of a serving rank
-    debug = sys.modules.get(_DEBUG_TARGET)
+    debug = _debug_server()
     if debug is not None:
-        _wrap_debug_server(debug)
-    else:
-        sys.meta_path.insert(0, _Finder(_DEBUG_TARGET, _wrap_debug_server))
+        debug.watch(sys.modules[__name__])
     _install_timings()
     rank = _elastic_rank()
     if rank is not None:
