@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -68,6 +69,15 @@ def _env(python: str, tmp_path: Path, rank: int, master_port: int, torchrun: boo
     return env
 
 
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    """The rank and what it started: rank 0's debug-server frontend (a daemon process that a killed rank
+    leaves behind) and multiprocessing's resource tracker, all in the rank's own session."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _skip_without_debug_server(python: str, env: dict[str, str]) -> None:
     probe = subprocess.run(
         [python, "-W", "ignore", "-c", "import torch, torch.distributed.debug as d; d.start_debug_server; "
@@ -96,7 +106,8 @@ async def test_the_sidecar_reads_torchs_debug_server_instead_of_its_own(minor: s
         for rank in range(WORLD):
             with logs[rank].open("wb") as log:
                 procs[rank] = subprocess.Popen([python, "-W", "ignore", "-c", JOB, str(free_port())], env=envs[rank],
-                                               stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL)
+                                               stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+                                               start_new_session=True)
         ports = {}
         for rank, proc in procs.items():
             assert proc.stdout is not None
@@ -139,7 +150,7 @@ async def test_the_sidecar_reads_torchs_debug_server_instead_of_its_own(minor: s
         assert "in all_reduce" in pieces[0]["stacks"] and "in all_reduce" not in pieces[1]["stacks"]
     finally:
         for proc in procs.values():
-            proc.kill()
+            _kill(proc)
         for proc in procs.values():
             proc.wait(timeout=30)
             if proc.stdout is not None:
@@ -170,7 +181,7 @@ async def test_after_stop_debug_server_the_bootstraps_own_socket_serves_the_rank
     _skip_without_debug_server(python, env)
     with (tmp_path / "rank-0.log").open("wb") as log:
         proc = subprocess.Popen([python, "-W", "ignore", "-c", STOPPING_JOB, str(free_port())], env=env,
-                                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE)
+                                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.PIPE, start_new_session=True)
     assert proc.stdout is not None and proc.stdin is not None
     try:
         line = proc.stdout.readline().decode().split()
@@ -197,7 +208,7 @@ async def test_after_stop_debug_server_the_bootstraps_own_socket_serves_the_rank
         said = (tmp_path / "rank-0.log").read_text()
         assert "frscope's own socket" not in said  # it never had one before the stop
     finally:
-        proc.kill()
+        _kill(proc)
         proc.wait(timeout=30)
         proc.stdout.close()
         proc.stdin.close()
