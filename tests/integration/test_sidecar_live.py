@@ -8,6 +8,7 @@ second job (the straggler fault: 20 steps) shows progress while healthy.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import tempfile
 import time
@@ -193,6 +194,18 @@ async def test_promtool_checks_the_metrics_clean(hung: LocalJob, detail: str) ->
     assert done.returncode == 0 and done.stdout.strip() == b"" and done.stderr.strip() == b"", done
 
 
+DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "frscope" / "files" / "frscope-dashboard.json"
+
+
+def dashboard_exprs(title: str) -> list[str]:
+    """A dashboard panel's queries with Grafana's variables at "All" (`.*`)."""
+    panels = [p for p in json.loads(DASHBOARD.read_text())["panels"] if p.get("title") == title]
+    exprs = [t["expr"] for p in panels for t in p.get("targets", [])]
+    for var in ("namespace", "job", "pg", "op"):
+        exprs = [e.replace(f"${var}", ".*") for e in exprs]
+    return exprs
+
+
 @pytest.mark.timeout(180)
 async def test_real_prometheus_scrapes_the_stall(hung: LocalJob, tmp_path: Path) -> None:
     prometheus = tool("prometheus")
@@ -245,6 +258,15 @@ async def test_real_prometheus_scrapes_the_stall(hung: LocalJob, tmp_path: Path)
                 async with session.get(f"{base}/api/v1/query", params={"query": age_query}) as resp:
                     age = (await resp.json())["data"]["result"]
                 assert float(age[0]["value"][1]) >= STALL_S
+                # The dashboard's stall and in-flight panels draw the pod (its variables at "All").
+                for title, want in (("Stalled ranks (pods)", 1.0), ("Stalled ranks (top 20)", 1.0),
+                                    ("In-flight age, the 20 oldest ranks", STALL_S)):
+                    (expr,) = dashboard_exprs(title)
+                    async with session.get(f"{base}/api/v1/query", params={"query": expr}) as resp:
+                        got = (await resp.json())["data"]["result"]
+                    assert [r["metric"].get("pod") for r in got] == (
+                        [None] if title.endswith("(pods)") else ["trainer-worker-0"]), (title, got)
+                    assert float(got[0]["value"][1]) >= want, (title, got)
         finally:
             proc.terminate()
             try:
