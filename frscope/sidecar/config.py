@@ -14,8 +14,10 @@ from typing import Any
 from frscope import logs
 from frscope.analysis.lateness import MIN_SHARE
 
-# (frscope.sidecar.metrics holds the same names; this module stays import-cheap, no prometheus_client.)
+# --metrics-detail (frscope.sidecar.metrics): "pod" aggregates the per-rank x per-group collective series over
+# the pod; "rank-group" keeps one series per rank and process group.
 METRICS_DETAILS = ("pod", "rank-group")
+DEFAULT_METRICS_DETAIL = "pod"
 
 DEFAULT_PORT = 9402
 DEFAULT_SOCKET_DIR = "/run/frscope"
@@ -93,7 +95,7 @@ class SidecarConfig:
     install_bootstrap: Path | None = None
     # The collective series per rank and group ("rank-group"), or aggregated over the pod ("pod"): see
     # frscope.sidecar.metrics and docs/sidecar.md, "Metrics: how many series".
-    metrics_detail: str = "pod"
+    metrics_detail: str = DEFAULT_METRICS_DETAIL
 
     def __post_init__(self) -> None:
         if self.poll_interval_s <= 0:
@@ -243,7 +245,7 @@ _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
     ("--pod", "pod", "FRSCOPE_POD", "str", None, "pod name (default: $POD_NAME, else the host name)"),
     ("--namespace", "namespace", "FRSCOPE_NAMESPACE", "str", None, "namespace (default: $POD_NAMESPACE)"),
     ("--node", "node", "FRSCOPE_NODE", "str", None, "node name (default: $NODE_NAME)"),
-    ("--metrics-detail", "metrics_detail", "FRSCOPE_METRICS_DETAIL", "str", "pod",
+    ("--metrics-detail", "metrics_detail", "FRSCOPE_METRICS_DETAIL", "str", DEFAULT_METRICS_DETAIL,
      "pod: the collective series aggregated over the pod (a bounded count per pod, whatever its ranks' process "
      "groups); rank-group: one series per rank and process group, with each group's sequence ids, thresholds "
      "and rhythm (docs/sidecar.md, 'Metrics: how many series')"),

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from frscope import __version__
 from frscope.analysis.lateness import RankLateness
+from frscope.sidecar.config import DEFAULT_METRICS_DETAIL, METRICS_DETAILS
 from frscope.sidecar.evidence import EvidenceStore
 from frscope.sidecar.progress import SUSPICION_OUTCOMES, StallTracker
 from frscope.sidecar.unrecorded import UnrecordedWatch
@@ -29,10 +30,6 @@ POLL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 FETCH_CAUSES = ("first", "started", "periodic", "suspect", "resumed", "stall_capture", "refresh", "no_probe")
 DUMP_KINDS = ("dump_file", "stall_capture", "refresh")
 PUSH_RESULTS = ("ok", "retry", "failed", "dropped")
-# --metrics-detail: "pod" (default) aggregates the per-rank x per-group series over the pod;
-# "rank-group" keeps one series per rank and process group.
-METRICS_DETAILS = ("pod", "rank-group")
-DEFAULT_METRICS_DETAIL = "pod"
 
 
 class SidecarMetrics:
