@@ -28,9 +28,9 @@ from frscope.analysis.tracks import Track
 from frscope.analysis.wording import plural
 
 MIN_WAIT_MS = 50.0
-# Short steps: waits from FLOOR_WAIT_MS count when their median is at least REL_WAIT of the time between them.
+# Short steps: waits from FLOOR_WAIT_MS count when together they are at least REL_WAIT of the group's time.
 FLOOR_WAIT_MS = 10.0
-REL_WAIT = 0.2
+REL_WAIT = 0.1
 MIN_EVENTS = 3
 ALPHA = 0.01
 # Steady waits (`_steady`): a looser chance bound, with the waits' lengths within this spread
@@ -61,8 +61,8 @@ def binomial_tail(k: int, m: int, p: float) -> float:
 
 def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
     """A rank (or one host's ranks) late at step boundaries: waits of at least `MIN_WAIT_MS`, or in a job
-    of short steps, waits of at least `FLOOR_WAIT_MS` that are a large share (`REL_WAIT`) of the time
-    between them (20 ms lost in every 50 ms step is the job running at 70% of its speed)."""
+    of short steps, waits of at least `FLOOR_WAIT_MS` that add up to a large share (`REL_WAIT`) of the time
+    the group's collectives span (20 ms lost in every 50 ms step is the job running at 70% of its speed)."""
     arrived = arrivals(tracks)
     if len(arrived) < MIN_EVENTS:
         return None
@@ -94,7 +94,6 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
     # and then none of them is much later than the next-latest, which is its node peer).
     most = max(1, len(ranks) // 2)
     events: dict[tuple[int, ...], list[LateAt]] = {}
-    times: dict[tuple[int, ...], list[float]] = {}  # when each event's collective began (the median rank)
     total = 0
     for seq, mid_ms, late in zip(arrived.seqs, mids, zip(*shifted, strict=True), strict=True):
         order = sorted(zip(late, ranks, strict=True), reverse=True)  # latest first; a tie: the higher rank
@@ -108,7 +107,6 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
             last, rank = order[0]
             op = tracks[rank].by_seq[seq][0].op
             events.setdefault(late_set, []).append(LateAt(seq, op, last - mid_ms, gaps[widest]))
-            times.setdefault(late_set, []).append(mid_ms)
     if total < MIN_EVENTS or not events:
         return None
     worst = max(events, key=lambda s: (len(events[s]), -len(s)))
@@ -121,8 +119,8 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
         return None
     late_ms = median(a.late_by_ms for a in mine)
     waited_ms = median(a.waited_ms for a in mine)
-    if relative and waited_ms < REL_WAIT * median(b - a for a, b in zip(times[worst], times[worst][1:], strict=False)):
-        return None
+    if relative and sum(a.waited_ms for a in mine) < REL_WAIT * (mids[-1] - mids[0]):
+        return None  # small waits that are a small share of the job's time: not worth a finding
     seqs = [a.collective_seq_id for a in mine]
     spacings = {b - a for a, b in zip(seqs, seqs[1:], strict=False)}
     rhythm = f", every {spacings.pop()} collectives" if len(spacings) == 1 else ""
