@@ -18,6 +18,7 @@ from frscope.analysis.clock import CAPTURED, MTIME, MTIME_CAPPED
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
 from frscope.analysis.ops import (
+    RETIRES_FAILED,
     ROOTED_OPS,
     SAME_SIZE_SIDE,
     VARIABLE_SIZE_OPS,
@@ -301,6 +302,8 @@ def _failed_without(ctx: Context, tracks: dict[int, Track], seq: int, joined: li
     (gloo retires a failed collective as if it had finished), however young it is."""
     if not not_joined or not all(tracks[r].last_completed >= seq for r in joined):
         return False
+    if any((d := ctx.dumpset.dumps.get(r)) is None or d.backend not in RETIRES_FAILED for r in joined):
+        return False  # there 'completed' means it succeeded: the member's read is older than it says
     at, source = ctx.clock.at_ns, ctx.clock.source
     if any(source.get(r) not in (CAPTURED, MTIME) for r in (*joined, *not_joined)):
         return False  # each rank's own read time is needed (not one 'now' given to the analysis)
@@ -340,6 +343,10 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     joined = sorted(r for r, t in tracks.items() if t.last_seq >= seq)
     if not joined:
         return None  # every rank is done with everything it enqueued: idle, not stuck
+    if all(tracks[r].last_completed >= seq for r in joined) and all(
+            (d := ctx.dumpset.dumps.get(r)) is not None and d.backend and d.backend not in RETIRES_FAILED
+            for r in joined):
+        return None  # it succeeded without a member that shows none of it: that member's read is older
     not_joined = sorted(set(tracks) - set(joined))
     entered = [e for r in joined for e in tracks[r].by_seq.get(seq, ())]
     created = [e.time_created_ns for e in entered if e.time_created_ns]

@@ -36,6 +36,10 @@ def agreeing_sizes(op: str, input_sizes: list[list[int]], output_sizes: list[lis
     return (input_sizes, output_sizes)
 
 
+# Backends whose recorder marks a collective that failed (a peer died, a timeout) as finished, as if it
+# had succeeded: on these a 'completed' entry that a member never entered failed; elsewhere it cannot be.
+RETIRES_FAILED = frozenset({"gloo"})
+
 # Root-only buffers: one side of the dtypes may legitimately be empty.
 ROOTED_OPS = frozenset({"gather", "scatter", "broadcast", "reduce"})
 

@@ -34,7 +34,7 @@ class Causes:
     missing: Finding | None = None
 
 
-def _oldest_open(entries: Sequence[Entry], before_record: int | None) -> Entry | None:
+def oldest_open(entries: Sequence[Entry], before_record: int | None) -> Entry | None:
     if isinstance(entries, EntryTable):
         at = entries.first_open(before_record)
         return None if at is None else entries.entry(at)
@@ -55,7 +55,7 @@ def cause_of_rank(ctx: Context, causes: Causes, rank: int, before_record: int | 
         dump = ctx.dumpset.dumps.get(rank)
         if dump is None:
             return causes.missing
-        entry = _oldest_open(dump.entries, before_record)
+        entry = oldest_open(dump.entries, before_record)
         before_record = None
         if entry is None:
             if causes.unrecorded_p2p is not None and (

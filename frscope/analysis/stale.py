@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from frscope.analysis.collectives import StuckPoint
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
-from frscope.analysis.rootcause import failed_wait, last_group_may_lack_a_member
+from frscope.analysis.ops import RETIRES_FAILED
+from frscope.analysis.rootcause import failed_wait, last_group_may_lack_a_member, oldest_open
 from frscope.analysis.tracks import Track, newest_created
 from frscope.analysis.wording import fmt_duration, plural
 from frscope.records import GroupInfo, RankExit
@@ -93,6 +94,7 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     if not out or len(out) == len(tracks):
         return {}
     others_newest = max((n for r in with_entries if r not in out and (n := _newest(ctx, r))), default=None)
+    settled = _settled(ctx)
     found: dict[int, Stale] = {}
     for rank, s in out.items():
         if _waits_elsewhere(ctx, rank, group.name):
@@ -105,6 +107,8 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
                                                                                         tracks))
         # An entry every other member finished cannot still be pending on this rank: its dump is older
         # than theirs. Where when each was read is lost (copies), nothing says the reads were close.
+        if settled and not certain:
+            continue  # nobody waits: an old read of a rank the others went on with, not a rank that stopped
         own = tracks[rank]
         pending_behind = ctx.clock.lost(rank) and own.next_seq <= min(own.last_seq, s.done_seq)
         if not certain and not pending_behind and newest and others_newest:
@@ -113,6 +117,16 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
                 continue
         found[rank] = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
     return found
+
+
+def _settled(ctx: Context) -> bool:
+    """Every rank finished every op it recorded, on a backend whose 'completed' means the op succeeded:
+    nobody waits for anyone, so an older read is only that (a rank that died would have left the
+    others blocked in their next collective)."""
+    backends = {d.backend for d in ctx.dumpset.dumps.values()}
+    if not backends or None in backends or backends & RETIRES_FAILED:
+        return False
+    return all(oldest_open(d.entries, None) is None for d in ctx.dumpset.dumps.values())
 
 
 def _ended_early(ctx: Context, rank: int, seq: int, tracks: dict[int, Track]) -> bool:

@@ -80,11 +80,27 @@ def test_a_dump_much_older_than_the_others_is_stale(tmp_path: Path) -> None:
     minute = 60 * 10**9
     per_rank = {r: [b.entry(s, created_ns=b.T0 + s * minute) for s in range(1, 21)] for r in range(4)}
     per_rank[1] = per_rank[1][:5]  # its last dump is from 15 minutes before the others'
+    for r in (0, 2, 3):  # who now wait for it in #21
+        per_rank[r].append(b.entry(21, state="scheduled", created_ns=b.T0 + 21 * minute))
     report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(stall_after_s=10.0))
     [finding] = report.findings
     assert finding.category is Category.RANK_STOPPED and finding.culprit_ranks == (1,)
-    assert finding.stale_by_s == 15 * 60 and finding.collective_seq_id == 6
+    assert finding.stale_by_s == 16 * 60 and finding.collective_seq_id == 6  # behind the others' newest, #21
     assert "#5 of group 0 (default_pg)" in finding.summary and "#6-#20" in finding.summary
+
+
+def test_an_older_read_is_no_finding_when_nobody_waits_on_nccl(tmp_path: Path) -> None:
+    # NCCL's 'completed' means the op succeeded: every rank finished all it recorded, so the rank whose read
+    # is older than the others' went on with them (a rank that died leaves the others blocked in their next
+    # collective). On gloo, which retires a failed collective as finished, the same dumps stay suspect.
+    minute = 60 * 10**9
+    for backend, expected in (("nccl", []), ("gloo", [Category.RANK_STOPPED])):
+        per_rank = {r: [b.entry(s, backend=backend, created_ns=b.T0 + s * minute) for s in range(1, 21)]
+                    for r in range(4)}
+        per_rank[1] = per_rank[1][:5]
+        (tmp_path / backend).mkdir()
+        report = analyze(load_dumps([b.job(tmp_path / backend, per_rank, 4)]), AnalysisOptions(stall_after_s=10.0))
+        assert [f.category for f in report.findings] == expected, backend
 
 
 def test_a_stopped_rank_is_the_one_root_across_its_groups(tmp_path: Path) -> None:
