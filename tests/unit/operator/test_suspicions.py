@@ -275,7 +275,7 @@ async def test_a_suspicion_published_by_another_process_is_carried_on_not_publis
     gathers = sum(s.snapshot_requests for s in stand_ins)
 
     second = make_controller(kube_client, session)
-    await second.on_job(None, fake_kube.get("pytorchjobs", "ml", "train"))
+    await second.on_job(None, fake_kube.get("pytorchjobs", "ml", "train") or {})
     for s in stand_ins:
         await second.on_pod("ADDED", builders.pod(s.pod, replica_type="Master" if "master" in s.pod else "Worker",
                                                   port=s.port))
@@ -311,13 +311,13 @@ async def test_a_suspicion_left_by_another_process_is_settled(
         await sweep(first, stand_ins)
         assert ours(fake_kube)["status"] == "Unknown"
         second = make_controller(kube_client, session)
-        await second.on_job(None, fake_kube.get("pytorchjobs", "ml", "train"))
+        await second.on_job(None, fake_kube.get("pytorchjobs", "ml", "train") or {})
         for s in stand_ins:
             s.stalled, s.suspected = stalled, False
             await second.on_pod("ADDED", builders.pod(s.pod, port=s.port))
         await sweep(second, stand_ins)
         report = fake_kube.get("flightrecorderreports", "ml", "train-suspicion")
-        assert report is not None and report["state"]["phase"] == phase, report["state"]
+        assert report is not None and report["state"]["phase"] == phase, report
         if not stalled:
             assert (ours(fake_kube)["status"], ours(fake_kube)["reason"]) == ("False", names.CONDITION_REASON_RESUMED)
             names_by_reason = {e["reason"]: e["metadata"]["name"] for e in fake_kube.of("events")}
