@@ -144,7 +144,7 @@ class Suspicions:
         watch = self._watch(key)
         suspicion = watch.suspicion
         if suspicion is None:
-            if not watch.kept_checked:  # one another process published (a leader killed mid-incident)
+            if not watch.kept_checked and self._shows_suspicion(key):  # another process published it
                 watch.kept_checked = True
                 self._spawn(self._kept_confirmed(key))
             return
@@ -164,7 +164,7 @@ class Suspicions:
         watch = self._watch(key)
         suspicion = watch.suspicion
         quiet = not any(st.suspects or st.stalls or st.stalled for st in statuses.values())
-        if suspicion is None and quiet and not watch.kept_checked:
+        if suspicion is None and quiet and not watch.kept_checked and self._shows_suspicion(key):
             watch.kept_checked = True
             self._spawn(self._kept_resumed(key))
         if suspicion is not None and quiet:
@@ -295,6 +295,13 @@ class Suspicions:
 
     # -- a suspicion another process published --------------------------------------------------------
 
+    def _shows_suspicion(self, key: JobKey) -> bool:
+        """The job's condition of frscope's says Unknown: a suspicion this process may not know of (a leader
+        killed mid-incident published it). Only then is the suspicion report read, not for every job."""
+        view = self.store.job(key)
+        ours = [c for c in view.conditions if c.get("type") == names.CONDITION_TYPE] if view is not None else []
+        return bool(ours) and ours[0].get("status") == "Unknown"
+
     async def _kept(self, view: JobView) -> KeptSuspicion | None:
         try:
             obj = await self.publisher.get_report(view.ref, suspicion_report_name(view.ref))
@@ -313,6 +320,8 @@ class Suspicions:
         """A suspicion of this same wait that another process published (its report is no older than the
         oldest suspected wait): carried on, its condition and Event asserted again under their own names
         (no second Event), no gather. False: none, publish this one."""
+        if not self._shows_suspicion(view.key):
+            return False
         kept = await self._kept(view)
         window = suspicion.oldest_age_s if suspicion.oldest_age_s is not None else KEPT_WINDOW_S
         if kept is None or kept.since_wall < time.time() - window - KEPT_SLACK_S:
@@ -355,13 +364,7 @@ class Suspicions:
             return
         suspicion = Suspicion(time.time(), time.monotonic(), "published before this process started", None)
         self._adopt(view, suspicion, kept)
-        after = time.time() - kept.since_wall
-        ours = [c for c in view.conditions if c.get("type") == names.CONDITION_TYPE]
-        if ours and ours[0].get("status") == "Unknown":
-            await self._resumed(key, suspicion, after)  # the job still shows the suspicion: say it is over
-        else:
-            await self._report_state(suspicion, names.REPORT_STATE_RESUMED,
-                                     f"Resumed after at most {after:.0f} s: the job moved on.")
+        await self._resumed(key, suspicion, time.time() - kept.since_wall)
 
     # -- stragglers ------------------------------------------------------------------------------------
 
