@@ -115,7 +115,7 @@ def two_replicas(kube: ControlPlane, namespace: str, tmp_path: Path) -> Iterator
         kube.apply({"apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": pod, "namespace": namespace, "labels": pod_template["metadata"]["labels"]},
                     "spec": {"containers": [{"name": "operator", "image": "frscope:e2e", "ports": ports}]}})
-        ip = f"127.0.0.{index + 2}"
+        ip = f"10.244.0.{index + 2}"  # not loopback: an EndpointSlice refuses those
         kube.kubectl("patch", "pod", pod, "-n", namespace, "--subresource=status", "--type=merge", "-p", json.dumps(
             {"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": ip, "startTime": now(),
                         "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now()}]}}))
