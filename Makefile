@@ -92,9 +92,14 @@ cluster:
 # version are hard-linked, not downloaded: 2.14.1 then fetches only torch and cuDNN. Cold, measured on
 # the 2 shared cores (load 5-10): 2.15.0 4.0-5.1 min and 4.0 GB, then 2.14.1 2.1-3.4 min and 2.1 GB more
 # (3.2-3.8 min and 4.5 GB without the links); warm: nothing to do. It waits for .venv, the main donor.
+# Also what torch's own debug server imports in rank 0 besides torch (tabulate; Jinja2 the venvs have), in
+# a folder of its own beside the venvs (tests/integration/test_torch_debug_server.py puts it on the job's
+# PYTHONPATH); the venvs themselves are never changed.
 TORCH_VERSIONS ?= 2.15.0 2.14.1
+DEBUG_SERVER_DEPS = $(or $(FRSCOPE_TORCH_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/frscope-torch)/debug-server-deps
 torch-venvs: $(STAMP)
 	PY=$(PY) FRSCOPE_TORCH_DONORS=$(abspath $(VENV)) scripts/torch-venv $(TORCH_VERSIONS) >/dev/null
+	test -d $(DEBUG_SERVER_DEPS)/tabulate || $(BIN)/pip install --quiet --target $(DEBUG_SERVER_DEPS) tabulate
 
 
 # A real one-node cluster in the background (docs/testenv.md): builds what is missing (testenv/build,

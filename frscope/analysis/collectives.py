@@ -19,7 +19,9 @@ from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
 from frscope.analysis.ops import (
     ROOTED_OPS,
+    SAME_SIZE_SIDE,
     VARIABLE_SIZE_OPS,
+    agreeing_sizes,
     numel,
     self_consistency_error,
 )
@@ -59,7 +61,7 @@ def _same(a: Bucket, b: Bucket) -> bool:
             continue
         if x.op != y.op:
             return False
-        if x.op not in VARIABLE_SIZE_OPS and (x.input_sizes != y.input_sizes or x.output_sizes != y.output_sizes):
+        if agreeing_sizes(x.op, x.input_sizes, x.output_sizes) != agreeing_sizes(y.op, y.input_sizes, y.output_sizes):
             return False
         if x.op in ROOTED_OPS:
             if x.input_dtypes and y.input_dtypes and x.input_dtypes != y.input_dtypes:
@@ -74,7 +76,7 @@ def _op_key(b: Bucket) -> str:
 
 
 def _size_key(b: Bucket) -> str:
-    return repr([(e.input_sizes, e.output_sizes) for e in b if e.op not in VARIABLE_SIZE_OPS])
+    return repr([agreeing_sizes(e.op, e.input_sizes, e.output_sizes) for e in b])
 
 
 def _dtype_key(b: Bucket) -> str:
@@ -119,6 +121,9 @@ def _describe_bucket(b: Bucket, what: str) -> str:
         return _op_key(b)
     if what == "sizes":
         first = b[0]
+        side = SAME_SIZE_SIDE.get(first.op)
+        if side is not None:  # the root-only side differs by design: name the side that must agree
+            return f"{side} {first.output_sizes if side == 'output' else first.input_sizes}"
         return f"input {first.input_sizes} output {first.output_sizes}"
     first = b[0]
     return f"input {first.input_dtypes} output {first.output_dtypes}"
@@ -302,6 +307,23 @@ def _failed_without(ctx: Context, tracks: dict[int, Track], seq: int, joined: li
     return min(at[r] for r in not_joined) > max(at[r] for r in joined)
 
 
+def _held_at(tracks: dict[int, Track]) -> int:
+    """The collective the group is held at: the lowest one a member has not finished, unless every member
+    that has not finished it is behind members that all finished it and entered a later one. Evidence must
+    agree: a collective every other member finished is not what holds the group (the lagging recorder
+    was read before its completion showed, or its process stopped there); the others wait in the next
+    one, for the ranks that never entered it."""
+    seq = min(t.next_seq for t in tracks.values())
+    behind = [t for t in tracks.values() if t.next_seq == seq]
+    ahead = [t for t in tracks.values() if t.next_seq > seq]
+    if not ahead or any(t.last_seq > seq for t in behind):
+        return seq
+    later = min(t.next_seq for t in ahead)
+    if all(t.last_completed >= seq and t.last_seq >= later for t in ahead):
+        return later
+    return seq
+
+
 def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
                 failed: frozenset[int] = frozenset(), gone: frozenset[int] = frozenset()) -> StuckPoint | None:
     """`failed`: ranks whose process the runner says failed. A member of the group among them means its
@@ -314,7 +336,7 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     the collective finished, and the one missing from it holds an older read)."""
     if not tracks:
         return None
-    seq = min(t.next_seq for t in tracks.values())
+    seq = _held_at(tracks)
     joined = sorted(r for r, t in tracks.items() if t.last_seq >= seq)
     if not joined:
         return None  # every rank is done with everything it enqueued: idle, not stuck

@@ -20,6 +20,22 @@ VARIABLE_SIZE_OPS = frozenset(
         "_broadcast_oop",
     }
 )
+# Rooted ops with a root-only side: the other side must still agree on every rank (each rank's scatter
+# chunk, each rank's gather contribution are the same size; torch checks that on the root).
+SAME_SIZE_SIDE = {"scatter": "output", "gather": "input"}
+
+
+def agreeing_sizes(op: str, input_sizes: list[list[int]], output_sizes: list[list[int]]) -> object:
+    """What of an entry's sizes must be equal across the group's ranks: all of them, or for ops whose
+    sizes legitimately differ only the side that must agree (None when nothing must)."""
+    side = SAME_SIZE_SIDE.get(op)
+    if side is not None:
+        return output_sizes if side == "output" else input_sizes
+    if op in VARIABLE_SIZE_OPS:
+        return None
+    return (input_sizes, output_sizes)
+
+
 # Root-only buffers: one side of the dtypes may legitimately be empty.
 ROOTED_OPS = frozenset({"gather", "scatter", "broadcast", "reduce"})
 

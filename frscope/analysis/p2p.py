@@ -7,15 +7,90 @@ Gloo records none at all, so there the only evidence is a rank's live stack sitt
 
 from __future__ import annotations
 
+from frscope.analysis.clock import MTIME_CAPPED
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.tracks import Track
 from frscope.analysis.wording import fmt_duration
 from frscope.records import Entry, GroupInfo
 
+P2P_OPS = ("send", "isend", "recv", "irecv")
+
 
 def _pending(track: Track) -> list[Entry]:
     return track.open_p2p()
+
+
+def _kind(entry: Entry) -> str:
+    return "send" if entry.op in ("send", "isend") else "recv"
+
+
+def _facing_heads(group: GroupInfo, pending: dict[int, list[Entry]]) -> tuple[Entry, Entry] | None:
+    """Two ranks whose oldest pending p2p ops with each other are both receives (or both sends), the
+    oldest such pair: each op is ahead of the counterpart the other waits for on its own stream, so
+    neither can finish (a deadlock, whatever else each rank posted behind it)."""
+    heads: dict[tuple[int, int], Entry] = {}
+    for rank, entries in pending.items():
+        for entry in entries:
+            peer = group.global_rank(entry.peer) if entry.peer is not None else None
+            if peer is not None and entry.op in P2P_OPS:
+                heads.setdefault((rank, peer), entry)
+    found = [(mine, theirs) for (rank, peer), mine in heads.items()
+             if rank < peer and (theirs := heads.get((peer, rank))) is not None and _kind(mine) == _kind(theirs)]
+    if not found:
+        return None
+    return min(found, key=lambda pair: min(pair[0].time_created_ns or 0, pair[1].time_created_ns or 0))
+
+
+def _age(ctx: Context, ranks: list[int], created: int) -> tuple[float | None, str | None]:
+    """How long the op has waited and where that came from; None with both readings when the files are
+    copies (the read time is lost: no age is made up from the timeout)."""
+    now, read_by = ctx.clock.now_for(ranks)
+    if read_by == MTIME_CAPPED:
+        return None, ctx.clock.unknown_age(created or None)
+    if not now or not created:
+        return None, None
+    return (now - created) / 1e9, ctx.age_source(ranks)
+
+
+def _deadlock_finding(ctx: Context, group: GroupInfo, ref: GroupRef, pair: tuple[Entry, Entry]) -> Finding:
+    first, second = pair
+    ranks = sorted(r for r in (_owner(group, first, second), _owner(group, second, first)) if r is not None)
+    kind = _kind(first)
+    created = min(first.time_created_ns or 0, second.time_created_ns or 0)
+    age, age_source = _age(ctx, ranks, created)
+    a, b = ranks
+    summary = (f"Ranks {a} and {b} each wait in a {kind} with the other (p2p #{first.p2p_seq_id} / "
+               f"#{second.p2p_seq_id} of {ref.label()}), posted before the {'recv' if kind == 'send' else 'send'} "
+               "the other waits for: a point-to-point deadlock"
+               + (f", for {fmt_duration(age)}" if age is not None else "") + ".")
+    finding = Finding(
+        category=Category.P2P_MISMATCH,
+        culprit_ranks=(a, b),
+        process_group=ref,
+        summary=summary,
+        p2p_seq_id=first.p2p_seq_id,
+        op=first.op,
+        input_sizes=first.input_sizes,
+        output_sizes=first.output_sizes,
+        input_dtypes=first.input_dtypes,
+        output_dtypes=first.output_dtypes,
+        since_ns=created or None,
+        stalled_for_s=age,
+        age_source=age_source,
+    )
+    finding.evidence.append(f"rank {a}'s and rank {b}'s oldest pending ops with each other are both {kind}s")
+    for rank, entry in ((a, first), (b, second)):
+        finding.ranks[rank] = ctx.rank_view(rank, group.name, entry)
+        stack = ctx.live_stack(rank)
+        if stack:
+            finding.culprit_stacks[rank] = stack
+    return finding
+
+
+def _owner(group: GroupInfo, entry: Entry, other: Entry) -> int | None:
+    """The global rank that posted `entry`: the peer `other` names."""
+    return group.global_rank(other.peer) if other.peer is not None else None
 
 
 def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
@@ -32,6 +107,11 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
                 continue
             kind = "send" if entry.op in ("send", "isend") else "recv"
             posted.setdefault((kind, rank, peer), []).append(entry)
+    deadlock = _facing_heads(group, pending)
+    if deadlock is not None:
+        finding = _deadlock_finding(ctx, group, ref, deadlock)
+        if finding.stalled_for_s is None or finding.stalled_for_s >= ctx.options.stall_after_s:
+            return finding
     candidates: list[tuple[int, int, int, Entry, str]] = []
     for (kind, rank, peer), entries in posted.items():
         partner_kind = "recv" if kind == "send" else "send"
@@ -49,8 +129,7 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
     if not candidates:
         return None
     created, rank, peer, entry, why = min(candidates, key=lambda c: (c[0], c[1]))
-    now = ctx.now_for([rank])
-    age = (now - created) / 1e9 if now and created else None
+    age, age_source = _age(ctx, [rank], created)
     if why == "unmatched" and age is not None and age < ctx.options.stall_after_s:
         return None
     kind = "send" if entry.op in ("send", "isend") else "recv"
@@ -82,7 +161,7 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
         output_dtypes=entry.output_dtypes,
         since_ns=created or None,
         stalled_for_s=age,
-        age_source=ctx.age_source([rank]) if age is not None else None,
+        age_source=age_source,
     )
     finding.ranks[rank] = ctx.rank_view(rank, group.name, entry)
     for culprit in culprits:

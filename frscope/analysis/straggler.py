@@ -66,12 +66,15 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
         f"lateness under {ctx.options.clock_skew_ms:.0f} ms is ignored as possible clock skew between hosts",
     ]
     if waited[worst] and all(waited[r] for r in ranks):
-        mine = median(waited[worst])
-        others = median(median(waited[r]) for r in ranks if r != worst)
+        # Totals, not medians: a slow step delays one collective per step on NCCL (the ops queued behind it
+        # then run back to back), so most durations are the transfer alone on every rank.
+        mine = sum(waited[worst])
+        others = median(sum(waited[r]) for r in ranks if r != worst)
         if mine >= others:
             return None  # it did not make the others wait: a clock offset, not a straggler
         evidence.append(
-            f"its collectives took {mine:.1f} ms (median) while the others' took {others:.1f} ms: they waited for it"
+            f"its collectives took {mine:.1f} ms in all while the others' took {others:.1f} ms (median rank): "
+            "they waited for it"
         )
     finding = Finding(
         category=Category.STRAGGLER,

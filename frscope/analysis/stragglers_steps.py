@@ -21,13 +21,16 @@ from math import comb
 from operator import sub, truediv
 from statistics import median
 
-from frscope.analysis.arrivals import arrivals, lateness_ms, middles
+from frscope.analysis.arrivals import Arrivals, arrivals, lateness_ms, middles
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, LateAt
 from frscope.analysis.tracks import Track
 from frscope.analysis.wording import plural
 
 MIN_WAIT_MS = 50.0
+# Short steps: waits from FLOOR_WAIT_MS count when together they are at least REL_WAIT of the group's time.
+FLOOR_WAIT_MS = 10.0
+REL_WAIT = 0.1
 MIN_EVENTS = 3
 ALPHA = 0.01
 # Steady waits (`_steady`): a looser chance bound, with the waits' lengths within this spread
@@ -57,11 +60,22 @@ def binomial_tail(k: int, m: int, p: float) -> float:
 
 
 def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
+    """A rank (or one host's ranks) late at step boundaries: waits of at least `MIN_WAIT_MS`, or in a job
+    of short steps, waits of at least `FLOOR_WAIT_MS` that add up to a large share (`REL_WAIT`) of the time
+    the group's collectives span (20 ms lost in every 50 ms step is the job running at 70% of its speed)."""
     arrived = arrivals(tracks)
     if len(arrived) < MIN_EVENTS:
         return None
+    skew = ctx.options.clock_skew_ms
+    found = _step_straggler(ctx, ref, tracks, arrived, max(MIN_WAIT_MS, skew), relative=False)
+    if found is None and skew < MIN_WAIT_MS:
+        found = _step_straggler(ctx, ref, tracks, arrived, max(FLOOR_WAIT_MS, skew), relative=True)
+    return found
+
+
+def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arrived: Arrivals, threshold: float,
+                    relative: bool) -> Finding | None:
     ranks = arrived.ranks
-    threshold = max(MIN_WAIT_MS, ctx.options.clock_skew_ms)
     # A wait event needs the last arrival >= threshold after the next-latest, offsets removed. Each rank's
     # offset is a median of (arrival - row median), so within the widest row spread S of either side;
     # the gap is then at most 3 S. A group in lockstep (3 S well below the threshold) has no event.
@@ -105,6 +119,8 @@ def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -
         return None
     late_ms = median(a.late_by_ms for a in mine)
     waited_ms = median(a.waited_ms for a in mine)
+    if relative and sum(a.waited_ms for a in mine) < REL_WAIT * (mids[-1] - mids[0]):
+        return None  # small waits that are a small share of the job's time: not worth a finding
     seqs = [a.collective_seq_id for a in mine]
     spacings = {b - a for a, b in zip(seqs, seqs[1:], strict=False)}
     rhythm = f", every {spacings.pop()} collectives" if len(spacings) == 1 else ""

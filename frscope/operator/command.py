@@ -261,6 +261,7 @@ def injection_from_env(env: Mapping[str, str]) -> InjectionConfig:
         suspect_after_s=_env_float(env, "FRSCOPE_SIDECAR_SUSPECT_AFTER"),
         suspect_min_s=_env_float(env, "FRSCOPE_SIDECAR_SUSPECT_MIN"),
         straggler_min_share=_env_float(env, "FRSCOPE_SIDECAR_STRAGGLER_MIN_SHARE"),
+        metrics_detail=(env.get("FRSCOPE_SIDECAR_METRICS_DETAIL") or "").strip() or None,
         operator_url=env.get("FRSCOPE_SIDECAR_OPERATOR_URL") or None,
         certificate_url=env.get("FRSCOPE_SIDECAR_CERTIFICATE_URL") or None,
         resources=resources if isinstance(resources, dict) else {},

@@ -68,6 +68,7 @@ class InjectionConfig:
     suspect_after_s: float | None = None  # the sidecar's --suspect-after / --suspect-min (None: its default)
     suspect_min_s: float | None = None
     straggler_min_share: float | None = None  # the sidecar's --straggler-min-share (None: its default)
+    metrics_detail: str | None = None  # the sidecar's --metrics-detail (None: its default)
     operator_url: str | None = None
     # TLS to the sidecars: the operator's base URL where each sidecar asks for its certificate
     # (`--certificate-url`); the sidecar then serves HTTPS only and its probes say HTTPS. None: plain HTTP.
@@ -213,6 +214,8 @@ def sidecar_container(cfg: InjectionConfig, key: str | None = None) -> dict[str,
         args.append(f"--suspect-min={cfg.suspect_min_s:g}")
     if cfg.straggler_min_share is not None:
         args.append(f"--straggler-min-share={cfg.straggler_min_share:g}")
+    if cfg.metrics_detail is not None:
+        args.append(f"--metrics-detail={cfg.metrics_detail}")
     if key:
         args.append(f"--schedule-key={key}")
     if cfg.operator_url:

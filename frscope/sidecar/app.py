@@ -66,7 +66,7 @@ class Sidecar:
     def __init__(self, config: SidecarConfig, registry: CollectorRegistry | None = None) -> None:
         self.config = config
         self.registry = registry if registry is not None else CollectorRegistry()
-        self.metrics = SidecarMetrics(self.registry)
+        self.metrics = SidecarMetrics(self.registry, config.metrics_detail)
         self.tracker = StallTracker(config.stall_after_s, config.stall_timeout_fraction,
                                     suspect_after_s=config.suspect_after_s, suspect_min_s=config.suspect_min_s)
         self.evidence = EvidenceStore(config.evidence_dir, max_files=config.evidence_max_files,

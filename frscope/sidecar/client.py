@@ -1,4 +1,6 @@
-"""Async client for torch's worker server on a unix socket (`_WorkerServer`).
+"""Async client for torch's worker server (`_WorkerServer`): on the unix socket frscope's bootstrap starts it
+on, or on the TCP port where torch's own debug server (`torch.distributed.debug.start_debug_server()`)
+started it, read on the pod's loopback.
 
 Handlers used: `POST /handler/fr_trace_json`, `POST /handler/dump_traceback`, `POST /handler/ping`.
 Every request has a timeout and every answer a size cap: the rank on the other end may be wedged,
@@ -12,6 +14,7 @@ import hashlib
 import json
 import zlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,29 @@ def parse_probe(body: bytes) -> tuple[Fingerprint, bool]:
 REASONS = ("no_socket", "connect", "timeout", "http", "oversized", "protocol", "decode", "malformed")
 
 
+@dataclass(frozen=True, slots=True)
+class DebugServerPort:
+    """A rank's worker server that torch's own debug server started (`torch.distributed.debug.
+    start_debug_server()`: `_WorkerServer("::", port)`), read on the pod's loopback; never another host
+    (the port comes from a file in the shared socket dir: frscope.sidecar.ranks)."""
+
+    port: int
+
+    def __str__(self) -> str:
+        return f"127.0.0.1:{self.port} (torch's debug server)"
+
+
+# Where a rank's worker server answers: the bootstrap's unix socket, or torch's debug server's port.
+Endpoint = Path | DebugServerPort
+
+
+def source_of(endpoint: Endpoint) -> str:
+    """The `source` of a snapshot piece read there."""
+    if isinstance(endpoint, DebugServerPort):
+        return f"torch-debug-server:127.0.0.1:{endpoint.port}"
+    return f"socket:{endpoint}"
+
+
 class WorkerError(Exception):
     """A rank's worker server did not give a usable answer. `reason` is one of REASONS."""
 
@@ -69,17 +95,27 @@ class WorkerClient:
     """One rank's worker server. Connections are not reused: a rank that restarts gets a new
     process behind the same path, and a kept-alive connection to the old one would only fail."""
 
-    def __init__(self, socket_path: Path, *, timeout_s: float, max_bytes: int) -> None:
-        self.socket_path = socket_path
+    def __init__(self, endpoint: Endpoint, *, timeout_s: float, max_bytes: int) -> None:
+        self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
         self._session: aiohttp.ClientSession | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.UnixConnector(path=str(self.socket_path), force_close=True, limit=2)
+            connector: aiohttp.BaseConnector
+            if isinstance(self.endpoint, DebugServerPort):
+                connector = aiohttp.TCPConnector(force_close=True, limit=2)
+            else:
+                connector = aiohttp.UnixConnector(path=str(self.endpoint), force_close=True, limit=2)
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self._session
+
+    @property
+    def base_url(self) -> str:
+        if isinstance(self.endpoint, DebugServerPort):
+            return f"http://127.0.0.1:{self.endpoint.port}"
+        return "http://localhost"
 
     async def close(self) -> None:
         if self._session is not None and not self._session.closed:
@@ -121,13 +157,13 @@ class WorkerClient:
 
     async def _request(self, handler: str, consume: Callable[[bytes], Awaitable[None]],
                        timeout_s: float | None, max_bytes: int | None, query: str = "") -> None:
-        where = f"{self.socket_path}: {handler}"
+        where = f"{self.endpoint}: {handler}"
         cap = self.max_bytes if max_bytes is None else max_bytes
         limit = self.timeout_s if timeout_s is None else timeout_s
         timeout = aiohttp.ClientTimeout(total=limit, connect=min(limit, 2.0))
         session = self._get_session()
         try:
-            async with session.post(f"http://localhost/handler/{handler}{query}", data=b"", timeout=timeout) as resp:
+            async with session.post(f"{self.base_url}/handler/{handler}{query}", data=b"", timeout=timeout) as resp:
                 if resp.status != 200:
                     text = (await resp.content.read(200)).decode("utf-8", "replace").strip()
                     raise WorkerError("http", f"{where}: HTTP {resp.status}: {text[:200]}")
@@ -177,7 +213,7 @@ class WorkerClient:
         try:
             return parse_probe(body)
         except (ValueError, TypeError, UnicodeDecodeError, RecursionError) as exc:
-            raise WorkerError("decode", f"{self.socket_path}: {handler}: not a progress probe: {exc}") from exc
+            raise WorkerError("decode", f"{self.endpoint}: {handler}: not a progress probe: {exc}") from exc
 
     async def ping(self) -> bool:
         return (await self.call("ping", max_bytes=4096)).strip() == b"pong"

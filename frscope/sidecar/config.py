@@ -14,6 +14,11 @@ from typing import Any
 from frscope import logs
 from frscope.analysis.lateness import MIN_SHARE
 
+# --metrics-detail (frscope.sidecar.metrics): "pod" aggregates the per-rank x per-group collective series over
+# the pod; "rank-group" keeps one series per rank and process group.
+METRICS_DETAILS = ("pod", "rank-group")
+DEFAULT_METRICS_DETAIL = "pod"
+
 DEFAULT_PORT = 9402
 DEFAULT_SOCKET_DIR = "/run/frscope"
 MiB = 1024 * 1024
@@ -88,6 +93,9 @@ class SidecarConfig:
     namespace: str = ""
     node: str = ""
     install_bootstrap: Path | None = None
+    # The collective series per rank and group ("rank-group"), or aggregated over the pod ("pod"): see
+    # frscope.sidecar.metrics and docs/sidecar.md, "Metrics: how many series".
+    metrics_detail: str = DEFAULT_METRICS_DETAIL
 
     def __post_init__(self) -> None:
         if self.poll_interval_s <= 0:
@@ -125,6 +133,8 @@ class SidecarConfig:
                 base64.b64decode(self.operator_ca, validate=True).decode("ascii")
             except (ValueError, UnicodeDecodeError):
                 raise ValueError("--operator-ca is not base64 of a PEM certificate") from None
+        if self.metrics_detail not in METRICS_DETAILS:
+            raise ValueError(f"--metrics-detail {self.metrics_detail!r}: not one of {', '.join(METRICS_DETAILS)}")
         if self.certificate_url and not self.operator_identity:
             raise ValueError("--certificate-url needs --operator-identity: the certificate is asked for with the "
                              "pod's own token")
@@ -153,7 +163,8 @@ def _env(name: str, fallback: str | None = None, *more: str) -> str | None:
 # environment variable is given.
 _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
     ("--socket-dir", "socket_dir", "FRSCOPE_SOCKET_DIR", "path", DEFAULT_SOCKET_DIR,
-     "directory of the ranks' worker-server sockets, rank-<RANK>.sock"),
+     "directory of the ranks' worker-server sockets, rank-<RANK>.sock (and rank-<RANK>.debug-server where a rank "
+     "runs torch's own debug server)"),
     ("--dump-dir", "dump_dir", "FRSCOPE_DUMP_DIR", "path", None,
      "directory torch writes on-timeout dumps into (TORCH_FR_DUMP_TEMP_FILE=<dir>/<prefix>); unset: not watched"),
     ("--evidence-dir", "evidence_dir", "FRSCOPE_EVIDENCE_DIR", "path", None,
@@ -234,6 +245,10 @@ _OPTIONS: list[tuple[str, str, str, str, object, str]] = [
     ("--pod", "pod", "FRSCOPE_POD", "str", None, "pod name (default: $POD_NAME, else the host name)"),
     ("--namespace", "namespace", "FRSCOPE_NAMESPACE", "str", None, "namespace (default: $POD_NAMESPACE)"),
     ("--node", "node", "FRSCOPE_NODE", "str", None, "node name (default: $NODE_NAME)"),
+    ("--metrics-detail", "metrics_detail", "FRSCOPE_METRICS_DETAIL", "str", DEFAULT_METRICS_DETAIL,
+     "pod: the collective series aggregated over the pod (a bounded count per pod, whatever its ranks' process "
+     "groups); rank-group: one series per rank and process group, with each group's sequence ids, thresholds "
+     "and rhythm (docs/sidecar.md, 'Metrics: how many series')"),
     ("--install-bootstrap", "install_bootstrap", "FRSCOPE_INSTALL_BOOTSTRAP", "path", None,
      "copy the sitecustomize bootstrap into this directory before serving (a volume the trainer has on "
      "PYTHONPATH)"),

@@ -1,8 +1,15 @@
 """The sidecar's Prometheus metrics, all on an injected CollectorRegistry (never the global one).
 
-Labels are bounded: `rank` (the ranks of one pod, so at most its processes), `pg` (process group names, a handful), `op`
-(frscope.analysis.op_label's fixed set), `reason`/`kind`/`result` (fixed sets below). No sequence
+Labels are bounded: `rank` (the ranks of one pod, so at most its processes), `pg` (process group names),
+`op` (frscope.analysis.op_label's fixed set), `reason`/`kind`/`result` (fixed sets below). No sequence
 ids, shapes or job ids in labels: those are values or live in /v1/status.
+
+How many series a pod exports (docs/sidecar.md, "Metrics: how many series"): the collective gauges and
+counters that would carry one series per rank *and* process group are aggregated over the pod by default
+(`--metrics-detail pod`): a rank of a 3-D parallel job is in four or more groups, and with pipeline and
+data parallel groups that differ per rank, a pod's series would grow with ranks x groups.
+`--metrics-detail rank-group` asks for the detail (one series per rank and group, and the per-group
+sequence ids, thresholds and rhythm that mean nothing summed over groups).
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
 from frscope import __version__
 from frscope.analysis.lateness import RankLateness
+from frscope.sidecar.config import DEFAULT_METRICS_DETAIL, METRICS_DETAILS
 from frscope.sidecar.evidence import EvidenceStore
 from frscope.sidecar.progress import SUSPICION_OUTCOMES, StallTracker
 from frscope.sidecar.unrecorded import UnrecordedWatch
@@ -25,55 +33,69 @@ PUSH_RESULTS = ("ok", "retry", "failed", "dropped")
 
 
 class SidecarMetrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, detail: str = DEFAULT_METRICS_DETAIL) -> None:
+        if detail not in METRICS_DETAILS:
+            raise ValueError(f"metrics detail {detail!r}: not one of {', '.join(METRICS_DETAILS)}")
         self.registry = registry
-        rp = ["rank", "pg"]
-        self.last_enqueued = Gauge(
-            "frscope_collective_last_enqueued_seq",
-            "Highest collective_seq_id the rank has enqueued in the group",
-            rp, registry=registry,
-        )
-        self.last_completed = Gauge(
-            "frscope_collective_last_completed_seq",
-            "Highest collective_seq_id up to which the rank has completed every collective of the group",
-            rp, registry=registry,
-        )
+        self.detail = detail
+        self.per_group = detail == "rank-group"
+        # Per rank and group, or (the default) one series for the pod: its groups of every local rank.
+        rp = ["rank", "pg"] if self.per_group else []
+        where = "the rank's group" if self.per_group else "a group of any of the pod's ranks"
         self.stalled = Gauge(
             "frscope_collective_stalled",
-            "1 while the group has a collective in flight with no progress for the stall threshold",
+            f"1 while {where} has a collective in flight with no progress for the stall threshold",
             rp, registry=registry,
         )
         self.inflight_age = Gauge(
             "frscope_collective_inflight_age_seconds",
-            "Age of the oldest collective in flight in the group at the last poll (0: none in flight)",
-            rp, registry=registry,
-        )
-        self.stall_threshold = Gauge(
-            "frscope_collective_stall_threshold_seconds",
-            "The stall threshold in force: --stall-after capped at a fraction of the entry's timeout",
+            "Age of the oldest collective in flight " + ("in the group" if self.per_group else "in the pod's groups")
+            + " at the last poll (0: none in flight)",
             rp, registry=registry,
         )
         self.stalls = Counter(
-            "frscope_stalls", "Stalls detected (transitions to stalled)", rp, registry=registry
+            "frscope_stalls", "Stalls detected (transitions of a rank's group to stalled)", rp, registry=registry
         )
         self.suspected = Gauge(
             "frscope_collective_suspected",
-            "1 while the group has a collective in flight with no progress for longer than its rhythm allows "
+            f"1 while {where} has a collective in flight with no progress for longer than its rhythm allows "
             "(suspected; stays 1 once the stall is confirmed, until the group makes progress)",
             rp, registry=registry,
         )
-        self.suspect_threshold = Gauge(
-            "frscope_collective_suspect_threshold_seconds",
-            "No progress with a collective in flight for this long makes the group suspected: 3 x its usual wait, "
-            "within --suspect-min and --suspect-after, at most the stall threshold",
-            rp, registry=registry,
-        )
-        self.usual_wait = Gauge(
-            "frscope_collective_usual_wait_seconds",
-            "The longest a collective of the group waited with no progress in its recent episodes that ended in "
-            "progress, as the polls saw it (the group's rhythm; 0: none seen waiting)",
-            rp, registry=registry,
-        )
+        # Per group only (--metrics-detail rank-group): numbers that mean nothing across groups.
+        self.last_enqueued: Gauge | None = None
+        self.last_completed: Gauge | None = None
+        self.stall_threshold: Gauge | None = None
+        self.suspect_threshold: Gauge | None = None
+        self.usual_wait: Gauge | None = None
+        if self.per_group:
+            self.last_enqueued = Gauge(
+                "frscope_collective_last_enqueued_seq",
+                "Highest collective_seq_id the rank has enqueued in the group",
+                rp, registry=registry,
+            )
+            self.last_completed = Gauge(
+                "frscope_collective_last_completed_seq",
+                "Highest collective_seq_id up to which the rank has completed every collective of the group",
+                rp, registry=registry,
+            )
+            self.stall_threshold = Gauge(
+                "frscope_collective_stall_threshold_seconds",
+                "The stall threshold in force: --stall-after capped at a fraction of the entry's timeout",
+                rp, registry=registry,
+            )
+            self.suspect_threshold = Gauge(
+                "frscope_collective_suspect_threshold_seconds",
+                "No progress with a collective in flight for this long makes the group suspected: 3 x its usual "
+                "wait, within --suspect-min and --suspect-after, at most the stall threshold",
+                rp, registry=registry,
+            )
+            self.usual_wait = Gauge(
+                "frscope_collective_usual_wait_seconds",
+                "The longest a collective of the group waited with no progress in its recent episodes that ended "
+                "in progress, as the polls saw it (the group's rhythm; 0: none seen waiting)",
+                rp, registry=registry,
+            )
         self.suspected_stalls = Counter(
             "frscope_suspected_stalls",
             "Suspected stalls by how they ended: resumed (the group made progress before --stall-after), "
@@ -82,8 +104,9 @@ class SidecarMetrics:
         )
         self.collectives = Counter(
             "frscope_collectives",
-            "Collectives and p2p ops the rank enqueued, as seen in its recorder",
-            ["rank", "pg", "op"], registry=registry,
+            "Collectives and p2p ops " + ("the rank enqueued" if self.per_group else "the pod's ranks enqueued")
+            + ", as seen in the recorders",
+            [*rp, "op"], registry=registry,
         )
         self.duration = Histogram(
             "frscope_collective_duration_seconds",
@@ -194,8 +217,26 @@ class SidecarMetrics:
         for outcome in SUSPICION_OUTCOMES:
             self.suspected_stalls.labels(outcome=outcome)
 
+    def count_collective(self, rank: int, pg: str, op: str) -> None:
+        """One more collective of `op` seen in a rank's recorder."""
+        labels = {"rank": str(rank), "pg": pg} if self.per_group else {}
+        self.collectives.labels(**labels, op=op).inc()
+
+    def count_stall(self, rank: int, pg: str) -> None:
+        """A rank's group became stalled."""
+        (self.stalls.labels(rank=str(rank), pg=pg) if self.per_group else self.stalls).inc()
+
     def show_progress(self, tracker: StallTracker, now_ns: int) -> None:
-        """Every tracked group's progress gauges, after a poll round."""
+        """Every tracked group's progress gauges (or the pod's aggregate of them), after a poll round."""
+        if not self.per_group:
+            groups = tracker.groups.values()
+            self.stalled.set(1 if any(g.stalled for g in groups) else 0)
+            self.suspected.set(1 if any(g.suspected for g in groups) else 0)
+            self.inflight_age.set(max((g.inflight_age_s(now_ns) or 0.0 for g in groups), default=0.0))
+            return
+        assert self.last_enqueued is not None and self.last_completed is not None
+        assert self.stall_threshold is not None and self.suspect_threshold is not None
+        assert self.usual_wait is not None
         for (rank, pg), group in tracker.groups.items():
             labels = {"rank": str(rank), "pg": pg}
             sample = group.sample

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from frscope.analysis.lateness import RankLateness, rank_lateness
-from frscope.sidecar.client import PROGRESS_PROBES, WorkerClient, WorkerError
+from frscope.sidecar.client import PROGRESS_PROBES, Endpoint, WorkerClient, WorkerError, source_of
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.metrics import SidecarMetrics
 from frscope.sidecar.progress import GroupState, StallTracker, SuspicionEnd, without_inflight
-from frscope.sidecar.ranks import RankState, read_meta, scan_sockets
+from frscope.sidecar.ranks import RankState, read_meta, scan_ranks
 from frscope.sidecar.recorder import digest
 
 if TYPE_CHECKING:
@@ -63,6 +63,9 @@ class Poller:
         for state in self.ranks.values():
             await state.client.close()
 
+    def _client(self, endpoint: Endpoint) -> WorkerClient:
+        return WorkerClient(endpoint, timeout_s=self.config.request_timeout_s, max_bytes=self.config.max_answer_bytes)
+
     async def round(self, want_full: bool, capture_wanted: Callable[[str], bool],
                     periodic: bool | None = None) -> Round:
         """One round over every local rank. `want_full`: every rank's full recorder, whatever its
@@ -74,7 +77,7 @@ class Poller:
         t0 = time.perf_counter()
         now_ns = time.time_ns()
         previous_round = self.last_round_ns
-        found = await asyncio.to_thread(scan_sockets, self.config.socket_dir)
+        found = await asyncio.to_thread(scan_ranks, self.config.socket_dir)
         if found is None:
             if not self._socket_dir_missing_logged:
                 log.warning("socket dir %s does not exist (yet); no rank to poll", self.config.socket_dir)
@@ -83,19 +86,24 @@ class Poller:
         elif self._socket_dir_missing_logged:
             log.info("socket dir %s is there now", self.config.socket_dir)
             self._socket_dir_missing_logged = False
-        for rank, path in found.items():
-            if rank not in self.ranks:
-                self.ranks[rank] = RankState(
-                    rank, path,
-                    WorkerClient(path, timeout_s=self.config.request_timeout_s, max_bytes=self.config.max_answer_bytes),
-                )
+        for rank, endpoint in found.items():
+            known = self.ranks.get(rank)
+            if known is None:
+                self.ranks[rank] = RankState(rank, endpoint, self._client(endpoint))
                 self.metrics.worker_up.labels(rank=str(rank)).set(0)
                 self.metrics.wait.labels(rank=str(rank))  # a series from the start: 0 s until it waits
-                log.info("rank %d: socket %s found", rank, path)
+                log.info("rank %d: worker server %s found", rank, endpoint)
+            elif known.endpoint != endpoint:
+                # The rank moved: torch's debug server started in it (the bootstrap withdrew its socket), or a
+                # new process serves the socket again. Same rank, same recorder history: only the client changes.
+                await known.client.close()
+                known.endpoint, known.client = endpoint, self._client(endpoint)
+                known.probe = None  # ask again which probe it answers
+                log.info("rank %d: worker server now at %s", rank, endpoint)
         went_down: list[int] = []
         for rank, state in self.ranks.items():
             if rank not in found:
-                if self._mark_down(state, WorkerError("no_socket", f"socket {state.socket_path} is gone"), now_ns):
+                if self._mark_down(state, WorkerError("no_socket", f"{state.endpoint} is gone"), now_ns):
                     went_down.append(rank)
         results = await asyncio.gather(
             *(self._poll_rank(self.ranks[rank], now_ns, previous_round, want_full, periodic)
@@ -136,7 +144,7 @@ class Poller:
             self.ready = True
             log.info("first poll done: %d rank socket(s)", len(found))
         for group in newly:
-            self.metrics.stalls.labels(rank=str(group.rank), pg=group.sample.pg).inc()
+            self.metrics.count_stall(group.rank, group.sample.pg)
             age = group.inflight_age_s(now_ns)
             log.warning(
                 "stall: rank %d, group %s%s: %s #%s in flight%s, no progress for %.1f s (threshold %.1f s)",
@@ -297,7 +305,7 @@ class Poller:
 
     def _mark_up(self, state: RankState, now_ns: int) -> None:
         if not state.up:
-            log.info("rank %d: worker server at %s answers%s", state.rank, state.socket_path,
+            log.info("rank %d: worker server at %s answers%s", state.rank, state.endpoint,
                      " again" if state.ever_up else "")
         state.up, state.ever_up, state.error, state.reason = True, True, None, None
         state.last_ok_ns = now_ns
@@ -307,7 +315,7 @@ class Poller:
                           cause: str) -> tuple[list[GroupState], bool]:
         """fr_trace_json: parse, count, track: (groups that became stalled, whether the rank went down
         at this fetch)."""
-        source = f"socket:{state.socket_path}"
+        source = source_of(state.endpoint)
         try:
             async with self._fetch_slots:
                 raw_z, raw_hash, _size = await state.client.fr_trace_json()
@@ -334,7 +342,7 @@ class Poller:
         if got.timings_problem:
             log.warning("rank %d: %s", state.rank, got.timings_problem)
         for pg, op in got.new_ops:
-            self.metrics.collectives.labels(rank=rank_label, pg=pg, op=op).inc()
+            self.metrics.count_collective(state.rank, pg, op)
         for op, seconds in got.durations:
             self.metrics.duration.labels(op=op).observe(seconds)
         state.timed = got.timed

@@ -1,7 +1,11 @@
 """Which local ranks there are, and what the sidecar keeps about each one between polls.
 
-A rank is a worker-server socket `rank-<r>.sock` in the socket dir (the bootstrap creates it); what the
-bootstrap wrote about the process (torch version, pid) sits beside it in `.rank-<r>.json`.
+A rank is a worker-server socket `rank-<r>.sock` in the socket dir (the bootstrap creates it), or, where the
+job started torch's own debug server (`torch.distributed.debug.start_debug_server()`), the file
+`rank-<r>.debug-server` the bootstrap writes instead: `{"port": N, "pid": P}`, the TCP port of the rank's
+worker server that torch started, which the sidecar reads on the pod's loopback (the bootstrap then serves no
+socket of its own for that rank). What the bootstrap wrote about the process (torch version, pid) sits
+beside them in `.rank-<r>.json`.
 """
 
 from __future__ import annotations
@@ -14,16 +18,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from frscope.sidecar.client import Fingerprint, WorkerClient
+from frscope.sidecar.client import DebugServerPort, Endpoint, Fingerprint, WorkerClient
 from frscope.sidecar.progress import GroupSample
 
 _SOCKET = re.compile(r"^rank-(\d+)\.sock$")
+_DEBUG_SERVER = re.compile(r"^rank-(\d+)\.debug-server$")
+DEBUG_SERVER_FILE_MAX_BYTES = 4096
 
 
 @dataclass(slots=True)
 class RankState:
     rank: int
-    socket_path: Path
+    endpoint: Endpoint
     client: WorkerClient
     up: bool = False
     ever_up: bool = False
@@ -61,23 +67,48 @@ class RankState:
     dates: bool | None = None
 
 
-def scan_sockets(socket_dir: Path) -> dict[int, Path] | None:
-    """rank -> socket path for every rank-<r>.sock that is a socket; None if the dir is missing."""
-    found: dict[int, Path] = {}
+def scan_ranks(socket_dir: Path) -> dict[int, Endpoint] | None:
+    """rank -> where its worker server answers, for every rank-<r>.sock that is a socket and every
+    rank-<r>.debug-server that names a port (that one wins: the bootstrap writes it once torch's debug
+    server runs in the rank, and removes its own socket then). None if the dir is missing."""
+    found: dict[int, Endpoint] = {}
+    ports: dict[int, Path] = {}
     try:
         with os.scandir(socket_dir) as it:
             for item in it:
                 match = _SOCKET.match(item.name)
-                if not match:
-                    continue
-                try:
-                    if stat.S_ISSOCK(item.stat(follow_symlinks=True).st_mode):
-                        found[int(match.group(1))] = Path(item.path)
-                except OSError:
-                    continue
+                if match:
+                    try:
+                        if stat.S_ISSOCK(item.stat(follow_symlinks=True).st_mode):
+                            found.setdefault(int(match.group(1)), Path(item.path))
+                    except OSError:
+                        continue
+                elif (match := _DEBUG_SERVER.match(item.name)) is not None:
+                    ports[int(match.group(1))] = Path(item.path)
     except (FileNotFoundError, NotADirectoryError):
         return None
+    for rank, path in ports.items():
+        port = read_debug_server_port(path)
+        if port is not None:
+            found[rank] = DebugServerPort(port)
     return found
+
+
+def read_debug_server_port(path: Path) -> int | None:
+    """The port in a rank-<r>.debug-server file, or None where the file is not one (gone, too long, not
+    a JSON object with an integer port in 1..65535): the rank is then read where else it answers."""
+    try:
+        with path.open("rb") as handle:
+            raw = handle.read(DEBUG_SERVER_FILE_MAX_BYTES + 1)
+        if len(raw) > DEBUG_SERVER_FILE_MAX_BYTES:
+            return None
+        data = json.loads(raw)
+    except (OSError, ValueError, RecursionError):
+        return None
+    port = data.get("port") if isinstance(data, dict) else None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        return None
+    return port
 
 
 def read_meta(socket_dir: Path, rank: int) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import zlib
 from typing import Any
 
 from frscope import wire
+from frscope.sidecar.client import source_of
 from frscope.sidecar.config import SidecarConfig
 from frscope.sidecar.dumpdir import DumpDirWatcher
 from frscope.sidecar.evidence import Capture, EvidenceStore
@@ -33,7 +34,7 @@ def live_piece(state: RankState) -> bytes | None:
     if state.raw_z is None or state.raw_ns is None:
         return None
     stacks = state.stacks if state.stacks_for_ns == state.raw_ns else None
-    piece = wire.snapshot_piece_bytes(state.rank, state.raw_ns, f"socket:{state.socket_path}", stacks,
+    piece = wire.snapshot_piece_bytes(state.rank, state.raw_ns, source_of(state.endpoint), stacks,
                                       zlib.decompress(state.raw_z), state.timings_json)
     return zlib.compress(piece, 1)
 

@@ -562,6 +562,7 @@ def test_images_tags_digests_and_sidecar_settings(rendered: dict[str, list[dict[
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["FRSCOPE_SIDECAR_IMAGE"] == "registry.example.com/frscope/frscope-sidecar:0.1.0-debug"
     assert env["FRSCOPE_SIDECAR_STALL_AFTER"] == "30"
+    assert env["FRSCOPE_SIDECAR_METRICS_DETAIL"] == "rank-group"
     default_container = _deployment_pod(rendered["defaults"])["spec"]["containers"][0]
     default_env = {e["name"]: e.get("value") for e in default_container["env"]}
     assert default_env["FRSCOPE_SIDECAR_IMAGE"] == "ghcr.io/frscope/frscope:0.1.0"
@@ -572,6 +573,8 @@ def test_images_tags_digests_and_sidecar_settings(rendered: dict[str, list[dict[
     # One straggler threshold for the sidecars (their pod's ranks) and the operator (the pods).
     assert default_env["FRSCOPE_SIDECAR_STRAGGLER_MIN_SHARE"] == "0.1"
     assert "--straggler-min-share=0.1" in default_container["args"]
+    # The sidecars' collective series aggregated over each pod unless asked (issue 35).
+    assert default_env["FRSCOPE_SIDECAR_METRICS_DETAIL"] == "pod"
     # The injected sidecar's own non-root user and group, whatever the pod says (issue 34).
     assert (default_env["FRSCOPE_SIDECAR_RUN_AS_USER"], default_env["FRSCOPE_SIDECAR_RUN_AS_GROUP"]) == (
         "65532", "65532")
@@ -587,6 +590,7 @@ BAD_VALUES = [
     (["image.digest=latest"], r"image.digest.*does not match pattern"),
     (["sidecar.port=70000"], r"sidecar.port.*maximum"),
     (["sidecar.stragglerMinShare=0"], r"sidecar.stragglerMinShare.*exclusiveMinimum"),
+    (["sidecar.metricsDetail=rank"], r"sidecar.metricsDetail.*value must be one of"),
     (["podMonitor.interval=fast"], r"podMonitor.interval.*does not match pattern"),
     (["operator.watchNamespaces[0]=Team_A"], r"operator.watchNamespaces.*does not match pattern"),
     (["webhook.injectLabel.value=not a label"], r"webhook.injectLabel.value.*does not match pattern"),

@@ -269,7 +269,9 @@ def stack(rules: list[dict[str, Any]], relabel_configs: list[dict[str, Any]], sc
             [sys.executable, "-m", "frscope", "sidecar", "--socket-dir", str(job.work_dir), "--port", "0",
              "--host", "127.0.0.1", "--port-file", str(port_file), "--poll-interval", "1", "--stall-after", "3",
              "--evidence-dir", "none", "--pod", TARGET_LABELS["pod"], "--namespace", TARGET_LABELS["namespace"],
-             *tls_args],
+             # Every panel's series: the per-rank progress panels need the per-group detail (the alert with
+             # the default, one series per pod, is in tests/e2e/promtool/frscope_rules_test.yaml).
+             "--metrics-detail", "rank-group", *tls_args],
             stdout=sidecar_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         )
         prometheus: subprocess.Popen[bytes] | None = None

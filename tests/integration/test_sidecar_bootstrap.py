@@ -197,8 +197,8 @@ def test_print_pythonpath_is_the_bootstrap_dir() -> None:
                           timeout=60, check=True)
     assert Path(done.stdout.decode().strip()) == BOOTSTRAP_DIR
     # It never needs frscope (or anything but the standard library) in the trainer's image: neither the
-    # sitecustomize nor the collective timer it imports from beside it.
-    for name in ("sitecustomize.py", "_frscope_timings.py"):
+    # sitecustomize nor what it imports from beside it (the collective timer, the debug-server pointer).
+    for name in ("sitecustomize.py", "_frscope_timings.py", "_frscope_debug_server.py"):
         source = (BOOTSTRAP_DIR / name).read_text()
         assert "import frscope" not in source and "from frscope" not in source, name
 

@@ -8,6 +8,7 @@ second job (the straggler fault: 20 steps) shows progress while healthy.
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import tempfile
 import time
@@ -59,7 +60,8 @@ def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | Non
 async def test_stall_flagged_in_time_and_stack_of_the_stuck_rank_captured(hung: LocalJob, tmp_path: Path) -> None:
     registry = CollectorRegistry()
     started = time.time_ns()
-    async with running(config(hung.work_dir, evidence_dir=tmp_path / "evidence"), registry) as sidecar:
+    async with running(config(hung.work_dir, evidence_dir=tmp_path / "evidence", metrics_detail="rank-group"),
+                       registry) as sidecar:
         await wait_until(lambda: sidecar.current_capture() is not None, 60, "a stall capture")
         # Every rank answered, the waiting ranks are stalled in all_reduce #4, the culprit is not in flight.
         state0 = sidecar.tracker.groups[(0, "0")]
@@ -175,11 +177,12 @@ async def test_bearer_token_protects_all_but_the_probes(hung: LocalJob, tmp_path
 
 
 @pytest.mark.timeout(150)
-async def test_promtool_checks_the_metrics_clean(hung: LocalJob) -> None:
+@pytest.mark.parametrize("detail", ["pod", "rank-group"])
+async def test_promtool_checks_the_metrics_clean(hung: LocalJob, detail: str) -> None:
     promtool = tool("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (make deps-apt installs Debian's prometheus package)")
-    async with running(config(hung.work_dir)) as sidecar:
+    async with running(config(hung.work_dir, metrics_detail=detail)) as sidecar:
         await wait_until(lambda: sidecar.current_capture() is not None, 60, "a stall capture")
         status, headers, body = await get(sidecar, "/metrics", **{"Accept-Encoding": "identity"})
         assert status == 200 and headers["Content-Type"].startswith("text/plain")
@@ -189,6 +192,18 @@ async def test_promtool_checks_the_metrics_clean(hung: LocalJob) -> None:
         assert f"# TYPE {family.removesuffix('_total')}" in text, family
     done = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == b"" and done.stderr.strip() == b"", done
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "charts" / "frscope" / "files" / "frscope-dashboard.json"
+
+
+def dashboard_exprs(title: str) -> list[str]:
+    """A dashboard panel's queries with Grafana's variables at "All" (`.*`)."""
+    panels = [p for p in json.loads(DASHBOARD.read_text())["panels"] if p.get("title") == title]
+    exprs = [t["expr"] for p in panels for t in p.get("targets", [])]
+    for var in ("namespace", "job", "pg", "op"):
+        exprs = [e.replace(f"${var}", ".*") for e in exprs]
+    return exprs
 
 
 @pytest.mark.timeout(180)
@@ -215,7 +230,8 @@ async def test_real_prometheus_scrapes_the_stall(hung: LocalJob, tmp_path: Path)
         )
         try:
             base = f"http://127.0.0.1:{prom_port}"
-            query = 'max by (rank, pg) (frscope_collective_stalled{job="frscope-sidecar"}) == 1'
+            # The default series: one per pod (--metrics-detail pod), the pod's ranks and groups together.
+            query = 'frscope_collective_stalled{job="frscope-sidecar"} == 1'
             deadline = time.monotonic() + 90
             result: list[dict[str, object]] = []
             async with aiohttp.ClientSession() as session:
@@ -228,19 +244,29 @@ async def test_real_prometheus_scrapes_the_stall(hung: LocalJob, tmp_path: Path)
                         result = data["data"]["result"] if data.get("status") == "success" else []
                     except (aiohttp.ClientError, TimeoutError):
                         result = []
-                    if len(result) == 2:
+                    if result:
                         break
                     await asyncio.sleep(1.0)
-                assert sorted((r["metric"]["rank"], r["metric"]["pg"]) for r in result) == [  # type: ignore[index]
-                    ("0", "0"), ("2", "0")], (tmp_path / "prometheus.log").read_text()[-3000:]
+                assert [(r["metric"]["pod"], "rank" in r["metric"], "pg" in r["metric"])  # type: ignore[index,operator]
+                        for r in result] == [("trainer-worker-0", False, False)], \
+                    (tmp_path / "prometheus.log").read_text()[-3000:]
                 # The scrape itself was healthy (and authenticated).
                 async with session.get(f"{base}/api/v1/query", params={"query": 'up{job="frscope-sidecar"}'}) as resp:
                     up = (await resp.json())["data"]["result"]
                 assert up and up[0]["value"][1] == "1"
-                age_query = 'frscope_collective_inflight_age_seconds{rank="0",pg="0"}'
+                age_query = 'frscope_collective_inflight_age_seconds{job="frscope-sidecar"}'
                 async with session.get(f"{base}/api/v1/query", params={"query": age_query}) as resp:
                     age = (await resp.json())["data"]["result"]
                 assert float(age[0]["value"][1]) >= STALL_S
+                # The dashboard's stall and in-flight panels draw the pod (its variables at "All").
+                for title, want in (("Stalled ranks (pods)", 1.0), ("Stalled ranks (top 20)", 1.0),
+                                    ("In-flight age, the 20 oldest ranks", STALL_S)):
+                    (expr,) = dashboard_exprs(title)
+                    async with session.get(f"{base}/api/v1/query", params={"query": expr}) as resp:
+                        got = (await resp.json())["data"]["result"]
+                    assert [r["metric"].get("pod") for r in got] == (
+                        [None] if title.endswith("(pods)") else ["trainer-worker-0"]), (title, got)
+                    assert float(got[0]["value"][1]) >= want, (title, got)
         finally:
             proc.terminate()
             try:
@@ -276,8 +302,11 @@ async def test_progress_while_healthy() -> None:
             assert not stalled_ever and sidecar.current_capture() is None
             for rank in range(WORLD):
                 assert registry.get_sample_value("frscope_worker_up", {"rank": str(rank)}) == 1
-                assert registry.get_sample_value(
-                    "frscope_collectives_total", {"rank": str(rank), "pg": "0", "op": "ALLREDUCE"}) == 20
-                assert registry.get_sample_value(
-                    "frscope_collective_stalled", {"rank": str(rank), "pg": "0"}) == 0
+            # The default series, one per pod (--metrics-detail pod): every rank's 20 all_reduces, nothing stalled,
+            # and no series per rank and group.
+            assert registry.get_sample_value("frscope_collectives_total", {"op": "ALLREDUCE"}) == 20 * WORLD
+            assert registry.get_sample_value("frscope_collective_stalled") == 0
+            assert registry.get_sample_value("frscope_collective_inflight_age_seconds") == 0
+            assert registry.get_sample_value("frscope_collective_stalled", {"rank": "0", "pg": "0"}) is None
+            assert not [m for m in registry.collect() if m.name == "frscope_collective_last_completed_seq"]
             assert registry.get_sample_value("frscope_polls_total") >= 4  # type: ignore[operator]

@@ -19,9 +19,10 @@ TRAINER = "frscope-test/trainer:dev"
 REGISTRY_IMAGE = "10.213.0.1:5000/frscope/frscope"
 # The chart's values on the node: the image from the registry, pulled by the kubelet on every pod start
 # (the operator's and each injected sidecar; never a stale image a previous run left in the node's
-# containerd), and a short stall threshold so the tests do not wait the default minute.
+# containerd), a short stall threshold so the tests do not wait the default minute, and the sidecars' series
+# per rank and group (the journey's stall panel names the waiting ranks; the default, pod, shows pods).
 CHART_SETS = [f"image.repository={REGISTRY_IMAGE}", "image.pullPolicy=Always",
-              "sidecar.pollIntervalSeconds=2", "sidecar.stallAfterSeconds=10"]
+              "sidecar.pollIntervalSeconds=2", "sidecar.stallAfterSeconds=10", "sidecar.metricsDetail=rank-group"]
 
 
 def chart_from_registry(node: Any) -> list[str]:

@@ -10,7 +10,7 @@ from frscope.records import load_dumps
 from frscope.records.safe_pickle import safe_loads
 from frscope.testing.randprog import torchpickle
 from frscope.testing.randprog.case import FORMS, make_case, write_form
-from frscope.testing.randprog.executor import BLOCKED, DONE, FAILED, execute
+from frscope.testing.randprog.executor import BLOCKED, DONE, EXITED, FAILED, execute
 from frscope.testing.randprog.faults import apply_fault
 from frscope.testing.randprog.layout import DEFAULT, NEW_GROUP, Group, Layout
 from frscope.testing.randprog.program import Call, Op, build_program
@@ -120,7 +120,11 @@ def test_every_form_loads_and_pickles_are_safe_to_read(tmp_path: Path) -> None:
             if not paths:
                 continue
             dumpset = load_dumps([folder], jobs=1)
-            assert not [p for p in dumpset.problems if p.kind != "warning"], (seed, form)
+            # the only error a form carries is a real sidecar's word that a dead rank's socket is gone
+            errors = [p for p in dumpset.problems if p.kind != "warning"]
+            dead = {r for r, st in case.ex.states.items() if st.status in (EXITED, FAILED)}
+            assert all(p.rank in dead and "socket is gone" in p.message for p in errors), (seed, form, errors)
+            assert form == "snapshot" or not errors, (seed, form)
             assert set(dumpset.dumps) == set(case.dump_t[form])
         want = dump(case.ex, 0, case.capture_t, pickle=True)
         assert safe_loads(torchpickle.dumps(want), "randprog") == want

@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path
 
 BOOTSTRAP_DIR = Path(__file__).resolve().parent
-FILES = ("sitecustomize.py", "_frscope_timings.py")
+FILES = ("sitecustomize.py", "_frscope_timings.py", "_frscope_debug_server.py")
 
 
 def install(target: Path) -> list[Path]:

@@ -31,6 +31,11 @@ enable traceback see ...", and the rank's own error has scrolled out of those 2 
 Each rank also dates its own collectives (start, end) on every backend, served as
 `frscope_timings` (`_frscope_timings.py`, beside this file): the durations gloo's recorder lacks.
 
+A rank that runs torch's own debug server (`torch.distributed.debug.start_debug_server()`: a `_WorkerServer`
+on a TCP port, the same process-wide handlers) is read there instead: `_frscope_debug_server.py`, beside
+this file, points the sidecar at it (`rank-<rank>.debug-server`) and withdraws this bootstrap's socket, or
+never starts one.
+
 Environment: FRSCOPE_SOCKET_DIR (default /run/frscope), FRSCOPE_BOOTSTRAP=0 to switch it off,
 FRSCOPE_TIMINGS=0 to leave collectives undated, FRSCOPE_TIMINGS_SIZE (the ring, default 2000). The
 recorder's settings (TORCH_FR_BUFFER_SIZE, TORCH_FR_DUMP_TEMP_FILE, TORCH_FR_DUMP_ON_TIMEOUT, each else
@@ -62,6 +67,8 @@ _TARGET = "torch.distributed"
 _SERVER: Any = None  # kept referenced for the life of the process: torch stops the server on collection
 _SERVER_PID = 0  # the process that started _SERVER (a forked child inherits the variable, not the server)
 _SERVER_PATH = ""  # the socket _SERVER listens on
+_SERVER_RANK: int | None = None  # the rank this process serves as (its own server, or torch's debug server)
+_HANDLERS_REGISTERED = False
 _LOCK = threading.Lock()
 _OWNER_VAR = "FRSCOPE_WORKER_SERVER_PID"
 # Set by torchrun's elastic agent in the environment of each worker it starts, never in its own.
@@ -123,12 +130,17 @@ def _alive(pid: int) -> bool:
 
 
 def _start_server(rank: int) -> None:
-    global _SERVER, _SERVER_PID, _SERVER_PATH
+    global _SERVER, _SERVER_PID, _SERVER_PATH, _SERVER_RANK
     with _LOCK:
-        if _SERVER is not None or _inherited():
+        if _SERVER is not None or _debug_port() or _inherited():
             return
         socket_dir = _socket_dir()
         path = os.path.join(socket_dir, f"rank-{rank}.sock")
+        debug: Any = sys.modules.get("_frscope_debug_server")
+        port = debug.running_port() if debug is not None else 0
+        if port:  # torch's debug server runs here already: the sidecar reads that one
+            debug.point(sys.modules[__name__], rank, port)
+            return
         try:
             from torch._C import _distributed_c10d as c10d
 
@@ -143,8 +155,9 @@ def _start_server(rank: int) -> None:
                     _say(f"{path} is already served by another process; not starting a second server")
                     return
                 os.unlink(path)
-            _register_progress_handler()
-            _register_timings_handler()
+            if debug is not None:
+                debug.remove_stale(socket_dir, rank, _alive)
+            _register_handlers()
             import atexit
 
             # Registered before the socket exists: a short program may be exiting while this runs.
@@ -152,6 +165,7 @@ def _start_server(rank: int) -> None:
             atexit.register(_remove_socket, path)
             _SERVER = server_type(path)
             _SERVER_PATH = path
+            _SERVER_RANK = rank
             # The sidecar runs as its own user (the chart's 65532), the trainer often as root: connecting to
             # a unix socket needs write permission on it. The directory is the pod's own shared volume.
             os.chmod(path, 0o666)
@@ -163,10 +177,28 @@ def _start_server(rank: int) -> None:
             _say(f"no live collection: could not start torch's worker server on {path}: {type(exc).__name__}: {exc}")
 
 
+def _debug_server() -> Any:
+    """`_frscope_debug_server` (beside this file): a rank that runs torch's own debug server is read through
+    it. None where it is missing (an older copy of the bootstrap)."""
+    try:
+        import _frscope_debug_server  # type: ignore[import-not-found]  # beside this file on sys.path
+
+        return _frscope_debug_server
+    except Exception as exc:
+        _say(f"torch's debug server will not be read ({type(exc).__name__}: {exc})")
+        return None
+
+
+def _debug_port() -> int:
+    """The port of torch's debug server the sidecar reads this rank at (0: none)."""
+    module = sys.modules.get("_frscope_debug_server")
+    return int(getattr(module, "PORT", 0) or 0)
+
+
 def _wait_for_group() -> None:
     """Serve as soon as this process has a default process group (it is a rank then), however late."""
     delay = 0.05
-    while _SERVER is None and not _inherited():
+    while _SERVER is None and not _debug_port() and not _inherited():
         try:
             dist = sys.modules[_TARGET]
             if dist.is_available() and dist.is_initialized():
@@ -200,7 +232,10 @@ def _after_fork_in_child() -> None:
     _LOCK = threading.Lock()  # the parent's lock may have been held by a thread that is gone
     if _SERVER is not None:
         _close_inherited_listener(_SERVER_PATH)
-    if _SERVER is not None or _inherited() or _has_group():
+    debug = sys.modules.get("_frscope_debug_server")
+    if debug is not None:
+        debug.close_inherited_listener()
+    if _SERVER is not None or _debug_port() or _inherited() or _has_group():
         os.environ.setdefault(_OWNER_VAR, str(os.getppid()))
         return
     _watch()
@@ -263,6 +298,9 @@ def _on_loaded() -> None:
     """torch.distributed has finished importing: decide whether this process serves."""
     if _inherited():
         return  # a spawned child of a serving rank
+    debug = _debug_server()
+    if debug is not None:
+        debug.watch(sys.modules[__name__])
     _install_timings()
     rank = _elastic_rank()
     if rank is not None:
@@ -318,6 +356,17 @@ def _install_timings() -> None:
         timings.install(_say)
 
 
+def _register_handlers() -> None:
+    """frscope's handlers, once per process: every worker server of the process serves them (ours, or torch's
+    debug server's)."""
+    global _HANDLERS_REGISTERED
+    if _HANDLERS_REGISTERED:
+        return
+    _HANDLERS_REGISTERED = True
+    _register_progress_handler()
+    _register_timings_handler()
+
+
 def _register_timings_handler() -> None:
     timings = _timings_module()
     if timings is None or not timings.TIMINGS.mechanism:
@@ -367,7 +416,7 @@ def _recorder_off(settings: dict[str, Any]) -> bool:
         return False  # torch refuses it itself
 
 
-def _write_meta(socket_dir: str, rank: int, path: str) -> None:
+def _write_meta(socket_dir: str, rank: int, path: str, debug_server_port: int = 0) -> None:
     torch = sys.modules.get("torch")
     restarts = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
     recorder = _recorder_settings()
@@ -383,6 +432,8 @@ def _write_meta(socket_dir: str, rank: int, path: str) -> None:
         "started_at_ns": time.time_ns(),
         "recorder": recorder,
     }
+    if debug_server_port:  # read through torch's debug server (path: "")
+        meta["debug_server_port"] = debug_server_port
     if restarts.isdigit():  # torchrun restarted its workers this many times (--max-restarts)
         meta["restart_count"] = int(restarts)
     target = os.path.join(socket_dir, f".rank-{rank}.json")
@@ -423,10 +474,12 @@ def _remove_socket(path: str) -> None:
 
 
 class _Loader:
-    """Runs the real loader, then decides about the server. Everything else is the real loader's."""
+    """Runs the real loader, then `after(module)` (decides about the server). Everything else is the real
+    loader's."""
 
-    def __init__(self, real: Any) -> None:
+    def __init__(self, real: Any, after: Any) -> None:
         self._real = real
+        self._after = after
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         create = getattr(self._real, "create_module", None)
@@ -435,7 +488,7 @@ class _Loader:
     def exec_module(self, module: ModuleType) -> None:
         self._real.exec_module(module)
         try:
-            _on_loaded()
+            self._after(module)
         except Exception as exc:
             _say(f"no live collection: {type(exc).__name__}: {exc}")
 
@@ -444,10 +497,16 @@ class _Loader:
 
 
 class _Finder(importlib.abc.MetaPathFinder):
+    """One shot: the real spec of module `name`, whose loader runs `after(module)` once it has run."""
+
+    def __init__(self, name: str, after: Any) -> None:
+        self._name = name
+        self._after = after
+
     def find_spec(
         self, fullname: str, path: Any, target: ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _TARGET:
+        if fullname != self._name:
             return None
         try:
             sys.meta_path.remove(self)  # one shot
@@ -460,7 +519,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader)  # type: ignore[assignment]
+                    spec.loader = _Loader(spec.loader, self._after)  # type: ignore[assignment]
                 return spec
         return None
 
@@ -493,7 +552,7 @@ def _chain() -> None:
 
 try:
     if _wanted() and _TARGET not in sys.modules:
-        sys.meta_path.insert(0, _Finder())
+        sys.meta_path.insert(0, _Finder(_TARGET, lambda _module: _on_loaded()))
 except Exception as _exc:  # pragma: no cover - never break the interpreter's startup
     _say(f"disabled: {type(_exc).__name__}: {_exc}")
 _chain()

@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
+from frscope import wire
 from frscope.testing.randprog import torchpickle
 from frscope.testing.randprog.executor import BLOCKED, EXITED, FAILED, STUCK, Execution, execute
 from frscope.testing.randprog.faults import Fault, apply_fault
@@ -122,6 +123,18 @@ def make_case(seed: int, fault: str | None = None) -> Case:
     return Case(seed, program, flt, ex, truth, capture, version, copied, exits, dump_t, buffer)
 
 
+def _gone_envelope(case: Case, rank: int, read_t: float, trace: object) -> bytes:
+    """What a sidecar holds for a rank whose process has gone: its last good read (no stacks) and the
+    collector's word that the worker socket went with the process, as a pod's snapshot envelope."""
+    ex = case.ex
+    piece = wire.snapshot_piece_bytes(rank, ns(ex, read_t), "randprog", None,
+                                      json.dumps(trace, separators=(",", ":")).encode())
+    head = wire.snapshot_head(pod=f"randprog-{rank}", namespace="randprog", node="randprog",
+                              captured_at_ns=ns(ex, case.capture_t), reason="exit")
+    gone: wire.SnapshotError = {"rank": rank, "message": f"rank {rank}: fr_trace_json: socket is gone"}
+    return wire.snapshot_envelope_bytes(head, [piece], [gone])
+
+
 def write_form(case: Case, form: str, folder: Path) -> list[Path]:
     """The form's files for every rank that has one; mtimes as the capture left them."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -131,10 +144,13 @@ def write_form(case: Case, form: str, folder: Path) -> list[Path]:
         if form == "snapshot":
             trace = dump(ex, r, tv, pickle=False, version=case.version, buffer=case.buffer)
             st = ex.states[r]
-            piece = {"frscope_snapshot": 1, "rank": r, "source": "randprog", "captured_at_ns": ns(ex, tv),
-                     "stacks": stack_text(st) if st.status not in (EXITED, FAILED) else None, "trace": trace}
             path = folder / f"rank-{r}.json"
-            path.write_text(json.dumps(piece, separators=(",", ":")))
+            if st.status in (EXITED, FAILED):
+                path.write_bytes(_gone_envelope(case, r, tv, trace))
+            else:
+                piece = {"frscope_snapshot": 1, "rank": r, "source": "randprog", "captured_at_ns": ns(ex, tv),
+                         "stacks": stack_text(st), "trace": trace}
+                path.write_text(json.dumps(piece, separators=(",", ":")))
         elif form == "pickle":
             path = folder / f"comm_lib_trace_rank_{r}"
             path.write_bytes(torchpickle.dumps(dump(ex, r, tv, pickle=True, version=case.version, buffer=case.buffer)))

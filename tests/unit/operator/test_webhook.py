@@ -142,7 +142,7 @@ def test_settings_from_the_charts_environment() -> None:
         "FRSCOPE_SIDECAR_PORT": "9500", "FRSCOPE_RECORDER_BUFFER_SIZE": "5000",
         "FRSCOPE_SIDECAR_RESOURCES": '{"requests": {"cpu": "20m"}}', "FRSCOPE_SIDECAR_STALL_AFTER": "45",
         "FRSCOPE_SIDECAR_SUSPECT_AFTER": "12", "FRSCOPE_SIDECAR_SUSPECT_MIN": "3",
-        "FRSCOPE_SIDECAR_STRAGGLER_MIN_SHARE": "0.25",
+        "FRSCOPE_SIDECAR_STRAGGLER_MIN_SHARE": "0.25", "FRSCOPE_SIDECAR_METRICS_DETAIL": "rank-group",
     })
     assert cfg.inject_label == ("example.com/frscope", "yes") and cfg.port == 9500 and cfg.buffer_size == 5000
     pod = training_pod(opt_in=None)
@@ -151,7 +151,8 @@ def test_settings_from_the_charts_environment() -> None:
     assert out is not None
     assert out["spec"]["initContainers"][0]["resources"] == {"requests": {"cpu": "20m"}}
     args = out["spec"]["initContainers"][0]["args"]
-    assert {"--stall-after=45", "--suspect-after=12", "--suspect-min=3", "--straggler-min-share=0.25"} <= set(args)
+    assert {"--stall-after=45", "--suspect-after=12", "--suspect-min=3", "--straggler-min-share=0.25",
+            "--metrics-detail=rank-group"} <= set(args)
 
 
 def test_kubernetes_identity_mounts_the_projected_tokens_in_the_sidecar_only() -> None:

@@ -57,6 +57,11 @@ def test_bad_values_are_usage_errors(monkeypatch: pytest.MonkeyPatch) -> None:
             parse(["--straggler-min-share", share])
     monkeypatch.setenv("FRSCOPE_STRAGGLER_MIN_SHARE", "0.3")
     assert parse([]).straggler_min_share == 0.3
+    assert parse([]).metrics_detail == "pod"
+    with pytest.raises(ValueError, match="--metrics-detail 'rank'"):
+        parse(["--metrics-detail", "rank"])
+    monkeypatch.setenv("FRSCOPE_METRICS_DETAIL", "rank-group")
+    assert parse([]).metrics_detail == "rank-group"
 
 
 def test_print_pythonpath(capsys: pytest.CaptureFixture[str]) -> None:
