@@ -4,9 +4,9 @@ options: flags, with environment variables for what the Helm chart sets.
 Every flag also reads an environment variable, FRSCOPE_<FLAG> (a flag wins); `--help` lists them
 with their defaults, which are the dataclasses' of `engine.settings`. The chart (charts/frscope/templates/
 deployment.yaml) passes `--namespace`, `--http-port`, `--webhook-port`, `--webhook-cert-dir`,
-`--peering`, `--log-level`, `--log-format`, `--sidecar-auth`, `--sidecar-ca-dir`, `--ui-auth`, `--metrics-auth` as
-flags, and the sidecar injection settings as FRSCOPE_* environment variables (listed in
-docs/operator.md).
+`--leader-election-lease` and the lease timing (with several replicas), `--log-level`, `--log-format`,
+`--sidecar-auth`, `--sidecar-ca-dir`, `--ui-auth`, `--metrics-auth` as flags, and the sidecar injection
+settings as FRSCOPE_* environment variables (listed in docs/operator.md).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import socket
 import sys
 from collections.abc import Callable, Mapping
@@ -24,7 +25,13 @@ from frscope import logs
 from frscope.analysis.suspicion import LedgerPolicy
 from frscope.operator import names
 from frscope.operator.actions import ActionOptions, CordonOptions, Policy, parse_allowed, parse_policy
-from frscope.operator.engine.settings import SIDECAR_AUTH_MODES, UI_AUTH_MODES, OperatorConfig, WebhookConfig
+from frscope.operator.engine.settings import (
+    SIDECAR_AUTH_MODES,
+    UI_AUTH_MODES,
+    LeaderElection,
+    OperatorConfig,
+    WebhookConfig,
+)
 from frscope.operator.evidence.gather import GatherOptions
 from frscope.operator.injection import InjectionConfig
 from frscope.operator.ledger import FencingOptions, NodeLedgerOptions, SignalOptions
@@ -69,6 +76,7 @@ _GATHER = GatherOptions()
 _WEBHOOK = WebhookConfig()
 _ACTIONS = ActionOptions()
 _LEDGER = NodeLedgerOptions()
+_ELECTION = LeaderElection(lease="-", namespace="-", identity="-")
 
 
 def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
@@ -160,7 +168,17 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add("--live-interval", _DEFAULTS.live_interval_s, "web UI: seconds between live window refreshes", float)
     add("--live-ranks-per-pod", _DEFAULTS.live_ranks_per_pod,
         "web UI: ranks of one pod's answer a live window keeps (a pod hosts a node's ranks)", int)
-    add("--peering", _DEFAULTS.peering, "kopf peering name (several replicas, one active); unset: standalone")
+    add("--leader-election-lease", None,
+        "several replicas, one active: the coordination.k8s.io Lease that elects it (in --leader-election-namespace); "
+        "unset: this replica runs alone")
+    add("--leader-election-namespace", None, "the Lease's namespace (default: $POD_NAMESPACE), where the replicas' "
+        "pods are labelled frscope.io/operator-role=leader|standby")
+    add("--lease-duration", _ELECTION.duration_s,
+        "seconds after the leader's last renewal before a standby takes over", float)
+    add("--lease-renew-deadline", _ELECTION.renew_deadline_s,
+        "seconds the leader tries to renew before it stops (less than --lease-duration)", float)
+    add("--lease-retry-period", _ELECTION.retry_period_s, "seconds between renewals, and between a standby's tries",
+        float)
     add("--webhook-port", None, "serve the sidecar-injection webhook on this port; unset: no webhook", int)
     add("--webhook-host", _WEBHOOK.host, "address the webhook listens on")
     add("--webhook-cert-dir", _WEBHOOK.cert_dir, "directory with tls.crt, tls.key (and ca.crt) of the webhook", Path)
@@ -299,7 +317,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         live_entries=args.live_entries,
         live_interval_s=args.live_interval,
         live_ranks_per_pod=args.live_ranks_per_pod,
-        peering=args.peering,
+        leader_election=_leader_election(args, env),
         webhook=webhook,
         actions=ActionOptions(
             allowed=parse_allowed(args.allow_actions), default_policy=parse_policy(args.default_policy) or Policy.NONE,
@@ -312,6 +330,19 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         log_level=args.log_level,
         log_format=args.log_format,
     )
+
+
+def _leader_election(args: argparse.Namespace, env: Mapping[str, str]) -> LeaderElection | None:
+    if not args.leader_election_lease:
+        return None
+    namespace = args.leader_election_namespace or env.get("POD_NAMESPACE")
+    if not namespace:
+        raise ValueError("--leader-election-lease needs --leader-election-namespace (or $POD_NAMESPACE)")
+    pod = env.get("POD_NAME") or None
+    # Unique per process: a container restarted in the leader's pod is a new candidate, not the old holder.
+    identity = f"{pod or socket.gethostname()}_{secrets.token_hex(4)}"
+    return LeaderElection(args.leader_election_lease, namespace, identity, pod, args.lease_duration,
+                          args.lease_renew_deadline, args.lease_retry_period)
 
 
 def _node_ledger(args: argparse.Namespace) -> NodeLedgerOptions | None:

@@ -65,6 +65,10 @@ SIDECAR_TOKEN_VOLUME: Final = "frscope-token"
 AUDIENCE_OPERATOR: Final = "frscope.io/operator"  # what a sidecar presents when it pushes
 AUDIENCE_SIDECAR: Final = "frscope.io/sidecar"  # + /<namespace>/<pod>: what the operator presents to a sidecar
 
+# With several operator replicas (serve.leadership): each replica's pod says whether it leads; the chart's
+# Service selects the leader's.
+LABEL_OPERATOR_ROLE: Final = f"{PREFIX}/operator-role"
+
 # Event source and field manager.
 COMPONENT: Final = "frscope-operator"
 

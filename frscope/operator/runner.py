@@ -46,6 +46,7 @@ from frscope.operator.serve.access import KubernetesPush, OpenPush, PushAuth, Re
 from frscope.operator.serve.certificates import CertificateIssuer, pod_check
 from frscope.operator.serve.guards import metrics_guard
 from frscope.operator.serve.handlers import register_watchers, register_webhook
+from frscope.operator.serve.leadership import run_elected
 from frscope.operator.serve.live_windows import LiveWindows
 from frscope.operator.serve.login import Login, login
 from frscope.operator.serve.operator_http import Health, OperatorHttp
@@ -310,8 +311,9 @@ async def serve(config: OperatorConfig, *, registry: CollectorRegistry | None = 
         await kopf.operator(
             registry=kopf_registry,
             settings=settings,
-            standalone=config.peering is None,
-            peering_name=config.peering,
+            # Several replicas are coordinated by a Lease (serve.leadership), not by kopf's peering: kopf
+            # freezes every replica of equal priority, and would pause its watches only, not frscope's loops.
+            standalone=True,
             clusterwide=not config.namespaces,
             namespaces=list(config.namespaces),
             stop_flag=stop,
@@ -348,20 +350,35 @@ def mount_default_ui(operator: Operator) -> None:
 
 
 def run_operator(config: OperatorConfig) -> int:
-    """`frscope operator`: SIGINT/SIGTERM stop it cleanly (exit 0)."""
+    """`frscope operator`: SIGINT/SIGTERM stop it cleanly (exit 0). With `--leader-election-lease` it stands by
+    until it holds the Lease, and exits 1 when it loses it (serve.leadership)."""
     logs.setup(config.log_level, config.log_format)
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     if config.log_level != "debug":
         # kopf logs every handled event at INFO ("Handler ... succeeded"): one line per pod change.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
-    async def main() -> None:
+    async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(signum, stop.set)
-        await serve(config, stop_flag=stop, mount=mount_default_ui)
+        election = config.leader_election
+        if election is None:
+            await serve(config, stop_flag=stop, mount=mount_default_ui)
+            return 0
+        kube = kube_client(login(kopf.OperatorSettings()), config.instance)
 
+        def lead(on_ready: Callable[[], Awaitable[None]]) -> Awaitable[None]:
+            return serve(config, stop_flag=stop, mount=mount_default_ui, on_ready=lambda _operator: on_ready())
+
+        try:
+            return await run_elected(election, kube, host=config.http_host,
+                                     port=config.http_port, stop=stop, lead=lead)
+        finally:
+            await kube.close()
+
+    code = 0
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(main())
-    return 0
+        code = asyncio.run(main())
+    return code

@@ -298,14 +298,44 @@ def test_namespaced_install_grants_namespaced_rights_per_namespace(
     assert "--namespace=team-a" in args and "--namespace=team-b" in args
 
 
-def test_peering_allows_replicas_and_grants_only_the_named_peering(
-    rendered: dict[str, list[dict[str, Any]]],
+def test_several_replicas_elect_a_leader_through_a_lease_and_the_service_routes_to_it(
+    rendered: dict[str, list[dict[str, Any]]], helm: Helm,
 ) -> None:
-    objs = rendered["all-on"]
+    objs = rendered["all-on"]  # 2 replicas, the Lease's timing set
     deploy = one(objs, "Deployment")
-    assert deploy["spec"]["replicas"] == 2 and "strategy" not in deploy["spec"]
-    (peering,) = [r for r in _rules(one(objs, "ClusterRole", OPERATOR_ROLE)) if r["apiGroups"] == ["kopf.dev"]]
-    assert peering["resourceNames"] == ["frscope"] and "create" not in peering["verbs"]
+    assert deploy["spec"]["replicas"] == 2 and "strategy" not in deploy["spec"]  # a rolling update
+    pod = _deployment_pod(objs)
+    assert pod["metadata"]["labels"]["frscope.io/operator-role"] == "standby"  # until it holds the Lease
+    args = pod["spec"]["containers"][0]["args"]
+    assert {"--leader-election-lease=frs-frscope", "--lease-duration=20", "--lease-renew-deadline=12",
+            "--lease-retry-period=3"} <= set(args), args
+    env = {e["name"] for e in pod["spec"]["containers"][0]["env"]}
+    assert {"POD_NAME", "POD_NAMESPACE"} <= env  # its identity, its pod to label, the Lease's namespace
+    service = one(objs, "Service")
+    assert service["spec"]["selector"] == {**deploy["spec"]["selector"]["matchLabels"],
+                                           "frscope.io/operator-role": "leader"}
+    # The budget counts every replica (all Ready): the leader can be evicted, a standby takes over.
+    assert "frscope.io/operator-role" not in one(objs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"]
+    role = one(objs, "Role", "frs-frscope-leader-election")
+    assert role["metadata"]["namespace"] == "frscope-system"
+    assert _rules(role) == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "resourceNames": ["frs-frscope"],
+         "verbs": ["get", "update"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "patch"]},
+    ]
+    binding = one(objs, "RoleBinding", "frs-frscope-leader-election")
+    assert binding["roleRef"]["name"] == "frs-frscope-leader-election"
+    assert not [r for r in _rules(one(objs, "ClusterRole", OPERATOR_ROLE)) if r["apiGroups"] == ["kopf.dev"]]
+    # One replica: no election, no Lease permission, the Service selects the pod as it is.
+    defaults = rendered["defaults"]
+    assert not [r for r in of_kind(defaults, "Role") if r["metadata"]["name"].endswith("-leader-election")]
+    assert not [a for a in _deployment_pod(defaults)["spec"]["containers"][0]["args"] if "lease" in a]
+    assert "frscope.io/operator-role" not in one(defaults, "Service")["spec"]["selector"]
+    # A timing that leaves the leader no time to stop before a standby takes over is refused.
+    bad = helm.run("template", "frs", str(CHART), "--set", "operator.replicas=2",
+                   "--set", "operator.leaderElection.renewDeadlineSeconds=15", check=False)
+    assert bad.returncode != 0 and "leaseDurationSeconds must exceed renewDeadlineSeconds" in bad.stderr
 
 
 @pytest.mark.parametrize("values", RENDERED)
@@ -479,12 +509,13 @@ def test_user_roles_aggregate_reading_the_reports(rendered: dict[str, list[dict[
 def test_pod_disruption_budget_only_with_more_than_one_replica(
     rendered: dict[str, list[dict[str, Any]]], helm: Helm,
 ) -> None:
-    pdb = one(rendered["all-on"], "PodDisruptionBudget")  # peering, 2 replicas
+    pdb = one(rendered["all-on"], "PodDisruptionBudget")  # 2 replicas
     assert pdb["spec"]["maxUnavailable"] == 1
     assert pdb["spec"]["selector"] == one(rendered["all-on"], "Deployment")["spec"]["selector"]
     assert not of_kind(rendered["defaults"], "PodDisruptionBudget")  # one replica: a budget would block drains
-    # replicas without peering are ignored (one replica), and so is the budget.
-    assert not of_kind(objects(helm, sets=["operator.replicas=3"]), "PodDisruptionBudget")
+    assert of_kind(objects(helm, sets=["operator.replicas=3"]), "PodDisruptionBudget")
+    assert not of_kind(objects(helm, sets=["operator.replicas=3", "operator.podDisruptionBudget.enabled=false"]),
+                       "PodDisruptionBudget")
 
 
 def test_network_policy_of_the_operator_is_on_by_default(rendered: dict[str, list[dict[str, Any]]]) -> None:

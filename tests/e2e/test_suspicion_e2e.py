@@ -68,8 +68,9 @@ OPERATOR_ARGS = ["--poll-interval", "1", "--gather-timeout", "30", "--cooldown",
 
 
 @contextmanager
-def job_with_sidecars(tmp: Path, job_args: list[str]) -> Iterator[dict[str, int]]:
-    """4 ranks of the rhythm job, 2 a pod, each pod with a real sidecar at its defaults; pod -> port."""
+def job_with_sidecars(tmp: Path, job_args: list[str], stall_after: str = STALL_AFTER) -> Iterator[dict[str, int]]:
+    """4 ranks of the rhythm job, 2 a pod, each pod with a real sidecar at its defaults (but `--stall-after`);
+    pod -> port."""
     procs: list[tuple[subprocess.Popen[bytes], Any]] = []
     with start_rhythm_job(4, 2, job_args, lifetime_s=280) as job:
         job.wait_for_sockets(120)
@@ -81,7 +82,7 @@ def job_with_sidecars(tmp: Path, job_args: list[str]) -> Iterator[dict[str, int]
                 procs.append((subprocess.Popen(
                     [sys.executable, "-m", "frscope", "sidecar", "--socket-dir", str(job.pods[index]),
                      "--evidence-dir", "none", "--host", "127.0.0.1", "--port", "0", "--port-file", str(port_file),
-                     "--stall-after", STALL_AFTER, "--pod", pod, "--namespace", "ml"],
+                     "--stall-after", stall_after, "--pod", pod, "--namespace", "ml"],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
                 ), log))
                 ports[pod] = int(wait_for(f"sidecar of {pod}", lambda f=port_file: f.exists() and f.read_text().strip(),

@@ -12,7 +12,7 @@ import yaml
 
 from frscope.doctor.crd_schema import ANNOTATION, SHIPPED, schema_hash, stale_schema
 
-# frscope's own CRDs (group frscope.io): the chart may ship others (kopf's peering CRDs), which doctor leaves alone.
+# frscope's own CRDs (group frscope.io): a CRD of another group in crds/ would be left alone by doctor.
 CRDS = sorted(p for p in (Path(__file__).resolve().parents[2] / "charts" / "frscope" / "crds").glob("*.yaml")
               if yaml.safe_load(p.read_text())["spec"]["group"] == "frscope.io")
 

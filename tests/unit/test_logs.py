@@ -55,6 +55,21 @@ def test_operator_flags_env_and_the_old_threshold_name() -> None:
         _operator_args("--log-level", "loud")
 
 
+def test_operator_leader_election_flags() -> None:
+    assert from_args(_operator_args(), env={"POD_NAMESPACE": "ops"}).leader_election is None  # alone by default
+    election = from_args(_operator_args("--leader-election-lease", "frscope", "--lease-duration", "20"),
+                         env={"POD_NAMESPACE": "ops", "POD_NAME": "frscope-7d-x"}).leader_election
+    assert election is not None and (election.lease, election.namespace, election.pod) == ("frscope", "ops",
+                                                                                         "frscope-7d-x")
+    assert (election.duration_s, election.renew_deadline_s, election.retry_period_s) == (20, 10, 2)
+    assert election.identity.startswith("frscope-7d-x_")  # a restarted container is a new candidate
+    with pytest.raises(ValueError, match="needs --leader-election-namespace"):
+        from_args(_operator_args("--leader-election-lease", "frscope"), env={})
+    with pytest.raises(ValueError, match="must exceed the renew deadline"):
+        from_args(_operator_args("--leader-election-lease", "frscope", "--lease-duration", "10"),
+                  env={"POD_NAMESPACE": "ops"})
+
+
 def test_json_lines_lift_job_namespace_pod_and_incident(capsys: pytest.CaptureFixture[str]) -> None:
     logs.setup("info", "json", {"pod": "trainer-0"})
     try:

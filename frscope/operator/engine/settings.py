@@ -16,6 +16,7 @@ from frscope.operator import names
 from frscope.operator.actions import ActionOptions
 from frscope.operator.evidence.gather import GatherOptions
 from frscope.operator.injection import InjectionConfig
+from frscope.operator.kube.lease import ElectionOptions
 from frscope.operator.ledger import NodeLedgerOptions
 from frscope.operator.model import jobkinds
 
@@ -32,6 +33,27 @@ class WebhookConfig:
     # 'auto' (from the server version), 'native' or 'container'.
     sidecar_mode: str = "auto"
     injection: InjectionConfig = field(default_factory=InjectionConfig)
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderElection:
+    """`--leader-election-lease` and its timing: the coordination.k8s.io Lease that elects the active replica."""
+
+    lease: str
+    namespace: str
+    identity: str  # this process, unique (a restarted container is a new candidate)
+    pod: str | None = None  # this replica's pod, whose frscope.io/operator-role label routes the Service
+    duration_s: float = 15.0
+    renew_deadline_s: float = 10.0
+    retry_period_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        self.options  # noqa: B018 -- checks the names and the timing (ValueError)
+
+    @property
+    def options(self) -> ElectionOptions:
+        return ElectionOptions(self.lease, self.namespace, self.identity, self.duration_s, self.renew_deadline_s,
+                               self.retry_period_s)
 
 
 SIDECAR_AUTH_MODES = ("kubernetes", "token", "none")
@@ -112,7 +134,8 @@ class OperatorConfig:
     live_entries: int = 256
     live_interval_s: float = 1.0
     live_ranks_per_pod: int = 64  # ranks kept of one pod's answer in a live window
-    peering: str | None = None  # kopf peering name; None: standalone (one replica)
+    # Several replicas, one active (serve.leadership): the Lease and timing; None: this one runs alone.
+    leader_election: LeaderElection | None = None
     webhook: WebhookConfig | None = None
     # Acting on a diagnosis (docs/actions.md): what is allowed, the default policy, limits.
     actions: ActionOptions = field(default_factory=ActionOptions)

@@ -34,6 +34,7 @@ from frscope.analysis import AnalysisOptions, Report
 from frscope.operator import names
 from frscope.operator.actions import culprit_placement
 from frscope.operator.engine.jobstate import JobState, job_fields
+from frscope.operator.engine.kept_suspicion import KeptSuspicion, event_key, kept_suspicion, suspicion_report_name
 from frscope.operator.engine.pod_stragglers import PodStragglers
 from frscope.operator.engine.publishing import rfc3339
 from frscope.operator.engine.settings import OperatorConfig
@@ -53,6 +54,11 @@ from frscope.wire import GroupStall, RankLate, SidecarStatus
 
 log = logging.getLogger(__name__)
 
+# A suspicion another process published is this wait's when it is no older than the oldest suspected
+# wait (+ slack); a pushed suspicion carries no ages: then at most this old.
+KEPT_WINDOW_S = 120.0
+KEPT_SLACK_S = 5.0
+
 # The analysis' own stall threshold for a suspicion's gather (its default, 10 s, would call a 5 s old
 # hang healthy): half the youngest suspected wait (the sidecar already judged the wait against the
 # job's rhythm), at least MIN_ANALYSIS_STALL_S; for a pushed suspicion, which carries no ages, half the
@@ -71,6 +77,8 @@ class Suspicion:
     task: asyncio.Task[None] | None = None
     report: str | None = None  # the job's suspicion report, once written
     ref: JobRef | None = None
+    oldest_age_s: float | None = None
+    event_key: str = ""  # what its Events' names are made from (kept_suspicion.event_key)
 
 
 @dataclass(slots=True)
@@ -84,6 +92,8 @@ class Straggling:
 class JobWatch:
     suspicion: Suspicion | None = None
     stragglers: dict[int, Straggling] = field(default_factory=dict)
+    # Whether this process looked for a suspicion another one published (kept_suspicion): once per job.
+    kept_checked: bool = False
 
 
 class Suspicions:
@@ -121,17 +131,22 @@ class Suspicions:
         watch = self._watch(key)
         if watch.suspicion is not None:
             return
+        watch.kept_checked = True  # _publish carries on a kept one
         ages = [s.age_s for s in suspects if s.age_s is not None]
-        suspicion = Suspicion(time.time(), time.monotonic(), detail, min(ages) if ages else None)
+        suspicion = Suspicion(time.time(), time.monotonic(), detail, min(ages) if ages else None,
+                              oldest_age_s=max(ages) if ages else None)
         watch.suspicion = suspicion
         log.info("job %s: suspected stall (%s): gathering at once", key, detail, extra=job_fields(key))
         suspicion.task = self._spawn(self._publish(key, suspicion))
 
     def confirmed(self, key: JobKey) -> None:
         """The stall is confirmed (a sidecar's --stall-after passed): the incident flow takes over."""
-        watch = self._jobs.get(key)
-        suspicion = watch.suspicion if watch is not None else None
-        if watch is None or suspicion is None:
+        watch = self._watch(key)
+        suspicion = watch.suspicion
+        if suspicion is None:
+            if not watch.kept_checked and self._shows_suspicion(key):  # another process published it
+                watch.kept_checked = True
+                self._spawn(self._kept_confirmed(key))
             return
         watch.suspicion = None
         if suspicion.task is not None and not suspicion.task.done():
@@ -139,9 +154,7 @@ class Suspicions:
         self.metrics.suspicions.labels(outcome="confirmed").inc()
         after = time.monotonic() - suspicion.since_mono
         log.info("job %s: suspected stall confirmed after %.1f s", key, after, extra=job_fields(key))
-        self._spawn(self._report_state(suspicion, names.REPORT_STATE_CONFIRMED,
-                                       f"Confirmed after {after:.0f} s (the sidecars' --stall-after passed): the "
-                                       f"incident's own report has the diagnosis."))
+        self._spawn(self._report_state(suspicion, names.REPORT_STATE_CONFIRMED, _confirmed_message(after)))
 
     def on_sweep(self, key: JobKey, statuses: dict[str, SidecarStatus]) -> None:
         """One sweep's answers for the job: a suspicion is over when no pod that answered suspects or
@@ -151,6 +164,9 @@ class Suspicions:
         watch = self._watch(key)
         suspicion = watch.suspicion
         quiet = not any(st.suspects or st.stalls or st.stalled for st in statuses.values())
+        if suspicion is None and quiet and not watch.kept_checked and self._shows_suspicion(key):
+            watch.kept_checked = True
+            self._spawn(self._kept_resumed(key))
         if suspicion is not None and quiet:
             watch.suspicion = None
             if suspicion.task is not None and not suspicion.task.done():
@@ -170,7 +186,7 @@ class Suspicions:
 
     async def _publish(self, key: JobKey, suspicion: Suspicion) -> None:
         view = self.store.job(key)
-        if view is None:
+        if view is None or await self._carry_on(view, suspicion):
             return
         gathered = await collect(self.sidecars, view, self.config.gather, self.pushes, gone_pods=set(),
                                  decoder=self.decoder)
@@ -195,13 +211,14 @@ class Suspicions:
         verdict = one_line(finding).rstrip(".")
         where = f"; pod {', '.join(pods)}" if pods else ""
         where += f" on node {', '.join(nodes)}" if nodes else ""
-        condition = make_condition(finding.category.value, clip_line(f"Suspected, not confirmed: {verdict}"),
-                                   rfc3339())
+        at = rfc3339()
+        suspicion.event_key = event_key(at)
+        condition = make_condition(finding.category.value, clip_line(f"Suspected, not confirmed: {verdict}"), at)
         condition["status"] = "Unknown"
         message = clip_line(f"suspected stall, not confirmed yet ({suspicion.detail}; confirmed at the sidecars' "
                             f"--stall-after): {verdict}{where}")
         await self._write_report(view, suspicion, report, diagnosis.missing_pods,
-                                 (finding.category.value, condition["message"]))
+                                 (finding.category.value, condition["message"]), at)
         if await self._write(view, condition, names.REASON_SUSPECTED, message, suspicion, "Warning"):
             suspicion.published = True
             self.metrics.suspicions.labels(outcome="published").inc()
@@ -223,9 +240,9 @@ class Suspicions:
                           suspicion, "Normal")
 
     async def _write_report(self, view: JobView, suspicion: Suspicion, report: Report, missing: dict[str, str],
-                            condition: tuple[str, str]) -> None:
+                            condition: tuple[str, str], at: str) -> None:
         """The job's suspicion report (`<job>-suspicion`, state Suspected), made or made again."""
-        body = build_suspicion_cr(view.ref, report, signal=suspicion.detail, missing_pods=missing, at=rfc3339(),
+        body = build_suspicion_cr(view.ref, report, signal=suspicion.detail, missing_pods=missing, at=at,
                                   condition=condition, message=condition[1],
                                   limit_bytes=self.config.report_limit_bytes)
         # Named before the write: a confirmation that cancels this task mid-write still moves it on.
@@ -258,7 +275,8 @@ class Suspicions:
         try:
             await self.publisher.assert_condition(view.ref, condition)
             self._job_state(view.key).asserted = (view.ref.uid, condition)
-            await self._event(view.ref, reason, message, f"s{int(suspicion.since_wall * 1000)}", event_type)
+            await self._event(view.ref, reason, message, suspicion.event_key or f"s{int(suspicion.since_wall * 1000)}",
+                              event_type)
         except JobGone:
             return False
         except KubeError as exc:
@@ -274,6 +292,79 @@ class Suspicions:
         except KubeError as exc:
             self.metrics.publish_errors.labels(step="event").inc()
             log.error("job %s: Event %s not posted: %s", ref.key, reason, exc, extra=job_fields(ref.key))
+
+    # -- a suspicion another process published --------------------------------------------------------
+
+    def _shows_suspicion(self, key: JobKey) -> bool:
+        """The job's condition of frscope's says Unknown: a suspicion this process may not know of (a leader
+        killed mid-incident published it). Only then is the suspicion report read, not for every job."""
+        view = self.store.job(key)
+        ours = [c for c in view.conditions if c.get("type") == names.CONDITION_TYPE] if view is not None else []
+        return bool(ours) and ours[0].get("status") == "Unknown"
+
+    async def _kept(self, view: JobView) -> KeptSuspicion | None:
+        try:
+            obj = await self.publisher.get_report(view.ref, suspicion_report_name(view.ref))
+        except KubeError as exc:
+            log.warning("job %s: could not read its suspicion report: %s", view.key, exc, extra=job_fields(view.key))
+            return None
+        return kept_suspicion(view.ref, obj)
+
+    def _adopt(self, view: JobView, suspicion: Suspicion, kept: KeptSuspicion) -> None:
+        suspicion.report, suspicion.ref, suspicion.published = kept.report, view.ref, True
+        suspicion.event_key = event_key(kept.at)
+        suspicion.since_mono -= max(0.0, suspicion.since_wall - kept.since_wall)
+        suspicion.since_wall = min(suspicion.since_wall, kept.since_wall)
+
+    async def _carry_on(self, view: JobView, suspicion: Suspicion) -> bool:
+        """A suspicion of this same wait that another process published (its report is no older than the
+        oldest suspected wait): carried on, its condition and Event asserted again under their own names
+        (no second Event), no gather. False: none, publish this one."""
+        if not self._shows_suspicion(view.key):
+            return False
+        kept = await self._kept(view)
+        window = suspicion.oldest_age_s if suspicion.oldest_age_s is not None else KEPT_WINDOW_S
+        if kept is None or kept.since_wall < time.time() - window - KEPT_SLACK_S:
+            return False
+        if self.current(view.key) is not suspicion:
+            return True  # resumed or confirmed meanwhile
+        self._adopt(view, suspicion, kept)
+        condition = make_condition(kept.condition[0], kept.condition[1], kept.at)
+        condition["status"] = "Unknown"
+        await self._write(view, condition, names.REASON_SUSPECTED,
+                          f"suspected stall, not confirmed yet ({suspicion.detail}): {kept.condition[1]}", suspicion,
+                          "Warning")
+        log.info("job %s: carries on the suspected stall published at %s (report %s)", view.key, kept.at, kept.report,
+                 extra=job_fields(view.key))
+        return True
+
+    async def _kept_confirmed(self, key: JobKey) -> None:
+        """The stall is confirmed and this process published no suspicion: one another published moves on."""
+        view = self.store.job(key)
+        kept = await self._kept(view) if view is not None else None
+        if view is None or kept is None:
+            return
+        after = time.time() - kept.since_wall
+        try:
+            await self.publisher.set_report_state(view.ref, kept.report, state_patch(
+                names.REPORT_STATE_CONFIRMED, _confirmed_message(after), rfc3339()))
+        except KubeError as exc:
+            self.metrics.publish_errors.labels(step="report").inc()
+            log.error("job %s: suspicion report %s not moved to Confirmed: %s", key, kept.report, exc,
+                      extra=job_fields(key))
+            return
+        log.info("job %s: suspicion report %s (published by another process) confirmed", key, kept.report,
+                 extra=job_fields(key))
+
+    async def _kept_resumed(self, key: JobKey) -> None:
+        """The job is quiet and this process published no suspicion: one another published is over."""
+        view = self.store.job(key)
+        kept = await self._kept(view) if view is not None else None
+        if view is None or kept is None or self.current(key) is not None:
+            return
+        suspicion = Suspicion(time.time(), time.monotonic(), "published before this process started", None)
+        self._adopt(view, suspicion, kept)
+        await self._resumed(key, suspicion, time.time() - kept.since_wall)
 
     # -- stragglers ------------------------------------------------------------------------------------
 
@@ -307,3 +398,8 @@ class Suspicions:
             self._spawn(self._event(view.ref, names.REASON_STRAGGLER_GONE, message,
                                     f"kept{rank}-{int(time.time() * 1000)}", "Normal"))
         self.pods.on_sweep(key, view.ref, statuses, nodes, lambda: list(watch.stragglers))
+
+
+def _confirmed_message(after_s: float) -> str:
+    return (f"Confirmed after {after_s:.0f} s (the sidecars' --stall-after passed): the incident's own report has "
+            f"the diagnosis.")

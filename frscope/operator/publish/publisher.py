@@ -203,6 +203,13 @@ class Publisher:
 
         await retry_on_conflict(cycle)
 
+    async def get_report(self, ref: JobRef, name: str) -> dict[str, Any] | None:
+        """The report object of that name in the job's namespace; None if there is none."""
+        try:
+            return await self._kube.get(REPORTS, ref.namespace, name)
+        except NotFound:
+            return None
+
     async def set_report_state(self, ref: JobRef, name: str, patch: dict[str, Any]) -> bool:
         """Merge `patch` (report_cr.state_patch) into the report; False if it is gone."""
         try:

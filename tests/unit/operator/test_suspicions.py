@@ -257,3 +257,69 @@ async def test_a_higher_straggler_threshold_names_no_pod_that_costs_less(
             s.arrivals = {r: [[q, t] for q, t in slow[r]["0"] if q <= upto][-80:] for r in s.ranks}
         await sweep(controller, stand_ins)
     assert events(fake_kube) == []
+
+
+async def test_a_suspicion_published_by_another_process_is_carried_on_not_published_again(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    # Two operator processes over one API server, one after the other: the leader that published the
+    # suspicion is killed, the replica that takes over (a fresh controller, no memory of it) sees the same
+    # suspected wait, and the stall is then confirmed at the sidecars.
+    first = make_controller(kube_client, session)
+    stand_ins = await setup_job(fake_kube, first, sidecars, hang_ranks)
+    for s in stand_ins:
+        s.stalled, s.suspected = False, True
+    await sweep(first, stand_ins)
+    published = ours(fake_kube)
+    assert published["status"] == "Unknown" and [r for _k, r, _m in events(fake_kube)] == [names.REASON_SUSPECTED]
+    gathers = sum(s.snapshot_requests for s in stand_ins)
+
+    second = make_controller(kube_client, session)
+    await second.on_job(None, fake_kube.get("pytorchjobs", "ml", "train") or {})
+    for s in stand_ins:
+        await second.on_pod("ADDED", builders.pod(s.pod, replica_type="Master" if "master" in s.pod else "Worker",
+                                                  port=s.port))
+    await sweep(second, stand_ins)
+    # carried on: no gather, the same condition, no second SuspectedStall Event
+    assert sum(s.snapshot_requests for s in stand_ins) == gathers
+    assert ours(fake_kube) == published
+    assert [r for _k, r, _m in events(fake_kube)] == [names.REASON_SUSPECTED]
+    assert outcome(second, "published") == 0
+
+    for s in stand_ins:
+        s.stalled = True  # --stall-after passed
+    await sweep(second, stand_ins)
+    condition = ours(fake_kube)
+    assert (condition["status"], condition["reason"]) == ("True", "RankNotJoined")
+    assert sorted(r for _k, r, _m in events(fake_kube)) == ["RankNotJoined", names.REASON_SUSPECTED]
+    states = {r["metadata"]["name"]: r["state"]["phase"] for r in fake_kube.of("flightrecorderreports")}
+    assert len(states) == 2 and set(states.values()) == {names.REPORT_STATE_CONFIRMED}, states
+
+
+async def test_a_suspicion_left_by_another_process_is_settled(
+        fake_kube: FakeKube, kube_client: KubeClient, session: aiohttp.ClientSession, sidecars: Make,
+        hang_ranks: dict[int, Any]) -> None:
+    # The process that published the suspicion died; when the one after it first sweeps the job, the
+    # stall is confirmed already (its suspicion report moves to Confirmed), or the job moved on (Resumed,
+    # with the condition and the Resumed Event named as the first process would have named them).
+    for phase, stalled in ((names.REPORT_STATE_CONFIRMED, True), (names.REPORT_STATE_RESUMED, False)):
+        fake_kube.objects.clear()
+        first = make_controller(kube_client, session)
+        stand_ins = await setup_job(fake_kube, first, sidecars, hang_ranks)
+        for s in stand_ins:
+            s.stalled, s.suspected = False, True
+        await sweep(first, stand_ins)
+        assert ours(fake_kube)["status"] == "Unknown"
+        second = make_controller(kube_client, session)
+        await second.on_job(None, fake_kube.get("pytorchjobs", "ml", "train") or {})
+        for s in stand_ins:
+            s.stalled, s.suspected = stalled, False
+            await second.on_pod("ADDED", builders.pod(s.pod, port=s.port))
+        await sweep(second, stand_ins)
+        report = fake_kube.get("flightrecorderreports", "ml", "train-suspicion")
+        assert report is not None and report["state"]["phase"] == phase, report
+        if not stalled:
+            assert (ours(fake_kube)["status"], ours(fake_kube)["reason"]) == ("False", names.CONDITION_REASON_RESUMED)
+            names_by_reason = {e["reason"]: e["metadata"]["name"] for e in fake_kube.of("events")}
+            suspected = names_by_reason[names.REASON_SUSPECTED]
+            assert names_by_reason[names.REASON_RESUMED] == suspected.replace("suspectedstall", "resumed")
