@@ -26,8 +26,8 @@ from frscope.analysis.ops import (
     numel,
     self_consistency_error,
 )
-from frscope.analysis.stacks import user_frame
-from frscope.analysis.tracks import Track
+from frscope.analysis.stacks import blocked_in, user_frame
+from frscope.analysis.tracks import Track, oldest_open
 from frscope.analysis.wording import fmt_duration, fmt_ranks, plural
 from frscope.records import COMPLETED, STARTED, Entry, GroupInfo
 
@@ -64,7 +64,10 @@ def _same(a: Bucket, b: Bucket) -> bool:
             return False
         if agreeing_sizes(x.op, x.input_sizes, x.output_sizes) != agreeing_sizes(y.op, y.input_sizes, y.output_sizes):
             return False
-        if x.op in ROOTED_OPS:
+        if x.op in SAME_SIZE_SIDE:
+            if _agreeing_dtypes(x) != _agreeing_dtypes(y):
+                return False
+        elif x.op in ROOTED_OPS:
             if x.input_dtypes and y.input_dtypes and x.input_dtypes != y.input_dtypes:
                 return False
         elif x.input_dtypes != y.input_dtypes or x.output_dtypes != y.output_dtypes:
@@ -80,8 +83,14 @@ def _size_key(b: Bucket) -> str:
     return repr([agreeing_sizes(e.op, e.input_sizes, e.output_sizes) for e in b])
 
 
+def _agreeing_dtypes(e: Entry) -> list[str]:
+    """scatter / gather: the dtypes of the side every rank passes (the other is the root's alone)."""
+    return e.output_dtypes if SAME_SIZE_SIDE[e.op] == "output" else e.input_dtypes
+
+
 def _dtype_key(b: Bucket) -> str:
-    return repr([(e.input_dtypes, e.output_dtypes if e.op not in ROOTED_OPS else None) for e in b])
+    return repr([_agreeing_dtypes(e) if e.op in SAME_SIZE_SIDE
+                 else (e.input_dtypes, e.output_dtypes if e.op not in ROOTED_OPS else None) for e in b])
 
 
 def _majority(
@@ -127,6 +136,8 @@ def _describe_bucket(b: Bucket, what: str) -> str:
             return f"{side} {first.output_sizes if side == 'output' else first.input_sizes}"
         return f"input {first.input_sizes} output {first.output_sizes}"
     first = b[0]
+    if first.op in SAME_SIZE_SIDE:
+        return f"{SAME_SIZE_SIDE[first.op]} {_agreeing_dtypes(first)}"
     return f"input {first.input_dtypes} output {first.output_dtypes}"
 
 
@@ -400,6 +411,50 @@ def _stuck_finding(
     )
 
 
+def _called_more(ctx: Context, point: StuckPoint) -> bool:
+    """The ranks blocked here are fewer than the members that never entered it, and those are idle: every
+    op they recorded finished, in every group. The odd side is the one in the collective: it called one
+    more than its peers (uneven data: a rank with more batches runs one more step), not a majority of
+    ranks that all stopped at the same point."""
+    if len(point.joined) >= len(point.not_joined):
+        return False
+    for rank in point.not_joined:
+        dump = ctx.dumpset.dumps.get(rank)
+        if dump is None or not len(dump.entries) or oldest_open(dump.entries) is not None:
+            return False
+        if blocked_in(ctx.live_stack(rank)) is not None:
+            return False  # waiting in an op the recorder does not keep (gloo's send/recv): not idle
+    return True
+
+
+def _extra_call_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint,
+                        buckets: dict[int, Bucket], op: str, since: str, sample: Entry | None) -> Finding:
+    seq, culprits, idle = point.seq, point.joined, point.not_joined
+    last = {tracks[r].last_seq for r in idle}
+    where = f"#{last.pop()}" if len(last) == 1 else "their last collective"
+    summary = (
+        f"{plural(culprits).capitalize()} called {op} #{seq} of {ref.label()}, which {plural(idle)} never called: "
+        f"{'it has' if len(culprits) == 1 else 'they have'} been blocked in it{since}, while the others finished "
+        f"everything they enqueued (idle after {where}); {'it' if len(culprits) == 1 else 'they'} ran one collective "
+        "more than the rest of the group (e.g. more batches of uneven data)."
+    )
+    finding = _stuck_finding(Category.RANK_NOT_JOINED, culprits, ref, summary, seq, op, sample, point)
+    finding.evidence.append(
+        f"{plural(idle)} ({len(idle)} of the group's {len(idle) + len(culprits)} ranks with a recorder) "
+        f"recorded nothing open in any group: the odd side is the {len(culprits)} in #{seq}")
+    for rank in culprits[: ctx.options.max_rank_views]:
+        bucket = buckets.get(rank)
+        finding.ranks[rank] = ctx.rank_view(rank, group.name, bucket[0] if bucket else None)
+        if bucket and bucket[0].frames:
+            finding.culprit_frames[rank] = bucket[0].frames
+        stack = ctx.live_stack(rank)
+        if stack:
+            finding.culprit_stacks[rank] = stack
+    for rank in idle[:3]:
+        finding.ranks[rank] = ctx.rank_view(rank, group.name, None, call_site=False)
+    return finding
+
+
 def hang_finding(
     ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint
 ) -> Finding | None:
@@ -412,6 +467,8 @@ def hang_finding(
     op = sample.op if sample else "collective"
     since = (f" for {fmt_duration(point.age_s)}" if point.age_s is not None
              else " (for how long is unknown: the capture time is lost)" if point.age_source else "")
+    if point.not_joined and _called_more(ctx, point):
+        return _extra_call_finding(ctx, group, ref, tracks, point, buckets, op, since, sample)
     if point.not_joined:
         culprits = point.not_joined
         first = culprits[0]

@@ -17,8 +17,8 @@ from frscope.analysis.context import Context
 from frscope.analysis.crossgroup import breach_of, describe
 from frscope.analysis.findings import Category, Finding
 from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in
+from frscope.analysis.tracks import oldest_open
 from frscope.records import Entry
-from frscope.records.columns import EntryTable
 
 HANGS = (Category.RANK_NOT_JOINED, Category.NOT_COMPLETED)
 MAX_HOPS = 8  # p2p chains (pipeline stages) longer than this are not followed
@@ -32,18 +32,6 @@ class Causes:
     p2p: list[Finding] = field(default_factory=list)
     unrecorded_p2p: Finding | None = None
     missing: Finding | None = None
-
-
-def oldest_open(entries: Sequence[Entry], before_record: int | None) -> Entry | None:
-    if isinstance(entries, EntryTable):
-        at = entries.first_open(before_record)
-        return None if at is None else entries.entry(at)
-    for entry in entries:
-        if before_record is not None and entry.record_id >= before_record:
-            return None
-        if not entry.completed:
-            return entry
-    return None
 
 
 def cause_of_rank(ctx: Context, causes: Causes, rank: int, before_record: int | None = None) -> Finding | None:

@@ -26,8 +26,8 @@ from frscope.analysis.collectives import StuckPoint
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
 from frscope.analysis.ops import RETIRES_FAILED
-from frscope.analysis.rootcause import failed_wait, last_group_may_lack_a_member, oldest_open
-from frscope.analysis.tracks import Track, newest_created
+from frscope.analysis.rootcause import failed_wait, last_group_may_lack_a_member
+from frscope.analysis.tracks import Track, newest_created, oldest_open
 from frscope.analysis.wording import fmt_duration, plural
 from frscope.records import GroupInfo, RankExit
 from frscope.records.exits import most_likely_first

@@ -181,3 +181,16 @@ def newest_created(entries: Sequence[Entry]) -> int | None:
         if entry.time_created_ns:
             return entry.time_created_ns
     return None
+
+
+def oldest_open(entries: Sequence[Entry], before_record: int | None = None) -> Entry | None:
+    """The rank's oldest op not finished (before record `before_record`, when given); None when idle."""
+    if isinstance(entries, EntryTable):
+        at = entries.first_open(before_record)
+        return None if at is None else entries.entry(at)
+    for entry in entries:
+        if before_record is not None and entry.record_id >= before_record:
+            return None
+        if not entry.completed:
+            return entry
+    return None

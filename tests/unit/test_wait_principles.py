@@ -1,0 +1,132 @@
+"""The wait-for principles on small exact situations (issue 33): who a blocked rank waits for, which
+side of a split is odd, and what evidence can and cannot say. Each test builds torch-shaped dumps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from frscope.analysis import AnalysisOptions, Category, analyze
+from frscope.records import load_dumps
+from tests.unit import builders as b
+
+SECOND = 10**9
+
+
+def _steps(n: int, *, backend: str = "nccl", op: str = "all_reduce") -> list[dict[str, object]]:
+    return [b.entry(s, op=op, backend=backend, created_ns=b.T0 + s * SECOND) for s in range(1, n + 1)]
+
+
+def test_two_ranks_receiving_from_each_other_first_are_a_p2p_deadlock(tmp_path: Path) -> None:
+    # Each rank posted recv then send with the other: the recv heads its stream, so the send the other
+    # waits for never runs. Both sends are there (a naive match pairs them with the recvs): a deadlock.
+    per_rank = {r: _steps(3) for r in range(4)}
+    t = b.T0 + 10 * SECOND
+    for me, other in ((1, 2), (2, 1)):
+        per_rank[me] += [
+            b.entry(4, op="recv", peer=f" {me}<-{other}", p2p_seq=1, state="started", record_id=3, created_ns=t),
+            b.entry(5, op="send", peer=f" {me}->{other}", p2p_seq=2, state="scheduled", record_id=4, created_ns=t),
+        ]
+    for r in (0, 3):
+        per_rank[r].append(b.entry(4, state="started", created_ns=t))
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.P2P_MISMATCH and first.culprit_ranks == (1, 2), first.summary
+    assert "deadlock" in first.summary
+
+
+def test_a_send_and_a_recv_facing_each_other_are_no_deadlock(tmp_path: Path) -> None:
+    per_rank = {r: _steps(3) for r in range(2)}
+    t = b.T0 + 10 * SECOND
+    per_rank[0].append(b.entry(4, op="send", peer=" 0->1", p2p_seq=1, state="started", record_id=3, created_ns=t))
+    per_rank[1].append(b.entry(4, op="recv", peer=" 1<-0", p2p_seq=1, state="started", record_id=3, created_ns=t))
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 2)]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    assert not any("deadlock" in f.summary for f in report.findings)
+
+
+def test_a_scatter_chunk_of_another_size_is_a_size_mismatch(tmp_path: Path) -> None:
+    # Non-roots record no input; each rank's chunk (its output) must match the others'.
+    per_rank = {}
+    t = b.T0 + 10 * SECOND
+    for r in range(4):
+        inputs = [[4, 3, 128]] if r == 1 else []
+        out = [[6, 128]] if r == 0 else [[3, 128]]
+        per_rank[r] = [*_steps(3), b.entry(4, op="scatter", sizes=inputs, out_sizes=out, state="started",
+                                           created_ns=t)]
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.SIZE_MISMATCH and first.culprit_ranks == (0,), first.summary
+    assert "output [[6, 128]]" in first.summary and "[[4, 3, 128]]" not in first.summary
+
+
+def test_a_healthy_scatter_has_no_finding(tmp_path: Path) -> None:
+    per_rank = {r: [*_steps(3), b.entry(4, op="scatter", sizes=[[4, 3]] if r == 0 else [], out_sizes=[[3]])]
+                for r in range(4)}
+    assert analyze(load_dumps([b.job(tmp_path, per_rank, 4)])).findings == []
+
+
+def test_the_odd_side_of_a_split_is_the_rank_that_called_one_more(tmp_path: Path) -> None:
+    # Rank 3 ran one step more (uneven data): it waits alone in #6 while the three others finished all
+    # they enqueued. The culprit is the one in the collective, not the majority that agrees.
+    t = b.T0 + 10 * SECOND
+    per_rank = {r: _steps(5, backend="gloo") for r in range(4)}
+    per_rank[3].append(b.entry(6, backend="gloo", state="scheduled", retired=False, created_ns=t))
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (3,), first.summary
+    assert "one collective more" in first.summary
+
+
+def test_a_few_ranks_that_stopped_short_are_the_culprits(tmp_path: Path) -> None:
+    # The mirror image: one rank idle after #5 while three wait in #6: the idle one never joined.
+    t = b.T0 + 10 * SECOND
+    per_rank = {r: _steps(5, backend="gloo") for r in range(4)}
+    for r in (0, 1, 2):
+        per_rank[r].append(b.entry(6, backend="gloo", state="scheduled", retired=False, created_ns=t))
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (3,), first.summary
+    assert "never joined" in first.summary
+
+
+def test_a_collective_the_others_finished_is_not_where_they_wait(tmp_path: Path) -> None:
+    # NCCL: rank 2's all_gather #6 still shows 'started' (its process stopped there, or its read raced the
+    # completion), while every other rank finished #6 and now waits in #7: rank 2 never joined #7.
+    t = b.T0 + 10 * SECOND
+    per_rank = {r: _steps(5) for r in range(4)}
+    for r in range(4):
+        per_rank[r].append(b.entry(6, op="all_gather", state="started" if r == 2 else "completed", created_ns=t))
+        if r != 2:
+            per_rank[r].append(b.entry(7, state="started", created_ns=t + SECOND))
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (2,), first.summary
+    assert first.collective_seq_id == 7
+
+
+def test_a_rank_late_by_a_large_share_of_short_steps_is_a_straggler(tmp_path: Path) -> None:
+    # 50 ms steps of three collectives; rank 2 reaches each step's first collective 30 ms after the others
+    # (below the 50 ms an absolute wait needs, but 40% of the job's time).
+    per_rank: dict[int, list[dict[str, object]]] = {r: [] for r in range(4)}
+    step_ns = 80_000_000
+    for step in range(12):
+        for k in range(3):
+            seq = step * 3 + k + 1
+            for r in range(4):
+                late = 30_000_000 if r == 2 else 0
+                start = b.T0 + step * step_ns + late + k * 1_000_000 + r * 1000
+                per_rank[r].append(b.entry(seq, backend="gloo", created_ns=start))
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]))
+    assert [(f.category, f.culprit_ranks) for f in report.findings] == [(Category.STRAGGLER, (2,))]
+
+
+def test_a_few_ms_of_lateness_in_long_steps_is_no_straggler(tmp_path: Path) -> None:
+    per_rank: dict[int, list[dict[str, object]]] = {r: [] for r in range(4)}
+    step_ns = 1_500_000_000
+    for step in range(12):
+        for k in range(3):
+            seq = step * 3 + k + 1
+            for r in range(4):
+                late = 15_000_000 if r == 2 and k == 0 else 0
+                start = b.T0 + step * step_ns + late + k * 1_000_000 + r * 1000
+                per_rank[r].append(b.entry(seq, backend="gloo", created_ns=start))
+    assert analyze(load_dumps([b.job(tmp_path, per_rank, 4)])).findings == []
