@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from frscope.analysis.clock import CAPTURED, MTIME
 from frscope.analysis.collectives import StuckPoint
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
@@ -113,7 +114,8 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         pending_behind = ctx.clock.lost(rank) and own.next_seq <= min(own.last_seq, s.done_seq)
         if not certain and not pending_behind and newest and others_newest:
             stale = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
-            if (others_newest - newest) / 1e9 < ctx.options.stall_after_s and not read_before(ctx, stale, tracks):
+            if ((others_newest - newest) / 1e9 < ctx.options.stall_after_s and not read_before(ctx, stale, tracks)
+                    and not _failed_after_missing(ctx, rank, s.last_seq + 1, tracks)):
                 continue
         found[rank] = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
     return found
@@ -127,6 +129,26 @@ def _settled(ctx: Context) -> bool:
     if not backends or None in backends or backends & RETIRES_FAILED:
         return False
     return all(oldest_open(d.entries, None) is None for d in ctx.dumpset.dumps.values())
+
+
+def _failed_after_missing(ctx: Context, rank: int, seq: int, tracks: dict[int, Track]) -> bool:
+    """On a backend that retires a failed collective as finished (gloo): the others began `seq` before the
+    rank's own read, the rank had not entered it by then, and they recorded it finished without it. It
+    cannot have finished without the rank: it failed, and the rank was not in it when it did (it had
+    stopped, or was about to: gloo fails the others the moment a peer's connection closes)."""
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None or dump.backend not in RETIRES_FAILED or ctx.clock.source.get(rank) not in (CAPTURED, MTIME):
+        return False
+    if ctx.live_stack(rank):
+        return False  # alive when read: where it is decides (RankNotJoined), not a stop
+    read = ctx.clock.at_ns[rank]
+    their_reads = [ctx.clock.at_ns[r] for r in tracks if r != rank and ctx.clock.source.get(r) in (CAPTURED, MTIME)]
+    if not their_reads or read > min(their_reads):
+        return False  # read after the others: its recorder was current then, it did not stop first
+    began = [b[0].time_created_ns or 0 for r, t in tracks.items() if r != rank and (b := t.by_seq.get(seq))]
+    others = [t for r, t in tracks.items() if r != rank and t.by_seq]
+    return (bool(began) and min(began) > 0 and max(began) < read
+            and all(t.last_completed >= seq for t in others))
 
 
 def _ended_early(ctx: Context, rank: int, seq: int, tracks: dict[int, Track]) -> bool:

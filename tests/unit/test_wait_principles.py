@@ -3,6 +3,7 @@ side of a split is odd, and what evidence can and cannot say. Each test builds t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from frscope.analysis import AnalysisOptions, Category, analyze
@@ -130,3 +131,18 @@ def test_a_few_ms_of_lateness_in_long_steps_is_no_straggler(tmp_path: Path) -> N
                 start = b.T0 + step * step_ns + late + k * 1_000_000 + r * 1000
                 per_rank[r].append(b.entry(seq, backend="gloo", created_ns=start))
     assert analyze(load_dumps([b.job(tmp_path, per_rank, 4)])).findings == []
+
+
+def test_a_gloo_rank_that_wrote_its_last_dump_as_the_others_failed_stopped(tmp_path: Path) -> None:
+    # Rank 2 died in step 6: its dump (written as it went) holds #1-#5; the others had begun #6 before,
+    # and gloo retired their #6 as finished when its connection closed, a few ms later. A collective
+    # cannot finish without a member: rank 2 stopped before it, however close the dumps' times are.
+    t = b.T0 + 10 * SECOND
+    per_rank = {r: _steps(5, backend="gloo") for r in range(3)}
+    for r in (0, 1):
+        per_rank[r].append(b.entry(6, backend="gloo", created_ns=t))
+    b.job(tmp_path, per_rank, 3)
+    for rank, written in ((2, t + 2_000_000), (0, t + 7_000_000), (1, t + 7_000_000)):
+        os.utime(tmp_path / f"nccl_trace_rank_{rank}", ns=(written, written))
+    first = analyze(load_dumps([tmp_path])).findings[0]
+    assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (2,), first.summary
