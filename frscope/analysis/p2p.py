@@ -93,6 +93,21 @@ def _owner(group: GroupInfo, entry: Entry, other: Entry) -> int | None:
     return group.global_rank(other.peer) if other.peer is not None else None
 
 
+def _misdirected(candidates: list[tuple[int, int, int, Entry, str]]) -> tuple[int, int, int, Entry, str] | None:
+    """A pending op that names a peer which never posts the counterpart, by a rank that another rank's
+    pending op waits for with the counterpart's kind: that rank named the wrong peer (rank 2's send to
+    3 waits while rank 3 receives from 11). It is the culprit, not the peer it named (idle, or busy
+    with its own partners), nor the rank whose op waits for it."""
+    unmatched = [c for c in candidates if c[4] == "unmatched"]
+    waited_for = {(_kind(c[3]), c[2]): c[1] for c in unmatched}  # (kind, the rank it names) -> who waits
+    for created, rank, peer, entry, _ in sorted(unmatched, key=lambda c: (c[0], c[1])):
+        partner_kind = "recv" if _kind(entry) == "send" else "send"
+        other = waited_for.get((partner_kind, rank))
+        if other is not None and other != peer:
+            return created, rank, other, entry, "misdirected"  # (.., the culprit, the rank waiting for it, ..)
+    return None
+
+
 def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
     """The oldest pending p2p op whose partner has no matching pending op (or a different size)."""
     pending: dict[int, list[Entry]] = {r: p for r, t in tracks.items() if (p := _pending(t))}
@@ -128,12 +143,24 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
                 candidates.append((first.time_created_ns or 0, rank, peer, first, "size"))
     if not candidates:
         return None
+    misdirected = _misdirected(candidates)
+    if misdirected is not None:
+        candidates = [misdirected]
     created, rank, peer, entry, why = min(candidates, key=lambda c: (c[0], c[1]))
     age, age_source = _age(ctx, [rank], created)
-    if why == "unmatched" and age is not None and age < ctx.options.stall_after_s:
+    if why in ("unmatched", "misdirected") and age is not None and age < ctx.options.stall_after_s:
         return None
     kind = "send" if entry.op in ("send", "isend") else "recv"
-    if why == "size":
+    if why == "misdirected":
+        culprits = [rank]  # `rank` posted `entry` with the wrong partner; `peer` waits for it
+        named = group.global_rank(entry.peer) if entry.peer is not None else None
+        summary = (
+            f"Rank {rank} posted its {kind} (p2p #{entry.p2p_seq_id} of {ref.label()}) with rank {named}, which never "
+            f"posts the counterpart, while rank {peer}'s pending {'send to' if kind == 'recv' else 'recv from'} rank "
+            f"{rank} waits: rank {rank} named the wrong peer"
+            + (f", for {fmt_duration(age)}" if age is not None else "") + "."
+        )
+    elif why == "size":
         culprits = sorted({rank, peer})
         summary = (
             f"Rank {rank}'s {kind} with rank {peer} (p2p #{entry.p2p_seq_id} of {ref.label()}) has sizes "
@@ -164,6 +191,8 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
         age_source=age_source,
     )
     finding.ranks[rank] = ctx.rank_view(rank, group.name, entry)
+    if why == "misdirected":
+        finding.ranks[peer] = ctx.rank_view(peer, group.name, None)
     for culprit in culprits:
         if culprit != rank:
             finding.ranks[culprit] = ctx.rank_view(culprit, group.name, None)

@@ -146,3 +146,16 @@ def test_a_gloo_rank_that_wrote_its_last_dump_as_the_others_failed_stopped(tmp_p
         os.utime(tmp_path / f"nccl_trace_rank_{rank}", ns=(written, written))
     first = analyze(load_dumps([tmp_path])).findings[0]
     assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (2,), first.summary
+
+
+def test_a_rank_that_receives_from_the_wrong_peer_is_the_culprit(tmp_path: Path) -> None:
+    # Rank 2 sends to rank 3, which posted its recv from rank 3's wrong peer, rank 5 (idle). Rank 5 never
+    # owed rank 3 anything, and rank 2 waits for rank 3: rank 3 named the wrong peer.
+    t = b.T0 + 10 * SECOND
+    per_rank = {r: _steps(3) for r in range(6)}
+    per_rank[2].append(b.entry(4, op="send", peer=" 2->3", p2p_seq=1, state="started", record_id=3, created_ns=t))
+    per_rank[3].append(b.entry(4, op="recv", peer=" 3<-5", p2p_seq=1, state="started", record_id=3, created_ns=t))
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 6)]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.P2P_MISMATCH and first.culprit_ranks == (3,), first.summary
+    assert "wrong peer" in first.summary
