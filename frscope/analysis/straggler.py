@@ -13,7 +13,14 @@ from statistics import median
 from frscope.analysis.arrivals import arrivals, durations_ms, lateness_ms, middles, upper_middle
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
-from frscope.analysis.stragglers_steps import ALPHA, binomial_tail
+from frscope.analysis.stragglers_steps import (
+    ALPHA,
+    ALPHA_STEADY,
+    MIN_WAIT_MS,
+    STEADY_MIN_EVENTS,
+    STEADY_SPREAD,
+    binomial_tail,
+)
 from frscope.analysis.tracks import Track
 from frscope.analysis.wording import plural
 
@@ -29,6 +36,18 @@ def last_counts(tracks: dict[int, Track]) -> tuple[dict[int, int], int]:
     for times in arrived.rows:
         counts[ranks[len(times) - 1 - times[::-1].index(max(times))]] += 1
     return counts, len(arrived)
+
+
+def _steady_offset(lateness: list[float], late_ms: float) -> bool:
+    """Few ranks (two: each is last by a coin toss) can never be beyond chance by count alone over a few
+    steps; a lateness of about one length (interquartile range within STEADY_SPREAD of the median), well
+    over any wait jitter makes (MIN_WAIT_MS), that is absent at some collectives (so no clock offset: the
+    clocks agree there) is one cause repeating."""
+    if len(lateness) < STEADY_MIN_EVENTS or late_ms < MIN_WAIT_MS:
+        return False
+    ordered = sorted(lateness)
+    q1, q3 = ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
+    return (q3 - q1) / late_ms <= STEADY_SPREAD and ordered[0] < late_ms / 2
 
 
 def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
@@ -57,7 +76,8 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
         return None
     # Unbiased jitter makes each rank last 1/n of the time: with few ranks (two: half the time) a share
     # over LAST_SHARE happens by chance, so the count must also be beyond chance (all ranks together).
-    if binomial_tail(last_count[worst], samples, 1 / len(ranks)) * len(ranks) >= ALPHA:
+    chance = binomial_tail(last_count[worst], samples, 1 / len(ranks)) * len(ranks)
+    if chance >= ALPHA and not (chance < ALPHA_STEADY and _steady_offset(lateness[worst], late_ms)):
         return None
     waited = {r: durations_ms(arrived, tracks[r]) for r in ranks}
     evidence = [
