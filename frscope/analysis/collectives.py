@@ -411,6 +411,26 @@ def _stuck_finding(
     )
 
 
+def _sinks_among(ctx: Context, not_joined: list[int]) -> tuple[list[int], list[int]]:
+    """(culprits, ranks blocked in p2p) of the ranks that never joined: a rank blocked in a p2p op whose
+    peer the recorder does not name (a coalesced batch) waits on a partner, and where others that never
+    joined wait on nobody (every op they recorded finished), the wait chain ends at those."""
+    idle: list[int] = []
+    in_p2p: list[int] = []
+    for rank in not_joined:
+        dump = ctx.dumpset.dumps.get(rank)
+        open_entry = oldest_open(dump.entries) if dump is not None else None
+        if open_entry is None:
+            idle.append(rank)
+        elif open_entry.is_p2p and open_entry.peer is None:
+            in_p2p.append(rank)
+        else:
+            return not_joined, []
+    if idle and in_p2p:
+        return idle, in_p2p
+    return not_joined, []
+
+
 def _called_more(ctx: Context, point: StuckPoint) -> bool:
     """The ranks blocked here are fewer than the members that never entered it, and those are idle: every
     op they recorded finished, in every group. The odd side is the one in the collective: it called one
@@ -470,7 +490,7 @@ def hang_finding(
     if point.not_joined and _called_more(ctx, point):
         return _extra_call_finding(ctx, group, ref, tracks, point, buckets, op, since, sample)
     if point.not_joined:
-        culprits = point.not_joined
+        culprits, in_p2p = _sinks_among(ctx, point.not_joined)
         first = culprits[0]
         doing = ctx.activity(first)
         doing_text = f"; rank {first} is {doing}" if doing else ""
@@ -495,6 +515,11 @@ def hang_finding(
         for rank in point.joined[:3]:
             bucket = buckets.get(rank)
             finding.ranks[rank] = ctx.rank_view(rank, group.name, bucket[0] if bucket else None, call_site=False)
+        if in_p2p:
+            finding.evidence.append(
+                f"{plural(in_p2p)} never joined either, blocked in point-to-point ops whose peers the recorder does "
+                f"not name (a batch): they wait on a partner; {plural(culprits)} "
+                f"wait{'s' if len(culprits) == 1 else ''} on nobody")
         return finding
 
     # Everyone entered it. Which ranks did not finish it, and did their device even start it?

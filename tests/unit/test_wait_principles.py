@@ -159,3 +159,18 @@ def test_a_rank_that_receives_from_the_wrong_peer_is_the_culprit(tmp_path: Path)
     first = report.findings[0]
     assert first.category is Category.P2P_MISMATCH and first.culprit_ranks == (3,), first.summary
     assert "wrong peer" in first.summary
+
+
+def test_ranks_blocked_in_a_p2p_batch_are_not_the_sink_beside_an_idle_rank(tmp_path: Path) -> None:
+    # Ranks 1 and 3 never joined #4 either, but they are blocked in a batch of sends and receives (the
+    # recorder names no peer for it); rank 0 finished everything it enqueued: the chain ends at rank 0.
+    t = b.T0 + 10 * SECOND
+    per_rank = {r: _steps(3) for r in range(4)}
+    for r in (1, 3):
+        batch = b.entry(4, op="coalesced", state="started", p2p_seq=1, record_id=3, created_ns=t)
+        batch.update(is_p2p=True, collective_seq_id=0)
+        per_rank[r].append(batch)
+    per_rank[2].append(b.entry(4, state="started", created_ns=t))
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (0,), first.summary
