@@ -17,7 +17,6 @@ from frscope.analysis.stragglers_steps import (
     ALPHA,
     ALPHA_STEADY,
     MIN_WAIT_MS,
-    STEADY_MIN_EVENTS,
     STEADY_SPREAD,
     binomial_tail,
 )
@@ -26,6 +25,7 @@ from frscope.analysis.wording import plural
 
 MIN_SAMPLES = 5
 LAST_SHARE = 0.6  # last to arrive in at least this share of the sampled collectives
+FEW_SAMPLES = 5  # a steady lateness counts from this many collectives (one per step: five steps)
 
 
 def last_counts(tracks: dict[int, Track]) -> tuple[dict[int, int], int]:
@@ -38,16 +38,29 @@ def last_counts(tracks: dict[int, Track]) -> tuple[dict[int, int], int]:
     return counts, len(arrived)
 
 
-def _steady_offset(lateness: list[float], late_ms: float) -> bool:
+def _steady_offset(ctx: Context, rank: int, lateness: list[float], late_ms: float) -> bool:
     """Few ranks (two: each is last by a coin toss) can never be beyond chance by count alone over a few
     steps; a lateness of about one length (interquartile range within STEADY_SPREAD of the median), well
-    over any wait jitter makes (MIN_WAIT_MS), that is absent at some collectives (so no clock offset: the
-    clocks agree there) is one cause repeating."""
-    if len(lateness) < STEADY_MIN_EVENTS or late_ms < MIN_WAIT_MS:
+    over any wait jitter makes (MIN_WAIT_MS), that is absent at some collective of the rank, in this group
+    or another (so no clock offset: its clock agrees with its peers' there), is one cause repeating."""
+    if len(lateness) < FEW_SAMPLES or late_ms < MIN_WAIT_MS:
         return False
     ordered = sorted(lateness)
     q1, q3 = ordered[len(ordered) // 4], ordered[(3 * len(ordered)) // 4]
-    return (q3 - q1) / late_ms <= STEADY_SPREAD and ordered[0] < late_ms / 2
+    return (q3 - q1) / late_ms <= STEADY_SPREAD and _in_step_somewhere(ctx, rank, late_ms / 2)
+
+
+def _in_step_somewhere(ctx: Context, rank: int, within_ms: float) -> bool:
+    """The rank arrived within `within_ms` of the middle at some collective of some group it is in."""
+    for tracks in ctx.tracks.values():
+        if rank not in tracks or len(tracks) < 2:
+            continue
+        arrived = arrivals(tracks)
+        if rank in arrived.by_rank and len(arrived):
+            mine = lateness_ms(arrived, rank, middles(arrived, upper_middle if len(arrived.ranks) > 2 else min))
+            if min(mine, default=within_ms) < within_ms:
+                return True
+    return False
 
 
 def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
@@ -77,7 +90,7 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
     # Unbiased jitter makes each rank last 1/n of the time: with few ranks (two: half the time) a share
     # over LAST_SHARE happens by chance, so the count must also be beyond chance (all ranks together).
     chance = binomial_tail(last_count[worst], samples, 1 / len(ranks)) * len(ranks)
-    if chance >= ALPHA and not (chance < ALPHA_STEADY and _steady_offset(lateness[worst], late_ms)):
+    if chance >= ALPHA and not (chance < ALPHA_STEADY and _steady_offset(ctx, worst, lateness[worst], late_ms)):
         return None
     waited = {r: durations_ms(arrived, tracks[r]) for r in ranks}
     evidence = [

@@ -87,6 +87,11 @@ def _mismatch(ex: Execution) -> Truth | None:
     if not decided:
         truth.undecidable = {f: "the ranks split evenly: nothing says which side is odd" for f in
                              ("snapshot", *FILE_FORMS)}
+    if len({(rec.in_sizes, rec.out_sizes, rec.in_dtypes, rec.out_dtypes) for rec in recs.values()}) == 1:
+        # the shapes differ but what the recorder keeps does not (the same bytes through an op gloo records
+        # as another, on the flattened tensor): no dump can show it
+        truth.undecidable = {f: "every rank's recorder keeps the same sizes and dtypes for this op" for f in
+                             ("snapshot", *FILE_FORMS)}
     if rdv.outcome == "abort":
         truth.undecidable = {f: "gloo aborted every member at once; the common side left no dump" for f in
                              ("snapshot", *FILE_FORMS)}
