@@ -174,3 +174,16 @@ def test_ranks_blocked_in_a_p2p_batch_are_not_the_sink_beside_an_idle_rank(tmp_p
     report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=t + 700 * SECOND))
     first = report.findings[0]
     assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (0,), first.summary
+
+
+def test_a_rank_in_python_that_never_posted_a_recv_nor_joined_is_one_sink(tmp_path: Path) -> None:
+    # NCCL: rank 0's send to rank 1 is queued, and rank 0 went on to #4, where it is blocked; rank 1 is
+    # idle (stuck in its data loader). One cause: rank 1 never reached its next step. The collective it
+    # never joined is the root; the recv it never posted nests under it.
+    t = b.T0 + 10 * SECOND
+    per_rank = {r: _steps(3) for r in range(2)}
+    per_rank[0] += [b.entry(4, op="send", peer=" 0->1", p2p_seq=1, state="scheduled", record_id=3, created_ns=t),
+                    b.entry(4, state="scheduled", record_id=4, created_ns=t + 1000)]
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 2)]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    assert [(f.category, f.culprit_ranks) for f in report.findings] == [(Category.RANK_NOT_JOINED, (1,))]
+    assert [f.category for f in report.findings[0].consequences] == [Category.P2P_MISMATCH]
