@@ -42,6 +42,20 @@ def _facing_heads(group: GroupInfo, pending: dict[int, list[Entry]]) -> tuple[En
     return min(found, key=lambda pair: min(pair[0].time_created_ns or 0, pair[1].time_created_ns or 0))
 
 
+def _one_skipped(group: GroupInfo, pair: tuple[Entry, Entry], posted: dict[tuple[str, int, int], list[Entry]]
+                 ) -> bool:
+    """Of two ranks facing each other with the same kind of op, one posted the other kind too (behind it)
+    and the other never did: that one skipped it (its program diverged), a p2p op without a partner
+    rather than a deadlock of two programs that both post in the wrong order."""
+    first, second = pair
+    a = group.global_rank(second.peer) if second.peer is not None else None
+    b = group.global_rank(first.peer) if first.peer is not None else None
+    if a is None or b is None:
+        return False
+    other = "send" if _kind(first) == "recv" else "recv"
+    return ((other, a, b) in posted) != ((other, b, a) in posted)
+
+
 def _age(ctx: Context, ranks: list[int], created: int) -> tuple[float | None, str | None]:
     """How long the op has waited and where that came from; None with both readings when the files are
     copies (the read time is lost: no age is made up from the timeout)."""
@@ -123,7 +137,7 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             kind = "send" if entry.op in ("send", "isend") else "recv"
             posted.setdefault((kind, rank, peer), []).append(entry)
     deadlock = _facing_heads(group, pending)
-    if deadlock is not None:
+    if deadlock is not None and not _one_skipped(group, deadlock, posted):
         finding = _deadlock_finding(ctx, group, ref, deadlock)
         if finding.stalled_for_s is None or finding.stalled_for_s >= ctx.options.stall_after_s:
             return finding
