@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from frscope.analysis.lateness import RankLateness, rank_lateness
@@ -103,7 +104,7 @@ class Poller:
         went_down: list[int] = []
         for rank, state in self.ranks.items():
             if rank not in found:
-                if self._mark_down(state, WorkerError("no_socket", f"{state.endpoint} is gone"), now_ns):
+                if self._mark_down(state, WorkerError("no_socket", _gone(state.endpoint)), now_ns):
                     went_down.append(rank)
         results = await asyncio.gather(
             *(self._poll_rank(self.ranks[rank], now_ns, previous_round, want_full, periodic)
@@ -423,3 +424,8 @@ class Poller:
 
         got = await asyncio.gather(*(one(s) for s in ranks))
         return [s.rank for s, ok in zip(ranks, got, strict=True) if ok]
+
+
+def _gone(endpoint: Endpoint) -> str:
+    """What a poll says of a rank whose worker server disappeared (the socket file, or the port's file)."""
+    return f"socket {endpoint} is gone" if isinstance(endpoint, Path) else f"{endpoint} is gone"
