@@ -438,6 +438,8 @@ def _called_more(ctx: Context, point: StuckPoint) -> bool:
     ranks that all stopped at the same point."""
     if len(point.joined) >= len(point.not_joined):
         return False
+    if set(point.not_joined) & ctx.gone_ranks():
+        return False  # a process that went away is no idle peer: it stopped short
     for rank in point.not_joined:
         dump = ctx.dumpset.dumps.get(rank)
         if dump is None or not len(dump.entries) or oldest_open(dump.entries) is not None:

@@ -27,6 +27,13 @@ class AnalysisOptions:
     max_rank_views: int = 16
 
 
+# How a collector says a rank did not answer (frscope's sidecar: "<socket>: no answer within 5 s").
+_NO_ANSWER = ("no answer", "timed out", "did not answer")
+# How a collector says a rank's process is gone (the sidecar: "<socket>: socket is gone", "cannot
+# connect: Connection refused"; the demo launcher: "process exited with code N").
+_GONE = ("socket is gone", "cannot connect", "connection refused", "process exited", " is gone")
+
+
 @dataclass(slots=True)
 class Context:
     dumpset: DumpSet
@@ -37,6 +44,16 @@ class Context:
 
     def __post_init__(self) -> None:
         self.clock = build_clock(self.dumpset, self.tracks, self.options.now_ns)
+
+    def gone_ranks(self) -> frozenset[int]:
+        """Ranks whose collector says their process is gone (its worker socket went with it)."""
+        return frozenset(p.rank for p in self.dumpset.problems
+                         if p.rank is not None and any(w in p.message.lower() for w in _GONE))
+
+    def unresponsive_ranks(self) -> frozenset[int]:
+        """Ranks whose worker server gave no answer (alive, but holding the GIL or in native code)."""
+        return frozenset(p.rank for p in self.dumpset.problems
+                         if p.rank is not None and any(w in p.message.lower() for w in _NO_ANSWER))
 
     def now_for(self, ranks: list[int]) -> int | None:
         """When the recorders of `ranks` were read (the latest of them); see `clock`."""

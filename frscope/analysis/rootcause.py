@@ -120,7 +120,9 @@ def link(ctx: Context, findings: list[Finding], causes: Causes,
     stopped = [f for f in findings if f.category is Category.RANK_STOPPED]
     for finding in findings:
         if finding.category in HANGS and id(finding) not in parent:
-            cause = next((s for s in stopped if set(finding.culprit_ranks) <= set(s.culprit_ranks)), None)
+            # (a culprit whose own wait leads to the stopped rank is no sink of its own: it waited for it)
+            cause = next((s for s in stopped if all(
+                r in s.culprit_ranks or cause_of_rank(ctx, causes, r) is s for r in finding.culprit_ranks)), None)
             if cause is not None:
                 parent[id(finding)] = cause
 

@@ -53,23 +53,6 @@ class Facts:
     unresponsive: frozenset[int] = frozenset()
 
 
-# How a collector says a rank did not answer (frscope's sidecar: "<socket>: no answer within 5 s").
-_NO_ANSWER = ("no answer", "timed out", "did not answer")
-# How a collector says a rank's process is gone (the sidecar: "<socket>: socket is gone", "cannot
-# connect: Connection refused"; the demo launcher: "process exited with code N").
-_GONE = ("socket is gone", "cannot connect", "connection refused", "process exited")
-
-
-def gone_ranks(ctx: Context) -> frozenset[int]:
-    return frozenset(p.rank for p in ctx.dumpset.problems
-                     if p.rank is not None and any(w in p.message.lower() for w in _GONE))
-
-
-def unresponsive_ranks(ctx: Context) -> frozenset[int]:
-    return frozenset(p.rank for p in ctx.dumpset.problems
-                     if p.rank is not None and any(w in p.message.lower() for w in _NO_ANSWER))
-
-
 def unresponsive_note(facts: Facts, ranks: tuple[int, ...]) -> str | None:
     """Evidence for a finding whose culprits include ranks that did not answer the collector."""
     silent = sorted(set(ranks) & facts.unresponsive)
@@ -134,8 +117,8 @@ def gather_facts(ctx: Context, exits: Mapping[int, RankExit]) -> Facts:
     dumpset = ctx.dumpset
     failed = frozenset(r for r, e in exits.items() if e.failed)
     any_missing = bool(dumpset.missing_ranks)
-    unresponsive = unresponsive_ranks(ctx)
-    gone = gone_ranks(ctx)
+    unresponsive = ctx.unresponsive_ranks()
+    gone = ctx.gone_ranks()
     groups: list[GroupFacts] = []
     default_ref: GroupRef | None = None
     for name, group in dumpset.groups.items():

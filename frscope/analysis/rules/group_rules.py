@@ -154,7 +154,10 @@ def stale(facts: Facts) -> list[Proposal]:
             finding = stopped_finding(facts.ctx, gf.ref, gf.tracks, fresh, gf.point, facts.exits)
             if (note := unresponsive_note(facts, finding.culprit_ranks)) is not None:
                 finding.evidence.insert(0, note)
-            proposal = Proposal(finding, "stale", list(point), absorbs_waiting=True)
+            # ... and the collective each stopped rank missed that the others recorded done (on gloo: failed
+            # for want of it), where a member that went on to fail waited for it
+            missed = [(gf.name, st.last_seq + 1) for st in fresh.values() if (gf.name, st.last_seq + 1) not in point]
+            proposal = Proposal(finding, "stale", [*point, *dict.fromkeys(missed)], absorbs_waiting=True)
             out.append(proposal)
             by_rank.update(dict.fromkeys(fresh, proposal))
         else:
