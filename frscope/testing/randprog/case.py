@@ -64,6 +64,11 @@ class Case:
             waiting = [st.block_op for st in self.ex.states.values() if st.status == BLOCKED]
             if waiting and all(op is not None and op.kind in ("wait", "batch") for op in waiting):
                 return NO_TORCH_FRAME_WHY
+            # a rank that looks like the culprit in the recorders, waiting on a request whose stack shows only
+            # the user's frame (work.wait() is a C++ call): its stack looks like the culprit's too
+            if any((op := self.ex.states[r].block_op) is not None and op.kind in ("wait", "batch")
+                   for r in self.truth.lookalikes):
+                return NO_TORCH_FRAME_WHY
         rdv = self.truth.mismatch_at
         if rdv is not None:
             for rank in rdv.recs:

@@ -40,6 +40,7 @@ class Truth:
     mismatch_at: Rdv | None = None  # the collective where the members disagreed
     # evidence flags the forms need
     via_unrecorded: bool = False  # the culprit shows only through ops gloo does not record
+    lookalikes: tuple[int, ...] = ()  # blocked ranks the recorders show exactly like the culprits
 
     def to_json(self) -> dict[str, object]:
         return {"category": self.category, "culprits": list(self.culprits), "accepted": list(self.accepted),
@@ -182,7 +183,7 @@ def _wait_for(ex: Execution) -> Truth | None:
                       and not any(_recorded(x, backend) for x in blocked[r].blocked)}
         truth = Truth(NOT_JOINED if stuck else STOPPED, tuple(hard), accepted,
                       "sink " + ", ".join(f"{r} {states[r].status}" for r in hard),
-                      via_unrecorded=not visible or bool(lookalikes))
+                      via_unrecorded=not visible or bool(lookalikes), lookalikes=tuple(sorted(lookalikes)))
         return truth
     idle = sorted(r for r in reach if states[r].status == DONE)
     if idle:
