@@ -801,9 +801,14 @@ static PyObject *py_scan(PyObject *self, PyObject *args) {
     return out;
 }
 
+PyObject *frscan_index_contiguous(PyObject *self, PyObject *args); /* _frscan_groups.c */
+
 static PyMethodDef methods[] = {
     {"scan", py_scan, METH_VARARGS,
      "scan(data, budget) -> tuple of columns, or None when the pickle is not a regular Flight Recorder dump"},
+    {"index_contiguous", frscan_index_contiguous, METH_VARARGS,
+     "index_contiguous(gid, ngroups, flags, state, done, seq, name, op_of_name, shape, shape_count) -> "
+     "(groups, keys), or None when a group's seqs are not consecutive (group_index.index_groups)"},
     {NULL, NULL, 0, NULL},
 };
 
