@@ -108,16 +108,16 @@ static void scan_free(Scan *s, int taken) {
     if (taken) kept_busy = 0;
 }
 
-static int push(Scan *s, Val v) {
-    if (GROW(s, s->stack, s->scap, s->sp + 1)) return -1;
+static inline int push(Scan *s, Val v) {
+    if (__builtin_expect(s->sp >= s->scap, 0) && GROW(s, s->stack, s->scap, s->sp + 1)) return -1;
     s->stack[s->sp++] = v;
     return 0;
 }
 
 static Py_ssize_t fence(Scan *s) { return s->nm ? s->marks[s->nm - 1] : 0; }
 
-static int new_node(Scan *s, uint32_t kind, Val *out) {
-    if (GROW(s, s->nodes, s->ncap, s->nn + 1)) return -1;
+static inline int new_node(Scan *s, uint32_t kind, Val *out) {
+    if (__builtin_expect(s->nn >= s->ncap, 0) && GROW(s, s->nodes, s->ncap, s->nn + 1)) return -1;
     s->nodes[s->nn] = (Node){-1, -1, 0, kind};
     *out = (Val){kind, 0, s->nn};
     s->nn++;
@@ -125,12 +125,25 @@ static int new_node(Scan *s, uint32_t kind, Val *out) {
 }
 
 /* Append `count` values from `src` to node `node` as one chunk (src is the stack: never the vals pool). */
-static int add_chunk(Scan *s, int64_t node, const Val *src, Py_ssize_t count) {
+static inline int add_chunk(Scan *s, int64_t node, const Val *src, Py_ssize_t count) {
     if (count == 0) return 0;
-    if (GROW(s, s->vals, s->vcap, s->nv + count) || GROW(s, s->chunks, s->ccap, s->nc + 1)) return -1;
-    memcpy(s->vals + s->nv, src, (size_t)count * sizeof(Val));
-    s->chunks[s->nc] = (Chunk){s->nv, count, -1};
+    if ((s->nv + count > s->vcap && GROW(s, s->vals, s->vcap, s->nv + count)) ||
+        (s->nc + 1 > s->ccap && GROW(s, s->chunks, s->ccap, s->nc + 1)))
+        return -1;
+    Val *dst = s->vals + s->nv;
+    if (count <= 4) for (Py_ssize_t i = 0; i < count; i++) dst[i] = src[i];
+    else memcpy(dst, src, (size_t)count * sizeof(Val));
     Node *nd = &s->nodes[node];
+    if (nd->last >= 0 && nd->last == s->nc - 1) {
+        Chunk *prev = &s->chunks[nd->last];
+        if (prev->start + prev->count == s->nv) { /* this node's chunk ends the pool: extend it */
+            prev->count += count;
+            nd->count += count;
+            s->nv += count;
+            return 0;
+        }
+    }
+    s->chunks[s->nc] = (Chunk){s->nv, count, -1};
     if (nd->last >= 0) s->chunks[nd->last].next = s->nc; else nd->first = s->nc;
     nd->last = s->nc;
     nd->count += count;
@@ -494,6 +507,81 @@ static int add_code(Scan *s, Interner *t, int64_t code) {
     return 0;
 }
 
+/* A stack's frames as records.model.frames_from_raw reads them, each a (name, filename, line) tuple: a dict item's
+ * "name" (str, first 200 characters, else "?"), "filename" (first 500, else "?") and "line" (an int in [0, 2**31),
+ * else -1); items that are not dicts are skipped. Equal frames are one tuple object across the scans of a process
+ * (`frame_cache`, bounded): every rank runs the same code, so each file's stacks cost a lookup per frame. */
+static PyObject *frame_cache;
+#define FRAME_CACHE_MAX 65536
+#define FRAME_NAME_MAX 200
+#define FRAME_FILE_MAX 500
+
+static PyObject *frame_text(Scan *s, const Val *v, Py_ssize_t cap) {
+    if (!v || v->kind != K_STR) return PyUnicode_FromString("?");
+    s->work -= v->len >> 6;
+    PyObject *o = PyUnicode_DecodeUTF8((const char *)s->d + v->v, v->len, "surrogatepass");
+    if (o && PyUnicode_GET_LENGTH(o) > cap) {
+        PyObject *t = PyUnicode_Substring(o, 0, cap);
+        Py_DECREF(o);
+        o = t;
+    }
+    return o;
+}
+
+static PyObject *mat_frame(Scan *s, const Val *dict, Buf *key) {
+    const Val *name = NULL, *file = NULL, *line = NULL, *k = NULL;
+    EACH_CHILD(s, dict->v, c, {
+        if (!k) { k = c; continue; }
+        if (k->len == 4 && !memcmp(s->d + k->v, "name", 4)) name = c;
+        else if (k->len == 8 && !memcmp(s->d + k->v, "filename", 8)) file = c;
+        else if (k->len == 4 && !memcmp(s->d + k->v, "line", 4)) line = c;
+        k = NULL;
+    });
+    int64_t line_no = line && line->kind == K_INT && line->v >= 0 && line->v < ((int64_t)1 << 31) ? line->v : -1;
+    key->len = 0;
+    if (put_tag(s, key, 'L', line_no)) return NULL;
+    if (name && name->kind == K_STR) { if (put_tag(s, key, 'S', name->len) || put(s, key, s->d + name->v, name->len)) return NULL; }
+    else if (put_tag(s, key, '?', 0)) return NULL;
+    if (file && file->kind == K_STR) { if (put_tag(s, key, 'S', file->len) || put(s, key, s->d + file->v, file->len)) return NULL; }
+    else if (put_tag(s, key, '?', 0)) return NULL;
+    if (!frame_cache && !(frame_cache = PyDict_New())) return NULL;
+    PyObject *kb = PyBytes_FromStringAndSize((const char *)key->p, key->len);
+    if (!kb) return NULL;
+    PyObject *got = PyDict_GetItemWithError(frame_cache, kb);
+    if (got) { Py_DECREF(kb); Py_INCREF(got); return got; }
+    if (PyErr_Occurred()) { Py_DECREF(kb); return NULL; }
+    PyObject *frame = Py_BuildValue("(NNL)", frame_text(s, name, FRAME_NAME_MAX), frame_text(s, file, FRAME_FILE_MAX),
+                                    (long long)line_no);
+    if (frame && PyDict_GET_SIZE(frame_cache) < FRAME_CACHE_MAX && PyDict_SetItem(frame_cache, kb, frame)) {
+        Py_CLEAR(frame);
+    }
+    Py_DECREF(kb);
+    return frame;
+}
+
+static PyObject *mat_stack(Scan *s, const Val *v) {
+    if (v->kind != K_LIST) return NULL;
+    Py_ssize_t dicts = 0, i = 0;
+    EACH_CHILD(s, v->v, c, { if (c->kind == K_DICT) dicts++; });
+    PyObject *out = PyTuple_New(dicts);
+    if (!out) return NULL;
+    Buf key = {0};
+    EACH_CHILD(s, v->v, c, {
+        if (c->kind != K_DICT) continue;
+        if (--s->work < 0) goto fail;
+        PyObject *frame = mat_frame(s, c, &key);
+        if (!frame) goto fail;
+        PyTuple_SET_ITEM(out, i, frame);
+        i++;
+    });
+    PyMem_Free(key.p);
+    return out;
+fail:
+    PyMem_Free(key.p);
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* The code of one value, content-keyed; identity first. mode 0: plain; 1: a group pair (list or tuple alike, a
  * tuple object); 2: a stack (frame dicts by node). */
 static int64_t intern_val(Scan *s, Interner *t, Buf *b, const Val *v, int mode) {
@@ -524,6 +612,8 @@ static int64_t intern_val(Scan *s, Interner *t, Buf *b, const Val *v, int mode) 
                 PyTuple_SET_ITEM(o, i, x);
                 i++;
             });
+        } else if (mode == 2) {
+            o = mat_stack(s, v);
         } else {
             o = mat(s, v, 0);
         }

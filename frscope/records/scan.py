@@ -23,7 +23,6 @@ from operator import lt
 from typing import Any
 
 from frscope.records.columns import EntryTable, _code_type
-from frscope.records.fastcols import _stack_content
 from frscope.records.fields import (
     MAX_STACKS,
     MAX_STATE,
@@ -132,16 +131,14 @@ def _table(got: tuple[Any, ...], lazy_frames: LazyFrames,
 def _stacks(raw_codes: bytes | None, raws: list[Any] | None, record_id: array[int]
             ) -> tuple[array[int], list[Any]] | tuple[None, None]:
     """As fastcols._Stacks.result: each entry's stack as a code into the rank's distinct stacks (contents by
-    frames_from_raw), the last entry's stack per record id when ids repeat; None when frames are not lists or
-    there are more than MAX_STACKS distinct stacks. The scanner keyed stacks by their frame dicts' identity: equal
-    contents of different dicts become one stack here."""
+    frames_from_raw: the scanner builds them so, `raws`), the last entry's stack per record id when ids repeat;
+    None when frames are not lists or there are more than MAX_STACKS distinct stacks. The scanner keyed stacks by
+    their frame dicts' identity: equal contents of different dicts become one stack here."""
     if raw_codes is None or raws is None:
         return None, None
     index: dict[tuple[tuple[str, str, int], ...], int] = {}
-    one: dict[int, tuple[tuple[str, str, int], ...]] = {}
     remap: list[int] = []
-    for raw in raws:
-        content = _stack_content(raw, one)
+    for content in raws:  # the scanner made each stack's frames as frames_from_raw does (mat_stack)
         code = index.get(content)
         if code is None:
             if len(index) >= MAX_STACKS:

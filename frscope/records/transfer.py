@@ -1,0 +1,98 @@
+"""How a loader worker's result travels to the parent process (`loader.load_dumps`): compact, and shared where
+every rank repeats the same thing.
+
+A columnar rank (`EntryTable`) pickles as a few byte buffers and small tables; a rank read row by row sends its
+entries as plain tuples (`entry_rows`). pg_config rank lists travel by reference (`_RankLists`), stacks' frames
+are made one object per distinct frame on arrival.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from array import array
+from typing import Any
+
+from frscope.records.columns import EntryTable
+from frscope.records.model import EntryRow, LoadProblem, PgConfig, RankDump, entries_from_rows, entry_rows
+
+# What a worker sends back for one file: the dump (list entries travel apart, as rows; pg_config rank lists
+# apart, as references), or the problem.
+RanksRef = tuple[bytes, tuple[int, ...] | None]
+Shipped = tuple[RankDump, list[EntryRow] | None, dict[str, RanksRef]] | LoadProblem
+
+
+class _RankLists:
+    """A worker's record of the pg_config rank lists it has sent in this load (`session`). Every rank lists its
+    default group's N members: sent whole with every rank, they cost N² ints to pickle, unpickle, hash and
+    compare (10^9 at 32,768 ranks). Each list is named by a digest of its contents and travels whole
+    only the first time this worker sends it; the parent reads a worker's results in the order the worker
+    produced them (`pool.map` hands out chunks in order, each worker takes one at a time), so it has met the
+    list before any reference to it."""
+
+    LIMIT = 1 << 16  # distinct lists remembered; past it, lists travel whole
+
+    def __init__(self) -> None:
+        self.session: object = None
+        self.digests: dict[int, tuple[tuple[int, ...], bytes]] = {}  # id(list) -> (the list, its digest)
+        self.sent: set[bytes] = set()
+
+    def ref(self, ranks: tuple[int, ...], session: object) -> RanksRef:
+        if session != self.session:
+            self.session, self.sent = session, set()
+        held = self.digests.get(id(ranks))
+        if held is not None and held[0] is ranks:
+            digest = held[1]
+        else:  # normalize parses each distinct text once (parse_ranks): mostly the same tuple object
+            digest = hashlib.blake2b(array("q", ranks).tobytes(), digest_size=16).digest()
+            if len(self.digests) < self.LIMIT:
+                self.digests[id(ranks)] = (ranks, digest)
+        if digest in self.sent:
+            return digest, None
+        if len(self.sent) < self.LIMIT:
+            self.sent.add(digest)
+        return digest, ranks
+
+
+_RANK_LISTS = _RankLists()
+
+
+class UnknownRanks(Exception):
+    """A rank list referenced before it was received (never expected: see `_RankLists`)."""
+
+
+def ship(result: RankDump | LoadProblem, session: object) -> Shipped:
+    if isinstance(result, LoadProblem):
+        return result
+    refs: dict[str, RanksRef] = {}
+    for key, cfg in result.pg_config.items():
+        if cfg.ranks is not None:
+            refs[key] = _RANK_LISTS.ref(cfg.ranks, session)
+            result.pg_config[key] = PgConfig(cfg.key, cfg.name, cfg.desc, None)
+    if isinstance(result.entries, EntryTable):
+        return result, None, refs  # a few arrays and small tables: pickles as bytes
+    rows = entry_rows(result.entries)
+    result.entries = []
+    return result, rows, refs
+
+
+def unship(shipped: Shipped, rank_lists: dict[bytes, tuple[int, ...]],
+            shared_frames: dict[Any, Any]) -> RankDump | LoadProblem:
+    if isinstance(shipped, LoadProblem):
+        return shipped
+    dump, rows, refs = shipped
+    if rows is not None:
+        dump.entries = entries_from_rows(rows)
+    elif isinstance(dump.entries, EntryTable) and dump.entries.stacks is not None:
+        # Every rank runs the same code: one object per distinct frame across the set.
+        dump.entries.stacks = [tuple(shared_frames.setdefault(f, f) for f in stack) for stack in dump.entries.stacks]
+    # One tuple per rank list for the whole set (by digest: no N-int hash or comparison per rank).
+    for key, (digest, ranks) in refs.items():
+        if ranks is None:
+            ranks = rank_lists.get(digest)
+            if ranks is None:
+                raise UnknownRanks(dump.source)
+        else:
+            ranks = rank_lists.setdefault(digest, ranks)
+        cfg = dump.pg_config[key]
+        dump.pg_config[key] = PgConfig(cfg.key, cfg.name, cfg.desc, ranks)
+    return dump
