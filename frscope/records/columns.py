@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Hashable, Iterator, Sequence
-from itertools import compress, repeat
-from operator import ge
+from itertools import compress
 from typing import Any, overload
 
 from frscope.records.group_index import GroupIndex, SignatureSpace, index_groups, space_of, unify_signatures
@@ -38,6 +37,8 @@ _FLAG_OF = {
 }
 _RETIRED_OF = (None, False, True)
 _RETIRED_TRUE = 4
+# flags -> 1 where the entry is retired (flags >= _RETIRED_TRUE), for bytes.translate
+_RETIRED_BYTE = bytes(int(f >= _RETIRED_TRUE) for f in range(256))
 
 
 def _code_type(distinct: int) -> str:
@@ -217,8 +218,21 @@ class EntryTable(Sequence[Entry]):
     def is_done(self, i: int) -> bool:
         return self.states[self.state[i]] == COMPLETED or self.flags[i] >= _RETIRED_TRUE
 
+    def open_mask(self) -> bytes:
+        """Per entry, 1 where it is not completed (as `open_flags`), as bytes: C-level passes over the codes
+        (`bytes.translate`, one big-int OR), no Python per entry."""
+        n = len(self)
+        if self.state.typecode != "B" or len(self.states) > 256:
+            return bytes(self.open_flags())
+        done = bytes(state == COMPLETED for state in self.states).ljust(256, b"\0")
+        closed = int.from_bytes(self.state.tobytes().translate(done), "little") | int.from_bytes(
+            self.flags.tobytes().translate(_RETIRED_BYTE), "little")
+        return (int.from_bytes(b"\1" * n, "little") ^ closed).to_bytes(n, "little")
+
     def open_positions(self, positions: Sequence[int]) -> list[int]:
         """Those of `positions` whose entry is not completed."""
+        if not positions:
+            return []
         states = self.states
         open_of = {(s, f): not (states[s] == COMPLETED or f >= _RETIRED_TRUE) for s in range(len(states))
                    for f in range(6)}
@@ -236,12 +250,13 @@ class EntryTable(Sequence[Entry]):
     def first_open(self, before_record: int | None = None) -> int | None:
         """The position of the first entry not completed, or None; None too when an entry with a record
         id >= `before_record` comes first (the reference walks the entries in order and stops there)."""
-        n = len(self)
-        first = next(compress(range(n), self.open_flags()), None)
+        found = self.open_mask().find(1)
+        first = None if found < 0 else found
         if first is None or before_record is None:
             return first
-        stop = next(compress(range(n), map(ge, self.record_id, repeat(before_record))), n)
-        return first if first < stop else None
+        # The walk stops at the first entry with a record id >= before_record: `first` counts when no entry up
+        # to it has one.
+        return first if max(self.record_id[: first + 1]) < before_record else None
 
     def group_descs(self) -> dict[str, str]:
         """Each group's name -> the desc of its first entry, in order of first appearance."""
