@@ -336,18 +336,19 @@ static int parse(Scan *s) {
 
 typedef struct { uint8_t *p; Py_ssize_t len, cap; } Buf;
 
-static int put(Scan *s, Buf *b, const void *src, Py_ssize_t k) {
-    if (GROW(s, b->p, b->cap, b->len + k)) return -1;
+static inline int put(Scan *s, Buf *b, const void *src, Py_ssize_t k) {
+    if (b->len + k > b->cap && GROW(s, b->p, b->cap, b->len + k)) return -1;
     memcpy(b->p + b->len, src, (size_t)k);
     b->len += k;
     return 0;
 }
 
-static int put_tag(Scan *s, Buf *b, uint8_t tag, int64_t x) {
-    uint8_t tmp[9];
-    tmp[0] = tag;
-    memcpy(tmp + 1, &x, 8);
-    return put(s, b, tmp, 9);
+static inline int put_tag(Scan *s, Buf *b, uint8_t tag, int64_t x) {
+    if (b->len + 9 > b->cap && GROW(s, b->p, b->cap, b->len + 9)) return -1;
+    b->p[b->len] = tag;
+    memcpy(b->p + b->len + 1, &x, 8); /* a fixed size: inlined */
+    b->len += 9;
+    return 0;
 }
 
 #define EACH_CHILD(s, node, val, ...) do { \
@@ -738,7 +739,7 @@ static PyObject *extract(Scan *s) {
 
     int64_t kcache[KCACHE][2];
     memset(kcache, 0, sizeof(kcache));
-    int stacks_failed = 0;
+    int stacks_failed = 0, ids_rise = 1;
     int64_t refs = 0;
     Py_ssize_t i = 0;
     Val *fv[F_COUNT];
@@ -757,6 +758,7 @@ static PyObject *extract(Scan *s) {
         if (fv[F_RECORD_ID]->kind != K_INT || fv[F_RECORD_ID]->v < FIELD_MIN[F_RECORD_ID]) goto fail;
         if (fv[F_SEQ]->kind != K_INT || fv[F_SEQ]->v < FIELD_MIN[F_SEQ]) goto fail;
         if (fv[F_P2P_SEQ]->kind != K_INT || fv[F_P2P_SEQ]->v < FIELD_MIN[F_P2P_SEQ]) goto fail;
+        if (i > 0 && fv[F_RECORD_ID]->v <= ints[6 * (i - 1)]) ids_rise = 0;
         row[0] = fv[F_RECORD_ID]->v;
         row[1] = fv[F_SEQ]->v;
         row[2] = fv[F_P2P_SEQ]->v;
@@ -837,7 +839,7 @@ static PyObject *extract(Scan *s) {
         int64_t *out = (int64_t *)PyBytes_AS_STRING(cols);
         for (int c = 0; c < 6; c++)
             for (Py_ssize_t j = 0; j < n; j++) out[c * n + j] = ints[6 * j + c];
-        PyObject *items[20] = {
+        PyObject *items[21] = {
             meta, PyLong_FromSsize_t(n), cols, PyBytes_FromStringAndSize((const char *)dur, n * 8),
             PyBytes_FromStringAndSize((const char *)flags, n),
             narrow(&tabs[T_PG]), tabs[T_PG].objs, tabs[T_NAME].objs, narrow(&tabs[T_NAME]), counts,
@@ -845,19 +847,20 @@ static PyObject *extract(Scan *s) {
             tabs[T_THREAD].objs, narrow(&tabs[T_THREAD]), tabs[T_SHAPE].objs, narrow(&tabs[T_SHAPE]),
             stacks_failed ? Py_None : PyBytes_FromStringAndSize((const char *)tabs[T_STACK].codes, n * 4),
             stacks_failed ? Py_None : tabs[T_STACK].objs,
+            ids_rise ? Py_True : Py_False,
         };
-        /* borrowed ones: meta, the tables' lists, counts, None; the others are new */
-        static const int BORROWED[20] = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1};
+        /* borrowed ones: meta, the tables' lists, counts, None, the bool; the others are new */
+        static const int BORROWED[21] = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1, 1};
         int ok = 1;
-        for (int j = 0; j < 20; j++) {
+        for (int j = 0; j < 21; j++) {
             int borrowed = BORROWED[j] || (j == 18 && stacks_failed);
             if (!items[j]) ok = 0;
             else if (borrowed) Py_INCREF(items[j]);
         }
-        if (ok && (result = PyTuple_New(20))) {
-            for (int j = 0; j < 20; j++) PyTuple_SET_ITEM(result, j, items[j]);
+        if (ok && (result = PyTuple_New(21))) {
+            for (int j = 0; j < 21; j++) PyTuple_SET_ITEM(result, j, items[j]);
         } else {
-            for (int j = 0; j < 20; j++) Py_XDECREF(items[j]);
+            for (int j = 0; j < 21; j++) Py_XDECREF(items[j]);
         }
     }
 fail:

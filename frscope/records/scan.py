@@ -19,7 +19,6 @@ import os
 from array import array
 from collections import Counter
 from collections.abc import Callable
-from operator import lt
 from typing import Any
 
 from frscope.records.columns import EntryTable, _code_type
@@ -78,7 +77,7 @@ def _table(got: tuple[Any, ...], lazy_frames: LazyFrames,
            parse_name: Callable[[str], tuple[str | None, str, int | None]]
            ) -> tuple[dict[str, Any], EntryTable, str | None] | None:
     (meta, n, cols, dur, flags, pg_codes, pgs, names, name_codes, name_counts, states, state_codes, timeouts,
-     timeout_codes, threads, thread_codes, shapes, shape_codes, stack_codes, stack_raws) = got
+     timeout_codes, threads, thread_codes, shapes, shape_codes, stack_codes, stack_raws, ids_rise) = got
     # The table's checks (records.fields, as fastcols applies them), once per distinct value; the scanner
     # checked the types of ints, floats and flags and the ints' lowest values from the same table.
     if not all(map(regular_group, pgs)) or not all(short_text(s, MAX_STATE) for s in states):
@@ -116,7 +115,7 @@ def _table(got: tuple[Any, ...], lazy_frames: LazyFrames,
     table.shapes = shapes
     table.shape = _codes(shape_codes, len(shapes))
     table.frames, table.frames_each = lazy_frames, None
-    table.stack, table.stacks = _stacks(stack_codes, stack_raws, table.record_id)
+    table.stack, table.stacks = _stacks(stack_codes, stack_raws, table.record_id, ids_rise)
     table._stack_frames = {}
     table.sigs, table.space, table._groups = [], None, None
 
@@ -128,7 +127,7 @@ def _table(got: tuple[Any, ...], lazy_frames: LazyFrames,
     return meta, table, (most[0][0] if most else None)
 
 
-def _stacks(raw_codes: bytes | None, raws: list[Any] | None, record_id: array[int]
+def _stacks(raw_codes: bytes | None, raws: list[Any] | None, record_id: array[int], ids_rise: bool
             ) -> tuple[array[int], list[Any]] | tuple[None, None]:
     """As fastcols._Stacks.result: each entry's stack as a code into the rank's distinct stacks (contents by
     frames_from_raw: the scanner builds them so, `raws`), the last entry's stack per record id when ids repeat;
@@ -149,7 +148,7 @@ def _stacks(raw_codes: bytes | None, raws: list[Any] | None, record_id: array[in
     codes.frombytes(raw_codes)
     if remap != list(range(len(remap))):
         codes = array("I", map(remap.__getitem__, codes))
-    if not all(map(lt, record_id[:-1], record_id[1:])):  # ids repeat or go back: the last one's stack
+    if not ids_rise:  # ids repeat or go back (the scanner compared them): the last one's stack
         final = dict(zip(record_id, codes, strict=True))
         codes = array("I", map(final.__getitem__, record_id))
     kind = _code_type(len(index))
