@@ -42,7 +42,16 @@ static inline uint64_t col_u(const Col *c, Py_ssize_t i) {
     }
 }
 
-static inline int64_t col_i64(const Col *c, Py_ssize_t i) { return ((const int64_t *)c->view.buf)[i]; }
+/* Signed (seq: 'b', 'h', 'i' or 'q', as EntryTable.compact narrows it). */
+static inline int64_t col_i64(const Col *c, Py_ssize_t i) {
+    const char *p = (const char *)c->view.buf;
+    switch (c->view.itemsize) {
+    case 1: return ((const int8_t *)p)[i];
+    case 2: return ((const int16_t *)p)[i];
+    case 4: return ((const int32_t *)p)[i];
+    default: return ((const int64_t *)p)[i];
+    }
+}
 
 /* Open addressing: signature key -> code, in order of first appearance. */
 typedef struct { int64_t *keys; uint32_t *codes; Py_ssize_t cap, count; } KeyMap;
@@ -94,7 +103,7 @@ PyObject *frscan_index_contiguous(PyObject *self, PyObject *args) {
     opened = 6;
     if (PyObject_GetBuffer(done_o, &done, PyBUF_SIMPLE) < 0) goto out;
     opened = 7;
-    if (seq.view.itemsize != 8 || flags.view.itemsize != 1 || ngroups <= 0 || shape_count <= 0 ||
+    if (flags.view.itemsize != 1 || ngroups <= 0 || shape_count <= 0 ||
         !PyList_Check(op_of_name_o)) {
         PyErr_SetString(PyExc_ValueError, "columns");
         goto out;

@@ -169,6 +169,13 @@ def index_groups(table: EntryTable) -> dict[str, GroupIndex]:
     return out
 
 
+def narrow_codes(codes: array[int]) -> array[int]:
+    """Signature codes in the smallest unsigned array type that holds them (the same ints read back)."""
+    top = max(codes, default=0)
+    code = "B" if top < 1 << 8 else "H" if top < 1 << 16 else "I"
+    return codes if codes.typecode == code else array(code, codes)
+
+
 def _u32(raw: bytes) -> array[int]:
     out = array("I")
     out.frombytes(raw)
@@ -240,7 +247,7 @@ def unify_signatures(tables: Iterable[EntryTable], space: SignatureSpace | None 
         remap = [space.code(content) for content in contents]
         if remap != list(range(len(remap))):
             for index in groups.values():
-                index.sig = array("I", map(remap.__getitem__, index.sig))
+                index.sig = narrow_codes(array("I", map(remap.__getitem__, index.sig)))
         table.space, table.sigs = space, []
     return space
 

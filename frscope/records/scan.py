@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from array import array
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from frscope.records.columns import EntryTable, _code_type
@@ -116,6 +116,8 @@ def _table(got: tuple[Any, ...], lazy_frames: LazyFrames,
     table.shape = _codes(shape_codes, len(shapes))
     table.frames, table.frames_each = lazy_frames, None
     table.stack, table.stacks = _stacks(stack_codes, stack_raws, table.record_id, ids_rise)
+    if ids_rise and n and table.record_id[-1] - table.record_id[0] == n - 1:  # consecutive: `compact` keeps a range
+        table.record_id = range(table.record_id[0], table.record_id[0] + n)
     table._stack_frames = {}
     table.sigs, table.space, table._groups = [], None, None
 
@@ -127,7 +129,7 @@ def _table(got: tuple[Any, ...], lazy_frames: LazyFrames,
     return meta, table, (most[0][0] if most else None)
 
 
-def _stacks(raw_codes: bytes | None, raws: list[Any] | None, record_id: array[int], ids_rise: bool
+def _stacks(raw_codes: bytes | None, raws: list[Any] | None, record_id: Sequence[int], ids_rise: bool
             ) -> tuple[array[int], list[Any]] | tuple[None, None]:
     """As fastcols._Stacks.result: each entry's stack as a code into the rank's distinct stacks (contents by
     frames_from_raw: the scanner builds them so, `raws`), the last entry's stack per record id when ids repeat;
