@@ -263,11 +263,10 @@ class EntryTable(Sequence[Entry]):
         """Those of `positions` whose entry is not completed."""
         if not positions:
             return []
-        states = self.states
-        open_of = {(s, f): not (states[s] == COMPLETED or f >= _RETIRED_TRUE) for s in range(len(states))
-                   for f in range(6)}
-        pairs = zip(map(self.state.__getitem__, positions), map(self.flags.__getitem__, positions), strict=True)
-        return list(compress(positions, map(open_of.__getitem__, pairs)))
+        if len(positions) < 16:  # a few: cheaper than the whole table's mask
+            return [p for p in positions if not self.is_done(p)]
+        mask = self.open_mask()
+        return list(compress(positions, map(mask.__getitem__, positions)))
 
     def newest_created(self) -> int | None:
         """The creation time of the last entry that has one (the recorder's newest)."""

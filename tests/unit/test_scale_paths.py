@@ -137,7 +137,7 @@ def test_scanned_frames_are_what_frames_from_raw_makes() -> None:
         assert table.entry(i).frames == frames_from_raw(frames_of[i % len(frames_of)])
 
 
-def test_open_mask_and_first_open_match_a_walk() -> None:
+def test_open_mask_open_positions_and_first_open_match_a_walk() -> None:
     rng = random.Random(9)
     for trial in range(40):
         raw = copy.deepcopy(_raw_dumps("gloo" if trial % 2 else "nccl")[trial % 8])
@@ -148,6 +148,9 @@ def test_open_mask_and_first_open_match_a_walk() -> None:
         table = _table(raw)
         walked = [not table.is_done(i) for i in range(len(table))]
         assert list(table.open_mask()) == [int(x) for x in walked]
+        every = list(range(len(table)))
+        for positions in (every, every[::7], every[:5], []):
+            assert table.open_positions(positions) == [p for p in positions if walked[p]]
         first = next((i for i, x in enumerate(walked) if x), None)
         assert table.first_open() == first
         ids = list(table.record_id)
