@@ -895,6 +895,7 @@ static PyObject *py_scan(PyObject *self, PyObject *args) {
 }
 
 PyObject *frscan_index_contiguous(PyObject *self, PyObject *args); /* _frscan_groups.c */
+PyObject *frscan_narrow(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"scan", py_scan, METH_VARARGS,
@@ -902,6 +903,8 @@ static PyMethodDef methods[] = {
     {"index_contiguous", frscan_index_contiguous, METH_VARARGS,
      "index_contiguous(gid, ngroups, flags, state, done, seq, name, op_of_name, shape, shape_count) -> "
      "(groups, keys), or None when a group's seqs are not consecutive (group_index.index_groups)"},
+    {"narrow", frscan_narrow, METH_VARARGS,
+     "narrow(column, signed) -> (typecode, bytes): the ints in the smallest array type that holds them"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -208,3 +208,52 @@ out:
     if (opened >= 1) PyBuffer_Release(&gid.view);
     return result;
 }
+
+/* _frscan.narrow(column, signed) -> (typecode, bytes): an array's ints in the smallest array type that holds them
+ * all ('b'/'h'/'i'/'q' signed, 'B'/'H'/'I'/'Q' unsigned), one C pass (EntryTable.compact). Any integer buffer. */
+PyObject *frscan_narrow(PyObject *self, PyObject *args) {
+    PyObject *obj;
+    int is_signed;
+    if (!PyArg_ParseTuple(args, "Op", &obj, &is_signed)) return NULL;
+    Col c;
+    if (col_open(obj, &c, -1) < 0) return NULL;
+    const char *fmt = c.view.format ? c.view.format : "B";
+    int src_signed = strchr("bhilq", fmt[0]) != NULL;
+    int64_t lo = 0, hi = 0;
+    uint64_t uhi = 0;
+    for (Py_ssize_t i = 0; i < c.n; i++) {
+        if (src_signed) {
+            int64_t x = col_i64(&c, i);
+            if (i == 0 || x < lo) lo = x;
+            if (i == 0 || x > hi) hi = x;
+        } else {
+            uint64_t x = col_u(&c, i);
+            if (x > uhi) uhi = x;
+        }
+    }
+    int width;
+    char code;
+    if (is_signed) {
+        if (!src_signed) { if (uhi > (uint64_t)INT64_MAX) { PyBuffer_Release(&c.view); Py_RETURN_NONE; } lo = 0; hi = (int64_t)uhi; }
+        width = (lo >= -128 && hi < 128) ? 1 : (lo >= -32768 && hi < 32768) ? 2 : (lo >= INT32_MIN && hi <= INT32_MAX) ? 4 : 8;
+        code = width == 1 ? 'b' : width == 2 ? 'h' : width == 4 ? 'i' : 'q';
+    } else {
+        if (src_signed) { if (lo < 0) { PyBuffer_Release(&c.view); Py_RETURN_NONE; } uhi = (uint64_t)hi; }
+        width = uhi < 256 ? 1 : uhi < 65536 ? 2 : uhi <= UINT32_MAX ? 4 : 8;
+        code = width == 1 ? 'B' : width == 2 ? 'H' : width == 4 ? 'I' : 'Q';
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, c.n * width);
+    if (!out) { PyBuffer_Release(&c.view); return NULL; }
+    char *p = PyBytes_AS_STRING(out);
+    for (Py_ssize_t i = 0; i < c.n; i++) {
+        int64_t x = src_signed ? col_i64(&c, i) : (int64_t)col_u(&c, i);
+        switch (width) {
+        case 1: { int8_t v = (int8_t)x; memcpy(p + i, &v, 1); break; }
+        case 2: { int16_t v = (int16_t)x; memcpy(p + 2 * i, &v, 2); break; }
+        case 4: { int32_t v = (int32_t)x; memcpy(p + 4 * i, &v, 4); break; }
+        default: memcpy(p + 8 * i, &x, 8);
+        }
+    }
+    PyBuffer_Release(&c.view);
+    return Py_BuildValue("(CN)", code, out);
+}

@@ -32,6 +32,7 @@ from frscope.records.group_index import (
     SignatureSpace,
     index_groups,
     narrow_codes,
+    narrowed,
     space_of,
     unify_signatures,
 )
@@ -61,17 +62,6 @@ def _intern(keys: Sequence[Hashable]) -> tuple[list[Any], array[int]]:
     return list(index), array(_code_type(len(index)), map(index.__getitem__, keys))
 
 
-def _narrow_ints(column: array[int]) -> array[int]:
-    """Sequence numbers in the smallest signed array type that holds them all (they read back the same ints)."""
-    if not column:
-        return column
-    low, high = min(column), max(column)
-    for code, bound in (("b", 1 << 7), ("h", 1 << 15), ("i", 1 << 31)):
-        if -bound <= low and high < bound:
-            return array(code, column) if column.typecode != code else column
-    return column
-
-
 def _compact_ids(column: Sequence[int], rising: bool | None) -> Sequence[int]:
     """Record ids: a `range` when they are consecutive (a ring buffer's usually are: no array at all), else
     narrowed. `rising`: whether they strictly rise, when the caller knows (the scanner compared them)."""
@@ -80,7 +70,7 @@ def _compact_ids(column: Sequence[int], rising: bool | None) -> Sequence[int]:
     first, n = column[0], len(column)
     if column[-1] - first == n - 1 and (rising if rising is not None else all(map(lt, column[:-1], column[1:]))):
         return range(first, first + n)  # strictly rising over exactly n values: every id once, in order
-    return _narrow_ints(column) if isinstance(column, array) else column
+    return narrowed(column, True) if isinstance(column, array) else column
 
 
 def _int64(values: Sequence[int | None]) -> array[int]:
@@ -298,15 +288,14 @@ class EntryTable(Sequence[Entry]):
         """Hold the same values in less memory, once the group index is built (normalize, where the file is
         decoded): at 32,768 ranks x 2,000 entries every byte an entry is 65 MB. Record ids become a `range`
         when consecutive, sequence numbers the narrowest signed array type that holds them, each group's
-        positions 16-bit when the rank has at most 65,536 entries, its signature codes 8 or 16-bit when few.
+        positions and signature codes in the narrowest unsigned type.
         Every read (`[i]`, slices, iteration, `len`) gives the same ints as before."""
         self.record_id = _compact_ids(self.record_id, ids_rise)
-        self.seq = _narrow_ints(self.seq)
-        self.p2p_seq = _narrow_ints(self.p2p_seq)
-        positions = "H" if len(self) <= 1 << 16 else "I"
+        self.seq = narrowed(self.seq, True)
+        self.p2p_seq = narrowed(self.p2p_seq, True)
         for index in self.groups().values():
-            index.members = array(positions, index.members)
-            index.p2p = array(positions, index.p2p)
+            index.members = narrowed(index.members, False)
+            index.p2p = narrowed(index.p2p, False)
             index.sig = narrow_codes(index.sig)
 
     # --- the per-group index -------------------------------------------------------------------------

@@ -169,11 +169,31 @@ def index_groups(table: EntryTable) -> dict[str, GroupIndex]:
     return out
 
 
+def narrowed(column: array[int], signed: bool) -> array[int]:
+    """The same ints in the smallest array type that holds them all: 'b'/'h'/'i' (signed) or 'B'/'H'/'I'
+    (unsigned), else as it is. One C pass (`_frscan.narrow`) where the extension is built."""
+    if _frscan is not None:
+        got = _frscan.narrow(column, signed)
+        if got is None:
+            return column
+        code, raw = got
+        if code == column.typecode or code in "qQ":
+            return column
+        out = array(code)
+        out.frombytes(raw)
+        return out
+    low, high = min(column, default=0), max(column, default=0)
+    kinds = (("b", -(1 << 7), 1 << 7), ("h", -(1 << 15), 1 << 15), ("i", -(1 << 31), 1 << 31)) if signed else (
+        ("B", 0, 1 << 8), ("H", 0, 1 << 16), ("I", 0, 1 << 32))
+    for code, bottom, bound in kinds:
+        if bottom <= low and high < bound:
+            return column if column.typecode == code else array(code, column)
+    return column
+
+
 def narrow_codes(codes: array[int]) -> array[int]:
     """Signature codes in the smallest unsigned array type that holds them (the same ints read back)."""
-    top = max(codes, default=0)
-    code = "B" if top < 1 << 8 else "H" if top < 1 << 16 else "I"
-    return codes if codes.typecode == code else array(code, codes)
+    return narrowed(codes, False)
 
 
 def _u32(raw: bytes) -> array[int]:

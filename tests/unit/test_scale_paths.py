@@ -211,3 +211,19 @@ def test_build_groups_votes_by_content_when_equal_lists_are_distinct_objects() -
     assert groups["7"].ranks == (0, 1)  # three votes to one, counted by content
     assert world == 4
     assert any("2 versions" in w for w in warnings)
+
+
+@needs_scanner
+def test_narrowed_keeps_every_int(monkeypatch: pytest.MonkeyPatch) -> None:
+    from array import array
+    cases = [("q", [-1, 5, 100]), ("q", [0, 40_000]), ("q", [-(1 << 31), (1 << 31) - 1]), ("q", [0, 1 << 40]),
+             ("q", []), ("I", [1, 300]), ("I", [0, (1 << 32) - 1]), ("H", [7, 9]), ("q", [-5])]
+    for typecode, values in cases:
+        for signed in (True, False):
+            column = array(typecode, values)
+            fast = group_index.narrowed(column, signed)
+            with monkeypatch.context() as patch:
+                patch.setattr(group_index, "_frscan", None)
+                slow = group_index.narrowed(column, signed)
+            assert list(fast) == list(slow) == values
+            assert fast.itemsize == slow.itemsize <= column.itemsize
