@@ -75,6 +75,34 @@ def ship(result: RankDump | LoadProblem, session: object) -> Shipped:
     return result, rows, refs
 
 
+def _share_tables(table: EntryTable, shared: dict[Any, Any]) -> None:
+    """One object across the set for each of a table's small tables (groups, op names, states, timeouts,
+    threads, shapes, stacks) that other ranks have too: every rank of a group runs the same code, and at
+    32,768 ranks a copy per rank was ~10 KiB a rank. The tables are read, never changed (`EntryTable`)."""
+    if table.stacks is not None:  # one object per distinct frame, then per distinct list of stacks
+        frames = [tuple(shared.setdefault(f, f) for f in stack) for stack in table.stacks]
+        table.stacks = shared.setdefault(("stacks", tuple(frames)), frames)
+    table.pgs = shared.setdefault(("pgs", tuple(table.pgs)), table.pgs)
+    table.names = shared.setdefault(("names", tuple(table.names)), table.names)
+    table.states = shared.setdefault(("states", tuple(table.states)), table.states)
+    table.timeouts = shared.setdefault(("timeouts", tuple(table.timeouts)), table.timeouts)
+    table.threads = shared.setdefault(("threads", tuple(table.threads)), table.threads)
+    # Sizes are lists (not hashable); their repr tells them apart (ints and strings only: records.fields).
+    table.shapes = shared.setdefault(("shapes", repr(table.shapes)), table.shapes)
+    # An unpickled array is allocated 1/16 larger than its items (array's growth rule); a slice is exact: at
+    # 32,768 ranks the slack was ~6 KiB a rank.
+    for name in _ARRAY_SLOTS:
+        column = getattr(table, name)
+        if isinstance(column, array) and len(column) >= 256:
+            setattr(table, name, column[:])
+    for index in (table._groups or {}).values():
+        index.members, index.sig = index.members[:], index.sig[:]
+
+
+_ARRAY_SLOTS = ("record_id", "seq", "p2p_seq", "created", "started", "completed", "duration", "flags", "pg", "name",
+                "state", "timeout", "thread", "shape", "stack")
+
+
 def unship(shipped: Shipped, rank_lists: dict[bytes, tuple[int, ...]],
             shared_frames: dict[Any, Any]) -> RankDump | LoadProblem:
     if isinstance(shipped, LoadProblem):
@@ -82,9 +110,8 @@ def unship(shipped: Shipped, rank_lists: dict[bytes, tuple[int, ...]],
     dump, rows, refs = shipped
     if rows is not None:
         dump.entries = entries_from_rows(rows)
-    elif isinstance(dump.entries, EntryTable) and dump.entries.stacks is not None:
-        # Every rank runs the same code: one object per distinct frame across the set.
-        dump.entries.stacks = [tuple(shared_frames.setdefault(f, f) for f in stack) for stack in dump.entries.stacks]
+    elif isinstance(dump.entries, EntryTable):
+        _share_tables(dump.entries, shared_frames)
     # One tuple per rank list for the whole set (by digest: no N-int hash or comparison per rank).
     for key, (digest, ranks) in refs.items():
         if ranks is None:
