@@ -92,9 +92,9 @@ class EntryTable(Sequence[Entry]):
     """A rank's entries in columns (see the module docstring); a read-only sequence of `Entry`."""
 
     __slots__ = (
-        "_groups", "_stack_frames", "completed", "created", "duration", "flags", "frames", "frames_each", "name",
-        "names", "p2p_seq", "pg", "pgs", "record_id", "seq", "shape", "shapes", "sigs", "space", "stack", "stacks",
-        "started", "state", "states", "thread", "threads", "timeout", "timeouts",
+        "_groups", "_open", "_stack_frames", "completed", "created", "duration", "flags", "frames", "frames_each",
+        "name", "names", "p2p_seq", "pg", "pgs", "record_id", "seq", "shape", "shapes", "sigs", "space", "stack",
+        "stacks", "started", "state", "states", "thread", "threads", "timeout", "timeouts",
     )
 
     record_id: Sequence[int]  # int64 as read; after `compact`, a range (consecutive ids) or a narrower array
@@ -127,6 +127,7 @@ class EntryTable(Sequence[Entry]):
     sigs: list[Any]  # signature contents by local code (GroupIndex.sig), until unified into `space`
     space: SignatureSpace | None
     _groups: dict[str, GroupIndex] | None
+    _open: bytes | None
 
     @classmethod
     def from_rows(cls, rows: Sequence[EntryRow]) -> EntryTable:
@@ -241,13 +242,19 @@ class EntryTable(Sequence[Entry]):
     def open_mask(self) -> bytes:
         """Per entry, 1 where it is not completed (as `open_flags`), as bytes: C-level passes over the codes
         (`bytes.translate`, one big-int OR), no Python per entry."""
+        got: bytes | None = getattr(self, "_open", None)  # a table never changes: computed once
+        if got is not None:
+            return got
         n = len(self)
         if self.state.typecode != "B" or len(self.states) > 256:
-            return bytes(self.open_flags())
-        done = bytes(state == COMPLETED for state in self.states).ljust(256, b"\0")
-        closed = int.from_bytes(self.state.tobytes().translate(done), "little") | int.from_bytes(
-            self.flags.tobytes().translate(_RETIRED_BYTE), "little")
-        return (int.from_bytes(b"\1" * n, "little") ^ closed).to_bytes(n, "little")
+            got = bytes(self.open_flags())
+        else:
+            done = bytes(state == COMPLETED for state in self.states).ljust(256, b"\0")
+            closed = int.from_bytes(self.state.tobytes().translate(done), "little") | int.from_bytes(
+                self.flags.tobytes().translate(_RETIRED_BYTE), "little")
+            got = (int.from_bytes(b"\1" * n, "little") ^ closed).to_bytes(n, "little")
+        self._open = got
+        return got
 
     def open_positions(self, positions: Sequence[int]) -> list[int]:
         """Those of `positions` whose entry is not completed."""
@@ -307,7 +314,8 @@ class EntryTable(Sequence[Entry]):
         return self._groups
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (tuple(getattr(self, name) for name in self.__slots__),))
+        # The open mask is a cache: not sent (nor unset slots).
+        return (_rebuild, (tuple(None if name == "_open" else getattr(self, name, None) for name in self.__slots__),))
 
 
 def _rebuild(state: tuple[Any, ...]) -> EntryTable:
