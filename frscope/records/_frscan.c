@@ -449,6 +449,7 @@ typedef struct {
     PyObject *objs; /* list: the distinct values, in order of first appearance */
     uint32_t *codes; Py_ssize_t ncodes, codes_cap;
     Ident ident[256]; /* single-value identity cache: the same str offset / node / int is the same content */
+    Ident pair[64][2]; /* two-value keys (threads) by identity, as `ident`; code + 1 in pair[.][0].code */
 } Interner;
 
 static void interner_free(Interner *t) {
@@ -628,7 +629,30 @@ static int64_t intern_val(Scan *s, Interner *t, Buf *b, const Val *v, int mode) 
 }
 
 /* A key made of several values (shapes: 4; threads: 2), materialized as a tuple of them. */
+static int64_t intern_multi_keyed(Scan *s, Interner *t, Buf *b, Val **vs, int k);
+
+/* Identity stands for content for strings (an offset into the input), ints, None, bools and containers (a node). */
+static inline int by_identity(const Val *v) { return v->kind != K_FLOAT && v->kind != K_UNSET; }
+
 static int64_t intern_multi(Scan *s, Interner *t, Buf *b, Val **vs, int k) {
+    Ident *pair = NULL;
+    if (k == 2 && by_identity(vs[0]) && by_identity(vs[1])) {
+        uint64_t h = ((uint64_t)vs[0]->v * 0x9E3779B97F4A7C15ULL) ^ ((uint64_t)vs[1]->v * 0xC2B2AE3D27D4EB4FULL) ^
+                     ((uint64_t)vs[0]->kind << 8 | vs[1]->kind);
+        pair = t->pair[(h >> 40) & 63];
+        if (pair[0].code > 0 && pair[0].kind == vs[0]->kind && pair[0].v == vs[0]->v && pair[1].kind == vs[1]->kind &&
+            pair[1].v == vs[1]->v)
+            return pair[0].code - 1;
+    }
+    int64_t got = intern_multi_keyed(s, t, b, vs, k);
+    if (got >= 0 && pair) {
+        pair[0] = (Ident){vs[0]->kind, vs[0]->v, got + 1};
+        pair[1] = (Ident){vs[1]->kind, vs[1]->v, 0};
+    }
+    return got;
+}
+
+static int64_t intern_multi_keyed(Scan *s, Interner *t, Buf *b, Val **vs, int k) {
     b->len = 0;
     for (int i = 0; i < k; i++)
         if (enc(s, b, vs[i], 0, 0)) return -1;
