@@ -3,10 +3,10 @@
 An `Entry` object costs ~420 bytes (its slots, its own ints for ids and times, a float); 8,192 ranks x
 2,000 entries are 16 million of them, 7 GB. Here a rank's entries are a handful of `array`s (ids,
 sequence numbers and times as int64, small-int codes into per-rank tables for group, op, shapes,
-state, timeout and thread): ~70 bytes an entry. `EntryTable` is still a sequence of `Entry`: an
-entry is built on demand when someone looks at it (a finding's culprits, a renderer), and is then
-identical to the one the row-by-row path builds, because both come from the same normalized rows
-(`rowwise.normalize_rows`).
+state, timeout and thread), compacted once indexed (`compact`): ~47 bytes an entry. `EntryTable` is
+still a sequence of `Entry`: an entry is built on demand when someone looks at it (a finding's culprits,
+a renderer), and is then identical to the one the row-by-row path builds, because both come from the same
+normalized rows (`rowwise.normalize_rows`).
 
 `GroupIndex` is one group's view of a rank, computed where the file is decoded (a loader worker):
 its collective sequence numbers, the entries of each (coalesced ops share one), a signature code per

@@ -371,7 +371,7 @@ def load_dumps(
     process; `jobs=1` decodes in this process (fastest for a few files, but not isolated).
 
     `columnar` (the default): every rank's entries are an `EntryTable` indexed per group where the file
-    is decoded (~70 bytes an entry instead of ~420, and what the analysis reads at scale); False: lists
+    is decoded (~47 bytes an entry instead of ~420, and what the analysis reads at scale); False: lists
     of `Entry`, built row by row (the reference the columnar path is tested against)."""
     files, problems = expand_paths(paths)
     dumps: list[RankDump] = []
