@@ -515,6 +515,7 @@ static int add_code(Scan *s, Interner *t, int64_t code) {
  * (`frame_cache`, bounded): every rank runs the same code, so each file's stacks cost a lookup per frame. */
 static PyObject *frame_cache;
 #define FRAME_CACHE_MAX 65536
+#define FRAME_KEY_MAX 4096
 #define FRAME_NAME_MAX 200
 #define FRAME_FILE_MAX 500
 
@@ -554,7 +555,9 @@ static PyObject *mat_frame(Scan *s, const Val *dict, Buf *key) {
     if (PyErr_Occurred()) { Py_DECREF(kb); return NULL; }
     PyObject *frame = Py_BuildValue("(NNL)", frame_text(s, name, FRAME_NAME_MAX), frame_text(s, file, FRAME_FILE_MAX),
                                     (long long)line_no);
-    if (frame && PyDict_GET_SIZE(frame_cache) < FRAME_CACHE_MAX && PyDict_SetItem(frame_cache, kb, frame)) {
+    /* Bounded: at most FRAME_CACHE_MAX frames of at most FRAME_KEY_MAX bytes each, whatever the files hold. */
+    if (frame && key->len <= FRAME_KEY_MAX && PyDict_GET_SIZE(frame_cache) < FRAME_CACHE_MAX &&
+        PyDict_SetItem(frame_cache, kb, frame)) {
         Py_CLEAR(frame);
     }
     Py_DECREF(kb);

@@ -29,7 +29,8 @@ class _RankLists:
     produced them (`pool.map` hands out chunks in order, each worker takes one at a time), so it has met the
     list before any reference to it."""
 
-    LIMIT = 1 << 16  # distinct lists remembered; past it, lists travel whole
+    LIMIT = 1 << 16  # distinct lists marked sent (16-byte digests); past it, lists travel whole
+    HELD = 4096  # lists whose digest is kept (each held alive, as normalize's parse cache holds 4,096)
 
     def __init__(self) -> None:
         self.session: object = None
@@ -44,7 +45,7 @@ class _RankLists:
             digest = held[1]
         else:  # normalize parses each distinct text once (parse_ranks): mostly the same tuple object
             digest = hashlib.blake2b(array("q", ranks).tobytes(), digest_size=16).digest()
-            if len(self.digests) < self.LIMIT:
+            if len(self.digests) < self.HELD:
                 self.digests[id(ranks)] = (ranks, digest)
         if digest in self.sent:
             return digest, None

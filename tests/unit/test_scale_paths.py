@@ -124,6 +124,7 @@ def test_scanned_frames_are_what_frames_from_raw_makes() -> None:
         [{"name": 7, "filename": None, "line": True}, "junk", 5, {"line": -1}],
         [{"name": "a", "filename": "b.py", "line": 1 << 31}, {"name": "a", "filename": "b.py", "line": (1 << 31) - 1}],
         [{"name": "x", "filename": "y", "line": 2.0, "extra": [1, 2]}],
+        [{"name": "m" * 5000, "filename": "g" * 5000, "line": 9}],  # past the frame cache's key bound: not kept
         [],
     ]
     data = _pickled_with_frames(frames_of)
