@@ -10,6 +10,7 @@ it never makes a hung job exit 0."""
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -22,6 +23,7 @@ from frscope.frtrace_flags import apply as apply_torchfrtrace_flags
 from frscope.records import DumpSet, LoadProblem, RankExit, exits_from_json, load_dumps
 from frscope.records.bundle_exits import read_bundle_exits
 from frscope.records.errors import DumpError
+from frscope.records.gcpause import gc_paused
 from frscope.report import render_markdown, render_text, report_to_dict
 from frscope.report.entries import build_entries, render_entries, render_entries_markdown
 from frscope.report.filters import Filters
@@ -139,6 +141,18 @@ def _check_output(path: str | None, flag: str) -> None:
 
 
 def cmd_analyze(args: argparse.Namespace) -> int:
+    """`frscope analyze`. The cyclic garbage collector stays off throughout, and what the command built is then
+    frozen (`gc.freeze`): the dump set and the report are millions of objects in no cycle worth collecting, and a
+    full collection over them when the collector came back on, or when the process exits, cost more than the
+    analysis (0.7 s at 8,192 ranks)."""
+    with gc_paused():
+        try:
+            return _analyze(args)
+        finally:
+            gc.freeze()
+
+
+def _analyze(args: argparse.Namespace) -> int:
     problem = apply_torchfrtrace_flags(args)
     if problem:
         raise UsageError(problem)

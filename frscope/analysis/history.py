@@ -122,7 +122,7 @@ def _scan_codes(ctx: Context, group: GroupInfo, ref: GroupRef, with_entries: lis
     for j, piece in enumerate(slices):
         if len(piece) > len(codes):
             owner.extend([j] * (len(piece) - len(codes)))
-            codes.extend(piece[len(codes) :])
+            codes.extend(list(piece[len(codes) :]))  # ranks' codes may be narrower arrays ('B', 'H')
     interesting: set[int] = set()
     for piece in slices:
         n = len(piece)

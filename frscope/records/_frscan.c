@@ -108,16 +108,16 @@ static void scan_free(Scan *s, int taken) {
     if (taken) kept_busy = 0;
 }
 
-static int push(Scan *s, Val v) {
-    if (GROW(s, s->stack, s->scap, s->sp + 1)) return -1;
+static inline int push(Scan *s, Val v) {
+    if (__builtin_expect(s->sp >= s->scap, 0) && GROW(s, s->stack, s->scap, s->sp + 1)) return -1;
     s->stack[s->sp++] = v;
     return 0;
 }
 
 static Py_ssize_t fence(Scan *s) { return s->nm ? s->marks[s->nm - 1] : 0; }
 
-static int new_node(Scan *s, uint32_t kind, Val *out) {
-    if (GROW(s, s->nodes, s->ncap, s->nn + 1)) return -1;
+static inline int new_node(Scan *s, uint32_t kind, Val *out) {
+    if (__builtin_expect(s->nn >= s->ncap, 0) && GROW(s, s->nodes, s->ncap, s->nn + 1)) return -1;
     s->nodes[s->nn] = (Node){-1, -1, 0, kind};
     *out = (Val){kind, 0, s->nn};
     s->nn++;
@@ -125,12 +125,25 @@ static int new_node(Scan *s, uint32_t kind, Val *out) {
 }
 
 /* Append `count` values from `src` to node `node` as one chunk (src is the stack: never the vals pool). */
-static int add_chunk(Scan *s, int64_t node, const Val *src, Py_ssize_t count) {
+static inline int add_chunk(Scan *s, int64_t node, const Val *src, Py_ssize_t count) {
     if (count == 0) return 0;
-    if (GROW(s, s->vals, s->vcap, s->nv + count) || GROW(s, s->chunks, s->ccap, s->nc + 1)) return -1;
-    memcpy(s->vals + s->nv, src, (size_t)count * sizeof(Val));
-    s->chunks[s->nc] = (Chunk){s->nv, count, -1};
+    if ((s->nv + count > s->vcap && GROW(s, s->vals, s->vcap, s->nv + count)) ||
+        (s->nc + 1 > s->ccap && GROW(s, s->chunks, s->ccap, s->nc + 1)))
+        return -1;
+    Val *dst = s->vals + s->nv;
+    if (count <= 4) for (Py_ssize_t i = 0; i < count; i++) dst[i] = src[i];
+    else memcpy(dst, src, (size_t)count * sizeof(Val));
     Node *nd = &s->nodes[node];
+    if (nd->last >= 0 && nd->last == s->nc - 1) {
+        Chunk *prev = &s->chunks[nd->last];
+        if (prev->start + prev->count == s->nv) { /* this node's chunk ends the pool: extend it */
+            prev->count += count;
+            nd->count += count;
+            s->nv += count;
+            return 0;
+        }
+    }
+    s->chunks[s->nc] = (Chunk){s->nv, count, -1};
     if (nd->last >= 0) s->chunks[nd->last].next = s->nc; else nd->first = s->nc;
     nd->last = s->nc;
     nd->count += count;
@@ -323,18 +336,19 @@ static int parse(Scan *s) {
 
 typedef struct { uint8_t *p; Py_ssize_t len, cap; } Buf;
 
-static int put(Scan *s, Buf *b, const void *src, Py_ssize_t k) {
-    if (GROW(s, b->p, b->cap, b->len + k)) return -1;
+static inline int put(Scan *s, Buf *b, const void *src, Py_ssize_t k) {
+    if (b->len + k > b->cap && GROW(s, b->p, b->cap, b->len + k)) return -1;
     memcpy(b->p + b->len, src, (size_t)k);
     b->len += k;
     return 0;
 }
 
-static int put_tag(Scan *s, Buf *b, uint8_t tag, int64_t x) {
-    uint8_t tmp[9];
-    tmp[0] = tag;
-    memcpy(tmp + 1, &x, 8);
-    return put(s, b, tmp, 9);
+static inline int put_tag(Scan *s, Buf *b, uint8_t tag, int64_t x) {
+    if (b->len + 9 > b->cap && GROW(s, b->p, b->cap, b->len + 9)) return -1;
+    b->p[b->len] = tag;
+    memcpy(b->p + b->len + 1, &x, 8); /* a fixed size: inlined */
+    b->len += 9;
+    return 0;
 }
 
 #define EACH_CHILD(s, node, val, ...) do { \
@@ -435,6 +449,7 @@ typedef struct {
     PyObject *objs; /* list: the distinct values, in order of first appearance */
     uint32_t *codes; Py_ssize_t ncodes, codes_cap;
     Ident ident[256]; /* single-value identity cache: the same str offset / node / int is the same content */
+    Ident pair[64][2]; /* two-value keys (threads) by identity, as `ident`; code + 1 in pair[.][0].code */
 } Interner;
 
 static void interner_free(Interner *t) {
@@ -494,6 +509,84 @@ static int add_code(Scan *s, Interner *t, int64_t code) {
     return 0;
 }
 
+/* A stack's frames as records.model.frames_from_raw reads them, each a (name, filename, line) tuple: a dict item's
+ * "name" (str, first 200 characters, else "?"), "filename" (first 500, else "?") and "line" (an int in [0, 2**31),
+ * else -1); items that are not dicts are skipped. Equal frames are one tuple object across the scans of a process
+ * (`frame_cache`, bounded): every rank runs the same code, so each file's stacks cost a lookup per frame. */
+static PyObject *frame_cache;
+#define FRAME_CACHE_MAX 65536
+#define FRAME_KEY_MAX 4096
+#define FRAME_NAME_MAX 200
+#define FRAME_FILE_MAX 500
+
+static PyObject *frame_text(Scan *s, const Val *v, Py_ssize_t cap) {
+    if (!v || v->kind != K_STR) return PyUnicode_FromString("?");
+    s->work -= v->len >> 6;
+    PyObject *o = PyUnicode_DecodeUTF8((const char *)s->d + v->v, v->len, "surrogatepass");
+    if (o && PyUnicode_GET_LENGTH(o) > cap) {
+        PyObject *t = PyUnicode_Substring(o, 0, cap);
+        Py_DECREF(o);
+        o = t;
+    }
+    return o;
+}
+
+static PyObject *mat_frame(Scan *s, const Val *dict, Buf *key) {
+    const Val *name = NULL, *file = NULL, *line = NULL, *k = NULL;
+    EACH_CHILD(s, dict->v, c, {
+        if (!k) { k = c; continue; }
+        if (k->len == 4 && !memcmp(s->d + k->v, "name", 4)) name = c;
+        else if (k->len == 8 && !memcmp(s->d + k->v, "filename", 8)) file = c;
+        else if (k->len == 4 && !memcmp(s->d + k->v, "line", 4)) line = c;
+        k = NULL;
+    });
+    int64_t line_no = line && line->kind == K_INT && line->v >= 0 && line->v < ((int64_t)1 << 31) ? line->v : -1;
+    key->len = 0;
+    if (put_tag(s, key, 'L', line_no)) return NULL;
+    if (name && name->kind == K_STR) { if (put_tag(s, key, 'S', name->len) || put(s, key, s->d + name->v, name->len)) return NULL; }
+    else if (put_tag(s, key, '?', 0)) return NULL;
+    if (file && file->kind == K_STR) { if (put_tag(s, key, 'S', file->len) || put(s, key, s->d + file->v, file->len)) return NULL; }
+    else if (put_tag(s, key, '?', 0)) return NULL;
+    if (!frame_cache && !(frame_cache = PyDict_New())) return NULL;
+    PyObject *kb = PyBytes_FromStringAndSize((const char *)key->p, key->len);
+    if (!kb) return NULL;
+    PyObject *got = PyDict_GetItemWithError(frame_cache, kb);
+    if (got) { Py_DECREF(kb); Py_INCREF(got); return got; }
+    if (PyErr_Occurred()) { Py_DECREF(kb); return NULL; }
+    PyObject *frame = Py_BuildValue("(NNL)", frame_text(s, name, FRAME_NAME_MAX), frame_text(s, file, FRAME_FILE_MAX),
+                                    (long long)line_no);
+    /* Bounded: at most FRAME_CACHE_MAX frames of at most FRAME_KEY_MAX bytes each, whatever the files hold. */
+    if (frame && key->len <= FRAME_KEY_MAX && PyDict_GET_SIZE(frame_cache) < FRAME_CACHE_MAX &&
+        PyDict_SetItem(frame_cache, kb, frame)) {
+        Py_CLEAR(frame);
+    }
+    Py_DECREF(kb);
+    return frame;
+}
+
+static PyObject *mat_stack(Scan *s, const Val *v) {
+    if (v->kind != K_LIST) return NULL;
+    Py_ssize_t dicts = 0, i = 0;
+    EACH_CHILD(s, v->v, c, { if (c->kind == K_DICT) dicts++; });
+    PyObject *out = PyTuple_New(dicts);
+    if (!out) return NULL;
+    Buf key = {0};
+    EACH_CHILD(s, v->v, c, {
+        if (c->kind != K_DICT) continue;
+        if (--s->work < 0) goto fail;
+        PyObject *frame = mat_frame(s, c, &key);
+        if (!frame) goto fail;
+        PyTuple_SET_ITEM(out, i, frame);
+        i++;
+    });
+    PyMem_Free(key.p);
+    return out;
+fail:
+    PyMem_Free(key.p);
+    Py_DECREF(out);
+    return NULL;
+}
+
 /* The code of one value, content-keyed; identity first. mode 0: plain; 1: a group pair (list or tuple alike, a
  * tuple object); 2: a stack (frame dicts by node). */
 static int64_t intern_val(Scan *s, Interner *t, Buf *b, const Val *v, int mode) {
@@ -524,6 +617,8 @@ static int64_t intern_val(Scan *s, Interner *t, Buf *b, const Val *v, int mode) 
                 PyTuple_SET_ITEM(o, i, x);
                 i++;
             });
+        } else if (mode == 2) {
+            o = mat_stack(s, v);
         } else {
             o = mat(s, v, 0);
         }
@@ -537,7 +632,30 @@ static int64_t intern_val(Scan *s, Interner *t, Buf *b, const Val *v, int mode) 
 }
 
 /* A key made of several values (shapes: 4; threads: 2), materialized as a tuple of them. */
+static int64_t intern_multi_keyed(Scan *s, Interner *t, Buf *b, Val **vs, int k);
+
+/* Identity stands for content for strings (an offset into the input), ints, None, bools and containers (a node). */
+static inline int by_identity(const Val *v) { return v->kind != K_FLOAT && v->kind != K_UNSET; }
+
 static int64_t intern_multi(Scan *s, Interner *t, Buf *b, Val **vs, int k) {
+    Ident *pair = NULL;
+    if (k == 2 && by_identity(vs[0]) && by_identity(vs[1])) {
+        uint64_t h = ((uint64_t)vs[0]->v * 0x9E3779B97F4A7C15ULL) ^ ((uint64_t)vs[1]->v * 0xC2B2AE3D27D4EB4FULL) ^
+                     ((uint64_t)vs[0]->kind << 8 | vs[1]->kind);
+        pair = t->pair[(h >> 40) & 63];
+        if (pair[0].code > 0 && pair[0].kind == vs[0]->kind && pair[0].v == vs[0]->v && pair[1].kind == vs[1]->kind &&
+            pair[1].v == vs[1]->v)
+            return pair[0].code - 1;
+    }
+    int64_t got = intern_multi_keyed(s, t, b, vs, k);
+    if (got >= 0 && pair) {
+        pair[0] = (Ident){vs[0]->kind, vs[0]->v, got + 1};
+        pair[1] = (Ident){vs[1]->kind, vs[1]->v, 0};
+    }
+    return got;
+}
+
+static int64_t intern_multi_keyed(Scan *s, Interner *t, Buf *b, Val **vs, int k) {
     b->len = 0;
     for (int i = 0; i < k; i++)
         if (enc(s, b, vs[i], 0, 0)) return -1;
@@ -648,7 +766,7 @@ static PyObject *extract(Scan *s) {
 
     int64_t kcache[KCACHE][2];
     memset(kcache, 0, sizeof(kcache));
-    int stacks_failed = 0;
+    int stacks_failed = 0, ids_rise = 1;
     int64_t refs = 0;
     Py_ssize_t i = 0;
     Val *fv[F_COUNT];
@@ -667,6 +785,7 @@ static PyObject *extract(Scan *s) {
         if (fv[F_RECORD_ID]->kind != K_INT || fv[F_RECORD_ID]->v < FIELD_MIN[F_RECORD_ID]) goto fail;
         if (fv[F_SEQ]->kind != K_INT || fv[F_SEQ]->v < FIELD_MIN[F_SEQ]) goto fail;
         if (fv[F_P2P_SEQ]->kind != K_INT || fv[F_P2P_SEQ]->v < FIELD_MIN[F_P2P_SEQ]) goto fail;
+        if (i > 0 && fv[F_RECORD_ID]->v <= ints[6 * (i - 1)]) ids_rise = 0;
         row[0] = fv[F_RECORD_ID]->v;
         row[1] = fv[F_SEQ]->v;
         row[2] = fv[F_P2P_SEQ]->v;
@@ -747,7 +866,7 @@ static PyObject *extract(Scan *s) {
         int64_t *out = (int64_t *)PyBytes_AS_STRING(cols);
         for (int c = 0; c < 6; c++)
             for (Py_ssize_t j = 0; j < n; j++) out[c * n + j] = ints[6 * j + c];
-        PyObject *items[20] = {
+        PyObject *items[21] = {
             meta, PyLong_FromSsize_t(n), cols, PyBytes_FromStringAndSize((const char *)dur, n * 8),
             PyBytes_FromStringAndSize((const char *)flags, n),
             narrow(&tabs[T_PG]), tabs[T_PG].objs, tabs[T_NAME].objs, narrow(&tabs[T_NAME]), counts,
@@ -755,19 +874,20 @@ static PyObject *extract(Scan *s) {
             tabs[T_THREAD].objs, narrow(&tabs[T_THREAD]), tabs[T_SHAPE].objs, narrow(&tabs[T_SHAPE]),
             stacks_failed ? Py_None : PyBytes_FromStringAndSize((const char *)tabs[T_STACK].codes, n * 4),
             stacks_failed ? Py_None : tabs[T_STACK].objs,
+            ids_rise ? Py_True : Py_False,
         };
-        /* borrowed ones: meta, the tables' lists, counts, None; the others are new */
-        static const int BORROWED[20] = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1};
+        /* borrowed ones: meta, the tables' lists, counts, None, the bool; the others are new */
+        static const int BORROWED[21] = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1, 1};
         int ok = 1;
-        for (int j = 0; j < 20; j++) {
+        for (int j = 0; j < 21; j++) {
             int borrowed = BORROWED[j] || (j == 18 && stacks_failed);
             if (!items[j]) ok = 0;
             else if (borrowed) Py_INCREF(items[j]);
         }
-        if (ok && (result = PyTuple_New(20))) {
-            for (int j = 0; j < 20; j++) PyTuple_SET_ITEM(result, j, items[j]);
+        if (ok && (result = PyTuple_New(21))) {
+            for (int j = 0; j < 21; j++) PyTuple_SET_ITEM(result, j, items[j]);
         } else {
-            for (int j = 0; j < 20; j++) Py_XDECREF(items[j]);
+            for (int j = 0; j < 21; j++) Py_XDECREF(items[j]);
         }
     }
 fail:
@@ -801,9 +921,17 @@ static PyObject *py_scan(PyObject *self, PyObject *args) {
     return out;
 }
 
+PyObject *frscan_index_contiguous(PyObject *self, PyObject *args); /* _frscan_groups.c */
+PyObject *frscan_narrow(PyObject *self, PyObject *args);
+
 static PyMethodDef methods[] = {
     {"scan", py_scan, METH_VARARGS,
      "scan(data, budget) -> tuple of columns, or None when the pickle is not a regular Flight Recorder dump"},
+    {"index_contiguous", frscan_index_contiguous, METH_VARARGS,
+     "index_contiguous(gid, ngroups, flags, state, done, seq, name, op_of_name, shape, shape_count) -> "
+     "(groups, keys), or None when a group's seqs are not consecutive (group_index.index_groups)"},
+    {"narrow", frscan_narrow, METH_VARARGS,
+     "narrow(column, signed) -> (typecode, bytes): the ints in the smallest array type that holds them"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -3,10 +3,10 @@
 An `Entry` object costs ~420 bytes (its slots, its own ints for ids and times, a float); 8,192 ranks x
 2,000 entries are 16 million of them, 7 GB. Here a rank's entries are a handful of `array`s (ids,
 sequence numbers and times as int64, small-int codes into per-rank tables for group, op, shapes,
-state, timeout and thread): ~70 bytes an entry. `EntryTable` is still a sequence of `Entry`: an
-entry is built on demand when someone looks at it (a finding's culprits, a renderer), and is then
-identical to the one the row-by-row path builds, because both come from the same normalized rows
-(`rowwise.normalize_rows`).
+state, timeout and thread), compacted once indexed (`compact`): ~47 bytes an entry. `EntryTable` is
+still a sequence of `Entry`: an entry is built on demand when someone looks at it (a finding's culprits,
+a renderer), and is then identical to the one the row-by-row path builds, because both come from the same
+normalized rows (`rowwise.normalize_rows`).
 
 `GroupIndex` is one group's view of a rank, computed where the file is decoded (a loader worker):
 its collective sequence numbers, the entries of each (coalesced ops share one), a signature code per
@@ -23,11 +23,19 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Hashable, Iterator, Sequence
-from itertools import compress, repeat
-from operator import ge
+from itertools import compress
+from operator import lt
 from typing import Any, overload
 
-from frscope.records.group_index import GroupIndex, SignatureSpace, index_groups, space_of, unify_signatures
+from frscope.records.group_index import (
+    GroupIndex,
+    SignatureSpace,
+    index_groups,
+    narrow_codes,
+    narrowed,
+    space_of,
+    unify_signatures,
+)
 from frscope.records.model import COMPLETED, Entry, EntryRow, Frame, LazyFrames
 
 # flags: bit 0 is_p2p; bits 1-2 retired (0: None, 1: False, 2: True)
@@ -38,6 +46,8 @@ _FLAG_OF = {
 }
 _RETIRED_OF = (None, False, True)
 _RETIRED_TRUE = 4
+# flags -> 1 where the entry is retired (flags >= _RETIRED_TRUE), for bytes.translate
+_RETIRED_BYTE = bytes(int(f >= _RETIRED_TRUE) for f in range(256))
 
 
 def _code_type(distinct: int) -> str:
@@ -50,6 +60,17 @@ def _intern(keys: Sequence[Hashable]) -> tuple[list[Any], array[int]]:
     for key in dict.fromkeys(keys):
         index[key] = len(index)
     return list(index), array(_code_type(len(index)), map(index.__getitem__, keys))
+
+
+def _compact_ids(column: Sequence[int], rising: bool | None) -> Sequence[int]:
+    """Record ids: a `range` when they are consecutive (a ring buffer's usually are: no array at all), else
+    narrowed. `rising`: whether they strictly rise, when the caller knows (the scanner compared them)."""
+    if isinstance(column, range) or not column:
+        return column
+    first, n = column[0], len(column)
+    if column[-1] - first == n - 1 and (rising if rising is not None else all(map(lt, column[:-1], column[1:]))):
+        return range(first, first + n)  # strictly rising over exactly n values: every id once, in order
+    return narrowed(column, True) if isinstance(column, array) else column
 
 
 def _int64(values: Sequence[int | None]) -> array[int]:
@@ -71,12 +92,12 @@ class EntryTable(Sequence[Entry]):
     """A rank's entries in columns (see the module docstring); a read-only sequence of `Entry`."""
 
     __slots__ = (
-        "_groups", "_stack_frames", "completed", "created", "duration", "flags", "frames", "frames_each", "name",
-        "names", "p2p_seq", "pg", "pgs", "record_id", "seq", "shape", "shapes", "sigs", "space", "stack", "stacks",
-        "started", "state", "states", "thread", "threads", "timeout", "timeouts",
+        "_groups", "_open", "_stack_frames", "completed", "created", "duration", "flags", "frames", "frames_each",
+        "name", "names", "p2p_seq", "pg", "pgs", "record_id", "seq", "shape", "shapes", "sigs", "space", "stack",
+        "stacks", "started", "state", "states", "thread", "threads", "timeout", "timeouts",
     )
 
-    record_id: array[int]
+    record_id: Sequence[int]  # int64 as read; after `compact`, a range (consecutive ids) or a narrower array
     pg: array[int]
     seq: array[int]
     p2p_seq: array[int]
@@ -106,6 +127,7 @@ class EntryTable(Sequence[Entry]):
     sigs: list[Any]  # signature contents by local code (GroupIndex.sig), until unified into `space`
     space: SignatureSpace | None
     _groups: dict[str, GroupIndex] | None
+    _open: bytes | None
 
     @classmethod
     def from_rows(cls, rows: Sequence[EntryRow]) -> EntryTable:
@@ -217,13 +239,31 @@ class EntryTable(Sequence[Entry]):
     def is_done(self, i: int) -> bool:
         return self.states[self.state[i]] == COMPLETED or self.flags[i] >= _RETIRED_TRUE
 
+    def open_mask(self) -> bytes:
+        """Per entry, 1 where it is not completed (as `open_flags`), as bytes: C-level passes over the codes
+        (`bytes.translate`, one big-int OR), no Python per entry."""
+        got: bytes | None = getattr(self, "_open", None)  # a table never changes: computed once
+        if got is not None:
+            return got
+        n = len(self)
+        if self.state.typecode != "B" or len(self.states) > 256:
+            got = bytes(self.open_flags())
+        else:
+            done = bytes(state == COMPLETED for state in self.states).ljust(256, b"\0")
+            closed = int.from_bytes(self.state.tobytes().translate(done), "little") | int.from_bytes(
+                self.flags.tobytes().translate(_RETIRED_BYTE), "little")
+            got = (int.from_bytes(b"\1" * n, "little") ^ closed).to_bytes(n, "little")
+        self._open = got
+        return got
+
     def open_positions(self, positions: Sequence[int]) -> list[int]:
         """Those of `positions` whose entry is not completed."""
-        states = self.states
-        open_of = {(s, f): not (states[s] == COMPLETED or f >= _RETIRED_TRUE) for s in range(len(states))
-                   for f in range(6)}
-        pairs = zip(map(self.state.__getitem__, positions), map(self.flags.__getitem__, positions), strict=True)
-        return list(compress(positions, map(open_of.__getitem__, pairs)))
+        if not positions:
+            return []
+        if len(positions) < 16:  # a few: cheaper than the whole table's mask
+            return [p for p in positions if not self.is_done(p)]
+        mask = self.open_mask()
+        return list(compress(positions, map(mask.__getitem__, positions)))
 
     def newest_created(self) -> int | None:
         """The creation time of the last entry that has one (the recorder's newest)."""
@@ -236,12 +276,13 @@ class EntryTable(Sequence[Entry]):
     def first_open(self, before_record: int | None = None) -> int | None:
         """The position of the first entry not completed, or None; None too when an entry with a record
         id >= `before_record` comes first (the reference walks the entries in order and stops there)."""
-        n = len(self)
-        first = next(compress(range(n), self.open_flags()), None)
+        found = self.open_mask().find(1)
+        first = None if found < 0 else found
         if first is None or before_record is None:
             return first
-        stop = next(compress(range(n), map(ge, self.record_id, repeat(before_record))), n)
-        return first if first < stop else None
+        # The walk stops at the first entry with a record id >= before_record: `first` counts when no entry up
+        # to it has one.
+        return first if max(self.record_id[: first + 1]) < before_record else None
 
     def group_descs(self) -> dict[str, str]:
         """Each group's name -> the desc of its first entry, in order of first appearance."""
@@ -249,6 +290,20 @@ class EntryTable(Sequence[Entry]):
         for name, desc in self.pgs:
             out.setdefault(name, desc)
         return out
+
+    def compact(self, ids_rise: bool | None = None) -> None:
+        """Hold the same values in less memory, once the group index is built (normalize, where the file is
+        decoded): at 32,768 ranks x 2,000 entries every byte an entry is 65 MB. Record ids become a `range`
+        when consecutive, sequence numbers the narrowest signed array type that holds them, each group's
+        positions and signature codes in the narrowest unsigned type.
+        Every read (`[i]`, slices, iteration, `len`) gives the same ints as before."""
+        self.record_id = _compact_ids(self.record_id, ids_rise)
+        self.seq = narrowed(self.seq, True)
+        self.p2p_seq = narrowed(self.p2p_seq, True)
+        for index in self.groups().values():
+            index.members = narrowed(index.members, False)
+            index.p2p = narrowed(index.p2p, False)
+            index.sig = narrow_codes(index.sig)
 
     # --- the per-group index -------------------------------------------------------------------------
 
@@ -259,7 +314,8 @@ class EntryTable(Sequence[Entry]):
         return self._groups
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (tuple(getattr(self, name) for name in self.__slots__),))
+        # The open mask is a cache: not sent (nor unset slots).
+        return (_rebuild, (tuple(None if name == "_open" else getattr(self, name, None) for name in self.__slots__),))
 
 
 def _rebuild(state: tuple[Any, ...]) -> EntryTable:

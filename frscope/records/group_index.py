@@ -5,11 +5,19 @@ entries)."""
 
 from __future__ import annotations
 
+import os
 from array import array
 from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, compress, repeat
 from operator import add, and_, eq, mul, not_
 from typing import TYPE_CHECKING, Any
+
+from frscope.records.model import COMPLETED
+
+try:
+    from frscope.records import _frscan  # type: ignore[attr-defined]
+except ImportError:  # not built (no compiler): the Python loop below indexes every group
+    _frscan = None
 
 if TYPE_CHECKING:
     from frscope.records.columns import EntryTable
@@ -106,13 +114,23 @@ def index_groups(table: EntryTable) -> dict[str, GroupIndex]:
         "I", map(group_of_code.__getitem__, table.pg))
     op_names = list(dict.fromkeys(op for _pn, op, _peer in table.names))
     op_of_name = [op_names.index(op) for _pn, op, _peer in table.names]
+    shape_count = max(1, len(table.shapes))
+
+    def content(key: Any) -> Any:
+        items = key if isinstance(key, tuple) else (key,)
+        return _sig_content(table, tuple((op_names[k // shape_count], k % shape_count) for k in items))
+
+    fast = _index_contiguous(table, gid, group_names, op_of_name, shape_count)
+    if fast is not None:
+        out, sig_keys = fast
+        table.sigs = [content(key) for key in sig_keys]
+        return out
     open_flags = list(table.open_flags())
     p2p_flags = list(map(and_, table.flags, repeat(1)))
     seq_col, name_col, shape_col = table.seq, table.name, table.shape
-    shape_count = max(1, len(table.shapes))
     sig_index: dict[Any, int] = {}
-    sig_keys: list[Any] = []
-    out: dict[str, GroupIndex] = {}
+    sig_keys = []
+    out = {}
     for g, name in enumerate(group_names):
         mine: Sequence[int] = range(n) if len(group_names) == 1 else list(compress(range(n), map(eq, gid, repeat(g))))
         p2p = array("I", compress(mine, map(p2p_flags.__getitem__, mine)))
@@ -147,13 +165,64 @@ def index_groups(table: EntryTable) -> dict[str, GroupIndex]:
         last = max(seqs) if seqs else 0
         next_seq = (min(open_seqs) if open_seqs else last + 1) if seqs else 1
         out[name] = GroupIndex(name, distinct, members, offsets, sig, p2p, next_seq)
-
-    def content(key: Any) -> Any:
-        items = key if isinstance(key, tuple) else (key,)
-        return _sig_content(table, tuple((op_names[k // shape_count], k % shape_count) for k in items))
-
     table.sigs = [content(key) for key in sig_keys]
     return out
+
+
+def narrowed(column: array[int], signed: bool) -> array[int]:
+    """The same ints in the smallest array type that holds them all: 'b'/'h'/'i' (signed) or 'B'/'H'/'I'
+    (unsigned), else as it is. One C pass (`_frscan.narrow`) where the extension is built."""
+    if _frscan is not None:
+        got = _frscan.narrow(column, signed)
+        if got is None:
+            return column
+        code, raw = got
+        if code == column.typecode or code in "qQ":
+            return column
+        out = array(code)
+        out.frombytes(raw)
+        return out
+    low, high = min(column, default=0), max(column, default=0)
+    kinds = (("b", -(1 << 7), 1 << 7), ("h", -(1 << 15), 1 << 15), ("i", -(1 << 31), 1 << 31)) if signed else (
+        ("B", 0, 1 << 8), ("H", 0, 1 << 16), ("I", 0, 1 << 32))
+    for code, bottom, bound in kinds:
+        if bottom <= low and high < bound:
+            return column if column.typecode == code else array(code, column)
+    return column
+
+
+def narrow_codes(codes: array[int]) -> array[int]:
+    """Signature codes in the smallest unsigned array type that holds them (the same ints read back)."""
+    return narrowed(codes, False)
+
+
+def _u32(raw: bytes) -> array[int]:
+    out = array("I")
+    out.frombytes(raw)
+    return out
+
+
+def _index_contiguous(table: EntryTable, gid: Sequence[int], group_names: list[str], op_of_name: list[int],
+                      shape_count: int) -> tuple[dict[str, GroupIndex], list[Any]] | None:
+    """`index_groups`' result in one C pass (`_frscan.index_contiguous`) when every group's collectives carry
+    consecutive seqs, one entry each (the common shape); None otherwise, or without the extension."""
+    if _frscan is None or not len(table) or os.environ.get("FRSCOPE_NO_SCANNER", "") not in ("", "0"):
+        return None
+    done = bytes(state == COMPLETED for state in table.states)
+    got = _frscan.index_contiguous(gid, len(group_names), table.flags, table.state, done, table.seq, table.name,
+                                   op_of_name, table.shape, shape_count)
+    if got is None:
+        return None
+    per_group, keys = got
+    out: dict[str, GroupIndex] = {}
+    for name, (members, p2p, first_seq, count, next_seq, sig) in zip(group_names, per_group, strict=True):
+        index = GroupIndex.__new__(GroupIndex)
+        index.name, index.count, index.first_seq, index.next_seq = name, count, first_seq, next_seq
+        index.last_seq = first_seq + count - 1 if count else 0
+        index.contiguous, index.seqs, index.offsets, index._position = True, None, None, None
+        index.members, index.p2p, index.sig = _u32(members), _u32(p2p), _u32(sig)
+        out[name] = index
+    return out, keys
 
 
 class SignatureSpace:
@@ -198,7 +267,7 @@ def unify_signatures(tables: Iterable[EntryTable], space: SignatureSpace | None 
         remap = [space.code(content) for content in contents]
         if remap != list(range(len(remap))):
             for index in groups.values():
-                index.sig = array("I", map(remap.__getitem__, index.sig))
+                index.sig = narrow_codes(array("I", map(remap.__getitem__, index.sig)))
         table.space, table.sigs = space, []
     return space
 

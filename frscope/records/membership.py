@@ -14,6 +14,7 @@ Nothing is inferred from a description string: groups that share one (DeviceMesh
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from frscope.records.columns import EntryTable
 from frscope.records.limits import MAX_RANK
@@ -46,20 +47,37 @@ def build_groups(
             seen.setdefault(name, set()).add(rank)
             descs.setdefault(name, Counter())[desc] += 1
 
-    votes: dict[str, Counter[tuple[int, ...]]] = {}
     config_desc: dict[str, str] = {}
     # Every rank any group lists is a rank of the job, also in gloo's unnamed '' entry (whose list is
     # some group's, not necessarily the default group's): the world is at least that big.
     listed = 0
+    # Every rank's dump lists the default group's N members: the loader hands one tuple to every rank that
+    # lists the same ranks, so each distinct tuple object is measured and hashed once, not once per rank
+    # (N² work at 32,768 ranks). Votes are counted per object, then per content in order of first vote.
+    top_of: dict[int, int] = {}
+    by_object: dict[str, dict[int, list[Any]]] = {}
     for dump in dumps.values():
         for cfg in dump.pg_config.values():
-            if cfg.ranks:
-                listed = max(listed, max(cfg.ranks) + 1)
+            ranks = cfg.ranks
+            if ranks:
+                top = top_of.get(id(ranks))
+                if top is None:
+                    top = top_of[id(ranks)] = max(ranks) + 1
+                listed = max(listed, top)
             # Gloo's unnamed '' entry names no group: its ranks are not a membership.
-            if not cfg.name or cfg.ranks is None:
+            if not cfg.name or ranks is None:
                 continue
-            votes.setdefault(cfg.name, Counter())[cfg.ranks] += 1
+            counted = by_object.setdefault(cfg.name, {}).get(id(ranks))
+            if counted is None:
+                by_object[cfg.name][id(ranks)] = [ranks, 1]
+            else:
+                counted[1] += 1
             config_desc.setdefault(cfg.name, cfg.desc)
+    votes: dict[str, Counter[tuple[int, ...]]] = {}
+    for name, counted_objects in by_object.items():
+        counter = votes[name] = Counter()
+        for ranks, count in counted_objects.values():
+            counter[ranks] += count
 
     # Every rank here is below limits.MAX_RANK (normalize refuses others), so `range(world)` is bounded.
     hint = world_size_hint if world_size_hint is not None and 0 < world_size_hint <= MAX_RANK else 0

@@ -227,6 +227,7 @@ def _normalize_dump(raw: Any, source: str, rank: int | None, lazy_frames: LazyFr
         del rows
     if table is not None:
         table.groups()  # indexed here, where the file is decoded (a loader worker), not in the parent
+        table.compact()
         entries = table
 
     content_rank = meta.get("rank", trace.get("rank"))

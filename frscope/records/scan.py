@@ -18,12 +18,10 @@ from __future__ import annotations
 import os
 from array import array
 from collections import Counter
-from collections.abc import Callable
-from operator import lt
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from frscope.records.columns import EntryTable, _code_type
-from frscope.records.fastcols import _stack_content
 from frscope.records.fields import (
     MAX_STACKS,
     MAX_STATE,
@@ -79,7 +77,7 @@ def _table(got: tuple[Any, ...], lazy_frames: LazyFrames,
            parse_name: Callable[[str], tuple[str | None, str, int | None]]
            ) -> tuple[dict[str, Any], EntryTable, str | None] | None:
     (meta, n, cols, dur, flags, pg_codes, pgs, names, name_codes, name_counts, states, state_codes, timeouts,
-     timeout_codes, threads, thread_codes, shapes, shape_codes, stack_codes, stack_raws) = got
+     timeout_codes, threads, thread_codes, shapes, shape_codes, stack_codes, stack_raws, ids_rise) = got
     # The table's checks (records.fields, as fastcols applies them), once per distinct value; the scanner
     # checked the types of ints, floats and flags and the ints' lowest values from the same table.
     if not all(map(regular_group, pgs)) or not all(short_text(s, MAX_STATE) for s in states):
@@ -117,7 +115,9 @@ def _table(got: tuple[Any, ...], lazy_frames: LazyFrames,
     table.shapes = shapes
     table.shape = _codes(shape_codes, len(shapes))
     table.frames, table.frames_each = lazy_frames, None
-    table.stack, table.stacks = _stacks(stack_codes, stack_raws, table.record_id)
+    table.stack, table.stacks = _stacks(stack_codes, stack_raws, table.record_id, ids_rise)
+    if ids_rise and n and table.record_id[-1] - table.record_id[0] == n - 1:  # consecutive: `compact` keeps a range
+        table.record_id = range(table.record_id[0], table.record_id[0] + n)
     table._stack_frames = {}
     table.sigs, table.space, table._groups = [], None, None
 
@@ -129,19 +129,17 @@ def _table(got: tuple[Any, ...], lazy_frames: LazyFrames,
     return meta, table, (most[0][0] if most else None)
 
 
-def _stacks(raw_codes: bytes | None, raws: list[Any] | None, record_id: array[int]
+def _stacks(raw_codes: bytes | None, raws: list[Any] | None, record_id: Sequence[int], ids_rise: bool
             ) -> tuple[array[int], list[Any]] | tuple[None, None]:
     """As fastcols._Stacks.result: each entry's stack as a code into the rank's distinct stacks (contents by
-    frames_from_raw), the last entry's stack per record id when ids repeat; None when frames are not lists or
-    there are more than MAX_STACKS distinct stacks. The scanner keyed stacks by their frame dicts' identity: equal
-    contents of different dicts become one stack here."""
+    frames_from_raw: the scanner builds them so, `raws`), the last entry's stack per record id when ids repeat;
+    None when frames are not lists or there are more than MAX_STACKS distinct stacks. The scanner keyed stacks by
+    their frame dicts' identity: equal contents of different dicts become one stack here."""
     if raw_codes is None or raws is None:
         return None, None
     index: dict[tuple[tuple[str, str, int], ...], int] = {}
-    one: dict[int, tuple[tuple[str, str, int], ...]] = {}
     remap: list[int] = []
-    for raw in raws:
-        content = _stack_content(raw, one)
+    for content in raws:  # the scanner made each stack's frames as frames_from_raw does (mat_stack)
         code = index.get(content)
         if code is None:
             if len(index) >= MAX_STACKS:
@@ -152,7 +150,7 @@ def _stacks(raw_codes: bytes | None, raws: list[Any] | None, record_id: array[in
     codes.frombytes(raw_codes)
     if remap != list(range(len(remap))):
         codes = array("I", map(remap.__getitem__, codes))
-    if not all(map(lt, record_id[:-1], record_id[1:])):  # ids repeat or go back: the last one's stack
+    if not ids_rise:  # ids repeat or go back (the scanner compared them): the last one's stack
         final = dict(zip(record_id, codes, strict=True))
         codes = array("I", map(final.__getitem__, record_id))
     kind = _code_type(len(index))
