@@ -95,13 +95,23 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
     most = max(1, len(ranks) // 2)
     events: dict[tuple[int, ...], list[LateAt]] = {}
     total = 0
+    # NCCL enqueues a step's collectives without waiting: a rank late at the step's start is late by the
+    # same amount at each collective it enqueues before the first one that blocks. A run of such rows is
+    # one wait, counted once (gloo's collectives block: each late row there is a wait of its own).
+    one_wait_per_run = any(d.backend and d.backend != "gloo" for d in ctx.dumpset.dumps.values())
+    previous: tuple[int, ...] | None = None
     for seq, mid_ms, late in zip(arrived.seqs, mids, zip(*shifted, strict=True), strict=True):
         order = sorted(zip(late, ranks, strict=True), reverse=True)  # latest first; a tie: the higher rank
         gaps = [order[i][0] - order[i + 1][0] for i in range(min(most, len(order) - 1))]
         widest = max(range(len(gaps)), key=lambda i: (gaps[i], -i))
-        if gaps[widest] >= threshold:
-            total += 1
+        if gaps[widest] < threshold:
+            previous = None
+        else:
             late_set = tuple(sorted(r for _, r in order[: widest + 1]))
+            if one_wait_per_run and late_set == previous:
+                continue  # the same wait, carried to the next collective it enqueued
+            previous = late_set
+            total += 1
             if late_set[-1] - late_set[0] != len(late_set) - 1:
                 continue  # not one host's ranks (a launcher numbers a node's ranks in a row): no one party
             last, rank = order[0]
