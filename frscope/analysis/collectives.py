@@ -295,13 +295,7 @@ def _add_views(
     cap = ctx.options.max_rank_views
     for rank in culprits[:cap]:
         bucket = buckets.get(rank)
-        entry = bucket[0] if bucket else None
-        finding.ranks[rank] = ctx.rank_view(rank, group, entry)
-        if entry is not None and entry.frames:
-            finding.culprit_frames[rank] = entry.frames
-        stack = ctx.live_stack(rank)
-        if stack:
-            finding.culprit_stacks[rank] = stack
+        ctx.show_culprit(finding, rank, group, bucket[0] if bucket else None)
     for rank in others[:3]:
         bucket = buckets.get(rank)
         finding.ranks[rank] = ctx.rank_view(rank, group, bucket[0] if bucket else None, call_site=False)
@@ -464,16 +458,7 @@ def _extra_call_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: d
     finding.evidence.append(
         f"{plural(idle)} ({len(idle)} of the group's {len(idle) + len(culprits)} ranks with a recorder) "
         f"recorded nothing open in any group: the odd side is the {len(culprits)} in #{seq}")
-    for rank in culprits[: ctx.options.max_rank_views]:
-        bucket = buckets.get(rank)
-        finding.ranks[rank] = ctx.rank_view(rank, group.name, bucket[0] if bucket else None)
-        if bucket and bucket[0].frames:
-            finding.culprit_frames[rank] = bucket[0].frames
-        stack = ctx.live_stack(rank)
-        if stack:
-            finding.culprit_stacks[rank] = stack
-    for rank in idle[:3]:
-        finding.ranks[rank] = ctx.rank_view(rank, group.name, None, call_site=False)
+    _add_views(ctx, finding, group.name, buckets, culprits, idle)
     return finding
 
 
@@ -504,12 +489,7 @@ def hang_finding(
         for rank in culprits[: ctx.options.max_rank_views]:
             track = tracks[rank]
             last = track.by_seq.get(track.last_seq)
-            finding.ranks[rank] = ctx.rank_view(rank, group.name, last[0] if last else None)
-            if last and last[0].frames:
-                finding.culprit_frames[rank] = last[0].frames
-            stack = ctx.live_stack(rank)
-            if stack:
-                finding.culprit_stacks[rank] = stack
+            ctx.show_culprit(finding, rank, group.name, last[0] if last else None)
             finding.evidence.append(
                 f"rank {rank}: last entered #{track.last_seq} of {ref.label()}"
                 + (f", now {finding.ranks[rank].activity}" if finding.ranks[rank].activity else "")

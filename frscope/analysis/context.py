@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from frscope.analysis.clock import Clock, build_clock
-from frscope.analysis.findings import RankView
+from frscope.analysis.findings import Finding, RankView
 from frscope.analysis.stacks import describe, main_stack, user_frame
 from frscope.analysis.tracks import Track, blocked_entry
 from frscope.records import DumpSet, Entry, Frame
@@ -90,6 +90,16 @@ class Context:
             last = dump.entries[-1]
             return f"idle since {last.op} #{_seq(last)} of group {last.pg_name} completed"
         return "recorder empty"
+
+    def show_culprit(self, finding: Finding, rank: int, group: str, entry: Entry | None) -> None:
+        """A culprit's view in `finding`: where it stands in `group`, the call site of `entry` (its own
+        op there, if any) and its live stack, where those exist."""
+        finding.ranks[rank] = self.rank_view(rank, group, entry)
+        if entry is not None and entry.frames:
+            finding.culprit_frames[rank] = entry.frames
+        stack = self.live_stack(rank)
+        if stack:
+            finding.culprit_stacks[rank] = stack
 
     def rank_view(self, rank: int, group: str, entry: Entry | None, *, call_site: bool = True) -> RankView:
         """`call_site` reads the entry's frames (from the file, for lazily loaded dumps): culprits only."""

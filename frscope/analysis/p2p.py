@@ -25,34 +25,31 @@ def _kind(entry: Entry) -> str:
     return "send" if entry.op in ("send", "isend") else "recv"
 
 
-def _facing_heads(group: GroupInfo, pending: dict[int, list[Entry]]) -> tuple[Entry, Entry] | None:
-    """Two ranks whose oldest pending p2p ops with each other are both receives (or both sends), the
-    oldest such pair: each op is ahead of the counterpart the other waits for on its own stream, so
-    neither can finish (a deadlock, whatever else each rank posted behind it)."""
+Posted = dict[tuple[str, int, int], list[Entry]]  # (kind, rank, peer) -> its pending ops, oldest first
+
+
+def _facing_heads(posted: Posted) -> tuple[int, Entry, int, Entry] | None:
+    """(a, its op, b, its op): two ranks whose oldest pending p2p ops with each other are both receives
+    (or both sends), the oldest such pair. Each op is ahead of the counterpart the other waits for on
+    its own stream, so neither can finish (a deadlock, whatever else each rank posted behind it)."""
     heads: dict[tuple[int, int], Entry] = {}
-    for rank, entries in pending.items():
-        for entry in entries:
-            peer = group.global_rank(entry.peer) if entry.peer is not None else None
-            if peer is not None and entry.op in P2P_OPS:
-                heads.setdefault((rank, peer), entry)
-    found = [(mine, theirs) for (rank, peer), mine in heads.items()
-             if rank < peer and (theirs := heads.get((peer, rank))) is not None and _kind(mine) == _kind(theirs)]
+    for (_, rank, peer), entries in posted.items():
+        head = next((e for e in entries if e.op in P2P_OPS), None)
+        held = heads.get((rank, peer))
+        if head is not None and (held is None or head.record_id < held.record_id):
+            heads[(rank, peer)] = head
+    found = [(a, mine, b, theirs) for (a, b), mine in heads.items()
+             if a < b and (theirs := heads.get((b, a))) is not None and _kind(mine) == _kind(theirs)]
     if not found:
         return None
-    return min(found, key=lambda pair: min(pair[0].time_created_ns or 0, pair[1].time_created_ns or 0))
+    return min(found, key=lambda f: min(f[1].time_created_ns or 0, f[3].time_created_ns or 0))
 
 
-def _one_skipped(group: GroupInfo, pair: tuple[Entry, Entry], posted: dict[tuple[str, int, int], list[Entry]]
-                 ) -> bool:
-    """Of two ranks facing each other with the same kind of op, one posted the other kind too (behind it)
-    and the other never did: that one skipped it (its program diverged), a p2p op without a partner
-    rather than a deadlock of two programs that both post in the wrong order."""
-    first, second = pair
-    a = group.global_rank(second.peer) if second.peer is not None else None
-    b = group.global_rank(first.peer) if first.peer is not None else None
-    if a is None or b is None:
-        return False
-    other = "send" if _kind(first) == "recv" else "recv"
+def _one_skipped(a: int, b: int, kind: str, posted: Posted) -> bool:
+    """Of two ranks facing each other with ops of `kind`, one posted the other kind too (behind it) and
+    the other never did: that one skipped it (its program diverged), a p2p op without a partner rather
+    than a deadlock of two programs that both post in the wrong order."""
+    other = "send" if kind == "recv" else "recv"
     return ((other, a, b) in posted) != ((other, b, a) in posted)
 
 
@@ -67,32 +64,16 @@ def _age(ctx: Context, ranks: list[int], created: int) -> tuple[float | None, st
     return (now - created) / 1e9, ctx.age_source(ranks)
 
 
-def _deadlock_finding(ctx: Context, group: GroupInfo, ref: GroupRef, pair: tuple[Entry, Entry]) -> Finding:
-    first, second = pair
-    ranks = sorted(r for r in (_owner(group, first, second), _owner(group, second, first)) if r is not None)
+def _deadlock_finding(ctx: Context, group: GroupInfo, ref: GroupRef, a: int, first: Entry, b: int, second: Entry
+                      ) -> Finding:
     kind = _kind(first)
     created = min(first.time_created_ns or 0, second.time_created_ns or 0)
-    age, age_source = _age(ctx, ranks, created)
-    a, b = ranks
+    age, age_source = _age(ctx, [a, b], created)
     summary = (f"Ranks {a} and {b} each wait in a {kind} with the other (p2p #{first.p2p_seq_id} / "
                f"#{second.p2p_seq_id} of {ref.label()}), posted before the {'recv' if kind == 'send' else 'send'} "
                "the other waits for: a point-to-point deadlock"
                + (f", for {fmt_duration(age)}" if age is not None else "") + ".")
-    finding = Finding(
-        category=Category.P2P_MISMATCH,
-        culprit_ranks=(a, b),
-        process_group=ref,
-        summary=summary,
-        p2p_seq_id=first.p2p_seq_id,
-        op=first.op,
-        input_sizes=first.input_sizes,
-        output_sizes=first.output_sizes,
-        input_dtypes=first.input_dtypes,
-        output_dtypes=first.output_dtypes,
-        since_ns=created or None,
-        stalled_for_s=age,
-        age_source=age_source,
-    )
+    finding = _p2p_finding(ref, [a, b], summary, first, created, age, age_source)
     finding.evidence.append(f"rank {a}'s and rank {b}'s oldest pending ops with each other are both {kind}s")
     for rank, entry in ((a, first), (b, second)):
         finding.ranks[rank] = ctx.rank_view(rank, group.name, entry)
@@ -102,9 +83,23 @@ def _deadlock_finding(ctx: Context, group: GroupInfo, ref: GroupRef, pair: tuple
     return finding
 
 
-def _owner(group: GroupInfo, entry: Entry, other: Entry) -> int | None:
-    """The global rank that posted `entry`: the peer `other` names."""
-    return group.global_rank(other.peer) if other.peer is not None else None
+def _p2p_finding(ref: GroupRef, culprits: list[int], summary: str, entry: Entry, created: int, age: float | None,
+                 age_source: str | None) -> Finding:
+    return Finding(
+        category=Category.P2P_MISMATCH,
+        culprit_ranks=tuple(culprits),
+        process_group=ref,
+        summary=summary,
+        p2p_seq_id=entry.p2p_seq_id,
+        op=entry.op,
+        input_sizes=entry.input_sizes,
+        output_sizes=entry.output_sizes,
+        input_dtypes=entry.input_dtypes,
+        output_dtypes=entry.output_dtypes,
+        since_ns=created or None,
+        stalled_for_s=age,
+        age_source=age_source,
+    )
 
 
 def _misdirected(candidates: list[tuple[int, int, int, Entry, str]]) -> tuple[int, int, int, Entry, str] | None:
@@ -128,17 +123,15 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
     if not pending:
         return None
     # Index the receivers' side: (receiver, sender) -> pending recvs, (sender, receiver) -> pending sends.
-    posted: dict[tuple[str, int, int], list[Entry]] = {}
+    posted: Posted = {}
     for rank, entries in pending.items():
         for entry in entries:
             peer = group.global_rank(entry.peer) if entry.peer is not None else None
-            if peer is None:
-                continue
-            kind = "send" if entry.op in ("send", "isend") else "recv"
-            posted.setdefault((kind, rank, peer), []).append(entry)
-    deadlock = _facing_heads(group, pending)
-    if deadlock is not None and not _one_skipped(group, deadlock, posted):
-        finding = _deadlock_finding(ctx, group, ref, deadlock)
+            if peer is not None:
+                posted.setdefault((_kind(entry), rank, peer), []).append(entry)
+    facing = _facing_heads(posted)
+    if facing is not None and not _one_skipped(facing[0], facing[2], _kind(facing[1]), posted):
+        finding = _deadlock_finding(ctx, group, ref, *facing)
         if finding.stalled_for_s is None or finding.stalled_for_s >= ctx.options.stall_after_s:
             return finding
     candidates: list[tuple[int, int, int, Entry, str]] = []
@@ -164,7 +157,7 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
     age, age_source = _age(ctx, [rank], created)
     if why in ("unmatched", "misdirected") and age is not None and age < ctx.options.stall_after_s:
         return None
-    kind = "send" if entry.op in ("send", "isend") else "recv"
+    kind = _kind(entry)
     if why == "misdirected":
         culprits = [rank]  # `rank` posted `entry` with the wrong partner; `peer` waits for it
         named = group.global_rank(entry.peer) if entry.peer is not None else None
@@ -189,21 +182,7 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             + (f", for {fmt_duration(age)}" if age is not None else "")
             + f"; rank {peer} is {ctx.activity(peer)}."
         )
-    finding = Finding(
-        category=Category.P2P_MISMATCH,
-        culprit_ranks=tuple(culprits),
-        process_group=ref,
-        summary=summary,
-        p2p_seq_id=entry.p2p_seq_id,
-        op=entry.op,
-        input_sizes=entry.input_sizes,
-        output_sizes=entry.output_sizes,
-        input_dtypes=entry.input_dtypes,
-        output_dtypes=entry.output_dtypes,
-        since_ns=created or None,
-        stalled_for_s=age,
-        age_source=age_source,
-    )
+    finding = _p2p_finding(ref, culprits, summary, entry, created, age, age_source)
     finding.ranks[rank] = ctx.rank_view(rank, group.name, entry)
     if why == "misdirected":
         finding.ranks[peer] = ctx.rank_view(peer, group.name, None)

@@ -4,6 +4,7 @@ side of a split is odd, and what evidence can and cannot say. Each test builds t
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from frscope.analysis import AnalysisOptions, Category, analyze
@@ -15,6 +16,18 @@ SECOND = 10**9
 
 def _steps(n: int, *, backend: str = "nccl", op: str = "all_reduce") -> list[dict[str, object]]:
     return [b.entry(s, op=op, backend=backend, created_ns=b.T0 + s * SECOND) for s in range(1, n + 1)]
+
+
+def _gloo_steps(step_ns: int, late_ns: Callable[[int, int], int]) -> dict[int, list[dict[str, object]]]:
+    """4 gloo ranks, 12 steps of 3 collectives each 1 ms apart; `late_ns(rank, k)`: how late the rank
+    reaches the step's k-th collective."""
+    per_rank: dict[int, list[dict[str, object]]] = {r: [] for r in range(4)}
+    for step in range(12):
+        for k in range(3):
+            for r in range(4):
+                start = b.T0 + step * step_ns + late_ns(r, k) + k * 1_000_000 + r * 1000
+                per_rank[r].append(b.entry(step * 3 + k + 1, backend="gloo", created_ns=start))
+    return per_rank
 
 
 def test_two_ranks_receiving_from_each_other_first_are_a_p2p_deadlock(tmp_path: Path) -> None:
@@ -107,29 +120,13 @@ def test_a_collective_the_others_finished_is_not_where_they_wait(tmp_path: Path)
 def test_a_rank_late_by_a_large_share_of_short_steps_is_a_straggler(tmp_path: Path) -> None:
     # 50 ms steps of three collectives; rank 2 reaches each step's first collective 30 ms after the others
     # (below the 50 ms an absolute wait needs, but 40% of the job's time).
-    per_rank: dict[int, list[dict[str, object]]] = {r: [] for r in range(4)}
-    step_ns = 80_000_000
-    for step in range(12):
-        for k in range(3):
-            seq = step * 3 + k + 1
-            for r in range(4):
-                late = 30_000_000 if r == 2 else 0
-                start = b.T0 + step * step_ns + late + k * 1_000_000 + r * 1000
-                per_rank[r].append(b.entry(seq, backend="gloo", created_ns=start))
+    per_rank = _gloo_steps(80_000_000, lambda rank, k: 30_000_000 if rank == 2 else 0)
     report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]))
     assert [(f.category, f.culprit_ranks) for f in report.findings] == [(Category.STRAGGLER, (2,))]
 
 
 def test_a_few_ms_of_lateness_in_long_steps_is_no_straggler(tmp_path: Path) -> None:
-    per_rank: dict[int, list[dict[str, object]]] = {r: [] for r in range(4)}
-    step_ns = 1_500_000_000
-    for step in range(12):
-        for k in range(3):
-            seq = step * 3 + k + 1
-            for r in range(4):
-                late = 15_000_000 if r == 2 and k == 0 else 0
-                start = b.T0 + step * step_ns + late + k * 1_000_000 + r * 1000
-                per_rank[r].append(b.entry(seq, backend="gloo", created_ns=start))
+    per_rank = _gloo_steps(1_500_000_000, lambda rank, k: 15_000_000 if rank == 2 and k == 0 else 0)
     assert analyze(load_dumps([b.job(tmp_path, per_rank, 4)])).findings == []
 
 
