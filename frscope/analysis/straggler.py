@@ -8,9 +8,11 @@ it), which a constant clock offset cannot fake.
 
 from __future__ import annotations
 
+from heapq import nlargest
+from math import comb
 from statistics import median
 
-from frscope.analysis.arrivals import arrivals, durations_ms, lateness_ms, middles, upper_middle
+from frscope.analysis.arrivals import Arrivals, arrivals, durations_ms, lateness_ms, middles, upper_middle
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.stragglers_steps import (
@@ -26,6 +28,7 @@ from frscope.analysis.wording import plural
 MIN_SAMPLES = 5
 LAST_SHARE = 0.6  # last to arrive in at least this share of the sampled collectives
 FEW_SAMPLES = 5  # a steady lateness counts from this many collectives (one per step: five steps)
+MAX_SET = 8  # ranks late together: at most one host's ranks (8 GPUs a node)
 
 
 def last_counts(tracks: dict[int, Track]) -> tuple[dict[int, int], int]:
@@ -77,6 +80,9 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
     # The worst rank arrived last most often (then: latest by median); below LAST_SHARE nobody
     # qualifies, so only the ranks with the top count need their lateness.
     top = max(last_count.values())
+    together = _late_together(ctx, arrived)
+    if together is not None:
+        return _set_finding(ctx, ref, tracks, arrived, *together)
     if top / samples < LAST_SHARE:
         return None
     # The middle arrival of two ranks is the later one: with two, lateness is measured from the other.
@@ -129,4 +135,79 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
         finding.culprit_frames[worst] = last[0].frames
         finding.op = last[0].op
         finding.collective_seq_id = hi
+    return finding
+
+
+def _late_together(ctx: Context, arrived: Arrivals) -> tuple[tuple[int, ...], int, float] | None:
+    """Ranks late together: at each collective the late set is the ranks after the widest gap among the
+    latest arrivals (at most `MAX_SET`, at most half the group); a set of two or more that is the late set
+    at `LAST_SHARE` of the collectives, apart from the rest by more than the clock skew, beyond chance
+    (1 in C(n, k) per collective for k ranks), is one cause: a slow node delays all of its ranks at once,
+    and then each is last only about 1/k of the time, so no single rank is. (set, count, median ms late)."""
+    ranks = arrived.ranks
+    most = min(MAX_SET, len(ranks) // 2)
+    if most < 2:
+        return None
+    skew_ns = ctx.options.clock_skew_ms * 1e6
+    counts: dict[tuple[int, ...], int] = {}
+    for times in arrived.rows:
+        top = nlargest(most + 1, zip(times, ranks, strict=True))
+        gaps = [top[i][0] - top[i + 1][0] for i in range(len(top) - 1)]
+        widest = max(range(len(gaps)), key=lambda i: (gaps[i], -i))
+        if widest >= 1 and gaps[widest] > skew_ns:
+            late = tuple(sorted(r for _, r in top[: widest + 1]))
+            counts[late] = counts.get(late, 0) + 1
+    if not counts:
+        return None
+    late_set = max(counts, key=lambda s: (counts[s], -len(s)))
+    count, samples = counts[late_set], len(arrived)
+    if count / samples < LAST_SHARE:
+        return None
+    sets = comb(len(ranks), len(late_set))
+    if binomial_tail(count, samples, 1 / sets) * sets >= ALPHA:
+        return None
+    mids = middles(arrived, upper_middle)
+    late_ms = median(min(row) for row in zip(*(lateness_ms(arrived, r, mids) for r in late_set), strict=True))
+    return late_set, count, late_ms
+
+
+def _set_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arrived: Arrivals, late_set: tuple[int, ...],
+                 count: int, late_ms: float) -> Finding | None:
+    samples = len(arrived)
+    others = [r for r in arrived.ranks if r not in late_set]
+    waited = {r: sum(durations_ms(arrived, tracks[r])) for r in arrived.ranks}
+    evidence = [
+        f"{plural(list(late_set))} arrived last together, after every other rank, at {count} of the {samples} most "
+        f"recent completed collectives of {ref.label()}, {late_ms:.0f} ms after the median rank (median)",
+        f"lateness under {ctx.options.clock_skew_ms:.0f} ms is ignored as possible clock skew between hosts",
+    ]
+    if all(durations_ms(arrived, tracks[r]) for r in arrived.ranks):
+        mine, theirs = max(waited[r] for r in late_set), median(waited[r] for r in others)
+        if mine >= theirs:
+            return None  # they did not make the others wait: a clock offset, not stragglers
+        evidence.append(f"their collectives took {mine:.1f} ms in all at most while the others' took {theirs:.1f} ms "
+                        "(median rank): the others waited for them")
+    node = " (one host's ranks: a slow node)" if late_set[-1] - late_set[0] == len(late_set) - 1 else ""
+    finding = Finding(
+        category=Category.STRAGGLER,
+        culprit_ranks=late_set,
+        process_group=ref,
+        summary=(
+            f"{plural(list(late_set)).capitalize()} reach the collectives of {ref.label()} late together{node}: by "
+            f"{late_ms:.0f} ms (median) at {count} of {samples} collectives; every other rank waits for them."
+        ),
+        late_by_ms=late_ms,
+        evidence=evidence,
+    )
+    hi = arrived.seqs[-1]
+    for rank in late_set[: ctx.options.max_rank_views]:
+        finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)
+        stack = ctx.live_stack(rank)
+        if stack:
+            finding.culprit_stacks[rank] = stack
+        last = tracks[rank].by_seq.get(hi)
+        if last and last[0].frames:
+            finding.culprit_frames[rank] = last[0].frames
+            finding.op = last[0].op
+            finding.collective_seq_id = hi
     return finding
