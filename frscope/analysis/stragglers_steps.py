@@ -100,10 +100,12 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
     events: dict[tuple[int, ...], list[LateAt]] = {}
     total = 0
     # NCCL enqueues a step's collectives without waiting: a rank late at the step's start is late by the
-    # same amount at each collective it enqueues before the first one that blocks. A run of such rows is
-    # one wait, counted once (gloo's collectives block: each late row there is a wait of its own).
+    # same amount at each collective it enqueues before the first one that blocks. Such a row, where the
+    # others reached it before the same late set had reached the previous row (they did not wait for it in
+    # between), is that one wait carried, counted once. Where the others reached it after, they waited (the
+    # step's sync point): a new wait (gloo's collectives block: each late row there is a wait of its own).
     one_wait_per_run = any(d.backend and d.backend != "gloo" for d in ctx.dumpset.dumps.values())
-    previous: tuple[int, ...] | None = None
+    previous: tuple[tuple[int, ...], float] | None = None  # the last late set counted, its earliest arrival
     for seq, mid_ms, late in zip(arrived.seqs, mids, zip(*shifted, strict=True), strict=True):
         order = sorted(zip(late, ranks, strict=True), reverse=True)  # latest first; a tie: the higher rank
         gaps = [order[i][0] - order[i + 1][0] for i in range(min(most, len(order) - 1))]
@@ -112,9 +114,10 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
             previous = None
         else:
             late_set = tuple(sorted(r for _, r in order[: widest + 1]))
-            if one_wait_per_run and late_set == previous:
+            if one_wait_per_run and previous is not None and late_set == previous[0] \
+                    and order[widest + 1][0] < previous[1]:
                 continue  # the same wait, carried to the next collective it enqueued
-            previous = late_set
+            previous = (late_set, order[widest][0])
             total += 1
             if late_set[-1] - late_set[0] != len(late_set) - 1:
                 continue  # not one host's ranks (a launcher numbers a node's ranks in a row): no one party

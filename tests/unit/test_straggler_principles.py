@@ -16,17 +16,19 @@ from tests.unit import builders as b
 
 MS = 1_000_000
 Groups = dict[str, tuple[int, ...]]
+Dumps = dict[int, list[dict[str, Any]]]
 
 
 def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int, int], float], *,
-         backend: str = "gloo", prologue: tuple[str, ...] = ()) -> dict[int, list[dict[str, Any]]]:
+         backend: str = "gloo", timing: bool = False, prologue: tuple[str, ...] = ()) -> Dumps:
     """Each step: every rank computes `compute_ms(rank, step)`, then runs the collectives of `step` (group
     names; a rank skips the groups it is not in). gloo blocks in each one until its last member arrives;
-    NCCL ranks go on after enqueuing and wait for the step's collectives at its end (the step's sync)."""
+    NCCL ranks go on after enqueuing and wait for the step's collectives at its end (the step's sync);
+    `timing`: NCCL records each collective's duration (TORCH_NCCL_ENABLE_TIMING)."""
     world = 1 + max(r for ranks in groups.values() for r in ranks)
     now = dict.fromkeys(range(world), 0.0)
     seqs = dict.fromkeys(groups, 0)
-    per_rank: dict[int, list[dict[str, Any]]] = {r: [] for r in range(world)}
+    per_rank: Dumps = {r: [] for r in range(world)}
     nccl = backend == "nccl"
 
     def collective(name: str, done_by: dict[int, float]) -> None:
@@ -34,8 +36,9 @@ def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int,
         ranks = groups[name]
         end = max(now[r] for r in ranks) + 0.2
         for r in ranks:
-            state = {"state": "completed", "duration_ms": end - now[r]} if nccl else {"state": "scheduled",
-                                                                                       "retired": True}
+            state: dict[str, Any] = {"state": "scheduled", "retired": True}
+            if nccl:
+                state = {"state": "completed", "duration_ms": end - now[r] if timing else None}
             per_rank[r].append(b.entry(seqs[name], backend=backend, pg=(name, name), op="all_reduce",
                                        created_ns=b.T0 + int(now[r] * MS), **state))
             done_by[r] = max(done_by.get(r, 0.0), end)
@@ -53,9 +56,6 @@ def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int,
             for r, end in done_by.items():
                 now[r] = max(now[r], end) + 0.05
     return per_rank
-
-
-Dumps = dict[int, list[dict[str, Any]]]
 
 
 def _findings(tmp_path: Path, groups: Groups, per_rank: Dumps) -> list[tuple[Category, tuple[int, ...]]]:
@@ -83,3 +83,23 @@ def test_a_rank_early_at_most_collectives_of_a_group_is_no_straggler_where_it_is
     per_rank = _run(groups, ["tp", "dp", "dp"], 10, lambda r, s: 200 + (140 if r == 1 else 0) + _jitter(r, s))
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (1,))]
 
+
+def test_a_slow_nodes_ranks_late_at_every_nccl_step_are_named_each_step(tmp_path: Path) -> None:
+    """NCCL, 8 ranks, one collective a step: ranks 0 and 1 (one node) start every step 150 ms late. The
+    same late set at consecutive collectives is a new wait each time the others reached the next one after
+    the late ranks had reached the previous (the others waited for them in between, at the step's sync).
+    The two take turns at being last, so neither is last at most collectives by itself."""
+    groups = {"world": tuple(range(8))}
+    per_rank = _run(groups, ["world"], 10, lambda r, s: 200 + (150 + (r + s) % 2 if r in (0, 1) else _jitter(r, s)),
+                    backend="nccl")
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0, 1))]
+
+
+def test_an_nccl_late_step_start_carried_to_the_steps_collectives_is_one_wait(tmp_path: Path) -> None:
+    """NCCL enqueues a step's collectives without waiting: rank 2, late at the start of 2 steps of 12,
+    is late at all three collectives of each (the others enqueued them before it reached the first one):
+    two waits, not six, and two are no pattern."""
+    groups = {"world": (0, 1, 2, 3)}
+    per_rank = _run(groups, ["world"] * 3, 12, lambda r, s: 200 + (300 if r == 2 and s in (3, 8) else 0)
+                    + _jitter(r, s), backend="nccl")
+    assert _findings(tmp_path, groups, per_rank) == []
