@@ -8,9 +8,10 @@ it), which a constant clock offset cannot fake.
 
 from __future__ import annotations
 
+from collections import Counter
 from statistics import median
 
-from frscope.analysis.arrivals import arrivals, durations_ms, lateness_ms, middles, upper_middle
+from frscope.analysis.arrivals import Arrivals, arrivals, durations_ms, lateness_ms, middles, upper_middle
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.stragglers_steps import (
@@ -63,6 +64,31 @@ def _in_step_somewhere(ctx: Context, rank: int, within_ms: float) -> bool:
     return False
 
 
+def late_together(arrived: Arrivals, worst: int) -> tuple[tuple[int, ...], int]:
+    """The ranks late together with `worst` and at how many collectives: per collective, the ranks after
+    the widest gap among the latest arrivals (at most half the ranks) hold it; when the most usual such
+    set is a few ranks of one host (a launcher numbers a node's ranks in a row) and holds at least
+    LAST_SHARE of the collectives, those ranks are one slow node, late together (whichever of them comes
+    last is a coin toss). Otherwise `worst` alone."""
+    ranks = arrived.ranks
+    most = max(1, len(ranks) // 2)
+    sets: Counter[tuple[int, ...]] = Counter()
+    for times in arrived.rows:
+        order = sorted(zip(times, ranks, strict=True), reverse=True)
+        gaps = [order[i][0] - order[i + 1][0] for i in range(min(most, len(order) - 1))]
+        if not gaps:
+            continue
+        widest = max(range(len(gaps)), key=lambda i: (gaps[i], -i))
+        late = tuple(sorted(r for _, r in order[: widest + 1]))
+        if worst in late:
+            sets[late] += 1
+    if sets:
+        node, count = max(sets.items(), key=lambda kv: (kv[1], -len(kv[0])))
+        if len(node) > 1 and node[-1] - node[0] == len(node) - 1 and count >= LAST_SHARE * len(arrived):
+            return node, count
+    return (worst,), 0
+
+
 def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
     arrived = arrivals(tracks)
     samples = len(arrived)
@@ -109,21 +135,29 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
             f"its collectives took {mine:.1f} ms in all while the others' took {others:.1f} ms (median rank): "
             "they waited for it"
         )
+    node, together = late_together(arrived, worst)
+    if len(node) > 1:
+        evidence.insert(1, f"{plural([r for r in node if r != worst])} arrived with it, after every other rank, at "
+                           f"{together} of the {samples} collectives: one host's ranks late together (a slow node)")
+    names = plural(list(node))
     finding = Finding(
         category=Category.STRAGGLER,
-        culprit_ranks=(worst,),
+        culprit_ranks=node,
         process_group=ref,
         summary=(
-            f"{plural([worst]).capitalize()} reaches the collectives of {ref.label()} late: by {late_ms:.0f} ms "
-            f"(median) at {last_count[worst]} of {samples} collectives; every other rank waits for it."
+            f"{names.capitalize()} {'reaches' if len(node) == 1 else 'reach'} the collectives of {ref.label()} late"
+            f"{' together (one host' + chr(39) + 's ranks: a slow node)' if len(node) > 1 else ''}: by {late_ms:.0f} "
+            f"ms (median) at {last_count[worst]} of {samples} collectives; every other rank waits for "
+            f"{'it' if len(node) == 1 else 'them'}."
         ),
         late_by_ms=late_ms,
         evidence=evidence,
     )
-    finding.ranks[worst] = ctx.rank_view(worst, ref.name, None)
-    stack = ctx.live_stack(worst)
-    if stack:
-        finding.culprit_stacks[worst] = stack
+    for rank in node[: ctx.options.max_rank_views]:
+        finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)
+        stack = ctx.live_stack(rank)
+        if stack:
+            finding.culprit_stacks[rank] = stack
     last = tracks[worst].by_seq.get(hi)
     if last and last[0].frames:
         finding.culprit_frames[worst] = last[0].frames

@@ -88,10 +88,11 @@ def test_a_slow_nodes_ranks_late_at_every_nccl_step_are_named_each_step(tmp_path
     """NCCL, 8 ranks, one collective a step: ranks 0 and 1 (one node) start every step 150 ms late. The
     same late set at consecutive collectives is a new wait each time the others reached the next one after
     the late ranks had reached the previous (the others waited for them in between, at the step's sync).
-    The two take turns at being last, so neither is last at most collectives by itself."""
+    The two take turns at being last, so neither is last at most collectives by itself; all ranks met at
+    the model's broadcast before the first step in step (so no clock of theirs is 150 ms off)."""
     groups = {"world": tuple(range(8))}
     per_rank = _run(groups, ["world"], 10, lambda r, s: 200 + (150 + (r + s) % 2 if r in (0, 1) else _jitter(r, s)),
-                    backend="nccl")
+                    backend="nccl", prologue=("world",))
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0, 1))]
 
 
@@ -103,3 +104,12 @@ def test_an_nccl_late_step_start_carried_to_the_steps_collectives_is_one_wait(tm
     per_rank = _run(groups, ["world"] * 3, 12, lambda r, s: 200 + (300 if r == 2 and s in (3, 8) else 0)
                     + _jitter(r, s), backend="nccl")
     assert _findings(tmp_path, groups, per_rank) == []
+
+
+def test_a_slow_nodes_ranks_late_at_every_collective_are_named_together(tmp_path: Path) -> None:
+    """NCCL with durations, 8 ranks: ranks 2 and 3 (one node) reach every collective ~150 ms late; rank 3
+    comes last at most of them, by a ms or two over rank 2. Both are late, not rank 3 alone."""
+    groups = {"world": tuple(range(8))}
+    per_rank = _run(groups, ["world", "world"], 12, lambda r, s: 200 + (150 + (r == 3) * 1.5 if r in (2, 3) else
+                                                                          _jitter(r, s)), backend="nccl", timing=True)
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (2, 3))]
