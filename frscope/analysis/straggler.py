@@ -22,6 +22,7 @@ from frscope.analysis.stragglers_steps import (
     binomial_tail,
 )
 from frscope.analysis.tracks import Track
+from frscope.analysis.waited import Handoffs
 from frscope.analysis.wording import plural
 
 MIN_SAMPLES = 5
@@ -64,16 +65,23 @@ def _in_step_somewhere(ctx: Context, rank: int, within_ms: float) -> bool:
     return False
 
 
-def late_together(arrived: Arrivals, worst: int) -> tuple[tuple[int, ...], int]:
+def _passed_on(handoffs: Handoffs, rank: int, group: str, seqs: list[int], within_ms: float) -> bool:
+    """At most of `seqs`, the rank's lateness was another rank's, passed on (`waited.Handoffs`)."""
+    passed = sum(handoffs.waited_for(rank, group, seq, within_ms) is not None for seq in seqs)
+    return passed * 2 > len(seqs)
+
+
+def late_together(arrived: Arrivals, worst: int) -> tuple[tuple[int, ...], int, list[int]]:
     """The ranks late together with `worst` and at how many collectives: per collective, the ranks after
     the widest gap among the latest arrivals (at most half the ranks) hold it; when the most usual such
     set is a few ranks of one host (a launcher numbers a node's ranks in a row) and holds at least
     LAST_SHARE of the collectives, those ranks are one slow node, late together (whichever of them comes
-    last is a coin toss). Otherwise `worst` alone."""
+    last is a coin toss). Otherwise `worst` alone. Also the collectives where that set was late."""
     ranks = arrived.ranks
     most = max(1, len(ranks) // 2)
     sets: Counter[tuple[int, ...]] = Counter()
-    for times in arrived.rows:
+    where: dict[tuple[int, ...], list[int]] = {}
+    for seq, times in zip(arrived.seqs, arrived.rows, strict=True):
         order = sorted(zip(times, ranks, strict=True), reverse=True)
         gaps = [order[i][0] - order[i + 1][0] for i in range(min(most, len(order) - 1))]
         if not gaps:
@@ -82,11 +90,12 @@ def late_together(arrived: Arrivals, worst: int) -> tuple[tuple[int, ...], int]:
         late = tuple(sorted(r for _, r in order[: widest + 1]))
         if worst in late:
             sets[late] += 1
+            where.setdefault(late, []).append(seq)
     if sets:
         node, count = max(sets.items(), key=lambda kv: (kv[1], -len(kv[0])))
         if len(node) > 1 and node[-1] - node[0] == len(node) - 1 and count >= LAST_SHARE * len(arrived):
-            return node, count
-    return (worst,), 0
+            return node, count, where[node]
+    return (worst,), 0, []
 
 
 def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
@@ -118,6 +127,13 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
     chance = binomial_tail(last_count[worst], samples, 1 / len(ranks)) * len(ranks)
     if chance >= ALPHA and not (chance < ALPHA_STEADY and _steady_offset(ctx, worst, lateness[worst], late_ms)):
         return None
+    # Its lateness passed on from a rank it waited for in its collective before (principle 1): that rank
+    # is the straggler, found where the wait began.
+    handoffs = Handoffs(ctx)
+    last_at = [seq for seq, times in zip(arrived.seqs, arrived.rows, strict=True)
+               if ranks[len(times) - 1 - times[::-1].index(max(times))] == worst]
+    if _passed_on(handoffs, worst, ref.name, last_at, late_ms / 2):
+        return None
     waited = {r: durations_ms(arrived, tracks[r]) for r in ranks}
     evidence = [
         f"rank {worst} arrived last at {last_count[worst]} of the {samples} most recent completed collectives of "
@@ -135,7 +151,8 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
             f"its collectives took {mine:.1f} ms in all while the others' took {others:.1f} ms (median rank): "
             "they waited for it"
         )
-    node, together = late_together(arrived, worst)
+    node, together, node_at = late_together(arrived, worst)
+    node = tuple(r for r in node if r == worst or not _passed_on(handoffs, r, ref.name, node_at, late_ms / 2))
     if len(node) > 1:
         evidence.insert(1, f"{plural([r for r in node if r != worst])} arrived with it, after every other rank, at "
                            f"{together} of the {samples} collectives: one host's ranks late together (a slow node)")

@@ -25,6 +25,7 @@ from frscope.analysis.arrivals import Arrivals, arrivals, lateness_ms, middles
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, LateAt
 from frscope.analysis.tracks import Track
+from frscope.analysis.waited import Handoffs
 from frscope.analysis.wording import plural
 
 MIN_WAIT_MS = 50.0
@@ -110,6 +111,7 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
     # step's sync point): a new wait (gloo's collectives block: each late row there is a wait of its own).
     one_wait_per_run = any(d.backend and d.backend != "gloo" for d in ctx.dumpset.dumps.values())
     previous: tuple[tuple[int, ...], float] | None = None  # the last late set counted, its earliest arrival
+    handoffs = Handoffs(ctx)
     for seq, mid_ms, late in zip(arrived.seqs, mids, zip(*shifted, strict=True), strict=True):
         order = sorted(zip(late, ranks, strict=True), reverse=True)  # latest first; a tie: the higher rank
         gaps = [order[i][0] - order[i + 1][0] for i in range(min(most, len(order) - 1))]
@@ -122,6 +124,12 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
                     and order[widest + 1][0] < previous[1]:
                 continue  # the same wait, carried to the next collective it enqueued
             previous = (late_set, order[widest][0])
+            # A late rank that waited, in its collective just before (another group), for a rank that came
+            # last there, and came on from there at once, passes that rank's lateness on (principle 1): it
+            # is no party to this wait. A wait passed on whole is counted where it began.
+            late_set = tuple(r for r in late_set if handoffs.waited_for(r, ref.name, seq, threshold) is None)
+            if not late_set:
+                continue
             total += 1
             if late_set[-1] - late_set[0] != len(late_set) - 1:
                 continue  # not one host's ranks (a launcher numbers a node's ranks in a row): no one party

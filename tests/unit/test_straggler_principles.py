@@ -113,3 +113,14 @@ def test_a_slow_nodes_ranks_late_at_every_collective_are_named_together(tmp_path
     per_rank = _run(groups, ["world", "world"], 12, lambda r, s: 200 + (150 + (r == 3) * 1.5 if r in (2, 3) else
                                                                           _jitter(r, s)), backend="nccl", timing=True)
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (2, 3))]
+
+
+def test_a_rank_that_waited_for_the_straggler_in_another_group_passes_its_lateness_on(tmp_path: Path) -> None:
+    """Rank 2 reaches its pair group's collective 110 ms late each step; rank 3, its partner there, waits
+    for it and so reaches the world group's next collective as late as rank 2: ranks 2 and 3 late together
+    there, like a slow node. Rank 3's lateness is rank 2's, passed on (it came on from the pair group at
+    once): rank 2 is the straggler, alone."""
+    groups = {"world": tuple(range(6)), "pair01": (0, 1), "pair23": (2, 3), "pair45": (4, 5)}
+    per_rank = _run(groups, ["pair01", "pair23", "pair45", "world"], 11,
+                    lambda r, s: 200 + (110 if r == 2 else 0) + _jitter(r, s), prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (2,))]
