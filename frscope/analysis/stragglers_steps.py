@@ -39,7 +39,9 @@ ALPHA = 0.01
 ALPHA_STEADY = 0.1
 STEADY_SPREAD = 0.25
 STEADY_SHARE = 0.9
-STEADY_MIN_EVENTS = 6  # and at least this many steady waits (a few identical waits happen by chance)
+# and at least this many steady waits (a few identical waits happen by chance): one a step over five steps,
+# as `straggler.FEW_SAMPLES` counts a steady lateness
+STEADY_MIN_EVENTS = 5
 MAX_SHOWN = 8
 
 

@@ -124,3 +124,19 @@ def test_a_rank_that_waited_for_the_straggler_in_another_group_passes_its_latene
     per_rank = _run(groups, ["pair01", "pair23", "pair45", "world"], 11,
                     lambda r, s: 200 + (110 if r == 2 else 0) + _jitter(r, s), prologue=("world",))
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (2,))]
+
+
+def test_two_ranks_one_late_by_the_same_wait_at_each_of_five_short_steps_is_a_straggler(tmp_path: Path) -> None:
+    """Principle 5, 2-rank jobs: 5 steps of 50 ms, rank 1 starts each ~43 ms late. Five waits are a coin
+    toss by count alone, but they are one length and all of the waiting: a straggler, as five steady late
+    collectives are for the consistent check. Jitter alone over as many steps stays quiet."""
+    groups = {"world": (0, 1)}
+    per_rank = _run(groups, ["world", "world", "world"], 5, lambda r, s: 50 + (43 if r == 1 else 0) + _jitter(r, s),
+                    prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (1,))]
+    for seed in range(20):
+        jittery = _run(groups, ["world", "world", "world"], 5,
+                       lambda r, s, seed=seed: 50 + ((r * 31 + s * 17 + seed * 7) % 11) * 4.0, prologue=("world",))
+        (tmp_path / str(seed)).mkdir()
+        assert _findings(tmp_path / str(seed), groups, jittery) == [], seed
+
