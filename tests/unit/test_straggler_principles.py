@@ -140,3 +140,12 @@ def test_two_ranks_one_late_by_the_same_wait_at_each_of_five_short_steps_is_a_st
         (tmp_path / str(seed)).mkdir()
         assert _findings(tmp_path / str(seed), groups, jittery) == [], seed
 
+
+def test_a_slow_nodes_ranks_each_late_in_a_group_of_its_own_are_one_node(tmp_path: Path) -> None:
+    """Ranks 0 and 1 (one node) start every step 60 ms late; they share no collective after the first, each
+    is late in its own pair group (0 with 3, 1 with 4). One slow node, named whole."""
+    groups = {"world": tuple(range(6)), "pair03": (0, 3), "pair14": (1, 4), "pair25": (2, 5)}
+    per_rank = _run(groups, ["pair14", "pair25", "pair03"], 8,
+                    lambda r, s: 50 + (60 if r in (0, 1) else 0) + _jitter(r, s), prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0, 1))]
+
