@@ -85,20 +85,20 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
     spread_ms = max(max(times) - min(times) for times in arrived.rows) / 1e6
     if 3 * spread_ms + 1.0 < threshold:
         return None
-    # Each rank's usual offset from the median rank (clock skew): removed. Where the rank arrives with the
-    # median rank (within the skew a clock may have, the option) at some collective, its clock agrees with
-    # theirs: a larger usual offset is then no clock but waiting (a rank outside a subgroup reaches the
-    # group's collectives first each time the others wait in the subgroup first), removed only up to the
-    # skew (all of it would make that rank late wherever the group runs in lockstep).
+    # Each rank's clock offset from the median rank (clock skew): removed. It is read where the group ran
+    # in lockstep (every rank within the skew a clock may have, the option: nobody waited there), so
+    # waiting is never taken for a clock: a rank late at half the collectives, or one outside a subgroup
+    # that reaches the group's collectives first each time the others wait in the subgroup first, keeps
+    # its lateness and its head start. A group never in lockstep: the rank's usual offset (a clock
+    # further off than the skew shows as much at every collective).
     mids_ns = middles(arrived)
     mids = [mid / 1e6 for mid in mids_ns]
-    skew = ctx.options.clock_skew_ms
-    shifted: list[list[float]] = []  # per rank, per row: its arrival in ms less its usual offset
+    skew_ns = ctx.options.clock_skew_ms * 1e6
+    calm = [i for i, times in enumerate(arrived.rows) if max(times) - min(times) <= skew_ns]
+    shifted: list[list[float]] = []  # per rank, per row: its arrival in ms less its clock offset
     for rank in ranks:
         offsets = lateness_ms(arrived, rank, mids_ns)
-        base = median(offsets)
-        if abs(base) > skew and min(map(abs, offsets)) <= skew:
-            base = max(-skew, min(skew, base))
+        base = median([offsets[i] for i in calm] or offsets)
         shifted.append(list(map(sub, map(truediv, arrived.by_rank[rank], repeat(1e6)), repeat(base))))
     # The late set of a collective: the ranks after the widest gap among the latest arrivals (at most half
     # the ranks): one rank, or a node's ranks late together (a slow host delays all of its ranks at once,

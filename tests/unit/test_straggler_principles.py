@@ -149,3 +149,13 @@ def test_a_slow_nodes_ranks_each_late_in_a_group_of_its_own_are_one_node(tmp_pat
                     lambda r, s: 50 + (60 if r in (0, 1) else 0) + _jitter(r, s), prologue=("world",))
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0, 1))]
 
+
+def test_a_clock_is_read_where_the_group_runs_in_lockstep_not_from_a_rank_late_at_half_its_collectives(
+        tmp_path: Path) -> None:
+    """Pair group 0-1 runs two collectives a step: rank 1 reaches the first 27 ms late (each 50 ms step),
+    the second in lockstep. Read as a usual offset, half of that lateness would be rank 1's clock and half
+    of it rank 0's, and no wait would be left; the lockstep collectives show both clocks agree."""
+    groups = {"world": (0, 1, 2, 3), "pair01": (0, 1), "pair23": (2, 3)}
+    per_rank = _run(groups, ["pair01", "pair23", "pair01", "pair23"], 9,
+                    lambda r, s: 50 + (27 if r == 1 else 0) + _jitter(r, s), prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (1,))]
