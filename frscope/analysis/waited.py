@@ -5,9 +5,9 @@ so reaches its next collective, in another group, late by as much (a tensor-para
 reaches the data-parallel all_reduce as late as the slow rank). Its lateness there is the peer's, passed
 on along the wait chain (issue 33, principle 1), not its own.
 
-`Handoffs.waited_for` answers that for one arrival from the records alone: the rank's previous
-collective in its own record order (any group; its program order, never guessed from clocks), who
-arrived last there and when. Pure: reads the tracks, no I/O.
+`Handoffs.waited_for` answers that for one arrival from the records alone: the rank's collectives before
+it in its own record order (any group; its program order, never guessed from clocks), who arrived last
+at each and when. Pure: reads the tracks, no I/O.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 from frscope.analysis.context import Context
 from frscope.records.columns import EntryTable
 
-LOOK_BACK = 4  # entries looked at before a collective for the rank's previous collective
+LOOK_BACK = 8  # collectives looked back through (a step's lockstep collectives after the one that waited)
 
 
 class Handoffs:
@@ -64,24 +64,31 @@ class Handoffs:
         return found
 
     def waited_for(self, rank: int, group: str, seq: int, within_ms: float) -> int | None:
-        """The rank whose lateness `rank` passed on when it reached (group, seq): in its previous collective
-        it waited at least `within_ms` for that rank (the last to arrive there), and it reached (group, seq)
-        less than `within_ms` after that rank arrived there. None: its lateness here is its own."""
+        """The rank whose lateness `rank` passed on when it reached (group, seq): going back through the
+        rank's collectives before it (its record order) while it came on from each at once (less than
+        `within_ms` after the last arrival there; in lockstep collectives, nobody waited), the first where
+        it waited at least `within_ms` for the rank that came last. None: its lateness here is its own
+        (it spent the time between on its own, or came last where it waited)."""
         order, where = self._order(rank)
         at = where.get((group, seq))
         here = self._arrivals(group, seq)
         if at is None or here is None or rank not in here[2]:
             return None
-        prev = next((order[i] for i in range(at - 1, max(-1, at - 1 - LOOK_BACK), -1) if order[i] != (group, seq)),
-                    None)
-        if prev is None:
-            return None
-        there = self._arrivals(*prev)
-        if there is None or rank not in there[2]:
-            return None
-        last, last_ns, times = there
-        within_ns = within_ms * 1e6
-        if last == rank or last_ns - times[rank] < within_ns:
-            return None  # it came last there itself, or hardly waited
-        gone_on = here[2][rank] - last_ns  # from the moment it could leave to its arrival here
-        return last if 0 <= gone_on < within_ns else None
+        arrival, within_ns = here[2][rank], within_ms * 1e6
+        seen = {(group, seq)}
+        for i in range(at - 1, max(-1, at - 1 - LOOK_BACK), -1):
+            if order[i] in seen:
+                continue  # a coalesced op's other entries
+            seen.add(order[i])
+            there = self._arrivals(*order[i])
+            if there is None or rank not in there[2]:
+                return None
+            last, last_ns, times = there
+            if not 0 <= arrival - last_ns < within_ns:
+                return None  # it spent the time since on its own
+            if last != rank and last_ns - times[rank] >= within_ns:
+                return last
+            if last == rank and last_ns - min(times.values()) >= within_ns:
+                return None  # it came last there itself, and others waited for it
+            arrival = times[rank]
+        return None

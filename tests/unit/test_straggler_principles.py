@@ -119,11 +119,13 @@ def test_a_rank_that_waited_for_the_straggler_in_another_group_passes_its_latene
     """Rank 2 reaches its pair group's collective 110 ms late each step; rank 3, its partner there, waits
     for it and so reaches the world group's next collective as late as rank 2: ranks 2 and 3 late together
     there, like a slow node. Rank 3's lateness is rank 2's, passed on (it came on from the pair group at
-    once): rank 2 is the straggler, alone."""
+    once, also through a second pair collective in lockstep): rank 2 is the straggler, alone."""
     groups = {"world": tuple(range(6)), "pair01": (0, 1), "pair23": (2, 3), "pair45": (4, 5)}
-    per_rank = _run(groups, ["pair01", "pair23", "pair45", "world"], 11,
-                    lambda r, s: 200 + (110 if r == 2 else 0) + _jitter(r, s), prologue=("world",))
-    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (2,))]
+    for lockstep in ([], ["pair01", "pair23", "pair45"]):
+        per_rank = _run(groups, ["pair01", "pair23", "pair45", *lockstep, "world"], 11,
+                        lambda r, s: 200 + (110 if r == 2 else 0) + _jitter(r, s), prologue=("world",))
+        (tmp_path / str(len(lockstep))).mkdir()
+        assert _findings(tmp_path / str(len(lockstep)), groups, per_rank) == [(Category.STRAGGLER, (2,))], lockstep
 
 
 def test_two_ranks_one_late_by_the_same_wait_at_each_of_five_short_steps_is_a_straggler(tmp_path: Path) -> None:
@@ -159,3 +161,4 @@ def test_a_clock_is_read_where_the_group_runs_in_lockstep_not_from_a_rank_late_a
     per_rank = _run(groups, ["pair01", "pair23", "pair01", "pair23"], 9,
                     lambda r, s: 50 + (27 if r == 1 else 0) + _jitter(r, s), prologue=("world",))
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (1,))]
+
