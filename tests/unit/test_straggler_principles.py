@@ -162,3 +162,12 @@ def test_a_clock_is_read_where_the_group_runs_in_lockstep_not_from_a_rank_late_a
                     lambda r, s: 50 + (27 if r == 1 else 0) + _jitter(r, s), prologue=("world",))
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (1,))]
 
+
+def test_a_slow_nodes_ranks_a_few_ms_apart_where_they_meet_are_still_one_node(tmp_path: Path) -> None:
+    """As above, and the node's ranks meet again in a world collective each step, rank 1 a couple of ms
+    after rank 0: rank 0 'waiting' there for rank 1 is the node late together, not rank 1's lateness
+    passed on to rank 0."""
+    groups = {"world": tuple(range(6)), "pair03": (0, 3), "pair14": (1, 4), "pair25": (2, 5)}
+    per_rank = _run(groups, ["pair14", "pair25", "pair03", "world"], 8,
+                    lambda r, s: 50 + (60 + 2 * r if r in (0, 1) else 0) + _jitter(r, s), prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0, 1))]

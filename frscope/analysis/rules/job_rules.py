@@ -38,6 +38,7 @@ def stragglers(facts: Facts) -> list[Proposal]:
     return out
 
 
+PASSED_ON = "'s, passed on"
 # Ranks each late in a group of its own are one slow node when their lateness is about the same (within
 # this factor): one host's slowness reaches each of its ranks alike.
 SAME_LATENESS = 1.5
@@ -48,17 +49,24 @@ def _one_node(found: list[Proposal]) -> list[Proposal]:
     a node's ranks in a row) is late in a different group (ranks 0 and 1 each late in their own pair
     group), they are one finding naming the node, not one finding per rank (of which the first would name
     half of it)."""
-    own = [p for p in found if p.caused_by is None and p.finding.late_by_ms]
-    for i, first in enumerate(own):
+    timed = [p for p in found if p.finding.late_by_ms]
+    for i, first in enumerate(timed):
         node = set(first.finding.culprit_ranks)
         parts = [first]
-        for other in own[i + 1:]:
+        for other in timed[i + 1:]:
             merged = node | set(other.finding.culprit_ranks)
             late = [first.finding.late_by_ms or 0.0, other.finding.late_by_ms or 0.0]
             if (not node & set(other.finding.culprit_ranks) and max(merged) - min(merged) == len(merged) - 1
                     and max(late) <= SAME_LATENESS * min(late)):
                 node, parts = merged, [*parts, other]
-        if len(parts) > 1:
+        # a part passed on from outside the node is no part of it (a rank waiting for its node peer, a few
+        # ms later at a collective they share, is the node late together)
+        mine = {id(p.finding) for p in parts}
+        if len(parts) > 1 and all(p.caused_by is None or id(p.caused_by) in mine for p in parts):
+            for p in parts:
+                if p.caused_by is not None:  # and `_inherited`'s word for it goes too
+                    p.caused_by = None
+                    p.finding.evidence = [e for e in p.finding.evidence if not e.endswith(PASSED_ON)]
             _merge(parts, node)
             return [p for p in found if not any(p is q for q in parts[1:])]
     return found
@@ -68,9 +76,10 @@ def _merge(parts: list[Proposal], node: set[int]) -> None:
     """Fold `parts[1:]` into `parts[0]`'s finding, which then names the whole node."""
     finding = parts[0].finding
     ranks = tuple(sorted(node))
-    where = "; ".join(p.finding.summary for p in parts)
+    where = "; ".join(p.finding.summary.rstrip(".") for p in parts)
     finding.culprit_ranks = ranks
-    finding.summary = f"{plural(list(ranks)).capitalize()} are late together (one host's ranks: a slow node): {where}"
+    finding.summary = (f"{plural(list(ranks)).capitalize()} are late together (one host's ranks: a slow node): "
+                       f"{where}.")
     for p in parts[1:]:
         finding.evidence.extend(p.finding.evidence)
         finding.ranks.update(p.finding.ranks)
@@ -102,4 +111,4 @@ def _inherited(facts: Facts, found: list[Proposal]) -> None:
         proposal.caused_by = by_rank[cause].finding
         proposal.finding.evidence.append(
             f"rank {rank} is early in {where}, where it waits for rank {cause}: its lateness here is "
-            f"rank {cause}'s, passed on")
+            f"rank {cause}{PASSED_ON}")
