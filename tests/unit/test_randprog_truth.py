@@ -194,3 +194,18 @@ def test_a_straggler_whose_late_steps_the_ring_buffer_dropped_is_undecidable() -
     for buffer, why in ((4, RING_WHY), (2000, "")):
         case = Case(0, prog, Fault("straggler", (1,)), ex, truth, ex.end_t + 1, "2.10", False, {}, read, buffer)
         assert [case.undecidable(f) for f in FORMS] == [why] * 3, buffer
+
+
+def test_a_straggler_with_a_lookalike_it_held_in_gloo_send_recv_is_undecidable() -> None:
+    """Rank 3 computes late and sends to rank 2 (gloo records no send/recv): rank 2 reaches its own pair
+    group's all_reduce (with rank 0) as late as rank 3 reaches its (with rank 1). The records show two
+    stragglers alike; without the send/recv rank 2 is on time: decidable."""
+    layout = _layout(4, (0, 2), (1, 3))
+    for exchange, undecidable in ((True, True), (False, False)):
+        calls = [Call("sendrecv", 0, (8,), "Float", src=3, dst=2)] if exchange else []
+        prog = build_program(layout, "gloo", [], [*calls, Call("all_reduce", 1, (8,), "Float"),
+                                                  Call("all_reduce", 2, (8,), "Float")], steps=6, step_s=0.2)
+        _slow(prog, (3,), 0.1)
+        truth = truth_of(execute(prog, random.Random(0)))
+        assert (truth.category, truth.culprits) == ("Straggler", (3,))
+        assert bool(truth.undecidable) is undecidable, exchange

@@ -280,10 +280,27 @@ def _stragglers(ex: Execution) -> Truth | None:
                                 "point-to-point ops, monitored_barrier), or together with ranks that waited for "
                                 "them there: no recorded collective shows them alone late"
                              for f in ("snapshot", *FILE_FORMS)}
+    elif lookalikes := _unrecorded_lookalikes(ex, set(slow)):
+        truth.undecidable = {f: f"rank(s) {lookalikes} waited for the straggler in ops the recorder does not keep "
+                                "(gloo's point-to-point ops, monitored_barrier) and reach recorded collectives as "
+                                "late as it does, each in its own: nothing recorded tells them apart"
+                             for f in ("snapshot", *FILE_FORMS)}
     elif steps < FEW_STEPS:
         truth.undecidable = {f: f"late at each of only {steps} steps: too few to tell from jitter"
                              for f in ("snapshot", *FILE_FORMS)}
     return truth
+
+
+def _unrecorded_lookalikes(ex: Execution, culprits: set[int]) -> list[int]:
+    """Ranks that waited in an unrecorded op (gloo's send/recv, monitored_barrier) and, at recorded
+    collectives, come clearly after every other rank that is not a culprit at most steps: in the records
+    they are stragglers as much as the culprits."""
+    if ex.program.backend != "gloo":
+        return []
+    waited = {r for rdv in ex.rdvs if rdv.key[0] != "c" and rdv.done is not None
+              for r, t in rdv.arrivals.items() if r not in culprits and rdv.done - t > 0.02}
+    steps = ex.program.steps
+    return sorted(r for r in waited if len(late_recorded_steps(ex, r, culprits | {r})) >= 0.6 * steps)
 
 
 def late_recorded_steps(ex: Execution, rank: int, culprits: set[int],
