@@ -65,9 +65,10 @@ def _in_step_somewhere(ctx: Context, rank: int, within_ms: float) -> bool:
     return False
 
 
-def _passed_on(handoffs: Handoffs, rank: int, group: str, seqs: list[int], within_ms: float) -> bool:
+def _passed_on(handoffs: Handoffs, rank: int, group: str, seqs: list[int], within_ms: float,
+               on_time: list[int]) -> bool:
     """At most of `seqs`, the rank's lateness was another rank's, passed on (`waited.Handoffs`)."""
-    passed = sum(handoffs.waited_for(rank, group, seq, within_ms) is not None for seq in seqs)
+    passed = sum(handoffs.waited_for(rank, group, seq, within_ms, on_time) is not None for seq in seqs)
     return passed * 2 > len(seqs)
 
 
@@ -132,7 +133,7 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
     handoffs = Handoffs(ctx)
     last_at = [seq for seq, times in zip(arrived.seqs, arrived.rows, strict=True)
                if ranks[len(times) - 1 - times[::-1].index(max(times))] == worst]
-    if _passed_on(handoffs, worst, ref.name, last_at, late_ms / 2):
+    if _passed_on(handoffs, worst, ref.name, last_at, late_ms / 2, [r for r in ranks if r != worst]):
         return None
     waited = {r: durations_ms(arrived, tracks[r]) for r in ranks}
     evidence = [
@@ -152,7 +153,8 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
             "they waited for it"
         )
     node, together, node_at = late_together(arrived, worst)
-    node = tuple(r for r in node if r == worst or not _passed_on(handoffs, r, ref.name, node_at, late_ms / 2))
+    node = tuple(r for r in node if r == worst
+                 or not _passed_on(handoffs, r, ref.name, node_at, late_ms / 2, [q for q in ranks if q not in node]))
     if len(node) > 1:
         evidence.insert(1, f"{plural([r for r in node if r != worst])} arrived with it, after every other rank, at "
                            f"{together} of the {samples} collectives: one host's ranks late together (a slow node)")

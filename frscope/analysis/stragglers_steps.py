@@ -126,10 +126,11 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
                     and order[widest + 1][0] < previous[1]:
                 continue  # the same wait, carried to the next collective it enqueued
             previous = (late_set, order[widest][0])
-            # A late rank that waited, in its collective just before (another group), for a rank that came
-            # last there, and came on from there at once, passes that rank's lateness on (principle 1): it
-            # is no party to this wait. A wait passed on whole is counted where it began.
-            late_set = tuple(r for r in late_set if handoffs.waited_for(r, ref.name, seq, threshold) is None)
+            # A late rank released late by another rank (it waited for it in its ops before, in another
+            # group or at the step's end) and no slower than the others since, passes that rank's lateness
+            # on (principle 1): it is no party to this wait. A wait passed on whole is counted where it began.
+            on_time = [r for _, r in order[widest + 1:]]
+            late_set = tuple(r for r in late_set if handoffs.waited_for(r, ref.name, seq, threshold, on_time) is None)
             if not late_set:
                 continue
             total += 1

@@ -22,9 +22,10 @@ Dumps = dict[int, list[dict[str, Any]]]
 def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int, int], float], *,
          backend: str = "gloo", timing: bool = False, prologue: tuple[str, ...] = ()) -> Dumps:
     """Each step: every rank computes `compute_ms(rank, step)`, then runs the collectives of `step` (group
-    names; a rank skips the groups it is not in). gloo blocks in each one until its last member arrives;
-    NCCL ranks go on after enqueuing and wait for the step's collectives at its end (the step's sync);
-    `timing`: NCCL records each collective's duration (TORCH_NCCL_ENABLE_TIMING)."""
+    names; a rank skips the groups it is not in; "send A B": rank A sends to rank B over the world group,
+    recorded by NCCL only). gloo blocks in each op until its last party arrives; NCCL ranks go on after
+    enqueuing and wait for the step's ops at its end (the step's sync); `timing`: NCCL records each
+    collective's duration (TORCH_NCCL_ENABLE_TIMING)."""
     world = 1 + max(r for ranks in groups.values() for r in ranks)
     now = dict.fromkeys(range(world), 0.0)
     seqs = dict.fromkeys(groups, 0)
@@ -44,6 +45,20 @@ def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int,
             done_by[r] = max(done_by.get(r, 0.0), end)
             now[r] = (now[r] + 0.02) if nccl else end + 0.05
 
+    p2p_seqs = dict.fromkeys(range(world), 0)
+
+    def send(src: int, dst: int, done_by: dict[int, float]) -> None:
+        end = max(now[src], now[dst]) + 0.2
+        for r, op, peer in ((src, "send", f" {src}->{dst}"), (dst, "recv", f" {dst}<-{src}")):
+            p2p_seqs[r] += 1
+            if nccl:
+                entry = b.entry(0, backend=backend, pg=("world", "world"), op=op, peer=peer, p2p_seq=p2p_seqs[r],
+                                created_ns=b.T0 + int(now[r] * MS))
+                entry["time_discovered_completed_ns"] = b.T0 + int(end * MS)
+                per_rank[r].append(entry)
+            done_by[r] = max(done_by.get(r, 0.0), end)
+            now[r] = (now[r] + 0.02) if nccl else end + 0.05
+
     for name in prologue:
         collective(name, {})
     for s in range(steps):
@@ -51,7 +66,10 @@ def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int,
             now[r] += compute_ms(r, s)
         done_by: dict[int, float] = {}
         for name in step:
-            collective(name, done_by)
+            if name.startswith("send "):
+                send(int(name.split()[1]), int(name.split()[2]), done_by)
+            else:
+                collective(name, done_by)
         if nccl:
             for r, end in done_by.items():
                 now[r] = max(now[r], end) + 0.05
@@ -171,3 +189,15 @@ def test_a_slow_nodes_ranks_a_few_ms_apart_where_they_meet_are_still_one_node(tm
     per_rank = _run(groups, ["pair14", "pair25", "pair03", "world"], 8,
                     lambda r, s: 50 + (60 + 2 * r if r in (0, 1) else 0) + _jitter(r, s), prologue=("world",))
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0, 1))]
+
+
+
+def test_a_rank_released_late_at_the_end_of_a_step_passes_the_lateness_into_the_next(tmp_path: Path) -> None:
+    """NCCL: rank 0 computes 300 ms more each step and sends to rank 2 at the step's end; rank 2 waits for
+    that send at its step's sync, so it starts its next step, and reaches its collective with rank 3, as
+    late, after the same compute as rank 3: released late (its recv completed late), not slow. Rank 0
+    alone is named, though it shares no collective with rank 2."""
+    groups = {"world": (0, 1, 2, 3), "g01": (0, 1), "g23": (2, 3)}
+    per_rank = _run(groups, ["g01", "g23", "send 0 2"], 9, lambda r, s: 500 + (300 if r == 0 else 0) + _jitter(r, s),
+                    backend="nccl", prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0,))]
