@@ -25,6 +25,7 @@ from frscope.analysis.arrivals import Arrivals, arrivals, lateness_ms, middles
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, LateAt
 from frscope.analysis.tracks import Track
+from frscope.analysis.waited import Handoffs
 from frscope.analysis.wording import plural
 
 MIN_WAIT_MS = 50.0
@@ -38,7 +39,9 @@ ALPHA = 0.01
 ALPHA_STEADY = 0.1
 STEADY_SPREAD = 0.25
 STEADY_SHARE = 0.9
-STEADY_MIN_EVENTS = 6  # and at least this many steady waits (a few identical waits happen by chance)
+# and at least this many steady waits (a few identical waits happen by chance): one a step over five steps,
+# as `straggler.FEW_SAMPLES` counts a steady lateness
+STEADY_MIN_EVENTS = 5
 MAX_SHOWN = 8
 
 
@@ -82,12 +85,20 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
     spread_ms = max(max(times) - min(times) for times in arrived.rows) / 1e6
     if 3 * spread_ms + 1.0 < threshold:
         return None
-    # Each rank's usual offset from the median rank (clock skew, a constant head start): removed.
+    # Each rank's clock offset from the median rank (clock skew): removed. It is read where the group ran
+    # in lockstep (every rank within the skew a clock may have, the option: nobody waited there), so
+    # waiting is never taken for a clock: a rank late at half the collectives, or one outside a subgroup
+    # that reaches the group's collectives first each time the others wait in the subgroup first, keeps
+    # its lateness and its head start. A group never in lockstep: the rank's usual offset (a clock
+    # further off than the skew shows as much at every collective).
     mids_ns = middles(arrived)
     mids = [mid / 1e6 for mid in mids_ns]
-    shifted: list[list[float]] = []  # per rank, per row: its arrival in ms less its usual offset
+    skew_ns = ctx.options.clock_skew_ms * 1e6
+    calm = [i for i, times in enumerate(arrived.rows) if max(times) - min(times) <= skew_ns]
+    shifted: list[list[float]] = []  # per rank, per row: its arrival in ms less its clock offset
     for rank in ranks:
-        base = median(lateness_ms(arrived, rank, mids_ns))
+        offsets = lateness_ms(arrived, rank, mids_ns)
+        base = median([offsets[i] for i in calm] or offsets)
         shifted.append(list(map(sub, map(truediv, arrived.by_rank[rank], repeat(1e6)), repeat(base))))
     # The late set of a collective: the ranks after the widest gap among the latest arrivals (at most half
     # the ranks): one rank, or a node's ranks late together (a slow host delays all of its ranks at once,
@@ -96,10 +107,13 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
     events: dict[tuple[int, ...], list[LateAt]] = {}
     total = 0
     # NCCL enqueues a step's collectives without waiting: a rank late at the step's start is late by the
-    # same amount at each collective it enqueues before the first one that blocks. A run of such rows is
-    # one wait, counted once (gloo's collectives block: each late row there is a wait of its own).
+    # same amount at each collective it enqueues before the first one that blocks. Such a row, where the
+    # others reached it before the same late set had reached the previous row (they did not wait for it in
+    # between), is that one wait carried, counted once. Where the others reached it after, they waited (the
+    # step's sync point): a new wait (gloo's collectives block: each late row there is a wait of its own).
     one_wait_per_run = any(d.backend and d.backend != "gloo" for d in ctx.dumpset.dumps.values())
-    previous: tuple[int, ...] | None = None
+    previous: tuple[tuple[int, ...], float] | None = None  # the last late set counted, its earliest arrival
+    handoffs = Handoffs(ctx)
     for seq, mid_ms, late in zip(arrived.seqs, mids, zip(*shifted, strict=True), strict=True):
         order = sorted(zip(late, ranks, strict=True), reverse=True)  # latest first; a tie: the higher rank
         gaps = [order[i][0] - order[i + 1][0] for i in range(min(most, len(order) - 1))]
@@ -108,9 +122,17 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
             previous = None
         else:
             late_set = tuple(sorted(r for _, r in order[: widest + 1]))
-            if one_wait_per_run and late_set == previous:
+            if one_wait_per_run and previous is not None and late_set == previous[0] \
+                    and order[widest + 1][0] < previous[1]:
                 continue  # the same wait, carried to the next collective it enqueued
-            previous = late_set
+            previous = (late_set, order[widest][0])
+            # A late rank released late by another rank (it waited for it in its ops before, in another
+            # group or at the step's end) and no slower than the others since, passes that rank's lateness
+            # on (principle 1): it is no party to this wait. A wait passed on whole is counted where it began.
+            on_time = [r for _, r in order[widest + 1:]]
+            late_set = tuple(r for r in late_set if handoffs.waited_for(r, ref.name, seq, threshold, on_time) is None)
+            if not late_set:
+                continue
             total += 1
             if late_set[-1] - late_set[0] != len(late_set) - 1:
                 continue  # not one host's ranks (a launcher numbers a node's ranks in a row): no one party

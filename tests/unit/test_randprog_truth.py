@@ -9,9 +9,9 @@ from pathlib import Path
 from frscope.records import load_dumps
 from frscope.records.safe_pickle import safe_loads
 from frscope.testing.randprog import torchpickle
-from frscope.testing.randprog.case import FORMS, make_case, write_form
+from frscope.testing.randprog.case import FORMS, RING_WHY, Case, make_case, write_form
 from frscope.testing.randprog.executor import BLOCKED, DONE, EXITED, FAILED, execute
-from frscope.testing.randprog.faults import apply_fault
+from frscope.testing.randprog.faults import Fault, apply_fault
 from frscope.testing.randprog.layout import DEFAULT, NEW_GROUP, Group, Layout
 from frscope.testing.randprog.program import Call, Op, build_program
 from frscope.testing.randprog.recorder import dump
@@ -157,3 +157,55 @@ def test_p2p_peer_errors_blame_the_rank_whose_peer_never_posts_the_counterpart()
                                    Op("p2p", 2, 0, peer=peer, send=True, shape=(4,))]
         truth = truth_of(execute(prog, random.Random(0)))
         assert (truth.category, truth.culprits) == ("P2PMismatch", (0, 1)), backend
+
+
+def _slow(prog, ranks: tuple[int, ...], late_s: float) -> None:  # type: ignore[no-untyped-def]
+    for r in ranks:
+        for op in prog.ops[r]:
+            if op.kind == "compute":
+                op.seconds += late_s
+
+
+def test_a_straggler_only_seen_with_a_rank_that_waited_for_it_in_gloo_send_recv_is_undecidable() -> None:
+    """Rank 2 computes late; rank 3 receives from it (gloo records no send/recv) and so reaches the next
+    all_reduce exactly as late: every recorded collective shows 2 and 3 late together, like a slow node.
+    With the send/recv gone the same lateness shows rank 2 alone: decidable."""
+    for exchange, undecidable in ((True, True), (False, False)):
+        calls = [Call("sendrecv", 0, (8,), "Float", src=2, dst=3)] if exchange else []
+        prog = build_program(_layout(4), "gloo", [], [*calls, Call("all_reduce", 0, (8,), "Float")], steps=6,
+                             step_s=0.2)
+        _slow(prog, (2,), 0.1)
+        truth = truth_of(execute(prog, random.Random(0)))
+        assert (truth.category, truth.culprits) == ("Straggler", (2,))
+        assert bool(truth.undecidable) is undecidable, exchange
+
+
+def test_a_straggler_whose_late_steps_the_ring_buffer_dropped_is_undecidable() -> None:
+    """The recorders keep the last 4 entries (a step and a half here): the lateness shows at one step, too
+    few to tell from jitter; with the whole run kept the same program is decidable."""
+    prog = build_program(_layout(4), "gloo", [], [Call("all_reduce", 0, (8,), "Float"),
+                                                  Call("broadcast", 0, (8,), "Float"),
+                                                  Call("all_gather", 0, (8,), "Float")], steps=8, step_s=0.2)
+    _slow(prog, (1,), 0.1)
+    ex = execute(prog, random.Random(0))
+    truth = truth_of(ex)
+    assert (truth.category, truth.culprits, truth.undecidable) == ("Straggler", (1,), {})
+    read = {f: {r: ex.end_t + 1 for r in ex.states} for f in FORMS}
+    for buffer, why in ((4, RING_WHY), (2000, "")):
+        case = Case(0, prog, Fault("straggler", (1,)), ex, truth, ex.end_t + 1, "2.10", False, {}, read, buffer)
+        assert [case.undecidable(f) for f in FORMS] == [why] * 3, buffer
+
+
+def test_a_straggler_with_a_lookalike_it_held_in_gloo_send_recv_is_undecidable() -> None:
+    """Rank 3 computes late and sends to rank 2 (gloo records no send/recv): rank 2 reaches its own pair
+    group's all_reduce (with rank 0) as late as rank 3 reaches its (with rank 1). The records show two
+    stragglers alike; without the send/recv rank 2 is on time: decidable."""
+    layout = _layout(4, (0, 2), (1, 3))
+    for exchange, undecidable in ((True, True), (False, False)):
+        calls = [Call("sendrecv", 0, (8,), "Float", src=3, dst=2)] if exchange else []
+        prog = build_program(layout, "gloo", [], [*calls, Call("all_reduce", 1, (8,), "Float"),
+                                                  Call("all_reduce", 2, (8,), "Float")], steps=6, step_s=0.2)
+        _slow(prog, (3,), 0.1)
+        truth = truth_of(execute(prog, random.Random(0)))
+        assert (truth.category, truth.culprits) == ("Straggler", (3,))
+        assert bool(truth.undecidable) is undecidable, exchange

@@ -8,6 +8,7 @@ from frscope.analysis.rules.facts import Facts
 from frscope.analysis.rules.proposal import Proposal
 from frscope.analysis.straggler import LAST_SHARE, find_straggler, last_counts
 from frscope.analysis.stragglers_steps import find_step_straggler
+from frscope.analysis.wording import plural
 
 
 def p2p_from_stacks(facts: Facts) -> list[Proposal]:
@@ -33,7 +34,57 @@ def stragglers(facts: Facts) -> list[Proposal]:
             out.append(Proposal(found, "straggler", []))
     if len(out) > 1:
         _inherited(facts, out)
+        out = _one_node(out)
     return out
+
+
+PASSED_ON = "'s, passed on"
+# Ranks each late in a group of its own are one slow node when their lateness is about the same (within
+# this factor): one host's slowness reaches each of its ranks alike.
+SAME_LATENESS = 1.5
+
+
+def _one_node(found: list[Proposal]) -> list[Proposal]:
+    """Principle 5, a slow node: its ranks late together. Where each of a host's ranks (a launcher numbers
+    a node's ranks in a row) is late in a different group (ranks 0 and 1 each late in their own pair
+    group), they are one finding naming the node, not one finding per rank (of which the first would name
+    half of it)."""
+    timed = [p for p in found if p.finding.late_by_ms]
+    for i, first in enumerate(timed):
+        node = set(first.finding.culprit_ranks)
+        parts = [first]
+        for other in timed[i + 1:]:
+            merged = node | set(other.finding.culprit_ranks)
+            late = [first.finding.late_by_ms or 0.0, other.finding.late_by_ms or 0.0]
+            if (not node & set(other.finding.culprit_ranks) and max(merged) - min(merged) == len(merged) - 1
+                    and max(late) <= SAME_LATENESS * min(late)):
+                node, parts = merged, [*parts, other]
+        # a part passed on from outside the node is no part of it (a rank waiting for its node peer, a few
+        # ms later at a collective they share, is the node late together)
+        mine = {id(p.finding) for p in parts}
+        if len(parts) > 1 and all(p.caused_by is None or id(p.caused_by) in mine for p in parts):
+            for p in parts:
+                if p.caused_by is not None:  # and `_inherited`'s word for it goes too
+                    p.caused_by = None
+                    p.finding.evidence = [e for e in p.finding.evidence if not e.endswith(PASSED_ON)]
+            _merge(parts, node)
+            return [p for p in found if not any(p is q for q in parts[1:])]
+    return found
+
+
+def _merge(parts: list[Proposal], node: set[int]) -> None:
+    """Fold `parts[1:]` into `parts[0]`'s finding, which then names the whole node."""
+    finding = parts[0].finding
+    ranks = tuple(sorted(node))
+    where = "; ".join(p.finding.summary.rstrip(".") for p in parts)
+    finding.culprit_ranks = ranks
+    finding.summary = (f"{plural(list(ranks)).capitalize()} are late together (one host's ranks: a slow node): "
+                       f"{where}.")
+    for p in parts[1:]:
+        finding.evidence.extend(p.finding.evidence)
+        finding.ranks.update(p.finding.ranks)
+        finding.culprit_stacks.update(p.finding.culprit_stacks)
+        finding.culprit_frames.update(p.finding.culprit_frames)
 
 
 def _inherited(facts: Facts, found: list[Proposal]) -> None:
@@ -60,4 +111,4 @@ def _inherited(facts: Facts, found: list[Proposal]) -> None:
         proposal.caused_by = by_rank[cause].finding
         proposal.finding.evidence.append(
             f"rank {rank} is early in {where}, where it waits for rank {cause}: its lateness here is "
-            f"rank {cause}'s, passed on")
+            f"rank {cause}{PASSED_ON}")

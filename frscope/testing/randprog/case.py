@@ -12,13 +12,13 @@ from pathlib import Path
 
 from frscope import wire
 from frscope.testing.randprog import torchpickle
-from frscope.testing.randprog.executor import BLOCKED, EXITED, FAILED, STUCK, Execution, execute
+from frscope.testing.randprog.executor import BLOCKED, EXITED, FAILED, STUCK, Execution, Rdv, execute
 from frscope.testing.randprog.faults import Fault, apply_fault
 from frscope.testing.randprog.layout import random_layout
 from frscope.testing.randprog.program import Program, random_program
 from frscope.testing.randprog.recorder import dump, ns
 from frscope.testing.randprog.stacks import stack_text
-from frscope.testing.randprog.truth import FILE_FORMS, Truth, truth_of
+from frscope.testing.randprog.truth import FEW_STEPS, FILE_FORMS, STRAGGLER, Truth, late_recorded_steps, truth_of
 
 FORMS = ("snapshot", "pickle", "json")
 POLL_S = 0.3  # how often a sidecar reads a rank's recorder
@@ -32,6 +32,8 @@ STALE_GLOO_WHY = ("one rank's recorder was read steps before its peers', whose r
 NO_TORCH_FRAME_WHY = ("the waiting ranks sit in Work.wait() of unrecorded ops (batch_isend_irecv, async ops): a C++ "
                       "call, so their stacks' top frame is their own Python, like the culprit's")
 EVICTED_WHY = "the ring buffer wrapped: a rank's entry of the collective where the ranks disagreed is gone"
+RING_WHY = ("the recorders' ring buffers wrapped: what they still hold covers, or shows the straggler late at, "
+            "fewer steps than it takes to tell it from jitter")
 UNRECORDED_WHY = ("gloo records no point-to-point op (send/recv, batch_isend_irecv, monitored_barrier): "
                   "without live stacks the recorders cannot show who started the wait")
 
@@ -76,6 +78,10 @@ class Case:
                 seen = [e for e in self.ex.states[rank].issued if tv is not None and e.t_created <= tv]
                 if not any(e.rdv is rdv for e in seen[-self.buffer:]):
                     return EVICTED_WHY
+        if self.truth.category == STRAGGLER:
+            kept, late = self._steps_kept(form)
+            if kept < FEW_STEPS or late < 0.6 * FEW_STEPS:
+                return RING_WHY
         if (form in FILE_FORMS and self.truth.category == "healthy" and self.program.backend == "gloo"
                 and self.fault.name == "stale_read"):
             return STALE_GLOO_WHY
@@ -86,6 +92,28 @@ class Case:
             if gone and not all(r in self.exits for r in gone):
                 return NO_DUMP_WHY
         return ""
+
+    def _steps_kept(self, form: str) -> tuple[int, int]:
+        """What the rings still hold of a straggler (every participant's entry of a collective kept): the
+        fewest steps any culprit has a collective of, and the fewest at which its lateness shows. Large
+        numbers where no ring wrapped."""
+        held: dict[int, set[int]] = {}
+        for rank, tv in self.dump_t[form].items():
+            issued = [e for e in self.ex.states[rank].issued if e.t_created <= tv]
+            if len(issued) > self.buffer:
+                held[rank] = {id(e.rdv) for e in issued[-self.buffer:]}
+        if not held:
+            return 1 << 30, 1 << 30
+
+        def kept(rdv: Rdv) -> bool:
+            return all(id(rdv) in held[r] for r in rdv.arrivals if r in held)
+
+        culprits = set(self.truth.culprits)
+        nccl = self.program.backend == "nccl"
+        steps = min(len({e.op.step for e in self.ex.states[r].issued if not isinstance(e.rdv, tuple)
+                         and len(e.rdv.arrivals) > 1 and (nccl or not e.p2p_name) and kept(e.rdv)})
+                    for r in culprits)
+        return steps, min(len(late_recorded_steps(self.ex, r, culprits, kept)) for r in culprits)
 
 
 def make_case(seed: int, fault: str | None = None) -> Case:

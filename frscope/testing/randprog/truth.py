@@ -16,7 +16,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -274,10 +274,16 @@ def _stragglers(ex: Execution) -> Truth | None:
     if not slow or (world > 2 and len(slow) * 2 >= world):
         return None
     truth = Truth(STRAGGLER, tuple(slow), (STRAGGLER,), f"compute late at most steps: {slow}")
-    hidden = [r for r in slow if _late_recorded(ex, r) < 0.6 * steps]
+    hidden = [r for r in slow if len(late_recorded_steps(ex, r, set(slow))) < 0.6 * steps]
     if hidden:
         truth.undecidable = {f: f"rank(s) {hidden} arrive late only at ops the recorder does not keep (gloo's "
-                                "point-to-point ops, monitored_barrier): every recorded collective starts together"
+                                "point-to-point ops, monitored_barrier), or together with ranks that waited for "
+                                "them there: no recorded collective shows them alone late"
+                             for f in ("snapshot", *FILE_FORMS)}
+    elif lookalikes := _unrecorded_lookalikes(ex, set(slow)):
+        truth.undecidable = {f: f"rank(s) {lookalikes} waited for the straggler in ops the recorder does not keep "
+                                "(gloo's point-to-point ops, monitored_barrier) and reach recorded collectives as "
+                                "late as it does, each in its own: nothing recorded tells them apart"
                              for f in ("snapshot", *FILE_FORMS)}
     elif steps < FEW_STEPS:
         truth.undecidable = {f: f"late at each of only {steps} steps: too few to tell from jitter"
@@ -285,18 +291,36 @@ def _stragglers(ex: Execution) -> Truth | None:
     return truth
 
 
-def _late_recorded(ex: Execution, rank: int) -> int:
-    """Steps where `rank` reached a recorded collective of that step clearly after the others' median."""
+def _unrecorded_lookalikes(ex: Execution, culprits: set[int]) -> list[int]:
+    """Ranks that waited in an unrecorded op (gloo's send/recv, monitored_barrier) and, at recorded
+    collectives, come clearly after every other rank that is not a culprit at most steps: in the records
+    they are stragglers as much as the culprits."""
+    if ex.program.backend != "gloo":
+        return []
+    waited = {r for rdv in ex.rdvs if rdv.key[0] != "c" and rdv.done is not None
+              for r, t in rdv.arrivals.items() if r not in culprits and rdv.done - t > 0.02}
+    steps = ex.program.steps
+    return sorted(r for r in waited if len(late_recorded_steps(ex, r, culprits | {r})) >= 0.6 * steps)
+
+
+def late_recorded_steps(ex: Execution, rank: int, culprits: set[int],
+                        kept: Callable[[Rdv], bool] | None = None) -> set[int]:
+    """Steps where `rank` reached a recorded collective of that step clearly after every participant that
+    is not a culprit (a rank that waited for it in an unrecorded op, gloo's send/recv, arrives as late:
+    that collective cannot tell them apart). `kept`: only the collectives every participant's recorder
+    still holds (a ring buffer that wrapped keeps the last few)."""
     nccl = ex.program.backend == "nccl"
     steps = set()
     for e in ex.states[rank].issued:
         rdv = e.rdv
         if isinstance(rdv, tuple) or len(rdv.arrivals) < 2 or (e.p2p_name and not nccl):
             continue
-        others = [t for r, t in rdv.arrivals.items() if r != rank]
-        if rdv.arrivals.get(rank, 0.0) - statistics.median(others) > 0.02:
+        if kept is not None and not kept(rdv):
+            continue
+        others = [t for r, t in rdv.arrivals.items() if r not in culprits]
+        if others and rdv.arrivals.get(rank, 0.0) - max(others) > 0.02:
             steps.add(e.op.step)
-    return len(steps)
+    return steps
 
 
 def _compute(ex: Execution, rank: int, step: int) -> float:

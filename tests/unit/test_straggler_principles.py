@@ -1,0 +1,203 @@
+"""Issue 33's principle 5 and the wait chains behind it, on small exact jobs: a straggler is the rank whose
+own lateness makes the others wait, never a rank late only because it waited for the straggler in
+another group first, nor a rank whose usual head start is taken for a clock offset. Each test builds
+torch-shaped dumps from a tiny blocking schedule: every rank runs the same steps, a collective ends when
+its last member arrives, and a rank goes on from there."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from frscope.analysis import AnalysisOptions, Category, analyze
+from frscope.records import load_dumps
+from tests.unit import builders as b
+
+MS = 1_000_000
+Groups = dict[str, tuple[int, ...]]
+Dumps = dict[int, list[dict[str, Any]]]
+
+
+def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int, int], float], *,
+         backend: str = "gloo", timing: bool = False, prologue: tuple[str, ...] = ()) -> Dumps:
+    """Each step: every rank computes `compute_ms(rank, step)`, then runs the collectives of `step` (group
+    names; a rank skips the groups it is not in; "send A B": rank A sends to rank B over the world group,
+    recorded by NCCL only). gloo blocks in each op until its last party arrives; NCCL ranks go on after
+    enqueuing and wait for the step's ops at its end (the step's sync); `timing`: NCCL records each
+    collective's duration (TORCH_NCCL_ENABLE_TIMING)."""
+    world = 1 + max(r for ranks in groups.values() for r in ranks)
+    now = dict.fromkeys(range(world), 0.0)
+    seqs = dict.fromkeys(groups, 0)
+    per_rank: Dumps = {r: [] for r in range(world)}
+    nccl = backend == "nccl"
+
+    def collective(name: str, done_by: dict[int, float]) -> None:
+        seqs[name] += 1
+        ranks = groups[name]
+        end = max(now[r] for r in ranks) + 0.2
+        for r in ranks:
+            state: dict[str, Any] = {"state": "scheduled", "retired": True}
+            if nccl:
+                state = {"state": "completed", "duration_ms": end - now[r] if timing else None}
+            per_rank[r].append(b.entry(seqs[name], backend=backend, pg=(name, name), op="all_reduce",
+                                       created_ns=b.T0 + int(now[r] * MS), **state))
+            done_by[r] = max(done_by.get(r, 0.0), end)
+            now[r] = (now[r] + 0.02) if nccl else end + 0.05
+
+    p2p_seqs = dict.fromkeys(range(world), 0)
+
+    def send(src: int, dst: int, done_by: dict[int, float]) -> None:
+        end = max(now[src], now[dst]) + 0.2
+        for r, op, peer in ((src, "send", f" {src}->{dst}"), (dst, "recv", f" {dst}<-{src}")):
+            p2p_seqs[r] += 1
+            if nccl:
+                entry = b.entry(0, backend=backend, pg=("world", "world"), op=op, peer=peer, p2p_seq=p2p_seqs[r],
+                                created_ns=b.T0 + int(now[r] * MS))
+                entry["time_discovered_completed_ns"] = b.T0 + int(end * MS)
+                per_rank[r].append(entry)
+            done_by[r] = max(done_by.get(r, 0.0), end)
+            now[r] = (now[r] + 0.02) if nccl else end + 0.05
+
+    for name in prologue:
+        collective(name, {})
+    for s in range(steps):
+        for r in now:
+            now[r] += compute_ms(r, s)
+        done_by: dict[int, float] = {}
+        for name in step:
+            if name.startswith("send "):
+                send(int(name.split()[1]), int(name.split()[2]), done_by)
+            else:
+                collective(name, done_by)
+        if nccl:
+            for r, end in done_by.items():
+                now[r] = max(now[r], end) + 0.05
+    return per_rank
+
+
+def _findings(tmp_path: Path, groups: Groups, per_rank: Dumps) -> list[tuple[Category, tuple[int, ...]]]:
+    world = len(per_rank)
+    for rank, entries in per_rank.items():
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        config = {name: {"name": name, "desc": name, "ranks": str(list(ranks))} for name, ranks in groups.items()
+                  if rank in ranks}
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=world, pg_config=config))
+    report = analyze(load_dumps([tmp_path]), AnalysisOptions(now_ns=b.T0 + 3600 * 10**9))
+    return [(f.category, f.culprit_ranks) for f in report.findings]
+
+
+def _jitter(rank: int, step: int) -> float:
+    return ((rank * 7 + step * 13) % 5) * 0.3  # a fixed spread of under 1.5 ms
+
+
+def test_a_rank_early_at_most_collectives_of_a_group_is_no_straggler_where_it_is_on_time(tmp_path: Path) -> None:
+    """Rank 1 reaches group tp's collective 140 ms late each step; ranks 0-2 wait for it there, then reach
+    group dp's first collective together, 140 ms after rank 3 (which is not in tp). dp's second collective
+    runs in lockstep. Rank 3's usual place at dp is 70 ms early: no clock runs that far off (the skew bound
+    is 20 ms), so it is never late at the lockstep collective: rank 1 is the one straggler."""
+    groups = {"dp": (0, 1, 2, 3), "tp": (0, 1, 2)}
+    per_rank = _run(groups, ["tp", "dp", "dp"], 10, lambda r, s: 200 + (140 if r == 1 else 0) + _jitter(r, s))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (1,))]
+
+
+def test_a_slow_nodes_ranks_late_at_every_nccl_step_are_named_each_step(tmp_path: Path) -> None:
+    """NCCL, 8 ranks, one collective a step: ranks 0 and 1 (one node) start every step 150 ms late. The
+    same late set at consecutive collectives is a new wait each time the others reached the next one after
+    the late ranks had reached the previous (the others waited for them in between, at the step's sync).
+    The two take turns at being last, so neither is last at most collectives by itself; all ranks met at
+    the model's broadcast before the first step in step (so no clock of theirs is 150 ms off)."""
+    groups = {"world": tuple(range(8))}
+    per_rank = _run(groups, ["world"], 10, lambda r, s: 200 + (150 + (r + s) % 2 if r in (0, 1) else _jitter(r, s)),
+                    backend="nccl", prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0, 1))]
+
+
+def test_an_nccl_late_step_start_carried_to_the_steps_collectives_is_one_wait(tmp_path: Path) -> None:
+    """NCCL enqueues a step's collectives without waiting: rank 2, late at the start of 2 steps of 12,
+    is late at all three collectives of each (the others enqueued them before it reached the first one):
+    two waits, not six, and two are no pattern."""
+    groups = {"world": (0, 1, 2, 3)}
+    per_rank = _run(groups, ["world"] * 3, 12, lambda r, s: 200 + (300 if r == 2 and s in (3, 8) else 0)
+                    + _jitter(r, s), backend="nccl")
+    assert _findings(tmp_path, groups, per_rank) == []
+
+
+def test_a_slow_nodes_ranks_late_at_every_collective_are_named_together(tmp_path: Path) -> None:
+    """NCCL with durations, 8 ranks: ranks 2 and 3 (one node) reach every collective ~150 ms late; rank 3
+    comes last at most of them, by a ms or two over rank 2. Both are late, not rank 3 alone."""
+    groups = {"world": tuple(range(8))}
+    per_rank = _run(groups, ["world", "world"], 12, lambda r, s: 200 + (150 + (r == 3) * 1.5 if r in (2, 3) else
+                                                                          _jitter(r, s)), backend="nccl", timing=True)
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (2, 3))]
+
+
+def test_a_rank_that_waited_for_the_straggler_in_another_group_passes_its_lateness_on(tmp_path: Path) -> None:
+    """Rank 2 reaches its pair group's collective 110 ms late each step; rank 3, its partner there, waits
+    for it and so reaches the world group's next collective as late as rank 2: ranks 2 and 3 late together
+    there, like a slow node. Rank 3's lateness is rank 2's, passed on (it came on from the pair group at
+    once, also through a second pair collective in lockstep): rank 2 is the straggler, alone."""
+    groups = {"world": tuple(range(6)), "pair01": (0, 1), "pair23": (2, 3), "pair45": (4, 5)}
+    for lockstep in ([], ["pair01", "pair23", "pair45"]):
+        per_rank = _run(groups, ["pair01", "pair23", "pair45", *lockstep, "world"], 11,
+                        lambda r, s: 200 + (110 if r == 2 else 0) + _jitter(r, s), prologue=("world",))
+        (tmp_path / str(len(lockstep))).mkdir()
+        assert _findings(tmp_path / str(len(lockstep)), groups, per_rank) == [(Category.STRAGGLER, (2,))], lockstep
+
+
+def test_two_ranks_one_late_by_the_same_wait_at_each_of_five_short_steps_is_a_straggler(tmp_path: Path) -> None:
+    """Principle 5, 2-rank jobs: 5 steps of 50 ms, rank 1 starts each ~43 ms late. Five waits are a coin
+    toss by count alone, but they are one length and all of the waiting: a straggler, as five steady late
+    collectives are for the consistent check. Jitter alone over as many steps stays quiet."""
+    groups = {"world": (0, 1)}
+    per_rank = _run(groups, ["world", "world", "world"], 5, lambda r, s: 50 + (43 if r == 1 else 0) + _jitter(r, s),
+                    prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (1,))]
+    for seed in range(20):
+        jittery = _run(groups, ["world", "world", "world"], 5,
+                       lambda r, s, seed=seed: 50 + ((r * 31 + s * 17 + seed * 7) % 11) * 4.0, prologue=("world",))
+        (tmp_path / str(seed)).mkdir()
+        assert _findings(tmp_path / str(seed), groups, jittery) == [], seed
+
+
+def test_a_slow_nodes_ranks_each_late_in_a_group_of_its_own_are_one_node(tmp_path: Path) -> None:
+    """Ranks 0 and 1 (one node) start every step 60 ms late; they share no collective after the first, each
+    is late in its own pair group (0 with 3, 1 with 4). One slow node, named whole."""
+    groups = {"world": tuple(range(6)), "pair03": (0, 3), "pair14": (1, 4), "pair25": (2, 5)}
+    per_rank = _run(groups, ["pair14", "pair25", "pair03"], 8,
+                    lambda r, s: 50 + (60 if r in (0, 1) else 0) + _jitter(r, s), prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0, 1))]
+
+
+def test_a_clock_is_read_where_the_group_runs_in_lockstep_not_from_a_rank_late_at_half_its_collectives(
+        tmp_path: Path) -> None:
+    """Pair group 0-1 runs two collectives a step: rank 1 reaches the first 27 ms late (each 50 ms step),
+    the second in lockstep. Read as a usual offset, half of that lateness would be rank 1's clock and half
+    of it rank 0's, and no wait would be left; the lockstep collectives show both clocks agree."""
+    groups = {"world": (0, 1, 2, 3), "pair01": (0, 1), "pair23": (2, 3)}
+    per_rank = _run(groups, ["pair01", "pair23", "pair01", "pair23"], 9,
+                    lambda r, s: 50 + (27 if r == 1 else 0) + _jitter(r, s), prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (1,))]
+
+
+def test_a_slow_nodes_ranks_a_few_ms_apart_where_they_meet_are_still_one_node(tmp_path: Path) -> None:
+    """As above, and the node's ranks meet again in a world collective each step, rank 1 a couple of ms
+    after rank 0: rank 0 'waiting' there for rank 1 is the node late together, not rank 1's lateness
+    passed on to rank 0."""
+    groups = {"world": tuple(range(6)), "pair03": (0, 3), "pair14": (1, 4), "pair25": (2, 5)}
+    per_rank = _run(groups, ["pair14", "pair25", "pair03", "world"], 8,
+                    lambda r, s: 50 + (60 + 2 * r if r in (0, 1) else 0) + _jitter(r, s), prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0, 1))]
+
+
+
+def test_a_rank_released_late_at_the_end_of_a_step_passes_the_lateness_into_the_next(tmp_path: Path) -> None:
+    """NCCL: rank 0 computes 300 ms more each step and sends to rank 2 at the step's end; rank 2 waits for
+    that send at its step's sync, so it starts its next step, and reaches its collective with rank 3, as
+    late, after the same compute as rank 3: released late (its recv completed late), not slow. Rank 0
+    alone is named, though it shares no collective with rank 2."""
+    groups = {"world": (0, 1, 2, 3), "g01": (0, 1), "g23": (2, 3)}
+    per_rank = _run(groups, ["g01", "g23", "send 0 2"], 9, lambda r, s: 500 + (300 if r == 0 else 0) + _jitter(r, s),
+                    backend="nccl", prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0,))]
