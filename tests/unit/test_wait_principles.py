@@ -220,3 +220,21 @@ def test_principle5_jitter_makes_no_late_set(tmp_path: Path) -> None:
         report = analyze(load_dumps([b.job(tmp_path / str(seed), per_rank, 8)]),
                          AnalysisOptions(now_ns=b.T0 + 3600 * 10**9))
         assert report.findings == [], seed
+
+
+def test_principle1_a_rank_blocked_in_an_earlier_collective_waits_on_the_rank_that_never_entered_it(
+        tmp_path: Path) -> None:
+    """broadcast_object_list is two broadcasts; gloo relays a broadcast through ranks (a tree). Rank 3 is
+    stuck in Python before the first (#17); rank 1 waits in #17 for it; ranks 0 and 2 finished #17 and
+    wait in #18. Ranks 1 and 3 both never joined #18, but rank 1 waits on rank 3: rank 3 is the sink."""
+    def gloo(seq: int, done: bool = True) -> dict[str, object]:
+        return b.entry(seq, op="broadcast", backend="gloo", state="scheduled", retired=done)
+
+    per_rank = {r: [gloo(s) for s in range(1, 17)] for r in range(4)}
+    for r in (0, 2):
+        per_rank[r] += [gloo(17), gloo(18, done=False)]
+    per_rank[1].append(gloo(17, done=False))
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=b.T0 + 3600 * 10**9))
+    root = report.findings[0]
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (3,), root.summary
+    assert any("earlier collective" in e for e in root.evidence), root.evidence
