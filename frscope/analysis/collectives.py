@@ -315,12 +315,17 @@ def _failed_without(ctx: Context, tracks: dict[int, Track], seq: int, joined: li
     return min(at[r] for r in not_joined) > max(at[r] for r in joined)
 
 
-def _held_at(tracks: dict[int, Track]) -> int:
+def _held_at(tracks: dict[int, Track], completed_is_success: bool = False) -> int:
     """The collective the group is held at: the lowest one a member has not finished, unless every member
     that has not finished it is behind members that all finished it and entered a later one. Evidence must
     agree: a collective every other member finished is not what holds the group (the lagging recorder
     was read before its completion showed, or its process stopped there); the others wait in the next
-    one, for the ranks that never entered it."""
+    one, for the ranks that never entered it. Where 'completed' means the collective succeeded (NCCL,
+    not gloo, which retires a failed one too), one member's 'completed' settles it for all (a collective
+    finishes on none without every member; a group's collectives finish in order): the group is held at
+    the first collective no member finished, whatever the lagging recorders still show as pending."""
+    if completed_is_success:
+        return max(t.next_seq for t in tracks.values())
     seq = min(t.next_seq for t in tracks.values())
     behind = [t for t in tracks.values() if t.next_seq == seq]
     ahead = [t for t in tracks.values() if t.next_seq > seq]
@@ -344,7 +349,8 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     the collective finished, and the one missing from it holds an older read)."""
     if not tracks:
         return None
-    seq = _held_at(tracks)
+    backends = {d.backend if (d := ctx.dumpset.dumps.get(r)) is not None else None for r in tracks}
+    seq = _held_at(tracks, completed_is_success=None not in backends and not backends & RETIRES_FAILED)
     joined = sorted(r for r, t in tracks.items() if t.last_seq >= seq)
     if not joined:
         return None  # every rank is done with everything it enqueued: idle, not stuck

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from frscope.analysis import AnalysisOptions, Category, analyze
-from frscope.records import load_dumps
+from frscope.records import exits_from_json, load_dumps
 from tests.unit import builders as b
 
 SECOND = 10**9
@@ -184,3 +184,85 @@ def test_a_rank_in_python_that_never_posted_a_recv_nor_joined_is_one_sink(tmp_pa
     report = analyze(load_dumps([b.job(tmp_path, per_rank, 2)]), AnalysisOptions(now_ns=t + 700 * SECOND))
     assert [(f.category, f.culprit_ranks) for f in report.findings] == [(Category.RANK_NOT_JOINED, (1,))]
     assert [f.category for f in report.findings[0].consequences] == [Category.P2P_MISMATCH]
+
+
+def _nccl_job_with_pair(tmp_path: Path, pair_states: dict[int, str]) -> Path:
+    """4 NCCL ranks, #1-#5 of the default group done; group 1 = ranks [2, 3] ran a gather whose state on
+    each is `pair_states`; ranks 0-2 then wait in #6 of the default group, which rank 3 never entered."""
+    t = b.T0 + 10 * SECOND
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+              "1": {"name": "1", "desc": "tp", "ranks": "[2, 3]"}}
+    for rank in range(4):
+        entries = _steps(5)
+        if rank in pair_states:
+            entries.append(b.entry(1, op="gather", pg=("1", "tp"), state=pair_states[rank], created_ns=t))
+        if rank != 3:
+            entries.append(b.entry(6, state="started", created_ns=t + SECOND))
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=4, pg_config=config))
+    return tmp_path
+
+
+def test_an_entry_every_peer_completed_is_no_hang_of_its_group(tmp_path: Path) -> None:
+    # Evidence must agree: rank 3's gather of group 1 still shows 'started' while rank 2, its only peer,
+    # recorded it completed (NCCL: it succeeded, which needs rank 3): rank 3's read is older than rank 2's.
+    # Group 1 holds nobody; the others wait in #6 of the default group, which rank 3 never entered.
+    job = _nccl_job_with_pair(tmp_path, {2: "completed", 3: "started"})
+    report = analyze(load_dumps([job]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (3,), first.summary
+    assert not any(f.category is Category.NOT_COMPLETED for f in report.findings)
+
+
+def test_a_dead_rank_whose_pending_entry_its_peers_completed_stopped_there(tmp_path: Path) -> None:
+    # The same recorders, and the runner says rank 3 was killed: its dump is older than its peers' (it
+    # stopped after the gather ran), not a wait in group 1: a dead rank is the sink the others wait for.
+    job = _nccl_job_with_pair(tmp_path, {2: "completed", 3: "started"})
+    exits = {e.rank: e for e in exits_from_json({"3": 137}, "exits")}
+    report = analyze(load_dumps([job]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND), exits=exits)
+    first = report.findings[0]
+    assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (3,), first.summary
+    assert "pending" in first.summary or "ends at #5" in first.summary
+
+
+def test_a_collective_started_on_every_member_and_finished_on_none_is_still_a_hang(tmp_path: Path) -> None:
+    # The converse: nobody completed the gather, so nothing says rank 3's read is older: it is where the
+    # pair waits (the device-side hang stays a NotCompleted finding of group 1).
+    job = _nccl_job_with_pair(tmp_path, {2: "started", 3: "started"})
+    report = analyze(load_dumps([job]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND))
+    assert any(f.category is Category.NOT_COMPLETED and f.process_group.name == "1"
+               for f in [*report.findings, *(c for f in report.findings for c in f.consequences)]), report.findings
+
+
+def test_a_recv_whose_send_the_peer_completed_is_no_longer_pending(tmp_path: Path) -> None:
+    # Evidence must agree, point to point: rank 1 recorded its send to rank 0 completed, so rank 0's recv
+    # of it finished too; rank 0's read (still 'started') is older than rank 1's. Rank 1 owes nothing:
+    # it waits in #4, which rank 0 never entered.
+    t = b.T0 + 10 * SECOND
+    per_rank = {r: _steps(3) for r in range(2)}
+    per_rank[0].append(b.entry(4, op="recv", peer=" 0<-1", p2p_seq=1, state="started", record_id=3, created_ns=t))
+    per_rank[1] += [b.entry(4, op="send", peer=" 1->0", p2p_seq=1, state="completed", record_id=3, created_ns=t),
+                    b.entry(4, state="started", record_id=4, created_ns=t + SECOND)]
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 2)]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (0,), first.summary
+    assert not any(f.category is Category.P2P_MISMATCH and 1 in f.culprit_ranks for f in report.findings)
+
+
+def test_a_dead_gloo_rank_whose_pending_entry_its_only_peer_retired_stopped_there(tmp_path: Path) -> None:
+    # gloo retires a failed op as if it had finished: rank 1's 'retired' #6 of the pair [0, 1] is a success
+    # (rank 0's read is older) or a failure for want of rank 0. Both entered it and rank 0's process ended:
+    # it stopped there either way (a dead rank is the sink).
+    t = b.T0 + 10 * SECOND
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1]"}}
+    for rank in range(2):
+        entries = [*_steps(5, backend="gloo"),
+                   b.entry(6, backend="gloo", pg=("1", "pair"), state="scheduled", retired=rank == 1, created_ns=t)]
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=2, pg_config=config))
+    exits = {e.rank: e for e in exits_from_json({"0": -9, "1": 1}, "exits")}
+    first = analyze(load_dumps([tmp_path]), exits=exits).findings[0]
+    assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (0,), first.summary
+    assert "pending" in first.summary
