@@ -86,16 +86,23 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         others_done = done[1][0] if done[0][1] == rank else done[0][0]
         others_entered = entered[1][0] if entered[0][1] == rank else entered[0][0]
         exit = exits.get(rank)
+        # Every member entered the rank's oldest pending collective (its process may have ended in it).
+        all_in = track.next_seq <= track.last_seq and all(
+            r in with_entries and with_entries[r].last_seq >= track.next_seq for r in group.ranks)
         if track.last_seq < others_done:
             out[rank] = Stale(rank, track.last_seq, others_done, None, None)
         elif track.last_completed < others_done and (
-                finished_past(ctx, with_entries, rank, track.next_seq)
-                or (((exit is not None and exit.failed) or rank in gone)
-                    and all(r in with_entries and with_entries[r].last_seq >= track.next_seq for r in group.ranks))):
+                finished_past(ctx, with_entries, rank, track.next_seq) or (_dead(rank, exits, gone) and all_in)):
             # Evidence must agree: an entry every other member finished cannot still be pending here. This
             # read is older than theirs (and the rank stopped there, or its read raced the completion). On
             # gloo a finish may be a failure: where every member entered it and this rank's process ended,
             # it failed for want of this rank, which stopped there either way.
+            out[rank] = Stale(rank, track.last_completed, others_done, None, None, pending=True)
+        elif all_in and _dead(rank, exits, gone) and not any(
+                _dead(r, exits, gone) for r in group.ranks if r != rank):
+            # A dead rank is a sink: every member entered the collective and none finished it, and the one
+            # whose process ended (the others' live) is what they wait for (an op finishes only while every
+            # member's process lives), not the device or the network.
             out[rank] = Stale(rank, track.last_completed, others_done, None, None, pending=True)
         elif exit is not None and exit.failed and track.last_seq < others_entered:
             out[rank] = Stale(rank, track.last_seq, track.last_seq, None, None)
@@ -110,8 +117,8 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     settled = _settled(ctx)
     found: dict[int, Stale] = {}
     for rank, s in out.items():
-        if _waits_elsewhere(ctx, rank, group.name):
-            continue
+        if _waits_elsewhere(ctx, rank, group.name) and not (s.pending and _dead(rank, exits, gone)):
+            continue  # (a dead rank pending here waits nowhere: it stopped)
         newest = _newest(ctx, rank)
         exit = exits.get(rank)
         # Recorders read one after another while a job runs differ by a few collectives: without the
@@ -166,6 +173,12 @@ def done_by_the_others(ctx: Context, rank: int, entry: Entry) -> bool:
     """The entry's collective is one every other member of its group finished with success (`finished_past`):
     it cannot still be pending on `rank`."""
     return not entry.is_p2p and finished_past(ctx, ctx.tracks.get(entry.pg_name, {}), rank, entry.collective_seq_id)
+
+
+def _dead(rank: int, exits: Mapping[int, RankExit], gone: frozenset[int]) -> bool:
+    """The runner says the rank's process failed, or its collector that the process is gone."""
+    exit = exits.get(rank)
+    return (exit is not None and exit.failed) or rank in gone
 
 
 def _settled(ctx: Context) -> bool:
@@ -278,7 +291,13 @@ def stopped_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], stale
     ends = f"ends at #{first.last_seq} of {ref.label()}" if first.last_seq else f"holds nothing of {ref.label()}"
     if first.pending:
         ends = f"still shows #{seq} of {ref.label()} pending"
-    if first.done_seq >= seq:
+    if first.pending and first.done_seq < seq:
+        summary = (
+            f"{plural(ranks).capitalize()} stopped{exit_text}: {'its' if len(ranks) == 1 else 'their'} recorder "
+            f"shows {op} #{seq} of {ref.label()} pending, which every member entered and none finished: the "
+            f"others wait for a rank that is gone, not for the device or the network.{older}{where}"
+        )
+    elif first.done_seq >= seq:
         summary = (
             f"{plural(ranks).capitalize()} stopped early: {'its' if len(ranks) == 1 else 'their'} recorder {ends}, "
             f"yet {plural(others)} finished {op} #{seq}"

@@ -266,3 +266,39 @@ def test_a_dead_gloo_rank_whose_pending_entry_its_only_peer_retired_stopped_ther
     first = analyze(load_dumps([tmp_path]), exits=exits).findings[0]
     assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (0,), first.summary
     assert "pending" in first.summary
+
+
+def test_a_rank_named_only_by_its_exit_is_a_missing_rank_of_the_job(tmp_path: Path) -> None:
+    # gloo: no group lists its members (the default group is known from its entries), and rank 3 was
+    # killed before any dump. The runner's word that rank 3's process ended says the job has a rank 3:
+    # it is missing, and the others stopped at the collective it never finished (world from evidence).
+    t = b.T0 + 10 * SECOND
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1]"}}
+    for rank in range(3):
+        entries = [*_steps(5, backend="gloo"), b.entry(6, backend="gloo", created_ns=t)]
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=3, pg_config=config))
+    exits = {e.rank: e for e in exits_from_json({"0": 1, "1": 1, "2": 1, "3": 137}, "exits")}
+    report = analyze(load_dumps([tmp_path]), exits=exits)
+    assert report.world_size == 4 and report.missing_ranks == (3,)
+    first = report.findings[0]
+    assert first.category in (Category.RANK_STOPPED, Category.MISSING_DUMPS) and first.culprit_ranks == (3,), \
+        first.summary
+
+
+def test_a_dead_rank_in_a_collective_every_member_entered_and_none_finished_is_the_sink(tmp_path: Path) -> None:
+    # Nobody finished the gather of the pair [2, 3]; the runner says rank 3's process failed, rank 2 lives.
+    # An op finishes only while every member's process lives: rank 2 waits in it for rank 3, which is
+    # gone; the device or the network are not suspects (NotCompleted would blame them).
+    job = _nccl_job_with_pair(tmp_path, {2: "started", 3: "started"})
+    exits = {e.rank: e for e in exits_from_json({"3": 1}, "exits")}
+    report = analyze(load_dumps([job]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND), exits=exits)
+    first = report.findings[0]
+    assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (3,), first.summary
+    assert "none finished" in first.summary
+    # every member's process ended (a watchdog tears them all down after a device hang): no sink among them
+    exits = {e.rank: e for e in exits_from_json({"2": -6, "3": -6}, "exits")}
+    report = analyze(load_dumps([job]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND), exits=exits)
+    assert not any(f.category is Category.RANK_STOPPED and f.culprit_ranks == (3,) and "none finished" in f.summary
+                   for f in report.findings)
