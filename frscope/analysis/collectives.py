@@ -431,13 +431,15 @@ def _sinks_among(ctx: Context, not_joined: list[int]) -> tuple[list[int], list[i
     return not_joined, []
 
 
-def _called_more(ctx: Context, point: StuckPoint) -> bool:
+def _called_more(ctx: Context, group: GroupInfo, point: StuckPoint) -> bool:
     """The ranks blocked here are fewer than the members that never entered it, and those are idle: every
     op they recorded finished, in every group. The odd side is the one in the collective: it called one
     more than its peers (uneven data: a rank with more batches runs one more step), not a majority of
     ranks that all stopped at the same point."""
     if len(point.joined) >= len(point.not_joined):
         return False
+    if any(r not in ctx.dumpset.dumps for r in group.ranks):
+        return False  # a member left no dump: its count is unknown, and a rank gone is no idle peer
     if set(point.not_joined) & ctx.gone_ranks():
         return False  # a process that went away is no idle peer: it stopped short
     for rank in point.not_joined:
@@ -480,7 +482,7 @@ def hang_finding(
     op = sample.op if sample else "collective"
     since = (f" for {fmt_duration(point.age_s)}" if point.age_s is not None
              else " (for how long is unknown: the capture time is lost)" if point.age_source else "")
-    if point.not_joined and _called_more(ctx, point):
+    if point.not_joined and _called_more(ctx, group, point):
         return _extra_call_finding(ctx, group, ref, tracks, point, buckets, op, since, sample)
     if point.not_joined:
         culprits, in_p2p = _sinks_among(ctx, point.not_joined)

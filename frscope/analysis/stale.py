@@ -123,11 +123,11 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         exit = exits.get(rank)
         # Recorders read one after another while a job runs differ by a few collectives: without the
         # runner's word that the rank failed, its dump must also be much older than the others'.
-        # A process that is gone, whose recorder lacks what every other member finished where that means it
-        # succeeded, or shows pending what they finished (it was in it: a timeout would have ended it there
-        # too), took part and then went away: however close its read.
+        # A process that is gone, whose recorder lacks what every other member finished with success
+        # (`finished_past`), or shows pending what they finished (it was in it: a timeout would have ended it
+        # there too), took part and then went away: however close its read.
         certain = (exit is not None and exit.failed) or (rank in gone and (
-            s.pending or (s.done_seq > s.last_seq and completed_is_success(ctx, tracks))
+            s.pending or finished_past(ctx, tracks, rank, s.last_seq + 1)
             or _ended_early(ctx, rank, s.last_seq + 1, tracks)))
         # An entry every other member finished cannot still be pending on this rank: its dump is older
         # than theirs. Where when each was read is lost (copies), nothing says the reads were close.

@@ -302,3 +302,72 @@ def test_a_dead_rank_in_a_collective_every_member_entered_and_none_finished_is_t
     report = analyze(load_dumps([job]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND), exits=exits)
     assert not any(f.category is Category.RANK_STOPPED and f.culprit_ranks == (3,) and "none finished" in f.summary
                    for f in report.findings)
+
+
+def test_the_odd_count_is_unknown_while_a_member_left_no_dump(tmp_path: Path) -> None:
+    # gloo: rank 3 waits alone in #6 of the default group while ranks 0-2 recorded nothing open, as in the
+    # split above; but rank 4 left no dump and its process failed, and ranks 0-2's last collective, in a
+    # group known only from its entries, was retired (gloo retires what failed for want of a member). Rank
+    # 4's count is unknown: the odd side cannot be told, and the wait chain ends at the dead rank.
+    t = b.T0 + 10 * SECOND
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2, 3, 4]"}}
+    for rank in range(4):
+        entries = _steps(5, backend="gloo")
+        if rank == 3:
+            entries.append(b.entry(6, backend="gloo", state="scheduled", retired=False, created_ns=t))
+        else:
+            entries.append(b.entry(1, backend="gloo", pg=("1", "sub"), created_ns=t))
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=5, pg_config=config))
+    exits = {e.rank: e for e in exits_from_json({"4": 1}, "exits")}
+    report = analyze(load_dumps([tmp_path]), AnalysisOptions(now_ns=t + 700 * SECOND), exits=exits)
+    first = report.findings[0]
+    assert first.culprit_ranks == (4,), first.summary
+    assert not any("one collective more" in f.summary for f in report.findings)
+
+
+def test_a_read_between_the_parts_of_one_collective_is_no_mismatch(tmp_path: Path) -> None:
+    # Format 2.2 has no is_p2p: a batch's 'coalesced' entry recorded right after all_gather #5 shares its
+    # sequence number. Rank 2's recorder was read between the two (its newest entry is the all_gather):
+    # its bucket is a prefix of the others', an older read, not another call. Ranks 0-1 went on to #6.
+    t = b.T0 + 10 * SECOND
+    for rank in range(3):
+        entries = [*_steps(4), b.entry(5, op="all_gather", created_ns=t)]
+        if rank != 2:
+            entries += [b.entry(5, op="coalesced", created_ns=t + 1000),
+                        b.entry(6, state="started", created_ns=t + SECOND)]
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+            del e["is_p2p"], e["thread_id"], e["thread_name"], e["timeout_ms"]
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=3, version="2.2"))
+    report = analyze(load_dumps([tmp_path]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is not Category.COLLECTIVE_TYPE_MISMATCH and first.culprit_ranks == (2,), first.summary
+
+
+def test_a_gone_gloo_rank_behind_collectives_the_others_went_past_stopped(tmp_path: Path) -> None:
+    # gloo retires a failed op too, but a failed op raises: ranks 0 and 1 went on past #2 to #3, so #2
+    # succeeded, and it needs rank 2, whose last read (10 ms before the others began #2) ends at #1. Its
+    # sidecar says its process is gone: it took part and went away, however close its read (no timeout
+    # recorded here to date the others' finish by).
+    import json
+
+    from frscope.wire import snapshot_envelope_bytes, snapshot_head, snapshot_piece
+
+    ms = 1_000_000
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}}
+    steps = [b.entry(s, backend="gloo", created_ns=b.T0 + at * ms) for s, at in ((1, 300), (2, 600), (3, 610))]
+    pieces = []
+    for rank, entries in {0: [dict(e) for e in steps], 1: [dict(e) for e in steps], 2: [dict(steps[0])]}.items():
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+            del e["timeout_ms"]
+        read = b.T0 + (590 if rank == 2 else 1300) * ms
+        pieces.append(json.dumps(snapshot_piece(rank, read, "worker-server", None,
+                                                b.dump(entries, world=3, pg_config=config))).encode())
+    head = snapshot_head(pod="job-0", namespace="ns", node="n", captured_at_ns=b.T0 + 1400 * ms, reason="stall")
+    errors = [{"rank": 2, "message": "rank-2.sock: socket is gone"}]
+    (tmp_path / "job-0.json").write_bytes(snapshot_envelope_bytes(head, pieces, errors))
+    first = analyze(load_dumps([tmp_path]), AnalysisOptions(stall_after_s=2.0)).findings[0]
+    assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (2,), first.summary
