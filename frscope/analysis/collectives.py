@@ -315,12 +315,17 @@ def _failed_without(ctx: Context, tracks: dict[int, Track], seq: int, joined: li
     return min(at[r] for r in not_joined) > max(at[r] for r in joined)
 
 
-def _held_at(tracks: dict[int, Track]) -> int:
+def _held_at(tracks: dict[int, Track], completed_is_success: bool = False) -> int:
     """The collective the group is held at: the lowest one a member has not finished, unless every member
     that has not finished it is behind members that all finished it and entered a later one. Evidence must
     agree: a collective every other member finished is not what holds the group (the lagging recorder
     was read before its completion showed, or its process stopped there); the others wait in the next
-    one, for the ranks that never entered it."""
+    one, for the ranks that never entered it. Where 'completed' means the collective succeeded (NCCL,
+    not gloo, which retires a failed one too), one member's 'completed' settles it for all (a collective
+    finishes on none without every member; a group's collectives finish in order): the group is held at
+    the first collective no member finished, whatever the lagging recorders still show as pending."""
+    if completed_is_success:
+        return max(t.next_seq for t in tracks.values())
     seq = min(t.next_seq for t in tracks.values())
     behind = [t for t in tracks.values() if t.next_seq == seq]
     ahead = [t for t in tracks.values() if t.next_seq > seq]
@@ -344,7 +349,8 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     the collective finished, and the one missing from it holds an older read)."""
     if not tracks:
         return None
-    seq = _held_at(tracks)
+    backends = {d.backend if (d := ctx.dumpset.dumps.get(r)) is not None else None for r in tracks}
+    seq = _held_at(tracks, completed_is_success=None not in backends and not backends & RETIRES_FAILED)
     joined = sorted(r for r, t in tracks.items() if t.last_seq >= seq)
     if not joined:
         return None  # every rank is done with everything it enqueued: idle, not stuck
@@ -456,11 +462,13 @@ def _p2p_unseen(ctx: Context, ranks: list[int]) -> bool:
     return True
 
 
-def _called_more(ctx: Context, point: StuckPoint) -> bool:
+def _called_more(ctx: Context, group: GroupInfo, point: StuckPoint) -> bool:
     """The ranks blocked here are fewer than the members that never entered it, and those are idle: every
     op they recorded finished, in every group. The odd side is the one in the collective: it called one
     more than its peers (uneven data: a rank with more batches runs one more step), not a majority of
     ranks that all stopped at the same point."""
+    if any(r not in ctx.dumpset.dumps for r in group.ranks):
+        return False  # a member left no dump: its count is unknown, and a rank gone is no idle peer
     if set(point.not_joined) & ctx.gone_ranks():
         return False  # a process that went away is no idle peer: it stopped short
     idle = []
@@ -516,7 +524,7 @@ def hang_finding(
     op = sample.op if sample else "collective"
     since = (f" for {fmt_duration(point.age_s)}" if point.age_s is not None
              else " (for how long is unknown: the capture time is lost)" if point.age_source else "")
-    if point.not_joined and _called_more(ctx, point):
+    if point.not_joined and _called_more(ctx, group, point):
         return _extra_call_finding(ctx, group, ref, tracks, point, buckets, op, since, sample)
     if point.not_joined:
         culprits, in_p2p = _sinks_among(ctx, point.not_joined)
