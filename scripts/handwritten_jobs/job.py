@@ -1,4 +1,5 @@
-"""One rank of a hand-written job; scenario from argv. Writes pkl/json/stack on trigger file."""
+"""One rank of a hand-written job (scenario: argv[1]): torch's pickle, JSON dump and faulthandler stacks are
+written into JOB_OUT when the controller creates JOB_OUT/trigger, and on the rank's error path."""
 
 import datetime
 import faulthandler
@@ -357,6 +358,97 @@ def scen_object_bcast_hang():
         if RANK == 3 and step == 5:
             hang_here()
         dist.broadcast_object_list(obj, src=0)
+
+
+def scen_hang_ws2():
+    t = torch.ones(8)
+    for step in range(30):
+        progress(step)
+        if RANK == 0 and step == 6:
+            hang_here()
+        dist.all_reduce(t)
+
+
+def scen_order_inversion():
+    tpg, dpg = grid(2)
+    t = torch.ones(8)
+    for step in range(30):
+        progress(step)
+        if RANK == 1 and step == 3:
+            dist.all_reduce(t, group=dpg)
+            dist.all_reduce(t, group=tpg)
+        else:
+            dist.all_reduce(t, group=tpg)
+            dist.all_reduce(t, group=dpg)
+
+
+def scen_op_mismatch():
+    t = torch.ones(8)
+    for step in range(30):
+        progress(step)
+        if RANK == 2 and step == 4:
+            out = [torch.empty(8) for _ in range(WS)]
+            dist.all_gather(out, t)
+        else:
+            dist.all_reduce(t)
+
+
+def scen_dtype_mismatch():
+    for step in range(30):
+        progress(step)
+        t = torch.ones(8, dtype=torch.float64 if (RANK == 3 and step == 4) else torch.float32)
+        dist.all_reduce(t)
+
+
+def scen_tp_skip():
+    tpg, dpg = grid(2)
+    t = torch.ones(8)
+    for step in range(30):
+        progress(step)
+        if not (RANK == 5 and step == 4):
+            dist.all_reduce(t, group=tpg)
+        dist.all_reduce(t, group=dpg)
+
+
+def scen_rank0_exception():
+    t = torch.ones(8)
+    for step in range(30):
+        progress(step)
+        dist.all_reduce(t)
+        if RANK == 0 and step == 5:
+            raise ValueError("loss is NaN")
+        dist.broadcast(t, src=0)
+
+
+def scen_big_hang():
+    tpg, dpg = grid(4)
+    t = torch.ones(8)
+    for step in range(30):
+        progress(step)
+        dist.all_reduce(t, group=tpg)
+        if RANK == 13 and step == 3:
+            hang_here()
+        dist.all_reduce(t, group=dpg)
+        dist.all_reduce(t)
+
+
+def scen_healthy_async():
+    ts = [torch.ones(50) for _ in range(3)]
+    for step in range(50):
+        progress(step)
+        works = [dist.all_reduce(b, async_op=True) for b in ts]
+        for w in works:
+            w.wait()
+        time.sleep(0.01)
+    dist.barrier()
+
+
+def scen_straggler_jitter():
+    t = torch.ones(64)
+    for step in range(60):
+        progress(step)
+        time.sleep(random.uniform(0.0, 0.04) + (0.15 if RANK == 2 else 0.0))
+        dist.all_reduce(t)
 
 
 def main():

@@ -31,18 +31,35 @@ JOBS = {
     "rs_dtype-ws4": ("rs_dtype", 4, "2.14.1", "dtype_mismatch", [1], "hang", {}),
     "two_hangs-ws8": ("two_hangs", 8, "2.14.1", "hung_in_python", [1, 6], "hang", {}),
     "async_bucket_hang-ws4": ("async_bucket_hang", 4, "2.15.0", "hung_in_python", [2], "hang", {}),
-    "healthy_slow_steps-ws4": ("healthy_slow_steps", 4, "2.14.1", "healthy", [], "run", {"at": 14}),
+    "healthy_slow_steps-ws4": ("healthy_slow_steps", 4, "2.14.1", "healthy", [], "run", {}),
     "ddp_forward_hang-ws4": ("ddp_forward_hang", 4, "2.15.0", "hung_in_python", [1], "hang", {}),
     "ddp_crash-ws4": ("ddp_crash", 4, "2.14.1", "rank_crash", [2], "hang", {}),
     "fsdp_hang-ws4": ("fsdp_hang", 4, "2.15.0", "hung_in_python", [3], "hang", {}),
     "healthy_ddp-ws4": ("healthy_ddp", 4, "2.13", "healthy", [], "run", {}),
-    "uneven_data-ws4": ("uneven_data", 4, "2.14.1", "hung_in_python", [2], "hang", {}),
+    "uneven_data-ws4": ("uneven_data", 4, "2.14.1", "collective_type_mismatch", [2], "hang", {}),
     "loader_hang-ws4": ("loader_hang", 4, "2.14.1", "hung_in_python", [0], "hang", {}),
     "two_rank_straggler-ws2": ("two_rank_straggler", 2, "2.15.0", "straggler", [1], "run", {}),
     "subgroup_size_mismatch-ws4": ("subgroup_size_mismatch", 4, "2.14.1", "size_mismatch", [3], "hang", {}),
     "mesh3d_crash-ws8": ("mesh3d_crash", 8, "2.15.0", "rank_crash", [6], "hang", {}),
     "hang_timeout_dumps-ws4": ("hang_timeout_dumps", 4, "2.14.1", "hung_in_python", [2], "hang", {}),
     "object_bcast_hang-ws4": ("object_bcast_hang", 4, "2.13", "hung_in_python", [3], "hang", {}),
+    "hang-ws2": ("hang_ws2", 2, "2.14.1", "hung_in_python", [0], "hang", {}),
+    "order_inversion-ws4": (
+        "order_inversion",
+        4,
+        "2.14.1",
+        "healthy",
+        [],
+        "hang",
+        {},
+    ),  # no cycle on this layout: it runs to its end
+    "op_mismatch-ws4": ("op_mismatch", 4, "2.15.0", "collective_type_mismatch", [2], "hang", {}),
+    "dtype_mismatch-ws4": ("dtype_mismatch", 4, "2.14.1", "dtype_mismatch", [3], "hang", {}),
+    "tp_skip-ws8": ("tp_skip", 8, "2.14.1", "skipped_collective", [5], "hang", {}),
+    "rank0_exception-ws6": ("rank0_exception", 6, "2.15.0", "rank_crash", [0], "hang", {}),
+    "big_hang-ws16": ("big_hang", 16, "2.14.1", "hung_in_python", [13], "hang", {}),
+    "healthy_async-ws4": ("healthy_async", 4, "2.15.0", "healthy", [], "run", {}),
+    "straggler_jitter-ws4": ("straggler_jitter", 4, "2.13", "straggler", [2], "run", {}),
 }
 
 
@@ -115,7 +132,7 @@ def run(name, port):
     trig = time.time_ns()
     (out / "trigger").write_text("go")
     alive = [r for r, p in enumerate(procs) if p.poll() is None]
-    dl = time.time() + 15
+    dl = time.time() + 90
     while time.time() < dl and not all((out / f"done_{r}").exists() for r in alive):
         time.sleep(0.1)
     for p in procs:
