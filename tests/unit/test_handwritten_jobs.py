@@ -21,6 +21,7 @@ from frscope.records import assemble, load_dumps, normalize_dump
 DATA = Path(__file__).resolve().parents[1] / "data" / "handwritten"
 ACCEPT = {
     "hung_in_python": {"RankNotJoined"},
+    "skipped_collective": {"RankNotJoined"},
     "rank_crash": {"RankNotJoined", "MissingDumps", "RankStopped"},
     "collective_type_mismatch": {"CollectiveTypeMismatch"},
     "size_mismatch": {"SizeMismatch"},
