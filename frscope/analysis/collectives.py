@@ -315,7 +315,13 @@ def _failed_without(ctx: Context, tracks: dict[int, Track], seq: int, joined: li
     return min(at[r] for r in not_joined) > max(at[r] for r in joined)
 
 
-def _held_at(tracks: dict[int, Track]) -> int:
+def _in_python(ctx: Context, rank: int) -> bool:
+    """The rank's live stack (taken at the capture) is in no torch.distributed call."""
+    stack = ctx.live_stack(rank)
+    return bool(stack) and blocked_in(stack) is None
+
+
+def _held_at(tracks: dict[int, Track], idle: Callable[[int], bool]) -> int:
     """The collective the group is held at: the lowest one a member has not finished, unless every member
     that has not finished it is behind members that all finished it and entered a later one. Evidence must
     agree: a collective every other member finished is not what holds the group (the lagging recorder
@@ -327,7 +333,13 @@ def _held_at(tracks: dict[int, Track]) -> int:
     if not ahead or any(t.last_seq > seq for t in behind):
         return seq
     later = min(t.next_seq for t in ahead)
-    if all(t.last_completed >= seq and t.last_seq >= later for t in ahead):
+    if all(t.last_seq >= later for t in ahead):
+        return later
+    # Members that went past `seq` to the same place, where their live stacks show them in no
+    # torch.distributed call, wait nowhere: `seq` is not what holds the group (where they finished all they
+    # enqueued, nothing does). Without such stacks a backend that retires a failed collective as finished
+    # (gloo) may show the same record after a timeout (async ops queued behind it fail too).
+    if all(t.next_seq == later and t.last_seq > seq and idle(t.rank) for t in ahead):
         return later
     return seq
 
@@ -344,7 +356,7 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     the collective finished, and the one missing from it holds an older read)."""
     if not tracks:
         return None
-    seq = _held_at(tracks)
+    seq = _held_at(tracks, lambda rank: _in_python(ctx, rank))
     joined = sorted(r for r, t in tracks.items() if t.last_seq >= seq)
     if not joined:
         return None  # every rank is done with everything it enqueued: idle, not stuck
