@@ -474,6 +474,46 @@ def _extra_call_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: d
     return finding
 
 
+def _odd_exchange(buckets: dict[int, Bucket]) -> tuple[list[int], list[int]] | None:
+    """An all_to_all that stands still on every rank, where a clear majority of ranks (two or more) passed
+    the same sizes and the rest others: (the odd ranks, the majority). Its sizes may differ by design
+    (uneven splits), so they alone decide nothing; that the exchange never finished anywhere, with one
+    side odd, points at that side's counts."""
+    ops = {e.op for b in buckets.values() for e in b}
+    if not ops or not ops <= VARIABLE_SIZE_OPS or ops & ROOTED_OPS:
+        return None
+    classes: dict[object, list[int]] = {}
+    for rank, bucket in buckets.items():
+        key = tuple((tuple(map(tuple, e.input_sizes)), tuple(map(tuple, e.output_sizes))) for e in bucket)
+        classes.setdefault(key, []).append(rank)
+    if len(classes) < 2:
+        return None
+    ranked = sorted(classes.values(), key=len, reverse=True)
+    common = ranked[0]
+    if len(common) < 2 or len(common) == len(ranked[1]) or 2 * len(common) <= len(buckets):
+        return None
+    return sorted(r for rs in ranked[1:] for r in rs), sorted(common)
+
+
+def _odd_exchange_finding(ctx: Context, group: str, ref: GroupRef, buckets: dict[int, Bucket],
+                          odd: tuple[list[int], list[int]], seq: int, op: str, since: str,
+                          point: StuckPoint) -> Finding:
+    culprits, common = odd
+    bad, good = buckets[culprits[0]][0], buckets[common[0]][0]
+    summary = (
+        f"{plural(culprits).capitalize()} passed sizes input {bad.input_sizes} output {bad.output_sizes} to {op} "
+        f"#{seq} of {ref.label()} where {plural(common)} passed input {good.input_sizes} output "
+        f"{good.output_sizes}, and it never completed on any rank{since}."
+    )
+    finding = _stuck_finding(Category.SIZE_MISMATCH, culprits, ref, summary, seq, op, good, point)
+    finding.evidence.append(
+        f"{op}'s sizes may differ between ranks by design (uneven splits), so they alone decide nothing; here "
+        f"every rank entered it and none finished it, and {plural(culprits)} alone "
+        f"{'differs' if len(culprits) == 1 else 'differ'} from the {len(common)} others")
+    _add_views(ctx, finding, group, buckets, culprits, common)
+    return finding
+
+
 def hang_finding(
     ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint
 ) -> Finding | None:
@@ -520,6 +560,9 @@ def hang_finding(
     not_done = sorted(r for r, b in buckets.items() if not all(e.completed for e in b))
     if not not_done:
         return None
+    odd = _odd_exchange(buckets) if len(not_done) == len(buckets) else None
+    if odd is not None:
+        return _odd_exchange_finding(ctx, group.name, ref, buckets, odd, seq, op, since, point)
     states = {r: buckets[r][0].state for r in not_done}
     started = [r for r, s in states.items() if s == STARTED]
     scheduled = [r for r, s in states.items() if s not in (STARTED, COMPLETED)]

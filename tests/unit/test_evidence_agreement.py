@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from frscope.analysis import Category, analyze
+from frscope.analysis import AnalysisOptions, Category, analyze
 from frscope.records import load_dumps
 from frscope.wire import SnapshotError, snapshot_envelope_bytes, snapshot_head, snapshot_piece, snapshot_piece_bytes
 from tests.unit import builders as b
@@ -111,3 +111,31 @@ def test_a_gone_rank_whose_peers_used_seq_ids_without_entries_stopped(tmp_path: 
         (tmp_path / f"rank-{rank}.json").write_bytes(snapshot_envelope_bytes(head, [piece], [gone]))
     first = analyze(load_dumps([tmp_path])).findings[0]
     assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (0,), first.summary
+
+
+def _nccl_all_to_all(sizes: dict[int, int], state: str) -> dict[int, list[dict[str, Any]]]:
+    t = b.T0 + 10 * SECOND
+    return {r: [*(b.entry(s, created_ns=b.T0 + s * SECOND) for s in range(1, 4)),
+                b.entry(4, op="all_to_all", sizes=[[n]], state=state, created_ns=t)] for r, n in sizes.items()}
+
+
+def test_an_all_to_all_that_never_finished_where_one_rank_passed_other_counts_is_a_size_mismatch(
+        tmp_path: Path) -> None:
+    # all_to_all's sizes may differ by design (uneven splits): alone they decide nothing. Here it started on
+    # every rank's device and finished nowhere, and rank 0 alone passed twice the others' count.
+    per_rank = _nccl_all_to_all({0: 8192, 1: 4096, 2: 4096, 3: 4096}, "started")
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.SIZE_MISMATCH and first.culprit_ranks == (0,), first.summary
+
+
+def test_an_all_to_all_of_uneven_counts_that_finished_is_healthy(tmp_path: Path) -> None:
+    per_rank = _nccl_all_to_all({0: 8192, 1: 4096, 2: 4096, 3: 4096}, "completed")
+    assert analyze(load_dumps([b.job(tmp_path, per_rank, 4)])).findings == []
+
+
+def test_a_stuck_all_to_all_whose_counts_all_differ_names_no_odd_rank(tmp_path: Path) -> None:
+    # Routed tokens: every rank's count differs; nothing sets one apart, so it is the hang itself.
+    per_rank = _nccl_all_to_all({0: 8192, 1: 4096, 2: 2048, 3: 1024}, "started")
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND))
+    assert report.findings[0].category is Category.NOT_COMPLETED
