@@ -450,8 +450,11 @@ def _called_more(ctx: Context, point: StuckPoint) -> bool:
         dump = ctx.dumpset.dumps.get(rank)
         if dump is None or not len(dump.entries) or oldest_open(dump.entries) is not None:
             return False
-        if blocked_in(ctx.live_stack(rank)) is not None:
-            return False  # waiting in an op the recorder does not keep (gloo's send/recv): not idle
+        inside = blocked_in(ctx.live_stack(rank))
+        if inside is not None and inside != "monitored_barrier":
+            return False  # waiting in an op the recorder does not keep (gloo's send/recv) for a peer: not idle
+        # (in monitored_barrier it went on to the barrier, which waits for every member not in it: the ranks
+        # blocked here)
     return True
 
 
