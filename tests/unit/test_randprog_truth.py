@@ -157,3 +157,30 @@ def test_p2p_peer_errors_blame_the_rank_whose_peer_never_posts_the_counterpart()
                                    Op("p2p", 2, 0, peer=peer, send=True, shape=(4,))]
         truth = truth_of(execute(prog, random.Random(0)))
         assert (truth.category, truth.culprits) == ("P2PMismatch", (0, 1)), backend
+
+
+def test_a_size_mismatch_whose_odd_rank_passed_another_dtype_too_accepts_either_finding() -> None:
+    # A skipped all_to_all_single: rank 2's next one (another shape and dtype, the same bytes) meets the
+    # others' first. The recorder cannot judge all_to_all sizes (they may differ by design), but the dtypes
+    # name the same odd rank: a dtype finding is as right as a size one.
+    calls = [Call("all_to_all_single", 0, (8,), "BFloat16"), Call("all_to_all_single", 0, (4,), "Float")]
+    prog = _program(_layout(3), calls)
+    del prog.ops[2][_first(prog.ops[2], 0, 2)]
+    truth = truth_of(execute(prog, random.Random(0)))
+    assert (truth.category, truth.culprits, truth.undecidable) == ("SizeMismatch", (2,), {})
+    assert set(truth.accepted) == {"SizeMismatch", "DtypeMismatch"}
+
+
+def test_an_extra_call_meeting_the_others_next_one_in_a_cycle_accepts_a_type_mismatch() -> None:
+    # Rank 0 calls the default group's reduce once more: it meets ranks 3-5's all_gather there (they have no
+    # subgroup call with rank 0 to wait in), while ranks 1-2 wait for rank 0 in their subgroup. The cycle's
+    # odd rank is 0, and the recorders show its reduce against the others' all_gather: either finding is right.
+    calls = [Call("reduce", 0, (8,), "Float"), Call("gather", 1, (8,), "Float"), Call("gather", 2, (8,), "Float"),
+             Call("all_gather", 0, (8,), "Float")]
+    prog = _program(_layout(6, (0, 1, 2), (3, 4, 5)), calls)
+    at = _first(prog.ops[0], 0, 2)
+    prog.ops[0].insert(at, prog.ops[0][at])
+    truth = truth_of(execute(prog, random.Random(0)))
+    assert (truth.category, truth.culprits, truth.undecidable) == ("RankNotJoined", (0,), {})
+    assert set(truth.accepted) == {"RankNotJoined", "CollectiveTypeMismatch"}
+
