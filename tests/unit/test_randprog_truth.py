@@ -184,3 +184,14 @@ def test_an_extra_call_meeting_the_others_next_one_in_a_cycle_accepts_a_type_mis
     assert (truth.category, truth.culprits, truth.undecidable) == ("RankNotJoined", (0,), {})
     assert set(truth.accepted) == {"RankNotJoined", "CollectiveTypeMismatch"}
 
+
+
+def test_a_coalesced_call_meeting_a_single_tensor_all_reduce_does_not_complete() -> None:
+    # gloo flattens a coalesced all_reduce's tensors into one buffer: [3, 128] + [192] is 576 elements, which a
+    # peer's plain all_reduce of [3, 128] (384) cannot match. Rank 2 skipped the coalesced call of the last step.
+    calls = [Call("coalesced", 0, (3, 128), "Float"), Call("all_reduce", 0, (3, 128), "Float")]
+    prog = _program(_layout(3), calls)
+    del prog.ops[2][_first(prog.ops[2], 0, 3)]
+    ex = execute(prog, random.Random(0))
+    assert any(r.outcome == "abort" for r in ex.rdvs)
+    assert truth_of(ex).category == "SizeMismatch"

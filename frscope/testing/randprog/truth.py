@@ -74,11 +74,11 @@ def _mismatch(ex: Execution) -> Truth | None:
         if decided and _shifted(ex, rdv, culprits):
             accepted.append(NOT_JOINED)  # a skipped or extra call: its next call meets the others' previous one
     else:
-        shapes = {rec.shape for rec in recs.values()}
+        shapes = {rec.payload for rec in recs.values()}
         category = SIZE if len(shapes) > 1 else DTYPE
         sides = {}
         for rank, rec in recs.items():
-            sides.setdefault(rec.shape if category == SIZE else rec.dtype, set()).add(rank)
+            sides.setdefault(rec.payload if category == SIZE else rec.dtype, set()).add(rank)
         culprits, decided = _minority(sides)
         accepted = [category]
         if category == SIZE and _minority(_sides(recs, "dtype")) == (culprits, True):
