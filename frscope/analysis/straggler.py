@@ -99,7 +99,10 @@ def late_together(arrived: Arrivals, worst: int) -> tuple[tuple[int, ...], int, 
     return (worst,), 0, []
 
 
-def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
+def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
+                   handoffs: Handoffs | None = None) -> Finding | None:
+    """A rank (or one host's ranks) late at most collectives of the group. `handoffs`: one per analysis
+    (it keeps what it read of every group), else one of its own."""
     arrived = arrivals(tracks)
     samples = len(arrived)
     if samples < MIN_SAMPLES:
@@ -128,9 +131,9 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
     chance = binomial_tail(last_count[worst], samples, 1 / len(ranks)) * len(ranks)
     if chance >= ALPHA and not (chance < ALPHA_STEADY and _steady_offset(ctx, worst, lateness[worst], late_ms)):
         return None
-    # Its lateness passed on from a rank it waited for in its collective before (principle 1): that rank
-    # is the straggler, found where the wait began.
-    handoffs = Handoffs(ctx)
+    # Its lateness passed on from a rank that released it late (principle 1, `waited`): that rank is the
+    # straggler, found where the wait began.
+    handoffs = handoffs or Handoffs(ctx)
     last_at = [seq for seq, times in zip(arrived.seqs, arrived.rows, strict=True)
                if ranks[len(times) - 1 - times[::-1].index(max(times))] == worst]
     if _passed_on(handoffs, worst, ref.name, last_at, late_ms / 2, [r for r in ranks if r != worst]):
@@ -159,14 +162,15 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
         evidence.insert(1, f"{plural([r for r in node if r != worst])} arrived with it, after every other rank, at "
                            f"{together} of the {samples} collectives: one host's ranks late together (a slow node)")
     names = plural(list(node))
+    together_words = " together (one host's ranks: a slow node)" if len(node) > 1 else ""
     finding = Finding(
         category=Category.STRAGGLER,
         culprit_ranks=node,
         process_group=ref,
         summary=(
             f"{names.capitalize()} {'reaches' if len(node) == 1 else 'reach'} the collectives of {ref.label()} late"
-            f"{' together (one host' + chr(39) + 's ranks: a slow node)' if len(node) > 1 else ''}: by {late_ms:.0f} "
-            f"ms (median) at {last_count[worst]} of {samples} collectives; every other rank waits for "
+            f"{together_words}: by {late_ms:.0f} ms (median) at {last_count[worst]} of {samples} collectives; every "
+            "other rank waits for "
             f"{'it' if len(node) == 1 else 'them'}."
         ),
         late_by_ms=late_ms,

@@ -8,6 +8,7 @@ from frscope.analysis.rules.facts import Facts
 from frscope.analysis.rules.proposal import Proposal
 from frscope.analysis.straggler import LAST_SHARE, find_straggler, last_counts
 from frscope.analysis.stragglers_steps import find_step_straggler
+from frscope.analysis.waited import Handoffs
 from frscope.analysis.wording import plural
 
 
@@ -24,10 +25,12 @@ def stragglers(facts: Facts) -> list[Proposal]:
     late in one group only because it waited in another group for a straggler there (a tensor-parallel
     peer of a slow rank reaches the data-parallel group late too) is that straggler's consequence."""
     out: list[Proposal] = []
+    handoffs = Handoffs(facts.ctx)
     for gf in facts.groups:
         if not gf.tracks:
             continue
-        found = find_straggler(facts.ctx, gf.ref, gf.tracks) or find_step_straggler(facts.ctx, gf.ref, gf.tracks)
+        found = (find_straggler(facts.ctx, gf.ref, gf.tracks, handoffs)
+                 or find_step_straggler(facts.ctx, gf.ref, gf.tracks, handoffs))
         if found is not None and not any(
             p.finding.category is Category.STRAGGLER and p.finding.culprit_ranks == found.culprit_ranks for p in out
         ):
