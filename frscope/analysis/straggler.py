@@ -30,16 +30,6 @@ LAST_SHARE = 0.6  # last to arrive in at least this share of the sampled collect
 FEW_SAMPLES = 5  # a steady lateness counts from this many collectives (one per step: five steps)
 
 
-def last_counts(tracks: dict[int, Track]) -> tuple[dict[int, int], int]:
-    """How often each rank arrived last at the group's sampled collectives, and how many were sampled."""
-    arrived = arrivals(tracks)
-    ranks = arrived.ranks
-    counts = dict.fromkeys(ranks, 0)
-    for times in arrived.rows:
-        counts[ranks[len(times) - 1 - times[::-1].index(max(times))]] += 1
-    return counts, len(arrived)
-
-
 def _steady_offset(ctx: Context, rank: int, lateness: list[float], late_ms: float) -> bool:
     """Few ranks (two: each is last by a coin toss) can never be beyond chance by count alone over a few
     steps; a lateness of about one length (interquartile range within STEADY_SPREAD of the median), well
