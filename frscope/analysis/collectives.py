@@ -26,7 +26,7 @@ from frscope.analysis.ops import (
     numel,
     self_consistency_error,
 )
-from frscope.analysis.stacks import blocked_in, user_frame
+from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in, user_frame
 from frscope.analysis.tracks import Track, oldest_open
 from frscope.analysis.wording import fmt_duration, fmt_ranks, plural
 from frscope.records import COMPLETED, STARTED, Entry, GroupInfo
@@ -407,15 +407,16 @@ def _stuck_finding(
 
 def _sinks_among(ctx: Context, not_joined: list[int]) -> tuple[list[int], list[int]]:
     """(culprits, ranks blocked in p2p) of the ranks that never joined: a rank blocked in a p2p op whose
-    peer the recorder does not name (a coalesced batch) waits on a partner, and where others that never
-    joined wait on nobody (every op they recorded finished), the wait chain ends at those."""
+    peer the recorder does not name (a coalesced batch), or one the recorder does not keep (gloo's
+    send/recv, seen in the rank's live stack), waits on a partner, and where others that never joined
+    wait on nobody (every op they recorded finished), the wait chain ends at those."""
     idle: list[int] = []
     in_p2p: list[int] = []
     for rank in not_joined:
         dump = ctx.dumpset.dumps.get(rank)
         open_entry = oldest_open(dump.entries) if dump is not None else None
         if open_entry is None:
-            idle.append(rank)
+            (in_p2p if blocked_in(ctx.live_stack(rank)) in P2P_FUNCTIONS else idle).append(rank)
         elif open_entry.is_p2p and open_entry.peer is None:
             in_p2p.append(rank)
         else:
@@ -423,6 +424,16 @@ def _sinks_among(ctx: Context, not_joined: list[int]) -> tuple[list[int], list[i
     if idle and in_p2p:
         return idle, in_p2p
     return not_joined, []
+
+
+def _p2p_unseen(ctx: Context, ranks: list[int]) -> bool:
+    """The ranks are idle (nothing open in any group) and a point-to-point wait would be invisible: their
+    backend records no p2p op (gloo) and no live stack says where they are."""
+    for rank in ranks:
+        dump = ctx.dumpset.dumps.get(rank)
+        if dump is None or dump.backend != "gloo" or ctx.live_stack(rank) or oldest_open(dump.entries) is not None:
+            return False
+    return True
 
 
 def _called_more(ctx: Context, point: StuckPoint) -> bool:
@@ -497,10 +508,17 @@ def hang_finding(
         for rank in point.joined[:3]:
             bucket = buckets.get(rank)
             finding.ranks[rank] = ctx.rank_view(rank, group.name, bucket[0] if bucket else None, call_site=False)
+        if len(culprits) > 1 and not in_p2p and _p2p_unseen(ctx, culprits):
+            # Several idle ranks, and neither recorder nor stack would show one waiting on another in a
+            # send/recv (gloo records none): all stuck, or one stuck and the rest waiting on it.
+            finding.ambiguous = True
+            finding.evidence.append(
+                f"{plural(culprits)} show nothing open, and this backend records no point-to-point op: one may "
+                "wait on another in a send/recv (live stacks would tell)")
         if in_p2p:
             finding.evidence.append(
                 f"{plural(in_p2p)} never joined either, blocked in point-to-point ops whose peers the recorder does "
-                f"not name (a batch): they wait on a partner; {plural(culprits)} "
+                f"not name (a batch, or ops it does not record): they wait on a partner; {plural(culprits)} "
                 f"wait{'s' if len(culprits) == 1 else ''} on nobody")
         return finding
 

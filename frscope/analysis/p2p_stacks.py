@@ -205,8 +205,11 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     summary = "; ".join(pairings)
     summary = summary[0].upper() + summary[1:] + unrecorded + "."
     first_blocked = min(blocked)
+    # Every wait that ends at a rank in Python (no facing pair, no closed pairing): that rank never joined
+    # the exchange; no two posted ops failed to match.
+    broken_by_python = facing is None and not closed and odd is None
     finding = Finding(
-        category=Category.P2P_MISMATCH,
+        category=Category.RANK_NOT_JOINED if broken_by_python else Category.P2P_MISMATCH,
         culprit_ranks=tuple(culprits),
         process_group=ref,
         summary=summary,

@@ -74,3 +74,43 @@ def test_a_pipeline_stage_in_python_is_named_by_the_stages_waiting_in_p2p() -> N
 
 def test_a_pause_in_python_is_no_finding() -> None:
     assert _capture({0: IN_PYTHON, 1: IN_PYTHON, 2: FORWARD}, quiet_s=30).findings == []
+
+
+ALL_REDUCE = _stack(("all_reduce", f"{SITE}/distributed_c10d.py", 3906), ("main", "/app/train.py", 52))
+
+
+def _stalled_pipeline(stacks: dict[int, str] | None) -> Report:
+    """4 pipeline stages on gloo: ranks 0-1 wait in the step's loss all_reduce (#21, open), rank 2 is stuck
+    in Python before its send, rank 3 waits in recv for it; the recorders show no p2p (gloo records none).
+    `stacks`: the live stacks of a sidecar capture, or None for copied files (no stacks, no capture time)."""
+    last = b.T0 + 100 * S
+    per_rank = {r: _gloo_steps(20, last) for r in range(4)}
+    for r in (0, 1):
+        per_rank[r].append(b.entry(21, backend="gloo", state="scheduled", created_ns=last + S // 5))
+    if stacks is None:
+        return analyze(assemble([normalize_dump(b.dump(per_rank[r], world=4), f"rank{r}", r)
+                                 for r in range(4)], []), AnalysisOptions(now_ns=last + 30 * S))
+    pieces = [wire.snapshot_piece(r, last + 30 * S, f"socket:/run/rank-{r}.sock", stacks[r],
+                                  b.dump(per_rank[r], world=4)) for r in range(4)]
+    dumps = [normalize_dump(piece, piece["source"], piece["rank"]) for piece in pieces]
+    return analyze(assemble(dumps, []), AnalysisOptions(stall_after_s=10.0))
+
+
+def test_a_wait_chain_through_an_unrecorded_recv_ends_at_the_stage_in_python() -> None:
+    """Principle 1: rank 3 never joined the all_reduce either, but its stack waits in recv: a waiter, not
+    a sink. The chain ends at rank 2, in Python: it never joined (not a p2p mismatch: no two posted ops
+    failed to match)."""
+    report = _stalled_pipeline({0: ALL_REDUCE, 1: ALL_REDUCE, 2: IN_PYTHON, 3: RECV})
+    root = report.findings[0]
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (2,), root.summary
+    assert not root.ambiguous
+    nested = [f for f in report.findings[0].consequences if f.collective_seq_id == 21]
+    assert all(f.culprit_ranks == (2,) for f in nested), [f.summary for f in nested]
+
+
+def test_idle_ranks_without_stacks_on_gloo_are_candidates() -> None:
+    """Principle 4: the same files without stacks: ranks 2 and 3 both show nothing open, and gloo records
+    no send/recv, so which of them waits on the other is unknown: both are named, as candidates."""
+    [root] = _stalled_pipeline(None).findings
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (2, 3)
+    assert root.ambiguous and any("records no point-to-point" in e for e in root.evidence)

@@ -4,6 +4,7 @@ side of a split is odd, and what evidence can and cannot say. Each test builds t
 from __future__ import annotations
 
 import os
+import random
 from collections.abc import Callable
 from pathlib import Path
 
@@ -184,3 +185,38 @@ def test_a_rank_in_python_that_never_posted_a_recv_nor_joined_is_one_sink(tmp_pa
     report = analyze(load_dumps([b.job(tmp_path, per_rank, 2)]), AnalysisOptions(now_ns=t + 700 * SECOND))
     assert [(f.category, f.culprit_ranks) for f in report.findings] == [(Category.RANK_NOT_JOINED, (1,))]
     assert [f.category for f in report.findings[0].consequences] == [Category.P2P_MISMATCH]
+
+
+def _one_op_steps(world: int, steps: int, late_ms: dict[int, float], jitter_ms: float,
+                  seed: int) -> dict[int, list[dict[str, object]]]:
+    """One all_reduce per step (gloo: no durations); `late_ms[rank]`: how late the rank arrives at every
+    step, on top of a uniform jitter on every rank."""
+    rng = random.Random(seed)
+    per_rank: dict[int, list[dict[str, object]]] = {r: [] for r in range(world)}
+    t = b.T0
+    for seq in range(1, steps + 1):
+        arrive = {r: t + int((late_ms.get(r, 0.0) + rng.uniform(0, jitter_ms)) * 1e6) for r in range(world)}
+        for r in range(world):
+            per_rank[r].append(b.entry(seq, created_ns=arrive[r], backend="gloo", state="scheduled", retired=True))
+        t = max(arrive.values()) + 100_000_000
+    return per_rank
+
+
+def test_principle5_a_slow_nodes_ranks_late_together_are_named_together(tmp_path: Path) -> None:
+    """Two ranks of 8 (one host's) late by 250 ms at every step: each is last only about half the time, so
+    neither alone is a straggler by count; together they are the late set at every collective."""
+    per_rank = _one_op_steps(8, 40, {6: 250.0, 7: 250.0}, jitter_ms=4.0, seed=3)
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 8)]), AnalysisOptions(now_ns=b.T0 + 3600 * 10**9))
+    [finding] = report.findings
+    assert finding.category is Category.STRAGGLER and finding.culprit_ranks == (6, 7), finding.summary
+    assert "slow node" in finding.summary
+
+
+def test_principle5_jitter_makes_no_late_set(tmp_path: Path) -> None:
+    """The same job with jitter only (up to 250 ms on every rank): the latest pair changes every step."""
+    for seed in range(5):
+        (tmp_path / str(seed)).mkdir()
+        per_rank = _one_op_steps(8, 40, {}, jitter_ms=250.0, seed=seed)
+        report = analyze(load_dumps([b.job(tmp_path / str(seed), per_rank, 8)]),
+                         AnalysisOptions(now_ns=b.T0 + 3600 * 10**9))
+        assert report.findings == [], seed
