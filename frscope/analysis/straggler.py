@@ -75,9 +75,20 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
     ranks = arrived.ranks
     hi = min(tracks[r].last_completed for r in ranks)
     # Per collective (C-level over the ranks): who came last, the latest arrival (a tie: the higher rank).
+    # On NCCL a rank late at a step's start enqueues the step's collectives late one after another, while
+    # the others had enqueued them all before it reached the first: that one wait, carried, is counted once
+    # (as in `stragglers_steps`), so `samples` counts the collectives that are waits of their own.
+    nccl = any(d.backend and d.backend != "gloo" for d in ctx.dumpset.dumps.values())
     last_count = dict.fromkeys(ranks, 0)
+    previous: tuple[int, int] | None = None  # the last rank of the row before, and its arrival there
+    samples = 0
     for times in arrived.rows:
-        last_count[ranks[len(times) - 1 - times[::-1].index(max(times))]] += 1
+        at = len(times) - 1 - times[::-1].index(max(times))
+        if nccl and previous is not None and previous[0] == at and max(times[:at] + times[at + 1:]) < previous[1]:
+            continue
+        previous = (at, times[at])
+        last_count[ranks[at]] += 1
+        samples += 1
     # The worst rank arrived last most often (then: latest by median); below LAST_SHARE nobody
     # qualifies, so only the ranks with the top count need their lateness.
     top = max(last_count.values())

@@ -201,3 +201,14 @@ def test_a_rank_released_late_at_the_end_of_a_step_passes_the_lateness_into_the_
     per_rank = _run(groups, ["g01", "g23", "send 0 2"], 9, lambda r, s: 500 + (300 if r == 0 else 0) + _jitter(r, s),
                     backend="nccl", prologue=("world",))
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0,))]
+
+
+def test_nccl_jitter_at_a_steps_start_is_one_wait_for_the_consistent_check_too(tmp_path: Path) -> None:
+    """A healthy NCCL job read from a small ring: three 1.5 s steps of four collectives enqueued back to
+    back, the step's latest starter (jitter of tens of ms) last at all four. Rank 3 happened to start two
+    of the three steps last: two waits in three, not 8 of 12 collectives."""
+    groups = {"world": tuple(range(8))}
+    start = {(3, 0): 45.0, (3, 1): 40.0, (5, 2): 42.0}
+    per_rank = _run(groups, ["world"] * 4, 3, lambda r, s: 1500 + start.get((r, s), ((r * 7 + s * 3) % 9) * 3.0),
+                    backend="nccl", prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == []
