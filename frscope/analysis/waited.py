@@ -111,10 +111,11 @@ class Handoffs:
             return None
         return info.ranks[local]
 
-    def _release(self, rank: int, at: int, arrival: int, within_ns: float) -> tuple[int, int] | None:
+    def _release(self, rank: int, at: int, arrival: int, within_ns: float, hops: int = 0) -> tuple[int, int] | None:
         """(when, by whom) the rank was released before its op `at` (arriving at `arrival`): the latest end
         before `arrival` of its ops just before, and the rank that held that op; where the rank was itself
-        among the last there, whoever held its own arrival there (back to LOOK_BACK ops). None: not known."""
+        among the last there, whoever held its own arrival there (followed back at most LOOK_BACK times).
+        None: not known."""
         key = (rank, at, arrival)
         if key in self._releases:
             return self._releases[key]
@@ -139,8 +140,8 @@ class Handoffs:
             found = (end, holder)
             if holder == rank and not ops[i].p2p:
                 mine = self._arrivals(ops[i].group, ops[i].seq)
-                if mine is not None and at - i < LOOK_BACK:
-                    further = self._release(rank, i, mine[2][rank], within_ns)
+                if mine is not None and hops < LOOK_BACK:
+                    further = self._release(rank, i, mine[2][rank], within_ns, hops + 1)
                     if further is not None:
                         found = (end, further[1])
         self._releases[key] = found

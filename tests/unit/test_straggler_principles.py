@@ -212,3 +212,4 @@ def test_nccl_jitter_at_a_steps_start_is_one_wait_for_the_consistent_check_too(t
     per_rank = _run(groups, ["world"] * 4, 3, lambda r, s: 1500 + start.get((r, s), ((r * 7 + s * 3) % 9) * 3.0),
                     backend="nccl", prologue=("world",))
     assert _findings(tmp_path, groups, per_rank) == []
+
