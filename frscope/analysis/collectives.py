@@ -315,12 +315,17 @@ def _failed_without(ctx: Context, tracks: dict[int, Track], seq: int, joined: li
     return min(at[r] for r in not_joined) > max(at[r] for r in joined)
 
 
-def _held_at(tracks: dict[int, Track]) -> int:
+def _held_at(tracks: dict[int, Track], completed_is_success: bool = False) -> int:
     """The collective the group is held at: the lowest one a member has not finished, unless every member
     that has not finished it is behind members that all finished it and entered a later one. Evidence must
     agree: a collective every other member finished is not what holds the group (the lagging recorder
     was read before its completion showed, or its process stopped there); the others wait in the next
-    one, for the ranks that never entered it."""
+    one, for the ranks that never entered it. Where 'completed' means the collective succeeded (NCCL,
+    not gloo, which retires a failed one too), one member's 'completed' settles it for all (a collective
+    finishes on none without every member; a group's collectives finish in order): the group is held at
+    the first collective no member finished, whatever the lagging recorders still show as pending."""
+    if completed_is_success:
+        return max(t.next_seq for t in tracks.values())
     seq = min(t.next_seq for t in tracks.values())
     behind = [t for t in tracks.values() if t.next_seq == seq]
     ahead = [t for t in tracks.values() if t.next_seq > seq]
@@ -344,7 +349,8 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     the collective finished, and the one missing from it holds an older read)."""
     if not tracks:
         return None
-    seq = _held_at(tracks)
+    backends = {d.backend if (d := ctx.dumpset.dumps.get(r)) is not None else None for r in tracks}
+    seq = _held_at(tracks, completed_is_success=None not in backends and not backends & RETIRES_FAILED)
     joined = sorted(r for r, t in tracks.items() if t.last_seq >= seq)
     if not joined:
         return None  # every rank is done with everything it enqueued: idle, not stuck
@@ -406,10 +412,11 @@ def _stuck_finding(
 
 
 def _sinks_among(ctx: Context, not_joined: list[int]) -> tuple[list[int], list[int]]:
-    """(culprits, ranks blocked in p2p) of the ranks that never joined: a rank blocked in a p2p op whose
-    peer the recorder does not name (a coalesced batch), or one the recorder does not keep (gloo's
-    send/recv, seen in the rank's live stack), waits on a partner, and where others that never joined
-    wait on nobody (every op they recorded finished), the wait chain ends at those."""
+    """(culprits, waiting ranks) of the ranks that never joined: a rank blocked in a p2p op whose peer the
+    recorder does not name (a coalesced batch), or one the recorder does not keep (gloo's send/recv, seen
+    in the rank's live stack), or in an earlier collective that members never entered, waits on others;
+    where the rest that never joined wait on nobody (every op they recorded finished), the wait chain
+    ends at those."""
     idle: list[int] = []
     in_p2p: list[int] = []
     for rank in not_joined:
@@ -419,11 +426,30 @@ def _sinks_among(ctx: Context, not_joined: list[int]) -> tuple[list[int], list[i
             (in_p2p if blocked_in(ctx.live_stack(rank)) in P2P_FUNCTIONS else idle).append(rank)
         elif open_entry.is_p2p and open_entry.peer is None:
             in_p2p.append(rank)
+        elif not open_entry.is_p2p and _waits_in_earlier(ctx, rank, open_entry):
+            in_p2p.append(rank)
         else:
             return not_joined, []
     if idle and in_p2p:
         return idle, in_p2p
     return not_joined, []
+
+
+def _waits_in_earlier(ctx: Context, rank: int, entry: Entry) -> bool:
+    """The rank is blocked in an earlier collective that members of its group never entered (an object
+    collective's first op, a tree broadcast relayed through a rank that never came): it waits on them,
+    so it is no sink. Only where the op blocks the caller (gloo), or its live stack shows it waiting."""
+    return bool(_waits_on(ctx, rank, entry))
+
+
+def _waits_on(ctx: Context, rank: int, entry: Entry) -> set[int]:
+    """The members of the entry's group that never entered it, where the rank is blocked in it (its op
+    blocks the caller on gloo, or its live stack shows it waiting); empty otherwise."""
+    dump = ctx.dumpset.dumps.get(rank)
+    if not (dump is not None and dump.backend == "gloo") and blocked_in(ctx.live_stack(rank)) is None:
+        return set()
+    tracks = ctx.tracks.get(entry.pg_name, {})
+    return {r for r, t in tracks.items() if r != rank and t.last_seq < entry.collective_seq_id}
 
 
 def _p2p_unseen(ctx: Context, ranks: list[int]) -> bool:
@@ -436,27 +462,37 @@ def _p2p_unseen(ctx: Context, ranks: list[int]) -> bool:
     return True
 
 
-def _called_more(ctx: Context, point: StuckPoint) -> bool:
+def _called_more(ctx: Context, group: GroupInfo, point: StuckPoint) -> bool:
     """The ranks blocked here are fewer than the members that never entered it, and those are idle: every
     op they recorded finished, in every group. The odd side is the one in the collective: it called one
     more than its peers (uneven data: a rank with more batches runs one more step), not a majority of
     ranks that all stopped at the same point."""
-    if len(point.joined) >= len(point.not_joined):
-        return False
+    if any(r not in ctx.dumpset.dumps for r in group.ranks):
+        return False  # a member left no dump: its count is unknown, and a rank gone is no idle peer
     if set(point.not_joined) & ctx.gone_ranks():
         return False  # a process that went away is no idle peer: it stopped short
+    idle = []
     for rank in point.not_joined:
         dump = ctx.dumpset.dumps.get(rank)
-        if dump is None or not len(dump.entries) or oldest_open(dump.entries) is not None:
+        if dump is None or not len(dump.entries):
             return False
+        if (open_entry := oldest_open(dump.entries)) is not None:
+            waits = _waits_on(ctx, rank, open_entry) if not open_entry.is_p2p else set()
+            if waits and waits <= set(point.joined):
+                continue  # blocked elsewhere on the ranks in this collective: no evidence either way
+            return False
+        idle.append(rank)
         if blocked_in(ctx.live_stack(rank)) is not None:
             return False  # waiting in an op the recorder does not keep (gloo's send/recv): not idle
-    return True
+    return len(point.joined) < len(idle)
 
 
 def _extra_call_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint,
                         buckets: dict[int, Bucket], op: str, since: str, sample: Entry | None) -> Finding:
-    seq, culprits, idle = point.seq, point.joined, point.not_joined
+    seq, culprits = point.seq, point.joined
+    idle = [r for r in point.not_joined
+            if (d := ctx.dumpset.dumps.get(r)) is not None and oldest_open(d.entries) is None]
+    waiting = [r for r in point.not_joined if r not in idle]
     last = {tracks[r].last_seq for r in idle}
     where = f"#{last.pop()}" if len(last) == 1 else "their last collective"
     summary = (
@@ -469,6 +505,9 @@ def _extra_call_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: d
     finding.evidence.append(
         f"{plural(idle)} ({len(idle)} of the group's {len(idle) + len(culprits)} ranks with a recorder) "
         f"recorded nothing open in any group: the odd side is the {len(culprits)} in #{seq}")
+    if waiting:
+        finding.evidence.append(f"{plural(waiting)} never called it either, blocked in another group's collective "
+                                f"that {plural(culprits)} never entered: they wait on {plural(culprits)}")
     _add_views(ctx, finding, group.name, buckets, culprits, idle)
     return finding
 
@@ -485,7 +524,7 @@ def hang_finding(
     op = sample.op if sample else "collective"
     since = (f" for {fmt_duration(point.age_s)}" if point.age_s is not None
              else " (for how long is unknown: the capture time is lost)" if point.age_source else "")
-    if point.not_joined and _called_more(ctx, point):
+    if point.not_joined and _called_more(ctx, group, point):
         return _extra_call_finding(ctx, group, ref, tracks, point, buckets, op, since, sample)
     if point.not_joined:
         culprits, in_p2p = _sinks_among(ctx, point.not_joined)
@@ -517,9 +556,10 @@ def hang_finding(
                 "wait on another in a send/recv (live stacks would tell)")
         if in_p2p:
             finding.evidence.append(
-                f"{plural(in_p2p)} never joined either, blocked in point-to-point ops whose peers the recorder does "
-                f"not name (a batch, or ops it does not record): they wait on a partner; {plural(culprits)} "
-                f"wait{'s' if len(culprits) == 1 else ''} on nobody")
+                f"{plural(in_p2p)} never joined either, blocked in an op that waits on another rank (a "
+                "point-to-point op whose peer the recorder does not name or does not record, or an earlier "
+                f"collective that members never entered); {plural(culprits)} wait{'s' if len(culprits) == 1 else ''} "
+                "on nobody")
         return finding
 
     # Everyone entered it. Which ranks did not finish it, and did their device even start it?

@@ -21,13 +21,26 @@ from frscope.analysis.tracks import build_tracks
 from frscope.analysis.wording import fmt_duration
 from frscope.records import DumpSet, LoadProblem, RankExit
 from frscope.records.gcpause import gc_paused
+from frscope.records.membership import build_groups
 
 
 def analyze(dumpset: DumpSet, options: AnalysisOptions | None = None, *,
             exits: Mapping[int, RankExit] | None = None) -> Report:
     """`exits`: how ranks' processes ended, where the runner knows (Kubernetes container statuses)."""
     with gc_paused():
-        return _analyze(_emptied_failed_as_missing(dumpset, exits or {}), options or AnalysisOptions(), exits or {})
+        dumpset = _world_from_exits(_emptied_failed_as_missing(dumpset, exits or {}), exits or {})
+        return _analyze(dumpset, options or AnalysisOptions(), exits or {})
+
+
+def _world_from_exits(dumpset: DumpSet, exits: Mapping[int, RankExit]) -> DumpSet:
+    """The runner's word on how a rank's process ended is evidence that the rank exists: a rank killed
+    before any dump, which no group's recorded membership names (gloo's default group is known only from
+    its entries), is a missing rank of the job, not a job one rank smaller."""
+    top = max(exits, default=-1) + 1
+    if top <= dumpset.world_size:
+        return dumpset
+    groups, world, _ = build_groups(dumpset.dumps, top)
+    return dataclasses.replace(dumpset, groups=groups, world_size=world)
 
 
 def _emptied_failed_as_missing(dumpset: DumpSet, exits: Mapping[int, RankExit]) -> DumpSet:

@@ -71,6 +71,7 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             history = ref_bucket
             continue
         buckets = {r: b for r, t in with_entries if (b := t.by_seq.get(seq)) is not None}
+        buckets, differs = _without_cut_reads(ctx, buckets, differs)
         # A rank whose all_gather / reduce_scatter does not fit the group size is the culprit even
         # without a majority (two ranks); otherwise the majority decides.
         problem = _self_consistency(ctx, group, ref, seq, buckets)
@@ -89,6 +90,27 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             "(consequences of this one)."
         )
     return first
+
+
+def _without_cut_reads(ctx: Context, buckets: dict[int, Bucket], differs: bool) -> tuple[dict[int, Bucket], bool]:
+    """Evidence must agree: a rank whose recorder was read between the entries of one collective (the parts
+    of a coalesced op are recorded one by one) holds a prefix of the others' bucket, its newest entry the
+    last of it. Its read is older, not a different call: it is left out of the comparison here, and the
+    others' agreement decides whether they differ."""
+    if not differs or len(buckets) < 2:
+        return buckets, differs
+    full = max(buckets.values(), key=len)
+    kept: dict[int, Bucket] = {}
+    for rank, bucket in buckets.items():
+        dump = ctx.dumpset.dumps.get(rank)
+        if (len(bucket) < len(full) and dump is not None and len(dump.entries)
+                and dump.entries[-1].record_id == bucket[-1].record_id and _same(list(full[: len(bucket)]), bucket)):
+            continue
+        kept[rank] = bucket
+    if len(kept) == len(buckets) or not kept:
+        return buckets, differs
+    first = next(iter(kept.values()))
+    return kept, any(not _same(first, b) for b in kept.values())
 
 
 def _code_space(with_entries: list[tuple[int, Track]]) -> SignatureSpace | None:
@@ -161,6 +183,7 @@ def _scan_codes(ctx: Context, group: GroupInfo, ref: GroupRef, with_entries: lis
         if not differs and not space.fact(code, "variable", _has_variable_op):
             continue  # the reference's history is this bucket: no problem here
         buckets = {r: b for r, t in with_entries if (b := t.by_seq.get(seq)) is not None}
+        buckets, differs = _without_cut_reads(ctx, buckets, differs)
         problem = _self_consistency(ctx, group, ref, seq, buckets)
         if problem is None and differs:
             h = k - 1

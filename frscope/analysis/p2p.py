@@ -117,6 +117,32 @@ def _misdirected(candidates: list[tuple[int, int, int, Entry, str]]) -> tuple[in
     return None
 
 
+def _with(group: GroupInfo, entry: Entry, peer: int, kind: str) -> bool:
+    return entry.op in P2P_OPS and _kind(entry) == kind and entry.peer is not None \
+        and group.global_rank(entry.peer) == peer
+
+
+def _whole(ctx: Context, rank: int) -> bool:
+    """The rank's recorder still holds its first op (nothing evicted from the ring): counts are whole."""
+    dump = ctx.dumpset.dumps.get(rank)
+    return dump is not None and bool(len(dump.entries)) and dump.entries[0].record_id == 0
+
+
+def _counterpart_done(ctx: Context, group: GroupInfo, tracks: dict[int, Track], rank: int, peer: int,
+                      entry: Entry) -> bool:
+    """Evidence must agree: the peer recorded as completed as many counterparts of the rank's ops with it
+    as the rank posted up to `entry` (a pair's messages in one direction match in order). The message
+    `entry` waits for went through: `entry` cannot still be pending, the rank's read is older than the
+    peer's (its process stopped, or the read raced the completion), and the peer owes it nothing."""
+    if peer not in tracks or not (_whole(ctx, rank) and _whole(ctx, peer)):
+        return False
+    kind = _kind(entry)
+    other = "recv" if kind == "send" else "send"
+    posted = sum(1 for e in tracks[rank].p2p if e.record_id <= entry.record_id and _with(group, e, peer, kind))
+    done = sum(1 for e in tracks[peer].p2p if e.completed and _with(group, e, rank, other))
+    return done >= posted
+
+
 def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
     """The oldest pending p2p op whose partner has no matching pending op (or a different size)."""
     pending: dict[int, list[Entry]] = {r: p for r, t in tracks.items() if (p := _pending(t))}
@@ -142,6 +168,8 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
         if peer not in ctx.dumpset.dumps:
             continue  # no dump for the partner: MissingDumps speaks for it
         if not partner:
+            if _counterpart_done(ctx, group, tracks, rank, peer, first):
+                continue  # its read is older than the peer's: the op is no longer pending
             candidates.append((first.time_created_ns or 0, rank, peer, first, "unmatched"))
         else:
             mine = first.input_sizes if kind == "send" else first.output_sizes

@@ -20,7 +20,7 @@ the termination message), that is the strongest evidence and goes into the findi
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from frscope.analysis.clock import CAPTURED, MTIME
 from frscope.analysis.collectives import StuckPoint
@@ -30,7 +30,7 @@ from frscope.analysis.ops import RETIRES_FAILED
 from frscope.analysis.rootcause import failed_wait, last_group_may_lack_a_member
 from frscope.analysis.tracks import Track, newest_created, oldest_open
 from frscope.analysis.wording import fmt_duration, plural
-from frscope.records import GroupInfo, RankExit
+from frscope.records import Entry, GroupInfo, RankExit
 from frscope.records.exits import most_likely_first
 
 
@@ -43,6 +43,9 @@ class Stale:
     done_seq: int
     newest_ns: int | None  # the rank's newest entry, any group
     others_newest_ns: int | None
+    # The rank entered `last_seq + 1` (and maybe more) but its recorder shows it pending, while every other
+    # member recorded it finished (on a backend where that means it succeeded).
+    pending: bool = False
 
 
 def _newest(ctx: Context, rank: int) -> int | None:
@@ -83,8 +86,24 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         others_done = done[1][0] if done[0][1] == rank else done[0][0]
         others_entered = entered[1][0] if entered[0][1] == rank else entered[0][0]
         exit = exits.get(rank)
+        # Every member entered the rank's oldest pending collective (its process may have ended in it).
+        all_in = track.next_seq <= track.last_seq and all(
+            r in with_entries and with_entries[r].last_seq >= track.next_seq for r in group.ranks)
         if track.last_seq < others_done:
             out[rank] = Stale(rank, track.last_seq, others_done, None, None)
+        elif track.last_completed < others_done and (
+                finished_past(ctx, with_entries, rank, track.next_seq) or (_dead(rank, exits, gone) and all_in)):
+            # Evidence must agree: an entry every other member finished cannot still be pending here. This
+            # read is older than theirs (and the rank stopped there, or its read raced the completion). On
+            # gloo a finish may be a failure: where every member entered it and this rank's process ended,
+            # it failed for want of this rank, which stopped there either way.
+            out[rank] = Stale(rank, track.last_completed, others_done, None, None, pending=True)
+        elif all_in and _dead(rank, exits, gone) and not any(
+                _dead(r, exits, gone) for r in group.ranks if r != rank):
+            # A dead rank is a sink: every member entered the collective and none finished it, and the one
+            # whose process ended (the others' live) is what they wait for (an op finishes only while every
+            # member's process lives), not the device or the network.
+            out[rank] = Stale(rank, track.last_completed, others_done, None, None, pending=True)
         elif exit is not None and exit.failed and track.last_seq < others_entered:
             out[rank] = Stale(rank, track.last_seq, track.last_seq, None, None)
         elif rank not in unresponsive and track.last_seq < others_entered:
@@ -98,14 +117,18 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     settled = _settled(ctx)
     found: dict[int, Stale] = {}
     for rank, s in out.items():
-        if _waits_elsewhere(ctx, rank, group.name):
-            continue
+        if _waits_elsewhere(ctx, rank, group.name) and not (s.pending and _dead(rank, exits, gone)):
+            continue  # (a dead rank pending here waits nowhere: it stopped)
         newest = _newest(ctx, rank)
         exit = exits.get(rank)
         # Recorders read one after another while a job runs differ by a few collectives: without the
         # runner's word that the rank failed, its dump must also be much older than the others'.
-        certain = (exit is not None and exit.failed) or (rank in gone and _ended_early(ctx, rank, s.last_seq + 1,
-                                                                                        tracks))
+        # A process that is gone, whose recorder lacks what every other member finished with success
+        # (`finished_past`), or shows pending what they finished (it was in it: a timeout would have ended it
+        # there too), took part and then went away: however close its read.
+        certain = (exit is not None and exit.failed) or (rank in gone and (
+            s.pending or finished_past(ctx, tracks, rank, s.last_seq + 1)
+            or _ended_early(ctx, rank, s.last_seq + 1, tracks)))
         # An entry every other member finished cannot still be pending on this rank: its dump is older
         # than theirs. Where when each was read is lost (copies), nothing says the reads were close.
         if settled and not certain:
@@ -113,12 +136,49 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         own = tracks[rank]
         pending_behind = ctx.clock.lost(rank) and own.next_seq <= min(own.last_seq, s.done_seq)
         if not certain and not pending_behind and newest and others_newest:
-            stale = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
+            stale = replace(s, newest_ns=newest, others_newest_ns=others_newest)
             if ((others_newest - newest) / 1e9 < ctx.options.stall_after_s and not read_before(ctx, stale, tracks)
                     and not _failed_after_missing(ctx, rank, s.last_seq + 1, tracks)):
                 continue
-        found[rank] = Stale(rank, s.last_seq, s.done_seq, newest, others_newest)
+        found[rank] = replace(s, newest_ns=newest, others_newest_ns=others_newest)
     return found
+
+
+def completed_is_success(ctx: Context, ranks: Mapping[int, object]) -> bool:
+    """The ranks' recorders come from a backend whose 'completed' means the op succeeded (NCCL; gloo
+    retires a failed op as finished too)."""
+    backends = {d.backend if (d := ctx.dumpset.dumps.get(r)) is not None else None for r in ranks}
+    return bool(backends) and None not in backends and not backends & RETIRES_FAILED
+
+
+def finished_past(ctx: Context, tracks: Mapping[int, Track], rank: int, seq: int) -> bool:
+    """Every other member with entries of the group finished collective `seq`, and that finish was a success:
+    the backend's 'completed' says so (NCCL), or each of them recorded an op after it (gloo retires a failed
+    op too, but a failed one raises: a rank that went on had it return). It cannot still be pending on
+    `rank`: that read is older than theirs."""
+    others = {r: t for r, t in tracks.items() if r != rank and t.by_seq}
+    if not others or any(t.last_completed < seq for t in others.values()):
+        return False
+    if completed_is_success(ctx, others):
+        return True
+    for other, track in others.items():
+        bucket = track.by_seq.get(seq)
+        dump = ctx.dumpset.dumps.get(other)
+        if not bucket or dump is None or not len(dump.entries) or dump.entries[-1].record_id <= bucket[-1].record_id:
+            return False
+    return True
+
+
+def done_by_the_others(ctx: Context, rank: int, entry: Entry) -> bool:
+    """The entry's collective is one every other member of its group finished with success (`finished_past`):
+    it cannot still be pending on `rank`."""
+    return not entry.is_p2p and finished_past(ctx, ctx.tracks.get(entry.pg_name, {}), rank, entry.collective_seq_id)
+
+
+def _dead(rank: int, exits: Mapping[int, RankExit], gone: frozenset[int]) -> bool:
+    """The runner says the rank's process failed, or its collector that the process is gone."""
+    exit = exits.get(rank)
+    return (exit is not None and exit.failed) or rank in gone
 
 
 def _settled(ctx: Context) -> bool:
@@ -176,7 +236,9 @@ def _waits_elsewhere(ctx: Context, rank: int, group: str) -> bool:
     last = dump.entries[-1]
     if last.is_p2p or last.pg_name == group:
         return False
-    return not last.completed or failed_wait(ctx, rank) is not None or last_group_may_lack_a_member(ctx, dump.entries)
+    if not last.completed:
+        return not done_by_the_others(ctx, rank, last)
+    return failed_wait(ctx, rank) is not None or last_group_may_lack_a_member(ctx, dump.entries)
 
 
 READ_GAP_S = 0.1  # a recorder read this much before the others began a collective cannot show it
@@ -227,7 +289,15 @@ def stopped_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], stale
         where = f" The others now stand at #{point.seq}{waited}."
     exit_text = _exit_text(exits.get(ranks[0]))
     ends = f"ends at #{first.last_seq} of {ref.label()}" if first.last_seq else f"holds nothing of {ref.label()}"
-    if first.done_seq >= seq:
+    if first.pending:
+        ends = f"still shows #{seq} of {ref.label()} pending"
+    if first.pending and first.done_seq < seq:
+        summary = (
+            f"{plural(ranks).capitalize()} stopped{exit_text}: {'its' if len(ranks) == 1 else 'their'} recorder "
+            f"shows {op} #{seq} of {ref.label()} pending, which every member entered and none finished: the "
+            f"others wait for a rank that is gone, not for the device or the network.{older}{where}"
+        )
+    elif first.done_seq >= seq:
         summary = (
             f"{plural(ranks).capitalize()} stopped early: {'its' if len(ranks) == 1 else 'their'} recorder {ends}, "
             f"yet {plural(others)} finished {op} #{seq}"
@@ -265,7 +335,8 @@ def stopped_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], stale
             finding.culprit_stacks[rank] = stack
         finding.evidence.append(
             f"rank {rank}: recorder "
-            + (f"ends at #{info.last_seq}" if info.last_seq else "holds nothing")
+            + (f"shows #{info.last_seq + 1} pending" if info.pending
+               else f"ends at #{info.last_seq}" if info.last_seq else "holds nothing")
             + f" of {ref.label()}; every other member finished "
             f"up to #{info.done_seq}"
         )

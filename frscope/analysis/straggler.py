@@ -8,6 +8,7 @@ it), which a constant clock offset cannot fake.
 
 from __future__ import annotations
 
+from collections import Counter
 from heapq import nlargest
 from math import comb
 from statistics import median
@@ -28,8 +29,8 @@ from frscope.analysis.wording import plural
 
 MIN_SAMPLES = 5
 LAST_SHARE = 0.6  # last to arrive in at least this share of the sampled collectives
-FEW_SAMPLES = 5  # a steady lateness counts from this many collectives (one per step: five steps)
 MAX_SET = 8  # ranks late together: at most one host's ranks (8 GPUs a node)
+FEW_SAMPLES = 5  # a steady lateness counts from this many collectives (one per step: five steps)
 
 
 def _steady_offset(ctx: Context, rank: int, lateness: list[float], late_ms: float) -> bool:
@@ -64,6 +65,33 @@ def _passed_on(handoffs: Handoffs, rank: int, group: str, seqs: list[int], withi
     return passed * 2 > len(seqs)
 
 
+def late_together(arrived: Arrivals, worst: int) -> tuple[tuple[int, ...], int, list[int]]:
+    """The ranks late together with `worst` and at how many collectives: per collective, the ranks after
+    the widest gap among the latest arrivals (at most half the ranks) hold it; when the most usual such
+    set is a few ranks of one host (a launcher numbers a node's ranks in a row) and holds at least
+    LAST_SHARE of the collectives, those ranks are one slow node, late together (whichever of them comes
+    last is a coin toss). Otherwise `worst` alone. Also the collectives where that set was late."""
+    ranks = arrived.ranks
+    most = max(1, len(ranks) // 2)
+    sets: Counter[tuple[int, ...]] = Counter()
+    where: dict[tuple[int, ...], list[int]] = {}
+    for seq, times in zip(arrived.seqs, arrived.rows, strict=True):
+        order = sorted(zip(times, ranks, strict=True), reverse=True)
+        gaps = [order[i][0] - order[i + 1][0] for i in range(min(most, len(order) - 1))]
+        if not gaps:
+            continue
+        widest = max(range(len(gaps)), key=lambda i: (gaps[i], -i))
+        late = tuple(sorted(r for _, r in order[: widest + 1]))
+        if worst in late:
+            sets[late] += 1
+            where.setdefault(late, []).append(seq)
+    if sets:
+        node, count = max(sets.items(), key=lambda kv: (kv[1], -len(kv[0])))
+        if len(node) > 1 and node[-1] - node[0] == len(node) - 1 and count >= LAST_SHARE * len(arrived):
+            return node, count, where[node]
+    return (worst,), 0, []
+
+
 def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
                    handoffs: Handoffs | None = None) -> Finding | None:
     """A rank (or one host's ranks) late at most collectives of the group. `handoffs`: one per analysis
@@ -92,19 +120,18 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
     # The worst rank arrived last most often (then: latest by median); below LAST_SHARE nobody
     # qualifies, so only the ranks with the top count need their lateness.
     top = max(last_count.values())
-    handoffs = handoffs or Handoffs(ctx)
-    together = _late_together(ctx, arrived)
-    if together is not None:
-        # the set's ranks whose lateness another rank passed on (principle 1) are no part of it
-        late_set, count, late_ms, late_at = together
-        rest = [r for r in ranks if r not in late_set]
-        own = tuple(r for r in late_set if not _passed_on(handoffs, r, ref.name, late_at, late_ms / 2, rest))
-        if len(own) > 1:
-            return _set_finding(ctx, ref, tracks, arrived, own, count, late_ms)
-        if not own:
-            return None
     if top / samples < LAST_SHARE:
-        return None
+        # No rank is last alone that often; a few ranks may be, together (a slow node whose ranks take
+        # turns at being the very last).
+        found = _late_set(ctx, arrived)
+        if found is None:
+            return None
+        # the set's ranks whose lateness another rank passed on (principle 1) are no part of it
+        late_set, count, late_ms, late_at = found
+        rest = [r for r in ranks if r not in late_set]
+        own = tuple(r for r in late_set
+                    if not _passed_on(handoffs or Handoffs(ctx), r, ref.name, late_at, late_ms / 2, rest))
+        return _set_finding(ctx, ref, tracks, arrived, own, count, late_ms) if len(own) > 1 else None
     # The middle arrival of two ranks is the later one: with two, lateness is measured from the other.
     mids = middles(arrived, upper_middle if len(ranks) > 2 else min)
     lateness = {r: lateness_ms(arrived, r, mids) for r in ranks if last_count[r] == top}
@@ -120,6 +147,7 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
         return None
     # Its lateness passed on from a rank that released it late (principle 1, `waited`): that rank is the
     # straggler, found where the wait began.
+    handoffs = handoffs or Handoffs(ctx)
     last_at = [seq for seq, times in zip(arrived.seqs, arrived.rows, strict=True)
                if ranks[len(times) - 1 - times[::-1].index(max(times))] == worst]
     if _passed_on(handoffs, worst, ref.name, last_at, late_ms / 2, [r for r in ranks if r != worst]):
@@ -141,21 +169,32 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
             f"its collectives took {mine:.1f} ms in all while the others' took {others:.1f} ms (median rank): "
             "they waited for it"
         )
+    node, together, node_at = late_together(arrived, worst)
+    node = tuple(r for r in node if r == worst
+                 or not _passed_on(handoffs, r, ref.name, node_at, late_ms / 2, [q for q in ranks if q not in node]))
+    if len(node) > 1:
+        evidence.insert(1, f"{plural([r for r in node if r != worst])} arrived with it, after every other rank, at "
+                           f"{together} of the {samples} collectives: one host's ranks late together (a slow node)")
+    names = plural(list(node))
+    together_words = " together (one host's ranks: a slow node)" if len(node) > 1 else ""
     finding = Finding(
         category=Category.STRAGGLER,
-        culprit_ranks=(worst,),
+        culprit_ranks=node,
         process_group=ref,
         summary=(
-            f"{plural([worst]).capitalize()} reaches the collectives of {ref.label()} late: by {late_ms:.0f} ms "
-            f"(median) at {last_count[worst]} of {samples} collectives; every other rank waits for it."
+            f"{names.capitalize()} {'reaches' if len(node) == 1 else 'reach'} the collectives of {ref.label()} late"
+            f"{together_words}: by {late_ms:.0f} ms (median) at {last_count[worst]} of {samples} collectives; every "
+            "other rank waits for "
+            f"{'it' if len(node) == 1 else 'them'}."
         ),
         late_by_ms=late_ms,
         evidence=evidence,
     )
-    finding.ranks[worst] = ctx.rank_view(worst, ref.name, None)
-    stack = ctx.live_stack(worst)
-    if stack:
-        finding.culprit_stacks[worst] = stack
+    for rank in node[: ctx.options.max_rank_views]:
+        finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)
+        stack = ctx.live_stack(rank)
+        if stack:
+            finding.culprit_stacks[rank] = stack
     last = tracks[worst].by_seq.get(hi)
     if last and last[0].frames:
         finding.culprit_frames[worst] = last[0].frames
@@ -164,7 +203,7 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
     return finding
 
 
-def _late_together(ctx: Context, arrived: Arrivals) -> tuple[tuple[int, ...], int, float, list[int]] | None:
+def _late_set(ctx: Context, arrived: Arrivals) -> tuple[tuple[int, ...], int, float, list[int]] | None:
     """Ranks late together: at each collective the late set is the ranks after the widest gap among the
     latest arrivals (at most `MAX_SET`, at most half the group); a set of two or more that is the late set
     at `LAST_SHARE` of the collectives, apart from the rest by more than the clock skew, beyond chance

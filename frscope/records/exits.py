@@ -85,8 +85,9 @@ class RankExit:
 def most_likely_first(ranks: list[int], exits: Mapping[int, RankExit]) -> list[int]:
     """Of failed ranks, the ones whose failure most likely came first: those the launcher named its first
     failure and whose own error neither blames a peer nor is a SIGTERM from outside; else those that fail
-    on their own (neither); else those not blaming a peer (a SIGTERM'd rank when every other one blames
-    a peer: a preemption); else all."""
+    on their own (neither), the killed ones first where the rest only exited with an error code and no
+    message (`_killed_before_plain`); else those not blaming a peer (a SIGTERM'd rank when every other one
+    blames a peer: a preemption); else all."""
     def known(rank: int) -> RankExit:
         return exits.get(rank) or RankExit(rank)
 
@@ -94,8 +95,21 @@ def most_likely_first(ranks: list[int], exits: Mapping[int, RankExit]) -> list[i
         return not known(rank).peer_gone and not known(rank).terminated
 
     first = [r for r in ranks if known(r).first_failure and own(r)]
-    return (first or [r for r in ranks if own(r)] or [r for r in ranks if not known(r).peer_gone]
-            or list(ranks))
+    return (first or _killed_before_plain([known(r) for r in ranks if own(r)])
+            or [r for r in ranks if not known(r).peer_gone] or list(ranks))
+
+
+def _killed_before_plain(own: list[RankExit]) -> list[int]:
+    """Ranks that fail on their own, the killed ones alone where the others only exited with an error code
+    and left no message: a peer of a rank that went away raises in Python (gloo's "Connection closed by
+    peer") and exits with an error code; nothing in a peer's failure makes a process die by a signal
+    (SIGKILL, SIGABRT, SIGSEGV: an OOM kill, an abort, a crash). A SIGTERM is a teardown (`terminated`,
+    not here). Without messages, the codes are all that tells the first failure from its consequences."""
+    killed = [e.rank for e in own if e.reason == "OOMKilled" or (e.exit_code is not None and signal_name(e.exit_code))]
+    plain = [e.rank for e in own if e.rank not in killed and not e.message]
+    if killed and plain and len(killed) + len(plain) == len(own):
+        return killed
+    return [e.rank for e in own]
 
 
 def signal_name(exit_code: int) -> str | None:

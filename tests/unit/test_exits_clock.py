@@ -340,3 +340,22 @@ def test_most_likely_first_over_random_crashes(seed: int) -> None:
         exits[own] = RankExit(own, exit_code=rng.choice((1, 3, 134, 137)), message="RuntimeError: lost its data shard",
                               reason=rng.choice(("Error", "OOMKilled")), first_failure=rng.random() < 0.5)
         assert most_likely_first(ranks, exits) == [own]
+
+
+def test_without_messages_a_killed_rank_failed_before_the_ones_that_exited_with_an_error() -> None:
+    """Exit codes only (no termination messages): gloo peers of a rank that went away raise in Python and
+    exit 1; nothing in a peer's failure kills a process by a signal. The SIGKILLed / aborted rank failed
+    first. A message on an exit-1 rank (its own error) keeps every rank a candidate; SIGTERM is a teardown."""
+    from frscope.records.exits import most_likely_first
+
+    codes = {0: 1, 1: 1, 2: 137, 3: 1}
+    exits = {r: RankExit(r, exit_code=c) for r, c in codes.items()}
+    assert most_likely_first([0, 1, 2, 3], exits) == [2]
+    exits[2] = RankExit(2, exit_code=-6)
+    assert most_likely_first([0, 1, 2, 3], exits) == [2]
+    exits[0] = RankExit(0, exit_code=1, message="RuntimeError: frscope-test: this rank lost its data shard")
+    assert most_likely_first([0, 1, 2, 3], exits) == [0, 1, 2, 3]
+    exits = {r: RankExit(r, exit_code=1) for r in range(4)}
+    assert most_likely_first([0, 1, 2, 3], exits) == [0, 1, 2, 3]
+    exits[2] = RankExit(2, exit_code=143)
+    assert most_likely_first([0, 1, 2, 3], exits) == [0, 1, 3]

@@ -209,3 +209,60 @@ def test_a_straggler_with_a_lookalike_it_held_in_gloo_send_recv_is_undecidable()
         truth = truth_of(execute(prog, random.Random(0)))
         assert (truth.category, truth.culprits) == ("Straggler", (3,))
         assert bool(truth.undecidable) is undecidable, exchange
+
+def test_a_rank_killed_by_sigkill_writes_no_dump_as_it_dies() -> None:
+    # SIGKILL ends a process without running any handler: a crash with exit code -9 / 137 leaves at most the
+    # sidecar's last poll (or a periodic dump), never a dump written at exit.
+    killed = 0
+    for seed in range(400):
+        prog = _program(_layout(4), [Call("all_reduce", 0, (8,), "Float")])
+        fault = apply_fault(random.Random(seed), prog, "crash")
+        crash = next(op for op in prog.ops[fault.ranks[0]] if op.kind == "crash")
+        if crash.code in (-9, 137):
+            killed += 1
+            assert not crash.dump and fault.dump == "none", (seed, crash.code, fault.dump)
+    assert killed > 50
+
+
+def test_a_gloo_crash_every_survivor_failed_of_is_undecidable_in_files_without_exit_codes() -> None:
+    # The survivors of a gloo crash fail at once and gloo retires the op they failed in: every recorder
+    # shows every op retired, the dead rank's ending early, as a healthy job whose rank was read early
+    # does (the stale read's files). Without exit codes the file forms cannot decide (nor a snapshot in
+    # which every process ended: no live stack); the exits can.
+    from frscope.testing.randprog.case import DIED_GLOO_WHY
+
+    found = 0
+    for seed in range(600):
+        case = make_case(seed, "crash")
+        ended = not case.hung and case.program.backend == "gloo" and case.truth.culprits
+        if not ended or any(r not in case.dump_t["json"] for r in case.truth.culprits):
+            continue
+        retired = all(e["retired"] for r, tv in case.dump_t["json"].items()
+                      for e in dump(case.ex, r, tv, pickle=False, buffer=case.buffer)["entries"])
+        expected = retired and not case.exits
+        why = case.undecidable("json")
+        assert bool(why) if expected else why != DIED_GLOO_WHY, seed  # (another reason may come first)
+        # a snapshot decides where a live stack remains (a rank that finished its program, idle)
+        all_ended = all(st.status in (EXITED, FAILED) for st in case.ex.states.values())
+        snapshot = case.undecidable("snapshot")
+        assert bool(snapshot) if expected and all_ended else snapshot != DIED_GLOO_WHY, seed
+        found += why == DIED_GLOO_WHY
+    assert found >= 3
+
+
+def test_nccl_peers_never_finish_an_op_a_rank_died_in() -> None:
+    # NCCL: rank 1 enqueues step 2's all_reduce and its process dies before the others arrive. The op
+    # needs every member's device and proxy thread: it finishes on nobody (the peers hang in it, 'started'),
+    # and the truth's wait-for graph leads to the dead rank.
+    prog = _program(_layout(3), [Call("all_reduce", 0, (8,), "Float")], backend="nccl")
+    ops = prog.ops[1]
+    ops.insert(_first(ops, 0, 2) + 1, Op("crash", 2, code=1))
+    ex = execute(prog, random.Random(0))
+    assert ex.states[1].status == EXITED
+    [dead] = [x for x in ex.rdvs if x.outcome == "dead"]
+    assert dead.dead == {1} and dead.done is None and set(dead.arrivals) == {0, 1, 2}
+    entry = next(e for e in dump(ex, 0, ex.end_t + 30, pickle=False)["entries"]
+                 if e["collective_seq_id"] == dead.key[2] + 1)
+    assert entry["state"] == "started" and not entry["retired"]
+    truth = truth_of(ex)
+    assert (truth.category, truth.culprits) == ("RankStopped", (1,))

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from frscope.analysis import AnalysisOptions, Category, analyze
-from frscope.records import load_dumps
+from frscope.records import exits_from_json, load_dumps
 from tests.unit import builders as b
 
 SECOND = 10**9
@@ -220,3 +220,207 @@ def test_principle5_jitter_makes_no_late_set(tmp_path: Path) -> None:
         report = analyze(load_dumps([b.job(tmp_path / str(seed), per_rank, 8)]),
                          AnalysisOptions(now_ns=b.T0 + 3600 * 10**9))
         assert report.findings == [], seed
+
+
+def test_principle1_a_rank_blocked_in_an_earlier_collective_waits_on_the_rank_that_never_entered_it(
+        tmp_path: Path) -> None:
+    """broadcast_object_list is two broadcasts; gloo relays a broadcast through ranks (a tree). Rank 3 is
+    stuck in Python before the first (#17); rank 1 waits in #17 for it; ranks 0 and 2 finished #17 and
+    wait in #18. Ranks 1 and 3 both never joined #18, but rank 1 waits on rank 3: rank 3 is the sink."""
+    def gloo(seq: int, done: bool = True) -> dict[str, object]:
+        return b.entry(seq, op="broadcast", backend="gloo", state="scheduled", retired=done)
+
+    per_rank = {r: [gloo(s) for s in range(1, 17)] for r in range(4)}
+    for r in (0, 2):
+        per_rank[r] += [gloo(17), gloo(18, done=False)]
+    per_rank[1].append(gloo(17, done=False))
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=b.T0 + 3600 * 10**9))
+    root = report.findings[0]
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (3,), root.summary
+    assert any("earlier collective" in e for e in root.evidence), root.evidence
+
+def _nccl_job_with_pair(tmp_path: Path, pair_states: dict[int, str]) -> Path:
+    """4 NCCL ranks, #1-#5 of the default group done; group 1 = ranks [2, 3] ran a gather whose state on
+    each is `pair_states`; ranks 0-2 then wait in #6 of the default group, which rank 3 never entered."""
+    t = b.T0 + 10 * SECOND
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"},
+              "1": {"name": "1", "desc": "tp", "ranks": "[2, 3]"}}
+    for rank in range(4):
+        entries = _steps(5)
+        if rank in pair_states:
+            entries.append(b.entry(1, op="gather", pg=("1", "tp"), state=pair_states[rank], created_ns=t))
+        if rank != 3:
+            entries.append(b.entry(6, state="started", created_ns=t + SECOND))
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=4, pg_config=config))
+    return tmp_path
+
+
+def test_an_entry_every_peer_completed_is_no_hang_of_its_group(tmp_path: Path) -> None:
+    # Evidence must agree: rank 3's gather of group 1 still shows 'started' while rank 2, its only peer,
+    # recorded it completed (NCCL: it succeeded, which needs rank 3): rank 3's read is older than rank 2's.
+    # Group 1 holds nobody; the others wait in #6 of the default group, which rank 3 never entered.
+    job = _nccl_job_with_pair(tmp_path, {2: "completed", 3: "started"})
+    report = analyze(load_dumps([job]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (3,), first.summary
+    assert not any(f.category is Category.NOT_COMPLETED for f in report.findings)
+
+
+def test_a_dead_rank_whose_pending_entry_its_peers_completed_stopped_there(tmp_path: Path) -> None:
+    # The same recorders, and the runner says rank 3 was killed: its dump is older than its peers' (it
+    # stopped after the gather ran), not a wait in group 1: a dead rank is the sink the others wait for.
+    job = _nccl_job_with_pair(tmp_path, {2: "completed", 3: "started"})
+    exits = {e.rank: e for e in exits_from_json({"3": 137}, "exits")}
+    report = analyze(load_dumps([job]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND), exits=exits)
+    first = report.findings[0]
+    assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (3,), first.summary
+    assert "pending" in first.summary or "ends at #5" in first.summary
+
+
+def test_a_collective_started_on_every_member_and_finished_on_none_is_still_a_hang(tmp_path: Path) -> None:
+    # The converse: nobody completed the gather, so nothing says rank 3's read is older: it is where the
+    # pair waits (the device-side hang stays a NotCompleted finding of group 1).
+    job = _nccl_job_with_pair(tmp_path, {2: "started", 3: "started"})
+    report = analyze(load_dumps([job]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND))
+    assert any(f.category is Category.NOT_COMPLETED and f.process_group.name == "1"
+               for f in [*report.findings, *(c for f in report.findings for c in f.consequences)]), report.findings
+
+
+def test_a_recv_whose_send_the_peer_completed_is_no_longer_pending(tmp_path: Path) -> None:
+    # Evidence must agree, point to point: rank 1 recorded its send to rank 0 completed, so rank 0's recv
+    # of it finished too; rank 0's read (still 'started') is older than rank 1's. Rank 1 owes nothing:
+    # it waits in #4, which rank 0 never entered.
+    t = b.T0 + 10 * SECOND
+    per_rank = {r: _steps(3) for r in range(2)}
+    per_rank[0].append(b.entry(4, op="recv", peer=" 0<-1", p2p_seq=1, state="started", record_id=3, created_ns=t))
+    per_rank[1] += [b.entry(4, op="send", peer=" 1->0", p2p_seq=1, state="completed", record_id=3, created_ns=t),
+                    b.entry(4, state="started", record_id=4, created_ns=t + SECOND)]
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 2)]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (0,), first.summary
+    assert not any(f.category is Category.P2P_MISMATCH and 1 in f.culprit_ranks for f in report.findings)
+
+
+def test_a_dead_gloo_rank_whose_pending_entry_its_only_peer_retired_stopped_there(tmp_path: Path) -> None:
+    # gloo retires a failed op as if it had finished: rank 1's 'retired' #6 of the pair [0, 1] is a success
+    # (rank 0's read is older) or a failure for want of rank 0. Both entered it and rank 0's process ended:
+    # it stopped there either way (a dead rank is the sink).
+    t = b.T0 + 10 * SECOND
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1]"}}
+    for rank in range(2):
+        entries = [*_steps(5, backend="gloo"),
+                   b.entry(6, backend="gloo", pg=("1", "pair"), state="scheduled", retired=rank == 1, created_ns=t)]
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=2, pg_config=config))
+    exits = {e.rank: e for e in exits_from_json({"0": -9, "1": 1}, "exits")}
+    first = analyze(load_dumps([tmp_path]), exits=exits).findings[0]
+    assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (0,), first.summary
+    assert "pending" in first.summary
+
+
+def test_a_rank_named_only_by_its_exit_is_a_missing_rank_of_the_job(tmp_path: Path) -> None:
+    # gloo: no group lists its members (the default group is known from its entries), and rank 3 was
+    # killed before any dump. The runner's word that rank 3's process ended says the job has a rank 3:
+    # it is missing, and the others stopped at the collective it never finished (world from evidence).
+    t = b.T0 + 10 * SECOND
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1]"}}
+    for rank in range(3):
+        entries = [*_steps(5, backend="gloo"), b.entry(6, backend="gloo", created_ns=t)]
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=3, pg_config=config))
+    exits = {e.rank: e for e in exits_from_json({"0": 1, "1": 1, "2": 1, "3": 137}, "exits")}
+    report = analyze(load_dumps([tmp_path]), exits=exits)
+    assert report.world_size == 4 and report.missing_ranks == (3,)
+    first = report.findings[0]
+    assert first.category in (Category.RANK_STOPPED, Category.MISSING_DUMPS) and first.culprit_ranks == (3,), \
+        first.summary
+
+
+def test_a_dead_rank_in_a_collective_every_member_entered_and_none_finished_is_the_sink(tmp_path: Path) -> None:
+    # Nobody finished the gather of the pair [2, 3]; the runner says rank 3's process failed, rank 2 lives.
+    # An op finishes only while every member's process lives: rank 2 waits in it for rank 3, which is
+    # gone; the device or the network are not suspects (NotCompleted would blame them).
+    job = _nccl_job_with_pair(tmp_path, {2: "started", 3: "started"})
+    exits = {e.rank: e for e in exits_from_json({"3": 1}, "exits")}
+    report = analyze(load_dumps([job]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND), exits=exits)
+    first = report.findings[0]
+    assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (3,), first.summary
+    assert "none finished" in first.summary
+    # every member's process ended (a watchdog tears them all down after a device hang): no sink among them
+    exits = {e.rank: e for e in exits_from_json({"2": -6, "3": -6}, "exits")}
+    report = analyze(load_dumps([job]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND), exits=exits)
+    assert not any(f.category is Category.RANK_STOPPED and f.culprit_ranks == (3,) and "none finished" in f.summary
+                   for f in report.findings)
+
+
+def test_the_odd_count_is_unknown_while_a_member_left_no_dump(tmp_path: Path) -> None:
+    # gloo: rank 3 waits alone in #6 of the default group while ranks 0-2 recorded nothing open, as in the
+    # split above; but rank 4 left no dump and its process failed, and ranks 0-2's last collective, in a
+    # group known only from its entries, was retired (gloo retires what failed for want of a member). Rank
+    # 4's count is unknown: the odd side cannot be told, and the wait chain ends at the dead rank.
+    t = b.T0 + 10 * SECOND
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2, 3, 4]"}}
+    for rank in range(4):
+        entries = _steps(5, backend="gloo")
+        if rank == 3:
+            entries.append(b.entry(6, backend="gloo", state="scheduled", retired=False, created_ns=t))
+        else:
+            entries.append(b.entry(1, backend="gloo", pg=("1", "sub"), created_ns=t))
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=5, pg_config=config))
+    exits = {e.rank: e for e in exits_from_json({"4": 1}, "exits")}
+    report = analyze(load_dumps([tmp_path]), AnalysisOptions(now_ns=t + 700 * SECOND), exits=exits)
+    first = report.findings[0]
+    assert first.culprit_ranks == (4,), first.summary
+    assert not any("one collective more" in f.summary for f in report.findings)
+
+
+def test_a_read_between_the_parts_of_one_collective_is_no_mismatch(tmp_path: Path) -> None:
+    # Format 2.2 has no is_p2p: a batch's 'coalesced' entry recorded right after all_gather #5 shares its
+    # sequence number. Rank 2's recorder was read between the two (its newest entry is the all_gather):
+    # its bucket is a prefix of the others', an older read, not another call. Ranks 0-1 went on to #6.
+    t = b.T0 + 10 * SECOND
+    for rank in range(3):
+        entries = [*_steps(4), b.entry(5, op="all_gather", created_ns=t)]
+        if rank != 2:
+            entries += [b.entry(5, op="coalesced", created_ns=t + 1000),
+                        b.entry(6, state="started", created_ns=t + SECOND)]
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+            del e["is_p2p"], e["thread_id"], e["thread_name"], e["timeout_ms"]
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=3, version="2.2"))
+    report = analyze(load_dumps([tmp_path]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is not Category.COLLECTIVE_TYPE_MISMATCH and first.culprit_ranks == (2,), first.summary
+
+
+def test_a_gone_gloo_rank_behind_collectives_the_others_went_past_stopped(tmp_path: Path) -> None:
+    # gloo retires a failed op too, but a failed op raises: ranks 0 and 1 went on past #2 to #3, so #2
+    # succeeded, and it needs rank 2, whose last read (10 ms before the others began #2) ends at #1. Its
+    # sidecar says its process is gone: it took part and went away, however close its read (no timeout
+    # recorded here to date the others' finish by).
+    import json
+
+    from frscope.wire import snapshot_envelope_bytes, snapshot_head, snapshot_piece
+
+    ms = 1_000_000
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}}
+    steps = [b.entry(s, backend="gloo", created_ns=b.T0 + at * ms) for s, at in ((1, 300), (2, 600), (3, 610))]
+    pieces = []
+    for rank, entries in {0: [dict(e) for e in steps], 1: [dict(e) for e in steps], 2: [dict(steps[0])]}.items():
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+            del e["timeout_ms"]
+        read = b.T0 + (590 if rank == 2 else 1300) * ms
+        pieces.append(json.dumps(snapshot_piece(rank, read, "worker-server", None,
+                                                b.dump(entries, world=3, pg_config=config))).encode())
+    head = snapshot_head(pod="job-0", namespace="ns", node="n", captured_at_ns=b.T0 + 1400 * ms, reason="stall")
+    errors = [{"rank": 2, "message": "rank-2.sock: socket is gone"}]
+    (tmp_path / "job-0.json").write_bytes(snapshot_envelope_bytes(head, pieces, errors))
+    first = analyze(load_dumps([tmp_path]), AnalysisOptions(stall_after_s=2.0)).findings[0]
+    assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (2,), first.summary

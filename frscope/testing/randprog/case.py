@@ -31,6 +31,12 @@ STALE_GLOO_WHY = ("one rank's recorder was read steps before its peers', whose r
                   "the failed op); the exit codes or live stacks decide")
 NO_TORCH_FRAME_WHY = ("the waiting ranks sit in Work.wait() of unrecorded ops (batch_isend_irecv, async ops): a C++ "
                       "call, so their stacks' top frame is their own Python, like the culprit's")
+DIED_GLOO_WHY = ("gloo, no exit codes: the survivors failed at once when the rank went away and gloo retired the "
+                 "failed op, so every recorder shows every op retired and the rank's recorder ends early: a healthy "
+                 "job whose rank was read early leaves the same files; the exit codes or live stacks decide")
+DIED_NCCL_WHY = ("NCCL, no exit code: the rank's process ended inside an op every member entered; its dump shows the "
+                 "op in flight like its peers' (they wait in it for a member that is gone), which a device or "
+                 "network hang of that op leaves too; the exit codes or the collector's word decide")
 EVICTED_WHY = "the ring buffer wrapped: a rank's entry of the collective where the ranks disagreed is gone"
 RING_WHY = ("the recorders' ring buffers wrapped: what they still hold covers, or shows the straggler late at, "
             "fewer steps than it takes to tell it from jitter")
@@ -87,10 +93,14 @@ class Case:
             return STALE_GLOO_WHY
         if form in FILE_FORMS and self.copied and self.fault.name == "stale_read":
             return STALE_COPIED_WHY
+        if self._all_retired_without_exits(form):
+            return DIED_GLOO_WHY
         if form in FILE_FORMS and self.truth.category != "healthy":
             gone = [r for r in self.truth.culprits if r not in self.dump_t[form]]
             if gone and not all(r in self.exits for r in gone):
                 return NO_DUMP_WHY
+            if self._died_in_flight(form):
+                return DIED_NCCL_WHY
         return ""
 
     def _steps_kept(self, form: str) -> tuple[int, int]:
@@ -114,6 +124,38 @@ class Case:
                          and len(e.rdv.arrivals) > 1 and (nccl or not e.p2p_name) and kept(e.rdv)})
                     for r in culprits)
         return steps, min(len(late_recorded_steps(self.ex, r, culprits, kept)) for r in culprits)
+
+    def _died_in_flight(self, form: str) -> bool:
+        """NCCL, no exit code for the culprit: its process ended inside an op every member entered, and
+        every member's recorder of the form holds that op (not finished, like the dead rank's own)."""
+        if self.program.backend != "nccl" or any(r in self.exits for r in self.truth.culprits):
+            return False
+        for rdv in self.ex.rdvs:
+            if rdv.outcome == "dead" and set(rdv.dead) & set(self.truth.culprits) and all(
+                    self._holds(form, m, rdv) for m in rdv.expected):
+                return True
+        return False
+
+    def _holds(self, form: str, rank: int, rdv: Rdv) -> bool:
+        tv = self.dump_t[form].get(rank)
+        return tv is not None and any(
+            e.t_created <= tv and (e.rdv is rdv or (isinstance(e.rdv, tuple) and rdv in e.rdv))
+            for e in self.ex.states[rank].issued)
+
+    def _all_retired_without_exits(self, form: str) -> bool:
+        """gloo, no exit codes, nobody left waiting (the survivors failed at once and exited), and every
+        recorder of the form shows every op retired: the stale read's files (STALE_GLOO_WHY) seen from
+        the other side. A snapshot is no better where every process ended: no live stack, only reads."""
+        if self.program.backend != "gloo" or self.exits or self.hung or not self.truth.culprits:
+            return False
+        if form == "snapshot" and not all(st.status in (EXITED, FAILED) for st in self.ex.states.values()):
+            return False
+        if form in FILE_FORMS and any(r not in self.dump_t[form] for r in self.truth.culprits):
+            return False  # no dump of the culprit: NO_DUMP_WHY says why
+        if not all(self.ex.states[r].status == EXITED for r in self.truth.culprits):
+            return False
+        return all(e["retired"] for r, tv in self.dump_t[form].items()
+                   for e in dump(self.ex, r, tv, pickle=False, buffer=self.buffer)["entries"])
 
 
 def make_case(seed: int, fault: str | None = None) -> Case:

@@ -46,7 +46,8 @@ class Rdv:
     prev: Rdv | None = None
     after: list[Rdv] = field(default_factory=list)  # NCCL p2p: earlier ops on a member's stream to the peer
     done: float | None = None
-    outcome: str = ""  # ok | silent | hang_type | hang_size | abort
+    outcome: str = ""  # ok | silent | hang_type | hang_size | abort | dead
+    dead: frozenset[int] = frozenset()  # NCCL, outcome dead: the members whose process ended before it finished
 
     @property
     def group(self) -> int:
@@ -118,15 +119,20 @@ def _duration(rec: Rec | None, size: int) -> float:
 
 
 class Executor:
-    def __init__(self, program: Program, rng: random.Random) -> None:
+    def __init__(self, program: Program, rng: random.Random, deaths: dict[int, float] | None = None,
+                 jitter: dict[int, list[float]] | None = None) -> None:
         self.p = program
         self.rng = rng
+        # NCCL: when each rank's process ended (a second pass, once the first found it): an op can finish
+        # only while every member's process lives (its kernel needs every member's device and proxy).
+        self.deaths = deaths or {}
         self.states = {r: RankState(r) for r in program.ops}
         self.coll: dict[tuple[int, int], Rdv] = {}
         self.other: dict[tuple[object, ...], Rdv] = {}
         self.rdvs: list[Rdv] = []
         self.streams: dict[tuple[int, int, int], Rdv] = {}  # (rank, group, peer) -> its last p2p op there
-        self.jitter = {r: [rng.uniform(0.97, 1.03) for _ in range(program.steps + 2)] for r in program.ops}
+        self.jitter = jitter if jitter is not None else {
+            r: [rng.uniform(0.97, 1.03) for _ in range(program.steps + 2)] for r in program.ops}
 
     # -- rendezvous ---------------------------------------------------------------------------------------
 
@@ -199,6 +205,11 @@ class Executor:
                 rdv.done = last + _duration(recs[0], size)
             else:
                 rdv.done = last + _duration(None, size)
+            dead = frozenset(m for m in rdv.expected if self.deaths.get(m, rdv.done) < rdv.done)
+            if dead:  # a member's process ended before it finished: it never does (NCCL; gloo fails it)
+                rdv.done, rdv.outcome, rdv.dead = None, "dead", dead
+                changed = True
+                continue
             rdv.outcome = rdv.outcome or "ok"
             changed = True
         return changed
@@ -351,7 +362,7 @@ class Executor:
             self._step(st, ops[st.pc])
             moved = True
 
-    def execute(self) -> Execution:
+    def _loop(self) -> None:
         while True:
             moved = False
             for st in self.states.values():
@@ -359,6 +370,28 @@ class Executor:
             moved = self._try_complete() or moved
             if not moved:
                 break
+
+    def _outlived(self) -> dict[int, float]:
+        """NCCL: the ranks whose process ended (a crash) while an op they were in had not finished, with
+        when: the first pass let such ops finish with the members that were left."""
+        if self.p.backend != "nccl":
+            return {}
+        deaths = {r: st.t for r, st in self.states.items() if st.status == EXITED}
+        late = any(x.done is not None and any(deaths.get(m, x.done) < x.done for m in x.expected) for x in self.rdvs)
+        return deaths if late else {}
+
+    def execute(self) -> Execution:
+        self._loop()
+        deaths = self._outlived()
+        if deaths:
+            # Again with the deaths known (the same jitter, no draw): a rank's own way to its crash only
+            # waited on ops that finished before it, so it dies at the same moment.
+            again = Executor(self.p, self.rng, deaths, self.jitter)
+            again._loop()
+            return again._finish()
+        return self._finish()
+
+    def _finish(self) -> Execution:
         end = max([st.t for st in self.states.values()] + [r.done for r in self.rdvs if r.done is not None])
         return Execution(self.p, self.states, self.rdvs, end, 1_796_000_000_000_000_000
                          + self.rng.randrange(10**15))

@@ -14,6 +14,9 @@ FAULTS = ("healthy", "stuck", "skip", "extra", "reorder", "wrong_op", "wrong_siz
 WEIGHTS = (4, 3, 2, 1, 1, 2, 2, 2, 2, 2, 1, 2, 1, 1)
 
 
+SIGKILL_CODES = (-9, 137)  # as Popen and as a container runtime report a SIGKILL
+
+
 @dataclass(slots=True)
 class Fault:
     name: str
@@ -111,6 +114,8 @@ def apply_fault(rng: random.Random, prog: Program, name: str | None = None) -> F
                         or [len(ops)])
         code = rng.choice((1, 1, -9, 137, -6))
         dump = "periodic" if name == "stale" else rng.choice(("none", "at_exit"))
+        if dump == "at_exit" and code in SIGKILL_CODES:
+            dump = "none"  # nothing runs in a process SIGKILL ends: no handler writes a dump as it dies
         ops.insert(at, Op("crash", ops[min(at, len(ops) - 1)].step, code=code, dump=dump == "at_exit",
                           func="train_step", line=150))
         fault.dump, fault.exits_known = dump, rng.random() < 0.5

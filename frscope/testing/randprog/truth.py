@@ -113,13 +113,13 @@ def _shifted(ex: Execution, rdv: Rdv, culprits: set[int]) -> bool:
 
 
 def waits_on(rdv: Rdv) -> set[int]:
-    out: set[int] = set(rdv.missing)
+    out: set[int] = set(rdv.missing) | rdv.dead  # (NCCL: a member whose process ended in it)
     for dep in rdv.after:  # NCCL p2p held behind an earlier op on a member's stream
         if dep.done is None:
             out |= (dep.missing or set(dep.expected)) - set(rdv.missing)
     prev = rdv.prev
     while prev is not None and prev.done is None:
-        out |= prev.missing
+        out |= prev.missing | prev.dead
         prev = prev.prev
     return out
 

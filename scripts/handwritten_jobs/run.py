@@ -1,0 +1,168 @@
+"""Capture the hand-written jobs of job.py (tests/data/handwritten): each rank on gloo/loopback, its torch
+pickle, JSON dump and faulthandler stacks written when the controller sees every rank's progress stand
+still for 3 s (a hang) or every rank at its end (a run), the truth written beside them.
+Usage: python run.py [JOB...]   (OUT: where to write, default ./captures; torch venvs from
+scripts/torch-venv, the project's .venv for 2.13)"""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+OUT = Path(os.environ.get("OUT", "captures"))
+ROOT = HERE.parents[1]
+JOBS = {
+    # name: (scenario, ws, torch, category, culprits, mode, extra)
+    "pp_stage_hang-ws4": ("pp_stage_hang", 4, "2.14.1", "hung_in_python", [2], "hang", {}),
+    "grid_crash-ws8": ("grid_crash", 8, "2.14.1", "rank_crash", [5], "hang", {}),
+    "moe_a2a_hang-ws4": ("moe_a2a_hang", 4, "2.14.1", "hung_in_python", [3], "hang", {}),
+    "slow_node-ws8": ("slow_node", 8, "2.14.1", "straggler", [6, 7], "run", {"at": 25}),
+    "object_hang_rank0-ws4": ("object_hang_rank0", 4, "2.15.0", "hung_in_python", [0], "hang", {}),
+    "healthy_uneven-ws5": ("healthy_uneven", 5, "2.14.1", "healthy", [], "run", {"at": 12}),
+    "healthy_pipeline-ws4": ("healthy_pipeline", 4, "2.14.1", "healthy", [], "run", {"at": 12}),
+    "nested_hang-ws8": ("nested_hang", 8, "2.13", "hung_in_python", [4], "hang", {}),
+    "crash_with_dump-ws4": ("crash_with_dump", 4, "2.14.1", "rank_crash", [1], "hang", {}),
+    "ckpt_barrier_hang-ws6": ("ckpt_barrier_hang", 6, "2.14.1", "hung_in_python", [0], "hang", {}),
+    "rs_dtype-ws4": ("rs_dtype", 4, "2.14.1", "dtype_mismatch", [1], "hang", {}),
+    "two_hangs-ws8": ("two_hangs", 8, "2.14.1", "hung_in_python", [1, 6], "hang", {}),
+    "async_bucket_hang-ws4": ("async_bucket_hang", 4, "2.15.0", "hung_in_python", [2], "hang", {}),
+    "healthy_slow_steps-ws4": ("healthy_slow_steps", 4, "2.14.1", "healthy", [], "run", {}),
+    "ddp_forward_hang-ws4": ("ddp_forward_hang", 4, "2.15.0", "hung_in_python", [1], "hang", {}),
+    "ddp_crash-ws4": ("ddp_crash", 4, "2.14.1", "rank_crash", [2], "hang", {}),
+    "fsdp_hang-ws4": ("fsdp_hang", 4, "2.15.0", "hung_in_python", [3], "hang", {}),
+    "healthy_ddp-ws4": ("healthy_ddp", 4, "2.13", "healthy", [], "run", {}),
+    "uneven_data-ws4": ("uneven_data", 4, "2.14.1", "collective_type_mismatch", [2], "hang", {}),
+    "loader_hang-ws4": ("loader_hang", 4, "2.14.1", "hung_in_python", [0], "hang", {}),
+    "two_rank_straggler-ws2": ("two_rank_straggler", 2, "2.15.0", "straggler", [1], "run", {}),
+    "subgroup_size_mismatch-ws4": ("subgroup_size_mismatch", 4, "2.14.1", "size_mismatch", [3], "hang", {}),
+    "mesh3d_crash-ws8": ("mesh3d_crash", 8, "2.15.0", "rank_crash", [6], "hang", {}),
+    "hang_timeout_dumps-ws4": ("hang_timeout_dumps", 4, "2.14.1", "hung_in_python", [2], "hang", {}),
+    "object_bcast_hang-ws4": ("object_bcast_hang", 4, "2.13", "hung_in_python", [3], "hang", {}),
+    "hang-ws2": ("hang_ws2", 2, "2.14.1", "hung_in_python", [0], "hang", {}),
+    "order_inversion-ws4": (
+        "order_inversion",
+        4,
+        "2.14.1",
+        "healthy",
+        [],
+        "hang",
+        {},
+    ),  # no cycle on this layout: it runs to its end
+    "op_mismatch-ws4": ("op_mismatch", 4, "2.15.0", "collective_type_mismatch", [2], "hang", {}),
+    "dtype_mismatch-ws4": ("dtype_mismatch", 4, "2.14.1", "dtype_mismatch", [3], "hang", {}),
+    "tp_skip-ws8": ("tp_skip", 8, "2.14.1", "skipped_collective", [5], "hang", {}),
+    "rank0_exception-ws6": ("rank0_exception", 6, "2.15.0", "rank_crash", [0], "hang", {}),
+    "big_hang-ws16": ("big_hang", 16, "2.14.1", "hung_in_python", [13], "hang", {}),
+    "healthy_async-ws4": ("healthy_async", 4, "2.15.0", "healthy", [], "run", {}),
+    "straggler_jitter-ws4": ("straggler_jitter", 4, "2.13", "straggler", [2], "run", {}),
+}
+
+
+def _venv(version):
+    return subprocess.run(
+        [str(ROOT / "scripts" / "torch-venv"), version], check=True, capture_output=True, text=True
+    ).stdout.split()[-1]
+
+
+PY = {"2.13": str(ROOT / ".venv" / "bin" / "python")}
+
+
+def run(name, port):
+    scen, ws, tv, cat, culprits, mode, extra = JOBS[name]
+    out = OUT / name
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    log = open(out / "job.log", "w")
+    procs = []
+    for r in range(ws):
+        env = dict(
+            os.environ,
+            RANK=str(r),
+            WORLD_SIZE=str(ws),
+            LOCAL_RANK=str(r),
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            JOB_OUT=str(out),
+            TORCH_NCCL_TRACE_BUFFER_SIZE="2000",
+            TORCH_FR_BUFFER_SIZE="2000",
+            PYTHONUNBUFFERED="1",
+            OMP_NUM_THREADS="1",
+        )
+        env.pop("PYTHONPATH", None)
+        procs.append(
+            subprocess.Popen(
+                [PY.get(tv) or _venv(tv), str(HERE / "job.py"), scen],
+                env=env,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
+        )
+    t0 = time.time()
+    last = {}
+    still = time.time()
+    while True:
+        time.sleep(0.25)
+        prog = {}
+        for r in range(ws):
+            try:
+                prog[r] = (OUT / name / f"prog_{r}").read_text()
+            except OSError:
+                prog[r] = None
+        if mode == "run":
+            if all(v == "end" for v in prog.values()):
+                time.sleep(0.5)
+                break
+            if time.time() - t0 > 150:
+                print(name, "no end")
+                break
+            continue
+        if prog != last:
+            last, still = prog, time.time()
+        if prog and all(v is not None for v in prog.values()) and time.time() - still > 3:
+            break
+        if time.time() - t0 > 120:
+            print(name, "no stall")
+            break
+    trig = time.time_ns()
+    (out / "trigger").write_text("go")
+    alive = [r for r, p in enumerate(procs) if p.poll() is None]
+    dl = time.time() + 90
+    while time.time() < dl and not all((out / f"done_{r}").exists() for r in alive):
+        time.sleep(0.1)
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    for p in procs:
+        p.wait()
+    for f in list(out.glob("prog_*")) + list(out.glob("done_*")) + [out / "trigger"]:
+        f.unlink(missing_ok=True)
+    truth = {
+        "category": cat,
+        "culprit_ranks": culprits,
+        "world_size": ws,
+        "torch": tv,
+        "dumps": {str(r): {"capture_t_ns": trig} for r in range(ws)},
+        "alive_at_capture": alive,
+    }
+    (out / "truth.json").write_text(json.dumps(truth, indent=1))
+    print(
+        name,
+        "alive",
+        alive,
+        "files",
+        sorted(p.name for p in out.glob("rank_*.pkl")),
+        f"{time.time() - t0:.0f}s",
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    names = sys.argv[1:] or list(JOBS)
+    for i, n in enumerate(names):
+        run(n, 29700 + i)
