@@ -315,7 +315,13 @@ def _failed_without(ctx: Context, tracks: dict[int, Track], seq: int, joined: li
     return min(at[r] for r in not_joined) > max(at[r] for r in joined)
 
 
-def _held_at(tracks: dict[int, Track], completed_is_success: bool = False) -> int:
+def _in_python(ctx: Context, rank: int) -> bool:
+    """The rank's live stack (taken at the capture) is in no torch.distributed call."""
+    stack = ctx.live_stack(rank)
+    return bool(stack) and blocked_in(stack) is None
+
+
+def _held_at(tracks: dict[int, Track], idle: Callable[[int], bool], completed_is_success: bool = False) -> int:
     """The collective the group is held at: the lowest one a member has not finished, unless every member
     that has not finished it is behind members that all finished it and entered a later one. Evidence must
     agree: a collective every other member finished is not what holds the group (the lagging recorder
@@ -332,7 +338,13 @@ def _held_at(tracks: dict[int, Track], completed_is_success: bool = False) -> in
     if not ahead or any(t.last_seq > seq for t in behind):
         return seq
     later = min(t.next_seq for t in ahead)
-    if all(t.last_completed >= seq and t.last_seq >= later for t in ahead):
+    if all(t.last_seq >= later for t in ahead):
+        return later
+    # Members that went past `seq` to the same place, where their live stacks show them in no
+    # torch.distributed call, wait nowhere: `seq` is not what holds the group (where they finished all they
+    # enqueued, nothing does). Without such stacks a backend that retires a failed collective as finished
+    # (gloo) may show the same record after a timeout (async ops queued behind it fail too).
+    if all(t.next_seq == later and t.last_seq > seq and idle(t.rank) for t in ahead):
         return later
     return seq
 
@@ -350,7 +362,8 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     if not tracks:
         return None
     backends = {d.backend if (d := ctx.dumpset.dumps.get(r)) is not None else None for r in tracks}
-    seq = _held_at(tracks, completed_is_success=None not in backends and not backends & RETIRES_FAILED)
+    seq = _held_at(tracks, lambda rank: _in_python(ctx, rank),
+                   completed_is_success=None not in backends and not backends & RETIRES_FAILED)
     joined = sorted(r for r, t in tracks.items() if t.last_seq >= seq)
     if not joined:
         return None  # every rank is done with everything it enqueued: idle, not stuck
@@ -482,8 +495,11 @@ def _called_more(ctx: Context, group: GroupInfo, point: StuckPoint) -> bool:
                 continue  # blocked elsewhere on the ranks in this collective: no evidence either way
             return False
         idle.append(rank)
-        if blocked_in(ctx.live_stack(rank)) is not None:
-            return False  # waiting in an op the recorder does not keep (gloo's send/recv): not idle
+        inside = blocked_in(ctx.live_stack(rank))
+        if inside is not None and inside != "monitored_barrier":
+            return False  # waiting in an op the recorder does not keep (gloo's send/recv) for a peer: not idle
+        # (in monitored_barrier it went on to the barrier, which waits for every member not in it: the ranks
+        # blocked here)
     return len(point.joined) < len(idle)
 
 
@@ -509,6 +525,46 @@ def _extra_call_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: d
         finding.evidence.append(f"{plural(waiting)} never called it either, blocked in another group's collective "
                                 f"that {plural(culprits)} never entered: they wait on {plural(culprits)}")
     _add_views(ctx, finding, group.name, buckets, culprits, idle)
+    return finding
+
+
+def _odd_exchange(buckets: dict[int, Bucket]) -> tuple[list[int], list[int]] | None:
+    """An all_to_all that stands still on every rank, where a clear majority of ranks (two or more) passed
+    the same sizes and the rest others: (the odd ranks, the majority). Its sizes may differ by design
+    (uneven splits), so they alone decide nothing; that the exchange never finished anywhere, with one
+    side odd, points at that side's counts."""
+    ops = {e.op for b in buckets.values() for e in b}
+    if not ops or not ops <= VARIABLE_SIZE_OPS or ops & ROOTED_OPS:
+        return None
+    classes: dict[object, list[int]] = {}
+    for rank, bucket in buckets.items():
+        key = tuple((tuple(map(tuple, e.input_sizes)), tuple(map(tuple, e.output_sizes))) for e in bucket)
+        classes.setdefault(key, []).append(rank)
+    if len(classes) < 2:
+        return None
+    ranked = sorted(classes.values(), key=len, reverse=True)
+    common = ranked[0]
+    if len(common) < 2 or len(common) == len(ranked[1]) or 2 * len(common) <= len(buckets):
+        return None
+    return sorted(r for rs in ranked[1:] for r in rs), sorted(common)
+
+
+def _odd_exchange_finding(ctx: Context, group: str, ref: GroupRef, buckets: dict[int, Bucket],
+                          odd: tuple[list[int], list[int]], seq: int, op: str, since: str,
+                          point: StuckPoint) -> Finding:
+    culprits, common = odd
+    bad, good = buckets[culprits[0]][0], buckets[common[0]][0]
+    summary = (
+        f"{plural(culprits).capitalize()} passed sizes input {bad.input_sizes} output {bad.output_sizes} to {op} "
+        f"#{seq} of {ref.label()} where {plural(common)} passed input {good.input_sizes} output "
+        f"{good.output_sizes}, and it never completed on any rank{since}."
+    )
+    finding = _stuck_finding(Category.SIZE_MISMATCH, culprits, ref, summary, seq, op, good, point)
+    finding.evidence.append(
+        f"{op}'s sizes may differ between ranks by design (uneven splits), so they alone decide nothing; here "
+        f"every rank entered it and none finished it, and {plural(culprits)} alone "
+        f"{'differs' if len(culprits) == 1 else 'differ'} from the {len(common)} others")
+    _add_views(ctx, finding, group, buckets, culprits, common)
     return finding
 
 
@@ -566,6 +622,9 @@ def hang_finding(
     not_done = sorted(r for r, b in buckets.items() if not all(e.completed for e in b))
     if not not_done:
         return None
+    odd = _odd_exchange(buckets) if len(not_done) == len(buckets) else None
+    if odd is not None:
+        return _odd_exchange_finding(ctx, group.name, ref, buckets, odd, seq, op, since, point)
     states = {r: buckets[r][0].state for r in not_done}
     started = [r for r, s in states.items() if s == STARTED]
     scheduled = [r for r, s in states.items() if s not in (STARTED, COMPLETED)]

@@ -17,6 +17,7 @@ from __future__ import annotations
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in, user_frame
+from frscope.analysis.tracks import blocked_entry
 from frscope.analysis.wording import plural
 
 RECEIVES = frozenset({"recv", "irecv", "recv_object_list"})
@@ -38,7 +39,9 @@ def _sink_in_python(ctx: Context, ref: GroupRef, blocked: dict[int, str], exclud
     torch.distributed call. Whoever each blocked rank waits for, the waits can only end at those: they
     never joined the exchange (a stage stuck before its recv, a rank stuck before the barrier)."""
     free = [r for r in sorted(ctx.dumpset.dumps) if r not in blocked and r not in exclude and _in_python(ctx, r)]
-    if not free or len(free) >= len(blocked):
+    # Several ranks in Python, as many as wait: which of them the waits end at is not said (one may be done).
+    # A single one is the only place they can end.
+    if not free or (len(free) >= len(blocked) and len(free) > 1):
         return None
     ops = sorted(set(blocked.values()))
     first = free[0]
@@ -136,6 +139,17 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     sink = _sink_in_python(ctx, ref, blocked, exclude)
     if sink is not None:
         return sink
+    # A monitored_barrier waits for every member of its group that is not in it, not for one partner: where
+    # other ranks are blocked (in send/recv, or in a recorded collective), the ranks in the barrier wait for
+    # them, not on each other (where they wait for the barrier's ranks in turn, that is a cycle the stuck
+    # point decides).
+    barrier = {r for r, op in blocked.items() if op == "monitored_barrier"}
+    if barrier and (len(barrier) < len(blocked) or any(
+            r not in blocked and (d := ctx.dumpset.dumps.get(r)) is not None and blocked_entry(d.entries) is not None
+            for r in ctx.dumpset.dumps)):
+        blocked = {r: op for r, op in blocked.items() if r not in barrier}
+        if not blocked:
+            return None
     culprits: list[int] = []
     pairings: list[str] = []
     closed: list[int] = []

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from frscope.analysis.context import Context
 from frscope.analysis.crossgroup import breach_of, describe
 from frscope.analysis.findings import Category, Finding
-from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in
+from frscope.analysis.p2p_stacks import UNRECORDED_OPS
+from frscope.analysis.stacks import blocked_in
 from frscope.analysis.tracks import oldest_open
 from frscope.records import Entry
 
@@ -46,10 +47,13 @@ def cause_of_rank(ctx: Context, causes: Causes, rank: int, before_record: int | 
         entry = oldest_open(dump.entries, before_record)
         before_record = None
         if entry is None:
-            if causes.unrecorded_p2p is not None and (
-                rank in causes.unrecorded_p2p.culprit_ranks or blocked_in(ctx.live_stack(rank)) in P2P_FUNCTIONS
+            # (the ranks it names are where such waits end when it names ranks in Python: not waiting there)
+            unrecorded = causes.unrecorded_p2p
+            if unrecorded is not None and (
+                (rank in unrecorded.culprit_ranks and unrecorded.category is not Category.RANK_NOT_JOINED)
+                or blocked_in(ctx.live_stack(rank)) in UNRECORDED_OPS
             ):
-                return causes.unrecorded_p2p
+                return unrecorded
             if causes.missing is not None and last_group_may_lack_a_member(ctx, dump.entries):
                 return causes.missing
             failed = failed_wait(ctx, rank)

@@ -133,9 +133,18 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         # than theirs. Where when each was read is lost (copies), nothing says the reads were close.
         if settled and not certain:
             continue  # nobody waits: an old read of a rank the others went on with, not a rank that stopped
+        if ctx.live_stack(rank) and not certain:
+            # Its worker server answered for its stack at the capture: the process is there, and its
+            # recorder is only an older read. Where the others wait for it, the stuck point names it.
+            continue
         own = tracks[rank]
         pending_behind = ctx.clock.lost(rank) and own.next_seq <= min(own.last_seq, s.done_seq)
-        if not certain and not pending_behind and newest and others_newest:
+        # Nobody waits on a backend that retires a failed collective as finished, when the dumps were taken
+        # is lost, and the others went past the collective after its end (one that failed, on a timeout or a
+        # lost peer, is the last they record): it took part there, and their last ones may have failed for
+        # want of it as well as finished. Both readings are said (`stopped_finding`).
+        ended = ctx.clock.lost(rank) and s.done_seq > s.last_seq + 1 and ended_quiet(ctx)
+        if not certain and not pending_behind and not ended and newest and others_newest:
             stale = replace(s, newest_ns=newest, others_newest_ns=others_newest)
             if ((others_newest - newest) / 1e9 < ctx.options.stall_after_s and not read_before(ctx, stale, tracks)
                     and not _failed_after_missing(ctx, rank, s.last_seq + 1, tracks)):
@@ -191,6 +200,14 @@ def _settled(ctx: Context) -> bool:
     return all(oldest_open(d.entries, None) is None for d in ctx.dumpset.dumps.values())
 
 
+def ended_quiet(ctx: Context) -> bool:
+    """Every rank's recorder shows all it enqueued finished, on a backend that retires a collective that
+    failed (a peer gone) as if it had finished: the job ended, cleanly or by a failure, nothing says which."""
+    backends = {d.backend for d in ctx.dumpset.dumps.values()}
+    return (bool(backends) and None not in backends and backends <= RETIRES_FAILED
+            and all(oldest_open(d.entries, None) is None for d in ctx.dumpset.dumps.values()))
+
+
 def _failed_after_missing(ctx: Context, rank: int, seq: int, tracks: dict[int, Track]) -> bool:
     """On a backend that retires a failed collective as finished (gloo): the others began `seq` before the
     rank's own read, the rank had not entered it by then, and they recorded it finished without it. It
@@ -213,11 +230,17 @@ def _failed_after_missing(ctx: Context, rank: int, seq: int, tracks: dict[int, T
 
 def _ended_early(ctx: Context, rank: int, seq: int, tracks: dict[int, Track]) -> bool:
     """Another member recorded `seq` done (gloo: retired) in a read taken well before its timeout could
-    have ended it: it finished, or failed because a member went away, not because one hung."""
+    have ended it: it finished, or failed because a member went away, not because one hung. Sequence
+    numbers used up without an entry (gloo's monitored_barrier takes two) are no collective to judge by:
+    the first one after `seq` that the member recorded stands for them."""
     for other, track in tracks.items():
-        bucket = track.by_seq.get(seq)
         dump = ctx.dumpset.dumps.get(other)
-        if other == rank or not bucket or dump is None or dump.captured_at_ns is None:
+        if other == rank or dump is None or dump.captured_at_ns is None:
+            continue
+        bucket = track.by_seq.get(seq)
+        if bucket is None and seq <= track.last_seq:
+            bucket = track.by_seq.get(min(s for s in track.by_seq if s >= seq))
+        if not bucket:
             continue
         first = bucket[0]
         if all(e.completed for e in bucket) and first.timeout_ms and first.time_created_ns \
@@ -291,11 +314,24 @@ def stopped_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], stale
     ends = f"ends at #{first.last_seq} of {ref.label()}" if first.last_seq else f"holds nothing of {ref.label()}"
     if first.pending:
         ends = f"still shows #{seq} of {ref.label()} pending"
+    # Say what is unknown: nobody waits, a failed collective looks finished, and when each dump was taken is lost.
+    unsure = all(ctx.clock.lost(r) for r in ranks) and not any(r in exits for r in ranks) and ended_quiet(ctx)
     if first.pending and first.done_seq < seq:
         summary = (
             f"{plural(ranks).capitalize()} stopped{exit_text}: {'its' if len(ranks) == 1 else 'their'} recorder "
             f"shows {op} #{seq} of {ref.label()} pending, which every member entered and none finished: the "
             f"others wait for a rank that is gone, not for the device or the network.{older}{where}"
+        )
+    elif first.done_seq >= seq and unsure:
+        summary = (
+            f"{plural(ranks).capitalize()} stopped early, or the job ended and "
+            f"{'its dump is' if len(ranks) == 1 else 'their dumps are'} only older: "
+            f"{'its' if len(ranks) == 1 else 'their'} recorder {ends}, yet {plural(others)} finished {op} #{seq}"
+            f"{f'-#{first.done_seq}' if first.done_seq > seq else ''}, which needs every member, and every recorder "
+            "shows all it enqueued finished. This backend retires a collective that failed (a peer gone) as if it "
+            "had finished and when each dump was taken is lost: either the rank stopped after its dump and the "
+            "others' last collectives failed for want of it, or nothing hung; the exit codes decide."
+            f"{older}"
         )
     elif first.done_seq >= seq:
         summary = (

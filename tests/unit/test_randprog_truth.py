@@ -266,3 +266,40 @@ def test_nccl_peers_never_finish_an_op_a_rank_died_in() -> None:
     assert entry["state"] == "started" and not entry["retired"]
     truth = truth_of(ex)
     assert (truth.category, truth.culprits) == ("RankStopped", (1,))
+
+def test_a_size_mismatch_whose_odd_rank_passed_another_dtype_too_accepts_either_finding() -> None:
+    # A skipped all_to_all_single: rank 2's next one (another shape and dtype, the same bytes) meets the
+    # others' first. The recorder cannot judge all_to_all sizes (they may differ by design), but the dtypes
+    # name the same odd rank: a dtype finding is as right as a size one.
+    calls = [Call("all_to_all_single", 0, (8,), "BFloat16"), Call("all_to_all_single", 0, (4,), "Float")]
+    prog = _program(_layout(3), calls)
+    del prog.ops[2][_first(prog.ops[2], 0, 2)]
+    truth = truth_of(execute(prog, random.Random(0)))
+    assert (truth.category, truth.culprits, truth.undecidable) == ("SizeMismatch", (2,), {})
+    assert set(truth.accepted) == {"SizeMismatch", "DtypeMismatch"}
+
+
+def test_an_extra_call_meeting_the_others_next_one_in_a_cycle_accepts_a_type_mismatch() -> None:
+    # Rank 0 calls the default group's reduce once more: it meets ranks 3-5's all_gather there (they have no
+    # subgroup call with rank 0 to wait in), while ranks 1-2 wait for rank 0 in their subgroup. The cycle's
+    # odd rank is 0, and the recorders show its reduce against the others' all_gather: either finding is right.
+    calls = [Call("reduce", 0, (8,), "Float"), Call("gather", 1, (8,), "Float"), Call("gather", 2, (8,), "Float"),
+             Call("all_gather", 0, (8,), "Float")]
+    prog = _program(_layout(6, (0, 1, 2), (3, 4, 5)), calls)
+    at = _first(prog.ops[0], 0, 2)
+    prog.ops[0].insert(at, prog.ops[0][at])
+    truth = truth_of(execute(prog, random.Random(0)))
+    assert (truth.category, truth.culprits, truth.undecidable) == ("RankNotJoined", (0,), {})
+    assert set(truth.accepted) == {"RankNotJoined", "CollectiveTypeMismatch"}
+
+
+
+def test_a_coalesced_call_meeting_a_single_tensor_all_reduce_does_not_complete() -> None:
+    # gloo flattens a coalesced all_reduce's tensors into one buffer: [3, 128] + [192] is 576 elements, which a
+    # peer's plain all_reduce of [3, 128] (384) cannot match. Rank 2 skipped the coalesced call of the last step.
+    calls = [Call("coalesced", 0, (3, 128), "Float"), Call("all_reduce", 0, (3, 128), "Float")]
+    prog = _program(_layout(3), calls)
+    del prog.ops[2][_first(prog.ops[2], 0, 3)]
+    ex = execute(prog, random.Random(0))
+    assert any(r.outcome == "abort" for r in ex.rdvs)
+    assert truth_of(ex).category == "SizeMismatch"

@@ -13,6 +13,7 @@ from frscope.analysis.p2p import recorded_p2p
 from frscope.analysis.rootcause import failed_wait
 from frscope.analysis.rules.facts import Facts, unresponsive_note
 from frscope.analysis.rules.proposal import Proposal
+from frscope.analysis.stacks import blocked_in
 from frscope.analysis.stale import stopped_finding
 from frscope.analysis.tracks import blocked_entry
 from frscope.analysis.wording import plural
@@ -108,11 +109,12 @@ def _pipeline_candidates(facts: Facts, members: tuple[int, ...], hang: Finding) 
 
 
 def _free(facts: Facts, rank: int) -> bool:
-    """The rank has a recorder with no collective open, and its last one did not fail waiting for a
-    member that never entered it: it is busy outside torch.distributed."""
+    """The rank has a recorder with no collective open, its last one did not fail waiting for a member
+    that never entered it, and no live stack shows it waiting in an op the recorder does not keep (gloo's
+    send/recv, monitored_barrier): it is busy outside torch.distributed."""
     dump = facts.ctx.dumpset.dumps.get(rank)
     return (dump is not None and bool(dump.entries) and blocked_entry(dump.entries) is None
-            and failed_wait(facts.ctx, rank) is None)
+            and failed_wait(facts.ctx, rank) is None and blocked_in(facts.ctx.live_stack(rank)) is None)
 
 
 def mismatches(facts: Facts) -> list[Proposal]:

@@ -194,8 +194,8 @@ class Executor:
                     rdv.outcome = "hang_type"
                     changed = True
                     continue
-                if len({(r.shape, r.dtype) for r in recs}) > 1:
-                    if len({r.nbytes for r in recs}) > 1:
+                if len({(r.payload, r.dtype) for r in recs}) > 1:
+                    if len({r.payload_bytes for r in recs}) > 1:
                         rdv.outcome = "abort" if self.p.backend == "gloo" else "hang_size"
                         if rdv.outcome == "abort":
                             self._abort(rdv, last)
@@ -219,13 +219,13 @@ class Executor:
         dump); the odd ones fail on the reset connection (exit 1, their exception handler dumps)."""
         counts: dict[tuple[object, ...], int] = {}
         for rec in rdv.recs.values():
-            counts[(rec.shape, rec.dtype)] = counts.get((rec.shape, rec.dtype), 0) + 1
+            counts[(rec.payload, rec.dtype)] = counts.get((rec.payload, rec.dtype), 0) + 1
         common = max(counts.items(), key=lambda kv: kv[1])[0]
         for rank, rec in rdv.recs.items():
             st = self.states[rank]
             st.status, st.blocked = EXITED, []
             st.t = when + 0.002
-            if (rec.shape, rec.dtype) == common:
+            if (rec.payload, rec.dtype) == common:
                 st.code, st.dump_at_exit = -6, False
             else:
                 st.code, st.dump_at_exit = 1, True

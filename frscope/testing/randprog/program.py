@@ -34,11 +34,31 @@ class Rec:
     api: str  # the torch.distributed function on the stack (all_reduce, all_gather_object, ...)
 
     @property
+    def payload(self) -> tuple[int, ...]:
+        """What the peers' calls must match: the shape, or for a coalesced call (one entry of several
+        tensors) the one flat buffer the backend makes of them (gloo's allreduce_coalesced flattens)."""
+        if self.api != "_coalescing_manager":
+            return self.shape
+        total = sum(_numel(s) for s in self.in_sizes)
+        return (total,)
+
+    @property
+    def payload_bytes(self) -> int:
+        return _numel(self.payload) * ITEMSIZE.get(self.dtype, 4)
+
+    @property
     def nbytes(self) -> int:
         n = 1
         for d in self.shape:
             n *= d
         return n * ITEMSIZE.get(self.dtype, 4)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 @dataclass(slots=True)

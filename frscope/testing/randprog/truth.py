@@ -74,13 +74,17 @@ def _mismatch(ex: Execution) -> Truth | None:
         if decided and _shifted(ex, rdv, culprits):
             accepted.append(NOT_JOINED)  # a skipped or extra call: its next call meets the others' previous one
     else:
-        shapes = {rec.shape for rec in recs.values()}
+        shapes = {rec.payload for rec in recs.values()}
         category = SIZE if len(shapes) > 1 else DTYPE
         sides = {}
         for rank, rec in recs.items():
-            sides.setdefault(rec.shape if category == SIZE else rec.dtype, set()).add(rank)
+            sides.setdefault(rec.payload if category == SIZE else rec.dtype, set()).add(rank)
         culprits, decided = _minority(sides)
         accepted = [category]
+        if category == SIZE and _minority(_sides(recs, "dtype")) == (culprits, True):
+            # the same ranks passed other dtypes too: a dtype finding names the same odd side (and it is what
+            # the recorder shows where the op's sizes may differ by design: all_to_all)
+            accepted.append(DTYPE)
     g = ex.program.layout.groups[rdv.group]
     why = (f"{rdv.outcome} at group {g.name} position {rdv.key[2] + 1}: "
            + ", ".join(f"{sorted(s)}={k}" for k, s in sides.items()))
@@ -97,6 +101,13 @@ def _mismatch(ex: Execution) -> Truth | None:
         truth.undecidable = {f: "gloo aborted every member at once; the common side left no dump" for f in
                              ("snapshot", *FILE_FORMS)}
     return truth
+
+
+def _sides(recs: Mapping[int, Any], attr: str) -> dict[object, set[int]]:
+    sides: dict[object, set[int]] = {}
+    for rank, rec in recs.items():
+        sides.setdefault(getattr(rec, attr), set()).add(rank)
+    return sides
 
 
 def _shifted(ex: Execution, rdv: Rdv, culprits: set[int]) -> bool:
@@ -227,11 +238,26 @@ def _wait_for(ex: Execution) -> Truth | None:
     groups = sorted({x.group for r in cyc for x in blocked[r].blocked})
     if not found:
         found, decided = set(cyc), False
-    truth = Truth(NOT_JOINED, tuple(sorted(found)), (NOT_JOINED,), f"cycle over groups {groups} among {cyc}",
+    odd_op = (TYPE,) if decided and _odd_op_where_waiting(blocked, found) else ()
+    truth = Truth(NOT_JOINED, tuple(sorted(found)), (NOT_JOINED, *odd_op), f"cycle over groups {groups} among {cyc}",
                   via_unrecorded=not any(_recorded(x, backend) for r in cyc for x in blocked[r].blocked))
     if not decided:
         truth.undecidable = {f: "the cycle's two orders have as many ranks each" for f in ("snapshot", *FILE_FORMS)}
     return truth
+
+
+def _odd_op_where_waiting(blocked: Mapping[int, Any], culprits: set[int]) -> bool:
+    """The culprits wait in a collective whose arrived ranks called different ops, the culprits alone the
+    odd ones there (an extra or skipped call meets the others' next one): the recorders show a type mismatch
+    among the ranks that joined it, which names the same ranks."""
+    for rank in culprits:
+        for rdv in blocked[rank].blocked:
+            if rdv.key[0] != "c" or len({rec.op for rec in rdv.recs.values()}) < 2:
+                continue
+            odd, decided = _minority(_sides(rdv.recs, "op"))
+            if decided and rank in odd and odd <= culprits:
+                return True
+    return False
 
 
 def _matchable(ex: Execution, rank: int, rdv: Rdv) -> bool:
