@@ -103,16 +103,17 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
     ranks = arrived.ranks
     hi = min(tracks[r].last_completed for r in ranks)
     # Per collective (C-level over the ranks): who came last, the latest arrival (a tie: the higher rank).
-    # On NCCL a rank late at a step's start enqueues the step's collectives late one after another, while
-    # the others had enqueued them all before it reached the first: that one wait, carried, is counted once
-    # (as in `stragglers_steps`), so `samples` counts the collectives that are waits of their own.
-    nccl = any(d.backend and d.backend != "gloo" for d in ctx.dumpset.dumps.values())
+    # A rank late at a step's start enqueues the step's non-blocking collectives (all of NCCL's, gloo's
+    # async ones) late one after another, while the others had enqueued them before it reached the first:
+    # that one wait, carried, is counted once (as in `stragglers_steps`), so `samples` counts the
+    # collectives that are waits of their own. (Where a collective blocks, the others cannot reach the
+    # next one before the late rank reached it: each such row counts.)
     last_count = dict.fromkeys(ranks, 0)
     previous: tuple[int, int] | None = None  # the last rank of the row before, and its arrival there
     samples = 0
     for times in arrived.rows:
         at = len(times) - 1 - times[::-1].index(max(times))
-        if nccl and previous is not None and previous[0] == at and max(times[:at] + times[at + 1:]) < previous[1]:
+        if previous is not None and previous[0] == at and max(times[:at] + times[at + 1:]) < previous[1]:
             continue
         previous = (at, times[at])
         last_count[ranks[at]] += 1
