@@ -33,16 +33,6 @@ MAX_SET = 8  # ranks late together: at most one host's ranks (8 GPUs a node)
 FEW_SAMPLES = 5  # a steady lateness counts from this many collectives (one per step: five steps)
 
 
-def last_counts(tracks: dict[int, Track]) -> tuple[dict[int, int], int]:
-    """How often each rank arrived last at the group's sampled collectives, and how many were sampled."""
-    arrived = arrivals(tracks)
-    ranks = arrived.ranks
-    counts = dict.fromkeys(ranks, 0)
-    for times in arrived.rows:
-        counts[ranks[len(times) - 1 - times[::-1].index(max(times))]] += 1
-    return counts, len(arrived)
-
-
 def _steady_offset(ctx: Context, rank: int, lateness: list[float], late_ms: float) -> bool:
     """Few ranks (two: each is last by a coin toss) can never be beyond chance by count alone over a few
     steps; a lateness of about one length (interquartile range within STEADY_SPREAD of the median), well
@@ -102,7 +92,10 @@ def late_together(arrived: Arrivals, worst: int) -> tuple[tuple[int, ...], int, 
     return (worst,), 0, []
 
 
-def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
+def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
+                   handoffs: Handoffs | None = None) -> Finding | None:
+    """A rank (or one host's ranks) late at most collectives of the group. `handoffs`: one per analysis
+    (it keeps what it read of every group), else one of its own."""
     arrived = arrivals(tracks)
     samples = len(arrived)
     if samples < MIN_SAMPLES:
@@ -110,17 +103,36 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
     ranks = arrived.ranks
     hi = min(tracks[r].last_completed for r in ranks)
     # Per collective (C-level over the ranks): who came last, the latest arrival (a tie: the higher rank).
+    # A rank late at a step's start enqueues the step's non-blocking collectives (all of NCCL's, gloo's
+    # async ones) late one after another, while the others had enqueued them before it reached the first:
+    # that one wait, carried, is counted once (as in `stragglers_steps`), so `samples` counts the
+    # collectives that are waits of their own. (Where a collective blocks, the others cannot reach the
+    # next one before the late rank reached it: each such row counts.)
     last_count = dict.fromkeys(ranks, 0)
+    previous: tuple[int, int] | None = None  # the last rank of the row before, and its arrival there
+    samples = 0
     for times in arrived.rows:
-        last_count[ranks[len(times) - 1 - times[::-1].index(max(times))]] += 1
+        at = len(times) - 1 - times[::-1].index(max(times))
+        if previous is not None and previous[0] == at and max(times[:at] + times[at + 1:]) < previous[1]:
+            continue
+        previous = (at, times[at])
+        last_count[ranks[at]] += 1
+        samples += 1
     # The worst rank arrived last most often (then: latest by median); below LAST_SHARE nobody
     # qualifies, so only the ranks with the top count need their lateness.
     top = max(last_count.values())
     if top / samples < LAST_SHARE:
         # No rank is last alone that often; a few ranks may be, together (a slow node whose ranks take
         # turns at being the very last).
-        late_set = _late_set(ctx, arrived)
-        return _set_finding(ctx, ref, tracks, arrived, *late_set) if late_set is not None else None
+        found = _late_set(ctx, arrived)
+        if found is None:
+            return None
+        # the set's ranks whose lateness another rank passed on (principle 1) are no part of it
+        late_set, count, late_ms, late_at = found
+        rest = [r for r in ranks if r not in late_set]
+        own = tuple(r for r in late_set
+                    if not _passed_on(handoffs or Handoffs(ctx), r, ref.name, late_at, late_ms / 2, rest))
+        return _set_finding(ctx, ref, tracks, arrived, own, count, late_ms) if len(own) > 1 else None
     # The middle arrival of two ranks is the later one: with two, lateness is measured from the other.
     mids = middles(arrived, upper_middle if len(ranks) > 2 else min)
     lateness = {r: lateness_ms(arrived, r, mids) for r in ranks if last_count[r] == top}
@@ -134,9 +146,9 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
     chance = binomial_tail(last_count[worst], samples, 1 / len(ranks)) * len(ranks)
     if chance >= ALPHA and not (chance < ALPHA_STEADY and _steady_offset(ctx, worst, lateness[worst], late_ms)):
         return None
-    # Its lateness passed on from a rank it waited for in its collective before (principle 1): that rank
-    # is the straggler, found where the wait began.
-    handoffs = Handoffs(ctx)
+    # Its lateness passed on from a rank that released it late (principle 1, `waited`): that rank is the
+    # straggler, found where the wait began.
+    handoffs = handoffs or Handoffs(ctx)
     last_at = [seq for seq, times in zip(arrived.seqs, arrived.rows, strict=True)
                if ranks[len(times) - 1 - times[::-1].index(max(times))] == worst]
     if _passed_on(handoffs, worst, ref.name, last_at, late_ms / 2, [r for r in ranks if r != worst]):
@@ -165,14 +177,15 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
         evidence.insert(1, f"{plural([r for r in node if r != worst])} arrived with it, after every other rank, at "
                            f"{together} of the {samples} collectives: one host's ranks late together (a slow node)")
     names = plural(list(node))
+    together_words = " together (one host's ranks: a slow node)" if len(node) > 1 else ""
     finding = Finding(
         category=Category.STRAGGLER,
         culprit_ranks=node,
         process_group=ref,
         summary=(
             f"{names.capitalize()} {'reaches' if len(node) == 1 else 'reach'} the collectives of {ref.label()} late"
-            f"{' together (one host' + chr(39) + 's ranks: a slow node)' if len(node) > 1 else ''}: by {late_ms:.0f} "
-            f"ms (median) at {last_count[worst]} of {samples} collectives; every other rank waits for "
+            f"{together_words}: by {late_ms:.0f} ms (median) at {last_count[worst]} of {samples} collectives; every "
+            "other rank waits for "
             f"{'it' if len(node) == 1 else 'them'}."
         ),
         late_by_ms=late_ms,
@@ -191,25 +204,28 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Fin
     return finding
 
 
-def _late_set(ctx: Context, arrived: Arrivals) -> tuple[tuple[int, ...], int, float] | None:
+def _late_set(ctx: Context, arrived: Arrivals) -> tuple[tuple[int, ...], int, float, list[int]] | None:
     """Ranks late together: at each collective the late set is the ranks after the widest gap among the
     latest arrivals (at most `MAX_SET`, at most half the group); a set of two or more that is the late set
     at `LAST_SHARE` of the collectives, apart from the rest by more than the clock skew, beyond chance
     (1 in C(n, k) per collective for k ranks), is one cause: a slow node delays all of its ranks at once,
-    and then each is last only about 1/k of the time, so no single rank is. (set, count, median ms late)."""
+    and then each is last only about 1/k of the time, so no single rank is. (set, count, median ms late, the
+    collectives where it was late)."""
     ranks = arrived.ranks
     most = min(MAX_SET, len(ranks) // 2)
     if most < 2:
         return None
     skew_ns = ctx.options.clock_skew_ms * 1e6
     counts: dict[tuple[int, ...], int] = {}
-    for times in arrived.rows:
+    where: dict[tuple[int, ...], list[int]] = {}
+    for seq, times in zip(arrived.seqs, arrived.rows, strict=True):
         top = nlargest(most + 1, zip(times, ranks, strict=True))
         gaps = [top[i][0] - top[i + 1][0] for i in range(len(top) - 1)]
         widest = max(range(len(gaps)), key=lambda i: (gaps[i], -i))
         if widest >= 1 and gaps[widest] > skew_ns:
             late = tuple(sorted(r for _, r in top[: widest + 1]))
             counts[late] = counts.get(late, 0) + 1
+            where.setdefault(late, []).append(seq)
     if not counts:
         return None
     late_set = max(counts, key=lambda s: (counts[s], -len(s)))
@@ -221,7 +237,7 @@ def _late_set(ctx: Context, arrived: Arrivals) -> tuple[tuple[int, ...], int, fl
         return None
     mids = middles(arrived, upper_middle)
     late_ms = median(min(row) for row in zip(*(lateness_ms(arrived, r, mids) for r in late_set), strict=True))
-    return late_set, count, late_ms
+    return late_set, count, late_ms, where[late_set]
 
 
 def _set_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arrived: Arrivals, late_set: tuple[int, ...],

@@ -62,7 +62,8 @@ def binomial_tail(k: int, m: int, p: float) -> float:
     return sum(comb(m, i) * p**i * (1 - p) ** (m - i) for i in range(k, m + 1))
 
 
-def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
+def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
+                        handoffs: Handoffs | None = None) -> Finding | None:
     """A rank (or one host's ranks) late at step boundaries: waits of at least `MIN_WAIT_MS`, or in a job
     of short steps, waits of at least `FLOOR_WAIT_MS` that add up to a large share (`REL_WAIT`) of the time
     the group's collectives span (20 ms lost in every 50 ms step is the job running at 70% of its speed)."""
@@ -70,14 +71,15 @@ def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track]) -
     if len(arrived) < MIN_EVENTS:
         return None
     skew = ctx.options.clock_skew_ms
-    found = _step_straggler(ctx, ref, tracks, arrived, max(MIN_WAIT_MS, skew), relative=False)
+    handoffs = handoffs or Handoffs(ctx)
+    found = _step_straggler(ctx, ref, tracks, arrived, max(MIN_WAIT_MS, skew), False, handoffs)
     if found is None and skew < MIN_WAIT_MS:
-        found = _step_straggler(ctx, ref, tracks, arrived, max(FLOOR_WAIT_MS, skew), relative=True)
+        found = _step_straggler(ctx, ref, tracks, arrived, max(FLOOR_WAIT_MS, skew), True, handoffs)
     return found
 
 
 def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arrived: Arrivals, threshold: float,
-                    relative: bool) -> Finding | None:
+                    relative: bool, handoffs: Handoffs) -> Finding | None:
     ranks = arrived.ranks
     # A wait event needs the last arrival >= threshold after the next-latest, offsets removed. Each rank's
     # offset is a median of (arrival - row median), so within the widest row spread S of either side;
@@ -113,7 +115,6 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
     # step's sync point): a new wait (gloo's collectives block: each late row there is a wait of its own).
     one_wait_per_run = any(d.backend and d.backend != "gloo" for d in ctx.dumpset.dumps.values())
     previous: tuple[tuple[int, ...], float] | None = None  # the last late set counted, its earliest arrival
-    handoffs = Handoffs(ctx)
     for seq, mid_ms, late in zip(arrived.seqs, mids, zip(*shifted, strict=True), strict=True):
         order = sorted(zip(late, ranks, strict=True), reverse=True)  # latest first; a tie: the higher rank
         gaps = [order[i][0] - order[i + 1][0] for i in range(min(most, len(order) - 1))]

@@ -22,6 +22,7 @@ from __future__ import annotations
 from statistics import median
 from typing import NamedTuple
 
+from frscope.analysis.arrivals import Arrivals, arrivals
 from frscope.analysis.context import Context
 from frscope.records.columns import EntryTable
 
@@ -38,12 +39,29 @@ class _Op(NamedTuple):
     peer: int | None  # a p2p op's group-local peer
 
 
+class _Row:
+    """One collective's arrivals by rank (ns), read in place from the window's row."""
+
+    __slots__ = ("row", "where")
+
+    def __init__(self, where: dict[int, int], row: tuple[int, ...]) -> None:
+        self.where = where
+        self.row = row
+
+    def __contains__(self, rank: int) -> bool:
+        return rank in self.where
+
+    def __getitem__(self, rank: int) -> int:
+        return self.row[self.where[rank]]
+
+
 class Handoffs:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self._orders: dict[int, tuple[list[_Op], dict[tuple[str, int], int]]] = {}
-        self._last: dict[tuple[str, int], tuple[int, int, dict[int, int]] | None] = {}
+        self._last: dict[tuple[str, int], tuple[int, int, _Row] | None] = {}
         self._releases: dict[tuple[int, int, int], tuple[int, int] | None] = {}
+        self._windows: dict[str, tuple[Arrivals, dict[int, int], dict[int, int]]] = {}
 
     def _order(self, rank: int) -> tuple[list[_Op], dict[tuple[str, int], int]]:
         """The rank's ops in record order, and where each collective (group, seq) first is in it."""
@@ -64,23 +82,26 @@ class Handoffs:
             got = self._orders[rank] = (ops, where)
         return got
 
-    def _arrivals(self, group: str, seq: int) -> tuple[int, int, dict[int, int]] | None:
-        """Who arrived last at (group, seq), when (ns), and every member's arrival; None when a member's
-        entry is missing or undated."""
+    def _arrivals(self, group: str, seq: int) -> tuple[int, int, _Row] | None:
+        """Who arrived last at (group, seq), when (ns), and every member's arrival; None outside the window
+        the straggler checks read (`arrivals`: the group's last collectives every member completed and
+        dated), read once per group as columns."""
         key = (group, seq)
         if key in self._last:
             return self._last[key]
-        found: tuple[int, int, dict[int, int]] | None = None
-        times: dict[int, int] = {}
-        for rank, track in self.ctx.tracks.get(group, {}).items():
-            created = track.first_created(range(seq, seq + 1))[0]
-            if not created:
-                break
-            times[rank] = created
-        else:
-            if len(times) >= 2:
-                last = max(times, key=lambda r: (times[r], r))
-                found = (last, times[last], times)
+        window = self._windows.get(group)
+        if window is None:
+            arrived = arrivals(self.ctx.tracks.get(group, {}))
+            window = self._windows[group] = (arrived, {s: i for i, s in enumerate(arrived.seqs)},
+                                             {r: i for i, r in enumerate(arrived.ranks)})
+        arrived, index, where = window
+        found: tuple[int, int, _Row] | None = None
+        i = index.get(seq)
+        if i is not None:
+            row = arrived.rows[i]
+            newest = max(row)
+            at = len(row) - 1 - row[::-1].index(newest)  # a tie: the higher rank
+            found = (arrived.ranks[at], newest, _Row(where, row))
         self._last[key] = found
         return found
 
@@ -90,10 +111,11 @@ class Handoffs:
             return None
         return info.ranks[local]
 
-    def _release(self, rank: int, at: int, arrival: int, within_ns: float) -> tuple[int, int] | None:
+    def _release(self, rank: int, at: int, arrival: int, within_ns: float, hops: int = 0) -> tuple[int, int] | None:
         """(when, by whom) the rank was released before its op `at` (arriving at `arrival`): the latest end
         before `arrival` of its ops just before, and the rank that held that op; where the rank was itself
-        among the last there, whoever held its own arrival there (back to LOOK_BACK ops). None: not known."""
+        among the last there, whoever held its own arrival there (followed back at most LOOK_BACK times).
+        None: not known."""
         key = (rank, at, arrival)
         if key in self._releases:
             return self._releases[key]
@@ -118,8 +140,8 @@ class Handoffs:
             found = (end, holder)
             if holder == rank and not ops[i].p2p:
                 mine = self._arrivals(ops[i].group, ops[i].seq)
-                if mine is not None and at - i < LOOK_BACK:
-                    further = self._release(rank, i, mine[2][rank], within_ns)
+                if mine is not None and hops < LOOK_BACK:
+                    further = self._release(rank, i, mine[2][rank], within_ns, hops + 1)
                     if further is not None:
                         found = (end, further[1])
         self._releases[key] = found

@@ -22,7 +22,8 @@ Dumps = dict[int, list[dict[str, Any]]]
 def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int, int], float], *,
          backend: str = "gloo", timing: bool = False, prologue: tuple[str, ...] = ()) -> Dumps:
     """Each step: every rank computes `compute_ms(rank, step)`, then runs the collectives of `step` (group
-    names; a rank skips the groups it is not in; "send A B": rank A sends to rank B over the world group,
+    names, "~name" an async one; a rank skips the groups it is not in; "send A B": rank A sends to rank B over
+    the world group,
     recorded by NCCL only). gloo blocks in each op until its last party arrives; NCCL ranks go on after
     enqueuing and wait for the step's ops at its end (the step's sync); `timing`: NCCL records each
     collective's duration (TORCH_NCCL_ENABLE_TIMING)."""
@@ -33,6 +34,8 @@ def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int,
     nccl = backend == "nccl"
 
     def collective(name: str, done_by: dict[int, float]) -> None:
+        blocking = not name.startswith("~")  # "~group": an async op (gloo's CPU goes on too)
+        name = name.lstrip("~")
         seqs[name] += 1
         ranks = groups[name]
         end = max(now[r] for r in ranks) + 0.2
@@ -43,7 +46,7 @@ def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int,
             per_rank[r].append(b.entry(seqs[name], backend=backend, pg=(name, name), op="all_reduce",
                                        created_ns=b.T0 + int(now[r] * MS), **state))
             done_by[r] = max(done_by.get(r, 0.0), end)
-            now[r] = (now[r] + 0.02) if nccl else end + 0.05
+            now[r] = (now[r] + 0.02) if nccl or not blocking else end + 0.05
 
     p2p_seqs = dict.fromkeys(range(world), 0)
 
@@ -201,3 +204,26 @@ def test_a_rank_released_late_at_the_end_of_a_step_passes_the_lateness_into_the_
     per_rank = _run(groups, ["g01", "g23", "send 0 2"], 9, lambda r, s: 500 + (300 if r == 0 else 0) + _jitter(r, s),
                     backend="nccl", prologue=("world",))
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0,))]
+
+
+def test_nccl_jitter_at_a_steps_start_is_one_wait_for_the_consistent_check_too(tmp_path: Path) -> None:
+    """A healthy NCCL job read from a small ring: three 1.5 s steps of four collectives enqueued back to
+    back, the step's latest starter (jitter of tens of ms) last at all four. Rank 3 happened to start two
+    of the three steps last: two waits in three, not 8 of 12 collectives."""
+    groups = {"world": tuple(range(8))}
+    start = {(3, 0): 45.0, (3, 1): 40.0, (5, 2): 42.0}
+    per_rank = _run(groups, ["world"] * 4, 3, lambda r, s: 1500 + start.get((r, s), ((r * 7 + s * 3) % 9) * 3.0),
+                    backend="nccl", prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == []
+
+
+def test_a_late_step_start_carried_over_gloo_async_ops_is_one_wait(tmp_path: Path) -> None:
+    """A healthy 2-rank gloo job of 1.5 s steps (compute jitter of tens of ms) read from a small ring: each
+    step an async all_reduce, then an all_gather; rank 1 happened to start all four steps last. The
+    all_gather right after the async op is the same wait carried, not a second one: four waits in two
+    ranks, steady in nothing, no straggler."""
+    groups = {"world": (0, 1)}
+    late = [22.0, 24.0, 56.0, 38.0]
+    per_rank = _run(groups, ["~world", "world"], 4, lambda r, s: 1500 + (late[s] if r == 1 else 0.0),
+                    prologue=("world", "world"))
+    assert _findings(tmp_path, groups, per_rank) == []

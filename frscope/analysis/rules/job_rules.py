@@ -6,8 +6,9 @@ from frscope.analysis.findings import Category
 from frscope.analysis.p2p_stacks import stack_p2p
 from frscope.analysis.rules.facts import Facts
 from frscope.analysis.rules.proposal import Proposal
-from frscope.analysis.straggler import LAST_SHARE, find_straggler, last_counts
+from frscope.analysis.straggler import find_straggler
 from frscope.analysis.stragglers_steps import find_step_straggler
+from frscope.analysis.waited import Handoffs
 from frscope.analysis.wording import plural
 
 
@@ -20,25 +21,24 @@ def p2p_from_stacks(facts: Facts) -> list[Proposal]:
 
 
 def stragglers(facts: Facts) -> list[Proposal]:
-    """A rank late at every collective, or at step boundaries, per group; one finding per rank. A rank
-    late in one group only because it waited in another group for a straggler there (a tensor-parallel
-    peer of a slow rank reaches the data-parallel group late too) is that straggler's consequence."""
+    """A rank late at every collective, or at step boundaries, per group; one finding per rank (or node).
+    A rank late in one group only because another rank released it late (a tensor-parallel peer of a slow
+    rank reaches the data-parallel group late too) is none: the checks read that from `waited.Handoffs`,
+    one for the whole job."""
     out: list[Proposal] = []
+    handoffs = Handoffs(facts.ctx)
     for gf in facts.groups:
         if not gf.tracks:
             continue
-        found = find_straggler(facts.ctx, gf.ref, gf.tracks) or find_step_straggler(facts.ctx, gf.ref, gf.tracks)
+        found = (find_straggler(facts.ctx, gf.ref, gf.tracks, handoffs)
+                 or find_step_straggler(facts.ctx, gf.ref, gf.tracks, handoffs))
         if found is not None and not any(
             p.finding.category is Category.STRAGGLER and p.finding.culprit_ranks == found.culprit_ranks for p in out
         ):
             out.append(Proposal(found, "straggler", []))
-    if len(out) > 1:
-        _inherited(facts, out)
-        out = _one_node(out)
-    return out
+    return _one_node(out) if len(out) > 1 else out
 
 
-PASSED_ON = "'s, passed on"
 # Ranks each late in a group of its own are one slow node when their lateness is about the same (within
 # this factor): one host's slowness reaches each of its ranks alike.
 SAME_LATENESS = 1.5
@@ -59,14 +59,7 @@ def _one_node(found: list[Proposal]) -> list[Proposal]:
             if (not node & set(other.finding.culprit_ranks) and max(merged) - min(merged) == len(merged) - 1
                     and max(late) <= SAME_LATENESS * min(late)):
                 node, parts = merged, [*parts, other]
-        # a part passed on from outside the node is no part of it (a rank waiting for its node peer, a few
-        # ms later at a collective they share, is the node late together)
-        mine = {id(p.finding) for p in parts}
-        if len(parts) > 1 and all(p.caused_by is None or id(p.caused_by) in mine for p in parts):
-            for p in parts:
-                if p.caused_by is not None:  # and `_inherited`'s word for it goes too
-                    p.caused_by = None
-                    p.finding.evidence = [e for e in p.finding.evidence if not e.endswith(PASSED_ON)]
+        if len(parts) > 1:
             _merge(parts, node)
             return [p for p in found if not any(p is q for q in parts[1:])]
     return found
@@ -85,30 +78,3 @@ def _merge(parts: list[Proposal], node: set[int]) -> None:
         finding.ranks.update(p.finding.ranks)
         finding.culprit_stacks.update(p.finding.culprit_stacks)
         finding.culprit_frames.update(p.finding.culprit_frames)
-
-
-def _inherited(facts: Facts, found: list[Proposal]) -> None:
-    """Mark each straggler that, in a group it shares with another straggler, waits for that one."""
-    by_rank = {p.finding.culprit_ranks[0]: p for p in found}
-    waits_for: dict[int, tuple[int, str]] = {}
-    for gf in facts.groups:
-        members = [r for r in by_rank if r in gf.tracks]
-        if len(members) < 2:
-            continue
-        counts, samples = last_counts(gf.tracks)
-        if not samples:
-            continue
-        latest = max(members, key=lambda r: counts.get(r, 0))
-        if counts.get(latest, 0) / samples < LAST_SHARE:
-            continue
-        for rank in members:
-            if rank != latest and rank not in waits_for and counts.get(rank, 0) < counts[latest]:
-                waits_for[rank] = (latest, gf.ref.label())
-    for rank, (cause, where) in waits_for.items():
-        if waits_for.get(cause, (None,))[0] == rank:
-            continue  # each waits for the other somewhere: neither explains the other
-        proposal = by_rank[rank]
-        proposal.caused_by = by_rank[cause].finding
-        proposal.finding.evidence.append(
-            f"rank {rank} is early in {where}, where it waits for rank {cause}: its lateness here is "
-            f"rank {cause}{PASSED_ON}")
