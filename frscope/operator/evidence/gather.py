@@ -21,13 +21,8 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from frscope.operator.evidence.pod_evidence import (
-    DEFAULT_MAX_ENTRIES,
-    MAX_PIECES,
-    PodEvidence,
-    from_bytes,
-    share_groups,
-)
+from frscope.operator.evidence.group_lists import GroupTable, packed_call, unpack
+from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, MAX_PIECES, PodEvidence, from_bytes
 from frscope.operator.evidence.push_decode import decode_file
 from frscope.operator.evidence.sidecars import SidecarClient, SidecarError
 from frscope.operator.kube.backoff import Backoff
@@ -70,40 +65,38 @@ class Decoder:
             await asyncio.gather(*(loop.run_in_executor(self._pool, _noop) for _ in range(self.processes)))
 
     async def decode(self, raw: bytes, endpoint: str, *, max_entries: int, pod: str | None, namespace: str | None,
-                     shared: dict[tuple[int, ...], tuple[int, ...]] | None = None,
+                     shared: GroupTable | None = None,
                      origin: str = "sidecar", max_ranks: int = MAX_PIECES) -> PodEvidence:
-        """`shared`: the gather's one tuple per distinct group rank list (`evidence.share_groups`).
+        """`shared`: the gather's rank lists (`group_lists.GroupTable`), one tuple per distinct list.
         `origin`: 'sidecar' (a fetched snapshot) or 'push'."""
         call = functools.partial(from_bytes, raw, endpoint, origin=origin, max_entries=max_entries, pod=pod,
                                  namespace=namespace, max_ranks=max_ranks)
+        return await self._run(call, endpoint, shared)
+
+    async def decode_file(self, path: str, endpoint: str, *, max_entries: int, pod: str | None,
+                          namespace: str | None, origin: str = "push", plain_bytes: int = 0,
+                          max_ranks: int = MAX_PIECES, shared: GroupTable | None = None) -> PodEvidence:
+        """A body streamed into the file `path` (a push, a push kept on disk), decoded one rank at a time
+        (`push_decode.decode_file`) in a decoder process: the operator's process never holds the body."""
+        call = functools.partial(decode_file, path, endpoint, origin=origin, max_entries=max_entries, pod=pod,
+                                 namespace=namespace, plain_bytes=plain_bytes, max_ranks=max_ranks)
+        return await self._run(call, endpoint, shared)
+
+    async def _run(self, call: functools.partial[PodEvidence], endpoint: str,
+                   shared: GroupTable | None) -> PodEvidence:
+        table = shared if shared is not None else GroupTable()
         if self._pool is None:
-            return await asyncio.to_thread(call)  # in-process: normalize's cache shares them already
+            return unpack(await asyncio.to_thread(call), table)  # in-process: nothing packed
+        # Large rank lists come back as digests, whole only where this gather has not got them yet.
+        packed = functools.partial(packed_call, call.func, table.known(), *call.args, **call.keywords)
         try:
-            evidence = await asyncio.get_running_loop().run_in_executor(self._pool, call)
+            evidence = await asyncio.get_running_loop().run_in_executor(self._pool, packed)
         except BrokenProcessPool:
             # A body killed its worker (the pool is then unusable): this body fails, the next get a new pool.
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = _pool(self.processes)
             raise SidecarError(endpoint, "the decoder process died decoding this body", retryable=False) from None
-        return share_groups(evidence, shared if shared is not None else {})
-
-    async def decode_file(self, path: str, endpoint: str, *, max_entries: int, pod: str | None,
-                          namespace: str | None, origin: str = "push", plain_bytes: int = 0,
-                          max_ranks: int = MAX_PIECES,
-                          shared: dict[tuple[int, ...], tuple[int, ...]] | None = None) -> PodEvidence:
-        """A body streamed into the file `path` (a push, a push kept on disk), decoded one rank at a time
-        (`push_decode.decode_file`) in a decoder process: the operator's process never holds the body."""
-        call = functools.partial(decode_file, path, endpoint, origin=origin, max_entries=max_entries, pod=pod,
-                                 namespace=namespace, plain_bytes=plain_bytes, max_ranks=max_ranks)
-        if self._pool is None:
-            return await asyncio.to_thread(call)
-        try:
-            evidence = await asyncio.get_running_loop().run_in_executor(self._pool, call)
-        except BrokenProcessPool:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = _pool(self.processes)
-            raise SidecarError(endpoint, "the decoder process died decoding this body", retryable=False) from None
-        return share_groups(evidence, shared if shared is not None else {})
+        return unpack(evidence, table)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -161,7 +154,7 @@ class Gathered:
 
 async def _fetch_one(client: SidecarClient, namespace: str, target: Target, options: GatherOptions,
                      fetching: asyncio.Semaphore, decoding: asyncio.Semaphore, decoder: Decoder,
-                     shared: dict[tuple[int, ...], tuple[int, ...]]) -> PodEvidence:
+                     shared: GroupTable) -> PodEvidence:
     assert target.endpoint is not None
     delays = Backoff(attempts=options.attempts, base_s=options.backoff_base_s, cap_s=5.0).delays()
     while True:
@@ -188,7 +181,7 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
 
 async def _fetch_to_file(client: SidecarClient, namespace: str, target: Target, options: GatherOptions,
                          spool: Path, decoding: asyncio.Semaphore, decoder: Decoder,
-                         shared: dict[tuple[int, ...], tuple[int, ...]]) -> PodEvidence:
+                         shared: GroupTable) -> PodEvidence:
     """One answer streamed to a file of `spool` and decoded from it in the decoder processes."""
     assert target.endpoint is not None
     fd, name = tempfile.mkstemp(dir=spool, prefix=".snapshot-", suffix=".part")
@@ -233,7 +226,7 @@ async def gather(client: SidecarClient, namespace: str, targets: list[Target], o
     fetching = asyncio.Semaphore(max(1, options.concurrency))
     decoding = asyncio.Semaphore(max(1, decoder.processes or options.decode_threads))
     tasks: dict[asyncio.Task[PodEvidence], Target] = {}
-    shared: dict[tuple[int, ...], tuple[int, ...]] = {}
+    shared = GroupTable()
     for target in targets:
         if target.ended is not None:
             result.failures[target.pod] = target.ended

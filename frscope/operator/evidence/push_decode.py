@@ -33,8 +33,8 @@ from frscope.operator.evidence.pod_evidence import (
     Unreadable,
     add_piece,
     dense,
-    kept_bytes,
     loads_json,
+    measure,
     value_span,
 )
 from frscope.operator.evidence.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, parse_snapshot
@@ -223,5 +223,5 @@ def _decode(body: _Body, endpoint: str, *, origin: str, max_entries: int, pod: s
     if index > max_ranks:
         out.problems.append(LoadProblem(where, f"{index} ranks in one pod's answer: only the first {max_ranks} are "
                                         "kept here", kind="warning"))
-    out.measured_bytes = kept_bytes(out.dumps, out.problems)
+    measure(out, origin)
     return out
