@@ -16,6 +16,7 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -75,11 +76,14 @@ class Decoder:
 
     async def decode_file(self, path: str, endpoint: str, *, max_entries: int, pod: str | None,
                           namespace: str | None, origin: str = "push", plain_bytes: int = 0,
-                          max_ranks: int = MAX_PIECES, shared: GroupTable | None = None) -> PodEvidence:
+                          max_ranks: int = MAX_PIECES, shared: GroupTable | None = None,
+                          unchanged_if: bytes = b"") -> PodEvidence:
         """A body streamed into the file `path` (a push, a push kept on disk), decoded one rank at a time
-        (`push_decode.decode_file`) in a decoder process: the operator's process never holds the body."""
+        (`push_decode.decode_file`) in a decoder process: the operator's process never holds the body.
+        `unchanged_if`: the digest of the body decoded before (an `unchanged` evidence if it is the same)."""
         call = functools.partial(decode_file, path, endpoint, origin=origin, max_entries=max_entries, pod=pod,
-                                 namespace=namespace, plain_bytes=plain_bytes, max_ranks=max_ranks)
+                                 namespace=namespace, plain_bytes=plain_bytes, max_ranks=max_ranks,
+                                 unchanged_if=unchanged_if)
         return await self._run(call, endpoint, shared)
 
     async def _run(self, call: functools.partial[PodEvidence], endpoint: str,
@@ -154,7 +158,7 @@ class Gathered:
 
 async def _fetch_one(client: SidecarClient, namespace: str, target: Target, options: GatherOptions,
                      fetching: asyncio.Semaphore, decoding: asyncio.Semaphore, decoder: Decoder,
-                     shared: GroupTable) -> PodEvidence:
+                     shared: GroupTable, previous: PodEvidence | None) -> PodEvidence:
     assert target.endpoint is not None
     delays = Backoff(attempts=options.attempts, base_s=options.backoff_base_s, cap_s=5.0).delays()
     while True:
@@ -163,7 +167,7 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
             async with fetching:
                 if options.spool is not None:
                     return await _fetch_to_file(client, namespace, target, options, options.spool, decoding,
-                                                decoder, shared)
+                                                decoder, shared, previous)
                 raw = await client.snapshot_bytes(target.endpoint, options.per_pod_timeout_s,
                                                   refresh=options.refresh,
                                                   last_entries=options.max_entries or None,
@@ -181,8 +185,10 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
 
 async def _fetch_to_file(client: SidecarClient, namespace: str, target: Target, options: GatherOptions,
                          spool: Path, decoding: asyncio.Semaphore, decoder: Decoder,
-                         shared: GroupTable) -> PodEvidence:
-    """One answer streamed to a file of `spool` and decoded from it in the decoder processes."""
+                         shared: GroupTable, previous: PodEvidence | None) -> PodEvidence:
+    """One answer streamed to a file of `spool` and decoded from it in the decoder processes; `previous`
+    (this pod's evidence from the same kind of gather before) is kept as it is when the answer holds the
+    same ranks and errors, byte for byte."""
     assert target.endpoint is not None
     fd, name = tempfile.mkstemp(dir=spool, prefix=".snapshot-", suffix=".part")
     os.close(fd)
@@ -191,9 +197,11 @@ async def _fetch_to_file(client: SidecarClient, namespace: str, target: Target, 
         await client.snapshot_bytes(target.endpoint, options.per_pod_timeout_s, refresh=options.refresh,
                                     last_entries=options.max_entries or None, pod=(namespace, target.pod), into=path)
         async with decoding:
-            return await decoder.decode_file(str(path), target.endpoint, origin="sidecar",
-                                             max_entries=options.max_entries, pod=target.pod, namespace=namespace,
-                                             max_ranks=options.max_ranks, shared=shared)
+            evidence = await decoder.decode_file(str(path), target.endpoint, origin="sidecar",
+                                                 max_entries=options.max_entries, pod=target.pod,
+                                                 namespace=namespace, max_ranks=options.max_ranks, shared=shared,
+                                                 unchanged_if=previous.digest if previous is not None else b"")
+        return previous if evidence.unchanged and previous is not None else evidence
     finally:
         path.unlink(missing_ok=True)
 
@@ -218,8 +226,10 @@ async def _cancel_all(tasks: list[asyncio.Task[PodEvidence]]) -> None:
 
 
 async def gather(client: SidecarClient, namespace: str, targets: list[Target], options: GatherOptions,
-                 decoder: Decoder | None = None) -> Gathered:
-    """Every target fetched (what they pushed is added by `settle.collect`)."""
+                 decoder: Decoder | None = None, previous: Mapping[str, PodEvidence] | None = None) -> Gathered:
+    """Every target fetched (what they pushed is added by `settle.collect`). `previous`: each pod's
+    evidence from the last gather of the same options (the live windows'); with `options.spool`, a pod
+    whose answer holds the same bytes is not decoded again, and its evidence is that same object."""
     started = time.monotonic()
     result = Gathered(namespace)
     decoder = decoder or Decoder()
@@ -234,8 +244,9 @@ async def gather(client: SidecarClient, namespace: str, targets: list[Target], o
         if target.endpoint is None:
             result.failures[target.pod] = "no sidecar endpoint (no pod IP yet, or no container port named 'frscope')"
             continue
+        before = previous.get(target.pod) if previous is not None else None
         tasks[asyncio.create_task(_fetch_one(client, namespace, target, options, fetching, decoding,
-                                             decoder, shared))] = target
+                                             decoder, shared, before))] = target
     if tasks:
         try:
             _done, pending = await asyncio.wait(tasks, timeout=options.overall_timeout_s)

@@ -60,6 +60,10 @@ class PodEvidence:
     measured_bytes: int = 0
     # In transit from a decoder process only: its large group rank lists as digests (`group_lists`).
     packed_groups: Packed | None = None
+    # What the body held (`push_decode.body_digest`), when decoded from a file; `unchanged`: not decoded,
+    # the body was the one of that digest the caller decoded before (`decode_file(unchanged_if=...)`).
+    digest: bytes = b""
+    unchanged: bool = False
 
     @property
     def ranks(self) -> tuple[int, ...]:
