@@ -173,7 +173,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             window = await inner(job)
             made = window is not None and (before is None or window.timeline is not before.timeline)
             refreshes.append({"at": time.time(), "wall_s": time.monotonic() - wall, "cpu_s": tree_cpu_s() - cpu,
-                              "made": made, "pods": window.pods if window else 0})
+                              "made": made, "pods": window.pods if window else 0,
+                              "failed": len(window.failures) if window else 0})
             return window
 
         live.refresh = refresh  # type: ignore[method-assign]
@@ -215,6 +216,8 @@ def report(args: argparse.Namespace, got: dict[str, Any]) -> None:
         "cpu_when_kept_s": round(statistics.fmean([r["cpu_s"] for r in rows if not r["made"]]), 3)
         if len(made) < len(rows) else None,
         "wall_per_refresh_s": {"mean": round(statistics.fmean(wall), 3), "max": round(max(wall), 3)},
+        "pods_answered": [r["pods"] for r in got["refreshes"]],
+        "pods_failed": [r["failed"] for r in got["refreshes"]],
         "behind_after_full_poll_s": [round(b, 2) for b in got["behind"]],
     }))
 
