@@ -57,6 +57,9 @@ DEFAULT_LIVE_RANKS_PER_POD = 64  # a pod hosts a node's ranks: 8, rarely more th
 # (what is kept, in columns, is about half of it): a 1,024-rank job's window of 256 entries is ~130 MiB
 # of JSON. A job that would take the total past this keeps nothing and is decoded whole every refresh.
 MAX_KEPT_BYTES = 512 * 1024 * 1024
+# A pod whose answer was not decoded before a refresh's deadline keeps its last evidence for this many
+# refreshes in a row, and the window its last drawing for this many intervals, while the others decode.
+CARRY_REFRESHES = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +113,7 @@ class LiveWindows:
         # What each job's last refresh decoded, by pod: an answer with the same bytes is not decoded again,
         # and a refresh where no pod's answer changed keeps the window it made (no timeline, no perf).
         self._decoded: dict[JobKey, dict[str, PodEvidence]] = {}
+        self._carried: dict[JobKey, dict[str, int]] = {}  # pod -> refreshes in a row its evidence was carried
         self.rebuilt = 0  # windows made from changed answers (the others were kept)
         self._updated: dict[JobKey, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
@@ -164,12 +168,15 @@ class LiveWindows:
         before = self._decoded.get(key, {})
         gathered = await gather(self.client, key.namespace, targets, options, decoder=self.decoder,
                                 previous=before)
+        carried = self._carry(key, before, gathered)
         self._keep(key, gathered)
         last = self._windows.get(key)
-        if last is not None and _same(before, gathered) and gathered.failures == last.failures:
+        if last is not None and gathered.failures == last.failures and (
+                _same(before, gathered) or carried and time.time() - last.at < CARRY_REFRESHES * self.interval_s):
             # Every sidecar answered what it answered last time (it serves its last full poll, for many
-            # refreshes): the window drawn from it is the same; only when it was asked changes.
-            window = replace(last, at=time.time())
+            # refreshes), or some answers (a full poll of every pod) could not all be decoded before the
+            # deadline: the window stays the one it was until they are, drawn once from all of them.
+            window = replace(last, at=time.time()) if not carried else last
         else:
             dumpset = build_dumpset(gathered, view.world_size)
             timeline, perf = await asyncio.to_thread(_views, dumpset) if dumpset.dumps else (None, None)
@@ -178,11 +185,29 @@ class LiveWindows:
             self.rebuilt += 1
         self._windows[key] = window
         if self.metrics is not None and key in self._asked:
-            self.metrics.update(key.namespace, key.name, perf)
+            self.metrics.update(key.namespace, key.name, window.perf)
         event = self._updated.pop(key, None)
         if event is not None:
             event.set()
         return window
+
+    def _carry(self, key: JobKey, before: dict[str, PodEvidence], gathered: Gathered) -> bool:
+        """A pod not decoded this time (the refresh's deadline: every pod's full poll landed at once on a
+        busy operator) that was decoded before keeps its last evidence, for CARRY_REFRESHES refreshes in a
+        row at most (a sidecar that stays away is then a failure); True if any did."""
+        counts = self._carried.setdefault(key, {})
+        failed = set(gathered.failures)
+        for pod in list(counts):
+            if pod not in failed:
+                del counts[pod]  # it answered
+        carried = False
+        for pod in failed:
+            if pod in before and counts.get(pod, 0) < CARRY_REFRESHES:
+                counts[pod] = counts.get(pod, 0) + 1
+                gathered.pods[pod] = before[pod]
+                del gathered.failures[pod]
+                carried = True
+        return carried
 
     def _keep(self, key: JobKey, gathered: Gathered) -> None:
         """Keep what this refresh decoded for the next one, within MAX_KEPT_BYTES for every job together."""
@@ -201,6 +226,7 @@ class LiveWindows:
         self._asked.pop(key, None)
         self._windows.pop(key, None)
         self._decoded.pop(key, None)
+        self._carried.pop(key, None)
         if self.metrics is not None:
             self.metrics.remove(key.namespace, key.name)
 

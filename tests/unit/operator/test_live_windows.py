@@ -183,3 +183,32 @@ async def test_past_the_kept_bytes_a_job_is_decoded_whole_every_refresh(monkeypa
         finally:
             await live.close()
             await sidecar.close()
+
+
+async def test_a_pod_not_decoded_in_time_keeps_its_last_answer_for_a_while(monkeypatch: Any) -> None:
+    """Every pod's full poll lands at once: on a busy operator not every answer is decoded before the
+    refresh's deadline. A pod decoded before keeps its last evidence meanwhile (no flicker to 'failed'),
+    the window stays the one drawn until its answer is in; a sidecar that stays away is then a failure."""
+    monkeypatch.setattr(live_windows, "CARRY_REFRESHES", 2)
+    ranks = real_snapshots("straggler")
+    sidecar = await StandInSidecar("train-worker-0", ranks, stalled=False).start()
+    store = JobStore()
+    store.upsert_job(JobRef("ml", "train", "uid"), world_size=4, conditions=[{"type": "Running"}])
+    store.upsert_pod(_pod("train-worker-0", sidecar.port))
+    async with aiohttp.ClientSession() as session:
+        live = LiveWindows(store, SidecarClient(session), entries=16, interval_s=0.2)
+        try:
+            first = await live.refresh(KEY)
+            assert first is not None and first.timeline is not None and first.failures == {}
+            sidecar.mode, sidecar.delay_s = "slow", 3.0  # past the refresh's deadline (3 intervals)
+            for _ in range(2):
+                held = await live.refresh(KEY)
+                assert held is first and live.rebuilt == 1
+            gone = await live.refresh(KEY)
+            assert gone is not None and "train-worker-0" in gone.failures and live.rebuilt == 2
+            sidecar.mode = "ok"
+            back = await live.refresh(KEY)
+            assert back is not None and back.failures == {} and back.timeline is not None
+        finally:
+            await live.close()
+            await sidecar.close()
