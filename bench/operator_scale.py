@@ -13,7 +13,8 @@ What runs (each in its own process, all ended by PID):
   between trees the job's condition and reports are removed and the farm reports healthy again).
 
 The farm is split over processes of at most FARM_SLICE pods (one listening socket per pod; a process may
-hold 20,000 descriptors here), which also spreads its serving over the cores.
+hold 20,000 descriptors here), each on a loopback address of its own (127.0.k.1: one address has ~28,000
+ephemeral ports), which also spreads its serving over the cores.
 
 Measured: from the moment every simulated sidecar starts reporting the stall to the condition written on
 the job (what a person waits for), the operator's gather duration, its peak RSS (VmHWM) and CPU time, and
@@ -137,14 +138,14 @@ def farm(args: argparse.Namespace) -> int:
         await runner.setup()
         ports: dict[str, int] = {}
         for rank in mine:
-            site = web.TCPSite(runner, "127.0.0.1", 0, backlog=256)
+            site = web.TCPSite(runner, args.host, 0, backlog=256)
             await site.start()
             port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
             by_port[port] = rank
             ports[f"bench-worker-{rank}"] = port
         truth = plan.truth.to_dict()
         part = Path(args.port_file + ".part")
-        part.write_text(json.dumps({"ports": ports, "truth": truth}, default=list))
+        part.write_text(json.dumps({"ports": ports, "host": args.host, "truth": truth}, default=list))
         part.rename(args.port_file)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -210,7 +211,7 @@ def metric(text: str, name: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-async def create_objects(server: str, token: str, ca: Path, ports: dict[str, int], ranks: int) -> float:
+async def create_objects(server: str, token: str, ca: Path, ports: dict[str, tuple[str, int]], ranks: int) -> float:
     import aiohttp
 
     started = time.monotonic()
@@ -242,7 +243,7 @@ async def create_objects(server: str, token: str, ca: Path, ports: dict[str, int
             "conditions": [{"type": t, "status": "True", "reason": f"PyTorchJob{t}", "lastTransitionTime": now}
                            for t in ("Created", "Running")]}}, "application/merge-patch+json")
 
-        async def pod(name: str, port: int, index: int) -> None:
+        async def pod(name: str, host: str, port: int, index: int) -> None:
             await call("POST", "/api/v1/namespaces/bench/pods", {
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "labels": {"frscope.io/inject": "true",
@@ -257,12 +258,13 @@ async def create_objects(server: str, token: str, ca: Path, ports: dict[str, int
                                              "ports": [{"name": "frscope", "containerPort": port}]}],
                          "containers": [{"name": "pytorch", "image": "registry.invalid/train:1"}]}})
             await call("PATCH", f"/api/v1/namespaces/bench/pods/{name}/status", {"status": {
-                "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+                "phase": "Running", "podIP": host, "podIPs": [{"ip": host}],
                 "containerStatuses": [{"name": "pytorch", "image": "x", "imageID": "", "ready": True,
                                        "restartCount": 0, "state": {"running": {"startedAt": now}}}]}},
                 "application/merge-patch+json")
 
-        await asyncio.gather(*(pod(name, port, int(name.rsplit("-", 1)[1])) for name, port in ports.items()))
+        await asyncio.gather(*(pod(name, host, port, int(name.rsplit("-", 1)[1]))
+                               for name, (host, port) in ports.items()))
     return time.monotonic() - started
 
 
@@ -327,13 +329,13 @@ def write_results(rows: list[dict[str, Any]]) -> None:
     RESULTS.write_text(text)
 
 
-def reset(plane: Any, farm_ports: list[int]) -> None:
+def reset(plane: Any, farm_ports: list[tuple[str, int]]) -> None:
     """Between two operators: the farm healthy again, frscope's condition and reports gone, so that the
     next operator meets the same job as the first did."""
     import urllib.request
 
-    for port in farm_ports:
-        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/control/stall?healthy=1",
+    for host, port in farm_ports:
+        urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/control/stall?healthy=1",
                                                       method="POST"), timeout=30).close()
     plane.kubectl("delete", "flightrecorderreports", "--all", "-n", "bench", "--wait=false")
     job = plane.kubectl_json("get", "pytorchjob", "bench", "-n", "bench")
@@ -346,7 +348,7 @@ def reset(plane: Any, farm_ports: list[int]) -> None:
 
 
 def run_operator(args: argparse.Namespace, cluster: Any, plane: Any, work: Path, tree: Path,
-                 farm_ports: list[int], truth: dict[str, Any]) -> dict[str, Any]:
+                 farm_ports: list[tuple[str, int]], truth: dict[str, Any]) -> dict[str, Any]:
     """One operator (from `tree`) over the job: healthy first, then every sidecar reports the stall."""
     http_port = cluster.free_port()
     env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "PYTHONPATH": str(tree)}
@@ -369,7 +371,7 @@ def run_operator(args: argparse.Namespace, cluster: Any, plane: Any, work: Path,
 
 
 def _measure(args: argparse.Namespace, plane: Any, op: subprocess.Popen[bytes], http_port: int, log_path: Path,
-             farm_ports: list[int], truth: dict[str, Any], tree: Path) -> dict[str, Any]:
+             farm_ports: list[tuple[str, int]], truth: dict[str, Any], tree: Path) -> dict[str, Any]:
     import urllib.request
 
     base = f"http://127.0.0.1:{http_port}"
@@ -406,8 +408,8 @@ def _measure(args: argparse.Namespace, plane: Any, op: subprocess.Popen[bytes], 
     time.sleep(6)  # healthy sweeps first (one of N pods takes N/200 s: the stall comes during one)
     cpu_before = cpu_s(op.pid) + sum(cpu_s(c) for c in children(op.pid))
     t0 = time.monotonic()
-    for port in farm_ports:  # every farm process (one pod of each stands for its slice) reports the stall
-        urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/control/stall", method="POST"),
+    for host, port in farm_ports:  # every farm process (one pod of each stands for its slice) reports the stall
+        urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/control/stall", method="POST"),
                                timeout=10).close()
     peak = tree_peak = 0
     condition = None
@@ -473,7 +475,8 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             procs.append(subprocess.Popen(
                 [sys.executable, __file__, "farm", "--ranks", str(args.ranks), "--entries", str(args.entries),
                  "--port-file", str(port_file), "--seed", str(args.seed), "--first", str(first),
-                 "--count", str(FARM_SLICE)], stdout=farm_log, stderr=subprocess.STDOUT, cwd=REPO))
+                 "--count", str(FARM_SLICE), "--host", f"127.0.{1 + first // FARM_SLICE}.1"],
+                stdout=farm_log, stderr=subprocess.STDOUT, cwd=REPO))
         plane = cluster.start(bin_dir(), crds=[], controller_manager=False)
         for crd in crds:
             plane.kubectl("apply", "-f", str(crd))
@@ -484,17 +487,16 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 logs = "".join(f.read_text()[-1500:] for f in work.glob("farm-*.log"))
                 raise SystemExit(f"the farm did not start:\n{logs}")
             time.sleep(1)
-        ports: dict[str, int] = {}
+        ports: dict[str, tuple[str, int]] = {}
         truth: dict[str, Any] = {}
+        farm_ports: list[tuple[str, int]] = []  # one pod of each farm process: telling it tells its slice
         for port_file in port_files:
             info = json.loads(port_file.read_text())
-            ports.update(info["ports"])
+            ports.update({name: (info["host"], port) for name, port in info["ports"].items()})
+            farm_ports.append((info["host"], next(iter(info["ports"].values()))))
             truth = info["truth"]
         created_s = asyncio.run(create_objects(plane.server, plane.admin_token, plane.ca_file, ports, args.ranks))
         print(f"created the job and {len(ports)} pods in {created_s:.0f} s", file=sys.stderr)
-        # one pod of each farm process: telling it tells its whole slice
-        farm_ports = [json.loads(f.read_text())["ports"][next(iter(json.loads(f.read_text())["ports"]))]
-                      for f in port_files]
         for index, tree in enumerate(args.tree):
             if index:
                 reset(plane, farm_ports)
@@ -524,6 +526,9 @@ def main() -> int:
     farm_p.add_argument("--seed", type=int, default=0)
     farm_p.add_argument("--first", type=int, default=0, help="the first rank this farm process serves")
     farm_p.add_argument("--count", type=int, default=1 << 30, help="how many ranks it serves")
+    farm_p.add_argument("--host", default="127.0.0.1",
+                        help="its loopback address (one a process: 32,768 ports are more than one address's "
+                             "ephemeral range)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024])
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
