@@ -548,8 +548,10 @@ def main() -> int:
     for ranks in args.ranks:
         one = argparse.Namespace(**{**vars(args), "ranks": ranks})
         rows += run(one)
-    if not args.no_results:
+    if not args.no_results and len(args.tree) == 1:
         write_results(rows)
+    elif not args.no_results:  # the section's table has one row per size: side by side goes in by hand
+        print("several trees: bench/RESULTS.md not written", file=sys.stderr)
     return 0
 
 
