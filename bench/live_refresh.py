@@ -17,6 +17,7 @@ Measured per refresh: wall time, CPU (this process and its decoder processes, fr
 window was made anew; and for each full poll, how long after it the window showing it was there (behind).
 
     .venv/bin/python bench/live_refresh.py                                  # 1,024 ranks, 75 s
+    .venv/bin/python bench/live_refresh.py --sequence                       # each kind of refresh alone
     FRSCOPE_TREE=/tmp/before .venv/bin/python bench/live_refresh.py         # another tree
 """
 
@@ -103,7 +104,11 @@ async def serve(args: argparse.Namespace) -> None:
     started = time.time()
     asked = [0]
 
+    manual = [0]
+
     def version() -> int:
+        if args.sequence:
+            return manual[0]
         if args.full_poll_s <= 0:
             asked[0] += 1
             return asked[0] // args.pods
@@ -118,8 +123,12 @@ async def serve(args: argparse.Namespace) -> None:
         return web.Response(body=bodies[pod][version() % VERSIONS], content_type="application/json",
                             headers={"Content-Encoding": "gzip"})
 
+    async def full_poll(_: web.Request) -> web.Response:
+        manual[0] += 1  # --sequence: every pod's next full poll, now
+        return web.json_response({"version": manual[0]})
+
     app = web.Application()
-    app.add_routes([web.get("/v1/snapshot", snapshot)])
+    app.add_routes([web.get("/v1/snapshot", snapshot), web.post("/control/full-poll", full_poll)])
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     ports = []
@@ -197,6 +206,49 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {"refreshes": refreshes, "behind": behind, "json_mib": info["json_bytes"] / 2**20, "world": world}
 
 
+async def sequence(args: argparse.Namespace) -> None:
+    """Refreshes one after the other, each timed alone (CPU: this process and its decoder processes):
+    the first (nothing decoded yet), then with every answer as before, then after every pod's full poll."""
+    farm = subprocess.Popen([sys.executable, __file__, "--serve", *sys.argv[1:]], stdout=subprocess.PIPE, text=True)
+    assert farm.stdout is not None
+    info = json.loads(farm.stdout.readline())
+    world = args.pods * args.ranks_per_pod
+    store = JobStore()
+    store.upsert_job(JobRef("ml", "train", "uid"), world_size=world, conditions=[{"type": "Running"}])
+    for pod, port in enumerate(info["ports"]):
+        store.upsert_pod(PodInfo("ml", f"train-worker-{pod}", f"uid-{pod}", "train", "Worker", pod,
+                                 "127.0.0.1", port, "Running", 0, (), False))
+    decoder = Decoder(2)
+    await decoder.warm_up()
+    key = JobKey("ml", "train")
+    rows = []
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        # a deadline (3 intervals) no refresh reaches, whatever the machine's load: every pod is decoded
+        live = LiveWindows(store, SidecarClient(session), entries=args.entries, interval_s=600, decoder=decoder)
+        for step in ["first", "same", "same", "full poll", "same", "same"]:
+            if step == "full poll":
+                async with session.post(f"http://127.0.0.1:{info['ports'][0]}/control/full-poll") as r:
+                    await r.read()
+            before = live.window(key)
+            wall, cpu = time.monotonic(), tree_cpu_s()
+            window = await live.refresh(key)
+            made = window is not None and (before is None or window.timeline is not before.timeline)
+            rows.append({"refresh": step, "cpu_s": round(tree_cpu_s() - cpu, 2),
+                         "wall_s": round(time.monotonic() - wall, 2), "window_made": made,
+                         "pods": window.pods if window else 0, "failed": len(window.failures) if window else 0})
+        await live.close()
+    decoder.close()
+    farm.kill()
+    farm.wait()
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(frscope.__file__))).stdout.strip()
+    print(f"tree {os.path.dirname(frscope.__file__)} ({git}); {world} ranks in {args.pods} pods, {args.entries} "
+          f"entries a rank ({info['json_bytes'] / 2**20:.0f} MiB of JSON a refresh); Python "
+          f"{platform.python_version()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+    for row in rows:
+        print(json.dumps(row))
+
+
 def report(args: argparse.Namespace, got: dict[str, Any]) -> None:
     rows = got["refreshes"][1:]  # the first makes the window from nothing in both trees
     cpu = [r["cpu_s"] for r in rows]
@@ -231,10 +283,16 @@ def main() -> int:
     parser.add_argument("--full-poll-s", type=float, default=30.0, help="0: new content at every request")
     parser.add_argument("--live-interval", type=float, default=1.0)
     parser.add_argument("--seconds", type=float, default=75.0)
+    parser.add_argument("--sequence", action="store_true",
+                        help="refreshes one at a time (first, same, same, after a full poll, same, same), each "
+                             "timed alone, no deadline reached")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         asyncio.run(serve(args))
+        return 0
+    if args.sequence:
+        asyncio.run(sequence(args))
         return 0
     report(args, asyncio.run(measure(args)))
     return 0
