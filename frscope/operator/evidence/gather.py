@@ -77,13 +77,13 @@ class Decoder:
     async def decode_file(self, path: str, endpoint: str, *, max_entries: int, pod: str | None,
                           namespace: str | None, origin: str = "push", plain_bytes: int = 0,
                           max_ranks: int = MAX_PIECES, shared: GroupTable | None = None,
-                          unchanged_if: bytes = b"") -> PodEvidence:
+                          unchanged_if: bytes = b"", with_digest: bool = False) -> PodEvidence:
         """A body streamed into the file `path` (a push, a push kept on disk), decoded one rank at a time
         (`push_decode.decode_file`) in a decoder process: the operator's process never holds the body.
         `unchanged_if`: the digest of the body decoded before (an `unchanged` evidence if it is the same)."""
         call = functools.partial(decode_file, path, endpoint, origin=origin, max_entries=max_entries, pod=pod,
                                  namespace=namespace, plain_bytes=plain_bytes, max_ranks=max_ranks,
-                                 unchanged_if=unchanged_if)
+                                 unchanged_if=unchanged_if, with_digest=with_digest)
         return await self._run(call, endpoint, shared)
 
     async def _run(self, call: functools.partial[PodEvidence], endpoint: str,
@@ -200,7 +200,8 @@ async def _fetch_to_file(client: SidecarClient, namespace: str, target: Target, 
             evidence = await decoder.decode_file(str(path), target.endpoint, origin="sidecar",
                                                  max_entries=options.max_entries, pod=target.pod,
                                                  namespace=namespace, max_ranks=options.max_ranks, shared=shared,
-                                                 unchanged_if=previous.digest if previous is not None else b"")
+                                                 unchanged_if=previous.digest if previous is not None else b"",
+                                                 with_digest=True)
         return previous if evidence.unchanged and previous is not None else evidence
     finally:
         path.unlink(missing_ok=True)

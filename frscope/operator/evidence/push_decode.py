@@ -17,9 +17,9 @@ So a decoder process holds one piece and its decoded objects at a time, whatever
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
+import struct
 import zlib
 from pathlib import Path
 from typing import Any
@@ -155,13 +155,14 @@ def _cut_short(exc: ValueError, text: str) -> bool:
 
 def decode_file(path: str, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
                 pod: str | None = None, namespace: str | None = None, plain_bytes: int = 0,
-                max_ranks: int = MAX_PIECES, unchanged_if: bytes = b"") -> PodEvidence:
+                max_ranks: int = MAX_PIECES, unchanged_if: bytes = b"", with_digest: bool = False) -> PodEvidence:
     """Decode the snapshot body in the file `path` (gzip or plain; in a decoder process). A gzip body
     inflates to at most MAX_EXPANSION x its size (+ EXPANSION_FLOOR), or `plain_bytes` where larger: a
     push kept on disk was accepted plain up to that size, and compressed by the operator itself.
 
-    The evidence's `digest` is that of the body's ranks and errors (everything from its `"ranks"` on: the
-    envelope's head says when it was rendered, which changes with every answer). With `unchanged_if`, a
+    With `with_digest`, the evidence's `digest` is that of the body's ranks and errors (everything from
+    its `"ranks"` on: the envelope's head says when it was rendered, which changes with every answer; a
+    `Checksum`). With `unchanged_if`, a
     body of that digest is not decoded: an empty evidence with `unchanged` set comes back, and the caller
     keeps what it decoded of the same body before (the live windows: a sidecar serves what it read at
     its last full poll, the same bytes for many refreshes)."""
@@ -187,7 +188,8 @@ def decode_file(path: str, endpoint: str, *, origin: str, max_entries: int = DEF
         fd = os.open(source, os.O_RDONLY)
         try:
             body = _Body(fd, os.fstat(fd).st_size)
-            digest = digest or body_digest(body)
+            if with_digest or unchanged_if:
+                digest = digest or body_digest(body)
             if unchanged_if and digest == unchanged_if:
                 return PodEvidence(namespace or "", pod or "", "", None, size_bytes=body.size, digest=digest,
                                    unchanged=True)
@@ -208,7 +210,7 @@ def inflated_digest(source: Path, limit: int, endpoint: str) -> tuple[bytes, int
     """(`body_digest` of the gzip body in `source`, its inflated size), inflated in memory a chunk at a
     time (at most `limit` bytes out), nothing written; b"" when no `"ranks"` key is near its start."""
     inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
-    hasher = hashlib.blake2b(digest_size=16)
+    hasher = Checksum()
     head = bytearray()  # what came before the "ranks" key, while it is not seen
     found = False
     written = 0
@@ -239,12 +241,30 @@ def inflated_digest(source: Path, limit: int, endpoint: str) -> tuple[bytes, int
     return (hasher.digest() if found else b""), written
 
 
+class Checksum:
+    """CRC-32 and Adler-32 of the bytes and their count (16 bytes): a body is only ever compared with the
+    same pod's last answer, which its sidecar makes whatever it is (a collision gains a sidecar nothing it
+    could not send anyway), so a checksum at memory speed rather than a cryptographic digest, which cost
+    a third of a refresh that decodes nothing (bench/RESULTS.md, "Live window of 1,024 ranks")."""
+
+    def __init__(self) -> None:
+        self.crc, self.adler, self.size = 0, 1, 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self.crc = zlib.crc32(data, self.crc)
+        self.adler = zlib.adler32(data, self.adler)
+        self.size += len(data)
+
+    def digest(self) -> bytes:
+        return struct.pack("<IIQ", self.crc, self.adler, self.size)
+
+
 def body_digest(body: _Body) -> bytes:
-    """blake2b (16 bytes) of the body from its `"ranks"` key on (b"" when it has none near its start)."""
+    """`Checksum` of the body from its `"ranks"` key on (b"" when it has none near its start)."""
     head = body.find(b'"ranks"', 0, MAX_REST_BYTES)
     if head < 0:
         return b""
-    hasher = hashlib.blake2b(digest_size=16)
+    hasher = Checksum()
     offset = head
     while offset < body.size:
         chunk = body.read(offset, CHUNK)

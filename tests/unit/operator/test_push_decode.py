@@ -108,7 +108,7 @@ def test_a_body_with_the_same_ranks_is_not_decoded_again(tmp_path: Path, hang_ra
         return gzip.compress(raw) if packed == "gzip" else raw
 
     obj = json.loads(body(hang_ranks))
-    first = decode_file(write(tmp_path, pack(obj), "a"), "push", origin="sidecar", max_entries=0)
+    first = decode_file(write(tmp_path, pack(obj), "a"), "push", origin="sidecar", max_entries=0, with_digest=True)
     assert first.digest and not first.unchanged and first.dumps
     rendered_later = dict(obj, captured_at_ns=obj["captured_at_ns"] + 2_000_000_000, reason="poll")
     same = decode_file(write(tmp_path, pack(rendered_later), "b"), "push", origin="sidecar", max_entries=0,
@@ -122,3 +122,9 @@ def test_a_body_with_the_same_ranks_is_not_decoded_again(tmp_path: Path, hang_ra
     assert [len(d.entries) for d in other.dumps] == [len(d.entries) - (i == 0) for i, d in enumerate(first.dumps)]
     if packed == "gzip":  # in memory and from the inflated file: one digest
         assert push_decode.inflated_digest(Path(tmp_path / "c"), 1 << 30, "push")[0] == other.digest
+
+
+def test_a_push_is_not_digested(tmp_path: Path, hang_ranks: dict[int, Any]) -> None:
+    """Only the live windows compare answers: a push costs no pass over its body for a digest."""
+    evidence = decode_file(write(tmp_path, gzip.compress(body(hang_ranks))), "push", origin="push", max_entries=0)
+    assert evidence.digest == b"" and evidence.dumps
