@@ -28,6 +28,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -260,3 +261,6 @@ class LiveWindows:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
+        if self._spool is not None:  # answers are removed once decoded; the folder itself goes here
+            shutil.rmtree(self._spool, ignore_errors=True)
+            self._spool = None

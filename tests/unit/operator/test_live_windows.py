@@ -209,6 +209,9 @@ async def test_a_pod_not_decoded_in_time_keeps_its_last_answer_for_a_while(monke
             sidecar.mode = "ok"
             back = await live.refresh(KEY)
             assert back is not None and back.failures == {} and back.timeline is not None
+            spool = live._spool
+            assert spool is not None and spool.is_dir()
         finally:
             await live.close()
             await sidecar.close()
+        assert not spool.exists()  # the answers' folder goes with the windows
