@@ -8,7 +8,13 @@ What runs (each in its own process, all ended by PID):
 - the real kube-apiserver + etcd from testenv (no controller manager: nothing here needs it), with the
   PyTorchJob and FlightRecorderReport CRDs; the job and its N pods are created through the API, each pod's
   status patched like a kubelet's (podIP 127.0.0.1, its sidecar's port named `frscope`);
-- `frscope operator`, with the defaults except a 5 s status sweep.
+- `frscope operator`, with the defaults except a 5 s status sweep, from this tree or from each `--tree`
+  in turn against the same farm and API server (before and after a change, side by side in one run:
+  between trees the job's condition and reports are removed and the farm reports healthy again).
+
+The farm is split over processes of at most FARM_SLICE pods (one listening socket per pod; a process may
+hold 20,000 descriptors here), each on a loopback address of its own (127.0.k.1: one address has ~28,000
+ephemeral ports), which also spreads its serving over the cores.
 
 Measured: from the moment every simulated sidecar starts reporting the stall to the condition written on
 the job (what a person waits for), the operator's gather duration, its peak RSS (VmHWM) and CPU time, and
@@ -16,6 +22,7 @@ whether the verdict names the planted culprit.
 
     .venv/bin/python bench/operator_scale.py --ranks 1024              # prints a table, appends it to RESULTS.md
     .venv/bin/python bench/operator_scale.py --ranks 64 --no-results   # a quick check
+    .venv/bin/python bench/operator_scale.py --ranks 8192 32768 --tree /tmp/before --tree .   # side by side
 """
 
 from __future__ import annotations
@@ -44,6 +51,9 @@ RESULTS = REPO / "bench" / "RESULTS.md"
 SECTION = "## Operator"
 # The operator asks each sidecar for its newest --max-entries-per-rank entries (default 200).
 WINDOW = 200
+# Pods served by one farm process (its listening sockets and the connections it accepts share a
+# descriptor limit of 20,000 here).
+FARM_SLICE = 8192
 
 
 # -- the sidecar farm (subprocess) -----------------------------------------------------------------
@@ -78,9 +88,10 @@ def farm(args: argparse.Namespace) -> int:
     # builds no older entry), so that 8,192 ranks take seconds, and the farm's own CPU stays out of the
     # measurement. A request for another window, or for the whole ring (an operator with
     # --max-entries-per-rank 0), builds its body when asked, and keeps it.
-    windowed: dict[int, bytes] = {rank: body_of(rank, WINDOW) for rank in range(args.ranks)}
+    mine = range(args.first, min(args.ranks, args.first + args.count))
+    windowed: dict[int, bytes] = {rank: body_of(rank, WINDOW) for rank in mine}
     other: dict[tuple[int, int | None], bytes] = {}
-    print(f"farm: {args.ranks} windowed bodies in {time.monotonic() - started:.0f} s, "
+    print(f"farm: {len(mine)} windowed bodies in {time.monotonic() - started:.0f} s, "
           f"{sum(map(len, windowed.values())) / 2**20:.0f} MiB gzipped", file=sys.stderr, flush=True)
     state = {"stalled": False}
     by_port: dict[int, int] = {}
@@ -115,9 +126,9 @@ def farm(args: argparse.Namespace) -> int:
                 body = other[(rank, newest)] = body_of(rank, newest)
         return web.Response(body=body, content_type="application/json", headers={"Content-Encoding": "gzip"})
 
-    async def stall(_: web.Request) -> web.Response:
-        state["stalled"] = True
-        return web.json_response({"stalled": True})
+    async def stall(request: web.Request) -> web.Response:
+        state["stalled"] = request.query.get("healthy") is None
+        return web.json_response({"stalled": state["stalled"]})
 
     async def main() -> None:
         app = web.Application()
@@ -126,14 +137,16 @@ def farm(args: argparse.Namespace) -> int:
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         ports: dict[str, int] = {}
-        for rank in range(args.ranks):
-            site = web.TCPSite(runner, "127.0.0.1", 0, backlog=256)
+        for rank in mine:
+            site = web.TCPSite(runner, args.host, 0, backlog=256)
             await site.start()
             port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
             by_port[port] = rank
             ports[f"bench-worker-{rank}"] = port
         truth = plan.truth.to_dict()
-        Path(args.port_file).write_text(json.dumps({"ports": ports, "truth": truth}, default=list))
+        part = Path(args.port_file + ".part")
+        part.write_text(json.dumps({"ports": ports, "host": args.host, "truth": truth}, default=list))
+        part.rename(args.port_file)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -198,7 +211,7 @@ def metric(text: str, name: str) -> float | None:
     return float(match.group(1)) if match else None
 
 
-async def create_objects(server: str, token: str, ca: Path, ports: dict[str, int], ranks: int) -> float:
+async def create_objects(server: str, token: str, ca: Path, ports: dict[str, tuple[str, int]], ranks: int) -> float:
     import aiohttp
 
     started = time.monotonic()
@@ -230,7 +243,7 @@ async def create_objects(server: str, token: str, ca: Path, ports: dict[str, int
             "conditions": [{"type": t, "status": "True", "reason": f"PyTorchJob{t}", "lastTransitionTime": now}
                            for t in ("Created", "Running")]}}, "application/merge-patch+json")
 
-        async def pod(name: str, port: int, index: int) -> None:
+        async def pod(name: str, host: str, port: int, index: int) -> None:
             await call("POST", "/api/v1/namespaces/bench/pods", {
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "labels": {"frscope.io/inject": "true",
@@ -245,12 +258,19 @@ async def create_objects(server: str, token: str, ca: Path, ports: dict[str, int
                                              "ports": [{"name": "frscope", "containerPort": port}]}],
                          "containers": [{"name": "pytorch", "image": "registry.invalid/train:1"}]}})
             await call("PATCH", f"/api/v1/namespaces/bench/pods/{name}/status", {"status": {
-                "phase": "Running", "podIP": "127.0.0.1", "podIPs": [{"ip": "127.0.0.1"}],
+                "phase": "Running", "podIP": host, "podIPs": [{"ip": host}],
                 "containerStatuses": [{"name": "pytorch", "image": "x", "imageID": "", "ready": True,
                                        "restartCount": 0, "state": {"running": {"startedAt": now}}}]}},
                 "application/merge-patch+json")
 
-        await asyncio.gather(*(pod(name, port, int(name.rsplit("-", 1)[1])) for name, port in ports.items()))
+        # 16 at a time: a request queued behind 32,768 others for a connection would pass its own timeout
+        creating = asyncio.Semaphore(16)
+
+        async def one(name: str, host: str, port: int) -> None:
+            async with creating:
+                await pod(name, host, port, int(name.rsplit("-", 1)[1]))
+
+        await asyncio.gather(*(one(name, host, port) for name, (host, port) in ports.items()))
     return time.monotonic() - started
 
 
@@ -315,122 +335,179 @@ def write_results(rows: list[dict[str, Any]]) -> None:
     RESULTS.write_text(text)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def reset(plane: Any, farm_ports: list[tuple[str, int]]) -> None:
+    """Between two operators: the farm healthy again, frscope's condition and reports gone, so that the
+    next operator meets the same job as the first did."""
+    import urllib.request
+
+    for host, port in farm_ports:
+        urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/control/stall?healthy=1",
+                                                      method="POST"), timeout=30).close()
+    plane.kubectl("delete", "flightrecorderreports", "--all", "-n", "bench", "--wait=false")
+    job = plane.kubectl_json("get", "pytorchjob", "bench", "-n", "bench")
+    kept = [c for c in job.get("status", {}).get("conditions", []) if c["type"] != "CollectiveTimeoutDiagnosed"]
+    plane.request("PATCH", "/apis/kubeflow.org/v1/namespaces/bench/pytorchjobs/bench/status",
+                  {"status": {"conditions": kept}}, "application/merge-patch+json")
+    events = plane.request("GET", "/api/v1/namespaces/bench/events")[2]
+    if events.get("items"):
+        plane.kubectl("delete", "events", "--all", "-n", "bench", "--wait=false")
+
+
+def run_operator(args: argparse.Namespace, cluster: Any, plane: Any, work: Path, tree: Path,
+                 farm_ports: list[tuple[str, int]], truth: dict[str, Any]) -> dict[str, Any]:
+    """One operator (from `tree`) over the job: healthy first, then every sidecar reports the stall."""
+    http_port = cluster.free_port()
+    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "PYTHONPATH": str(tree)}
+    log_path = work / f"operator-{tree.name or 'tree'}-{args.ranks}.log"
+    op_log = open(log_path, "wb")
+    op = subprocess.Popen([sys.executable, "-m", "frscope", "operator", "--http-host", "127.0.0.1",
+                           "--http-port", str(http_port), "--poll-interval", "5", "--namespace", "bench"],
+                          env=env, stdout=op_log, stderr=subprocess.STDOUT, cwd=tree)
+    try:
+        return _measure(args, plane, op, http_port, log_path, farm_ports, truth, tree)
+    finally:
+        if op.poll() is None:
+            op.send_signal(signal.SIGTERM)
+            try:
+                op.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                op.kill()
+                op.wait()
+        op_log.close()
+
+
+def _measure(args: argparse.Namespace, plane: Any, op: subprocess.Popen[bytes], http_port: int, log_path: Path,
+             farm_ports: list[tuple[str, int]], truth: dict[str, Any], tree: Path) -> dict[str, Any]:
+    import urllib.request
+
+    base = f"http://127.0.0.1:{http_port}"
+    # RSS of the operator (and with its decode workers) every 0.2 s from its start: where the peak is.
+    timeline: list[tuple[float, int, int]] = []
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set() and op.poll() is None:
+            timeline.append((time.monotonic(), rss_kib(op.pid), tree_rss_kib(op.pid)))
+            sampling.wait(0.2)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+
+    def get(path: str) -> str:
+        with urllib.request.urlopen(base + path, timeout=10) as r:
+            return str(r.read().decode())
+
+    started = time.monotonic()
+    deadline = started + args.watch_timeout
+    while True:
+        if op.poll() is not None:
+            raise SystemExit(f"the operator exited:\n{log_path.read_text()[-3000:]}")
+        try:
+            if metric(get("/metrics"), "frscope_operator_pods_watched") == args.ranks:
+                break
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit("the operator did not see every pod in time")
+        time.sleep(1)
+    watched_s = time.monotonic() - started
+    time.sleep(6)  # healthy sweeps first (one of N pods takes N/200 s: the stall comes during one)
+    cpu_before = cpu_s(op.pid) + sum(cpu_s(c) for c in children(op.pid))
+    t0 = time.monotonic()
+    for host, port in farm_ports:  # every farm process (one pod of each stands for its slice) reports the stall
+        urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/control/stall", method="POST"),
+                               timeout=10).close()
+    peak = tree_peak = 0
+    condition = None
+    while time.monotonic() - t0 < args.timeout:
+        peak = max(peak, rss_kib(op.pid))
+        tree_peak = max(tree_peak, tree_rss_kib(op.pid))
+        job = plane.kubectl_json("get", "pytorchjob", "bench", "-n", "bench")
+        found = [c for c in job.get("status", {}).get("conditions", [])
+                 if c["type"] == "CollectiveTimeoutDiagnosed"]
+        if found:
+            condition = found[0]
+            break
+        time.sleep(0.5)
+    elapsed = time.monotonic() - t0
+    sampling.set()
+    sampler.join()
+    before = [r for t, r, _ in timeline if t < t0]
+    during = [(r, t - t0) for t, r, _ in timeline if t >= t0]
+    metrics = get("/metrics")
+    hwm = rss_kib(op.pid, "VmHWM")
+    # The decode workers' own peaks (VmHWM), added to the operator's: an upper bound of the
+    # processes' peak together (their peaks need not coincide), and never less than what was sampled.
+    tree_hwm = hwm + sum(rss_kib(c, "VmHWM") for c in children(op.pid))
+    git = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=tree).stdout
+    result = {
+        "tree": str(tree), "commit": git.strip(), "ranks": args.ranks, "entries": args.entries,
+        "stall_to_condition_s": elapsed if condition else float("nan"),
+        "gather_s": metric(metrics, "frscope_operator_gather_duration_seconds_sum") or 0.0,
+        "peak_rss_mib": max(hwm, peak) / 1024, "tree_peak_rss_mib": max(tree_peak, tree_hwm) / 1024,
+        "cpu_s": cpu_s(op.pid) + sum(cpu_s(c) for c in children(op.pid)) - cpu_before,
+        "verdict": "timed out", "load": os.getloadavg()[0], "pods_watched_after_s": watched_s,
+        # Before the stall: the operator watching every pod, its sweeps; after: the incident.
+        "rss_before_stall_mib": max(before, default=0) / 1024,
+        "rss_incident_peak_mib": max(during, default=(0, 0.0))[0] / 1024,
+        "rss_incident_peak_at_s": max(during, default=(0, 0.0))[1],
+        "log": str(log_path),
+    }
+    if condition:
+        ok = (condition["reason"] == truth["category"]
+              and f"Rank {truth['culprit_ranks'][0]} " in condition["message"])
+        said = "planted culprit" if ok else "WRONG: " + condition["message"][:80]
+        result["verdict"] = f"{condition['reason']} ({said})"
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     cluster = load_cluster()
     crds = [Path.home() / "go/pkg/mod/github.com/kubeflow/training-operator@v1.8.1/manifests/base/crds/"
             "kubeflow.org_pytorchjobs.yaml", REPO / "charts/frscope/crds/flightrecorderreport.yaml"]
     crd_dir = bin_dir().parent / "crds"
     crds[0] = next(iter(sorted(crd_dir.glob("kubeflow.org_pytorchjobs.yaml"))), crds[0])
     work = Path(tempfile.mkdtemp(prefix="frscope-opbench-"))
-    port_file = work / "ports.json"
     procs: list[subprocess.Popen[bytes]] = []
     plane = None
+    rows: list[dict[str, Any]] = []
     try:
-        farm_log = open(work / "farm.log", "wb")
-        procs.append(subprocess.Popen([sys.executable, __file__, "farm", "--ranks", str(args.ranks), "--entries",
-                                       str(args.entries), "--port-file", str(port_file), "--seed", str(args.seed)],
-                                      stdout=farm_log, stderr=subprocess.STDOUT, cwd=REPO))
+        port_files = []
+        for first in range(0, args.ranks, FARM_SLICE):
+            port_file = work / f"ports-{first}.json"
+            port_files.append(port_file)
+            farm_log = open(work / f"farm-{first}.log", "wb")
+            procs.append(subprocess.Popen(
+                [sys.executable, __file__, "farm", "--ranks", str(args.ranks), "--entries", str(args.entries),
+                 "--port-file", str(port_file), "--seed", str(args.seed), "--first", str(first),
+                 "--count", str(FARM_SLICE), "--host", f"127.0.{1 + first // FARM_SLICE}.1"],
+                stdout=farm_log, stderr=subprocess.STDOUT, cwd=REPO))
         plane = cluster.start(bin_dir(), crds=[], controller_manager=False)
         for crd in crds:
             plane.kubectl("apply", "-f", str(crd))
         time.sleep(3)
         deadline = time.monotonic() + args.farm_timeout
-        while not port_file.exists():
-            if procs[0].poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"the farm did not start:\n{(work / 'farm.log').read_text()[-3000:]}")
+        while not all(f.exists() for f in port_files):
+            if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
+                logs = "".join(f.read_text()[-1500:] for f in work.glob("farm-*.log"))
+                raise SystemExit(f"the farm did not start:\n{logs}")
             time.sleep(1)
-        farm_info = json.loads(port_file.read_text())
-        ports, truth = farm_info["ports"], farm_info["truth"]
+        ports: dict[str, tuple[str, int]] = {}
+        truth: dict[str, Any] = {}
+        farm_ports: list[tuple[str, int]] = []  # one pod of each farm process: telling it tells its slice
+        for port_file in port_files:
+            info = json.loads(port_file.read_text())
+            ports.update({name: (info["host"], port) for name, port in info["ports"].items()})
+            farm_ports.append((info["host"], next(iter(info["ports"].values()))))
+            truth = info["truth"]
         created_s = asyncio.run(create_objects(plane.server, plane.admin_token, plane.ca_file, ports, args.ranks))
         print(f"created the job and {len(ports)} pods in {created_s:.0f} s", file=sys.stderr)
-
-        http_port = cluster.free_port()
-        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
-        op_log = open(work / "operator.log", "wb")
-        op = subprocess.Popen([sys.executable, "-m", "frscope", "operator", "--http-host", "127.0.0.1",
-                               "--http-port", str(http_port), "--poll-interval", "5", "--namespace", "bench"],
-                              env=env, stdout=op_log, stderr=subprocess.STDOUT, cwd=REPO)
-        procs.append(op)
-        base = f"http://127.0.0.1:{http_port}"
-        # RSS of the operator (and with its decode workers) every 0.2 s from its start: where the peak is.
-        timeline: list[tuple[float, int, int]] = []
-        sampling = threading.Event()
-
-        def sample() -> None:
-            while not sampling.is_set() and op.poll() is None:
-                timeline.append((time.monotonic(), rss_kib(op.pid), tree_rss_kib(op.pid)))
-                sampling.wait(0.2)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-
-        def get(path: str) -> str:
-            import urllib.request
-
-            with urllib.request.urlopen(base + path, timeout=10) as r:
-                return str(r.read().decode())
-
-        deadline = time.monotonic() + 300
-        while True:
-            if op.poll() is not None:
-                raise SystemExit(f"the operator exited:\n{(work / 'operator.log').read_text()[-3000:]}")
-            try:
-                if metric(get("/metrics"), "frscope_operator_pods_watched") == args.ranks:
-                    break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("the operator did not see every pod in time")
-            time.sleep(1)
-        time.sleep(6)  # a full healthy sweep first
-        cpu_before = cpu_s(op.pid) + sum(cpu_s(c) for c in children(op.pid))
-        import urllib.request
-
-        urllib.request.urlopen(urllib.request.Request(
-            f"http://127.0.0.1:{next(iter(ports.values()))}/control/stall", method="POST"), timeout=10).close()
-        t0 = time.monotonic()
-        peak = tree_peak = 0
-        condition = None
-        while time.monotonic() - t0 < args.timeout:
-            peak = max(peak, rss_kib(op.pid))
-            tree_peak = max(tree_peak, tree_rss_kib(op.pid))
-            job = plane.kubectl_json("get", "pytorchjob", "bench", "-n", "bench")
-            found = [c for c in job.get("status", {}).get("conditions", [])
-                     if c["type"] == "CollectiveTimeoutDiagnosed"]
-            if found:
-                condition = found[0]
-                break
-            time.sleep(0.5)
-        elapsed = time.monotonic() - t0
-        sampling.set()
-        sampler.join()
-        before = [r for t, r, _ in timeline if t < t0]
-        during = [(r, t - t0) for t, r, _ in timeline if t >= t0]
-        (work / "rss.csv").write_text("".join(f"{t - t0:.1f},{r},{tr}\n" for t, r, tr in timeline))
-        metrics = get("/metrics")
-        hwm = rss_kib(op.pid, "VmHWM")
-        # The decode workers' own peaks (VmHWM), added to the operator's: an upper bound of the
-        # processes' peak together (their peaks need not coincide), and never less than what was sampled.
-        tree_hwm = hwm + sum(rss_kib(c, "VmHWM") for c in children(op.pid))
-        result = {
-            "ranks": args.ranks, "entries": args.entries,
-            "stall_to_condition_s": elapsed if condition else float("nan"),
-            "gather_s": metric(metrics, "frscope_operator_gather_duration_seconds_sum") or 0.0,
-            "peak_rss_mib": max(hwm, peak) / 1024, "tree_peak_rss_mib": max(tree_peak, tree_hwm) / 1024,
-            "cpu_s": cpu_s(op.pid) + sum(cpu_s(c) for c in children(op.pid)) - cpu_before,
-            "verdict": "timed out", "load": os.getloadavg()[0],
-            # Before the stall: the operator watching every pod, its sweeps; after: the incident.
-            "rss_before_stall_mib": max(before, default=0) / 1024,
-            "rss_incident_peak_mib": max(during, default=(0, 0.0))[0] / 1024,
-            "rss_incident_peak_at_s": max(during, default=(0, 0.0))[1],
-        }
-        if condition:
-            ok = (condition["reason"] == truth["category"]
-                  and f"Rank {truth['culprit_ranks'][0]} " in condition["message"])
-            said = "planted culprit" if ok else "WRONG: " + condition["message"][:80]
-            result["verdict"] = f"{condition['reason']} ({said})"
-        print(json.dumps(result), flush=True)
-        return result
+        for index, tree in enumerate(args.tree):
+            if index:
+                reset(plane, farm_ports)
+            rows.append(run_operator(args, cluster, plane, work, tree, farm_ports, truth))
+        return rows
     finally:
         for proc in reversed(procs):
             if proc.poll() is None:
@@ -453,21 +530,34 @@ def main() -> int:
     farm_p.add_argument("--entries", type=int, required=True)
     farm_p.add_argument("--port-file", required=True)
     farm_p.add_argument("--seed", type=int, default=0)
+    farm_p.add_argument("--first", type=int, default=0, help="the first rank this farm process serves")
+    farm_p.add_argument("--count", type=int, default=1 << 30, help="how many ranks it serves")
+    farm_p.add_argument("--host", default="127.0.0.1",
+                        help="its loopback address (one a process: 32,768 ports are more than one address's "
+                             "ephemeral range)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024])
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the condition")
     parser.add_argument("--farm-timeout", type=float, default=900.0, help="seconds to build the synthetic bodies")
+    parser.add_argument("--watch-timeout", type=float, default=600.0,
+                        help="seconds for the operator to see every pod")
+    parser.add_argument("--tree", type=Path, action="append", default=None,
+                        help="a frscope source tree to run the operator from (repeat: each in turn, same farm "
+                             "and API server); default this one")
     parser.add_argument("--no-results", action="store_true", help="do not write bench/RESULTS.md")
     args = parser.parse_args()
     if args.mode == "farm":
         return farm(args)
+    args.tree = [t.resolve() for t in (args.tree or [REPO])]
     rows = []
     for ranks in args.ranks:
         one = argparse.Namespace(**{**vars(args), "ranks": ranks})
-        rows.append(run(one))
-    if not args.no_results:
+        rows += run(one)
+    if not args.no_results and len(args.tree) == 1:
         write_results(rows)
+    elif not args.no_results:  # the section's table has one row per size: side by side goes in by hand
+        print("several trees: bench/RESULTS.md not written", file=sys.stderr)
     return 0
 
 

@@ -67,6 +67,20 @@ def _write_dumps(rank, out):
         handle.write(torch._C._distributed_c10d._dump_fr_trace(True, True, False))
 
 
+def _settled(limit_s=30.0):
+    """Wait until the recorder shows every entry retired and every group's last enqueued collective
+    completed, as it does once the program's ops have all returned (at most `limit_s`)."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        text = torch._C._distributed_c10d._dump_fr_trace_json(True, True)
+        trace = json.loads(text if isinstance(text, str) else text.decode())
+        status = trace.get("pg_status") or {}
+        if all(e.get("retired") for e in trace.get("entries") or []) and all(
+                s.get("last_completed_collective") == s.get("last_enqueued_collective") for s in status.values()):
+            return
+        time.sleep(0.05)
+
+
 def _dump_later(rank, world, out, seconds):
     """A hung job: dump while the ranks are blocked (or stuck); once every rank has, end the process (the
     first to end resets its peers' connections: their blocked collectives then fail)."""
@@ -115,7 +129,7 @@ def body(rank, world, spec, out, port):
             raise ValueError(kind)
     if spec.get("dump_after"):
         time.sleep(3600)  # the dump thread ends the process
-    time.sleep(0.5)  # gloo retires an entry a moment after wait() returns
+    _settled()  # gloo retires an entry a moment after wait() returns (longer on a loaded machine)
     _write_dumps(rank, out)
     dist.barrier()
     dist.destroy_process_group()

@@ -72,8 +72,11 @@ def _free_port() -> int:
 def _run_real(program, out: Path, dump_after: float = 0.0) -> None:  # type: ignore[no-untyped-def]
     spec = out / "spec.json"
     spec.write_text(json.dumps({**_spec(program), "dump_after": dump_after}))
-    proc = subprocess.run([sys.executable, str(WORKER), str(spec), str(out), str(_free_port())],
-                          capture_output=True, text=True, timeout=240)
+    for _attempt in range(3):  # the free port can be taken by another process before the store binds it
+        proc = subprocess.run([sys.executable, str(WORKER), str(spec), str(out), str(_free_port())],
+                              capture_output=True, text=True, timeout=240)
+        if "EADDRINUSE" not in proc.stderr:
+            break
     # a hung job ends by its ranks exiting one after another: the later ones may fail on the reset
     assert proc.returncode == 0 or dump_after, proc.stderr[-3000:]
     world = program.layout.world

@@ -4,6 +4,7 @@ condition to keep asserted), the metrics and what the web UI shows."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import logging
 import time
@@ -90,7 +91,8 @@ class DiagnosisWriter:
         finding = report.findings[0]
         now = rfc3339()
         publishing = time.monotonic()
-        pub = self._publication(view, sig, attempt, key, diagnosis, rank_pods, revision, now)
+        # Off the event loop: the report of 1,000s of ranks takes seconds to build and size.
+        pub = await asyncio.to_thread(self._publication, view, sig, attempt, key, diagnosis, rank_pods, revision, now)
         name = pub.record.report
         done = await (self.publisher.revise(pub) if revision is not None else self.publisher.publish(pub))
         for step in done.errors:

@@ -16,18 +16,14 @@ import os
 import tempfile
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from frscope.operator.evidence.pod_evidence import (
-    DEFAULT_MAX_ENTRIES,
-    MAX_PIECES,
-    PodEvidence,
-    from_bytes,
-    share_groups,
-)
+from frscope.operator.evidence.group_lists import GroupTable, packed_call, unpack
+from frscope.operator.evidence.pod_evidence import DEFAULT_MAX_ENTRIES, MAX_PIECES, PodEvidence, from_bytes
 from frscope.operator.evidence.push_decode import decode_file
 from frscope.operator.evidence.sidecars import SidecarClient, SidecarError
 from frscope.operator.kube.backoff import Backoff
@@ -70,40 +66,41 @@ class Decoder:
             await asyncio.gather(*(loop.run_in_executor(self._pool, _noop) for _ in range(self.processes)))
 
     async def decode(self, raw: bytes, endpoint: str, *, max_entries: int, pod: str | None, namespace: str | None,
-                     shared: dict[tuple[int, ...], tuple[int, ...]] | None = None,
+                     shared: GroupTable | None = None,
                      origin: str = "sidecar", max_ranks: int = MAX_PIECES) -> PodEvidence:
-        """`shared`: the gather's one tuple per distinct group rank list (`evidence.share_groups`).
+        """`shared`: the gather's rank lists (`group_lists.GroupTable`), one tuple per distinct list.
         `origin`: 'sidecar' (a fetched snapshot) or 'push'."""
         call = functools.partial(from_bytes, raw, endpoint, origin=origin, max_entries=max_entries, pod=pod,
                                  namespace=namespace, max_ranks=max_ranks)
+        return await self._run(call, endpoint, shared)
+
+    async def decode_file(self, path: str, endpoint: str, *, max_entries: int, pod: str | None,
+                          namespace: str | None, origin: str = "push", plain_bytes: int = 0,
+                          max_ranks: int = MAX_PIECES, shared: GroupTable | None = None,
+                          unchanged_if: bytes = b"", with_digest: bool = False) -> PodEvidence:
+        """A body streamed into the file `path` (a push, a push kept on disk), decoded one rank at a time
+        (`push_decode.decode_file`) in a decoder process: the operator's process never holds the body.
+        `unchanged_if`: the digest of the body decoded before (an `unchanged` evidence if it is the same)."""
+        call = functools.partial(decode_file, path, endpoint, origin=origin, max_entries=max_entries, pod=pod,
+                                 namespace=namespace, plain_bytes=plain_bytes, max_ranks=max_ranks,
+                                 unchanged_if=unchanged_if, with_digest=with_digest)
+        return await self._run(call, endpoint, shared)
+
+    async def _run(self, call: functools.partial[PodEvidence], endpoint: str,
+                   shared: GroupTable | None) -> PodEvidence:
+        table = shared if shared is not None else GroupTable()
         if self._pool is None:
-            return await asyncio.to_thread(call)  # in-process: normalize's cache shares them already
+            return unpack(await asyncio.to_thread(call), table)  # in-process: nothing packed
+        # Large rank lists come back as digests, whole only where this gather has not got them yet.
+        packed = functools.partial(packed_call, call.func, table.known(), *call.args, **call.keywords)
         try:
-            evidence = await asyncio.get_running_loop().run_in_executor(self._pool, call)
+            evidence = await asyncio.get_running_loop().run_in_executor(self._pool, packed)
         except BrokenProcessPool:
             # A body killed its worker (the pool is then unusable): this body fails, the next get a new pool.
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = _pool(self.processes)
             raise SidecarError(endpoint, "the decoder process died decoding this body", retryable=False) from None
-        return share_groups(evidence, shared if shared is not None else {})
-
-    async def decode_file(self, path: str, endpoint: str, *, max_entries: int, pod: str | None,
-                          namespace: str | None, origin: str = "push", plain_bytes: int = 0,
-                          max_ranks: int = MAX_PIECES,
-                          shared: dict[tuple[int, ...], tuple[int, ...]] | None = None) -> PodEvidence:
-        """A body streamed into the file `path` (a push, a push kept on disk), decoded one rank at a time
-        (`push_decode.decode_file`) in a decoder process: the operator's process never holds the body."""
-        call = functools.partial(decode_file, path, endpoint, origin=origin, max_entries=max_entries, pod=pod,
-                                 namespace=namespace, plain_bytes=plain_bytes, max_ranks=max_ranks)
-        if self._pool is None:
-            return await asyncio.to_thread(call)
-        try:
-            evidence = await asyncio.get_running_loop().run_in_executor(self._pool, call)
-        except BrokenProcessPool:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = _pool(self.processes)
-            raise SidecarError(endpoint, "the decoder process died decoding this body", retryable=False) from None
-        return share_groups(evidence, shared if shared is not None else {})
+        return unpack(evidence, table)
 
     def close(self) -> None:
         if self._pool is not None:
@@ -161,7 +158,7 @@ class Gathered:
 
 async def _fetch_one(client: SidecarClient, namespace: str, target: Target, options: GatherOptions,
                      fetching: asyncio.Semaphore, decoding: asyncio.Semaphore, decoder: Decoder,
-                     shared: dict[tuple[int, ...], tuple[int, ...]]) -> PodEvidence:
+                     shared: GroupTable, previous: PodEvidence | None) -> PodEvidence:
     assert target.endpoint is not None
     delays = Backoff(attempts=options.attempts, base_s=options.backoff_base_s, cap_s=5.0).delays()
     while True:
@@ -170,7 +167,7 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
             async with fetching:
                 if options.spool is not None:
                     return await _fetch_to_file(client, namespace, target, options, options.spool, decoding,
-                                                decoder, shared)
+                                                decoder, shared, previous)
                 raw = await client.snapshot_bytes(target.endpoint, options.per_pod_timeout_s,
                                                   refresh=options.refresh,
                                                   last_entries=options.max_entries or None,
@@ -188,8 +185,10 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
 
 async def _fetch_to_file(client: SidecarClient, namespace: str, target: Target, options: GatherOptions,
                          spool: Path, decoding: asyncio.Semaphore, decoder: Decoder,
-                         shared: dict[tuple[int, ...], tuple[int, ...]]) -> PodEvidence:
-    """One answer streamed to a file of `spool` and decoded from it in the decoder processes."""
+                         shared: GroupTable, previous: PodEvidence | None) -> PodEvidence:
+    """One answer streamed to a file of `spool` and decoded from it in the decoder processes; `previous`
+    (this pod's evidence from the same kind of gather before) is kept as it is when the answer holds the
+    same ranks and errors, byte for byte."""
     assert target.endpoint is not None
     fd, name = tempfile.mkstemp(dir=spool, prefix=".snapshot-", suffix=".part")
     os.close(fd)
@@ -198,9 +197,12 @@ async def _fetch_to_file(client: SidecarClient, namespace: str, target: Target, 
         await client.snapshot_bytes(target.endpoint, options.per_pod_timeout_s, refresh=options.refresh,
                                     last_entries=options.max_entries or None, pod=(namespace, target.pod), into=path)
         async with decoding:
-            return await decoder.decode_file(str(path), target.endpoint, origin="sidecar",
-                                             max_entries=options.max_entries, pod=target.pod, namespace=namespace,
-                                             max_ranks=options.max_ranks, shared=shared)
+            evidence = await decoder.decode_file(str(path), target.endpoint, origin="sidecar",
+                                                 max_entries=options.max_entries, pod=target.pod,
+                                                 namespace=namespace, max_ranks=options.max_ranks, shared=shared,
+                                                 unchanged_if=previous.digest if previous is not None else b"",
+                                                 with_digest=True)
+        return previous if evidence.unchanged and previous is not None else evidence
     finally:
         path.unlink(missing_ok=True)
 
@@ -225,15 +227,17 @@ async def _cancel_all(tasks: list[asyncio.Task[PodEvidence]]) -> None:
 
 
 async def gather(client: SidecarClient, namespace: str, targets: list[Target], options: GatherOptions,
-                 decoder: Decoder | None = None) -> Gathered:
-    """Every target fetched (what they pushed is added by `settle.collect`)."""
+                 decoder: Decoder | None = None, previous: Mapping[str, PodEvidence] | None = None) -> Gathered:
+    """Every target fetched (what they pushed is added by `settle.collect`). `previous`: each pod's
+    evidence from the last gather of the same options (the live windows'); with `options.spool`, a pod
+    whose answer holds the same bytes is not decoded again, and its evidence is that same object."""
     started = time.monotonic()
     result = Gathered(namespace)
     decoder = decoder or Decoder()
     fetching = asyncio.Semaphore(max(1, options.concurrency))
     decoding = asyncio.Semaphore(max(1, decoder.processes or options.decode_threads))
     tasks: dict[asyncio.Task[PodEvidence], Target] = {}
-    shared: dict[tuple[int, ...], tuple[int, ...]] = {}
+    shared = GroupTable()
     for target in targets:
         if target.ended is not None:
             result.failures[target.pod] = target.ended
@@ -241,8 +245,9 @@ async def gather(client: SidecarClient, namespace: str, targets: list[Target], o
         if target.endpoint is None:
             result.failures[target.pod] = "no sidecar endpoint (no pod IP yet, or no container port named 'frscope')"
             continue
+        before = previous.get(target.pod) if previous is not None else None
         tasks[asyncio.create_task(_fetch_one(client, namespace, target, options, fetching, decoding,
-                                             decoder, shared))] = target
+                                             decoder, shared, before))] = target
     if tasks:
         try:
             _done, pending = await asyncio.wait(tasks, timeout=options.overall_timeout_s)

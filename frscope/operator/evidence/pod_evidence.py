@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from frscope.operator.evidence.group_lists import Packed
 from frscope.operator.evidence.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, gunzip_capped, parse_snapshot
 from frscope.records import LoadProblem, RankDump
 from frscope.records.envelope import envelope_problems, piece_dump
@@ -57,6 +58,12 @@ class PodEvidence:
     # What the decoded evidence keeps in memory (its tables, stacks, groups: `kept_bytes`), measured
     # where it was decoded; 0: not measured (then `held_bytes` falls back on the body's size).
     measured_bytes: int = 0
+    # In transit from a decoder process only: its large group rank lists as digests (`group_lists`).
+    packed_groups: Packed | None = None
+    # What the body held (`push_decode.body_digest`), when decoded from a file; `unchanged`: not decoded,
+    # the body was the one of that digest the caller decoded before (`decode_file(unchanged_if=...)`).
+    digest: bytes = b""
+    unchanged: bool = False
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -119,8 +126,16 @@ def from_snapshot(snapshot: SidecarSnapshot, *, origin: str, max_entries: int = 
     if len(snapshot.ranks) > max_ranks:
         out.problems.append(LoadProblem(where, f"{len(snapshot.ranks)} ranks in one pod's answer: only the first "
                                         f"{max_ranks} are kept here", kind="warning"))
-    out.measured_bytes = kept_bytes(out.dumps, out.problems)
+    measure(out, origin)
     return out
+
+
+def measure(out: PodEvidence, origin: str) -> None:
+    """A push's kept evidence measured (`measured_bytes`, what the push store counts), where it was decoded.
+    Only a push is held by the push store; a fetched snapshot is analyzed and dropped, and the walk over
+    every object of its tables was half of a gather's decoding CPU (bench/RESULTS.md, "Operator")."""
+    if origin == "push":
+        out.measured_bytes = kept_bytes(out.dumps, out.problems)
 
 
 def add_piece(out: PodEvidence, raw: dict[str, Any], index: int, where: str, max_entries: int) -> None:
@@ -140,14 +155,6 @@ def add_piece(out: PodEvidence, raw: dict[str, Any], index: int, where: str, max
     out.cut_here += dropped - before
     _cap_stacks(got)
     out.dumps.append(got)
-
-
-def share_groups(evidence: PodEvidence, shared: dict[tuple[int, ...], tuple[int, ...]]) -> PodEvidence:
-    """One tuple per distinct `pg_config` rank list across a gather (`RankDump.share_group_ranks`, as the
-    CLI's loader does): a rank decoded in a worker process arrives with its own copy of them."""
-    for dump in evidence.dumps:
-        dump.share_group_ranks(shared)
-    return evidence
 
 
 class Unreadable(dict[str, Any]):

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import zlib
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,8 @@ from frscope.operator.evidence.pod_evidence import (
     Unreadable,
     add_piece,
     dense,
-    kept_bytes,
     loads_json,
+    measure,
     value_span,
 )
 from frscope.operator.evidence.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, parse_snapshot
@@ -154,25 +155,48 @@ def _cut_short(exc: ValueError, text: str) -> bool:
 
 def decode_file(path: str, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
                 pod: str | None = None, namespace: str | None = None, plain_bytes: int = 0,
-                max_ranks: int = MAX_PIECES) -> PodEvidence:
+                max_ranks: int = MAX_PIECES, unchanged_if: bytes = b"", with_digest: bool = False) -> PodEvidence:
     """Decode the snapshot body in the file `path` (gzip or plain; in a decoder process). A gzip body
     inflates to at most MAX_EXPANSION x its size (+ EXPANSION_FLOOR), or `plain_bytes` where larger: a
-    push kept on disk was accepted plain up to that size, and compressed by the operator itself."""
+    push kept on disk was accepted plain up to that size, and compressed by the operator itself.
+
+    With `with_digest`, the evidence's `digest` is that of the body's ranks and errors (everything from
+    its `"ranks"` on: the envelope's head says when it was rendered, which changes with every answer; a
+    `Checksum`). With `unchanged_if`, a
+    body of that digest is not decoded: an empty evidence with `unchanged` set comes back, and the caller
+    keeps what it decoded of the same body before (the live windows: a sidecar serves what it read at
+    its last full poll, the same bytes for many refreshes)."""
     source = Path(path)
     inflated: Path | None = None
     try:
         size = source.stat().st_size
         with source.open("rb") as handle:
             magic = handle.read(2)
+        digest = b""
         if magic == b"\x1f\x8b":
+            limit = min(DEFAULT_MAX_SNAPSHOT_BYTES, max(MAX_EXPANSION * size + EXPANSION_FLOOR, plain_bytes))
+            if unchanged_if:
+                # Inflated and digested on the way, nothing written: most answers of a live window are
+                # the ones decoded before.
+                digest, plain = inflated_digest(source, limit, endpoint)
+                if digest == unchanged_if:
+                    return PodEvidence(namespace or "", pod or "", "", None, size_bytes=plain, digest=digest,
+                                       unchanged=True)
             inflated = source.with_name(f".{source.name}.{os.getpid()}.inflated")
-            limit = max(MAX_EXPANSION * size + EXPANSION_FLOOR, plain_bytes)
-            inflate_file(source, inflated, min(DEFAULT_MAX_SNAPSHOT_BYTES, limit), endpoint)
+            inflate_file(source, inflated, limit, endpoint)
             source = inflated
         fd = os.open(source, os.O_RDONLY)
         try:
-            return _decode(_Body(fd, os.fstat(fd).st_size), endpoint, origin=origin, max_entries=max_entries,
-                           pod=pod, namespace=namespace, max_ranks=max_ranks)
+            body = _Body(fd, os.fstat(fd).st_size)
+            if with_digest or unchanged_if:
+                digest = digest or body_digest(body)
+            if unchanged_if and digest == unchanged_if:
+                return PodEvidence(namespace or "", pod or "", "", None, size_bytes=body.size, digest=digest,
+                                   unchanged=True)
+            out = _decode(body, endpoint, origin=origin, max_entries=max_entries, pod=pod, namespace=namespace,
+                          max_ranks=max_ranks)
+            out.digest = digest
+            return out
         finally:
             os.close(fd)
     except OSError as exc:
@@ -180,6 +204,73 @@ def decode_file(path: str, endpoint: str, *, origin: str, max_entries: int = DEF
     finally:
         if inflated is not None:
             inflated.unlink(missing_ok=True)
+
+
+def inflated_digest(source: Path, limit: int, endpoint: str) -> tuple[bytes, int]:
+    """(`body_digest` of the gzip body in `source`, its inflated size), inflated in memory a chunk at a
+    time (at most `limit` bytes out), nothing written; b"" when no `"ranks"` key is near its start."""
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    hasher = Checksum()
+    head = bytearray()  # what came before the "ranks" key, while it is not seen
+    found = False
+    written = 0
+    try:
+        with source.open("rb") as src:
+            while (chunk := src.read(CHUNK)) and not inflater.eof:
+                while chunk and not inflater.eof:
+                    data = inflater.decompress(chunk, CHUNK)
+                    written += len(data)
+                    if written > limit:
+                        raise SidecarError(endpoint, f"answer larger than {limit} bytes once decompressed",
+                                           retryable=False)
+                    chunk = inflater.unconsumed_tail
+                    if found:
+                        hasher.update(data)
+                        continue
+                    head += data
+                    at = head.find(b'"ranks"')
+                    if at >= 0:
+                        hasher.update(head[at:])
+                        found, head = True, bytearray()
+                    elif len(head) > MAX_REST_BYTES:
+                        return b"", written
+    except zlib.error as exc:
+        raise SidecarError(endpoint, f"corrupt gzip: {exc}", retryable=False) from exc
+    if not inflater.eof:
+        raise SidecarError(endpoint, "gzip stream ends early", retryable=False)
+    return (hasher.digest() if found else b""), written
+
+
+class Checksum:
+    """CRC-32 and Adler-32 of the bytes and their count (16 bytes): a body is only ever compared with the
+    same pod's last answer, which its sidecar makes whatever it is (a collision gains a sidecar nothing it
+    could not send anyway), so a checksum at memory speed rather than a cryptographic digest, which cost
+    a third of a refresh that decodes nothing (bench/RESULTS.md, "Live window of 1,024 ranks")."""
+
+    def __init__(self) -> None:
+        self.crc, self.adler, self.size = 0, 1, 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self.crc = zlib.crc32(data, self.crc)
+        self.adler = zlib.adler32(data, self.adler)
+        self.size += len(data)
+
+    def digest(self) -> bytes:
+        return struct.pack("<IIQ", self.crc, self.adler, self.size)
+
+
+def body_digest(body: _Body) -> bytes:
+    """`Checksum` of the body from its `"ranks"` key on (b"" when it has none near its start)."""
+    head = body.find(b'"ranks"', 0, MAX_REST_BYTES)
+    if head < 0:
+        return b""
+    hasher = Checksum()
+    offset = head
+    while offset < body.size:
+        chunk = body.read(offset, CHUNK)
+        hasher.update(chunk)
+        offset += len(chunk)
+    return hasher.digest()
 
 
 def _decode(body: _Body, endpoint: str, *, origin: str, max_entries: int, pod: str | None,
@@ -223,5 +314,5 @@ def _decode(body: _Body, endpoint: str, *, origin: str, max_entries: int, pod: s
     if index > max_ranks:
         out.problems.append(LoadProblem(where, f"{index} ranks in one pod's answer: only the first {max_ranks} are "
                                         "kept here", kind="warning"))
-    out.measured_bytes = kept_bytes(out.dumps, out.problems)
+    measure(out, origin)
     return out

@@ -8,7 +8,6 @@ trimmed step by step when the object would exceed `limit_bytes` (etcd takes 1.5 
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -82,22 +81,33 @@ def _size(obj: Any) -> int:
 
 def _trim_report(full: dict[str, Any], keep_ranks: set[int], limit: int,
                  rest: int) -> tuple[dict[str, Any], str | None]:
-    """The report dict, smaller step by step until the object fits; the note says what was cut."""
+    """The report dict, smaller step by step until the object fits; the note says what was cut. `full`
+    is not changed: what is cut is copied level by level (a deep copy of an 8,192-rank report took
+    ~1 s of the event loop)."""
     if rest + _size(full) <= limit:
         return full, None
-    trimmed = copy.deepcopy(full)
-    for group in trimmed.get("groups", []):
+    trimmed = dict(full)
+    groups = []
+    for group in full.get("groups", []):
         progress = group.get("progress") or {}
-        group["progress"] = {r: v for r, v in progress.items() if int(r) in keep_ranks}
-        group["progress_truncated"] = len(progress) - len(group["progress"])
-    trimmed["problems"] = trimmed.get("problems", [])[:MAX_PROBLEMS]
+        kept = {r: v for r, v in progress.items() if int(r) in keep_ranks}
+        groups.append({**group, "progress": kept, "progress_truncated": len(progress) - len(kept)})
+    if "groups" in full:
+        trimmed["groups"] = groups
+    trimmed["problems"] = full.get("problems", [])[:MAX_PROBLEMS]
     if rest + _size(trimmed) <= limit:
         return trimmed, "per-rank progress kept for the culprit ranks only (see progress for every rank)"
     trimmed.pop("groups", None)
-    for finding in trimmed.get("findings", []):
-        for sub in [finding, *finding.get("consequences", [])]:
-            sub["ranks"] = {r: v for r, v in sub.get("ranks", {}).items() if int(r) in keep_ranks}
-            sub["culprit_frames"] = {}
+
+    def culprits_only(sub: dict[str, Any]) -> dict[str, Any]:
+        return {**sub, "ranks": {r: v for r, v in sub.get("ranks", {}).items() if int(r) in keep_ranks},
+                "culprit_frames": {}}
+
+    if "findings" in full:
+        trimmed["findings"] = [
+            {**culprits_only(finding), **({"consequences": [culprits_only(c) for c in finding["consequences"]]}
+                                          if "consequences" in finding else {})}
+            for finding in full["findings"]]
     if rest + _size(trimmed) <= limit:
         return trimmed, "groups and non-culprit rank details left out (too large)"
     verdict = full.get("verdict")

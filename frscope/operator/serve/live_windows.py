@@ -12,8 +12,13 @@ A web UI request for a job (its page, data, event stream or trace) marks the job
 was asked about within `linger_s`, each of its pods' sidecars is asked for `GET /v1/snapshot?entries=N`
 (what the sidecar already holds: no extra poll of the ranks) every `interval_s`, the answers go through
 the same loader as a diagnosis, and the timeline (frscope.report.timeline, each rank's own times
-included) is built off the event loop. Only the timeline is kept, one per watched job; jobs nobody looks
-at cost nothing.
+included) is built off the event loop. Jobs nobody looks at cost nothing.
+
+Between refreshes a job keeps what it decoded (within MAX_KEPT_BYTES for every job together): a sidecar
+serves what it read at its last full poll (every 30 s by default), the same bytes for many refreshes, so a
+pod whose answer holds the same ranks and errors byte for byte is not decoded again, and when no pod's
+answer changed the window is the one made last time (no timeline, no perf): a refresh then costs the
+fetches and a digest of each answer (bench/RESULTS.md, "Live window of 1,024 ranks").
 """
 
 from __future__ import annotations
@@ -25,13 +30,14 @@ import json
 import logging
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from frscope.analysis.perf import analyze_perf
 from frscope.operator.evidence.diagnosis import build_dumpset
-from frscope.operator.evidence.gather import Decoder, GatherOptions, Target, gather
+from frscope.operator.evidence.gather import Decoder, Gathered, GatherOptions, Target, gather
+from frscope.operator.evidence.pod_evidence import PodEvidence
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.model.objects import JobKey
 from frscope.operator.model.perf_metrics import PerfMetrics
@@ -47,6 +53,13 @@ DEFAULT_LIVE_INTERVAL_S = 1.0
 DEFAULT_LIVE_LINGER_S = 60.0
 MAX_WATCHED = 32  # jobs followed at once (the most recently asked about)
 DEFAULT_LIVE_RANKS_PER_POD = 64  # a pod hosts a node's ranks: 8, rarely more than 64
+# The decoded answers kept between refreshes, all jobs together, counted as the answers' decoded JSON size
+# (what is kept, in columns, is about half of it): a 1,024-rank job's window of 256 entries is ~130 MiB
+# of JSON. A job that would take the total past this keeps nothing and is decoded whole every refresh.
+MAX_KEPT_BYTES = 512 * 1024 * 1024
+# A pod whose answer was not decoded before a refresh's deadline keeps its last evidence for this many
+# refreshes in a row, and the window its last drawing for this many intervals, while the others decode.
+CARRY_REFRESHES = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +74,12 @@ class LiveWindow:
 
 def _views(dumpset: DumpSet) -> tuple[dict[str, Any], dict[str, Any]]:
     return build_timeline(dumpset, None), perf_to_dict(analyze_perf(dumpset))
+
+
+def _same(before: dict[str, PodEvidence], gathered: Gathered) -> bool:
+    """Every pod's evidence is the one the last refresh had (`gather(previous=...)` kept it: same bytes)."""
+    return bool(before) and before.keys() == gathered.pods.keys() and all(
+        gathered.pods[pod] is evidence for pod, evidence in before.items())
 
 
 def fingerprint(timeline: dict[str, Any] | None) -> str:
@@ -91,6 +110,11 @@ class LiveWindows:
         self._spool: Path | None = None  # where answers are streamed (made on first use)
         self._asked: dict[JobKey, float] = {}  # job -> monotonic time it was last asked about
         self._windows: dict[JobKey, LiveWindow] = {}
+        # What each job's last refresh decoded, by pod: an answer with the same bytes is not decoded again,
+        # and a refresh where no pod's answer changed keeps the window it made (no timeline, no perf).
+        self._decoded: dict[JobKey, dict[str, PodEvidence]] = {}
+        self._carried: dict[JobKey, dict[str, int]] = {}  # pod -> refreshes in a row its evidence was carried
+        self.rebuilt = 0  # windows made from changed answers (the others were kept)
         self._updated: dict[JobKey, asyncio.Event] = {}
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -141,18 +165,57 @@ class LiveWindows:
         options = GatherOptions(per_pod_timeout_s=max(1.0, self.interval_s * 2), overall_timeout_s=self.interval_s * 3,
                                 attempts=1, max_entries=self.entries, refresh=False, max_ranks=self.ranks_per_pod,
                                 spool=self._spool_dir())
-        gathered = await gather(self.client, key.namespace, targets, options, decoder=self.decoder)
-        dumpset = build_dumpset(gathered, view.world_size)
-        timeline, perf = await asyncio.to_thread(_views, dumpset) if dumpset.dumps else (None, None)
-        window = LiveWindow(time.time(), timeline, len(gathered.pods), dict(gathered.failures),
-                            fingerprint(timeline), perf)
+        before = self._decoded.get(key, {})
+        gathered = await gather(self.client, key.namespace, targets, options, decoder=self.decoder,
+                                previous=before)
+        carried = self._carry(key, before, gathered)
+        self._keep(key, gathered)
+        last = self._windows.get(key)
+        if last is not None and gathered.failures == last.failures and (
+                _same(before, gathered) or carried and time.time() - last.at < CARRY_REFRESHES * self.interval_s):
+            # Every sidecar answered what it answered last time (it serves its last full poll, for many
+            # refreshes), or some answers (a full poll of every pod) could not all be decoded before the
+            # deadline: the window stays the one it was until they are, drawn once from all of them.
+            window = replace(last, at=time.time()) if not carried else last
+        else:
+            dumpset = build_dumpset(gathered, view.world_size)
+            timeline, perf = await asyncio.to_thread(_views, dumpset) if dumpset.dumps else (None, None)
+            window = LiveWindow(time.time(), timeline, len(gathered.pods), dict(gathered.failures),
+                                fingerprint(timeline), perf)
+            self.rebuilt += 1
         self._windows[key] = window
         if self.metrics is not None and key in self._asked:
-            self.metrics.update(key.namespace, key.name, perf)
+            self.metrics.update(key.namespace, key.name, window.perf)
         event = self._updated.pop(key, None)
         if event is not None:
             event.set()
         return window
+
+    def _carry(self, key: JobKey, before: dict[str, PodEvidence], gathered: Gathered) -> bool:
+        """A pod not decoded this time (the refresh's deadline: every pod's full poll landed at once on a
+        busy operator) that was decoded before keeps its last evidence, for CARRY_REFRESHES refreshes in a
+        row at most (a sidecar that stays away is then a failure); True if any did."""
+        counts = self._carried.setdefault(key, {})
+        failed = set(gathered.failures)
+        for pod in list(counts):
+            if pod not in failed:
+                del counts[pod]  # it answered
+        carried = False
+        for pod in failed:
+            if pod in before and counts.get(pod, 0) < CARRY_REFRESHES:
+                counts[pod] = counts.get(pod, 0) + 1
+                gathered.pods[pod] = before[pod]
+                del gathered.failures[pod]
+                carried = True
+        return carried
+
+    def _keep(self, key: JobKey, gathered: Gathered) -> None:
+        """Keep what this refresh decoded for the next one, within MAX_KEPT_BYTES for every job together."""
+        self._decoded.pop(key, None)
+        size = sum(e.size_bytes for e in gathered.pods.values())
+        others = sum(e.size_bytes for pods in self._decoded.values() for e in pods.values())
+        if others + size <= MAX_KEPT_BYTES:
+            self._decoded[key] = dict(gathered.pods)
 
     def _spool_dir(self) -> Path:
         if self._spool is None:
@@ -162,6 +225,8 @@ class LiveWindows:
     def _forget(self, key: JobKey) -> None:
         self._asked.pop(key, None)
         self._windows.pop(key, None)
+        self._decoded.pop(key, None)
+        self._carried.pop(key, None)
         if self.metrics is not None:
             self.metrics.remove(key.namespace, key.name)
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
@@ -13,6 +14,7 @@ from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.model.objects import JobKey, JobRef, PodInfo
 from frscope.operator.model.perf_metrics import PerfMetrics
 from frscope.operator.model.store import JobStore
+from frscope.operator.serve import live_windows
 from frscope.operator.serve.live_windows import LiveWindows
 from frscope.operator.serve.ui import OperatorJobs
 from tests.unit.operator.fakes import StandInSidecar, real_snapshots
@@ -127,6 +129,86 @@ async def test_a_pods_answer_keeps_at_most_the_ranks_per_pod_and_one_refresh_run
             assert sidecar.snapshot_requests == 1
             assert first is not None and second is None  # the second found the first under way, no window yet
             assert first.timeline is not None and first.timeline["ranks_loaded"] == [0, 1]
+        finally:
+            await live.close()
+            await sidecar.close()
+
+
+async def test_an_answer_with_the_same_bytes_is_not_decoded_again_and_a_new_one_is() -> None:
+    """A sidecar serves what it read at its last full poll (every 30 s by default) to every refresh (1 s):
+    while no pod's answer changed, the window is the one made last time (no decode, no timeline, no
+    perf); the answer that changes is decoded and drawn."""
+    ranks = real_snapshots("straggler")
+    sidecar = await StandInSidecar("train-worker-0", ranks, stalled=False).start()
+    store = JobStore()
+    store.upsert_job(JobRef("ml", "train", "uid"), world_size=4, conditions=[{"type": "Running"}])
+    store.upsert_pod(_pod("train-worker-0", sidecar.port))
+    async with aiohttp.ClientSession() as session:
+        live = LiveWindows(store, SidecarClient(session), entries=16, interval_s=60)
+        try:
+            first = await live.refresh(KEY)
+            again = await live.refresh(KEY)
+            assert sidecar.snapshot_requests == 2 and live.rebuilt == 1  # asked again, nothing rebuilt
+            assert first is not None and again is not None and first.timeline is not None
+            assert again.timeline is first.timeline and again.perf is first.perf and again.at >= first.at
+            # the sidecar's next full poll: rank 0 has recorded one collective more than the others
+            piece = ranks[0]
+            entries = piece["trace"]["entries"]
+            newest = dict(entries[-1], record_id=entries[-1]["record_id"] + 1,
+                          collective_seq_id=entries[-1]["collective_seq_id"] + 1)
+            piece["trace"] = dict(piece["trace"], entries=[*entries, newest])
+            changed = await live.refresh(KEY)
+            assert live.rebuilt == 2 and changed is not None and changed.timeline is not None
+            assert changed.timeline is not first.timeline and changed.fingerprint != first.fingerprint
+            group = next(g for g in changed.timeline["groups"] if g["name"] == "0")
+            assert group["seqs"][-1] == newest["collective_seq_id"]
+        finally:
+            await live.close()
+            await sidecar.close()
+
+
+async def test_past_the_kept_bytes_a_job_is_decoded_whole_every_refresh(monkeypatch: Any) -> None:
+    monkeypatch.setattr(live_windows, "MAX_KEPT_BYTES", 1)
+    ranks = real_snapshots("straggler")
+    sidecar = await StandInSidecar("train-worker-0", ranks, stalled=False).start()
+    store = JobStore()
+    store.upsert_job(JobRef("ml", "train", "uid"), world_size=4, conditions=[{"type": "Running"}])
+    store.upsert_pod(_pod("train-worker-0", sidecar.port))
+    async with aiohttp.ClientSession() as session:
+        live = LiveWindows(store, SidecarClient(session), entries=16, interval_s=60)
+        try:
+            first, again = await live.refresh(KEY), await live.refresh(KEY)
+            assert live.rebuilt == 2 and first is not None and again is not None
+            assert again.timeline is not first.timeline and again.fingerprint == first.fingerprint
+        finally:
+            await live.close()
+            await sidecar.close()
+
+
+async def test_a_pod_not_decoded_in_time_keeps_its_last_answer_for_a_while(monkeypatch: Any) -> None:
+    """Every pod's full poll lands at once: on a busy operator not every answer is decoded before the
+    refresh's deadline. A pod decoded before keeps its last evidence meanwhile (no flicker to 'failed'),
+    the window stays the one drawn until its answer is in; a sidecar that stays away is then a failure."""
+    monkeypatch.setattr(live_windows, "CARRY_REFRESHES", 2)
+    ranks = real_snapshots("straggler")
+    sidecar = await StandInSidecar("train-worker-0", ranks, stalled=False).start()
+    store = JobStore()
+    store.upsert_job(JobRef("ml", "train", "uid"), world_size=4, conditions=[{"type": "Running"}])
+    store.upsert_pod(_pod("train-worker-0", sidecar.port))
+    async with aiohttp.ClientSession() as session:
+        live = LiveWindows(store, SidecarClient(session), entries=16, interval_s=0.2)
+        try:
+            first = await live.refresh(KEY)
+            assert first is not None and first.timeline is not None and first.failures == {}
+            sidecar.mode, sidecar.delay_s = "slow", 3.0  # past the refresh's deadline (3 intervals)
+            for _ in range(2):
+                held = await live.refresh(KEY)
+                assert held is first and live.rebuilt == 1
+            gone = await live.refresh(KEY)
+            assert gone is not None and "train-worker-0" in gone.failures and live.rebuilt == 2
+            sidecar.mode = "ok"
+            back = await live.refresh(KEY)
+            assert back is not None and back.failures == {} and back.timeline is not None
         finally:
             await live.close()
             await sidecar.close()

@@ -93,3 +93,27 @@ def test_report_object_trimmed_to_the_limit() -> None:
     assert obj["job"]["reportTrimmed"]
     assert obj["diagnosis"]["verdict"]  # the verdict is never trimmed away
     assert obj["progress"]["group 0 (default_pg)"] == ["ranks 0-4095: completed #811, in all_reduce #812"]
+
+
+def test_trimming_cuts_step_by_step_and_leaves_the_full_report_as_it_was() -> None:
+    from frscope.operator.publish.report_cr import _trim_report
+
+    def full() -> dict[str, Any]:
+        sub = {"ranks": {"1": {"op": "x"}, "2": {"op": "y" * 300}}, "culprit_frames": {"1": [{"name": "f"}]}}
+        return {"schema": "s", "verdict": "v", "problems": ["p"] * 10,
+                "findings": [{**sub, "summary": "s", "consequences": [dict(sub)]}],
+                "groups": [{"name": "0", "progress": {str(r): {"last": r} for r in range(200)}}]}
+
+    original = full()
+    whole, note = _trim_report(original, {1}, 1 << 20, 0)
+    assert whole is original and note is None
+    first, note = _trim_report(original, {1}, len(json.dumps(original)) - 1000, 0)
+    assert note and "culprit ranks only" in note and original == full()  # the full one unchanged
+    assert first["groups"] == [{"name": "0", "progress": {"1": {"last": 1}}, "progress_truncated": 199}]
+    second, note = _trim_report(original, {1}, 500, 0)
+    assert note and "left out" in note and original == full() and "groups" not in second
+    finding = second["findings"][0]
+    assert finding["ranks"] == {"1": {"op": "x"}} and finding["culprit_frames"] == {} and finding["summary"] == "s"
+    assert finding["consequences"] == [{"ranks": {"1": {"op": "x"}}, "culprit_frames": {}}]
+    last, note = _trim_report(original, {1}, 10, 0)
+    assert last == {"schema": "s", "verdict": "v", "truncated": True} and note and original == full()

@@ -95,3 +95,36 @@ def test_a_kept_push_the_operator_compressed_reloads_past_the_expansion_cap(tmp_
         decode_file(write(tmp_path, kept), "push", origin="push")
     got = decode_file(write(tmp_path, kept), "push", origin="push", plain_bytes=len(raw))
     assert got.ranks == (0, 1, 2, 3)
+
+
+@pytest.mark.parametrize("packed", ["plain", "gzip"])
+def test_a_body_with_the_same_ranks_is_not_decoded_again(tmp_path: Path, hang_ranks: dict[int, Any],
+                                                         packed: str) -> None:
+    """The live windows' reuse: the digest covers the ranks and errors (not the envelope's head, which
+    says when it was rendered); a body of the digest asked about comes back `unchanged`, undecoded, and
+    any other body is decoded."""
+    def pack(obj: dict[str, Any]) -> bytes:
+        raw = json.dumps(obj).encode()
+        return gzip.compress(raw) if packed == "gzip" else raw
+
+    obj = json.loads(body(hang_ranks))
+    first = decode_file(write(tmp_path, pack(obj), "a"), "push", origin="sidecar", max_entries=0, with_digest=True)
+    assert first.digest and not first.unchanged and first.dumps
+    rendered_later = dict(obj, captured_at_ns=obj["captured_at_ns"] + 2_000_000_000, reason="poll")
+    same = decode_file(write(tmp_path, pack(rendered_later), "b"), "push", origin="sidecar", max_entries=0,
+                       unchanged_if=first.digest)
+    assert same.unchanged and same.digest == first.digest and not same.dumps and not same.problems
+    moved = json.loads(json.dumps(obj))
+    moved["ranks"][0]["trace"]["entries"].pop()  # a full poll later: one rank's recorder differs
+    other = decode_file(write(tmp_path, pack(moved), "c"), "push", origin="sidecar", max_entries=0,
+                        unchanged_if=first.digest)
+    assert not other.unchanged and other.digest != first.digest
+    assert [len(d.entries) for d in other.dumps] == [len(d.entries) - (i == 0) for i, d in enumerate(first.dumps)]
+    if packed == "gzip":  # in memory and from the inflated file: one digest
+        assert push_decode.inflated_digest(Path(tmp_path / "c"), 1 << 30, "push")[0] == other.digest
+
+
+def test_a_push_is_not_digested(tmp_path: Path, hang_ranks: dict[int, Any]) -> None:
+    """Only the live windows compare answers: a push costs no pass over its body for a digest."""
+    evidence = decode_file(write(tmp_path, gzip.compress(body(hang_ranks))), "push", origin="push", max_entries=0)
+    assert evidence.digest == b"" and evidence.dumps

@@ -15,6 +15,7 @@ from frscope import wire
 from frscope.analysis import AnalysisOptions
 from frscope.operator.evidence.diagnosis import diagnose_sync
 from frscope.operator.evidence.gather import Gathered
+from frscope.operator.evidence.group_lists import BIG, GroupTable, pack, unpack
 from frscope.operator.evidence.pod_evidence import from_bytes
 from frscope.records.columns import EntryTable
 from frscope.report.serialize import report_to_dict
@@ -97,22 +98,57 @@ def test_evidence_is_columnar_and_cut_before_normalizing() -> None:
 
 
 @pytest.mark.timeout(60)
-async def test_group_rank_lists_decoded_in_worker_processes_are_shared() -> None:
+@pytest.mark.parametrize("world", [64, 2 * BIG])
+async def test_group_rank_lists_decoded_in_worker_processes_are_shared(world: int) -> None:
     """Each rank lists its default group's N members; decoded in a worker, each arrives with its own
-    copy (8,192 ranks: ~300 KiB a rank). A gather keeps one tuple per distinct list."""
+    copy (8,192 ranks: ~300 KiB a rank). A gather keeps one tuple per distinct list; a large list travels
+    back from the worker once per gather, then as its digest (group_lists)."""
     from frscope.operator.evidence.gather import Decoder
 
-    plan = make_plan(64, entries=50, shape="nccl", scenario="not_joined", seed=1)
+    plan = make_plan(world, entries=50, shape="nccl", scenario="not_joined", seed=1)
     bodies = [envelope(f"p{r}", [wire.snapshot_piece(r, T_NS, "s", None, plan.dump(r, json_shape=True))])
-              for r in range(2)]
+              for r in range(3)]
     decoder = Decoder(processes=1)
     try:
         await decoder.warm_up()
-        shared: dict[tuple[int, ...], tuple[int, ...]] = {}
-        a, b = [await decoder.decode(body, "e", max_entries=20, pod=f"p{i}", namespace="ml", shared=shared)
-                for i, body in enumerate(bodies)]
+        shared = GroupTable()
+        a, b, c = [await decoder.decode(body, "e", max_entries=20, pod=f"p{i}", namespace="ml", shared=shared)
+                   for i, body in enumerate(bodies)]
     finally:
         decoder.close()
-    default_a = max((c.ranks for c in a.dumps[0].pg_config.values() if c.ranks), key=len)
-    default_b = max((c.ranks for c in b.dumps[0].pg_config.values() if c.ranks), key=len)
-    assert default_a == tuple(range(64)) and default_a is default_b
+    defaults = [max((c.ranks for c in e.dumps[0].pg_config.values() if c.ranks), key=len) for e in (a, b, c)]
+    assert defaults[0] == tuple(range(world)) and defaults[0] is defaults[1] is defaults[2]
+    assert all(e.packed_groups is None for e in (a, b, c))
+    # every group of every rank as its plain decode has it
+    for evidence, body in zip((a, b, c), bodies, strict=True):
+        plain = from_bytes(body, "e", origin="sidecar", max_entries=20)
+        assert evidence.dumps[0].pg_config == plain.dumps[0].pg_config
+    assert bool(shared.digests) == (world >= BIG)
+
+
+def test_a_large_rank_list_travels_once_and_comes_back_in_place() -> None:
+    plan = make_plan(2 * BIG, entries=20, shape="nccl", scenario="not_joined", seed=1)
+    body = envelope("p", [wire.snapshot_piece(0, T_NS, "s", None, plan.dump(0, json_shape=True))])
+    plain = from_bytes(body, "e", origin="sidecar", max_entries=20).dumps[0].pg_config
+    table = GroupTable()
+    first = pack(from_bytes(body, "e", origin="sidecar", max_entries=20), table.known())
+    assert first.packed_groups is not None and len(first.packed_groups.lists) == 1  # the default group
+    assert all(cfg.ranks is None or len(cfg.ranks) < BIG for cfg in first.dumps[0].pg_config.values())
+    unpack(first, table)
+    assert first.dumps[0].pg_config == plain
+    again = pack(from_bytes(body, "e", origin="sidecar", max_entries=20), table.known())
+    assert again.packed_groups is not None and not again.packed_groups.lists  # named as known: not sent
+    unpack(again, table)
+    assert again.dumps[0].pg_config == plain
+    big = max((c.ranks for c in again.dumps[0].pg_config.values() if c.ranks), key=len)
+    assert big is max((c.ranks for c in first.dumps[0].pg_config.values() if c.ranks), key=len)
+
+
+def test_only_a_push_is_measured_for_the_push_store() -> None:
+    """The object walk that measures what evidence keeps is the push store's: a fetched snapshot is
+    analyzed and dropped, and at 8,192 ranks the walk (every group's members) cost more than decoding."""
+    plan = make_plan(64, entries=20, shape="nccl", scenario="not_joined", seed=1)
+    body = envelope("p", [wire.snapshot_piece(0, T_NS, "s", None, plan.dump(0, json_shape=True))])
+    assert from_bytes(body, "e", origin="push", max_entries=20).measured_bytes > 0
+    fetched = from_bytes(body, "e", origin="sidecar", max_entries=20)
+    assert fetched.measured_bytes == 0 and fetched.held_bytes == fetched.size_bytes
