@@ -21,6 +21,7 @@ from frscope.operator.kube.api_errors import (
     AlreadyExists,
     ApiError,
     Conflict,
+    Gone,
     KubeError,
     TooManyRequests,
     TransportError,
@@ -37,6 +38,7 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 # Bodies the operator reads are objects, lists of a job's pods, Status answers: cap them.
 MAX_RESPONSE_BYTES = 64 * 1024 * 1024
+LIST_PAGE = 500  # objects per list request (client-go's pager uses the same)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,14 +152,29 @@ class KubeClient:
 
     async def list(self, resource: Resource, namespace: str | None = None, *,
                    label_selector: str | None = None, field_selector: str | None = None) -> list[dict[str, Any]]:
-        params: dict[str, str] = {}
+        """Every object, read in pages of LIST_PAGE (`limit`/`continue`): one answer for a job of 32,768 pods
+        is past MAX_RESPONSE_BYTES. A continue token that expired (410) starts the list over, once."""
+        params: dict[str, str] = {"limit": str(LIST_PAGE)}
         if label_selector:
             params["labelSelector"] = label_selector
         if field_selector:
             params["fieldSelector"] = field_selector
-        answer = await self.request("GET", resource.path(namespace), params=params)
-        items = answer.get("items") or []
-        return [i for i in items if isinstance(i, dict)]
+        for attempt in range(2):
+            out: list[dict[str, Any]] = []
+            token = ""
+            try:
+                while True:
+                    page = {**params, "continue": token} if token else params
+                    answer = await self.request("GET", resource.path(namespace), params=page)
+                    out.extend(i for i in answer.get("items") or [] if isinstance(i, dict))
+                    meta = answer.get("metadata")
+                    token = str(meta.get("continue") or "") if isinstance(meta, dict) else ""
+                    if not token:
+                        return out
+            except Gone:
+                if attempt or not token:
+                    raise
+        return out
 
     async def create(self, resource: Resource, namespace: str | None, body: dict[str, Any]) -> dict[str, Any]:
         return await self.request("POST", resource.path(namespace), body=body,

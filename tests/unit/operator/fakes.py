@@ -149,7 +149,13 @@ class FakeKube:
         if request.query.get("watch") != "true":
             items = [o for (p, ns, _), o in self.objects.items()
                      if p == plural and (namespace is None or ns == namespace) and selected(o)]
-            return web.json_response({"items": items, "metadata": {"resourceVersion": str(next(self._rv))}})
+            meta: dict[str, Any] = {"resourceVersion": str(next(self._rv))}
+            if limit := int(request.query.get("limit") or 0):  # chunks, as the API server pages a list
+                start = int(request.query.get("continue") or 0)
+                items, rest = items[start:start + limit], items[start + limit:]
+                if rest:
+                    meta["continue"] = str(start + limit)
+            return web.json_response({"items": items, "metadata": meta})
         queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         entry = (plural, queue)
         self._watchers.append(entry)

@@ -7,6 +7,7 @@ import aiohttp
 import pytest
 
 from frscope.operator.kube import (
+    PODS,
     PYTORCHJOBS,
     REPORTS,
     AlreadyExists,
@@ -104,3 +105,15 @@ async def test_already_exists_is_not_retried_as_a_conflict(kube_client: KubeClie
         await retry_on_conflict(create)
     assert calls == 1
     assert issubclass(AlreadyExists, Conflict)
+
+
+async def test_a_list_is_read_in_pages_to_the_end(fake_kube: FakeKube, kube_client: KubeClient) -> None:
+    """A job of tens of thousands of pods is past one answer's byte cap: the list is read in `limit`
+    chunks, following each `continue` token, and every object comes back once."""
+    for i in range(1_205):
+        fake_kube.put("pods", {"apiVersion": "v1", "kind": "Pod",
+                               "metadata": {"name": f"train-worker-{i}", "namespace": "ml", "labels": {"job": "t"}}})
+    before = len(fake_kube.requests)
+    pods = await kube_client.list(PODS, "ml", label_selector="job=t")
+    assert sorted(p["metadata"]["name"] for p in pods) == sorted(f"train-worker-{i}" for i in range(1_205))
+    assert len(fake_kube.requests) - before == 3  # 500 + 500 + 205
