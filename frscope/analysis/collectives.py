@@ -315,12 +315,6 @@ def _failed_without(ctx: Context, tracks: dict[int, Track], seq: int, joined: li
     return min(at[r] for r in not_joined) > max(at[r] for r in joined)
 
 
-def _in_python(ctx: Context, rank: int) -> bool:
-    """The rank's live stack (taken at the capture) is in no torch.distributed call."""
-    stack = ctx.live_stack(rank)
-    return bool(stack) and blocked_in(stack) is None
-
-
 def _held_at(tracks: dict[int, Track], idle: Callable[[int], bool], completed_is_success: bool = False) -> int:
     """The collective the group is held at: the lowest one a member has not finished, unless every member
     that has not finished it is behind members that all finished it and entered a later one. Evidence must
@@ -362,7 +356,7 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     if not tracks:
         return None
     backends = {d.backend if (d := ctx.dumpset.dumps.get(r)) is not None else None for r in tracks}
-    seq = _held_at(tracks, lambda rank: _in_python(ctx, rank),
+    seq = _held_at(tracks, ctx.in_python,
                    completed_is_success=None not in backends and not backends & RETIRES_FAILED)
     joined = sorted(r for r, t in tracks.items() if t.last_seq >= seq)
     if not joined:

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from frscope.analysis.clock import Clock, build_clock
 from frscope.analysis.findings import Finding, RankView
-from frscope.analysis.stacks import describe, main_stack, user_frame
+from frscope.analysis.stacks import blocked_in, describe, main_stack, user_frame
 from frscope.analysis.tracks import Track, blocked_entry
 from frscope.records import DumpSet, Entry, Frame
 
@@ -74,6 +74,12 @@ class Context:
             frames = main_stack(dump.stacks, thread)
         self._stacks[rank] = frames
         return frames
+
+    def in_python(self, rank: int) -> bool:
+        """The rank has a live stack (taken at the capture) and it is in no torch.distributed call: it waits
+        on nobody."""
+        stack = self.live_stack(rank)
+        return bool(stack) and blocked_in(stack) is None
 
     def activity(self, rank: int) -> str | None:
         """What the rank is doing now: its live stack if one was captured, else the recorder's view."""

@@ -38,7 +38,7 @@ def _sink_in_python(ctx: Context, ref: GroupRef, blocked: dict[int, str], exclud
     a pipeline schedule's batched p2p, monitored_barrier) while a few others sit in Python, in no
     torch.distributed call. Whoever each blocked rank waits for, the waits can only end at those: they
     never joined the exchange (a stage stuck before its recv, a rank stuck before the barrier)."""
-    free = [r for r in sorted(ctx.dumpset.dumps) if r not in blocked and r not in exclude and _in_python(ctx, r)]
+    free = [r for r in sorted(ctx.dumpset.dumps) if r not in blocked and r not in exclude and ctx.in_python(r)]
     # Several ranks in Python, as many as wait: which of them the waits end at is not said (one may be done).
     # A single one is the only place they can end.
     if not free or (len(free) >= len(blocked) and len(free) > 1):
@@ -79,12 +79,6 @@ def _runs(blocked: dict[int, str]) -> list[list[int]]:
         else:
             runs.append([rank])
     return runs
-
-
-def _in_python(ctx: Context, rank: int) -> bool:
-    """The rank has a live stack and it is in no torch.distributed call: it is not waiting on anyone."""
-    stack = ctx.live_stack(rank)
-    return bool(stack) and blocked_in(stack) is None
 
 
 def _facing(runs: list[list[int]], blocked: dict[int, str]) -> tuple[int, int, list[int]] | None:
@@ -178,7 +172,7 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         # The rank the run waits on breaks the chain when it is stuck in Python. One that went on to a
         # collective may have skipped its send, but two ranks receiving from each other leave the same
         # stacks (they carry no peer): such a run is a closed pairing.
-        if chain and partner in ctx.dumpset.dumps and partner not in blocked and _in_python(ctx, partner):
+        if chain and partner in ctx.dumpset.dumps and partner not in blocked and ctx.in_python(partner):
             culprits.append(partner)
             others = [r for r in run if r != waiter]
             behind = (f", and {plural(others)} wait{'s' if len(others) == 1 else ''} behind it in "
