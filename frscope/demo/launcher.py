@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from typing import IO
 
 import frscope
 from frscope.demo.faults import FAULTS, culprit_ranks
+from frscope.demo.ports import rendezvous_port
 from frscope.demo.socket_snapshot import (
     Snapshot,
     fetch_trace,
@@ -68,12 +68,6 @@ class CollectedJob:
     log_tails: dict[int, str] = field(default_factory=dict)
     elapsed_s: float = 0.0
 
-
-def _free_port() -> int:
-    # Racy by nature (the port is free now, not when rank 0 binds it); run_fault_job retries once.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _short_tempdir() -> Path:
@@ -299,7 +293,7 @@ def _job_env(world_size: int) -> dict[str, str]:
         "WORLD_SIZE": str(world_size),
         "LOCAL_WORLD_SIZE": str(world_size),
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(rendezvous_port()),
         "TORCH_FR_BUFFER_SIZE": os.environ.get("TORCH_FR_BUFFER_SIZE", "2000"),
         # Tiny tensors: one thread per rank keeps four ranks from fighting over two cores.
         "OMP_NUM_THREADS": "1",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from frscope.demo.ports import rendezvous_port
 from frscope.sidecar.bootstrap import BOOTSTRAP_DIR
 
 JOB_SCRIPT = Path(__file__).with_name("rhythm_job.py")
@@ -90,11 +90,6 @@ class RhythmJob:
             time.sleep(0.2)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 @contextmanager
 def start_rhythm_job(world: int, ranks_per_pod: int, job_args: list[str], *, lifetime_s: float = 900.0,
@@ -114,7 +109,7 @@ def start_rhythm_job(world: int, ranks_per_pod: int, job_args: list[str], *, lif
         "PYTHONPATH": str(BOOTSTRAP_DIR),
         "WORLD_SIZE": str(world),
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
+        "MASTER_PORT": str(rendezvous_port()),
         "TORCH_FR_BUFFER_SIZE": "2000",
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",

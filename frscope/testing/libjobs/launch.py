@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from frscope.analysis import AnalysisOptions, analyze
+from frscope.demo.ports import rendezvous_port
 from frscope.records import load_dumps
 
 WORKER = Path(__file__).with_name("worker.py")
@@ -75,18 +75,13 @@ class Job:
                 or (self.fault == "stuckmid" and self.program in UNRECORDED_MID))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def run_job(job: Job, python: str, out: Path) -> dict[str, Any]:
     """Run the job, leave its capture in `out`, return its truth (also written to truth.json)."""
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
-    port = _free_port()
+    port = rendezvous_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RANK", "WORLD_SIZE")}
     env.update(OMP_NUM_THREADS="1", TORCH_CPP_LOG_LEVEL="ERROR", PYTHONWARNINGS="ignore")
     fault = f"{job.fault}:{job.rank}:{job.step}"
