@@ -191,17 +191,24 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
         late_by_ms=late_ms,
         evidence=evidence,
     )
-    for rank in node[: ctx.options.max_rank_views]:
+    _show(ctx, finding, ref, tracks, node, (worst,), hi)
+    return finding
+
+
+def _show(ctx: Context, finding: Finding, ref: GroupRef, tracks: dict[int, Track], ranks: tuple[int, ...],
+          framed: tuple[int, ...], seq: int) -> None:
+    """The culprits' views and live stacks, and where `framed` ranks enqueued collective `seq` from."""
+    for rank in ranks[: ctx.options.max_rank_views]:
         finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)
         stack = ctx.live_stack(rank)
         if stack:
             finding.culprit_stacks[rank] = stack
-    last = tracks[worst].by_seq.get(hi)
-    if last and last[0].frames:
-        finding.culprit_frames[worst] = last[0].frames
-        finding.op = last[0].op
-        finding.collective_seq_id = hi
-    return finding
+    for rank in framed:
+        last = tracks[rank].by_seq.get(seq)
+        if last and last[0].frames:
+            finding.culprit_frames[rank] = last[0].frames
+            finding.op = last[0].op
+            finding.collective_seq_id = seq
 
 
 def _late_set(ctx: Context, arrived: Arrivals) -> tuple[tuple[int, ...], int, float, list[int]] | None:
@@ -268,15 +275,5 @@ def _set_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arrived:
         late_by_ms=late_ms,
         evidence=evidence,
     )
-    hi = arrived.seqs[-1]
-    for rank in late_set[: ctx.options.max_rank_views]:
-        finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)
-        stack = ctx.live_stack(rank)
-        if stack:
-            finding.culprit_stacks[rank] = stack
-        last = tracks[rank].by_seq.get(hi)
-        if last and last[0].frames:
-            finding.culprit_frames[rank] = last[0].frames
-            finding.op = last[0].op
-            finding.collective_seq_id = hi
+    _show(ctx, finding, ref, tracks, late_set, late_set[: ctx.options.max_rank_views], arrived.seqs[-1])
     return finding

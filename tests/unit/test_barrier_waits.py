@@ -12,16 +12,7 @@ from frscope import wire
 from frscope.analysis import AnalysisOptions, Category, Report, analyze
 from frscope.records import assemble, normalize_dump
 from tests.unit import builders as b
-
-S = 1_000_000_000
-SITE = "/venv/lib/python3.11/site-packages/torch/distributed"
-SERVER = "Current thread 0x00007f0a8d7fa6c0 (most recent call first):\n  <no Python frame>\n\n"
-
-
-def _stack(*frames: tuple[str, str, int]) -> str:
-    lines = [f'  File "{file}", line {line} in {name}' for name, file, line in frames]
-    return SERVER + "Thread 0x00007f3e247c9b80 (most recent call first):\n" + "\n".join(lines) + "\n"
-
+from tests.unit.test_unrecorded_waits import SITE, S, _stack  # faulthandler's text, as the worker server returns it
 
 BARRIER = _stack(("monitored_barrier", f"{SITE}/distributed_c10d.py", 5435), ("wait_for_peers", "/app/train.py", 127),
                  ("main", "/app/train.py", 166))

@@ -262,5 +262,5 @@ class LiveWindows:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         if self._spool is not None:  # answers are removed once decoded; the folder itself goes here
-            shutil.rmtree(self._spool, ignore_errors=True)
+            await asyncio.to_thread(shutil.rmtree, self._spool, True)
             self._spool = None
