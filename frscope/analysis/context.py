@@ -8,6 +8,7 @@ from frscope.analysis.clock import Clock, build_clock
 from frscope.analysis.findings import Finding, RankView
 from frscope.analysis.stacks import blocked_in, describe, main_stack, user_frame
 from frscope.analysis.tracks import Track, blocked_entry
+from frscope.analysis.waitfor import WaitGraph
 from frscope.records import DumpSet, Entry, Frame
 
 DEFAULT_STALL_AFTER_S = 10.0
@@ -41,9 +42,11 @@ class Context:
     options: AnalysisOptions
     _stacks: dict[int, tuple[Frame, ...]] = field(default_factory=dict)
     clock: Clock = field(init=False)
+    waits: WaitGraph = field(init=False)  # the wait-for model: every rank's state and whom it waits on
 
     def __post_init__(self) -> None:
         self.clock = build_clock(self.dumpset, self.tracks, self.options.now_ns)
+        self.waits = WaitGraph(self.dumpset, self.tracks, self.live_stack)
 
     def gone_ranks(self) -> frozenset[int]:
         """Ranks whose collector says their process is gone (its worker socket went with it)."""

@@ -17,9 +17,9 @@ from __future__ import annotations
 from array import array
 from typing import Any
 
-from frscope.analysis.collectives import Bucket, _same, _self_consistency, classify_mismatch
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Finding, GroupRef
+from frscope.analysis.mismatch import Bucket, classify_mismatch, same, self_consistency
 from frscope.analysis.ops import VARIABLE_SIZE_OPS
 from frscope.analysis.tracks import Track
 from frscope.records import GroupInfo
@@ -55,13 +55,13 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
                 x = bucket[0]
                 ref_sig = (len(bucket), x.op, x.input_sizes, x.output_sizes, x.input_dtypes, x.output_dtypes)
                 continue
-            # Inlined common case of _same (one entry, identical call): this loop runs ranks x seqs times.
+            # Inlined common case of `same` (one entry, identical call): this loop runs ranks x seqs times.
             y = bucket[0]
             if ref_sig == (len(bucket), y.op, y.input_sizes, y.output_sizes, y.input_dtypes, y.output_dtypes) and (
                 len(bucket) == 1
             ):
                 continue
-            if not _same(ref_bucket, bucket):
+            if not same(ref_bucket, bucket):
                 differs = True
                 break
         if ref_bucket is None:
@@ -74,7 +74,7 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
         buckets, differs = _without_cut_reads(ctx, buckets, differs)
         # A rank whose all_gather / reduce_scatter does not fit the group size is the culprit even
         # without a majority (two ranks); otherwise the majority decides.
-        problem = _self_consistency(ctx, group, ref, seq, buckets)
+        problem = self_consistency(ctx, group, ref, seq, buckets)
         if problem is None and differs:
             problem = classify_mismatch(ctx, ref, seq, buckets, history)
         if problem is not None:
@@ -104,13 +104,13 @@ def _without_cut_reads(ctx: Context, buckets: dict[int, Bucket], differs: bool) 
     for rank, bucket in buckets.items():
         dump = ctx.dumpset.dumps.get(rank)
         if (len(bucket) < len(full) and dump is not None and len(dump.entries)
-                and dump.entries[-1].record_id == bucket[-1].record_id and _same(list(full[: len(bucket)]), bucket)):
+                and dump.entries[-1].record_id == bucket[-1].record_id and same(list(full[: len(bucket)]), bucket)):
             continue
         kept[rank] = bucket
     if len(kept) == len(buckets) or not kept:
         return buckets, differs
     first = next(iter(kept.values()))
-    return kept, any(not _same(first, b) for b in kept.values())
+    return kept, any(not same(first, b) for b in kept.values())
 
 
 def _code_space(with_entries: list[tuple[int, Track]]) -> SignatureSpace | None:
@@ -164,7 +164,7 @@ def _scan_codes(ctx: Context, group: GroupInfo, ref: GroupRef, with_entries: lis
     first: Finding | None = None
     later = 0
     problems: set[int] = set()
-    same: dict[tuple[int, int], bool] = {}
+    agreed_pairs: dict[tuple[int, int], bool] = {}
     for k in sorted(interesting):
         seq = lo + k
         code = codes[k]
@@ -174,9 +174,9 @@ def _scan_codes(ctx: Context, group: GroupInfo, ref: GroupRef, with_entries: lis
             if len(piece) <= k or piece[k] == code:
                 continue
             pair = (code, piece[k])
-            agreed = same.get(pair)
+            agreed = agreed_pairs.get(pair)
             if agreed is None:
-                agreed = same[pair] = _same(ref_bucket, bucket_at(j, k))
+                agreed = agreed_pairs[pair] = same(ref_bucket, bucket_at(j, k))
             if not agreed:
                 differs = True
                 break
@@ -184,7 +184,7 @@ def _scan_codes(ctx: Context, group: GroupInfo, ref: GroupRef, with_entries: lis
             continue  # the reference's history is this bucket: no problem here
         buckets = {r: b for r, t in with_entries if (b := t.by_seq.get(seq)) is not None}
         buckets, differs = _without_cut_reads(ctx, buckets, differs)
-        problem = _self_consistency(ctx, group, ref, seq, buckets)
+        problem = self_consistency(ctx, group, ref, seq, buckets)
         if problem is None and differs:
             h = k - 1
             while h in problems:

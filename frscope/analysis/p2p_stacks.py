@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
-from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in, user_frame
+from frscope.analysis.stacks import blocked_in, user_frame
 from frscope.analysis.tracks import blocked_entry
+from frscope.analysis.waitfor import UNRECORDED_OPS
 from frscope.analysis.wording import plural
 
 RECEIVES = frozenset({"recv", "irecv", "recv_object_list"})
@@ -26,11 +27,6 @@ RECEIVES = frozenset({"recv", "irecv", "recv_object_list"})
 def _site(ctx: Context, rank: int) -> str:
     site = user_frame(ctx.live_stack(rank))
     return f" at {site.filename}:{site.line} ({site.name})" if site else ""
-
-
-# Ops gloo does not record whose waits show only in stacks: point-to-point, and monitored_barrier (which
-# gloo runs as sends and receives to and from rank 0).
-UNRECORDED_OPS = P2P_FUNCTIONS | {"monitored_barrier"}
 
 
 def _sink_in_python(ctx: Context, ref: GroupRef, blocked: dict[int, str], exclude: set[int]) -> Finding | None:

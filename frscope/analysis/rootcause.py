@@ -10,19 +10,14 @@ issued two groups' collectives in different orders — become one root with a cr
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from frscope.analysis.context import Context
 from frscope.analysis.crossgroup import breach_of, describe
 from frscope.analysis.findings import Category, Finding
-from frscope.analysis.p2p_stacks import UNRECORDED_OPS
-from frscope.analysis.stacks import blocked_in
-from frscope.analysis.tracks import oldest_open
-from frscope.records import Entry
+from frscope.analysis.waitfor import MAX_HOPS, State
 
 HANGS = (Category.RANK_NOT_JOINED, Category.NOT_COMPLETED)
-MAX_HOPS = 8  # p2p chains (pipeline stages) longer than this are not followed
 
 
 @dataclass(slots=True)
@@ -36,65 +31,36 @@ class Causes:
 
 
 def cause_of_rank(ctx: Context, causes: Causes, rank: int, before_record: int | None = None) -> Finding | None:
-    seen: set[int] = set()
-    for _ in range(MAX_HOPS):
-        if rank in seen:
-            return None
-        seen.add(rank)
-        dump = ctx.dumpset.dumps.get(rank)
-        if dump is None:
-            return causes.missing
-        entry = oldest_open(dump.entries, before_record)
-        before_record = None
-        if entry is None:
-            # (the ranks it names are where such waits end when it names ranks in Python: not waiting there)
-            unrecorded = causes.unrecorded_p2p
-            if unrecorded is not None and (
-                (rank in unrecorded.culprit_ranks and unrecorded.category is not Category.RANK_NOT_JOINED)
-                or blocked_in(ctx.live_stack(rank)) in UNRECORDED_OPS
-            ):
-                return unrecorded
-            if causes.missing is not None and last_group_may_lack_a_member(ctx, dump.entries):
-                return causes.missing
-            failed = failed_wait(ctx, rank)
-            return causes.at_point.get(failed) if failed is not None else None
-        if not entry.is_p2p:
-            return causes.at_point.get((entry.pg_name, entry.collective_seq_id))
-        for finding in causes.p2p:
-            if finding.process_group.name == entry.pg_name and rank in finding.ranks:
-                return finding
-        group = ctx.dumpset.groups.get(entry.pg_name)
-        peer = group.global_rank(entry.peer) if (group is not None and entry.peer is not None) else None
-        if peer is None:
-            return None
-        rank = peer  # blocked on its p2p partner: whatever the partner waits for
-    return None
-
-
-def failed_wait(ctx: Context, rank: int) -> tuple[str, int] | None:
-    """(group, seq) of the rank's last collective when a member of that group with a recorder never
-    entered it: it cannot have finished without that member, so gloo retired it as it failed (timed
-    out, or lost a peer), and the rank waited there until then. None otherwise."""
-    dump = ctx.dumpset.dumps.get(rank)
-    last = dump.entries[-1] if dump is not None and len(dump.entries) else None
-    if last is None or last.is_p2p or not last.completed:
-        return None
-    tracks = ctx.tracks.get(last.pg_name, {})
-    if any(r != rank and t.by_seq and t.last_seq < last.collective_seq_id for r, t in tracks.items()):
-        return last.pg_name, last.collective_seq_id
-    return None
-
-
-def last_group_may_lack_a_member(ctx: Context, entries: Sequence[Entry]) -> bool:
-    """The rank's last collective was in a group known only from the entries while some rank left no
-    dump: such a group's members are those seen, and maybe missing ranks too (nothing else says who
-    else belongs: not a description, which groups of different sizes share). That collective may have
-    failed with a missing member, and the rank stopped there: it waits for the missing rank."""
-    last = entries[-1] if len(entries) else None
-    if last is None or last.is_p2p or not ctx.dumpset.missing_ranks:
-        return False
-    group = ctx.dumpset.groups.get(last.pg_name)
-    return group is not None and group.membership_source == "entries"
+    """The finding at the end of the rank's wait chain (`waitfor.WaitGraph.chain`): the point of the
+    collective it is held at, the p2p finding of a pair on its way, the rank missing, the unrecorded
+    exchange it or a peer sits in, or the failed collective an idle rank last waited in. None where the
+    chain ends at a rank that waits on nobody (in Python, idle) or loops."""
+    hops = ctx.waits.chain(rank, before_record)
+    for wait in hops:
+        if wait.entry is not None and wait.entry.is_p2p:
+            for finding in causes.p2p:
+                if finding.process_group.name == wait.entry.pg_name and wait.rank in finding.ranks:
+                    return finding
+    end = hops[-1]
+    if end.entry is not None and end.entry.is_p2p:
+        return None  # a loop of p2p waits, a peer the recorder does not name, or a chain too long
+    if end.state is State.MISSING:
+        return causes.missing
+    if end.entry is not None:
+        return causes.at_point.get((end.entry.pg_name, end.entry.collective_seq_id))
+    # Nothing open: an unrecorded exchange it sits in (the ranks that finding names are where such waits
+    # end when it names ranks in Python: not waiting there), a group that may lack a missing member, or
+    # the collective gloo retired as failed while it waited.
+    unrecorded = causes.unrecorded_p2p
+    if unrecorded is not None and (
+        (end.rank in unrecorded.culprit_ranks and unrecorded.category is not Category.RANK_NOT_JOINED)
+        or end.state is State.IN_UNRECORDED
+    ):
+        return unrecorded
+    if causes.missing is not None and ctx.waits.last_group_may_lack_a_member(end.rank):
+        return causes.missing
+    failed = ctx.waits.failed_wait(end.rank)
+    return causes.at_point.get(failed) if failed is not None else None
 
 
 def _culprit_record(ctx: Context, finding: Finding, rank: int) -> int | None:
@@ -130,14 +96,19 @@ def link(ctx: Context, findings: list[Finding], causes: Causes,
             if cause is not None:
                 parent[id(finding)] = cause
 
-    # Culprits stuck outside any collective explain every group they left waiting: keep the earliest.
+    # A sink explains every wait that ends at it: findings whose culprits are the same ranks that wait on
+    # nobody are one root. The collective they never joined holds the job (a p2p op such a rank never
+    # posted is queued before it), the earliest first.
     free = sorted(
-        (f for f in findings if f.category is Category.RANK_NOT_JOINED and id(f) not in parent),
-        key=lambda f: f.since_ns or 2**63,
+        (f for f in findings if id(f) not in parent and (f.category is Category.RANK_NOT_JOINED or (
+            f.category is Category.P2P_MISMATCH and f.culprit_ranks and not any(
+                ctx.waits.of(r).state in (State.BLOCKED, State.MISSING) for r in f.culprit_ranks)))),
+        key=lambda f: (f.category is not Category.RANK_NOT_JOINED, f.since_ns or 2**63),
     )
     for i, later in enumerate(free):
         for earlier in free[:i]:
-            if id(earlier) not in parent and set(later.culprit_ranks) <= set(earlier.culprit_ranks):
+            if (earlier.category is Category.RANK_NOT_JOINED and id(earlier) not in parent
+                    and set(later.culprit_ranks) <= set(earlier.culprit_ranks)):
                 parent[id(later)] = earlier
                 break
 

@@ -23,11 +23,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from frscope.analysis.clock import CAPTURED, MTIME
-from frscope.analysis.collectives import StuckPoint
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
 from frscope.analysis.ops import RETIRES_FAILED
-from frscope.analysis.rootcause import failed_wait, last_group_may_lack_a_member
+from frscope.analysis.stuck import StuckPoint
 from frscope.analysis.tracks import Track, newest_created, oldest_open
 from frscope.analysis.wording import fmt_duration, plural
 from frscope.records import Entry, GroupInfo, RankExit
@@ -261,7 +260,7 @@ def _waits_elsewhere(ctx: Context, rank: int, group: str) -> bool:
         return False
     if not last.completed:
         return not done_by_the_others(ctx, rank, last)
-    return failed_wait(ctx, rank) is not None or last_group_may_lack_a_member(ctx, dump.entries)
+    return ctx.waits.failed_wait(rank) is not None or ctx.waits.last_group_may_lack_a_member(rank)
 
 
 READ_GAP_S = 0.1  # a recorder read this much before the others began a collective cannot show it

@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from frscope.analysis.clock import CAPTURED
-from frscope.analysis.collectives import StuckPoint, stuck_point
 from frscope.analysis.context import Context
 from frscope.analysis.findings import GroupProgress, GroupRef, RankProgress
 from frscope.analysis.stale import Stale, read_before, stale_ranks
+from frscope.analysis.stuck import StuckPoint, stuck_point
 from frscope.analysis.tracks import Track, newest_created
 from frscope.analysis.wording import plural
 from frscope.records import GroupInfo, RankExit

@@ -10,7 +10,6 @@ from frscope.analysis.findings import Category, Finding
 from frscope.analysis.history import scan_history
 from frscope.analysis.ops import VARIABLE_SIZE_OPS, numel
 from frscope.analysis.p2p import recorded_p2p
-from frscope.analysis.rootcause import failed_wait
 from frscope.analysis.rules.facts import Facts, unresponsive_note
 from frscope.analysis.rules.proposal import Proposal
 from frscope.analysis.stacks import blocked_in
@@ -114,7 +113,7 @@ def _free(facts: Facts, rank: int) -> bool:
     send/recv, monitored_barrier): it is busy outside torch.distributed."""
     dump = facts.ctx.dumpset.dumps.get(rank)
     return (dump is not None and bool(dump.entries) and blocked_entry(dump.entries) is None
-            and failed_wait(facts.ctx, rank) is None and blocked_in(facts.ctx.live_stack(rank)) is None)
+            and facts.ctx.waits.failed_wait(rank) is None and blocked_in(facts.ctx.live_stack(rank)) is None)
 
 
 def mismatches(facts: Facts) -> list[Proposal]:

@@ -11,11 +11,11 @@ rank's log or exit message decides (rule `exits` speaks where the runner says th
 
 from __future__ import annotations
 
-from frscope.analysis.collectives import StuckPoint
 from frscope.analysis.findings import Category, Finding, sizes_of
 from frscope.analysis.ops import VARIABLE_SIZE_OPS
 from frscope.analysis.rules.facts import Facts, GroupFacts
 from frscope.analysis.rules.proposal import Proposal
+from frscope.analysis.stuck import StuckPoint
 from frscope.analysis.wording import fmt_duration, plural
 
 

@@ -26,7 +26,6 @@ from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding
 from frscope.analysis.rootcause import Causes, link
 from frscope.analysis.rules.proposal import Point, Proposal
-from frscope.analysis.tracks import oldest_open
 from frscope.records import RankExit
 
 MISMATCHES = (Category.COLLECTIVE_TYPE_MISMATCH, Category.SIZE_MISMATCH, Category.DTYPE_MISMATCH)
@@ -139,28 +138,6 @@ def _victims_under_first_failure(roots: list[Finding], exits: Mapping[int, RankE
     return kept
 
 
-def _unposted_under_not_joined(ctx: Context, proposals: list[Proposal], parent: dict[int, Finding]
-                               ) -> dict[int, Finding]:
-    """A p2p op whose peer never posted the counterpart, where that peer waits on nobody (every op it
-    recorded finished: it is in Python) and is also the rank that never joined a collective the others
-    wait in: one sink, and the collective it never joined is what holds the job (the p2p op it never
-    posted is queued before it)."""
-    not_joined = [p.finding for p in proposals if p.finding.category is Category.RANK_NOT_JOINED
-                  and id(p.finding) not in parent]
-    out: dict[int, Finding] = {}
-    for proposal in proposals:
-        finding = proposal.finding
-        if proposal.rule != "p2p" or id(finding) in parent or not finding.culprit_ranks:
-            continue
-        if not all((d := ctx.dumpset.dumps.get(r)) is not None and oldest_open(d.entries) is None
-                   for r in finding.culprit_ranks):
-            continue
-        same = next((f for f in not_joined if set(finding.culprit_ranks) <= set(f.culprit_ranks)), None)
-        if same is not None:
-            out[id(finding)] = same
-    return out
-
-
 def rank_proposals(ctx: Context, proposals: list[Proposal], exits: Mapping[int, RankExit]) -> list[Finding]:
     """The root causes, most important first; every other proposal nested under its root."""
     main = [p for p in proposals if not p.fallback]
@@ -173,7 +150,6 @@ def rank_proposals(ctx: Context, proposals: list[Proposal], exits: Mapping[int, 
     )
     parent, absorbed = _same_point_parents(main, owners)
     parent.update({id(p.finding): p.caused_by for p in main if p.caused_by is not None})
-    parent.update(_unposted_under_not_joined(ctx, main, parent))
     roots = link(ctx, [p.finding for p in main if id(p.finding) not in absorbed], causes, parent)
     roots = _victims_under_first_failure(roots, exits)
     if all(f.category is Category.STRAGGLER for f in roots):

@@ -1,0 +1,187 @@
+"""The wait-for model: where every rank stands, and whom it waits on, across all groups.
+
+Every check that asks "who is this rank waiting for?" reads it here, from one reading of each rank:
+
+- `MISSING`: no dump. What it does is unknown; it waits on nobody the evidence names.
+- `BLOCKED`: an op it recorded is open (its oldest, across groups). In a collective it waits on the
+  members of that group that never entered it; in a point-to-point op, on its peer (unnamed in a
+  coalesced batch). Whether the op holds the rank's own thread (`blocks_caller`) matters: gloo's ops
+  do, a GPU collective holds only the rank's stream unless its live stack shows it waiting.
+- `IN_UNRECORDED`: nothing open, and its live stack sits in an op the recorder does not keep (gloo's
+  send/recv, `monitored_barrier`): it waits on a peer that no evidence names.
+- `IN_PYTHON`: nothing open, and its live stack is in no torch.distributed call: it waits on nobody.
+- `IDLE`: nothing open and no live stack: it waits on nobody the evidence shows (or in an op gloo
+  does not record, which `hidden_p2p` says may be so).
+
+A rank that waits on nobody is a *sink*: wait chains end there, and a hang's culprit is a sink, never
+a rank that merely had not joined because it waits on another. Chains are followed across groups
+and through point-to-point peers (`chain`); a chain that comes back to a rank is a cycle (two groups
+issued in different orders), which `rootcause` breaks at the rank whose own order differs.
+
+Pure: reads records, tracks and stacks only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in
+from frscope.analysis.tracks import Track, oldest_open
+from frscope.records import DumpSet, Entry, Frame
+
+# Ops gloo does not record whose waits show only in stacks: point-to-point, and monitored_barrier (which
+# gloo runs as sends and receives to and from rank 0).
+UNRECORDED_OPS = P2P_FUNCTIONS | {"monitored_barrier"}
+MAX_HOPS = 8  # p2p chains (pipeline stages) longer than this are not followed
+
+
+class State(StrEnum):
+    MISSING = "missing"
+    BLOCKED = "blocked"
+    IN_UNRECORDED = "in_unrecorded"
+    IN_PYTHON = "in_python"
+    IDLE = "idle"
+
+
+@dataclass(frozen=True, slots=True)
+class RankWait:
+    """One rank's place in the wait-for graph."""
+
+    rank: int
+    state: State
+    entry: Entry | None = None  # the open op it is held at (BLOCKED)
+    inside: str | None = None  # the torch.distributed function its live stack is in
+    # Whom it waits on: the members that never entered its collective, or its p2p peer. None where it
+    # waits on someone the evidence does not name (a coalesced batch, an unrecorded send/recv).
+    on: frozenset[int] | None = frozenset()
+    blocks_caller: bool = False  # the open op holds the rank's thread (gloo, or its stack shows it)
+
+    @property
+    def open(self) -> bool:
+        return self.entry is not None
+
+    @property
+    def sink(self) -> bool:
+        """It waits on nobody: missing, in Python, or idle with nothing open."""
+        return self.state in (State.MISSING, State.IN_PYTHON, State.IDLE)
+
+    @property
+    def collective_waits(self) -> frozenset[int]:
+        """The members of its open collective that never entered it, where the op holds its thread:
+        the ranks its own thread waits on. Empty otherwise."""
+        if self.entry is None or self.entry.is_p2p or not self.blocks_caller or not self.on:
+            return frozenset()
+        return self.on
+
+
+@dataclass(slots=True)
+class WaitGraph:
+    """Each rank's `RankWait`, read on demand and kept."""
+
+    dumpset: DumpSet
+    tracks: dict[str, dict[int, Track]]
+    live_stack: Callable[[int], tuple[Frame, ...]]
+    _read: dict[int, RankWait] = field(default_factory=dict)
+
+    def of(self, rank: int) -> RankWait:
+        wait = self._read.get(rank)
+        if wait is None:
+            wait = self._read[rank] = self._wait_of(rank, None)
+        return wait
+
+    def _wait_of(self, rank: int, before_record: int | None) -> RankWait:
+        dump = self.dumpset.dumps.get(rank)
+        if dump is None:
+            return RankWait(rank, State.MISSING)
+        inside = blocked_in(self.live_stack(rank))
+        entry = oldest_open(dump.entries, before_record)
+        if entry is None:
+            if inside in UNRECORDED_OPS:
+                return RankWait(rank, State.IN_UNRECORDED, inside=inside, on=None)
+            if inside is None and self.live_stack(rank):
+                return RankWait(rank, State.IN_PYTHON)
+            return RankWait(rank, State.IDLE, inside=inside)
+        blocks = dump.backend == "gloo" or inside is not None
+        if entry.is_p2p:
+            group = self.dumpset.groups.get(entry.pg_name)
+            peer = group.global_rank(entry.peer) if (group is not None and entry.peer is not None) else None
+            return RankWait(rank, State.BLOCKED, entry, inside, None if peer is None else frozenset({peer}), blocks)
+        members = self.tracks.get(entry.pg_name, {})
+        on = frozenset(r for r, t in members.items() if r != rank and t.last_seq < entry.collective_seq_id)
+        return RankWait(rank, State.BLOCKED, entry, inside, on, blocks)
+
+    def chain(self, rank: int, before_record: int | None = None) -> list[RankWait]:
+        """The rank's wait, then its p2p peer's, and so on while each is blocked in a p2p op with a named
+        peer: the last is where the chain leaves point-to-point (a collective, a sink, an unnamed peer).
+        `before_record`: the first rank is read as it stood before that record (a NotCompleted culprit's
+        device is busy with something older). Stops at a rank seen before (a cycle) or after MAX_HOPS."""
+        hops: list[RankWait] = []
+        seen: set[int] = set()
+        wait = self._wait_of(rank, before_record) if before_record is not None else self.of(rank)
+        for _ in range(MAX_HOPS):
+            if wait.rank in seen:
+                break
+            seen.add(wait.rank)
+            hops.append(wait)
+            if wait.entry is None or not wait.entry.is_p2p or not wait.on:
+                break
+            wait = self.of(next(iter(wait.on)))
+        return hops
+
+    def sinks_among(self, not_joined: Sequence[int]) -> tuple[list[int], list[int]]:
+        """(culprits, waiters) of the ranks that never joined a collective: a rank blocked in a p2p op whose
+        peer the recorder does not name (a coalesced batch), or in one it does not keep (its live stack
+        says so), or in an earlier collective that members never entered, waits on others; where the rest
+        wait on nobody, the wait chains end at those. Where one of them is held elsewhere in a way that
+        names no wait (a GPU stream), every rank that never joined stays a culprit."""
+        sinks: list[int] = []
+        waiters: list[int] = []
+        for rank in not_joined:
+            wait = self.of(rank)
+            if wait.entry is None:
+                (waiters if wait.inside in P2P_FUNCTIONS else sinks).append(rank)
+            elif wait.entry.is_p2p and wait.on is None:
+                waiters.append(rank)
+            elif not wait.entry.is_p2p and wait.collective_waits:
+                waiters.append(rank)
+            else:
+                return list(not_joined), []
+        if sinks and waiters:
+            return sinks, waiters
+        return list(not_joined), []
+
+    def hidden_p2p(self, ranks: Sequence[int]) -> bool:
+        """The ranks are idle (nothing open in any group) and a point-to-point wait would be invisible:
+        their backend records no p2p op (gloo) and no live stack says where they are."""
+        for rank in ranks:
+            dump = self.dumpset.dumps.get(rank)
+            if dump is None or dump.backend != "gloo" or self.live_stack(rank) or self.of(rank).open:
+                return False
+        return True
+
+    def failed_wait(self, rank: int) -> tuple[str, int] | None:
+        """(group, seq) of an idle rank's last collective when a member of that group with a recorder never
+        entered it: it cannot have finished without that member, so gloo retired it as it failed (timed
+        out, or lost a peer), and the rank waited there until then. None otherwise."""
+        dump = self.dumpset.dumps.get(rank)
+        last = dump.entries[-1] if dump is not None and len(dump.entries) else None
+        if last is None or last.is_p2p or not last.completed:
+            return None
+        tracks = self.tracks.get(last.pg_name, {})
+        if any(r != rank and t.by_seq and t.last_seq < last.collective_seq_id for r, t in tracks.items()):
+            return last.pg_name, last.collective_seq_id
+        return None
+
+    def last_group_may_lack_a_member(self, rank: int) -> bool:
+        """The rank's last collective was in a group known only from the entries while some rank left no
+        dump: such a group's members are those seen, and maybe missing ranks too (nothing else says who
+        else belongs: not a description, which groups of different sizes share). That collective may
+        have failed with a missing member, and the rank stopped there: it waits for the missing rank."""
+        dump = self.dumpset.dumps.get(rank)
+        last = dump.entries[-1] if dump is not None and len(dump.entries) else None
+        if last is None or last.is_p2p or not self.dumpset.missing_ranks:
+            return False
+        group = self.dumpset.groups.get(last.pg_name)
+        return group is not None and group.membership_source == "entries"
