@@ -1,0 +1,106 @@
+"""The wait-for model (frscope.analysis.waitfor) on small exact situations: each rank's state, whom it
+waits on, and wait chains through p2p peers. Built from torch-shaped records (NCCL pickles, gloo
+snapshot pieces with faulthandler stacks as the worker server returns them)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from frscope import wire
+from frscope.analysis import AnalysisOptions
+from frscope.analysis.context import Context
+from frscope.analysis.tracks import build_tracks
+from frscope.analysis.waitfor import State
+from frscope.records import DumpSet, assemble, load_dumps, normalize_dump
+from tests.unit import builders as b
+
+S = 1_000_000_000
+SITE = "/venv/lib/python3.11/site-packages/torch/distributed"
+SERVER = "Current thread 0x00007f0a8d7fa6c0 (most recent call first):\n  <no Python frame>\n\n"
+
+
+def _stack(*frames: tuple[str, str, int]) -> str:
+    lines = [f'  File "{file}", line {line} in {name}' for name, file, line in frames]
+    return SERVER + "Thread 0x00007f3e247c9b80 (most recent call first):\n" + "\n".join(lines) + "\n"
+
+
+RECV = _stack(("recv", f"{SITE}/distributed_c10d.py", 2600), ("main", "/app/train.py", 40))
+ALL_REDUCE = _stack(("all_reduce", f"{SITE}/distributed_c10d.py", 2800), ("main", "/app/train.py", 41))
+IN_PYTHON = _stack(("load_next_batch", "/app/train.py", 177), ("main", "/app/train.py", 163))
+
+
+def _context(dumpset: DumpSet) -> Context:
+    return Context(dumpset, build_tracks(dumpset), AnalysisOptions())
+
+
+def _gloo(seq: int, *, done: bool = True) -> dict[str, Any]:
+    return b.entry(seq, backend="gloo", state="scheduled", retired=done, created_ns=b.T0 + seq * S // 5)
+
+
+def _gloo_capture(recorders: dict[int, list[dict[str, Any]]], stacks: dict[int, str], world: int) -> DumpSet:
+    pieces = []
+    for rank, entries in recorders.items():
+        pieces.append(wire.snapshot_piece(rank, b.T0 + 700 * S, f"socket:/run/rank-{rank}.sock", stacks.get(rank, ""),
+                                          b.dump(entries, world=world)))
+    return assemble([normalize_dump(p, p["source"], p["rank"]) for p in pieces], [])
+
+
+def test_each_rank_state_and_whom_a_gloo_collective_waits_on() -> None:
+    # Ranks 0 and 1 wait in all_reduce #4; rank 2 is in Python after #3; rank 3 sits in an unrecorded recv;
+    # rank 4 left no dump.
+    recorders = {0: [*map(_gloo, range(1, 4)), _gloo(4, done=False)],
+                 1: [*map(_gloo, range(1, 4)), _gloo(4, done=False)],
+                 2: list(map(_gloo, range(1, 4))),
+                 3: list(map(_gloo, range(1, 4)))}
+    ctx = _context(_gloo_capture(recorders, {0: ALL_REDUCE, 1: ALL_REDUCE, 2: IN_PYTHON, 3: RECV}, world=5))
+    w0 = ctx.waits.of(0)
+    assert w0.state is State.BLOCKED and w0.blocks_caller and w0.entry is not None
+    assert w0.entry.collective_seq_id == 4
+    assert w0.collective_waits == {2, 3}  # the members with a recorder that never entered #4
+    assert not w0.sink
+    assert ctx.waits.of(2).state is State.IN_PYTHON and ctx.waits.of(2).sink
+    w3 = ctx.waits.of(3)
+    assert w3.state is State.IN_UNRECORDED and w3.on is None and not w3.sink  # waits, on someone unnamed
+    assert ctx.waits.of(4).state is State.MISSING
+    # Of the ranks that never joined #4, the one in the recv waits on another: the sink is rank 2.
+    assert ctx.waits.sinks_among([2, 3]) == ([2], [3])
+
+
+def test_a_gpu_collective_holds_the_stream_not_the_thread_unless_the_stack_says_so(tmp_path: Path) -> None:
+    per_rank = {r: [b.entry(s) for s in range(1, 4)] for r in range(3)}
+    for r in (0, 1):
+        per_rank[r].append(b.entry(4, state="started"))
+    ctx = _context(load_dumps([b.job(tmp_path, per_rank, 3)]))
+    wait = ctx.waits.of(0)
+    assert wait.state is State.BLOCKED and wait.on == {2}
+    assert not wait.blocks_caller and wait.collective_waits == frozenset()
+    assert ctx.waits.of(2).state is State.IDLE
+
+
+def test_a_p2p_chain_is_followed_to_the_collective_it_ends_in(tmp_path: Path) -> None:
+    # Pipeline stages on NCCL: rank 0 receives from 1, rank 1 receives from 2, rank 2 is held in all_reduce #4
+    # that rank 3 never entered.
+    per_rank = {r: [b.entry(s) for s in range(1, 4)] for r in range(4)}
+    t = b.T0 + 10 * S
+    per_rank[0].append(b.entry(4, op="recv", peer=" 0<-1", p2p_seq=1, state="started", record_id=3, created_ns=t))
+    per_rank[1].append(b.entry(4, op="recv", peer=" 1<-2", p2p_seq=1, state="started", record_id=3, created_ns=t))
+    per_rank[2].append(b.entry(4, state="started", record_id=3, created_ns=t))
+    ctx = _context(load_dumps([b.job(tmp_path, per_rank, 4)]))
+    hops = ctx.waits.chain(0)
+    assert [w.rank for w in hops] == [0, 1, 2]
+    end = hops[-1]
+    assert end.entry is not None and not end.entry.is_p2p and end.entry.collective_seq_id == 4
+    # Every member that never entered #4 is waited on: rank 3, and ranks 0 and 1, blocked in their recvs.
+    assert end.on == {0, 1, 3}
+
+
+def test_a_loop_of_p2p_waits_stops_where_it_closes(tmp_path: Path) -> None:
+    per_rank = {r: [b.entry(s) for s in range(1, 4)] for r in range(2)}
+    t = b.T0 + 10 * S
+    per_rank[0].append(b.entry(4, op="recv", peer=" 0<-1", p2p_seq=1, state="started", record_id=3, created_ns=t))
+    per_rank[1].append(b.entry(4, op="recv", peer=" 1<-0", p2p_seq=1, state="started", record_id=3, created_ns=t))
+    ctx = _context(load_dumps([b.job(tmp_path, per_rank, 2)]))
+    hops = ctx.waits.chain(0)
+    assert [w.rank for w in hops] == [0, 1]
+    assert hops[-1].on == {0}  # the last hop waits on the first: a cycle, no sink on this chain
