@@ -33,7 +33,9 @@ COMPARED = ("profiling_name", "input_sizes", "input_dtypes", "output_sizes", "ou
 
 def _layout() -> Layout:
     return Layout(3, (Group(0, "0", "default_pg", (0, 1, 2), DEFAULT), Group(1, "1", "tp", (0, 1), NEW_GROUP),
-                      Group(2, "2", "dp", (1, 2), NEW_GROUP)), ((0,), (1,), (2,)))
+                      Group(2, "2", "dp", (1, 2), NEW_GROUP),
+                      # never used: torch lists a group's pg_status only from its first recorded op
+                      Group(3, "3", "ep", (0, 2), NEW_GROUP)), ((0,), (1,), (2,)))
 
 
 def _program():  # type: ignore[no-untyped-def]

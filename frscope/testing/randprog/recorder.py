@@ -104,6 +104,8 @@ def _pg_status(ex: Execution, st: RankState, tv: float, pickle: bool) -> dict[st
     layout = ex.program.layout
     out: dict[str, Any] = {}
     for g in layout.member_groups(st.rank):
+        if not any(e.group == g.index and e.t_created <= tv for e in st.issued):
+            continue  # torch adds a group's status at its first recorded op (FlightRecorder::record)
         uid = layout.uid(st.rank, g.index)
         if ex.program.backend == "gloo":
             # the op id of the last recorded entry (op ids count the unrecorded p2p ops too)
