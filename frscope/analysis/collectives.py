@@ -72,6 +72,46 @@ def _extra_call_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: d
     return finding
 
 
+def _unseen_member_finding(ctx: Context, group: GroupInfo, ref: GroupRef, point: StuckPoint,
+                           buckets: dict[int, Bucket], unseen: list[int], op: str, since: str,
+                           sample: Entry | None) -> Finding:
+    """Every member the entries show is in the collective on gloo and none finished it: they wait on a
+    member the evidence does not show, and the wait can only end at the ranks that wait on nobody and
+    recorded nothing of the group."""
+    seq, joined = point.seq, point.joined
+    first = unseen[0]
+    doing = ctx.activity(first)
+    summary = (
+        f"{plural(unseen).capitalize()} never joined {op} #{seq} of {ref.label()}, which {plural(joined)} "
+        f"{'has' if len(joined) == 1 else 'have'} been blocked in{since}"
+        f"{f'; rank {first} is {doing}' if doing else ''}: the group's entries show no other member, and a gloo "
+        f"collective every member entered completes, so {'it is' if len(unseen) == 1 else 'one of them is'} "
+        "the member that never came."
+    )
+    finding = stuck_finding(Category.RANK_NOT_JOINED, unseen, ref, summary, seq, op, sample, point)
+    finding.ambiguous = len(unseen) > 1
+    finding.evidence.append(
+        f"the group's members are known only from its entries ({plural(joined)}; gloo's pg_config names none), "
+        f"every one of them entered #{seq} and none finished it: they wait on a member that never entered")
+    finding.evidence.append(
+        f"{plural(unseen)} recorded nothing of {ref.label()} and wait{'s' if len(unseen) == 1 else ''} on nobody: "
+        "the only ranks where that wait can end (what would decide: the group's member list, or the rank's "
+        "live stack at the call that should have entered it)")
+    ruled_out = [r for r in sorted(ctx.dumpset.dumps) if r not in unseen and r not in ctx.tracks.get(group.name, {})
+                 and ctx.waits.of(r).sink]
+    if ruled_out:
+        finding.evidence.append(
+            f"{plural(ruled_out)} also wait{'s' if len(ruled_out) == 1 else ''} on nobody, but number "
+            f"{'its' if len(ruled_out) == 1 else 'their'} groups without a gap (pg_status) and recorded in a group "
+            f"created after {ref.label()}: no member of it")
+    for rank in unseen[: ctx.options.max_rank_views]:
+        ctx.show_culprit(finding, rank, group.name, None)
+    for rank in joined[:3]:
+        bucket = buckets.get(rank)
+        finding.ranks[rank] = ctx.rank_view(rank, group.name, bucket[0] if bucket else None, call_site=False)
+    return finding
+
+
 def hang_finding(
     ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint
 ) -> Finding | None:
@@ -126,6 +166,8 @@ def hang_finding(
     not_done = sorted(r for r, b in buckets.items() if not all(e.completed for e in b))
     if not not_done:
         return None
+    if ctx.waits.unseen_member_holds(group.name, seq) and (unseen := ctx.waits.unseen_member_candidates(group.name)):
+        return _unseen_member_finding(ctx, group, ref, point, buckets, unseen, op, since, sample)
     odd = odd_exchange(buckets) if len(not_done) == len(buckets) else None
     if odd is not None:
         return odd_exchange_finding(ctx, group.name, ref, buckets, odd, seq, op, since, point)

@@ -54,7 +54,8 @@ class RankWait:
     entry: Entry | None = None  # the open op it is held at (BLOCKED)
     inside: str | None = None  # the torch.distributed function its live stack is in
     # Whom it waits on: the members that never entered its collective, or its p2p peer. None where it
-    # waits on someone the evidence does not name (a coalesced batch, an unrecorded send/recv).
+    # waits on someone the evidence does not name (a coalesced batch, an unrecorded send/recv, a gloo
+    # group's member that never entered and that the group's entries do not show).
     on: frozenset[int] | None = frozenset()
     blocks_caller: bool = False  # the open op holds the rank's thread (gloo, or its stack shows it)
 
@@ -110,7 +111,47 @@ class WaitGraph:
             return RankWait(rank, State.BLOCKED, entry, inside, None if peer is None else frozenset({peer}), blocks)
         members = self.tracks.get(entry.pg_name, {})
         on = frozenset(r for r, t in members.items() if r != rank and t.last_seq < entry.collective_seq_id)
+        if not on and self.unseen_member_holds(entry.pg_name, entry.collective_seq_id):
+            return RankWait(rank, State.BLOCKED, entry, inside, None, blocks)
         return RankWait(rank, State.BLOCKED, entry, inside, on, blocks)
+
+    def unseen_member_holds(self, group: str, seq: int) -> bool:
+        """Every member the evidence knows entered the group's collective `seq` on gloo and none finished it,
+        while the group's members are known only from its entries (gloo's pg_config names none for
+        `new_group`): a gloo collective completes once every member is in (there is no device to wait on),
+        so they wait on a member that never entered it and recorded nothing of the group (principle 3: the
+        group is a lower bound). Where a member finished it, or the group's members are known, no."""
+        info = self.dumpset.groups.get(group)
+        if info is None or info.membership_source != "entries":
+            return False
+        members = self.tracks.get(group, {})
+        if not members or any(t.last_seq < seq or t.last_completed >= seq for t in members.values()):
+            return False
+        return all((d := self.dumpset.dumps.get(r)) is not None and d.backend == "gloo" for r in members)
+
+    def unseen_member_candidates(self, group: str) -> list[int]:
+        """The ranks that could be a group's unseen member: they recorded nothing of it, wait on nobody, and
+        their own group ids leave room for it (`_may_belong`)."""
+        members = self.tracks.get(group, {})
+        return [r for r in sorted(self.dumpset.dumps) if r not in members and self.of(r).state in
+                (State.IN_PYTHON, State.IDLE) and self._may_belong(r, group)]
+
+    def _may_belong(self, rank: int, group: str) -> bool:
+        """Whether the rank's own group ids leave room for a group it never recorded in. A rank numbers the
+        groups it belongs to 0, 1, 2, ... in creation order (the default group first), and its recorder
+        lists a group's status (`pg_status`, keyed by that number) from the group's first recorded op on;
+        torch names groups by a job-wide creation count. So where the rank's numbers are 0..k without a
+        gap and it recorded in a group created after `group` (a higher name), `group` would have taken a
+        number below that one, unlisted: there is none, and the rank is no member. Unknown (True) where the
+        recorder lists no status or the groups carry their own names."""
+        dump = self.dumpset.dumps.get(rank)
+        if dump is None or not dump.pg_status or not group.isdigit():
+            return True
+        numbers = {int(k) for k in dump.pg_status if k.isdigit()} | {0}
+        if numbers != set(range(max(numbers) + 1)):
+            return True  # a number never listed: a group it belongs to and never recorded in
+        later = int(group)
+        return not any(name.isdigit() and int(name) > later and rank in tracks for name, tracks in self.tracks.items())
 
     def chain(self, rank: int, before_record: int | None = None) -> list[RankWait]:
         """The rank's wait, then its p2p peer's, and so on while each is blocked in a p2p op with a named
@@ -144,7 +185,7 @@ class WaitGraph:
                 (waiters if wait.inside in P2P_FUNCTIONS else sinks).append(rank)
             elif wait.entry.is_p2p and wait.on is None:
                 waiters.append(rank)
-            elif not wait.entry.is_p2p and wait.collective_waits:
+            elif not wait.entry.is_p2p and (wait.collective_waits or (wait.on is None and wait.blocks_caller)):
                 waiters.append(rank)
             else:
                 return list(not_joined), []

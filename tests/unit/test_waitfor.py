@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from frscope import wire
-from frscope.analysis import AnalysisOptions
+from frscope.analysis import AnalysisOptions, Category, analyze
 from frscope.analysis.context import Context
 from frscope.analysis.tracks import build_tracks
 from frscope.analysis.waitfor import State
@@ -104,3 +104,53 @@ def test_a_loop_of_p2p_waits_stops_where_it_closes(tmp_path: Path) -> None:
     hops = ctx.waits.chain(0)
     assert [w.rank for w in hops] == [0, 1]
     assert hops[-1].on == {0}  # the last hop waits on the first: a cycle, no sink on this chain
+
+
+def _gloo_pg(seq: int, pg: str, *, done: bool = True, at: int = 0) -> dict[str, Any]:
+    return b.entry(seq, backend="gloo", pg=(pg, "undefined" if pg != "0" else "default_pg"), state="scheduled",
+                   retired=done, created_ns=b.T0 + at * S // 5)
+
+
+def _subgroup_hang(tmp_path: Path, statuses: dict[int, list[str]]) -> Path:
+    """6 gloo ranks: groups '1' = {0, 1, 2} and '2' = {3, 4, 5} (new_subgroups: gloo's pg_config names no
+    members). Ranks 1 and 2 wait in group 1's all_reduce #1; rank 0, its third member, never came (stuck in
+    Python after the default group's #1); ranks 3-5 finished group 2's #1 and are idle too."""
+    per_rank: dict[int, list[dict[str, Any]]] = {}
+    for rank in range(6):
+        entries = [_gloo_pg(1, "0", at=1)]
+        if rank in (1, 2):
+            entries.append(_gloo_pg(1, "1", done=False, at=2))
+        if rank >= 3:
+            entries.append(_gloo_pg(1, "2", at=2))
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        per_rank[rank] = entries
+    for rank, entries in per_rank.items():
+        data = b.dump(entries, world=6, pg_config={"": {"name": "", "desc": "", "ranks": "[]"}})
+        data["pg_status"] = {k: {"last_enqueued_collective": 1, "last_started_collective": -1,
+                                 "last_completed_collective": 1} for k in statuses[rank]}
+        b.write_pickle(tmp_path, rank, data)
+    return tmp_path
+
+
+def test_principle3_ranks_waiting_in_a_gloo_collective_every_seen_member_entered_wait_on_an_unseen_member(
+        tmp_path: Path) -> None:
+    # Ranks 1 and 2 number their groups 0 (default) and 1 (group '1'); ranks 3-5: 0 and 1 (group '2'); rank 0
+    # lists only 0: it belongs to a group it never recorded in. Ranks 3-5 recorded in group '2', created
+    # after group '1', with no gap in their numbers: no member of group '1'.
+    statuses = {0: ["0"], 1: ["0", "1"], 2: ["0", "1"], 3: ["0", "1"], 4: ["0", "1"], 5: ["0", "1"]}
+    report = analyze(load_dumps([_subgroup_hang(tmp_path, statuses)]),
+                     AnalysisOptions(now_ns=b.T0 + 700 * S))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (0,), first.summary
+    assert not first.ambiguous
+    assert any("no member of it" in e for e in first.evidence)
+
+
+def test_without_group_numbers_every_idle_rank_outside_the_group_is_a_candidate(tmp_path: Path) -> None:
+    statuses: dict[int, list[str]] = {r: [] for r in range(6)}
+    report = analyze(load_dumps([_subgroup_hang(tmp_path, statuses)]),
+                     AnalysisOptions(now_ns=b.T0 + 700 * S))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (0, 3, 4, 5), first.summary
+    assert first.ambiguous  # not NotCompleted: gloo completes a collective every member entered
