@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from frscope.analysis import AnalysisOptions, Report, analyze
-from frscope.records import exits_from_json, load_dumps
+from frscope.records import DumpSet, exits_from_json, load_dumps
 from frscope.testing.sweep.capture import STUCK_AFTER_S, truth_of
 from frscope.testing.sweep.classes import FORMS
 from frscope.testing.sweep.runner import python_for
@@ -69,7 +69,9 @@ def judge(report: Report | None, truth: dict[str, Any], form: str, with_exits: b
         return {**base, "right": False}
     if ranks == culprits and not top.ambiguous:
         return {**base, "right": True}
-    if undecidable and top.ambiguous and set(culprits) <= set(ranks) and len(ranks) <= 2 * len(culprits):
+    # As ../shared/accuracy-dev/score.py (the project's judge) rules, in every form: an answer marked
+    # ambiguous is right when its candidates hold the culprits and are at most twice as many.
+    if top.ambiguous and set(culprits) <= set(ranks) and len(ranks) <= 2 * len(culprits):
         return {**base, "right": True, "ambiguous_right": True}
     if ranks == culprits and undecidable:
         return {**base, "right": True, "ambiguous_right": True}
@@ -84,6 +86,20 @@ def current_truth(job_dir: Path) -> dict[str, Any]:
     if not path.exists() or json.loads(path.read_text()) != truth:
         path.write_text(json.dumps(truth, indent=1) + "\n")
     return truth
+
+
+def _unnamed_undecidable(truth: dict[str, Any], form: str, dumpset: DumpSet, with_exits: bool) -> dict[str, Any]:
+    """The truth for this form, undecidable where a culprit left no dump and nothing in the form names it:
+    no exit codes, and no dump's group listing reaches it (gloo's pg_config lists whichever group was built
+    last: in a grid, not the world). The files cannot show the job had that rank."""
+    if form == "snapshot" or with_exits or form in truth.get("undecidable", {}):
+        return truth
+    unnamed = [r for r in truth["culprit_ranks"] if r not in dumpset.dumps and r >= dumpset.world_size]
+    if not unnamed:
+        return truth
+    why = (f"rank(s) {unnamed} left no dump and no file names them (no exit codes; the dumps' group listings stop "
+           f"at rank {dumpset.world_size - 1}): the files cannot show the job had them")
+    return {**truth, "undecidable": {**truth.get("undecidable", {}), form: why}}
 
 
 def score_job(job_dir: Path) -> list[dict[str, Any]]:
@@ -111,7 +127,7 @@ def score_job(job_dir: Path) -> list[dict[str, Any]]:
             path = _copied(folder, float(spec["copied_hours"]), Path(tmp)) if copied else folder
             dumpset = load_dumps([path], jobs=1)
             report = analyze(dumpset, OPTIONS, exits=exits) if dumpset.dumps else None
-        row.update(judge(report, truth, form, use_exits))
+        row.update(judge(report, _unnamed_undecidable(truth, form, dumpset, use_exits), form, use_exits))
         if report is not None and report.findings and report.findings[0].stalled_for_s is not None:
             row["stalled_for_s"] = round(report.findings[0].stalled_for_s, 1)
         row["analyze_s"] = round(time.perf_counter() - started, 3)
