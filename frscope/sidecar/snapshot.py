@@ -11,6 +11,7 @@ second for what changes at full polls only).
 from __future__ import annotations
 
 import asyncio
+import copy
 import gzip
 import json
 import logging
@@ -228,6 +229,9 @@ class Snapshots:
         or `suspect` before the stall is confirmed) when a capture is served. Not rendered when
         `if_none_match` names its ETag (`gzip_asked`: the coding the ETag is for)."""
         chosen, errors, used_capture = self._choose(prefer_live)
+        # Each rank's state as it is now, on the loop: a poll round that replaces its recorder while the
+        # worker thread renders changes neither the ETag nor the piece under it (they name the same fetch).
+        chosen = [(rank, item if isinstance(item, bytes) else copy.copy(item)) for rank, item in chosen]
         if used_capture and reason == "poll":
             current = self.current_capture()
             reason = current.reason if current is not None else "stall"
