@@ -65,6 +65,21 @@ def test_pieces_of_every_size_after_one_another_and_the_collector_back_on(tmp_pa
     assert gc.isenabled()
 
 
+@pytest.mark.parametrize("number", ["12345678901234567890", "-12345678901234567890", "-1234567890123456789",
+                                    "123456789012345678901234567890", "9" * 5000])
+def test_long_ints_read_as_the_whole_body_decoder_reads_them(tmp_path: Path, hang_ranks: dict[int, Any],
+                                                             number: str) -> None:
+    """An int literal past 20 characters (its sign included) is 'not recorded', whether the window it is
+    in is read with the per-int hook or (no run of 20 digits in it) with Python's own int parsing."""
+    raw = body(hang_ranks)
+    seq = b'"collective_seq_id": '
+    at = raw.index(seq, raw.index(b'"entries"')) + len(seq)
+    end = at + len(raw[at:].split(b",", 1)[0])
+    raw = raw[:at] + number.encode() + raw[end:]
+    whole = from_bytes(raw, "push", origin="push", max_entries=0)
+    assert summary(decode_file(write(tmp_path, raw), "push", origin="push", max_entries=0)) == summary(whole)
+
+
 def test_the_callers_pod_and_namespace_win_and_a_bad_rank_is_its_own_problem(tmp_path: Path,
                                                                            hang_ranks: dict[int, Any]) -> None:
     obj = json.loads(body(hang_ranks))
