@@ -9,7 +9,9 @@ What runs:
   its full polls only (`--full-poll-s`, 30 s: the sidecar's defaults, --poll-interval 2 x
   --full-poll-every 15, on the job's common wall-clock slots: every pod at once); each full poll the job
   has moved on by `--advance` collectives (the whole window is new). `--full-poll-s 0`: new content at
-  every request (the worst case: nothing can be kept);
+  every request (the worst case: nothing can be kept). Each answer carries the real sidecar's ETag
+  (frscope.wire's, of the pod and its content), and an If-None-Match naming it is answered 304, as the
+  sidecar does: the stand-ins always run this tree's frscope (FRSCOPE_TREE is for the operator's side);
 - the operator's `LiveWindows` in this process (the page open: the job asked about every 0.1 s,
   `--live-interval` 1 s), its `Decoder` with the operator's default 2 decoder processes.
 
@@ -101,6 +103,9 @@ async def serve(args: argparse.Namespace) -> None:
     jitter = [[rng.randrange(0, 2_000_000) for _ in range(world)] for _ in range(64)]
     bodies = [[gzip.compress(pod_body(p, args.ranks_per_pod, world, args.entries, 1 + v * args.advance, jitter), 1)
                for v in range(VERSIONS)] for p in range(args.pods)]
+    from frscope import wire  # (this tree's: see measure())
+
+    etags = [[wire.snapshot_etag([p, v, args.entries], gzip=True) for v in range(VERSIONS)] for p in range(args.pods)]
     started = time.time()
     asked = [0]
 
@@ -119,9 +124,12 @@ async def serve(args: argparse.Namespace) -> None:
     async def snapshot(request: web.Request) -> web.Response:
         sockname = request.transport.get_extra_info("sockname") if request.transport else None
         pod = by_port[int(sockname[1])]
+        at = version() % VERSIONS
+        if wire.etag_matches(request.headers.get("If-None-Match"), etags[pod][at]):
+            return web.Response(status=304, headers={"ETag": etags[pod][at]})
         # the envelope's head would carry the render time: the gzip of the same ranks differs anyway
-        return web.Response(body=bodies[pod][version() % VERSIONS], content_type="application/json",
-                            headers={"Content-Encoding": "gzip"})
+        return web.Response(body=bodies[pod][at], content_type="application/json",
+                            headers={"Content-Encoding": "gzip", "ETag": etags[pod][at]})
 
     async def full_poll(_: web.Request) -> web.Response:
         manual[0] += 1  # --sequence: every pod's next full poll, now
@@ -157,8 +165,16 @@ def tree_cpu_s() -> float:
     return cpu_s(me) + sum(cpu_s(k) for k in kids)
 
 
+def start_farm() -> subprocess.Popen[str]:
+    """The stand-in sidecars, with this tree's frscope whatever FRSCOPE_TREE says (the sidecars of both runs
+    are the same; an operator that sends no If-None-Match gets every answer whole)."""
+    env = {k: v for k, v in os.environ.items() if k != "FRSCOPE_TREE"}
+    return subprocess.Popen([sys.executable, __file__, "--serve", *sys.argv[1:]], stdout=subprocess.PIPE, text=True,
+                            env=env)
+
+
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    farm = subprocess.Popen([sys.executable, __file__, "--serve", *sys.argv[1:]], stdout=subprocess.PIPE, text=True)
+    farm = start_farm()
     assert farm.stdout is not None
     info = json.loads(farm.stdout.readline())
     world = args.pods * args.ranks_per_pod
@@ -209,7 +225,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
 async def sequence(args: argparse.Namespace) -> None:
     """Refreshes one after the other, each timed alone (CPU: this process and its decoder processes):
     the first (nothing decoded yet), then with every answer as before, then after every pod's full poll."""
-    farm = subprocess.Popen([sys.executable, __file__, "--serve", *sys.argv[1:]], stdout=subprocess.PIPE, text=True)
+    farm = start_farm()
     assert farm.stdout is not None
     info = json.loads(farm.stdout.readline())
     world = args.pods * args.ranks_per_pod
@@ -247,6 +263,13 @@ async def sequence(args: argparse.Namespace) -> None:
           f"{platform.python_version()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
     for row in rows:
         print(json.dumps(row))
+    # With the sidecar's defaults (a full poll every 30 s) and the live interval (1 s): one refresh in 30
+    # after a full poll, the other 29 between two.
+    per_poll = round(30 / args.live_interval)
+    same = statistics.fmean(r["cpu_s"] for r in rows if r["refresh"] == "same")
+    after = next(r["cpu_s"] for r in rows if r["refresh"] == "full poll")
+    print(json.dumps({"amortized_cpu_per_refresh_s": round((after + (per_poll - 1) * same) / per_poll, 3),
+                      "refreshes_per_full_poll": per_poll}))
 
 
 def report(args: argparse.Namespace, got: dict[str, Any]) -> None:

@@ -17,6 +17,8 @@ from frscope.records import COMPLETED, DumpSet, Entry
 from frscope.records.columns import EntryTable, GroupIndex
 
 _NAN = float("nan")
+# Track.single_positions: no entry of the seq, or several (coalesced ops).
+NONE, SEVERAL = -1, -2
 
 
 class Buckets(Mapping[int, list[Entry]]):
@@ -86,6 +88,25 @@ class Track:
             if k is None:
                 return None
             out.append(index.first_member(k))
+        return out
+
+    def single_positions(self, seqs: Sequence[int]) -> list[int] | None:
+        """Columnar: for each seq, the table position of its one entry (NONE: no entry of it, SEVERAL:
+        coalesced entries, read its bucket); None for a row-by-row rank."""
+        index = self.index
+        if index is None or self.table is None:
+            return None
+        position, members, offsets = index.position, index.members, index.offsets
+        out: list[int] = []
+        for seq in seqs:
+            k = position(seq)
+            if k is None:
+                out.append(NONE)
+            elif offsets is None:
+                out.append(members[k])
+            else:
+                start = offsets[k]
+                out.append(members[start] if offsets[k + 1] - start == 1 else SEVERAL)
         return out
 
     def first_created(self, seqs: range) -> list[int | None]:

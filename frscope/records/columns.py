@@ -45,7 +45,7 @@ _FLAG_OF = {
     (False, True): 4, (True, True): 5,
 }
 _RETIRED_OF = (None, False, True)
-_RETIRED_TRUE = 4
+_RETIRED_TRUE = RETIRED_TRUE = 4  # flags at or past it: the entry is retired (the timeline reads them in place)
 # flags -> 1 where the entry is retired (flags >= _RETIRED_TRUE), for bytes.translate
 _RETIRED_BYTE = bytes(int(f >= _RETIRED_TRUE) for f in range(256))
 

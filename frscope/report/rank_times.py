@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from frscope.analysis.tracks import Track
+from frscope.analysis.tracks import SEVERAL, Track
 from frscope.report.timeline_cells import bucket_duration
 
 
@@ -111,27 +111,36 @@ def _rows_window(
         c_row: list[int | None] = []
         q_row: list[int | None] = []
         d_row: list[int | None] = []
-        for seq, mid_us in zip(window, medians, strict=True):
-            bucket = track.by_seq.get(seq) if track is not None else None
-            if not bucket:
-                c_row.append(None)
-                q_row.append(None)
-                d_row.append(None)
-                continue
-            e = bucket[0]
-            c = e.time_created_ns
+        # Columnar ranks: each seq's one entry read from the table's columns in place (no `Entry` built)
+        positions = track.single_positions(window) if track is not None else None
+        table = track.table if track is not None else None
+        for k, (seq, mid_us) in enumerate(zip(window, medians, strict=True)):
+            p = positions[k] if positions is not None else SEVERAL
+            d: float | None
+            if p >= 0:
+                assert table is not None
+                c, s, d = table.created[p], table.started[p], table.duration[p]
+                if d != d:  # NaN: not recorded (bucket_duration of one entry)
+                    end = table.completed[p]
+                    d = (end - s) / 1e6 if s and end and end >= s else None
+            else:
+                bucket = track.by_seq.get(seq) if track is not None and p == SEVERAL else None
+                if not bucket:
+                    c_row.append(None)
+                    q_row.append(None)
+                    d_row.append(None)
+                    continue
+                c, s, d = bucket[0].time_created_ns or 0, bucket[0].time_started_ns or 0, bucket_duration(bucket)
             if c and mid_us is not None:
                 c_row.append(round((c - t0) / 1000.0 - mid_us))
                 any_created = True
             else:
                 c_row.append(None)
-            s = e.time_started_ns
             if c and s and s >= c:
                 q_row.append(round((s - c) / 1000.0))
                 any_queued = True
             else:
                 q_row.append(None)
-            d = bucket_duration(bucket)
             if d is not None:
                 d_row.append(round(d * 1000.0))
                 any_dur = True

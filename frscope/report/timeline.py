@@ -28,8 +28,9 @@ import heapq
 from typing import Any
 
 from frscope.analysis import Report, op_label
-from frscope.analysis.tracks import Track, build_tracks
+from frscope.analysis.tracks import NONE, Track, build_tracks
 from frscope.records import COMPLETED, STARTED, DumpSet, Entry
+from frscope.records.columns import RETIRED_TRUE, EntryTable
 from frscope.report.rank_times import ColumnSpread, build_rank_times, column_spread, spread_fields
 from frscope.report.timeline_cells import (
     S_COMPLETED,
@@ -125,6 +126,10 @@ def _grid(
     seqs = _columns(tracks)
     has_dump = [r in dumpset.dumps for r in rows]
     row_tracks = [tracks.get(r) for r in rows]
+    # Columnar ranks: each seq's one entry read from the table's columns in place (an `Entry` is built only
+    # for a cell's first sight: building one per cell was most of a 1,024-rank live window's timeline).
+    positions = [track.single_positions(seqs) if track is not None else None for track in row_tracks]
+    row_tables: list[EntryTable | None] = [track.table if track is not None else None for track in row_tracks]
     exceptions: list[list[tuple[int, int]]] = [[] for _ in rows]
     col_cell: list[int] = []
     col_t: list[float | None] = []
@@ -133,7 +138,7 @@ def _grid(
     lags: list[tuple[float, int, int]] = []
     for col, seq in enumerate(seqs):
         keys: list[RawKey | None] = []
-        buckets: list[list[Entry] | None] = []
+        buckets: list[list[Entry] | None] = []  # None where read from the columns (or no entry: keys' None)
         created: list[tuple[int, int]] = []  # (row, ns)
         durations: list[float] = []
         slowest_row = -1
@@ -142,29 +147,53 @@ def _grid(
         count = 0
         # Hot loop (every entry of every rank): inlined, and a Boyer-Moore majority vote on the way.
         for i, track in enumerate(row_tracks):
-            bucket = track.by_seq.get(seq) if track is not None else None
-            buckets.append(bucket)
-            if bucket is None:
-                keys.append(None)
-                continue
-            in_flight = seq == track.next_seq  # type: ignore[union-attr]
-            e = bucket[0]
-            if len(bucket) == 1:
-                if e.state == COMPLETED or e.retired is True:
+            at = positions[i]
+            p = at[col] if at is not None else NONE - 1
+            if p >= 0:
+                table = row_tables[i]
+                assert table is not None and track is not None
+                buckets.append(None)
+                status = table.states[table.state[p]]
+                if status == COMPLETED or table.flags[p] >= RETIRED_TRUE:
                     state = S_COMPLETED
-                elif in_flight:
+                elif seq == track.next_seq:
                     state = S_IN_FLIGHT
-                elif e.state == STARTED:
+                elif status == STARTED:
                     state = S_STARTED
                 else:
                     state = S_SCHEDULED
-                key: RawKey = (e.op, state, e.input_sizes, e.input_dtypes, e.output_sizes, e.output_dtypes)
-                d = e.duration_ms
-                if d is None and e.time_started_ns and e.time_completed_ns:
-                    d = (e.time_completed_ns - e.time_started_ns) / 1e6
+                key: RawKey = (table.names[table.name[p]][1], state, *table.shapes[table.shape[p]])
+                d: float | None = table.duration[p]
+                if d != d:  # NaN: not recorded
+                    d = None
+                    if table.started[p] and table.completed[p]:
+                        d = (table.completed[p] - table.started[p]) / 1e6
+                ns = table.created[p]
             else:
-                key = raw_key(bucket, in_flight)
-                d = bucket_duration(bucket)
+                bucket = track.by_seq.get(seq) if track is not None and p != NONE else None
+                buckets.append(bucket)
+                if bucket is None:
+                    keys.append(None)
+                    continue
+                in_flight = seq == track.next_seq  # type: ignore[union-attr]
+                e = bucket[0]
+                if len(bucket) == 1:
+                    if e.state == COMPLETED or e.retired is True:
+                        state = S_COMPLETED
+                    elif in_flight:
+                        state = S_IN_FLIGHT
+                    elif e.state == STARTED:
+                        state = S_STARTED
+                    else:
+                        state = S_SCHEDULED
+                    key = (e.op, state, e.input_sizes, e.input_dtypes, e.output_sizes, e.output_dtypes)
+                    d = e.duration_ms
+                    if d is None and e.time_started_ns and e.time_completed_ns:
+                        d = (e.time_completed_ns - e.time_started_ns) / 1e6
+                else:
+                    key = raw_key(bucket, in_flight)
+                    d = bucket_duration(bucket)
+                ns = e.time_created_ns or 0
             keys.append(key)
             if count == 0:
                 candidate, count = key, 1
@@ -172,7 +201,6 @@ def _grid(
                 count += 1
             else:
                 count -= 1
-            ns = e.time_created_ns
             if ns:
                 created.append((i, ns))
             if d is not None:
@@ -183,12 +211,12 @@ def _grid(
         for i, k in enumerate(keys):
             if k is not None and k == candidate:
                 if consensus < 0:
-                    consensus = tables.cell(k, buckets[i], rows[i])  # type: ignore[arg-type]
+                    consensus = tables.cell(k, _bucket(buckets[i], row_tracks[i], seq), rows[i])
                 continue
             if k is None:
                 cell = tables.absent(absent_state(row_tracks[i], seq, has_dump[i]))
             else:
-                cell = tables.cell(k, buckets[i], rows[i])  # type: ignore[arg-type]
+                cell = tables.cell(k, _bucket(buckets[i], row_tracks[i], seq), rows[i])
             exceptions[i].append((col, cell))
         col_cell.append(consensus)
         if created and t0 is not None:
@@ -203,6 +231,14 @@ def _grid(
         col_dur.append(round(median(durations), 3) if durations else None)
         col_spread.append(column_spread(created, durations, slowest_row, rows))
     return _GroupGrid(rows, seqs, col_cell, exceptions, col_t, col_dur, lags, col_spread)
+
+
+def _bucket(bucket: list[Entry] | None, track: Track | None, seq: int) -> list[Entry]:
+    """The entries of a cell that has some (read from the columns in the hot loop: built now)."""
+    if bucket is not None:
+        return bucket
+    assert track is not None
+    return track.by_seq[seq]
 
 
 def _choose_columns(grid: _GroupGrid, must: set[int], budget: int, tail: int) -> list[int]:
@@ -229,9 +265,13 @@ def build_timeline(
 
     t0: int | None = None
     for dump in dumpset.dumps.values():
-        for e in dump.entries:
-            if e.time_created_ns and (t0 is None or e.time_created_ns < t0):
-                t0 = e.time_created_ns
+        entries = dump.entries
+        # (a columnar rank's creation times read in place: 0 is 'not recorded')
+        created = (filter(None, entries.created) if isinstance(entries, EntryTable)
+                   else (e.time_created_ns for e in entries if e.time_created_ns))
+        first = min(created, default=None)
+        if first is not None and (t0 is None or first < t0):
+            t0 = first
 
     grids: list[tuple[str, str, _GroupGrid]] = []
     for name, group in dumpset.groups.items():

@@ -47,7 +47,7 @@ from frscope.sidecar.progress import GroupState, StallTracker
 from frscope.sidecar.push import Pusher
 from frscope.sidecar.ranks import RankState
 from frscope.sidecar.schedule import next_slot, phase_s
-from frscope.sidecar.snapshot import Snapshots
+from frscope.sidecar.snapshot import SnapshotAnswer, Snapshots
 from frscope.sidecar.status import status_document
 from frscope.sidecar.tls import FromFiles, OperatorIssued, ServingTls, operator_context
 from frscope.sidecar.unrecorded import UnrecordedWatch
@@ -300,9 +300,10 @@ class Sidecar:
 
     # -- what the API serves ------------------------------------------------------------------------
 
-    async def snapshot(self, reason: str, *, prefer_live: bool = False,
-                       last_entries: int | None = None) -> tuple[bytes, bytes, str]:
-        return await self.snapshots.render(reason, prefer_live=prefer_live, last_entries=last_entries)
+    async def snapshot(self, reason: str, *, prefer_live: bool = False, last_entries: int | None = None,
+                       gzip_asked: bool = True, if_none_match: str | None = None) -> SnapshotAnswer:
+        return await self.snapshots.render(reason, prefer_live=prefer_live, last_entries=last_entries,
+                                           gzip_asked=gzip_asked, if_none_match=if_none_match)
 
     async def refresh(self) -> None:
         """?refresh=1: poll every rank now, recorders and stacks (rate-limited)."""

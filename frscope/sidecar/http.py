@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from frscope import wire
 from frscope.sidecar.auth import BearerToken
+from frscope.sidecar.snapshot import SnapshotAnswer
 from frscope.wire import StatusDoc
 
 
@@ -30,8 +31,8 @@ class Backend(Protocol):
 
     async def refresh(self) -> None: ...
 
-    async def snapshot(self, reason: str, *, prefer_live: bool = False,
-                       last_entries: int | None = None) -> tuple[bytes, bytes, str]: ...
+    async def snapshot(self, reason: str, *, prefer_live: bool = False, last_entries: int | None = None,
+                       gzip_asked: bool = True, if_none_match: str | None = None) -> SnapshotAnswer: ...
 
 
 def build_app(backend: Backend) -> web.Application:
@@ -58,13 +59,18 @@ def build_app(backend: Backend) -> web.Application:
             raise web.HTTPBadRequest(text=str(exc)) from None
         if refresh:
             await backend.refresh()
-        body, body_gz, _reason = await backend.snapshot(
-            "refresh" if refresh else "poll", prefer_live=refresh, last_entries=last_entries
-        )
-        if "gzip" in request.headers.get("Accept-Encoding", "").lower():
-            return web.Response(body=body_gz, content_type="application/json",
-                                headers={"Content-Encoding": "gzip", "Vary": "Accept-Encoding"})
-        return web.Response(body=body, content_type="application/json", headers={"Vary": "Accept-Encoding"})
+        gzip_asked = "gzip" in request.headers.get("Accept-Encoding", "").lower()
+        # If-None-Match is read bounded (frscope.wire.etag_matches): a long or odd one gets the whole answer
+        answer = await backend.snapshot("refresh" if refresh else "poll", prefer_live=refresh,
+                                        last_entries=last_entries, gzip_asked=gzip_asked,
+                                        if_none_match=request.headers.get("If-None-Match"))
+        headers = {"Vary": "Accept-Encoding", "ETag": answer.etag}
+        if not answer.modified:
+            return web.Response(status=304, headers=headers)
+        if gzip_asked:
+            return web.Response(body=answer.body_gz, content_type="application/json",
+                                headers={**headers, "Content-Encoding": "gzip"})
+        return web.Response(body=answer.body, content_type="application/json", headers=headers)
 
     app = web.Application(middlewares=[backend.auth.middleware], client_max_size=1024 * 1024)
     app.router.add_get("/healthz", healthz)

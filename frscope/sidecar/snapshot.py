@@ -3,16 +3,22 @@
 Per rank the best evidence wins: a dump file newer than anything else, else the current stall
 capture, else the last good poll. Bodies are frscope.wire's snapshot envelope, assembled from
 per-rank pieces kept zlib-compressed, within --max-snapshot-bytes; rendering runs in worker threads.
+Each answer carries an ETag (`validator`: what identifies each rank's evidence, not the bytes), and a
+request whose If-None-Match names it is answered without rendering anything (the live windows ask every
+second for what changes at full polls only).
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import gzip
 import json
 import logging
+import secrets
 import time
 import zlib
+from dataclasses import dataclass
 from typing import Any
 
 from frscope import wire
@@ -73,6 +79,35 @@ def assemble(head: dict[str, Any], pieces: list[tuple[int, bytes]], errors: list
     return body, gzip.compress(body, 6)
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotAnswer:
+    """A `/v1/snapshot` answer: the body and its gzip (both b"" when not `modified`: the request's
+    If-None-Match named `etag`), the reason it carries, its ETag (in the coding asked)."""
+
+    body: bytes
+    body_gz: bytes
+    reason: str
+    etag: str
+    modified: bool = True
+
+
+def validator(instance: str, reason: str, last_entries: int | None, chosen: list[tuple[int, bytes | RankState]],
+              errors: list[SnapshotError], *, gzip: bool) -> str:
+    """The ETag of the answer rendered from `chosen` (worker thread): a piece kept as bytes (a dump file,
+    a capture) by its checksum; a rank's last good poll by when it was fetched (its recorder and own times
+    are replaced together, at each full fetch) and its stacks' checksum (taken again for the same fetch
+    at a capture); `instance`: this sidecar process (a restarted one tags anew)."""
+    parts: list[object] = [instance, reason, last_entries, len(chosen), json.dumps(errors)]
+    for rank, item in chosen:
+        if isinstance(item, bytes):
+            parts.append((rank, "piece", len(item), zlib.crc32(item)))
+        else:
+            stacks = item.stacks if item.stacks_for_ns == item.raw_ns and item.stacks is not None else None
+            parts.append((rank, "poll", item.raw_ns, str(item.endpoint),
+                          None if stacks is None else zlib.crc32(stacks.encode("utf-8", "replace"))))
+    return wire.snapshot_etag(parts, gzip=gzip)
+
+
 class Snapshots:
     """Renders the pod's snapshot from what the poller, the dump dir and the evidence store hold."""
 
@@ -85,6 +120,7 @@ class Snapshots:
         self.dumps = dumps
         self.metrics = metrics
         self.stale_captures: set[int] = set()  # captured_at_ns of captures no longer current
+        self.instance = secrets.token_hex(8)  # in every ETag: another process of the sidecar tags anew
 
     def head(self, reason: str, now_ns: int) -> dict[str, Any]:
         return wire.snapshot_head(pod=self.config.pod, namespace=self.config.namespace, node=self.config.node,
@@ -186,11 +222,16 @@ class Snapshots:
         return chosen, errors, used_capture
 
     async def render(
-        self, reason: str, *, prefer_live: bool = False, last_entries: int | None = None
-    ) -> tuple[bytes, bytes, str]:
-        """(body, its gzip, the reason it carries): `poll` becomes the capture's reason (`stall`, or
-        `suspect` before the stall is confirmed) when a capture is served."""
+        self, reason: str, *, prefer_live: bool = False, last_entries: int | None = None,
+        gzip_asked: bool = True, if_none_match: str | None = None,
+    ) -> SnapshotAnswer:
+        """The answer (frscope.wire's envelope, gzipped too): `poll` becomes the capture's reason (`stall`,
+        or `suspect` before the stall is confirmed) when a capture is served. Not rendered when
+        `if_none_match` names its ETag (`gzip_asked`: the coding the ETag is for)."""
         chosen, errors, used_capture = self._choose(prefer_live)
+        # Each rank's state as it is now, on the loop: a poll round that replaces its recorder while the
+        # worker thread renders changes neither the ETag nor the piece under it (they name the same fetch).
+        chosen = [(rank, item if isinstance(item, bytes) else copy.copy(item)) for rank, item in chosen]
         if used_capture and reason == "poll":
             current = self.current_capture()
             reason = current.reason if current is not None else "stall"
@@ -199,9 +240,15 @@ class Snapshots:
             # A sidecar restarted after the trainer died: serve the newest capture it kept on disk.
             on_disk = await asyncio.to_thread(self.evidence.read_latest_from_disk)
             if on_disk is not None:
-                return await asyncio.to_thread(gzip.decompress, on_disk), on_disk, "stall"
+                etag = wire.snapshot_etag([self.instance, "kept", len(on_disk), zlib.crc32(on_disk)], gzip=gzip_asked)
+                if wire.etag_matches(if_none_match, etag):
+                    return SnapshotAnswer(b"", b"", "stall", etag, modified=False)
+                return SnapshotAnswer(await asyncio.to_thread(gzip.decompress, on_disk), on_disk, "stall", etag)
 
-        def render() -> tuple[bytes, bytes]:
+        def render() -> tuple[str, bytes, bytes]:
+            etag = validator(self.instance, reason, last_entries, chosen, errors, gzip=gzip_asked)
+            if wire.etag_matches(if_none_match, etag):
+                return etag, b"", b""
             pieces: list[tuple[int, bytes]] = []
             for rank, item in chosen:
                 piece = item if isinstance(item, bytes) else live_piece(item)
@@ -209,10 +256,10 @@ class Snapshots:
                     if last_entries is not None:
                         piece = newest_entries(piece, last_entries)
                     pieces.append((rank, piece))
-            return assemble(head, pieces, errors, self.config.max_snapshot_bytes)
+            return (etag, *assemble(head, pieces, list(errors), self.config.max_snapshot_bytes))
 
-        body, body_gz = await asyncio.to_thread(render)
-        return body, body_gz, reason
+        etag, body, body_gz = await asyncio.to_thread(render)
+        return SnapshotAnswer(body, body_gz, reason, etag, modified=bool(body))
 
     async def render_gz(self, reason: str) -> bytes:
-        return (await self.render(reason))[1]
+        return (await self.render(reason)).body_gz

@@ -7,8 +7,8 @@ Three documents travel between frscope's parts:
   (``{"frscope_snapshot": 1, "rank", "captured_at_ns", "source", "stacks", "trace"}``); the sidecar
   serves it, the demo writes it as ``rank-<r>.json``, frscope.records reads it like a torch dump;
 - the **snapshot envelope** (`snapshot`, ``frscope.sidecar.snapshot/v1``): a pod's pieces plus
-  per-rank errors, served at ``/v1/snapshot``, pushed to the operator's ``/v1/push`` and kept on disk
-  by the sidecar;
+  per-rank errors, served at ``/v1/snapshot`` (with an ETag: `If-None-Match` gets 304 while its ranks
+  and errors are the same), pushed to the operator's ``/v1/push`` and kept on disk by the sidecar;
 - a rank's **own collective times** (`timings`): the bootstrap's `frscope_timings` answer, carried in
   a snapshot piece's ``timings`` field beside the recorder;
 - the **status document** (`status`, ``frscope.sidecar.status/v1``): per rank and group progress and
@@ -23,6 +23,9 @@ outside this package, nothing but the standard library (import-linter keeps it s
 from frscope.wire.common import (
     CERTIFICATE_PATH,
     ENTRIES_DROPPED_KEY,
+    ETAG_MAX_CHARS,
+    IF_NONE_MATCH_MAX_CHARS,
+    IF_NONE_MATCH_MAX_TAGS,
     SIDECAR_AUDIENCE,
     SIDECAR_TLS_SUFFIX,
     SNAPSHOT_FORMAT,
@@ -41,11 +44,14 @@ from frscope.wire.snapshot import (
     SidecarSnapshot,
     SnapshotError,
     entries_dropped,
+    etag_matches,
     is_snapshot_envelope,
     is_snapshot_piece,
     parse_snapshot,
     parse_window,
+    read_etag,
     snapshot_envelope_bytes,
+    snapshot_etag,
     snapshot_head,
     snapshot_piece,
     snapshot_piece_bytes,
@@ -85,7 +91,8 @@ from frscope.wire.timings import (
 )
 
 __all__ = [
-    "CERTIFICATE_PATH", "DumpDirDoc", "DumpFileDoc", "ENTRIES_DROPPED_KEY", "EvidenceDoc", "GroupStall",
+    "CERTIFICATE_PATH", "DumpDirDoc", "DumpFileDoc", "ENTRIES_DROPPED_KEY", "ETAG_MAX_CHARS", "EvidenceDoc",
+    "IF_NONE_MATCH_MAX_CHARS", "IF_NONE_MATCH_MAX_TAGS", "etag_matches", "read_etag", "snapshot_etag", "GroupStall",
     "GroupStatusDoc", "LatenessDoc", "RankLate", "RankStatusDoc", "RankUp", "SIDECAR_AUDIENCE",
     "SIDECAR_TLS_SUFFIX", "SNAPSHOT_FORMAT", "SNAPSHOT_KEY", "SNAPSHOT_PIECE_KEYS", "SNAPSHOT_SCHEMA",
     "SNAPSHOT_WINDOW_MAX", "SNAPSHOT_WINDOW_MIN", "STATUS_ARRIVALS", "STATUS_ARRIVALS_TOTAL", "STATUS_MAX_BYTES",

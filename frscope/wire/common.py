@@ -18,6 +18,12 @@ ENTRIES_DROPPED_KEY = "entries_dropped"
 # buffer is a million long, and a number past that is a typo or a probe).
 SNAPSHOT_WINDOW_MIN = 1
 SNAPSHOT_WINDOW_MAX = 1_000_000
+# `/v1/snapshot`'s validator (an ETag, docs/sidecar-api.md "Conditional requests"): a sidecar's is 41
+# characters; a reader keeps none longer than this, and a sidecar reads no If-None-Match longer than
+# IF_NONE_MATCH_MAX_CHARS (nor more than IF_NONE_MATCH_MAX_TAGS tags) and answers such a request whole.
+ETAG_MAX_CHARS = 96
+IF_NONE_MATCH_MAX_CHARS = 1024
+IF_NONE_MATCH_MAX_TAGS = 8
 
 
 # A status document is a few KiB per rank; one past this is refused before it is parsed.

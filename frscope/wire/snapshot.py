@@ -1,14 +1,21 @@
 """The snapshot piece (one rank's recorder with its capture metadata) and the snapshot envelope (a
-pod's pieces plus per-rank errors), and the snapshot window (`/v1/snapshot?entries=N`)."""
+pod's pieces plus per-rank errors), the snapshot window (`/v1/snapshot?entries=N`), and the answer's
+validator (its ETag, for `If-None-Match`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 from frscope.wire.common import (
     ENTRIES_DROPPED_KEY,
+    ETAG_MAX_CHARS,
+    IF_NONE_MATCH_MAX_CHARS,
+    IF_NONE_MATCH_MAX_TAGS,
     SNAPSHOT_FORMAT,
     SNAPSHOT_KEY,
     SNAPSHOT_SCHEMA,
@@ -102,6 +109,52 @@ def entries_dropped(piece: dict[str, Any]) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 62:
         return value
     return 0
+
+
+# -- the answer's validator (conditional requests) ---------------------------------------------------
+#
+# A sidecar serves what it read at its last full poll (every 30 s by default) to every request in between:
+# each `/v1/snapshot` answer carries an ETag naming what it holds (its ranks' evidence and errors, the
+# window asked, the content coding), and a request whose If-None-Match names it is answered 304 Not
+# Modified, with no body. The tag is weak (`W/`): the envelope's head (`captured_at_ns`, the sidecar's
+# latest poll round) may differ between two answers of one tag; its ranks and errors do not. A reader
+# compares a tag only with the one the same sidecar gave it before, never reads anything into it.
+
+_ETAG = re.compile(r'(?:W/)?"[\x21\x23-\x7e]*"')
+
+
+def snapshot_etag(parts: Iterable[object], *, gzip: bool) -> str:
+    """The weak ETag of an answer made of `parts` (ints, strings, bytes, None: what identifies each rank's
+    evidence), in the content coding asked (gzip or not: two representations, two tags)."""
+    hasher = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        hasher.update(part if isinstance(part, bytes) else repr(part).encode())
+        hasher.update(b"\x00")
+    return f'W/"{hasher.hexdigest()}{"-gzip" if gzip else ""}"'
+
+
+def read_etag(value: str | None) -> str | None:
+    """An answer's ETag as a reader keeps it: an entity tag of at most ETAG_MAX_CHARS visible ASCII
+    characters; None for anything else (the next request is then not conditional)."""
+    if value is None or len(value) > ETAG_MAX_CHARS:
+        return None
+    value = value.strip()
+    return value if _ETAG.fullmatch(value) else None
+
+
+def etag_matches(if_none_match: str | None, etag: str) -> bool:
+    """Whether an If-None-Match header names `etag` (RFC 9110's weak comparison: `W/` aside, the same
+    opaque tag; `*` names any). A header longer than IF_NONE_MATCH_MAX_CHARS, or of more than
+    IF_NONE_MATCH_MAX_TAGS tags, names nothing: the answer is sent whole."""
+    if not if_none_match or len(if_none_match) > IF_NONE_MATCH_MAX_CHARS:
+        return False
+    if if_none_match.strip() == "*":
+        return True
+    tags = if_none_match.split(",")
+    if len(tags) > IF_NONE_MATCH_MAX_TAGS:
+        return False
+    opaque = etag.removeprefix("W/")
+    return any(tag.strip().removeprefix("W/") == opaque for tag in tags)
 
 
 # -- the snapshot envelope (one pod) -----------------------------------------------------------------

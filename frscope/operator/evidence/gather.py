@@ -186,23 +186,34 @@ async def _fetch_one(client: SidecarClient, namespace: str, target: Target, opti
 async def _fetch_to_file(client: SidecarClient, namespace: str, target: Target, options: GatherOptions,
                          spool: Path, decoding: asyncio.Semaphore, decoder: Decoder,
                          shared: GroupTable, previous: PodEvidence | None) -> PodEvidence:
-    """One answer streamed to a file of `spool` and decoded from it in the decoder processes; `previous`
-    (this pod's evidence from the same kind of gather before) is kept as it is when the answer holds the
-    same ranks and errors, byte for byte."""
+    """One answer streamed to a file of `spool` and decoded from it in the decoder processes. `previous`
+    (this pod's evidence from the same kind of gather before) is kept as it is when its sidecar answers
+    304 to the ETag it gave for it (nothing fetched, nothing decoded), or when the answer holds the same
+    ranks and errors, byte for byte (a sidecar that gives no ETag)."""
     assert target.endpoint is not None
+    asked_of = f"{target.uid} {target.endpoint}"
+    # Only the very sidecar that gave the ETag is asked with it (a pod of the same name is another).
+    if_none_match = previous.etag if previous is not None and previous.etag and previous.validated_by == asked_of \
+        else None
     fd, name = tempfile.mkstemp(dir=spool, prefix=".snapshot-", suffix=".part")
     os.close(fd)
     path = Path(name)
     try:
-        await client.snapshot_bytes(target.endpoint, options.per_pod_timeout_s, refresh=options.refresh,
-                                    last_entries=options.max_entries or None, pod=(namespace, target.pod), into=path)
+        got = await client.snapshot(target.endpoint, options.per_pod_timeout_s, refresh=options.refresh,
+                                    last_entries=options.max_entries or None, pod=(namespace, target.pod), into=path,
+                                    if_none_match=if_none_match)
+        if got.not_modified and previous is not None:
+            return previous
         async with decoding:
             evidence = await decoder.decode_file(str(path), target.endpoint, origin="sidecar",
                                                  max_entries=options.max_entries, pod=target.pod,
                                                  namespace=namespace, max_ranks=options.max_ranks, shared=shared,
                                                  unchanged_if=previous.digest if previous is not None else b"",
                                                  with_digest=True)
-        return previous if evidence.unchanged and previous is not None else evidence
+        if evidence.unchanged and previous is not None:
+            evidence = previous
+        evidence.etag, evidence.validated_by = got.etag or "", asked_of if got.etag else ""
+        return evidence
     finally:
         path.unlink(missing_ok=True)
 

@@ -64,6 +64,10 @@ class PodEvidence:
     # the body was the one of that digest the caller decoded before (`decode_file(unchanged_if=...)`).
     digest: bytes = b""
     unchanged: bool = False
+    # The ETag its sidecar gave this answer, and whom it was asked of (`validated_by`: the pod's uid and
+    # endpoint): sent back as If-None-Match to that same sidecar only, and compared for equality only.
+    etag: str = ""
+    validated_by: str = ""
 
     @property
     def ranks(self) -> tuple[int, ...]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 import zlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -81,6 +81,17 @@ def gunzip_capped(raw: bytes, limit: int, endpoint: str) -> bytes:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotFetch:
+    """A `/v1/snapshot` answer as fetched: its body (b"" when written to a file, or not modified), its ETag
+    (frscope.wire.read_etag: None when it gave none, or one past the bounds), and whether the sidecar said
+    304 Not Modified to the ETag asked with (`if_none_match`)."""
+
+    body: bytes
+    etag: str | None
+    not_modified: bool = False
+
+
 class PodTokenSource(Protocol):
     """Per-pod tokens (`kube.pod_tokens.PodTokens`): the one a pod's sidecar accepts, and no other."""
 
@@ -125,9 +136,11 @@ class SidecarClient:
 
     async def _get_bytes(self, url: str, endpoint: str, timeout_s: float, limit: int,
                          pod: tuple[str, str] | None = None, times: list[int] | None = None,
-                         into: Path | None = None) -> bytes:
+                         into: Path | None = None, if_none_match: str | None = None) -> SnapshotFetch:
         """`times`: gets this process' wall clock just before the request and when the answer's head
-        arrived (the answer was made between the two). `into`: the body goes to that file instead (b"")."""
+        arrived (the answer was made between the two). `into`: the body goes to that file instead (b"").
+        `if_none_match`: a conditional request (the ETag the same sidecar gave before); a 304 to any other
+        request is refused."""
         tls: dict[str, Any] = {}
         if self._tls is not None:
             if pod is None:
@@ -136,6 +149,8 @@ class SidecarClient:
                 url = "https://" + url[len("http://"):]
             tls = {"ssl": self._tls.client_context(), "server_hostname": server_name(*pod)}
         headers = await self._headers(endpoint, pod)
+        if if_none_match is not None:
+            headers["If-None-Match"] = if_none_match
         if tls:
             # Not kept alive: asyncio holds a 256 KiB buffer per open TLS connection (bench/sidecar_tls.py:
             # 265 KiB each, 6 KiB for plain HTTP), which idle connections to 1,000s of sidecars would hold
@@ -149,6 +164,12 @@ class SidecarClient:
                     times[:] = [asked, time.time_ns()]
                 if resp.status == 401 and self._tokens is not None and pod is not None:
                     self._tokens.forget(*pod)  # minted again at the next ask
+                etag = wire.read_etag(resp.headers.get("ETag"))
+                if resp.status == 304:
+                    if if_none_match is None:
+                        raise SidecarError(endpoint, "HTTP 304 Not Modified to a request that named no ETag",
+                                           retryable=False)
+                    return SnapshotFetch(b"", etag, not_modified=True)
                 if resp.status != 200:
                     text = (await resp.content.read(300)).decode("utf-8", "replace")
                     raise SidecarError(endpoint, f"HTTP {resp.status}: {' '.join(text.split())[:200]}",
@@ -167,13 +188,13 @@ class SidecarClient:
             raise SidecarError(endpoint, f"{type(exc).__name__}: {exc}".rstrip(": ")) from exc
         if size > limit:
             raise SidecarError(endpoint, f"answer larger than {limit} bytes", retryable=False)
-        return raw
+        return SnapshotFetch(raw, etag)
 
     async def status(self, endpoint: str, timeout_s: float, *, pod: tuple[str, str] | None = None) -> SidecarStatus:
         """`pod`: (namespace, name) of the pod whose sidecar this is (its token is the one shown)."""
         times: list[int] = []
-        raw = await self._get_bytes(f"{endpoint}/v1/status", endpoint, timeout_s, MAX_STATUS_BYTES, pod, times)
-        raw = gunzip_capped(raw, MAX_STATUS_BYTES, endpoint)
+        got = await self._get_bytes(f"{endpoint}/v1/status", endpoint, timeout_s, MAX_STATUS_BYTES, pod, times)
+        raw = gunzip_capped(got.body, MAX_STATUS_BYTES, endpoint)
         try:
             # Off the event loop: one sidecar's answer must not stall the operator's other work.
             status = await asyncio.to_thread(wire.loads_status, raw)
@@ -187,10 +208,20 @@ class SidecarClient:
     ) -> bytes:
         """The `/v1/snapshot` body, undecoded and maybe gzipped (`evidence.from_bytes` takes both, off the
         event loop); with `into`, written to that file as it arrives (b"" returned)."""
+        got = await self.snapshot(endpoint, timeout_s, refresh=refresh, last_entries=last_entries, pod=pod, into=into)
+        return got.body
+
+    async def snapshot(
+        self, endpoint: str, timeout_s: float, *, refresh: bool = True, last_entries: int | None = None,
+        pod: tuple[str, str] | None = None, into: Path | None = None, if_none_match: str | None = None,
+    ) -> SnapshotFetch:
+        """`snapshot_bytes` with the answer's ETag; `if_none_match`: the ETag this same sidecar gave for the
+        answer kept (a 304 then leaves the body out, and `into` untouched)."""
         query = [("refresh", "1")] if refresh else []
         window = wire.window_query(last_entries)
         if window is not None:
             # Only the newest entries per rank travel: the operator keeps no more than these.
             query.append(("entries", window))
         url = f"{endpoint}/v1/snapshot" + ("?" + "&".join(f"{k}={v}" for k, v in query) if query else "")
-        return await self._get_bytes(url, endpoint, timeout_s, self._max_snapshot, pod, into=into)
+        return await self._get_bytes(url, endpoint, timeout_s, self._max_snapshot, pod, into=into,
+                                     if_none_match=if_none_match)

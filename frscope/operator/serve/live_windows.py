@@ -15,10 +15,12 @@ the same loader as a diagnosis, and the timeline (frscope.report.timeline, each 
 included) is built off the event loop. Jobs nobody looks at cost nothing.
 
 Between refreshes a job keeps what it decoded (within MAX_KEPT_BYTES for every job together): a sidecar
-serves what it read at its last full poll (every 30 s by default), the same bytes for many refreshes, so a
-pod whose answer holds the same ranks and errors byte for byte is not decoded again, and when no pod's
-answer changed the window is the one made last time (no timeline, no perf): a refresh then costs the
-fetches and a digest of each answer (bench/RESULTS.md, "Live window of 1,024 ranks").
+serves what it read at its last full poll (every 30 s by default), the same ranks for many refreshes. Each
+pod is asked with the ETag its sidecar gave for the answer kept (`gather`: If-None-Match, to that same
+sidecar only), and its 304 keeps that answer: nothing fetched, inflated or decoded. From a sidecar that
+gives no ETag, an answer that holds the same ranks and errors byte for byte is not decoded again. When no
+pod's answer changed the window is the one made last time (no timeline, no perf): a refresh then costs
+the 304s (bench/RESULTS.md, "Live window of 1,024 ranks: conditional requests").
 """
 
 from __future__ import annotations

@@ -25,6 +25,8 @@ from typing import Any
 from aiohttp import web
 from aiohttp.test_utils import TestServer
 
+from frscope import wire
+
 REAL = Path(__file__).resolve().parents[2] / "data" / "real"
 
 
@@ -285,10 +287,16 @@ class StandInSidecar:
     | 'flaky' (503 for the first `flaky_failures` snapshot requests, then ok)
     | hostile status answers: 'status-overflow' (a 400-digit age), 'status-deep' (nested 5,000 deep),
     'status-huge' (a valid status padded to 2 MiB).
+
+    etags (the snapshot's validator, frscope.wire's, as the real sidecar gives it): 'ok' (an ETag of the
+    ranks and errors served; 304 to an If-None-Match naming it) | 'none' (a sidecar that predates them)
+    | hostile: 'huge' (a 4 KiB ETag), 'junk' (an ETag that is no entity tag), 'always-304' (304 Not Modified
+    to every request, asked with an ETag or not). `if_none_match`: what each snapshot request sent.
     """
 
     def __init__(self, pod: str, ranks: dict[int, dict[str, Any]], *, namespace: str = "ml", stalled: bool = True,
-                 mode: str = "ok", delay_s: float = 0.0, flaky_failures: int = 0, suspected: bool = False) -> None:
+                 mode: str = "ok", delay_s: float = 0.0, flaky_failures: int = 0, suspected: bool = False,
+                 etags: str = "ok") -> None:
         self.pod = pod
         self.namespace = namespace
         self.ranks = ranks
@@ -300,6 +308,8 @@ class StandInSidecar:
         self.delay_s = delay_s
         self.flaky_failures = flaky_failures
         self.snapshot_requests = 0
+        self.etags = etags
+        self.if_none_match: list[str | None] = []
         self.status_requests = 0
         self.restart_count: int | None = None  # what the bootstrap tells of torchrun's restarts
         self.snapshot_gate: asyncio.Event | None = None  # when set: snapshots answer once it is set
@@ -362,17 +372,35 @@ class StandInSidecar:
         bad = await self._misbehave()
         return bad or web.json_response(self.status_obj())
 
-    async def _snapshot(self, _: web.Request) -> web.Response:
+    def _etag(self, gzip_asked: bool) -> str | None:
+        obj = self.snapshot_obj()
+        if self.etags == "huge":
+            return 'W/"' + "a" * 4000 + '"'
+        if self.etags == "junk":
+            return "not an entity tag"
+        if self.etags == "none":
+            return None
+        return wire.snapshot_etag([json.dumps([obj["ranks"], obj["errors"]], sort_keys=True)], gzip=gzip_asked)
+
+    async def _snapshot(self, request: web.Request) -> web.Response:
         self.snapshot_requests += 1
+        self.if_none_match.append(request.headers.get("If-None-Match"))
         if self.snapshot_gate is not None:
             await self.snapshot_gate.wait()
         if self.mode == "flaky" and self.snapshot_requests <= self.flaky_failures:
             return web.Response(status=503, text="warming up")
         bad = await self._misbehave()
-        if bad is None and self.mode == "gzip":
+        if bad is not None:
+            return bad
+        etag = self._etag(self.mode == "gzip")
+        tagged = {"ETag": etag} if etag is not None else {}
+        if self.etags == "always-304" or etag is not None and wire.etag_matches(self.if_none_match[-1], etag):
+            return web.Response(status=304, headers=tagged)
+        if self.mode == "gzip":
             body = gzip.compress(json.dumps(self.snapshot_obj()).encode())
-            return web.Response(body=body, content_type="application/json", headers={"Content-Encoding": "gzip"})
-        return bad or web.json_response(self.snapshot_obj())
+            return web.Response(body=body, content_type="application/json",
+                                headers={"Content-Encoding": "gzip", **tagged})
+        return web.json_response(self.snapshot_obj(), headers=tagged)
 
     async def start(self) -> StandInSidecar:
         app = web.Application()

@@ -10,6 +10,8 @@ import aiohttp
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from frscope.operator.evidence.gather import Decoder
+from frscope.operator.evidence.pod_evidence import PodEvidence
 from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.model.objects import JobKey, JobRef, PodInfo
 from frscope.operator.model.perf_metrics import PerfMetrics
@@ -137,9 +139,9 @@ async def test_a_pods_answer_keeps_at_most_the_ranks_per_pod_and_one_refresh_run
 async def test_an_answer_with_the_same_bytes_is_not_decoded_again_and_a_new_one_is() -> None:
     """A sidecar serves what it read at its last full poll (every 30 s by default) to every refresh (1 s):
     while no pod's answer changed, the window is the one made last time (no decode, no timeline, no
-    perf); the answer that changes is decoded and drawn."""
+    perf); the answer that changes is decoded and drawn. (A sidecar that gives no ETag: the bytes compared.)"""
     ranks = real_snapshots("straggler")
-    sidecar = await StandInSidecar("train-worker-0", ranks, stalled=False).start()
+    sidecar = await StandInSidecar("train-worker-0", ranks, stalled=False, etags="none").start()
     store = JobStore()
     store.upsert_job(JobRef("ml", "train", "uid"), world_size=4, conditions=[{"type": "Running"}])
     store.upsert_pod(_pod("train-worker-0", sidecar.port))
@@ -165,6 +167,92 @@ async def test_an_answer_with_the_same_bytes_is_not_decoded_again_and_a_new_one_
         finally:
             await live.close()
             await sidecar.close()
+
+
+class CountingDecoder(Decoder):
+    """The operator's decoder (in-process threads), counting the answers it is handed."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.decoded = 0
+
+    async def decode_file(self, path: str, endpoint: str, **kw: Any) -> PodEvidence:
+        self.decoded += 1
+        return await super().decode_file(path, endpoint, **kw)
+
+
+async def test_a_sidecar_that_says_not_modified_is_neither_fetched_nor_decoded_again() -> None:
+    """Conditional requests: each refresh sends the ETag the pod's sidecar gave for the answer kept; its 304
+    keeps that answer and the window (no body, no decode, no timeline). The sidecar's next full poll
+    changes its ETag: that answer is fetched, decoded and drawn."""
+    ranks = real_snapshots("straggler")
+    sidecar = await StandInSidecar("train-worker-0", ranks, stalled=False).start()
+    store = JobStore()
+    store.upsert_job(JobRef("ml", "train", "uid"), world_size=4, conditions=[{"type": "Running"}])
+    store.upsert_pod(_pod("train-worker-0", sidecar.port))
+    decoder = CountingDecoder()
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        live = LiveWindows(store, SidecarClient(session), entries=16, interval_s=60, decoder=decoder)
+        try:
+            first = await live.refresh(KEY)
+            assert first is not None and first.timeline is not None and decoder.decoded == 1
+            etag = sidecar._etag(False)
+            assert etag is not None and sidecar.if_none_match == [None]
+            for _ in range(2):
+                again = await live.refresh(KEY)
+                assert again is not None and again.timeline is first.timeline and again.perf is first.perf
+            assert sidecar.if_none_match == [None, etag, etag] and decoder.decoded == 1 and live.rebuilt == 1
+            # the sidecar's next full poll: rank 0 has recorded one collective more
+            entries = ranks[0]["trace"]["entries"]
+            newest = dict(entries[-1], record_id=entries[-1]["record_id"] + 1,
+                          collective_seq_id=entries[-1]["collective_seq_id"] + 1)
+            ranks[0]["trace"] = dict(ranks[0]["trace"], entries=[*entries, newest])
+            changed = await live.refresh(KEY)
+            assert changed is not None and changed.timeline is not None and decoder.decoded == 2
+            assert live.rebuilt == 2 and changed.fingerprint != first.fingerprint
+            assert next(g for g in changed.timeline["groups"] if g["name"] == "0")["seqs"][-1] == newest[
+                "collective_seq_id"]
+            await live.refresh(KEY)
+            assert sidecar.if_none_match[-1] == sidecar._etag(False) != etag and decoder.decoded == 2
+        finally:
+            await live.close()
+            await sidecar.close()
+
+
+async def test_hostile_etags_are_never_sent_back_and_an_unasked_304_is_a_failure() -> None:
+    """An ETag past the bounds or not an entity tag is not kept (the next request is not conditional: the
+    bytes are compared instead); a 304 to a request that named no ETag is the pod's failure, named; an
+    ETag goes back to the sidecar that gave it only, not to the next pod of the same name."""
+    ranks = real_snapshots("straggler")
+    huge = await StandInSidecar("train-worker-0", ranks, stalled=False, etags="huge").start()
+    junk = await StandInSidecar("train-worker-1", ranks, stalled=False, etags="junk").start()
+    lying = await StandInSidecar("train-worker-2", ranks, stalled=False, etags="always-304").start()
+    store = JobStore()
+    store.upsert_job(JobRef("ml", "train", "uid"), world_size=4, conditions=[{"type": "Running"}])
+    for sidecar in (huge, junk, lying):
+        store.upsert_pod(_pod(sidecar.pod, sidecar.port))
+    decoder = CountingDecoder()
+    async with aiohttp.ClientSession(auto_decompress=False) as session:
+        live = LiveWindows(store, SidecarClient(session), entries=16, interval_s=60, decoder=decoder)
+        try:
+            for _ in range(2):
+                window = await live.refresh(KEY)
+                assert window is not None and window.timeline is not None
+                assert window.pods == 2 and "304 Not Modified" in window.failures["train-worker-2"]
+            assert huge.if_none_match == junk.if_none_match == [None, None] and decoder.decoded == 4
+            assert live.rebuilt == 1  # the same bytes: kept all the same
+            # a pod of the same name, another uid and sidecar: the first's ETag is not shown to it
+            ok = await StandInSidecar("train-worker-0", ranks, stalled=False).start()
+            store.upsert_pod(PodInfo("ml", "train-worker-0", "uid-other", "train", "Worker", 0, "127.0.0.1",
+                                     ok.port, "Running", 0, (), False))
+            await live.refresh(KEY)
+            await live.refresh(KEY)
+            assert ok.if_none_match == [None, ok._etag(False)]
+            await ok.close()
+        finally:
+            await live.close()
+            for sidecar in (huge, junk, lying):
+                await sidecar.close()
 
 
 async def test_past_the_kept_bytes_a_job_is_decoded_whole_every_refresh(monkeypatch: Any) -> None:

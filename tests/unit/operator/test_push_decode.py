@@ -42,6 +42,44 @@ def test_the_same_evidence_as_the_whole_body_decoder(tmp_path: Path, hang_ranks:
         assert piecewise.measured_bytes > 0
 
 
+def test_pieces_of_every_size_after_one_another_and_the_collector_back_on(tmp_path: Path,
+                                                                        hang_ranks: dict[int, Any],
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each piece is read at once at the size of the one before it (decoded once, not twice): a piece much
+    larger or smaller than the one before decodes the same; the cycle collector, paused while a body
+    decodes, is on again after it, and after a body that is refused."""
+    import gc
+
+    monkeypatch.setattr(push_decode, "FIRST_READ", 512)
+    obj = json.loads(body(hang_ranks))
+    big = dict(obj["ranks"][1], stacks="x" * 300_000)  # 300 KB between two pieces of a few KB
+    obj["ranks"][1:2] = [big, obj["ranks"][1]]
+    obj["ranks"][1:1] = [dict(obj["ranks"][0], stacks=None)]
+    raw = json.dumps(obj).encode()
+    whole = from_bytes(raw, "push", origin="push", max_entries=0)
+    assert gc.isenabled()
+    assert summary(decode_file(write(tmp_path, raw), "push", origin="push", max_entries=0)) == summary(whole)
+    assert gc.isenabled()
+    with pytest.raises(SidecarError):
+        decode_file(write(tmp_path, raw[: len(raw) // 2]), "push", origin="push")
+    assert gc.isenabled()
+
+
+@pytest.mark.parametrize("number", ["12345678901234567890", "-12345678901234567890", "-1234567890123456789",
+                                    "123456789012345678901234567890", "9" * 5000])
+def test_long_ints_read_as_the_whole_body_decoder_reads_them(tmp_path: Path, hang_ranks: dict[int, Any],
+                                                             number: str) -> None:
+    """An int literal past 20 characters (its sign included) is 'not recorded', whether the window it is
+    in is read with the per-int hook or (no run of 20 digits in it) with Python's own int parsing."""
+    raw = body(hang_ranks)
+    seq = b'"collective_seq_id": '
+    at = raw.index(seq, raw.index(b'"entries"')) + len(seq)
+    end = at + len(raw[at:].split(b",", 1)[0])
+    raw = raw[:at] + number.encode() + raw[end:]
+    whole = from_bytes(raw, "push", origin="push", max_entries=0)
+    assert summary(decode_file(write(tmp_path, raw), "push", origin="push", max_entries=0)) == summary(whole)
+
+
 def test_the_callers_pod_and_namespace_win_and_a_bad_rank_is_its_own_problem(tmp_path: Path,
                                                                            hang_ranks: dict[int, Any]) -> None:
     obj = json.loads(body(hang_ranks))

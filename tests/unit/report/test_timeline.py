@@ -157,3 +157,19 @@ def test_over_budget_samples_columns_but_keeps_findings_and_culprit() -> None:
     assert {m["seq"] for m in tl["marks"] if m["seq"] is not None} <= kept
     assert set(range(381, 401)) <= kept  # the tail
     assert 7 in g["ranks"] and tl["culprit_ranks"]
+
+
+@pytest.mark.parametrize("name", ["hang", "hang-pickle", "crash", "p2p", "pipeline-6", "crossgroup-6", "steps",
+                                  "straggler", "jitter", "type", "size", "skip"])
+def test_columnar_ranks_draw_what_their_entries_draw(name: str) -> None:
+    """The timeline reads a columnar rank's cells, times and durations from its columns in place (no
+    `Entry` per cell): the same timeline as from the same ranks' entries, row by row (the reference):
+    coalesced ops, p2p, gaps, in-flight and unrecorded cells, several groups."""
+    columnar = load_dumps([REAL / name])
+    assert columnar.dumps, f"fixture {name} missing: run scripts/make_fixtures.py"
+    rows = load_dumps([REAL / name])
+    for dump in rows.dumps.values():
+        dump.entries = list(dump.entries)
+    got = build_timeline(columnar, analyze(columnar, SOON))
+    want = build_timeline(rows, analyze(rows, SOON))
+    assert json.dumps(got, sort_keys=True, default=str) == json.dumps(want, sort_keys=True, default=str)

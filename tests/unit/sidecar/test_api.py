@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from multidict import CIMultiDict
 from prometheus_client import CollectorRegistry
 
 from frscope import __version__
@@ -40,10 +41,10 @@ def cfg(tmp_path: Path, **kw: Any) -> SidecarConfig:
     return SidecarConfig(**base)
 
 
-async def fetch(sidecar: Sidecar, path: str, **headers: str) -> tuple[int, bytes, dict[str, str]]:
+async def fetch(sidecar: Sidecar, path: str, **headers: str) -> tuple[int, bytes, CIMultiDict[str]]:
     async with aiohttp.ClientSession() as session:
         async with session.get(f"http://127.0.0.1:{sidecar.port}{path}", headers=headers) as resp:
-            return resp.status, await resp.read(), dict(resp.headers)
+            return resp.status, await resp.read(), CIMultiDict(resp.headers)
 
 
 async def test_empty_sidecar_serves_everything(tmp_path: Path) -> None:
@@ -285,3 +286,57 @@ async def test_waiting_on_a_busy_operator_is_bounded(monkeypatch: pytest.MonkeyP
     # about 0.3 s of asked waits, then the 3 tries: far fewer than the 100 refusals on offer
     assert 4 <= len(got) <= 8 and p.delivered == []
     assert registry.get_sample_value("frscope_pushes_total", {"result": "failed"}) == 1
+
+
+async def test_snapshot_answers_not_modified_to_its_etag_until_what_it_serves_changes(tmp_path: Path) -> None:
+    """`/v1/snapshot`'s ETag names what the answer holds (the window, the coding, each rank's evidence): an
+    If-None-Match naming it gets 304 and no body, until a rank's next full fetch or its stacks change it.
+    A long If-None-Match, or one of too many tags, is not read: the answer is sent whole."""
+    import zlib
+
+    from frscope.sidecar.client import WorkerClient
+    from frscope.sidecar.ranks import RankState
+
+    sidecar = Sidecar(cfg(tmp_path, poll_interval_s=3600))
+    await sidecar.start()
+    try:
+        for _ in range(50):  # the first round (no ranks): the next is an hour away
+            if sidecar.ready:
+                break
+            await asyncio.sleep(0.05)
+        path = "/v1/snapshot?entries=8"
+        gz, plain = {"Accept-Encoding": "gzip"}, {"Accept-Encoding": "identity"}
+        status, _, headers = await fetch(sidecar, path, **gz)
+        etag = headers["ETag"]
+        assert status == 200 and etag.startswith('W/"') and etag.endswith('-gzip"')
+        assert (await fetch(sidecar, path, **plain))[2]["ETag"] not in (etag, "")
+        for asked in (etag, etag.removeprefix("W/"), f'"other", {etag}', "*"):
+            status, body, headers = await fetch(sidecar, path, **gz, **{"If-None-Match": asked})
+            assert (status, body, headers["ETag"]) == (304, b"", etag)
+        many = ", ".join(['"x"'] * 8 + [etag])
+        for asked in ('"other"', etag + ", " + '"y", ' * 300 + '"z"', many):
+            assert (await fetch(sidecar, path, **gz, **{"If-None-Match": asked}))[0] == 200
+        assert (await fetch(sidecar, "/v1/snapshot?entries=9", **gz, **{"If-None-Match": etag}))[0] == 200
+        assert (await fetch(sidecar, path, **plain, **{"If-None-Match": etag}))[0] == 200
+
+        # a rank's full fetch (a real gloo rank's recorder, as the poller keeps it)
+        trace = json.loads((Path(__file__).parents[2] / "data/real/straggler/rank-0.json").read_text())["trace"]
+        endpoint = tmp_path / "s" / "rank-0.sock"
+        state = RankState(0, endpoint, WorkerClient(endpoint, timeout_s=1, max_bytes=1 << 20), up=True,
+                          raw_ns=time.time_ns(), raw_z=zlib.compress(json.dumps(trace).encode()))
+        sidecar.poller.ranks[0] = state
+        status, body, headers = await fetch(sidecar, path, **gz, **{"If-None-Match": etag})
+        assert status == 200 and [r["rank"] for r in json.loads(body)["ranks"]] == [0]
+        with_rank = headers["ETag"]
+        assert (await fetch(sidecar, path, **gz, **{"If-None-Match": with_rank}))[0] == 304
+        state.stacks, state.stacks_for_ns = "Thread 1 (most recent call first):\n", state.raw_ns
+        status, body, headers = await fetch(sidecar, path, **gz, **{"If-None-Match": with_rank})
+        assert status == 200 and json.loads(body)["ranks"][0]["stacks"].startswith("Thread 1")
+        with_stacks = headers["ETag"]
+        assert (await fetch(sidecar, path, **gz, **{"If-None-Match": with_stacks}))[0] == 304
+        state.raw_ns += 1  # the next full fetch (its stacks are of the one before: not served)
+        status, body, headers = await fetch(sidecar, path, **gz, **{"If-None-Match": with_stacks})
+        assert status == 200 and headers["ETag"] not in (etag, with_rank, with_stacks)
+        assert json.loads(body)["ranks"][0]["stacks"] is None
+    finally:
+        await sidecar.stop()
