@@ -90,6 +90,9 @@ def _unseen_member_finding(ctx: Context, group: GroupInfo, ref: GroupRef, point:
     )
     finding = stuck_finding(Category.RANK_NOT_JOINED, unseen, ref, summary, seq, op, sample, point)
     finding.ambiguous = len(unseen) > 1
+    if finding.ambiguous:
+        finding.would_decide = ("the group's member list (NCCL's pg_config names it; gloo's names none for a "
+                                "new_group), or the candidates' live stacks")
     finding.evidence.append(
         f"the group's members are known only from its entries ({plural(joined)}; gloo's pg_config names none), "
         f"every one of them entered #{seq} and none finished it: they wait on a member that never entered")
@@ -151,6 +154,8 @@ def hang_finding(
             # Several idle ranks, and neither recorder nor stack would show one waiting on another in a
             # send/recv (gloo records none): all stuck, or one stuck and the rest waiting on it.
             finding.ambiguous = True
+            finding.would_decide = ("the candidates' live stacks (a sidecar snapshot): they show who waits in a "
+                                    "send/recv")
             finding.evidence.append(
                 f"{plural(culprits)} show nothing open, and this backend records no point-to-point op: one may "
                 "wait on another in a send/recv (live stacks would tell)")

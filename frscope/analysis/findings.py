@@ -129,6 +129,8 @@ class Finding:
     stalled_for_s: float | None = None
     late_by_ms: float | None = None
     ambiguous: bool = False  # no majority: the culprit ranks are candidates, not a verdict
+    # For an ambiguous finding: the evidence that would single out the culprit, which this capture lacks.
+    would_decide: str | None = None
     # Where `stalled_for_s` (and other ages) came from: capture time, file mtime (bounded), entries.
     age_source: str | None = None
     # Straggler at step boundaries: the collectives where it was late (at most a few), and how often.

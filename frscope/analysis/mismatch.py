@@ -172,6 +172,8 @@ def classify_mismatch(
             op=good[0].op,
             **sizes_of(good[0]),
             ambiguous=ambiguous,
+            would_decide=("a third rank in the collective, or an earlier collective of the group where they agreed "
+                          "(the recorders keep none)") if ambiguous else None,
             since_ns=min((b[0].time_created_ns for b in buckets.values() if b[0].time_created_ns), default=None),
         )
         add_views(ctx, finding, ref.name, buckets, culprits, good_ranks)
@@ -252,6 +254,8 @@ def self_consistency(
                 collective_seq_id=seq,
                 op=next(iter(ops)),
                 ambiguous=True,
+                would_decide="the split sizes each rank meant to pass (the recorder keeps what they passed, which "
+                             "does not add up, not which rank is wrong)",
             )
             add_views(ctx, finding, ref.name, buckets, sorted(buckets), [])
             return finding

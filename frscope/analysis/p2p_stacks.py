@@ -222,6 +222,9 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         # which stacks without peers cannot tell; a facing pair that never matches: one has the wrong peer.
         ambiguous=(bool(closed) and len(culprits) > 1) or facing is not None,
     )
+    if finding.ambiguous:
+        finding.would_decide = ("the peer each rank named in its send/recv: NCCL's recorder keeps it; gloo's "
+                                "does not, and stacks carry no arguments")
     for rank in culprits[: ctx.options.max_rank_views]:
         finding.ranks[rank] = ctx.rank_view(rank, ref.name, None)
         stack = ctx.live_stack(rank)

@@ -24,6 +24,8 @@ def _finding(finding: Finding, level: int) -> list[str]:
         f"| culprit ranks | {fmt_ranks(finding.culprit_ranks)}{' (no majority)' if finding.ambiguous else ''} |",
         f"| process group | {md_text(group.label())}, ranks {fmt_ranks(group.ranks)} |",
     ]
+    if finding.would_decide:
+        out.append(f"| what would decide | {md_text(finding.would_decide)} |")
     if finding.op:
         out.append(f"| op | {md_code(finding.op)} |")
     if finding.collective_seq_id is not None:

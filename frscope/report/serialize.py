@@ -44,6 +44,7 @@ def finding_to_dict(finding: Finding) -> dict[str, Any]:
         "bucket": finding.bucket.value,
         "culprit_ranks": list(finding.culprit_ranks),
         "ambiguous": finding.ambiguous,
+        "would_decide": finding.would_decide,
         "process_group": {"name": group.name, "desc": group.desc, "ranks": list(group.ranks)},
         "collective_seq_id": finding.collective_seq_id,
         "p2p_seq_id": finding.p2p_seq_id,

@@ -28,6 +28,8 @@ def _finding(finding: Finding, number: str, indent: str = "") -> list[str]:
     if finding.ambiguous:
         head += " - no majority, culprits are candidates"
     lines = [head, f"{indent}    {finding.summary}"]
+    if finding.would_decide:
+        lines.append(f"{indent}    what would decide: {finding.would_decide}")
     what = []
     if finding.op:
         what.append(finding.op)

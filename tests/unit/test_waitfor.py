@@ -13,6 +13,8 @@ from frscope.analysis.context import Context
 from frscope.analysis.tracks import build_tracks
 from frscope.analysis.waitfor import State
 from frscope.records import DumpSet, assemble, load_dumps, normalize_dump
+from frscope.report.serialize import report_to_dict
+from frscope.report.text import render_text
 from tests.unit import builders as b
 
 S = 1_000_000_000
@@ -154,6 +156,10 @@ def test_without_group_numbers_every_idle_rank_outside_the_group_is_a_candidate(
     first = report.findings[0]
     assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (0, 3, 4, 5), first.summary
     assert first.ambiguous  # not NotCompleted: gloo completes a collective every member entered
+    assert first.would_decide is not None and "member list" in first.would_decide
+    text = render_text(report)
+    assert f"what would decide: {first.would_decide}" in text
+    assert report_to_dict(report)["findings"][0]["would_decide"] == first.would_decide
 
 
 def _two_idle(tmp_path: Path, op_id_ahead: int) -> Path:
@@ -183,3 +189,5 @@ def test_principle4_idle_gloo_ranks_are_candidates_only_where_the_job_ran_ops_gl
     # Op ids ahead: the job runs unrecorded ops, and one idle rank may wait on the other in one.
     p2p = analyze(load_dumps([_two_idle(tmp_path / "b", 6)]), AnalysisOptions(now_ns=b.T0 + 700 * S))
     assert p2p.findings[0].culprit_ranks == (2, 3) and p2p.findings[0].ambiguous
+    assert p2p.findings[0].would_decide and "live stacks" in p2p.findings[0].would_decide
+    assert plain.findings[0].would_decide is None

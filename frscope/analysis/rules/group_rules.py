@@ -98,6 +98,7 @@ def _pipeline_candidates(facts: Facts, members: tuple[int, ...], hang: Finding) 
     behind = culprits[2:]
     hang.culprit_ranks = tuple(culprits[:2])
     hang.ambiguous = True
+    hang.would_decide = "the ranks' live stacks (a sidecar snapshot): gloo records no p2p op"
     hang.summary = (f"Ranks {culprits[0]} and {culprits[1]} are the candidates: " + hang.summary[0].lower()
                     + hang.summary[1:])
     hang.evidence.append(
