@@ -195,31 +195,14 @@ class WaitGraph:
 
     def hidden_p2p(self, ranks: Sequence[int]) -> bool:
         """The ranks are idle (nothing open in any group) and a point-to-point wait would be invisible:
-        their backend records no p2p op (gloo), no live stack says where they are, and the job's recorded
-        history does not rule such ops out (`unrecorded_ops_seen`)."""
+        their backend records no p2p op (gloo) and no live stack says where they are. (Op ids in gloo's
+        `pg_status` count p2p ops, but only in groups with a recorded collective, and a program's first p2p
+        op leaves no trace before it: they cannot rule such a wait out.)"""
         for rank in ranks:
             dump = self.dumpset.dumps.get(rank)
             if dump is None or dump.backend != "gloo" or self.live_stack(rank) or self.of(rank).open:
                 return False
-        return self.unrecorded_ops_seen() is not False
-
-    def unrecorded_ops_seen(self) -> bool | None:
-        """Whether the job ran ops its gloo recorders do not keep (send/recv, monitored_barrier). gloo's
-        `pg_status` gives each group's last enqueued op id, which counts every op of the group, point-to-
-        point included, where the collective sequence id counts the recorded collectives: a rank whose op
-        ids outrun its sequence ids ran unrecorded ops. False where every gloo rank lists its groups' op
-        ids and none outruns (a program that repeats its steps and never ran one has none to wait in);
-        None where no rank lists them."""
-        known = False
-        for rank, dump in self.dumpset.dumps.items():
-            if dump.backend != "gloo" or not dump.pg_status:
-                continue
-            known = True
-            op_ids = sum(max(st.last_enqueued or 0, 0) for st in dump.pg_status.values())
-            seqs = sum(t.last_seq for tracks in self.tracks.values() if (t := tracks.get(rank)) is not None)
-            if op_ids > seqs:
-                return True  # (a group whose entries all left the ring counts here too: no claim)
-        return False if known else None
+        return True
 
     def failed_wait(self, rank: int) -> tuple[str, int] | None:
         """(group, seq) of an idle rank's last collective when a member of that group with a recorder never

@@ -160,34 +160,3 @@ def test_without_group_numbers_every_idle_rank_outside_the_group_is_a_candidate(
     text = render_text(report)
     assert f"what would decide: {first.would_decide}" in text
     assert report_to_dict(report)["findings"][0]["would_decide"] == first.would_decide
-
-
-def _two_idle(tmp_path: Path, op_id_ahead: int) -> Path:
-    """4 gloo ranks: ranks 0 and 1 wait in all_reduce #4; ranks 2 and 3 are idle after #3 (no stacks). Each
-    rank's pg_status gives its group's last op id: `op_id_ahead` more than its last sequence id."""
-    tmp_path.mkdir()
-    for rank in range(4):
-        entries = [b.entry(s, backend="gloo", state="scheduled", retired=True, created_ns=b.T0 + s * S)
-                   for s in range(1, 4)]
-        last = 3
-        if rank < 2:
-            entries.append(b.entry(4, backend="gloo", state="scheduled", retired=False, created_ns=b.T0 + 4 * S))
-            last = 4
-        data = b.dump(entries, world=4)
-        data["pg_status"] = {"0": {"last_enqueued_collective": last + op_id_ahead, "last_started_collective": -1,
-                                   "last_completed_collective": 3}}
-        b.write_pickle(tmp_path, rank, data)
-    return tmp_path
-
-
-def test_principle4_idle_gloo_ranks_are_candidates_only_where_the_job_ran_ops_gloo_does_not_record(
-        tmp_path: Path) -> None:
-    # Op ids equal to sequence ids: the job never ran a send/recv (or monitored_barrier), so neither idle rank
-    # can be waiting on the other in one: both never joined.
-    plain = analyze(load_dumps([_two_idle(tmp_path / "a", 0)]), AnalysisOptions(now_ns=b.T0 + 700 * S))
-    assert plain.findings[0].culprit_ranks == (2, 3) and not plain.findings[0].ambiguous
-    # Op ids ahead: the job runs unrecorded ops, and one idle rank may wait on the other in one.
-    p2p = analyze(load_dumps([_two_idle(tmp_path / "b", 6)]), AnalysisOptions(now_ns=b.T0 + 700 * S))
-    assert p2p.findings[0].culprit_ranks == (2, 3) and p2p.findings[0].ambiguous
-    assert p2p.findings[0].would_decide and "live stacks" in p2p.findings[0].would_decide
-    assert plain.findings[0].would_decide is None
