@@ -85,6 +85,7 @@ class WaitGraph:
     tracks: dict[str, dict[int, Track]]
     live_stack: Callable[[int], tuple[Frame, ...]]
     _read: dict[int, RankWait] = field(default_factory=dict)
+    _entered: dict[tuple[str, int], frozenset[int] | None] = field(default_factory=dict)
 
     def of(self, rank: int) -> RankWait:
         wait = self._read.get(rank)
@@ -109,11 +110,22 @@ class WaitGraph:
             group = self.dumpset.groups.get(entry.pg_name)
             peer = group.global_rank(entry.peer) if (group is not None and entry.peer is not None) else None
             return RankWait(rank, State.BLOCKED, entry, inside, None if peer is None else frozenset({peer}), blocks)
-        members = self.tracks.get(entry.pg_name, {})
-        on = frozenset(r for r, t in members.items() if r != rank and t.last_seq < entry.collective_seq_id)
-        if not on and self.unseen_member_holds(entry.pg_name, entry.collective_seq_id):
-            return RankWait(rank, State.BLOCKED, entry, inside, None, blocks)
-        return RankWait(rank, State.BLOCKED, entry, inside, on, blocks)
+        return RankWait(rank, State.BLOCKED, entry, inside, self._not_entered(entry.pg_name, entry.collective_seq_id),
+                        blocks)
+
+    def _not_entered(self, group: str, seq: int) -> frozenset[int] | None:
+        """The members of `group` that never entered its collective `seq` (a rank blocked there is not among
+        them); None where they are a member the entries do not show (`unseen_member_holds`). One set per
+        collective, shared by every rank blocked in it (a group of N ranks costs O(N) once, not per rank)."""
+        key = (group, seq)
+        if key in self._entered:
+            return self._entered[key]
+        members = self.tracks.get(group, {})
+        on: frozenset[int] | None = frozenset(r for r, t in members.items() if t.last_seq < seq)
+        if not on and self.unseen_member_holds(group, seq):
+            on = None
+        self._entered[key] = on
+        return on
 
     def unseen_member_holds(self, group: str, seq: int) -> bool:
         """Every member the evidence knows entered the group's collective `seq` on gloo and none finished it,
