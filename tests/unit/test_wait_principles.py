@@ -399,6 +399,31 @@ def test_a_read_between_the_parts_of_one_collective_is_no_mismatch(tmp_path: Pat
     assert first.category is not Category.COLLECTIVE_TYPE_MISMATCH and first.culprit_ranks == (2,), first.summary
 
 
+def test_a_stale_read_that_ends_before_the_peers_batch_under_the_same_seq_is_no_mismatch(tmp_path: Path) -> None:
+    # Evidence must agree. Format 2.2, no is_p2p: each step is broadcast #k of group 1, an all_reduce of the
+    # default group, then a batch ('coalesced') on group 1 that shares #k. Rank 2's periodic dump was read
+    # after the all_reduce of step 5 and before its batch: its bucket #5 lacks the batch, not another call.
+    # Ranks 0-1 went on (step 6's broadcast never completes: rank 2 is gone).
+    g1 = ("1", "dp")
+    t = b.T0 + 10 * SECOND
+    for rank in range(3):
+        entries = []
+        for step in range(1, 7 if rank != 2 else 6):
+            at = t + step * SECOND
+            entries.append(b.entry(step, op="broadcast", pg=g1, created_ns=at,
+                                   state="started" if step == 6 else "completed"))
+            entries.append(b.entry(step, created_ns=at + 1000, state="started" if step == 6 else "completed"))
+            if rank != 2 or step < 5:
+                entries.append(b.entry(step, op="coalesced", pg=g1, p2p_seq=step, created_ns=at + 2000))
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+            del e["is_p2p"], e["thread_id"], e["thread_name"], e["timeout_ms"]
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=3, version="2.2"))
+    report = analyze(load_dumps([tmp_path]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is not Category.COLLECTIVE_TYPE_MISMATCH and first.culprit_ranks == (2,), first.summary
+
+
 def test_a_gone_gloo_rank_behind_collectives_the_others_went_past_stopped(tmp_path: Path) -> None:
     # gloo retires a failed op too, but a failed op raises: ranks 0 and 1 went on past #2 to #3, so #2
     # succeeded, and it needs rank 2, whose last read (10 ms before the others began #2) ends at #1. Its
