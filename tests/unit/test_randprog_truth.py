@@ -60,6 +60,24 @@ def test_the_same_swap_in_a_two_rank_group_cannot_be_decided() -> None:
     assert set(truth.culprits) == {0, 1} and truth.undecidable
 
 
+def test_a_cycle_is_read_where_each_rank_still_waits_not_at_an_async_op_it_went_past() -> None:
+    # Groups: 1 = (0, 1, 2), 2 = (1, 2, 3), 3 = (2, 3). Rank 3 calls group 3's all_gather twice at step 3: it
+    # waits there for rank 2, which waits (with rank 1) in step 3's async all_reduce of group 2 for rank 3.
+    # Their Work.wait() also lists group 1's async all_reduce, done; rank 0 went on to step 4's all_reduce
+    # of the default group, waiting for everyone: downstream of the cycle, never its odd side.
+    layout = _layout(4, (0, 1, 2), (1, 2, 3), (2, 3))
+    prog = _program(layout, [Call("all_reduce", 0, (8,), "Float"), Call("all_reduce", 1, (8,), "Float", is_async=True),
+                             Call("all_gather", 3, (8,), "Float"), Call("all_reduce", 2, (8,), "Float", is_async=True)],
+                    steps=4)
+    ops = prog.ops[3]
+    ops.insert(_first(ops, 3, 3), ops[_first(ops, 3, 3)])
+    ex = execute(prog, random.Random(0))
+    assert ex.states[0].status == BLOCKED and ex.states[0].blocked[0].key == ("c", 0, 3)
+    assert ex.states[2].blocked[0].done is not None
+    truth = truth_of(ex)
+    assert set(truth.culprits) == {2, 3} and truth.undecidable, truth  # one rank on each side of group 3
+
+
 def test_an_extra_collective_blames_the_rank_with_the_odd_count_not_the_idle_ones() -> None:
     prog = _program(_layout(4), [Call("all_reduce", 0, (8,), "Float")])
     ops = prog.ops[1]
