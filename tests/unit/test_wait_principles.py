@@ -222,6 +222,25 @@ def test_principle5_jitter_makes_no_late_set(tmp_path: Path) -> None:
         assert report.findings == [], seed
 
 
+def test_a_stale_read_does_not_cut_the_window_the_others_arrivals_are_judged_on(tmp_path: Path) -> None:
+    """Evidence must agree. 8 gloo ranks, 30 steps of one all_reduce; ranks 2 and 3 happen to come last at
+    the first 6 steps (a few ms: jitter), and rank 7's recorder was read after step 6 (an older read: the
+    others completed 24 more, which needed it). Judged on the 6 collectives rank 7 holds, 2 and 3 look like
+    a slow node; on the others' 30 they are late at 6: no straggler."""
+    rng = random.Random(7)
+    per_rank: dict[int, list[dict[str, object]]] = {r: [] for r in range(8)}
+    t = b.T0
+    for seq in range(1, 31):
+        arrive = {r: t + int((rng.uniform(0, 4.0) + (30.0 if seq <= 6 and r in (2, 3) else 0.0)) * 1e6)
+                  for r in range(8)}
+        for r in range(8):
+            if r != 7 or seq <= 6:
+                per_rank[r].append(b.entry(seq, created_ns=arrive[r], backend="gloo", state="scheduled", retired=True))
+        t = max(arrive.values()) + 100_000_000
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 8)]), AnalysisOptions(now_ns=b.T0 + 3600 * 10**9))
+    assert not any(f.category is Category.STRAGGLER for f in report.findings), [f.summary for f in report.findings]
+
+
 def test_principle1_a_rank_blocked_in_an_earlier_collective_waits_on_the_rank_that_never_entered_it(
         tmp_path: Path) -> None:
     """broadcast_object_list is two broadcasts; gloo relays a broadcast through ranks (a tree). Rank 3 is
