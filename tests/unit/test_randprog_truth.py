@@ -268,6 +268,25 @@ def test_a_gloo_crash_every_survivor_failed_of_is_undecidable_in_files_without_e
     assert found >= 3
 
 
+def test_a_snapshot_in_which_every_process_ended_is_no_better_than_the_files_at_an_unrecorded_wait() -> None:
+    # gloo records no send/recv: the files cannot show who started a wait there (UNRECORDED_WHY), and where
+    # every process had ended by the capture the snapshot holds no live stack either, only the same reads
+    # (seeds 5313, 7255: every rank failed on its peer's death in a send/recv; the exit codes, all 1, or
+    # none, do not tell the first).
+    from frscope.testing.randprog.case import UNRECORDED_GONE_WHY, UNRECORDED_WHY
+
+    found = 0
+    for seed in range(400):
+        case = make_case(seed, "crash")
+        all_ended = all(st.status in (EXITED, FAILED) for st in case.ex.states.values())
+        if case.undecidable("json") != UNRECORDED_WHY or case.truth.undecidable:
+            continue
+        snapshot = case.undecidable("snapshot")
+        assert bool(snapshot) if all_ended else snapshot != UNRECORDED_GONE_WHY, seed
+        found += snapshot == UNRECORDED_GONE_WHY
+    assert found >= 3
+
+
 def test_nccl_peers_never_finish_an_op_a_rank_died_in() -> None:
     # NCCL: rank 1 enqueues step 2's all_reduce and its process dies before the others arrive. The op
     # needs every member's device and proxy thread: it finishes on nobody (the peers hang in it, 'started'),
