@@ -118,7 +118,8 @@ def _without_cut_reads(ctx: Context, buckets: dict[int, Bucket], differs: bool) 
 
 def _read_before(ctx: Context, rank: int, last: Entry, peer: int, peer_last: Entry, peer_next: Entry) -> bool:
     """Whether `rank`'s recorder ends before the point where `peer` recorded `peer_next`: what `rank` holds
-    after `last` is, op for op, what `peer` recorded between `peer_last` and `peer_next`, or a prefix of it."""
+    after `last` is, op for op (a p2p op for a p2p op), what `peer` recorded between `peer_last` and
+    `peer_next`, or a prefix of it."""
     mine, theirs = ctx.dumpset.dumps.get(rank), ctx.dumpset.dumps.get(peer)
     if mine is None or theirs is None:
         return False
@@ -126,10 +127,15 @@ def _read_before(ctx: Context, rank: int, last: Entry, peer: int, peer_last: Ent
     p_start, p_end = _position(theirs.entries, peer_last.record_id) + 1, _position(theirs.entries, peer_next.record_id)
     if start <= 0 or p_start <= 0 or end - start > p_end - p_start:
         return False
-    return all(
-        (a.pg_name, a.collective_seq_id, a.op) == (b.pg_name, b.collective_seq_id, b.op)
-        for a, b in zip((mine.entries[k] for k in range(start, end)),
-                        (theirs.entries[k] for k in range(p_start, p_end)), strict=False))
+    return all(_step_key(a) == _step_key(b) for a, b in zip((mine.entries[k] for k in range(start, end)),
+                                                             (theirs.entries[k] for k in range(p_start, p_end)),
+                                                             strict=False))
+
+
+def _step_key(e: Entry) -> tuple[str, int, str]:
+    """What two ranks' recorders share at the same point of a program: a p2p op's two sides differ in name
+    (one sends, the other receives)."""
+    return e.pg_name, e.collective_seq_id, "p2p" if e.is_p2p else e.op
 
 
 def _position(entries: Sequence[Entry], record_id: int) -> int:

@@ -443,6 +443,29 @@ def test_a_stale_read_that_ends_before_the_peers_batch_under_the_same_seq_is_no_
     assert first.category is not Category.COLLECTIVE_TYPE_MISMATCH and first.culprit_ranks == (2,), first.summary
 
 
+def test_a_stale_read_that_ends_after_the_other_side_of_a_p2p_op_is_no_mismatch(tmp_path: Path) -> None:
+    # The same with a send/recv between the batches (format 2.2: both share the collective seq): rank 1's
+    # recorder ends with its recv of step 3, where rank 0 recorded the send: one point of the program.
+    t = b.T0 + 10 * SECOND
+    for rank in range(2):
+        entries = [b.entry(1, op="all_gather", created_ns=t)]
+        for step in range(1, 6 if rank == 0 else 4):
+            at = t + step * SECOND
+            state = "started" if step == 5 else "completed"
+            entries.append(b.entry(1, op="coalesced", p2p_seq=2 * step - 1, created_ns=at, state=state))
+            p2p = b.entry(1, op="send" if rank == 0 else "recv", peer=" 0->1" if rank == 0 else " 1<-0",
+                          p2p_seq=2 * step, created_ns=at + 1000, state="scheduled" if step == 5 else state)
+            p2p["collective_seq_id"] = 1
+            entries.append(p2p)
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+            del e["is_p2p"], e["thread_id"], e["thread_name"], e["timeout_ms"]
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=2, version="2.2"))
+    report = analyze(load_dumps([tmp_path]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is not Category.COLLECTIVE_TYPE_MISMATCH and first.culprit_ranks == (1,), first.summary
+
+
 def test_a_gone_gloo_rank_behind_collectives_the_others_went_past_stopped(tmp_path: Path) -> None:
     # gloo retires a failed op too, but a failed op raises: ranks 0 and 1 went on past #2 to #3, so #2
     # succeeded, and it needs rank 2, whose last read (10 ms before the others began #2) ends at #1. Its
