@@ -491,3 +491,33 @@ def test_a_gone_gloo_rank_behind_collectives_the_others_went_past_stopped(tmp_pa
     (tmp_path / "job-0.json").write_bytes(snapshot_envelope_bytes(head, pieces, errors))
     first = analyze(load_dumps([tmp_path]), AnalysisOptions(stall_after_s=2.0)).findings[0]
     assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (2,), first.summary
+
+
+def test_a_rank_whose_process_is_gone_while_the_others_live_stopped_though_nobody_waits(tmp_path: Path) -> None:
+    # Rank 2 took part in #1 and its process went away (its sidecar: socket gone); ranks 0, 1 live (their
+    # stacks answered) and went on with a group that does not need it. Nobody waits, yet rank 2 stopped.
+    import json
+
+    from frscope.wire import snapshot_envelope_bytes, snapshot_head, snapshot_piece
+
+    ms = 1_000_000
+    sub = ("1", "pair")
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}, "1": {"name": "1", "desc": "pair",
+                                                                     "ranks": "[0, 1]"}}
+    stack = ('Thread 0x1 (most recent call first):\n  File "/app/train.py", line 310 in wait_for_next_epoch\n'
+             '  File "/app/train.py", line 400 in main\n')
+    pieces = []
+    for rank in range(3):
+        entries = [b.entry(1, backend="gloo", created_ns=b.T0 + 300 * ms)]
+        if rank != 2:
+            entries += [b.entry(s, backend="gloo", pg=sub, created_ns=b.T0 + (300 + 100 * s) * ms) for s in (1, 2, 3)]
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        read = b.T0 + (350 if rank == 2 else 5000) * ms
+        pieces.append(json.dumps(snapshot_piece(rank, read, "worker-server", None if rank == 2 else stack,
+                                                b.dump(entries, world=3, pg_config=config))).encode())
+    head = snapshot_head(pod="job-0", namespace="ns", node="n", captured_at_ns=b.T0 + 5000 * ms, reason="stall")
+    errors = [{"rank": 2, "message": "rank-2.sock: socket is gone"}]
+    (tmp_path / "job-0.json").write_bytes(snapshot_envelope_bytes(head, pieces, errors))
+    first = analyze(load_dumps([tmp_path]), AnalysisOptions(stall_after_s=2.0)).findings[0]
+    assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (2,), first.summary
