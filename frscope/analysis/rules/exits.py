@@ -146,4 +146,9 @@ def gone_among_live(facts: Facts) -> list[Proposal]:
                                  f"collector says the process is gone, while {plural(others)} live (their stacks "
                                  "answered); no recorder shows anyone waiting for it yet."),
         f"the collector found the worker socket of {plural(gone)} gone with the process; {plural(others)} answered")
+    if len(finding.culprit_ranks) > 1:
+        # which went first nothing here says: a rank that died takes down (gloo) the ranks exchanging with it
+        finding.ambiguous = True
+        finding.evidence.append("one of them may have stopped first and the others failed on it (gloo fails the "
+                                "ranks exchanging with a peer that went away): their exit codes or logs decide")
     return [Proposal(finding, "exit", [], fallback=True)]
