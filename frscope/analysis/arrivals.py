@@ -42,8 +42,14 @@ class Arrivals:
 def arrivals(tracks: dict[int, Track]) -> Arrivals:
     """The ranks with entries, and their arrivals at the most recent `SAMPLE` collectives that all of
     them completed; a collective some rank did not date is left out. None counted with fewer than two
-    ranks."""
+    ranks. Evidence must agree: a rank whose recorder ends before a collective every other rank completed
+    (which needed it) was read earlier than theirs (a stale read); its end does not cut the others' window,
+    and it is left out (it arrived at the later ones, when is unknown)."""
     ranks = sorted(r for r, t in tracks.items() if t.by_seq)
+    if len(ranks) > 2:
+        done = sorted(tracks[r].last_completed for r in ranks)
+        ranks = [r for r in ranks if tracks[r].last_seq >= (done[1] if tracks[r].last_completed == done[0]
+                                                            else done[0])]
     if len(ranks) < 2:
         return Arrivals(ranks, range(0), [], [], [], {r: [] for r in ranks})
     lo = max(tracks[r].first_seq for r in ranks)

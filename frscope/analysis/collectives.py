@@ -16,6 +16,7 @@ from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.mismatch import Bucket, add_views, odd_exchange, odd_exchange_finding
 from frscope.analysis.stuck import StuckPoint, stuck_finding
 from frscope.analysis.tracks import Track, oldest_open
+from frscope.analysis.waitfor import State
 from frscope.analysis.wording import fmt_duration, fmt_ranks, plural
 from frscope.records import COMPLETED, STARTED, Entry, GroupInfo
 
@@ -39,9 +40,11 @@ def _called_more(ctx: Context, group: GroupInfo, point: StuckPoint) -> bool:
             if wait.collective_waits and wait.collective_waits <= set(point.joined):
                 continue  # blocked elsewhere on the ranks in this collective: no evidence either way
             return False
-        idle.append(rank)
         if wait.inside is not None and wait.inside != "monitored_barrier":
-            return False  # waiting in an op the recorder does not keep (gloo's send/recv) for a peer: not idle
+            # waiting in an op the recorder does not keep (gloo's send/recv) for a peer it does not name (maybe
+            # a rank in this collective): not idle, and no evidence either way
+            continue
+        idle.append(rank)
         # (in monitored_barrier it went on to the barrier, which waits for every member not in it: the ranks
         # blocked here)
     return len(point.joined) < len(idle)
@@ -51,8 +54,10 @@ def _extra_call_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: d
                         buckets: dict[int, Bucket], op: str, since: str, sample: Entry | None) -> Finding:
     seq, culprits = point.seq, point.joined
     idle = [r for r in point.not_joined
-            if (d := ctx.dumpset.dumps.get(r)) is not None and oldest_open(d.entries) is None]
-    waiting = [r for r in point.not_joined if r not in idle]
+            if (d := ctx.dumpset.dumps.get(r)) is not None and oldest_open(d.entries) is None
+            and ctx.waits.of(r).inside in (None, "monitored_barrier")]
+    in_unrecorded = [r for r in point.not_joined if r not in idle and ctx.waits.of(r).state is State.IN_UNRECORDED]
+    waiting = [r for r in point.not_joined if r not in idle and r not in in_unrecorded]
     last = {tracks[r].last_seq for r in idle}
     where = f"#{last.pop()}" if len(last) == 1 else "their last collective"
     summary = (
@@ -63,11 +68,15 @@ def _extra_call_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: d
     )
     finding = stuck_finding(Category.RANK_NOT_JOINED, culprits, ref, summary, seq, op, sample, point)
     finding.evidence.append(
-        f"{plural(idle)} ({len(idle)} of the group's {len(idle) + len(culprits)} ranks with a recorder) "
+        f"{plural(idle)} ({len(idle)} of the group's {sum(r in ctx.dumpset.dumps for r in group.ranks)} ranks with "
+        "a recorder) "
         f"recorded nothing open in any group: the odd side is the {len(culprits)} in #{seq}")
     if waiting:
         finding.evidence.append(f"{plural(waiting)} never called it either, blocked in another group's collective "
                                 f"that {plural(culprits)} never entered: they wait on {plural(culprits)}")
+    if in_unrecorded:
+        finding.evidence.append(f"{plural(in_unrecorded)} never called it either, waiting in a point-to-point op the "
+                                "recorder does not keep (live stack), for a peer it does not name")
     add_views(ctx, finding, group.name, buckets, culprits, idle)
     return finding
 

@@ -15,6 +15,8 @@ earlier sequence number that produced no problem.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left
+from collections.abc import Sequence
 from typing import Any
 
 from frscope.analysis.context import Context
@@ -22,7 +24,7 @@ from frscope.analysis.findings import Finding, GroupRef
 from frscope.analysis.mismatch import Bucket, classify_mismatch, same, self_consistency
 from frscope.analysis.ops import VARIABLE_SIZE_OPS
 from frscope.analysis.tracks import Track
-from frscope.records import GroupInfo
+from frscope.records import Entry, GroupInfo
 from frscope.records.columns import SignatureSpace, space_of
 
 
@@ -93,24 +95,53 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
 
 
 def _without_cut_reads(ctx: Context, buckets: dict[int, Bucket], differs: bool) -> tuple[dict[int, Bucket], bool]:
-    """Evidence must agree: a rank whose recorder was read between the entries of one collective (the parts
-    of a coalesced op are recorded one by one) holds a prefix of the others' bucket, its newest entry the
-    last of it. Its read is older, not a different call: it is left out of the comparison here, and the
-    others' agreement decides whether they differ."""
+    """Evidence must agree: a rank whose recorder was read before the others recorded the rest of a bucket
+    holds a prefix of it: read between the parts of a coalesced op (recorded one by one), or a stale read
+    that ends before the peers' later entry under the same seq (an older format's p2p batch shares the
+    collective seq). Everything it recorded after its part, the peers recorded too before their next part.
+    Its read is older, not a different call: it is left out of the comparison here, and the others'
+    agreement decides whether they differ."""
     if not differs or len(buckets) < 2:
         return buckets, differs
-    full = max(buckets.values(), key=len)
+    full_rank, full = max(buckets.items(), key=lambda kv: len(kv[1]))
     kept: dict[int, Bucket] = {}
     for rank, bucket in buckets.items():
-        dump = ctx.dumpset.dumps.get(rank)
-        if (len(bucket) < len(full) and dump is not None and len(dump.entries)
-                and dump.entries[-1].record_id == bucket[-1].record_id and same(list(full[: len(bucket)]), bucket)):
+        if len(bucket) < len(full) and same(list(full[: len(bucket)]), bucket) and _read_before(
+                ctx, rank, bucket[-1], full_rank, full[len(bucket) - 1], full[len(bucket)]):
             continue
         kept[rank] = bucket
     if len(kept) == len(buckets) or not kept:
         return buckets, differs
     first = next(iter(kept.values()))
     return kept, any(not same(first, b) for b in kept.values())
+
+
+def _read_before(ctx: Context, rank: int, last: Entry, peer: int, peer_last: Entry, peer_next: Entry) -> bool:
+    """Whether `rank`'s recorder ends before the point where `peer` recorded `peer_next`: what `rank` holds
+    after `last` is, op for op (a p2p op for a p2p op), what `peer` recorded between `peer_last` and
+    `peer_next`, or a prefix of it."""
+    mine, theirs = ctx.dumpset.dumps.get(rank), ctx.dumpset.dumps.get(peer)
+    if mine is None or theirs is None:
+        return False
+    start, end = _position(mine.entries, last.record_id) + 1, len(mine.entries)
+    p_start, p_end = _position(theirs.entries, peer_last.record_id) + 1, _position(theirs.entries, peer_next.record_id)
+    if start <= 0 or p_start <= 0 or end - start > p_end - p_start:
+        return False
+    return all(_step_key(a) == _step_key(b) for a, b in zip((mine.entries[k] for k in range(start, end)),
+                                                             (theirs.entries[k] for k in range(p_start, p_end)),
+                                                             strict=False))
+
+
+def _step_key(e: Entry) -> tuple[str, int, str]:
+    """What two ranks' recorders share at the same point of a program: a p2p op's two sides differ in name
+    (one sends, the other receives)."""
+    return e.pg_name, e.collective_seq_id, "p2p" if e.is_p2p else e.op
+
+
+def _position(entries: Sequence[Entry], record_id: int) -> int:
+    """Where the entry `record_id` is in a recorder (ascending record ids); -1: not there."""
+    k = bisect_left(entries, record_id, key=lambda e: e.record_id)
+    return k if k < len(entries) and entries[k].record_id == record_id else -1
 
 
 def _code_space(with_entries: list[tuple[int, Track]]) -> SignatureSpace | None:

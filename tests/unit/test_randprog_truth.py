@@ -60,6 +60,24 @@ def test_the_same_swap_in_a_two_rank_group_cannot_be_decided() -> None:
     assert set(truth.culprits) == {0, 1} and truth.undecidable
 
 
+def test_a_cycle_is_read_where_each_rank_still_waits_not_at_an_async_op_it_went_past() -> None:
+    # Groups: 1 = (0, 1, 2), 2 = (1, 2, 3), 3 = (2, 3). Rank 3 calls group 3's all_gather twice at step 3: it
+    # waits there for rank 2, which waits (with rank 1) in step 3's async all_reduce of group 2 for rank 3.
+    # Their Work.wait() also lists group 1's async all_reduce, done; rank 0 went on to step 4's all_reduce
+    # of the default group, waiting for everyone: downstream of the cycle, never its odd side.
+    layout = _layout(4, (0, 1, 2), (1, 2, 3), (2, 3))
+    prog = _program(layout, [Call("all_reduce", 0, (8,), "Float"), Call("all_reduce", 1, (8,), "Float", is_async=True),
+                             Call("all_gather", 3, (8,), "Float"), Call("all_reduce", 2, (8,), "Float", is_async=True)],
+                    steps=4)
+    ops = prog.ops[3]
+    ops.insert(_first(ops, 3, 3), ops[_first(ops, 3, 3)])
+    ex = execute(prog, random.Random(0))
+    assert ex.states[0].status == BLOCKED and ex.states[0].blocked[0].key == ("c", 0, 3)
+    assert ex.states[2].blocked[0].done is not None
+    truth = truth_of(ex)
+    assert set(truth.culprits) == {2, 3} and truth.undecidable, truth  # one rank on each side of group 3
+
+
 def test_an_extra_collective_blames_the_rank_with_the_odd_count_not_the_idle_ones() -> None:
     prog = _program(_layout(4), [Call("all_reduce", 0, (8,), "Float")])
     ops = prog.ops[1]
@@ -247,6 +265,25 @@ def test_a_gloo_crash_every_survivor_failed_of_is_undecidable_in_files_without_e
         snapshot = case.undecidable("snapshot")
         assert bool(snapshot) if expected and all_ended else snapshot != DIED_GLOO_WHY, seed
         found += why == DIED_GLOO_WHY
+    assert found >= 3
+
+
+def test_a_snapshot_in_which_every_process_ended_is_no_better_than_the_files_at_an_unrecorded_wait() -> None:
+    # gloo records no send/recv: the files cannot show who started a wait there (UNRECORDED_WHY), and where
+    # every process had ended by the capture the snapshot holds no live stack either, only the same reads
+    # (seeds 5313, 7255: every rank failed on its peer's death in a send/recv; the exit codes, all 1, or
+    # none, do not tell the first).
+    from frscope.testing.randprog.case import UNRECORDED_GONE_WHY, UNRECORDED_WHY
+
+    found = 0
+    for seed in range(400):
+        case = make_case(seed, "crash")
+        all_ended = all(st.status in (EXITED, FAILED) for st in case.ex.states.values())
+        if case.undecidable("json") != UNRECORDED_WHY or case.truth.undecidable:
+            continue
+        snapshot = case.undecidable("snapshot")
+        assert bool(snapshot) if all_ended else snapshot != UNRECORDED_GONE_WHY, seed
+        found += snapshot == UNRECORDED_GONE_WHY
     assert found >= 3
 
 

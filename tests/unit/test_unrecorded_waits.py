@@ -114,3 +114,27 @@ def test_idle_ranks_without_stacks_on_gloo_are_candidates() -> None:
     [root] = _stalled_pipeline(None).findings
     assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (2, 3)
     assert root.ambiguous and any("records no point-to-point" in e for e in root.evidence)
+
+
+ALL_REDUCE = _stack(("all_reduce", f"{SITE}/distributed_c10d.py", 2800), ("main", "/app/train.py", 150))
+
+
+def test_a_rank_waiting_in_an_unrecorded_recv_does_not_hide_the_rank_that_called_one_more() -> None:
+    # Rank 3 ran one step more: it waits alone in all_reduce #21, which ranks 0-2 (finished, in Python) never
+    # call; rank 4 waits in a recv from a peer no evidence names (rank 3's send would come after #21). Rank
+    # 4 is neither an idle peer nor evidence against the odd count: the one in the collective is the odd side.
+    last = b.T0 + 100 * S
+    stacks = {0: IN_PYTHON, 1: IN_PYTHON, 2: IN_PYTHON, 3: ALL_REDUCE, 4: RECV}
+    pieces = []
+    for rank, text in stacks.items():
+        entries = _gloo_steps(20, last)
+        if rank == 3:
+            entries.append(b.entry(21, backend="gloo", state="scheduled", retired=False, created_ns=last + S // 5))
+        pieces.append(wire.snapshot_piece(rank, last + 600 * S, f"socket:/run/rank-{rank}.sock", text,
+                                          b.dump(entries, world=5)))
+    dumps = [normalize_dump(piece, piece["source"], piece["rank"]) for piece in pieces]
+    report = analyze(assemble(dumps, []), AnalysisOptions(stall_after_s=10.0))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (3,), first.summary
+    assert "one collective more" in first.summary
+    assert any("rank 4 never called it either" in e for e in first.evidence), first.evidence

@@ -222,6 +222,25 @@ def test_principle5_jitter_makes_no_late_set(tmp_path: Path) -> None:
         assert report.findings == [], seed
 
 
+def test_a_stale_read_does_not_cut_the_window_the_others_arrivals_are_judged_on(tmp_path: Path) -> None:
+    """Evidence must agree. 8 gloo ranks, 30 steps of one all_reduce; ranks 2 and 3 happen to come last at
+    the first 6 steps (a few ms: jitter), and rank 7's recorder was read after step 6 (an older read: the
+    others completed 24 more, which needed it). Judged on the 6 collectives rank 7 holds, 2 and 3 look like
+    a slow node; on the others' 30 they are late at 6: no straggler."""
+    rng = random.Random(7)
+    per_rank: dict[int, list[dict[str, object]]] = {r: [] for r in range(8)}
+    t = b.T0
+    for seq in range(1, 31):
+        arrive = {r: t + int((rng.uniform(0, 4.0) + (30.0 if seq <= 6 and r in (2, 3) else 0.0)) * 1e6)
+                  for r in range(8)}
+        for r in range(8):
+            if r != 7 or seq <= 6:
+                per_rank[r].append(b.entry(seq, created_ns=arrive[r], backend="gloo", state="scheduled", retired=True))
+        t = max(arrive.values()) + 100_000_000
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 8)]), AnalysisOptions(now_ns=b.T0 + 3600 * 10**9))
+    assert not any(f.category is Category.STRAGGLER for f in report.findings), [f.summary for f in report.findings]
+
+
 def test_principle1_a_rank_blocked_in_an_earlier_collective_waits_on_the_rank_that_never_entered_it(
         tmp_path: Path) -> None:
     """broadcast_object_list is two broadcasts; gloo relays a broadcast through ranks (a tree). Rank 3 is
@@ -399,6 +418,54 @@ def test_a_read_between_the_parts_of_one_collective_is_no_mismatch(tmp_path: Pat
     assert first.category is not Category.COLLECTIVE_TYPE_MISMATCH and first.culprit_ranks == (2,), first.summary
 
 
+def test_a_stale_read_that_ends_before_the_peers_batch_under_the_same_seq_is_no_mismatch(tmp_path: Path) -> None:
+    # Evidence must agree. Format 2.2, no is_p2p: each step is broadcast #k of group 1, an all_reduce of the
+    # default group, then a batch ('coalesced') on group 1 that shares #k. Rank 2's periodic dump was read
+    # after the all_reduce of step 5 and before its batch: its bucket #5 lacks the batch, not another call.
+    # Ranks 0-1 went on (step 6's broadcast never completes: rank 2 is gone).
+    g1 = ("1", "dp")
+    t = b.T0 + 10 * SECOND
+    for rank in range(3):
+        entries = []
+        for step in range(1, 7 if rank != 2 else 6):
+            at = t + step * SECOND
+            entries.append(b.entry(step, op="broadcast", pg=g1, created_ns=at,
+                                   state="started" if step == 6 else "completed"))
+            entries.append(b.entry(step, created_ns=at + 1000, state="started" if step == 6 else "completed"))
+            if rank != 2 or step < 5:
+                entries.append(b.entry(step, op="coalesced", pg=g1, p2p_seq=step, created_ns=at + 2000))
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+            del e["is_p2p"], e["thread_id"], e["thread_name"], e["timeout_ms"]
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=3, version="2.2"))
+    report = analyze(load_dumps([tmp_path]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is not Category.COLLECTIVE_TYPE_MISMATCH and first.culprit_ranks == (2,), first.summary
+
+
+def test_a_stale_read_that_ends_after_the_other_side_of_a_p2p_op_is_no_mismatch(tmp_path: Path) -> None:
+    # The same with a send/recv between the batches (format 2.2: both share the collective seq): rank 1's
+    # recorder ends with its recv of step 3, where rank 0 recorded the send: one point of the program.
+    t = b.T0 + 10 * SECOND
+    for rank in range(2):
+        entries = [b.entry(1, op="all_gather", created_ns=t)]
+        for step in range(1, 6 if rank == 0 else 4):
+            at = t + step * SECOND
+            state = "started" if step == 5 else "completed"
+            entries.append(b.entry(1, op="coalesced", p2p_seq=2 * step - 1, created_ns=at, state=state))
+            p2p = b.entry(1, op="send" if rank == 0 else "recv", peer=" 0->1" if rank == 0 else " 1<-0",
+                          p2p_seq=2 * step, created_ns=at + 1000, state="scheduled" if step == 5 else state)
+            p2p["collective_seq_id"] = 1
+            entries.append(p2p)
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+            del e["is_p2p"], e["thread_id"], e["thread_name"], e["timeout_ms"]
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=2, version="2.2"))
+    report = analyze(load_dumps([tmp_path]), AnalysisOptions(now_ns=t + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is not Category.COLLECTIVE_TYPE_MISMATCH and first.culprit_ranks == (1,), first.summary
+
+
 def test_a_gone_gloo_rank_behind_collectives_the_others_went_past_stopped(tmp_path: Path) -> None:
     # gloo retires a failed op too, but a failed op raises: ranks 0 and 1 went on past #2 to #3, so #2
     # succeeded, and it needs rank 2, whose last read (10 ms before the others began #2) ends at #1. Its
@@ -420,6 +487,36 @@ def test_a_gone_gloo_rank_behind_collectives_the_others_went_past_stopped(tmp_pa
         pieces.append(json.dumps(snapshot_piece(rank, read, "worker-server", None,
                                                 b.dump(entries, world=3, pg_config=config))).encode())
     head = snapshot_head(pod="job-0", namespace="ns", node="n", captured_at_ns=b.T0 + 1400 * ms, reason="stall")
+    errors = [{"rank": 2, "message": "rank-2.sock: socket is gone"}]
+    (tmp_path / "job-0.json").write_bytes(snapshot_envelope_bytes(head, pieces, errors))
+    first = analyze(load_dumps([tmp_path]), AnalysisOptions(stall_after_s=2.0)).findings[0]
+    assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (2,), first.summary
+
+
+def test_a_rank_whose_process_is_gone_while_the_others_live_stopped_though_nobody_waits(tmp_path: Path) -> None:
+    # Rank 2 took part in #1 and its process went away (its sidecar: socket gone); ranks 0, 1 live (their
+    # stacks answered) and went on with a group that does not need it. Nobody waits, yet rank 2 stopped.
+    import json
+
+    from frscope.wire import snapshot_envelope_bytes, snapshot_head, snapshot_piece
+
+    ms = 1_000_000
+    sub = ("1", "pair")
+    config = {"": {"name": "", "desc": "", "ranks": "[0, 1, 2]"}, "1": {"name": "1", "desc": "pair",
+                                                                     "ranks": "[0, 1]"}}
+    stack = ('Thread 0x1 (most recent call first):\n  File "/app/train.py", line 310 in wait_for_next_epoch\n'
+             '  File "/app/train.py", line 400 in main\n')
+    pieces = []
+    for rank in range(3):
+        entries = [b.entry(1, backend="gloo", created_ns=b.T0 + 300 * ms)]
+        if rank != 2:
+            entries += [b.entry(s, backend="gloo", pg=sub, created_ns=b.T0 + (300 + 100 * s) * ms) for s in (1, 2, 3)]
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        read = b.T0 + (350 if rank == 2 else 5000) * ms
+        pieces.append(json.dumps(snapshot_piece(rank, read, "worker-server", None if rank == 2 else stack,
+                                                b.dump(entries, world=3, pg_config=config))).encode())
+    head = snapshot_head(pod="job-0", namespace="ns", node="n", captured_at_ns=b.T0 + 5000 * ms, reason="stall")
     errors = [{"rank": 2, "message": "rank-2.sock: socket is gone"}]
     (tmp_path / "job-0.json").write_bytes(snapshot_envelope_bytes(head, pieces, errors))
     first = analyze(load_dumps([tmp_path]), AnalysisOptions(stall_after_s=2.0)).findings[0]

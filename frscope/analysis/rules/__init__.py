@@ -27,4 +27,5 @@ RULES: tuple[Rule, ...] = (
     job_rules.stragglers,
     exits.unrecorded_failures,
     exits.failed_after_records,
+    exits.gone_among_live,
 )

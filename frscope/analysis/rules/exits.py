@@ -4,7 +4,9 @@
   wait for a peer that is gone, not for the network;
 - not one recorder could be read, but processes failed: their exits are all there is;
 - processes failed after their last recorded collective (every recorder complete): a fallback, kept
-  only when no other rule explains the job.
+  only when no other rule explains the job;
+- a rank whose collector says its process is gone while every other rank's process lives (its live
+  stack answered): it stopped, though nobody waits for it yet; a fallback too.
 """
 
 from __future__ import annotations
@@ -125,4 +127,28 @@ def failed_after_records(facts: Facts) -> list[Proposal]:
                                  f"{'its' if len(culprits) == 1 else 'their'} last recorded collective (no "
                                  f"recorder shows one pending: they were read before the exit)."),
         "the recorders end before the failure: the exit codes and termination messages say why")
+    return [Proposal(finding, "exit", [], fallback=True)]
+
+
+def gone_among_live(facts: Facts) -> list[Proposal]:
+    """Ranks whose collector says the process is gone (its worker socket went with it) while every other
+    rank's process answered for its live stack: those alone stopped (crashed, or were killed), whether or
+    not anyone waits for them yet (the others finished, or run what does not need them). A fallback: a rule
+    that names where someone waits for them says more."""
+    ctx = facts.ctx
+    gone = sorted(ctx.gone_ranks())
+    others = [r for r in ctx.dumpset.dumps if r not in gone]
+    if not gone or not others or not all(ctx.live_stack(r) for r in others):
+        return []
+    finding = stopped_by_exits(
+        ctx.dumpset.world_size, gone, facts.exits,
+        lambda culprits, first: (f"{plural(culprits).capitalize()} stopped: {'its' if len(culprits) == 1 else 'their'} "
+                                 f"collector says the process is gone, while {plural(others)} live (their stacks "
+                                 "answered); no recorder shows anyone waiting for it yet."),
+        f"the collector found the worker socket of {plural(gone)} gone with the process; {plural(others)} answered")
+    if len(finding.culprit_ranks) > 1:
+        # which went first nothing here says: a rank that died takes down (gloo) the ranks exchanging with it
+        finding.ambiguous = True
+        finding.evidence.append("one of them may have stopped first and the others failed on it (gloo fails the "
+                                "ranks exchanging with a peer that went away): their exit codes or logs decide")
     return [Proposal(finding, "exit", [], fallback=True)]

@@ -42,6 +42,8 @@ RING_WHY = ("the recorders' ring buffers wrapped: what they still hold covers, o
             "fewer steps than it takes to tell it from jitter")
 UNRECORDED_WHY = ("gloo records no point-to-point op (send/recv, batch_isend_irecv, monitored_barrier): "
                   "without live stacks the recorders cannot show who started the wait")
+UNRECORDED_GONE_WHY = ("gloo records no point-to-point op, and every process had ended by the capture: the "
+                       "snapshot holds no live stack, only the reads the files hold (and that each process is gone)")
 
 
 @dataclass(slots=True)
@@ -69,6 +71,8 @@ class Case:
         if self.truth.via_unrecorded and self.program.backend == "gloo":
             if form in FILE_FORMS:
                 return UNRECORDED_WHY
+            if all(st.status in (EXITED, FAILED) for st in self.ex.states.values()):
+                return UNRECORDED_GONE_WHY
             waiting = [st.block_op for st in self.ex.states.values() if st.status == BLOCKED]
             if waiting and all(op is not None and op.kind in ("wait", "batch") for op in waiting):
                 return NO_TORCH_FRAME_WHY

@@ -221,7 +221,9 @@ def _wait_for(ex: Execution) -> Truth | None:
     # every blocked rank that waits on the cycle, by where it waits: a collective of a group, or a p2p
     # message (comparable only between its two ranks)
     near = sorted(r for r in blocked if set(cyc) & _reach(edges, [r]))
-    slot = {r: _slot(blocked[r].blocked[0]) for r in near}
+    # where each waits: the first of its rendezvous not done (a wait on several async ops lists the done
+    # ones too: a rank is not where it already went past)
+    slot = {r: _slot(next((x for x in blocked[r].blocked if x.done is None), blocked[r].blocked[0])) for r in near}
     slots = sorted(set(slot.values()), key=str)
     layout = ex.program.layout
     found: set[int] = set()
