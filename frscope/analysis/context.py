@@ -35,6 +35,12 @@ _NO_ANSWER = ("no answer", "timed out", "did not answer")
 _GONE = ("socket is gone", "cannot connect", "connection refused", "process exited", " is gone")
 
 
+def gone_ranks(dumpset: DumpSet) -> frozenset[int]:
+    """Ranks whose collector says their process is gone (its worker socket went with it)."""
+    return frozenset(p.rank for p in dumpset.problems
+                     if p.rank is not None and any(w in p.message.lower() for w in _GONE))
+
+
 @dataclass(slots=True)
 class Context:
     dumpset: DumpSet
@@ -50,8 +56,7 @@ class Context:
 
     def gone_ranks(self) -> frozenset[int]:
         """Ranks whose collector says their process is gone (its worker socket went with it)."""
-        return frozenset(p.rank for p in self.dumpset.problems
-                         if p.rank is not None and any(w in p.message.lower() for w in _GONE))
+        return gone_ranks(self.dumpset)
 
     def unresponsive_ranks(self) -> frozenset[int]:
         """Ranks whose worker server gave no answer (alive, but holding the GIL or in native code)."""

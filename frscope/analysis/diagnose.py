@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from frscope.analysis.context import AnalysisOptions, Context
+from frscope.analysis.context import AnalysisOptions, Context, gone_ranks
 from frscope.analysis.findings import Finding, Report
 from frscope.analysis.rules import RULES
 from frscope.analysis.rules.facts import gather_facts, progress
@@ -47,14 +47,19 @@ def _emptied_failed_as_missing(dumpset: DumpSet, exits: Mapping[int, RankExit]) 
     """A rank whose recorder is empty while others' hold entries, and whose process failed, counts as
     missing: the empty recorder was read before its first collective (a collector polls a cheap probe
     between full reads, and a quick crash falls between two), so its exit is the only evidence (seen on
-    a real node: a rank raised three collectives in, its last full read was from before the first)."""
-    if not exits or not any(d.entries for d in dumpset.dumps.values()):
+    a real node: a rank raised three collectives in, its last full read was from before the first).
+    So does one whose collector says its process is gone, where no exit says how it ended: its last read
+    came before its first collective, and nothing after it says where it stood."""
+    if not any(d.entries for d in dumpset.dumps.values()):
         return dumpset
-    empty = {r for r, d in dumpset.dumps.items() if not d.entries and (e := exits.get(r)) is not None and e.failed}
+    gone = gone_ranks(dumpset)
+    empty = {r for r, d in dumpset.dumps.items() if not d.entries and (
+        ((e := exits.get(r)) is not None and e.failed) or (r not in exits and r in gone))}
     if not empty:
         return dumpset
     problems = [*dumpset.problems, *(LoadProblem(dumpset.dumps[r].source, "empty recorder of a rank whose process "
-                                                 "failed: counted as missing", rank=r, kind="warning")
+                                                 f"{'failed' if r in exits else 'is gone'}: counted as missing",
+                                                 rank=r, kind="warning")
                                      for r in sorted(empty))]
     return dataclasses.replace(dumpset, dumps={r: d for r, d in dumpset.dumps.items() if r not in empty},
                                problems=problems)

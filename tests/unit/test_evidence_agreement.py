@@ -139,3 +139,26 @@ def test_a_stuck_all_to_all_whose_counts_all_differ_names_no_odd_rank(tmp_path: 
     per_rank = _nccl_all_to_all({0: 8192, 1: 4096, 2: 2048, 3: 1024}, "started")
     report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=b.T0 + 700 * SECOND))
     assert report.findings[0].category is Category.NOT_COMPLETED
+
+
+def test_a_gone_rank_whose_only_read_was_empty_counts_as_missing(tmp_path: Path) -> None:
+    # Every process is gone (each collector kept its last read). Rank 0's last read came before its first
+    # collective (an empty recorder) while the others recorded two; one of them still waits in #2. The empty
+    # read says nothing of where rank 0 stood after it: rank 0 is missing, not a rank with nothing to do.
+    per_rank = {r: _gloo(range(1, 3)) for r in (1, 2, 3)}
+    per_rank[3][-1]["retired"] = False
+    per_rank[0] = []
+    after = b.T0 + 3 * SECOND
+    for rank, entries in per_rank.items():
+        for i, e in enumerate(entries):
+            e.setdefault("record_id", i)
+        read = b.T0 if rank == 0 else after
+        piece = snapshot_piece_bytes(rank, read, "worker-server", None,
+                                     json.dumps(b.dump(entries, world=0, pg_config=CONFIG)).encode())
+        head = snapshot_head(pod=f"job-{rank}", namespace="ns", node="node", captured_at_ns=after, reason="exit")
+        gone: SnapshotError = {"rank": rank, "message": f"rank {rank}: fr_trace_json: socket is gone"}
+        (tmp_path / f"rank-{rank}.json").write_bytes(snapshot_envelope_bytes(head, [piece], [gone]))
+    report = analyze(load_dumps([tmp_path]))
+    first = report.findings[0]
+    assert first.category is Category.MISSING_DUMPS and first.culprit_ranks == (0,), first.summary
+    assert any("is gone: counted as missing" in p.message for p in report.problems)
