@@ -227,3 +227,19 @@ def test_a_late_step_start_carried_over_gloo_async_ops_is_one_wait(tmp_path: Pat
     per_rank = _run(groups, ["~world", "world"], 4, lambda r, s: 1500 + (late[s] if r == 1 else 0.0),
                     prologue=("world", "world"))
     assert _findings(tmp_path, groups, per_rank) == []
+
+
+def test_lateness_passed_on_is_judged_at_each_checks_own_margin(tmp_path: Path) -> None:
+    """Principle 1 behind principle 5, gloo, 6 ranks: ranks 0 and 1 (one node) compute 47-51 ms more each
+    step; rank 2, with them in group a, waits there for them (a little less than the world group's gap,
+    its own compute being a ms longer than ranks 3-5's) and reaches the world collective with them. The step
+    check looks for waits of 50 ms first, then of 20: at 50 ms rank 2's 49.5 ms wait in group a is "among the
+    last itself", at 20 it is a wait for ranks 0 and 1. What one margin decided about rank 2's release is
+    no answer for the other (one record of releases per analysis serves every check): ranks 0 and 1 are the
+    slow node, rank 2 is not part of it."""
+    groups = {"world": tuple(range(6)), "a": (0, 1, 2), "b": (3, 4, 5)}
+    late = [50.5, 51.2, 48.2, 47.4, 49.0]
+    per_rank = _run(groups, ["a", "b", "a", "b", "world"], 5,
+                    lambda r, s: 50 + (late[s] if r in (0, 1) else 1.0 if r == 2 else 0.0),
+                    prologue=("world", "world", "world"))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0, 1))]
