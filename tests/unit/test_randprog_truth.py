@@ -303,3 +303,20 @@ def test_a_coalesced_call_meeting_a_single_tensor_all_reduce_does_not_complete()
     ex = execute(prog, random.Random(0))
     assert any(r.outcome == "abort" for r in ex.rdvs)
     assert truth_of(ex).category == "SizeMismatch"
+
+
+def test_nccl_p2p_to_one_peer_does_not_wait_for_a_recv_from_another() -> None:
+    """ProcessGroupNCCL runs each peer pair's send/recv on that pair's own communicator and stream: rank 1's
+    send to rank 2 starts when it is posted, not when its recv from the late rank 0 completes, and every
+    recorded p2p op starts before it completes (a 'started' time after 'completed' was the recorder putting
+    all of a group's p2p ops on one stream while the executor ran them per pair)."""
+    prog = build_program(_layout(3), "nccl", [], [Call("sendrecv", 0, (4,), "Float", src=0, dst=1),
+                                                  Call("sendrecv", 0, (4,), "Float", src=1, dst=2)],
+                         steps=3, step_s=0.05)
+    _slow(prog, (0,), 0.04)
+    ex = execute(prog, random.Random(0))
+    for rank in ex.states:
+        for e in dump(ex, rank, ex.end_t + 1, pickle=False)["entries"]:
+            assert e["time_discovered_started_ns"] <= e["time_discovered_completed_ns"], (rank, e)
+    sends = [e for e in dump(ex, 1, ex.end_t + 1, pickle=False)["entries"] if e["profiling_name"] == "nccl:send 1->2"]
+    assert sends and all(e["duration_ms"] < 1 for e in sends)
