@@ -112,7 +112,15 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
     previous: tuple[int, int] | None = None  # the last rank of the row before, and its arrival there
     samples = 0
     for times in arrived.rows:
-        at = len(times) - 1 - times[::-1].index(max(times))
+        latest = max(times)
+        if times.count(latest) > 1:
+            # no one rank came last: those ranks left the same op at the same moment (gloo blocks, its
+            # members go on together) and none of them waited for another; a tie credited to the higher
+            # rank would make it last at every lockstep collective
+            previous = None
+            samples += 1
+            continue
+        at = times.index(latest)
         if previous is not None and previous[0] == at and max(times[:at] + times[at + 1:]) < previous[1]:
             continue
         previous = (at, times[at])
@@ -242,7 +250,10 @@ def _late_set(ctx: Context, arrived: Arrivals) -> tuple[tuple[int, ...], int, fl
     sets = comb(len(ranks), len(late_set))
     if binomial_tail(count, samples, 1 / sets) * sets >= ALPHA:
         return None
-    mids = middles(arrived, upper_middle)
+    # measured from the middle of the other ranks: with half the group late together the group's own
+    # middle is one of them (late by nothing)
+    rest = [i for i, r in enumerate(ranks) if r not in late_set]
+    mids = [upper_middle([row[i] for i in rest]) for row in arrived.rows]
     late_ms = median(min(row) for row in zip(*(lateness_ms(arrived, r, mids) for r in late_set), strict=True))
     return late_set, count, late_ms, where[late_set]
 

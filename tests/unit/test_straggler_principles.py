@@ -243,3 +243,14 @@ def test_lateness_passed_on_is_judged_at_each_checks_own_margin(tmp_path: Path) 
                     lambda r, s: 50 + (late[s] if r in (0, 1) else 1.0 if r == 2 else 0.0),
                     prologue=("world", "world", "world"))
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0, 1))]
+
+
+def test_ranks_that_leave_a_blocking_collective_together_are_none_of_them_last_at_the_next(tmp_path: Path) -> None:
+    """Principle 5, a slow node on gloo, 8 ranks: ranks 6 and 7 start every step 60 ms late; the step's second
+    collective follows the first in lockstep, every rank arriving at the same moment (gloo lets a
+    collective's members go on together). A tie at the latest arrival makes no rank the last: credited to
+    the higher rank, rank 7 was 'last' at every lockstep collective and named alone."""
+    groups = {"world": tuple(range(8))}
+    per_rank = _run(groups, ["world", "world"], 9, lambda r, s: 50 + (60 if r in (6, 7) else 0) + _jitter(r, s))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (6, 7))]
+
