@@ -254,3 +254,12 @@ def test_ranks_that_leave_a_blocking_collective_together_are_none_of_them_last_a
     per_rank = _run(groups, ["world", "world"], 9, lambda r, s: 50 + (60 if r in (6, 7) else 0) + _jitter(r, s))
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (6, 7))]
 
+
+def test_a_slow_node_seen_whole_in_one_group_is_one_finding_not_one_per_rank_elsewhere(tmp_path: Path) -> None:
+    """Principle 5, NCCL, 8 ranks: ranks 4 and 5 (one node) start every step 240 ms late. Each is the only late
+    rank of its pipeline group (4 with 6; 5 with 0-3 and 7), and the world group shows them late together.
+    One finding names the node; rank 5's own group is part of it, not a straggler of its own listed first."""
+    groups = {"world": tuple(range(8)), "ppa": (4, 6), "ppb": (0, 1, 2, 3, 5, 7)}
+    per_rank = _run(groups, ["ppa", "ppb", "world"], 9, lambda r, s: 200 + (240 if r in (4, 5) else 0) + _jitter(r, s),
+                    backend="nccl", prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (4, 5))]
