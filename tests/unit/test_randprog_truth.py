@@ -320,3 +320,18 @@ def test_nccl_p2p_to_one_peer_does_not_wait_for_a_recv_from_another() -> None:
             assert e["time_discovered_started_ns"] <= e["time_discovered_completed_ns"], (rank, e)
     sends = [e for e in dump(ex, 1, ex.end_t + 1, pickle=False)["entries"] if e["profiling_name"] == "nccl:send 1->2"]
     assert sends and all(e["duration_ms"] < 1 for e in sends)
+
+
+def test_a_straggler_seen_only_at_nccl_send_recv_is_undecidable() -> None:
+    """NCCL records send/recv with their times, but rank 1 waiting for rank 0's send at every step is as much
+    a pipeline's next stage waiting for its input by design (a stage's work differs from its peers') as a
+    slow rank 0: only a collective, where every member does the same work before it, shows lateness that is
+    the rank's own. With an all_reduce in each step the same straggler is decidable."""
+    for collective, undecidable in ((False, True), (True, False)):
+        calls = [Call("sendrecv", 0, (8,), "Float", src=0, dst=1), Call("sendrecv", 0, (8,), "Float", src=1, dst=2)]
+        calls += [Call("all_reduce", 0, (8,), "Float")] if collective else []
+        prog = build_program(_layout(3), "nccl", [], calls, steps=8, step_s=0.2)
+        _slow(prog, (0,), 0.1)
+        truth = truth_of(execute(prog, random.Random(0)))
+        assert (truth.category, truth.culprits) == ("Straggler", (0,))
+        assert bool(truth.undecidable) is undecidable, collective

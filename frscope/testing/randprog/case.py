@@ -119,9 +119,8 @@ class Case:
             return all(id(rdv) in held[r] for r in rdv.arrivals if r in held)
 
         culprits = set(self.truth.culprits)
-        nccl = self.program.backend == "nccl"
         steps = min(len({e.op.step for e in self.ex.states[r].issued if not isinstance(e.rdv, tuple)
-                         and len(e.rdv.arrivals) > 1 and (nccl or not e.p2p_name) and kept(e.rdv)})
+                         and len(e.rdv.arrivals) > 1 and not e.p2p_name and kept(e.rdv)})
                     for r in culprits)
         return steps, min(len(late_recorded_steps(self.ex, r, culprits, kept)) for r in culprits)
 
