@@ -263,3 +263,17 @@ def test_a_slow_node_seen_whole_in_one_group_is_one_finding_not_one_per_rank_els
     per_rank = _run(groups, ["ppa", "ppb", "world"], 9, lambda r, s: 200 + (240 if r in (4, 5) else 0) + _jitter(r, s),
                     backend="nccl", prologue=("world",))
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (4, 5))]
+
+
+def test_collectives_every_rank_reached_at_once_are_no_samples_of_who_comes_last(tmp_path: Path) -> None:
+    """Principle 5, NCCL with durations, 3 ranks: rank 1 starts each of 9 steps 20-25 ms late (about the
+    clock skew a host may have, so the step check takes the first step's 19.5 ms for its clock; the others'
+    longer durations show they waited), each step's four collectives enqueued back to back (one wait,
+    carried). Three collectives before the first step were reached by every rank at the same instant:
+    nobody came last there, so they are no samples against rank 1's 9 of 9 (as samples, 9 of 12 was within
+    chance for 3 ranks)."""
+    groups = {"world": (0, 1, 2)}
+    late = [19.5, 23.0, 22.0, 21.5, 24.5, 22.5, 23.5, 24.0, 22.0]
+    per_rank = _run(groups, ["world"] * 4, 9, lambda r, s: 50 + (late[s] if r == 1 else 0) + _jitter(r, s) / 2,
+                    backend="nccl", timing=True, prologue=("world",) * 3)
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (1,))]
