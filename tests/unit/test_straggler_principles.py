@@ -277,3 +277,15 @@ def test_collectives_every_rank_reached_at_once_are_no_samples_of_who_comes_last
     per_rank = _run(groups, ["world"] * 4, 9, lambda r, s: 50 + (late[s] if r == 1 else 0) + _jitter(r, s) / 2,
                     backend="nccl", timing=True, prologue=("world",) * 3)
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (1,))]
+
+
+def test_a_clock_is_read_only_where_the_durations_say_nobody_waited(tmp_path: Path) -> None:
+    """A healthy 2-rank NCCL job with durations, 11 steps of 1.5 s, each rank's compute jittered by tens of
+    ms: rank 0 started four steps within the 20 ms clock skew after rank 1, rank 1 six steps after rank 0.
+    Read as a clock offset, those four small waits made rank 0's clock 8 ms ahead and lifted rank 1's waits
+    over 50 ms at five steps of one length: a 'steady' straggler out of jitter. The durations show rank 1
+    waited at those four collectives: no lockstep there, no clock to read, no finding."""
+    groups = {"world": (0, 1)}
+    late = {0: [13.9, 19.8, 0, 0, 0, 17.9, 62.2, 0, 0, 0, 0], 1: [0, 0, 55.4, 37.4, 26.3, 0, 0, 3.9, 52.3, 71.7, 50.0]}
+    per_rank = _run(groups, ["world"], 11, lambda r, s: 1500 + late[r][s], backend="nccl", timing=True)
+    assert _findings(tmp_path, groups, per_rank) == []
