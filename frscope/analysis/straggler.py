@@ -139,15 +139,7 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
     if samples < MIN_SAMPLES or top / samples < LAST_SHARE:
         # No rank is last alone that often; a few ranks may be, together (a slow node whose ranks take
         # turns at being the very last).
-        found = _late_set(ctx, arrived)
-        if found is None:
-            return None
-        # the set's ranks whose lateness another rank passed on (principle 1) are no part of it
-        late_set, count, late_ms, late_at = found
-        rest = [r for r in ranks if r not in late_set]
-        own = tuple(r for r in late_set
-                    if not _passed_on(handoffs or Handoffs(ctx), r, ref.name, late_at, late_ms / 2, rest))
-        return _set_finding(ctx, ref, tracks, arrived, own, count, late_ms) if len(own) > 1 else None
+        return _late_together_finding(ctx, ref, tracks, arrived, handoffs)
     # The middle arrival of two ranks is the later one: with two, lateness is measured from the other.
     mids = middles(arrived, upper_middle if len(ranks) > 2 else min)
     lateness = {r: lateness_ms(arrived, r, mids) for r in ranks if last_count[r] == top}
@@ -160,7 +152,9 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
     # over LAST_SHARE happens by chance, so the count must also be beyond chance (all ranks together).
     chance = binomial_tail(last_count[worst], samples, 1 / len(ranks)) * len(ranks)
     if chance >= ALPHA and not (chance < ALPHA_STEADY and _steady_offset(ctx, worst, lateness[worst], late_ms)):
-        return None
+        # As one rank, within chance: a slow node's ranks taking turns at being last (one of them a little
+        # more often) are judged as the set they are, whose being late together chance explains far less.
+        return _late_together_finding(ctx, ref, tracks, arrived, handoffs)
     # Its lateness passed on from a rank that released it late (principle 1, `waited`): that rank is the
     # straggler, found where the wait began.
     handoffs = handoffs or Handoffs(ctx)
@@ -208,6 +202,20 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
     )
     _show(ctx, finding, ref, tracks, node, (worst,), hi)
     return finding
+
+
+def _late_together_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arrived: Arrivals,
+                           handoffs: Handoffs | None) -> Finding | None:
+    """The finding for ranks late together (`_late_set`), less those whose lateness another rank passed
+    on to them (principle 1); None where fewer than two are left."""
+    found = _late_set(ctx, arrived)
+    if found is None:
+        return None
+    late_set, count, late_ms, late_at = found
+    rest = [r for r in arrived.ranks if r not in late_set]
+    own = tuple(r for r in late_set
+                if not _passed_on(handoffs or Handoffs(ctx), r, ref.name, late_at, late_ms / 2, rest))
+    return _set_finding(ctx, ref, tracks, arrived, own, count, late_ms) if len(own) > 1 else None
 
 
 def _show(ctx: Context, finding: Finding, ref: GroupRef, tracks: dict[int, Track], ranks: tuple[int, ...],

@@ -289,3 +289,15 @@ def test_a_clock_is_read_only_where_the_durations_say_nobody_waited(tmp_path: Pa
     late = {0: [13.9, 19.8, 0, 0, 0, 17.9, 62.2, 0, 0, 0, 0], 1: [0, 0, 55.4, 37.4, 26.3, 0, 0, 3.9, 52.3, 71.7, 50.0]}
     per_rank = _run(groups, ["world"], 11, lambda r, s: 1500 + late[r][s], backend="nccl", timing=True)
     assert _findings(tmp_path, groups, per_rank) == []
+
+
+def test_a_slow_nodes_ranks_taking_turns_at_last_are_judged_as_the_set(tmp_path: Path) -> None:
+    """Principle 5, gloo: ranks 2 and 3 (one node) start each of 5 steps ~390 ms late in a 6-rank group that
+    runs one collective a step (so no collective of it is in lockstep to read clocks from). Rank 3 is last
+    at 3 of the 5: as one rank of six that is within chance, but the pair late together at all five is not
+    (1 in 15 per collective): the node is named, not nobody."""
+    groups = {"world": tuple(range(8)), "aux": (0, 2, 3, 4, 6, 7)}
+    late = {2: [415.0, 388.3, 385.0, 379.4, 367.6], 3: [412.6, 394.1, 380.3, 387.6, 405.3]}
+    per_rank = _run(groups, ["aux"], 5, lambda r, s: 500 + (late[r][s] if r in late else 0) + _jitter(r, s),
+                    prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (2, 3))]
