@@ -26,12 +26,14 @@ def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int,
     the world group,
     recorded by NCCL only). gloo blocks in each op until its last party arrives; NCCL ranks go on after
     enqueuing and wait for the step's ops at its end (the step's sync); `timing`: NCCL records each
-    collective's duration (TORCH_NCCL_ENABLE_TIMING)."""
+    collective's duration (TORCH_NCCL_ENABLE_TIMING), from its kernel's start: once it is enqueued and the
+    rank's previous collective ended (one stream)."""
     world = 1 + max(r for ranks in groups.values() for r in ranks)
     now = dict.fromkeys(range(world), 0.0)
     seqs = dict.fromkeys(groups, 0)
     per_rank: Dumps = {r: [] for r in range(world)}
     nccl = backend == "nccl"
+    stream_free = dict.fromkeys(range(world), 0.0)  # NCCL: when each rank's last collective kernel ended
 
     def collective(name: str, done_by: dict[int, float]) -> None:
         blocking = not name.startswith("~")  # "~group": an async op (gloo's CPU goes on too)
@@ -42,7 +44,8 @@ def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int,
         for r in ranks:
             state: dict[str, Any] = {"state": "scheduled", "retired": True}
             if nccl:
-                state = {"state": "completed", "duration_ms": end - now[r] if timing else None}
+                state = {"state": "completed", "duration_ms": end - max(now[r], stream_free[r]) if timing else None}
+                stream_free[r] = end
             per_rank[r].append(b.entry(seqs[name], backend=backend, pg=(name, name), op="all_reduce",
                                        created_ns=b.T0 + int(now[r] * MS), **state))
             done_by[r] = max(done_by.get(r, 0.0), end)
@@ -301,3 +304,17 @@ def test_a_slow_nodes_ranks_taking_turns_at_last_are_judged_as_the_set(tmp_path:
     per_rank = _run(groups, ["aux"], 5, lambda r, s: 500 + (late[r][s] if r in late else 0) + _jitter(r, s),
                     prologue=("world",))
     assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (2, 3))]
+
+
+def test_a_wait_carried_to_queued_collectives_is_no_lockstep_to_read_clocks_from(tmp_path: Path) -> None:
+    """A healthy 2-rank NCCL job with durations, 12 steps of 1.5 s, six collectives enqueued back to back
+    each step, compute jittered by tens of ms. Where rank 1 started a step 14-16 ms late, the step's five
+    queued collectives show it as late (its one wait, carried) with durations that agree (their kernels
+    queue behind the first): no lockstep, so no clock to read there. Read as one, rank 1's clock was 7 ms
+    ahead and rank 0's jitter became five waits over 50 ms."""
+    groups = {"world": (0, 1)}
+    late = {0: [0, 24.6, 64.8, 62.4, 38.7, 75.9, 0, 5.3, 0, 0, 32.2, 71.2],
+            1: [16.4, 0, 0, 0, 0, 0, 14.1, 0, 55.0, 24.0, 0, 0]}
+    per_rank = _run(groups, ["world"] * 6, 12, lambda r, s: 1500 + late[r][s], backend="nccl", timing=True,
+                    prologue=("world",) * 3)
+    assert _findings(tmp_path, groups, per_rank) == []
