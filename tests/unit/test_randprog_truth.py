@@ -335,3 +335,23 @@ def test_a_straggler_seen_only_at_nccl_send_recv_is_undecidable() -> None:
         truth = truth_of(execute(prog, random.Random(0)))
         assert (truth.category, truth.culprits) == ("Straggler", (0,))
         assert bool(truth.undecidable) is undecidable, collective
+
+
+def test_a_two_rank_straggler_a_ring_shows_late_at_four_steps_is_undecidable() -> None:
+    """The recorders keep the last 13 entries (four steps and a bit): the straggler shows late at four. Among
+    four ranks one rank last at four steps of four is beyond jitter (4 * 4**-4); between two it happens
+    once in eight runs (2 * 2**-4): with the whole run kept (8 steps) both are decidable."""
+    from frscope.testing.randprog.case import late_steps_needed
+    assert [late_steps_needed(w) for w in (2, 3, 4, 16)] == [5, 4, 3, 3]
+    for world, undecidable in ((2, True), (4, False)):
+        prog = build_program(_layout(world), "gloo", [], [Call("all_reduce", 0, (8,), "Float"),
+                                                          Call("broadcast", 0, (8,), "Float"),
+                                                          Call("all_gather", 0, (8,), "Float")], steps=8, step_s=0.2)
+        _slow(prog, (1,), 0.1)
+        ex = execute(prog, random.Random(0))
+        truth = truth_of(ex)
+        assert (truth.category, truth.culprits, truth.undecidable) == ("Straggler", (1,), {})
+        read = {f: {r: ex.end_t + 1 for r in ex.states} for f in FORMS}
+        for buffer, why in ((13, RING_WHY if undecidable else ""), (2000, "")):
+            case = Case(0, prog, Fault("straggler", (1,)), ex, truth, ex.end_t + 1, "2.10", False, {}, read, buffer)
+            assert [case.undecidable(f) for f in FORMS] == [why] * 3, (world, buffer)

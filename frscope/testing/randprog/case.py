@@ -5,6 +5,7 @@ with live stacks and the capture time), written to a folder."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from dataclasses import dataclass
@@ -38,6 +39,16 @@ DIED_NCCL_WHY = ("NCCL, no exit code: the rank's process ended inside an op ever
                  "op in flight like its peers' (they wait in it for a member that is gone), which a device or "
                  "network hang of that op leaves too; the exit codes or the collector's word decide")
 EVICTED_WHY = "the ring buffer wrapped: a rank's entry of the collective where the ranks disagreed is gone"
+def late_steps_needed(world: int) -> int:
+    """How many late steps a ring must still show of a straggler: most of FEW_STEPS, and enough that jitter
+    would make one rank the last at every one of them less than once in ten runs (with n ranks, a given
+    step's last is each rank's by 1 in n: any rank k of k times, n * n**-k; two ranks need five)."""
+    needed = math.ceil(0.6 * FEW_STEPS)
+    while world * float(world) ** -needed >= 0.1:
+        needed += 1
+    return needed
+
+
 RING_WHY = ("the recorders' ring buffers wrapped: what they still hold covers, or shows the straggler late at, "
             "fewer steps than it takes to tell it from jitter")
 UNRECORDED_WHY = ("gloo records no point-to-point op (send/recv, batch_isend_irecv, monitored_barrier): "
@@ -86,7 +97,7 @@ class Case:
                     return EVICTED_WHY
         if self.truth.category == STRAGGLER:
             kept, late = self._steps_kept(form)
-            if kept < FEW_STEPS or late < 0.6 * FEW_STEPS:
+            if kept < FEW_STEPS or late < late_steps_needed(self.program.layout.world):
                 return RING_WHY
         if (form in FILE_FORMS and self.truth.category == "healthy" and self.program.backend == "gloo"
                 and self.fault.name == "stale_read"):
