@@ -333,14 +333,20 @@ def _unrecorded_lookalikes(ex: Execution, culprits: set[int]) -> list[int]:
 
 def late_recorded_steps(ex: Execution, rank: int, culprits: set[int],
                         kept: Callable[[Rdv], bool] | None = None) -> set[int]:
+    return set(late_recorded(ex, rank, culprits, kept))
+
+
+def late_recorded(ex: Execution, rank: int, culprits: set[int],
+                  kept: Callable[[Rdv], bool] | None = None) -> dict[int, int]:
     """Steps where `rank` reached a recorded collective of that step clearly after every participant that
     is not a culprit (a rank that waited for it in an unrecorded op, gloo's send/recv, arrives as late:
     that collective cannot tell them apart). `kept`: only the collectives every participant's recorder
     still holds (a ring buffer that wrapped keeps the last few). Point-to-point messages never count, NCCL's
     recorded ones included: a sender later than its receiver at every message is a slow rank or a pipeline
     stage whose next stage waits for its output by design (a stage's work differs from its peers'); only
-    a collective, where every member does the same work before it, shows lateness that is the rank's own."""
-    steps = set()
+    a collective, where every member does the same work before it, shows lateness that is the rank's own.
+    Per such step: the most ranks of a collective where it shows."""
+    steps: dict[int, int] = {}
     for e in ex.states[rank].issued:
         rdv = e.rdv
         if isinstance(rdv, tuple) or len(rdv.arrivals) < 2 or e.p2p_name:
@@ -349,7 +355,7 @@ def late_recorded_steps(ex: Execution, rank: int, culprits: set[int],
             continue
         others = [t for r, t in rdv.arrivals.items() if r not in culprits]
         if others and rdv.arrivals.get(rank, 0.0) - max(others) > 0.02:
-            steps.add(e.op.step)
+            steps[e.op.step] = max(steps.get(e.op.step, 0), len(rdv.arrivals))
     return steps
 
 
