@@ -65,12 +65,13 @@ def _passed_on(handoffs: Handoffs, rank: int, group: str, seqs: list[int], withi
     return passed * 2 > len(seqs)
 
 
-def late_together(arrived: Arrivals, worst: int) -> tuple[tuple[int, ...], int, list[int]]:
+def late_together(arrived: Arrivals, worst: int, apart: int | None = None) -> tuple[tuple[int, ...], int, list[int]]:
     """The ranks late together with `worst` and at how many collectives: per collective, the ranks after
     the widest gap among the latest arrivals (at most half the ranks) hold it; when the most usual such
     set is a few ranks of one host (a launcher numbers a node's ranks in a row) and holds at least
     LAST_SHARE of the collectives, those ranks are one slow node, late together (whichever of them comes
-    last is a coin toss). Otherwise `worst` alone. Also the collectives where that set was late."""
+    last is a coin toss). Otherwise `worst` alone. Also the collectives where that set was late. `apart`:
+    the collectives the share is of (those every rank reached at once left out), by default all."""
     ranks = arrived.ranks
     most = max(1, len(ranks) // 2)
     sets: Counter[tuple[int, ...]] = Counter()
@@ -78,8 +79,8 @@ def late_together(arrived: Arrivals, worst: int) -> tuple[tuple[int, ...], int, 
     for seq, times in zip(arrived.seqs, arrived.rows, strict=True):
         order = sorted(zip(times, ranks, strict=True), reverse=True)
         gaps = [order[i][0] - order[i + 1][0] for i in range(min(most, len(order) - 1))]
-        if not gaps:
-            continue
+        if not gaps or order[0][0] == order[-1][0]:
+            continue  # no gap, or every rank reached it at once: nobody is late there
         widest = max(range(len(gaps)), key=lambda i: (gaps[i], -i))
         late = tuple(sorted(r for _, r in order[: widest + 1]))
         if worst in late:
@@ -87,7 +88,7 @@ def late_together(arrived: Arrivals, worst: int) -> tuple[tuple[int, ...], int, 
             where.setdefault(late, []).append(seq)
     if sets:
         node, count = max(sets.items(), key=lambda kv: (kv[1], -len(kv[0])))
-        if len(node) > 1 and node[-1] - node[0] == len(node) - 1 and count >= LAST_SHARE * len(arrived):
+        if len(node) > 1 and node[-1] - node[0] == len(node) - 1 and count >= LAST_SHARE * (apart or len(arrived)):
             return node, count, where[node]
     return (worst,), 0, []
 
@@ -102,17 +103,31 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
         return None
     ranks = arrived.ranks
     hi = min(tracks[r].last_completed for r in ranks)
-    # Per collective (C-level over the ranks): who came last, the latest arrival (a tie: the higher rank).
-    # A rank late at a step's start enqueues the step's non-blocking collectives (all of NCCL's, gloo's
-    # async ones) late one after another, while the others had enqueued them before it reached the first:
+    # Per collective (C-level over the ranks): who came last, the latest arrival. A collective every rank
+    # reached at the same instant (gloo's members leave a blocking collective together, and go on in
+    # lockstep) tells nothing about who comes last: it is no sample. One where a few ranks share the latest
+    # arrival (a node's ranks) is one, with no single rank last. A rank late at a step's start enqueues the
+    # step's non-blocking collectives (all of NCCL's, gloo's async ones) late one after another, while the
+    # others had enqueued them before it reached the first:
     # that one wait, carried, is counted once (as in `stragglers_steps`), so `samples` counts the
     # collectives that are waits of their own. (Where a collective blocks, the others cannot reach the
     # next one before the late rank reached it: each such row counts.)
     last_count = dict.fromkeys(ranks, 0)
     previous: tuple[int, int] | None = None  # the last rank of the row before, and its arrival there
     samples = 0
+    apart = 0  # the collectives not reached by every rank at once
     for times in arrived.rows:
-        at = len(times) - 1 - times[::-1].index(max(times))
+        latest = max(times)
+        ties = times.count(latest)
+        if ties > 1:
+            # no one rank came last (credited to the higher rank, a tie made it last at every lockstep one)
+            previous = None
+            if ties < len(times):
+                samples += 1
+                apart += 1
+            continue
+        apart += 1
+        at = times.index(latest)
         if previous is not None and previous[0] == at and max(times[:at] + times[at + 1:]) < previous[1]:
             continue
         previous = (at, times[at])
@@ -121,18 +136,10 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
     # The worst rank arrived last most often (then: latest by median); below LAST_SHARE nobody
     # qualifies, so only the ranks with the top count need their lateness.
     top = max(last_count.values())
-    if top / samples < LAST_SHARE:
+    if samples < MIN_SAMPLES or top / samples < LAST_SHARE:
         # No rank is last alone that often; a few ranks may be, together (a slow node whose ranks take
         # turns at being the very last).
-        found = _late_set(ctx, arrived)
-        if found is None:
-            return None
-        # the set's ranks whose lateness another rank passed on (principle 1) are no part of it
-        late_set, count, late_ms, late_at = found
-        rest = [r for r in ranks if r not in late_set]
-        own = tuple(r for r in late_set
-                    if not _passed_on(handoffs or Handoffs(ctx), r, ref.name, late_at, late_ms / 2, rest))
-        return _set_finding(ctx, ref, tracks, arrived, own, count, late_ms) if len(own) > 1 else None
+        return _late_together_finding(ctx, ref, tracks, arrived, handoffs)
     # The middle arrival of two ranks is the later one: with two, lateness is measured from the other.
     mids = middles(arrived, upper_middle if len(ranks) > 2 else min)
     lateness = {r: lateness_ms(arrived, r, mids) for r in ranks if last_count[r] == top}
@@ -145,7 +152,9 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
     # over LAST_SHARE happens by chance, so the count must also be beyond chance (all ranks together).
     chance = binomial_tail(last_count[worst], samples, 1 / len(ranks)) * len(ranks)
     if chance >= ALPHA and not (chance < ALPHA_STEADY and _steady_offset(ctx, worst, lateness[worst], late_ms)):
-        return None
+        # As one rank, within chance: a slow node's ranks taking turns at being last (one of them a little
+        # more often) are judged as the set they are, whose being late together chance explains far less.
+        return _late_together_finding(ctx, ref, tracks, arrived, handoffs)
     # Its lateness passed on from a rank that released it late (principle 1, `waited`): that rank is the
     # straggler, found where the wait began.
     handoffs = handoffs or Handoffs(ctx)
@@ -170,7 +179,7 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
             f"its collectives took {mine:.1f} ms in all while the others' took {others:.1f} ms (median rank): "
             "they waited for it"
         )
-    node, together, node_at = late_together(arrived, worst)
+    node, together, node_at = late_together(arrived, worst, apart)
     node = tuple(r for r in node if r == worst
                  or not _passed_on(handoffs, r, ref.name, node_at, late_ms / 2, [q for q in ranks if q not in node]))
     if len(node) > 1:
@@ -193,6 +202,20 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
     )
     _show(ctx, finding, ref, tracks, node, (worst,), hi)
     return finding
+
+
+def _late_together_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arrived: Arrivals,
+                           handoffs: Handoffs | None) -> Finding | None:
+    """The finding for ranks late together (`_late_set`), less those whose lateness another rank passed
+    on to them (principle 1); None where fewer than two are left."""
+    found = _late_set(ctx, arrived)
+    if found is None:
+        return None
+    late_set, count, late_ms, late_at = found
+    rest = [r for r in arrived.ranks if r not in late_set]
+    own = tuple(r for r in late_set
+                if not _passed_on(handoffs or Handoffs(ctx), r, ref.name, late_at, late_ms / 2, rest))
+    return _set_finding(ctx, ref, tracks, arrived, own, count, late_ms) if len(own) > 1 else None
 
 
 def _show(ctx: Context, finding: Finding, ref: GroupRef, tracks: dict[int, Track], ranks: tuple[int, ...],
@@ -242,7 +265,10 @@ def _late_set(ctx: Context, arrived: Arrivals) -> tuple[tuple[int, ...], int, fl
     sets = comb(len(ranks), len(late_set))
     if binomial_tail(count, samples, 1 / sets) * sets >= ALPHA:
         return None
-    mids = middles(arrived, upper_middle)
+    # measured from the middle of the other ranks: with half the group late together the group's own
+    # middle is one of them (late by nothing)
+    rest = [i for i, r in enumerate(ranks) if r not in late_set]
+    mids = [upper_middle([row[i] for i in rest]) for row in arrived.rows]
     late_ms = median(min(row) for row in zip(*(lateness_ms(arrived, r, mids) for r in late_set), strict=True))
     return late_set, count, late_ms, where[late_set]
 

@@ -16,9 +16,9 @@ together). Uneven but unbiased jitter therefore stays quiet.
 
 from __future__ import annotations
 
-from itertools import repeat
-from math import comb
-from operator import sub, truediv
+from itertools import compress, repeat
+from math import comb, nan
+from operator import eq, sub, truediv
 from statistics import median
 
 from frscope.analysis.arrivals import Arrivals, arrivals, lateness_ms, middles
@@ -29,6 +29,8 @@ from frscope.analysis.waited import Handoffs
 from frscope.analysis.wording import plural
 
 MIN_WAIT_MS = 50.0
+# Recorded durations within this of each other: nobody waited at that collective (the group in lockstep).
+LOCKSTEP_MS = 1.0
 # Short steps: waits from FLOOR_WAIT_MS count when together they are at least REL_WAIT of the group's time.
 FLOOR_WAIT_MS = 10.0
 REL_WAIT = 0.1
@@ -55,6 +57,27 @@ def _steady(mine: list[LateAt], events: dict[tuple[int, ...], list[LateAt]]) -> 
     q1, mid, q3 = waits[len(waits) // 4], median(waits), waits[(3 * len(waits)) // 4]
     everyone = sum(a.waited_ms for found in events.values() for a in found)
     return mid > 0 and (q3 - q1) / mid <= STEADY_SPREAD and sum(waits) >= STEADY_SHARE * everyone
+
+
+def _carried(rows: list[tuple[int, ...]]) -> list[bool]:
+    """Per collective: whether its one latest rank is the one latest at the collective before and every
+    other rank reached it before that rank had reached the one before (they did not wait in between: the
+    late rank's one wait, carried to the next collective it enqueued)."""
+    out = [False] * len(rows)
+    for i in range(1, len(rows)):
+        before, times = rows[i - 1], rows[i]
+        latest = max(times)
+        at = times.index(latest)
+        if times.count(latest) == 1 and before.count(max(before)) == 1 and before.index(max(before)) == at:
+            out[i] = max(times[:at] + times[at + 1:]) < before[at]
+    return out
+
+
+def _waits_ms(arrived: Arrivals, tracks: dict[int, Track]) -> list[float]:
+    """Per counted collective, the longest recorded duration less the shortest (ms): how long the first
+    to arrive waited for the last, on no clock (NaN where a rank dated none)."""
+    columns = [list(compress(tracks[r].first_duration(arrived.window), arrived.counted)) for r in arrived.ranks]
+    return [max(row) - min(row) if all(map(eq, row, row)) else nan for row in zip(*columns, strict=True)]
 
 
 def binomial_tail(k: int, m: int, p: float) -> float:
@@ -96,7 +119,16 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
     mids_ns = middles(arrived)
     mids = [mid / 1e6 for mid in mids_ns]
     skew_ns = ctx.options.clock_skew_ms * 1e6
-    calm = [i for i, times in enumerate(arrived.rows) if max(times) - min(times) <= skew_ns]
+    # Where every rank dated how long it spent in a collective (NCCL with timing), those durations say
+    # without any clock whether somebody waited there: a collective reached within the skew whose
+    # durations differ by more than LOCKSTEP_MS was a wait (jitter of a step's start), and reading clocks
+    # from it would take that wait for an offset. Nor is a wait carried to the next collectives a rank
+    # enqueued after it (their kernels queue behind the one that waits, so their durations agree) a
+    # lockstep.
+    waited = _waits_ms(arrived, tracks)
+    carried = _carried(arrived.rows)
+    calm = [i for i, times in enumerate(arrived.rows)
+            if max(times) - min(times) <= skew_ns and not waited[i] > LOCKSTEP_MS and not carried[i]]
     shifted: list[list[float]] = []  # per rank, per row: its arrival in ms less its clock offset
     for rank in ranks:
         offsets = lateness_ms(arrived, rank, mids_ns)

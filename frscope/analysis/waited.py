@@ -60,7 +60,9 @@ class Handoffs:
         self.ctx = ctx
         self._orders: dict[int, tuple[list[_Op], dict[tuple[str, int], int]]] = {}
         self._last: dict[tuple[str, int], tuple[int, int, _Row] | None] = {}
-        self._releases: dict[tuple[int, int, int], tuple[int, int] | None] = {}
+        # keyed by the margin too: whether a rank was among the last at an op depends on it, and the checks
+        # ask with different margins (the step check's two thresholds, half of a consistent lateness)
+        self._releases: dict[tuple[int, int, int, float], tuple[int, int] | None] = {}
         self._windows: dict[str, tuple[Arrivals, dict[int, int], dict[int, int]]] = {}
 
     def _order(self, rank: int) -> tuple[list[_Op], dict[tuple[str, int], int]]:
@@ -116,7 +118,7 @@ class Handoffs:
         before `arrival` of its ops just before, and the rank that held that op; where the rank was itself
         among the last there, whoever held its own arrival there (followed back at most LOOK_BACK times).
         None: not known."""
-        key = (rank, at, arrival)
+        key = (rank, at, arrival, within_ns)
         if key in self._releases:
             return self._releases[key]
         ops, _ = self._order(rank)

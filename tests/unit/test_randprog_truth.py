@@ -340,3 +340,56 @@ def test_a_coalesced_call_meeting_a_single_tensor_all_reduce_does_not_complete()
     ex = execute(prog, random.Random(0))
     assert any(r.outcome == "abort" for r in ex.rdvs)
     assert truth_of(ex).category == "SizeMismatch"
+
+
+def test_nccl_p2p_to_one_peer_does_not_wait_for_a_recv_from_another() -> None:
+    """ProcessGroupNCCL runs each peer pair's send/recv on that pair's own communicator and stream: rank 1's
+    send to rank 2 starts when it is posted, not when its recv from the late rank 0 completes, and every
+    recorded p2p op starts before it completes (a 'started' time after 'completed' was the recorder putting
+    all of a group's p2p ops on one stream while the executor ran them per pair)."""
+    prog = build_program(_layout(3), "nccl", [], [Call("sendrecv", 0, (4,), "Float", src=0, dst=1),
+                                                  Call("sendrecv", 0, (4,), "Float", src=1, dst=2)],
+                         steps=3, step_s=0.05)
+    _slow(prog, (0,), 0.04)
+    ex = execute(prog, random.Random(0))
+    for rank in ex.states:
+        for e in dump(ex, rank, ex.end_t + 1, pickle=False)["entries"]:
+            assert e["time_discovered_started_ns"] <= e["time_discovered_completed_ns"], (rank, e)
+    sends = [e for e in dump(ex, 1, ex.end_t + 1, pickle=False)["entries"] if e["profiling_name"] == "nccl:send 1->2"]
+    assert sends and all(e["duration_ms"] < 1 for e in sends)
+
+
+def test_a_straggler_seen_only_at_nccl_send_recv_is_undecidable() -> None:
+    """NCCL records send/recv with their times, but rank 1 waiting for rank 0's send at every step is as much
+    a pipeline's next stage waiting for its input by design (a stage's work differs from its peers') as a
+    slow rank 0: only a collective, where every member does the same work before it, shows lateness that is
+    the rank's own. With an all_reduce in each step the same straggler is decidable."""
+    for collective, undecidable in ((False, True), (True, False)):
+        calls = [Call("sendrecv", 0, (8,), "Float", src=0, dst=1), Call("sendrecv", 0, (8,), "Float", src=1, dst=2)]
+        calls += [Call("all_reduce", 0, (8,), "Float")] if collective else []
+        prog = build_program(_layout(3), "nccl", [], calls, steps=8, step_s=0.2)
+        _slow(prog, (0,), 0.1)
+        truth = truth_of(execute(prog, random.Random(0)))
+        assert (truth.category, truth.culprits) == ("Straggler", (0,))
+        assert bool(truth.undecidable) is undecidable, collective
+
+
+def test_a_straggler_a_ring_shows_late_at_four_steps_is_undecidable_among_few_ranks() -> None:
+    """The recorders keep the last 13 entries (four steps and a bit): the straggler shows late at four. Among
+    eight ranks one rank last at four steps of four is beyond jitter (8 * 8**-4, 1 in 500); between two
+    it happens once in eight runs (2 * 2**-4), among four once in 64: too few steps to tell, where five of
+    one length would do. With the whole run kept (8 steps) all are decidable."""
+    from frscope.testing.randprog.case import late_steps_needed
+    assert [late_steps_needed(n) for n in (2, 3, 4, 6, 8, 16)] == [5, 5, 5, 4, 4, 3]
+    for world, undecidable in ((2, True), (4, True), (8, False)):
+        prog = build_program(_layout(world), "gloo", [], [Call("all_reduce", 0, (8,), "Float"),
+                                                          Call("broadcast", 0, (8,), "Float"),
+                                                          Call("all_gather", 0, (8,), "Float")], steps=8, step_s=0.2)
+        _slow(prog, (1,), 0.1)
+        ex = execute(prog, random.Random(0))
+        truth = truth_of(ex)
+        assert (truth.category, truth.culprits, truth.undecidable) == ("Straggler", (1,), {})
+        read = {f: {r: ex.end_t + 1 for r in ex.states} for f in FORMS}
+        for buffer, why in ((13, RING_WHY if undecidable else ""), (2000, "")):
+            case = Case(0, prog, Fault("straggler", (1,)), ex, truth, ex.end_t + 1, "2.10", False, {}, read, buffer)
+            assert [case.undecidable(f) for f in FORMS] == [why] * 3, (world, buffer)

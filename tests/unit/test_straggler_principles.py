@@ -26,12 +26,14 @@ def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int,
     the world group,
     recorded by NCCL only). gloo blocks in each op until its last party arrives; NCCL ranks go on after
     enqueuing and wait for the step's ops at its end (the step's sync); `timing`: NCCL records each
-    collective's duration (TORCH_NCCL_ENABLE_TIMING)."""
+    collective's duration (TORCH_NCCL_ENABLE_TIMING), from its kernel's start: once it is enqueued and the
+    rank's previous collective ended (one stream)."""
     world = 1 + max(r for ranks in groups.values() for r in ranks)
     now = dict.fromkeys(range(world), 0.0)
     seqs = dict.fromkeys(groups, 0)
     per_rank: Dumps = {r: [] for r in range(world)}
     nccl = backend == "nccl"
+    stream_free = dict.fromkeys(range(world), 0.0)  # NCCL: when each rank's last collective kernel ended
 
     def collective(name: str, done_by: dict[int, float]) -> None:
         blocking = not name.startswith("~")  # "~group": an async op (gloo's CPU goes on too)
@@ -42,7 +44,8 @@ def _run(groups: Groups, step: list[str], steps: int, compute_ms: Callable[[int,
         for r in ranks:
             state: dict[str, Any] = {"state": "scheduled", "retired": True}
             if nccl:
-                state = {"state": "completed", "duration_ms": end - now[r] if timing else None}
+                state = {"state": "completed", "duration_ms": end - max(now[r], stream_free[r]) if timing else None}
+                stream_free[r] = end
             per_rank[r].append(b.entry(seqs[name], backend=backend, pg=(name, name), op="all_reduce",
                                        created_ns=b.T0 + int(now[r] * MS), **state))
             done_by[r] = max(done_by.get(r, 0.0), end)
@@ -226,4 +229,92 @@ def test_a_late_step_start_carried_over_gloo_async_ops_is_one_wait(tmp_path: Pat
     late = [22.0, 24.0, 56.0, 38.0]
     per_rank = _run(groups, ["~world", "world"], 4, lambda r, s: 1500 + (late[s] if r == 1 else 0.0),
                     prologue=("world", "world"))
+    assert _findings(tmp_path, groups, per_rank) == []
+
+
+def test_lateness_passed_on_is_judged_at_each_checks_own_margin(tmp_path: Path) -> None:
+    """Principle 1 behind principle 5, gloo, 6 ranks: ranks 0 and 1 (one node) compute 47-51 ms more each
+    step; rank 2, with them in group a, waits there for them (a little less than the world group's gap,
+    its own compute being a ms longer than ranks 3-5's) and reaches the world collective with them. The step
+    check looks for waits of 50 ms first, then of 20: at 50 ms rank 2's 49.5 ms wait in group a is "among the
+    last itself", at 20 it is a wait for ranks 0 and 1. What one margin decided about rank 2's release is
+    no answer for the other (one record of releases per analysis serves every check): ranks 0 and 1 are the
+    slow node, rank 2 is not part of it."""
+    groups = {"world": tuple(range(6)), "a": (0, 1, 2), "b": (3, 4, 5)}
+    late = [50.5, 51.2, 48.2, 47.4, 49.0]
+    per_rank = _run(groups, ["a", "b", "a", "b", "world"], 5,
+                    lambda r, s: 50 + (late[s] if r in (0, 1) else 1.0 if r == 2 else 0.0),
+                    prologue=("world", "world", "world"))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (0, 1))]
+
+
+def test_ranks_that_leave_a_blocking_collective_together_are_none_of_them_last_at_the_next(tmp_path: Path) -> None:
+    """Principle 5, a slow node on gloo, 8 ranks: ranks 6 and 7 start every step 60 ms late; the step's second
+    collective follows the first in lockstep, every rank arriving at the same moment (gloo lets a
+    collective's members go on together). A tie at the latest arrival makes no rank the last: credited to
+    the higher rank, rank 7 was 'last' at every lockstep collective and named alone."""
+    groups = {"world": tuple(range(8))}
+    per_rank = _run(groups, ["world", "world"], 9, lambda r, s: 50 + (60 if r in (6, 7) else 0) + _jitter(r, s))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (6, 7))]
+
+
+def test_a_slow_node_seen_whole_in_one_group_is_one_finding_not_one_per_rank_elsewhere(tmp_path: Path) -> None:
+    """Principle 5, NCCL, 8 ranks: ranks 4 and 5 (one node) start every step 240 ms late. Each is the only late
+    rank of its pipeline group (4 with 6; 5 with 0-3 and 7), and the world group shows them late together.
+    One finding names the node; rank 5's own group is part of it, not a straggler of its own listed first."""
+    groups = {"world": tuple(range(8)), "ppa": (4, 6), "ppb": (0, 1, 2, 3, 5, 7)}
+    per_rank = _run(groups, ["ppa", "ppb", "world"], 9, lambda r, s: 200 + (240 if r in (4, 5) else 0) + _jitter(r, s),
+                    backend="nccl", prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (4, 5))]
+
+
+def test_collectives_every_rank_reached_at_once_are_no_samples_of_who_comes_last(tmp_path: Path) -> None:
+    """Principle 5, NCCL with durations, 3 ranks: rank 1 starts each of 9 steps 20-25 ms late (about the
+    clock skew a host may have, so the step check takes the first step's 19.5 ms for its clock; the others'
+    longer durations show they waited), each step's four collectives enqueued back to back (one wait,
+    carried). Three collectives before the first step were reached by every rank at the same instant:
+    nobody came last there, so they are no samples against rank 1's 9 of 9 (as samples, 9 of 12 was within
+    chance for 3 ranks)."""
+    groups = {"world": (0, 1, 2)}
+    late = [19.5, 23.0, 22.0, 21.5, 24.5, 22.5, 23.5, 24.0, 22.0]
+    per_rank = _run(groups, ["world"] * 4, 9, lambda r, s: 50 + (late[s] if r == 1 else 0) + _jitter(r, s) / 2,
+                    backend="nccl", timing=True, prologue=("world",) * 3)
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (1,))]
+
+
+def test_a_clock_is_read_only_where_the_durations_say_nobody_waited(tmp_path: Path) -> None:
+    """A healthy 2-rank NCCL job with durations, 11 steps of 1.5 s, each rank's compute jittered by tens of
+    ms: rank 0 started four steps within the 20 ms clock skew after rank 1, rank 1 six steps after rank 0.
+    Read as a clock offset, those four small waits made rank 0's clock 8 ms ahead and lifted rank 1's waits
+    over 50 ms at five steps of one length: a 'steady' straggler out of jitter. The durations show rank 1
+    waited at those four collectives: no lockstep there, no clock to read, no finding."""
+    groups = {"world": (0, 1)}
+    late = {0: [13.9, 19.8, 0, 0, 0, 17.9, 62.2, 0, 0, 0, 0], 1: [0, 0, 55.4, 37.4, 26.3, 0, 0, 3.9, 52.3, 71.7, 50.0]}
+    per_rank = _run(groups, ["world"], 11, lambda r, s: 1500 + late[r][s], backend="nccl", timing=True)
+    assert _findings(tmp_path, groups, per_rank) == []
+
+
+def test_a_slow_nodes_ranks_taking_turns_at_last_are_judged_as_the_set(tmp_path: Path) -> None:
+    """Principle 5, gloo: ranks 2 and 3 (one node) start each of 5 steps ~390 ms late in a 6-rank group that
+    runs one collective a step (so no collective of it is in lockstep to read clocks from). Rank 3 is last
+    at 3 of the 5: as one rank of six that is within chance, but the pair late together at all five is not
+    (1 in 15 per collective): the node is named, not nobody."""
+    groups = {"world": tuple(range(8)), "aux": (0, 2, 3, 4, 6, 7)}
+    late = {2: [415.0, 388.3, 385.0, 379.4, 367.6], 3: [412.6, 394.1, 380.3, 387.6, 405.3]}
+    per_rank = _run(groups, ["aux"], 5, lambda r, s: 500 + (late[r][s] if r in late else 0) + _jitter(r, s),
+                    prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, (2, 3))]
+
+
+def test_a_wait_carried_to_queued_collectives_is_no_lockstep_to_read_clocks_from(tmp_path: Path) -> None:
+    """A healthy 2-rank NCCL job with durations, 12 steps of 1.5 s, six collectives enqueued back to back
+    each step, compute jittered by tens of ms. Where rank 1 started a step 14-16 ms late, the step's five
+    queued collectives show it as late (its one wait, carried) with durations that agree (their kernels
+    queue behind the first): no lockstep, so no clock to read there. Read as one, rank 1's clock was 7 ms
+    ahead and rank 0's jitter became five waits over 50 ms."""
+    groups = {"world": (0, 1)}
+    late = {0: [0, 24.6, 64.8, 62.4, 38.7, 75.9, 0, 5.3, 0, 0, 32.2, 71.2],
+            1: [16.4, 0, 0, 0, 0, 0, 14.1, 0, 55.0, 24.0, 0, 0]}
+    per_rank = _run(groups, ["world"] * 6, 12, lambda r, s: 1500 + late[r][s], backend="nccl", timing=True,
+                    prologue=("world",) * 3)
     assert _findings(tmp_path, groups, per_rank) == []

@@ -36,7 +36,15 @@ def stragglers(facts: Facts) -> list[Proposal]:
             p.finding.category is Category.STRAGGLER and p.finding.culprit_ranks == found.culprit_ranks for p in out
         ):
             out.append(Proposal(found, "straggler", []))
-    return _one_node(out) if len(out) > 1 else out
+    return _one_node(_parts_of_a_node(out)) if len(out) > 1 else out
+
+
+def _parts_of_a_node(found: list[Proposal]) -> list[Proposal]:
+    """Principle 5, a slow node: where a group shows a host's ranks late together, a finding in another
+    group that names only some of them (each is the only late one of the node in a group it shares with
+    on-time ranks alone) is part of that node's lateness, not a straggler of its own: one finding per node."""
+    nodes = [set(p.finding.culprit_ranks) for p in found if len(p.finding.culprit_ranks) > 1]
+    return [p for p in found if not any(set(p.finding.culprit_ranks) < node for node in nodes)]
 
 
 # Ranks each late in a group of its own are one slow node when their lateness is about the same (within

@@ -5,6 +5,7 @@ with live stacks and the capture time), written to a folder."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ from frscope.testing.randprog.layout import random_layout
 from frscope.testing.randprog.program import Program, random_program
 from frscope.testing.randprog.recorder import dump, ns
 from frscope.testing.randprog.stacks import stack_text
-from frscope.testing.randprog.truth import FEW_STEPS, FILE_FORMS, STRAGGLER, Truth, late_recorded_steps, truth_of
+from frscope.testing.randprog.truth import FEW_STEPS, FILE_FORMS, STRAGGLER, Truth, late_recorded, truth_of
 
 FORMS = ("snapshot", "pickle", "json")
 POLL_S = 0.3  # how often a sidecar reads a rank's recorder
@@ -38,6 +39,18 @@ DIED_NCCL_WHY = ("NCCL, no exit code: the rank's process ended inside an op ever
                  "op in flight like its peers' (they wait in it for a member that is gone), which a device or "
                  "network hang of that op leaves too; the exit codes or the collector's word decide")
 EVICTED_WHY = "the ring buffer wrapped: a rank's entry of the collective where the ranks disagreed is gone"
+def late_steps_needed(ranks: int) -> int:
+    """How many late steps a ring must still show of a straggler whose lateness shows in collectives of
+    `ranks` ranks: most of FEW_STEPS, and enough that jitter would make one rank the last at every one of
+    them less than once in a hundred runs (a given step's last is each rank's by 1 in n: any rank k of k
+    times, n * n**-k), else FEW_STEPS (five late steps of one length: a cause repeating, not jitter). Two,
+    three or four ranks need five; six, four."""
+    needed = math.ceil(0.6 * FEW_STEPS)
+    while needed < FEW_STEPS and ranks * float(ranks) ** -needed >= 0.01:
+        needed += 1
+    return needed
+
+
 RING_WHY = ("the recorders' ring buffers wrapped: what they still hold covers, or shows the straggler late at, "
             "fewer steps than it takes to tell it from jitter")
 UNRECORDED_WHY = ("gloo records no point-to-point op (send/recv, batch_isend_irecv, monitored_barrier): "
@@ -89,8 +102,8 @@ class Case:
                 if not any(e.rdv is rdv for e in seen[-self.buffer:]):
                     return EVICTED_WHY
         if self.truth.category == STRAGGLER:
-            kept, late = self._steps_kept(form)
-            if kept < FEW_STEPS or late < 0.6 * FEW_STEPS:
+            kept, late, ranks = self._steps_kept(form)
+            if kept < FEW_STEPS or late < late_steps_needed(ranks):
                 return RING_WHY
         if (form in FILE_FORMS and self.truth.category == "healthy" and self.program.backend == "gloo"
                 and self.fault.name == "stale_read"):
@@ -107,27 +120,27 @@ class Case:
                 return DIED_NCCL_WHY
         return ""
 
-    def _steps_kept(self, form: str) -> tuple[int, int]:
+    def _steps_kept(self, form: str) -> tuple[int, int, int]:
         """What the rings still hold of a straggler (every participant's entry of a collective kept): the
-        fewest steps any culprit has a collective of, and the fewest at which its lateness shows. Large
-        numbers where no ring wrapped."""
+        fewest steps any culprit has a collective of, the fewest at which its lateness shows, and the fewest
+        ranks of the collectives that show it at each of those steps. Large numbers where no ring wrapped."""
         held: dict[int, set[int]] = {}
         for rank, tv in self.dump_t[form].items():
             issued = [e for e in self.ex.states[rank].issued if e.t_created <= tv]
             if len(issued) > self.buffer:
                 held[rank] = {id(e.rdv) for e in issued[-self.buffer:]}
         if not held:
-            return 1 << 30, 1 << 30
+            return 1 << 30, 1 << 30, 1 << 30
 
         def kept(rdv: Rdv) -> bool:
             return all(id(rdv) in held[r] for r in rdv.arrivals if r in held)
 
         culprits = set(self.truth.culprits)
-        nccl = self.program.backend == "nccl"
         steps = min(len({e.op.step for e in self.ex.states[r].issued if not isinstance(e.rdv, tuple)
-                         and len(e.rdv.arrivals) > 1 and (nccl or not e.p2p_name) and kept(e.rdv)})
+                         and len(e.rdv.arrivals) > 1 and not e.p2p_name and kept(e.rdv)})
                     for r in culprits)
-        return steps, min(len(late_recorded_steps(self.ex, r, culprits, kept)) for r in culprits)
+        late = [late_recorded(self.ex, r, culprits, kept) for r in culprits]
+        return steps, min(map(len, late)), min((n for by_step in late for n in by_step.values()), default=2)
 
     def _died_in_flight(self, form: str) -> bool:
         """NCCL, no exit code for the culprit: its process ended inside an op every member entered, and

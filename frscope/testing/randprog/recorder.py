@@ -34,15 +34,30 @@ def _started(ex: Execution, st: RankState, e: Issued, tv: float) -> float | None
     finished), or None."""
     if e.rec is None or not e.rdv:
         return e.t_created + 0.00001
-    # p2p ops run on their own communicator's stream, collectives on the group's
-    before = [p for p in st.issued if p.group == e.group and p.record_id < e.record_id
-              and bool(p.p2p_name) == bool(e.p2p_name)]
-    if before:
-        prev = before[-1].done_at()
-        if prev is None or prev > tv:
+    # collectives run on the group's stream; p2p ops on their peer pair's (a communicator per pair, as the
+    # executor orders them: an op to rank 2 does not wait for a recv from rank 0)
+    if e.p2p_name:
+        mine = _peers(st.rank, e)
+        before = [p for p in st.issued if p.group == e.group and p.record_id < e.record_id and p.p2p_name
+                  and _peers(st.rank, p) & mine]
+    else:
+        before = [p for p in st.issued if p.group == e.group and p.record_id < e.record_id and not p.p2p_name]
+    prevs = []
+    for peer in {q for p in before for q in _peers(st.rank, p)} if e.p2p_name else {None}:
+        last = [p for p in before if peer is None or peer in _peers(st.rank, p)]
+        if last:
+            prevs.append(last[-1].done_at())
+    if prevs:
+        if any(prev is None or prev > tv for prev in prevs):
             return None
-        return max(e.t_created, prev) + 0.00001
+        return max(e.t_created, *(prev for prev in prevs if prev is not None)) + 0.00001
     return e.t_created + 0.00001
+
+
+def _peers(rank: int, e: Issued) -> set[int]:
+    """The ranks a p2p entry's messages go to or come from."""
+    rdvs = e.rdv if isinstance(e.rdv, tuple) else (e.rdv,)
+    return {int(k) for rdv in rdvs if rdv.key[0] == "p" for k in rdv.key[2:4] if int(k) != rank}
 
 
 def _entry(ex: Execution, st: RankState, e: Issued, tv: float, pickle: bool, version: str,

@@ -305,8 +305,10 @@ def _stragglers(ex: Execution) -> Truth | None:
     hidden = [r for r in slow if len(late_recorded_steps(ex, r, set(slow))) < 0.6 * steps]
     if hidden:
         truth.undecidable = {f: f"rank(s) {hidden} arrive late only at ops the recorder does not keep (gloo's "
-                                "point-to-point ops, monitored_barrier), or together with ranks that waited for "
-                                "them there: no recorded collective shows them alone late"
+                                "point-to-point ops, monitored_barrier), at point-to-point messages (NCCL records "
+                                "them, but a receiver waiting for its sender is also a healthy pipeline's shape), "
+                                "or together with ranks that waited for them there: no recorded collective shows "
+                                "them alone late"
                              for f in ("snapshot", *FILE_FORMS)}
     elif lookalikes := _unrecorded_lookalikes(ex, set(slow)):
         truth.undecidable = {f: f"rank(s) {lookalikes} waited for the straggler in ops the recorder does not keep "
@@ -333,21 +335,29 @@ def _unrecorded_lookalikes(ex: Execution, culprits: set[int]) -> list[int]:
 
 def late_recorded_steps(ex: Execution, rank: int, culprits: set[int],
                         kept: Callable[[Rdv], bool] | None = None) -> set[int]:
+    return set(late_recorded(ex, rank, culprits, kept))
+
+
+def late_recorded(ex: Execution, rank: int, culprits: set[int],
+                  kept: Callable[[Rdv], bool] | None = None) -> dict[int, int]:
     """Steps where `rank` reached a recorded collective of that step clearly after every participant that
     is not a culprit (a rank that waited for it in an unrecorded op, gloo's send/recv, arrives as late:
     that collective cannot tell them apart). `kept`: only the collectives every participant's recorder
-    still holds (a ring buffer that wrapped keeps the last few)."""
-    nccl = ex.program.backend == "nccl"
-    steps = set()
+    still holds (a ring buffer that wrapped keeps the last few). Point-to-point messages never count, NCCL's
+    recorded ones included: a sender later than its receiver at every message is a slow rank or a pipeline
+    stage whose next stage waits for its output by design (a stage's work differs from its peers'); only
+    a collective, where every member does the same work before it, shows lateness that is the rank's own.
+    Per such step: the most ranks of a collective where it shows."""
+    steps: dict[int, int] = {}
     for e in ex.states[rank].issued:
         rdv = e.rdv
-        if isinstance(rdv, tuple) or len(rdv.arrivals) < 2 or (e.p2p_name and not nccl):
+        if isinstance(rdv, tuple) or len(rdv.arrivals) < 2 or e.p2p_name:
             continue
         if kept is not None and not kept(rdv):
             continue
         others = [t for r, t in rdv.arrivals.items() if r not in culprits]
         if others and rdv.arrivals.get(rank, 0.0) - max(others) > 0.02:
-            steps.add(e.op.step)
+            steps[e.op.step] = max(steps.get(e.op.step, 0), len(rdv.arrivals))
     return steps
 
 
