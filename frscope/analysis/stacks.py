@@ -12,7 +12,10 @@ _THREAD = re.compile(r"^(?:Current thread|Thread) (0x[0-9a-fA-F]+)")
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+) in (?P<name>.+?)\s*$')
 
 # Library code that is never "where it was called from".
-_LIBRARY_MARKERS = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ")
+# Frames that are never the user's call site: libraries, and frscope's own bootstrap modules in the
+# trainer (the collective timer wraps torch.distributed's collectives, wherever its image copied it).
+_LIBRARY_MARKERS = ("/torch/", "/site-packages/", "/dist-packages/", "/lib/python3", "<frozen ",
+                    "/_frscope_timings.py", "/_frscope_debug_server.py")
 
 P2P_FUNCTIONS = frozenset(
     {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}

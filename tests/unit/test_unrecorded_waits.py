@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from frscope import wire
 from frscope.analysis import AnalysisOptions, Category, Report, analyze
-from frscope.analysis.stacks import blocked_in, main_stack
+from frscope.analysis.stacks import blocked_in, main_stack, user_frame
 from frscope.records import assemble, normalize_dump
 from tests.unit import builders as b
 
@@ -138,3 +138,13 @@ def test_a_rank_waiting_in_an_unrecorded_recv_does_not_hide_the_rank_that_called
     assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (3,), first.summary
     assert "one collective more" in first.summary
     assert any("rank 4 never called it either" in e for e in first.evidence), first.evidence
+
+
+def test_the_call_site_is_the_users_frame_not_frscopes_collective_timer() -> None:
+    # frscope's bootstrap wraps torch.distributed's collectives to time them: its frame sits between the
+    # collective and the user's code, wherever the trainer's image copied it.
+    timed = _stack(("all_reduce", f"{SITE}/distributed_c10d.py", 2800),
+                   ("sync", "/opt/frscope-bootstrap/_frscope_timings.py", 176),
+                   ("train_step", "/app/train.py", 41))
+    site = user_frame(main_stack(timed))
+    assert site is not None and (site.filename, site.name) == ("/app/train.py", "train_step")
