@@ -8,8 +8,8 @@ entries with the first rank's. Ranks loaded as columns carry a signature code pe
 its whole window is compared in one C-level array comparison, and only the sequence numbers where
 some code differs (or whose op has per-rank sizes, which need their totals checked) are built into
 `Entry` buckets and judged by exactly the reference's code. `history` (the group's last agreed
-collective, which breaks ties) is the same bucket either way: the reference rank's at the latest
-earlier sequence number that produced no problem.
+collectives, whose repeating order breaks ties) is the same buckets either way: the reference rank's at
+the latest earlier sequence numbers that produced no problem.
 """
 
 from __future__ import annotations
@@ -21,11 +21,17 @@ from typing import Any
 
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Finding, GroupRef
-from frscope.analysis.mismatch import Bucket, classify_mismatch, same, self_consistency
+from frscope.analysis.mismatch import HISTORY, Bucket, classify_mismatch, same, self_consistency
 from frscope.analysis.ops import VARIABLE_SIZE_OPS
 from frscope.analysis.tracks import Track
 from frscope.records import Entry, GroupInfo
 from frscope.records.columns import SignatureSpace, space_of
+
+
+def _agreed(history: list[Bucket], bucket: Bucket) -> None:
+    history.append(bucket)
+    if len(history) > HISTORY:
+        del history[0]
 
 
 def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
@@ -40,7 +46,7 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
         return _scan_codes(ctx, group, ref, with_entries, lo, hi, space)
     first: Finding | None = None
     later = 0
-    history: Bucket | None = None
+    history: list[Bucket] = []  # the last agreed collectives, oldest first
     # The seqs some rank recorded, not every number between: one crafted seq of 10**15 must not
     # make this loop that long.
     recorded = sorted({seq for _, t in with_entries for seq in t.by_seq if lo <= seq <= hi})
@@ -70,7 +76,7 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             continue
         if not differs and not any(e.op in VARIABLE_SIZE_OPS for e in ref_bucket):
             # Every rank passed what the first did: only split-size ops still need their totals checked.
-            history = ref_bucket
+            _agreed(history, ref_bucket)
             continue
         buckets = {r: b for r, t in with_entries if (b := t.by_seq.get(seq)) is not None}
         buckets, differs = _without_cut_reads(ctx, buckets, differs)
@@ -85,7 +91,7 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             else:
                 later += 1
         else:
-            history = ref_bucket
+            _agreed(history, ref_bucket)
     if first is not None and later:
         first.evidence.append(
             f"{later} later collective{'s' if later != 1 else ''} of {ref.label()} disagree as well "
@@ -217,11 +223,13 @@ def _scan_codes(ctx: Context, group: GroupInfo, ref: GroupRef, with_entries: lis
         buckets, differs = _without_cut_reads(ctx, buckets, differs)
         problem = self_consistency(ctx, group, ref, seq, buckets)
         if problem is None and differs:
+            before: list[Bucket] = []
             h = k - 1
-            while h in problems:
+            while h >= 0 and len(before) < HISTORY:
+                if h not in problems:
+                    before.append(bucket_at(owner[h], h))
                 h -= 1
-            history = bucket_at(owner[h], h) if h >= 0 else None
-            problem = classify_mismatch(ctx, ref, seq, buckets, history)
+            problem = classify_mismatch(ctx, ref, seq, buckets, before[::-1])
         if problem is not None:
             problems.add(k)
             if first is None:

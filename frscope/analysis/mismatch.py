@@ -10,7 +10,7 @@ agree: the side every rank passes, or the totals.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
@@ -76,14 +76,30 @@ def _dtype_key(b: Bucket) -> str:
                  else (e.input_dtypes, e.output_dtypes if e.op not in ROOTED_OPS else None) for e in b])
 
 
+HISTORY = 24  # agreed collectives kept for a tie: three repetitions of a step of up to 8
+MAX_PERIOD = 8
+
+
+def _same_phase(keys: list[str]) -> str | None:
+    """What the group's own pattern says comes next: its recorded collectives repeat with a period (a step
+    of p collectives, the smallest that the last three repetitions, or as many as are kept, follow), and
+    the next one is what came p collectives before. One collective repeated is period 1: the last one."""
+    n = len(keys)
+    for period in range(1, min(MAX_PERIOD, n // 2) + 1):
+        if all(keys[i] == keys[i - period] for i in range(max(period, n - 3 * period), n)):
+            return keys[n - period]
+    return keys[-1] if keys else None
+
+
 def _majority(
-    buckets: dict[int, Bucket], key: Callable[[Bucket], str], history: Bucket | None
+    buckets: dict[int, Bucket], key: Callable[[Bucket], str], history: Sequence[Bucket]
 ) -> tuple[str, list[int], bool] | None:
     """(expected key, culprit ranks, ambiguous), or None when every rank agrees on this key.
 
     The largest class is what the group meant to do. On a tie (2 ranks, or halves) the class that
-    matches the group's last agreed collective wins; if that does not decide, it is ambiguous and
-    every tied rank is a candidate."""
+    matches the group's own recorded order wins (`_same_phase` over its last agreed collectives, oldest
+    first: a rank that skipped one is out of phase with every earlier step); if that does not decide, it
+    is ambiguous and every tied rank is a candidate."""
     classes: dict[str, list[int]] = {}
     for rank, bucket in buckets.items():
         classes.setdefault(key(bucket), []).append(rank)
@@ -96,7 +112,7 @@ def _majority(
     if len(top) == 1:
         expected = top[0]
     else:
-        previous = key(history) if history is not None else None
+        previous = _same_phase([key(b) for b in history])
         if previous in top:
             expected = previous
         else:
@@ -125,8 +141,9 @@ def _describe_bucket(b: Bucket, what: str) -> str:
 
 
 def classify_mismatch(
-    ctx: Context, ref: GroupRef, seq: int, buckets: dict[int, Bucket], history: Bucket | None
+    ctx: Context, ref: GroupRef, seq: int, buckets: dict[int, Bucket], history: Sequence[Bucket]
 ) -> Finding | None:
+    """`history`: the group's last agreed collectives (at most `HISTORY`), oldest first."""
     for category, key, what in (
         (Category.COLLECTIVE_TYPE_MISMATCH, _op_key, "op"),
         (Category.SIZE_MISMATCH, _size_key, "sizes"),

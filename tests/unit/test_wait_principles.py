@@ -521,3 +521,25 @@ def test_a_rank_whose_process_is_gone_while_the_others_live_stopped_though_nobod
     (tmp_path / "job-0.json").write_bytes(snapshot_envelope_bytes(head, pieces, errors))
     first = analyze(load_dumps([tmp_path]), AnalysisOptions(stall_after_s=2.0)).findings[0]
     assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (2,), first.summary
+
+
+def test_principle1_a_two_rank_tie_is_settled_by_the_groups_own_repeating_order(tmp_path: Path) -> None:
+    # Two ranks, a step of all_gather then all_reduce (FSDP's reduce_scatter as torch records it). Rank 0
+    # skipped #12's all_reduce and called the next step's all_gather: it, not rank 1, left the group's order.
+    # (The last agreed collective, #11's all_gather, would name rank 1.)
+    t = b.T0 + 20 * SECOND
+
+    def ops(rank: int) -> list[dict[str, object]]:
+        def op(seq: int, gather: bool, **kw: object) -> dict[str, object]:
+            return b.entry(seq, op="all_gather" if gather else "all_reduce", out_sizes=[[8, 8]] if gather else None,
+                           **kw)  # type: ignore[arg-type]
+        out = [op(s, s % 2 == 1, created_ns=b.T0 + s * SECOND) for s in range(1, 12)]
+        out.append(op(12, rank == 0, state="started", created_ns=t))
+        return out
+
+    for columnar in (True, False):
+        report = analyze(load_dumps([b.job(tmp_path, {0: ops(0), 1: ops(1)}, 2)], columnar=columnar),
+                         AnalysisOptions(now_ns=t + 700 * SECOND))
+        first = report.findings[0]
+        assert first.category is Category.COLLECTIVE_TYPE_MISMATCH, first.summary
+        assert first.culprit_ranks == (0,) and not first.ambiguous, first.summary
