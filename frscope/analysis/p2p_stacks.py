@@ -165,6 +165,13 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         receiving = blocked[run[0]] in RECEIVES
         # Receivers wait on the stage before the first of them, senders on the stage after the last.
         waiter, partner = (run[0], run[0] - 1) if receiving else (run[-1], run[-1] + 1)
+        if chain and partner not in blocked and ctx.waits.held_in_collective(partner) is not None \
+                and not set(run) & (ctx.waits.of(partner).on or frozenset()):
+            # The rank the run waits on is held in a recorded collective that waits on none of the run's
+            # ranks: the run's waits go on, through it, to whoever holds that collective (its own finding):
+            # victims, no pairing of their own. (Where that collective waits on the run, the two wait on
+            # each other: the reading below stands.)
+            continue
         # The rank the run waits on breaks the chain when it is stuck in Python. One that went on to a
         # collective may have skipped its send, but two ranks receiving from each other leave the same
         # stacks (they carry no peer): such a run is a closed pairing.
@@ -199,6 +206,8 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
             + "; ".join(f"rank {r} in {blocked[r]}{_site(ctx, r)}" for r in closed[:6])
             + (f" (they wait on each other: each side tries to {kind})" if len(closed) > 1 and kind != "wait" else "")
         )
+    if not pairings:
+        return None  # every wait goes on through a rank held in a recorded collective
     culprits = sorted(set(culprits))
     backend = {d.backend for d in ctx.dumpset.dumps.values() if d.backend}
     unrecorded = (
