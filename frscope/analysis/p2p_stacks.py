@@ -77,12 +77,21 @@ def _runs(blocked: dict[int, str]) -> list[list[int]]:
     return runs
 
 
-def _facing(runs: list[list[int]], blocked: dict[int, str]) -> tuple[int, int, list[int]] | None:
-    """Pipeline stages send forward: a rank blocked sending next to the rank after it, blocked receiving,
-    face each other, and both being posted, their ops do not match. (sender, receiver, the receivers
-    behind either); None without such a pair, or with more than one."""
+def _exchange(ctx: Context, rank: int) -> tuple[str, str] | None:
+    """Which exchange of the program the rank waits in: the user function that called the op (its file and
+    name). One exchange's sends and receives sit there, whatever their direction or line."""
+    frame = user_frame(ctx.live_stack(rank))
+    return (frame.filename, frame.name) if frame else None
+
+
+def _facing(ctx: Context, runs: list[list[int]], blocked: dict[int, str]) -> tuple[int, int, list[int]] | None:
+    """Pipeline stages send forward: a rank blocked sending next to the rank after it, blocked receiving
+    in the same exchange, face each other, and both being posted, their ops do not match. (A receive
+    called from another exchange is not the counterpart of that send: that rank is busy elsewhere.)
+    (sender, receiver, the receivers behind either); None without such a pair, or with more than one."""
     found = [(a, b) for a, b in zip(runs, runs[1:], strict=False)
-             if blocked[a[-1]] not in RECEIVES and blocked[b[0]] in RECEIVES and b[0] == a[-1] + 1]
+             if blocked[a[-1]] not in RECEIVES and blocked[b[0]] in RECEIVES and b[0] == a[-1] + 1
+             and _exchange(ctx, a[-1]) == _exchange(ctx, b[0])]
     if len(found) != 1:
         return None
     sends, receives = found[0]
@@ -90,12 +99,12 @@ def _facing(runs: list[list[int]], blocked: dict[int, str]) -> tuple[int, int, l
 
 
 def _odd_ones(ctx: Context, ranks: list[int], blocked: dict[int, str]) -> list[int] | None:
-    """Among ranks that wait on each other, the few that differ from the rest: by where they called
-    the op (every rank runs the same program, so the odd call site is the one off the path), else by how
-    far their recorder got (the rank a step ahead or behind). None when nothing sets a minority apart."""
+    """Among ranks that wait on each other, the few that differ from the rest: by the exchange they wait
+    in (every rank runs the same program, so the odd exchange is the one off the path; its sends and
+    receives are one exchange, not two), else by how far their recorder got (the rank a step ahead or
+    behind). None when nothing sets a minority apart."""
     def site(rank: int) -> object:
-        frame = user_frame(ctx.live_stack(rank))
-        return (blocked[rank], frame.filename, frame.line) if frame else (blocked[rank],)
+        return _exchange(ctx, rank)
 
     def progress(rank: int) -> object:
         dump = ctx.dumpset.dumps.get(rank)
@@ -149,7 +158,7 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     last = max(ctx.dumpset.dumps, default=0)
     chain = not any((blocked[r[0]] in RECEIVES and r[0] == 0) or (blocked[r[-1]] not in RECEIVES and r[-1] == last)
                     for r in runs)
-    facing = _facing(runs, blocked) if chain else None
+    facing = _facing(ctx, runs, blocked) if chain else None
     if facing is not None:
         sender, receiver, behind_ranks = facing
         culprits.extend([sender, receiver])

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from frscope import wire
-from frscope.analysis import AnalysisOptions, Category, analyze
+from frscope.analysis import AnalysisOptions, Category, Finding, analyze
 from frscope.records import assemble, load_dumps, normalize_dump
 from tests.unit import builders as b
 from tests.unit.test_unrecorded_waits import ALL_REDUCE, BARRIER, IN_PYTHON, SITE, _stack
@@ -83,3 +83,32 @@ def test_a_send_to_a_stage_held_in_a_collective_waits_on_that_collective() -> No
     assert not any(f.category is Category.P2P_MISMATCH for f in report.findings), \
         [f.summary for f in report.findings]
 
+
+def _gloo_capture(stacks: dict[int, str]) -> list[Finding]:
+    """Idle gloo recorders (every entry retired) captured with `stacks`; the findings' categories."""
+    last = b.T0 + 100 * S
+    entries = [b.entry(s, backend="gloo", state="scheduled", retired=True, created_ns=last - (20 - s) * S // 5)
+               for s in range(1, 21)]
+    pieces = [wire.snapshot_piece(r, last + 60 * S, f"socket:/run/rank-{r}.sock", text,
+                                  b.dump([dict(e) for e in entries], world=len(stacks)))
+              for r, text in stacks.items()]
+    report = analyze(assemble([normalize_dump(p, p["source"], p["rank"]) for p in pieces], []),
+                     AnalysisOptions(stall_after_s=10.0))
+    return report.findings
+
+
+def test_a_send_and_a_recv_of_different_exchanges_do_not_face_each_other() -> None:
+    """gloo, a sidecar capture: a pipeline (rank r sends to r + 1 in pipeline_stage) where ranks 1 and 5
+    both receive first in another exchange (exchange, called elsewhere). Rank 0's send and rank 1's
+    receive are neighbours but not one exchange's two ends: rank 1 is busy in its own. The ranks of the
+    pipeline's exchange wait toward it; the odd exchange, whose two ranks both receive, is the pairing."""
+    def op(name: str, func: str, line: int) -> str:
+        line_in_c10d = 2466 if name == "send" else 2524
+        return _stack((name, f"{SITE}/distributed_c10d.py", line_in_c10d), (func, "/app/train.py", line),
+                      ("main", "/app/train.py", 300))
+
+    pipeline = {r: op("recv", "pipeline_stage", 121) for r in (2, 3, 4)}
+    stacks = {0: op("send", "pipeline_stage", 120), 1: op("recv", "exchange", 210), **pipeline,
+              5: op("recv", "exchange", 210)}
+    [root] = _gloo_capture(stacks)
+    assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (1, 5), root.summary
