@@ -84,6 +84,15 @@ def _exchange(ctx: Context, rank: int) -> tuple[str, str] | None:
     return (frame.filename, frame.name) if frame else None
 
 
+def _may_pair(ctx: Context, rank: int, blocked: dict[int, str]) -> bool:
+    """Other ranks wait in the rank's exchange, every one of them the same way (all receive, or all send):
+    two such ranks may wait on each other (both received first; the stacks carry no peer), rather than
+    each on its stage partner. An exchange with senders and receivers is a pipeline's, stage to stage."""
+    mine = _exchange(ctx, rank)
+    same = [r for r in blocked if _exchange(ctx, r) == mine]
+    return len(same) > 1 and len({blocked[r] in RECEIVES for r in same}) == 1
+
+
 def _facing(ctx: Context, runs: list[list[int]], blocked: dict[int, str]) -> tuple[int, int, list[int]] | None:
     """Pipeline stages send forward: a rank blocked sending next to the rank after it, blocked receiving
     in the same exchange, face each other, and both being posted, their ops do not match. (A receive
@@ -175,11 +184,13 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         # Receivers wait on the stage before the first of them, senders on the stage after the last.
         waiter, partner = (run[0], run[0] - 1) if receiving else (run[-1], run[-1] + 1)
         if chain and partner not in blocked and ctx.waits.held_in_collective(partner) is not None \
-                and not set(run) & (ctx.waits.of(partner).on or frozenset()):
+                and not set(run) & (ctx.waits.of(partner).on or frozenset()) \
+                and not _may_pair(ctx, run[0], blocked):
             # The rank the run waits on is held in a recorded collective that waits on none of the run's
             # ranks: the run's waits go on, through it, to whoever holds that collective (its own finding):
             # victims, no pairing of their own. (Where that collective waits on the run, the two wait on
-            # each other: the reading below stands.)
+            # each other, and where the run's exchange holds others waiting its way, they may wait on one
+            # another: the reading below stands.)
             continue
         # The rank the run waits on breaks the chain when it is stuck in Python. One that went on to a
         # collective may have skipped its send, but two ranks receiving from each other leave the same

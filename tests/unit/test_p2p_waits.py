@@ -112,3 +112,33 @@ def test_a_send_and_a_recv_of_different_exchanges_do_not_face_each_other() -> No
               5: op("recv", "exchange", 210)}
     [root] = _gloo_capture(stacks)
     assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (1, 5), root.summary
+
+
+def test_two_ranks_of_one_exchange_both_receiving_still_pair_beside_partners_held_elsewhere() -> None:
+    """gloo, a sidecar capture: ranks 2 and 4 both wait in recv in the same exchange; their stage partners
+    (1 and 3) are held in all_reduce #2 of group 1 (ranks 0, 1, 3), which rank 0 never entered: rank 0 waits
+    in group 2 (ranks 0, 2, 4) for ranks 2 and 4. The two receivers may wait on each other (both received
+    first): they stay the candidates, not victims of group 1."""
+    last = b.T0 + 100 * S
+
+    def gloo(seq: int, pg: tuple[str, str] = ("0", "default_pg"), done: bool = True) -> dict[str, object]:
+        return b.entry(seq, backend="gloo", pg=pg, state="scheduled", retired=done, created_ns=last + seq)
+
+    per_rank = {r: [gloo(s) for s in range(1, 6)] for r in range(5)}
+    for r in (0, 1, 3):
+        per_rank[r] += [gloo(1, ("1", "sub"))] + ([gloo(2, ("1", "sub"), done=False)] if r else [])
+    for r in (0, 2, 4):
+        per_rank[r] += [gloo(1, ("2", "sub"))] + ([gloo(2, ("2", "sub"), done=False)] if r == 0 else [])
+    for entries in per_rank.values():
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+    recv = _stack(("recv", f"{SITE}/distributed_c10d.py", 2524), ("exchange", "/app/train.py", 210),
+                  ("main", "/app/train.py", 300))
+    stacks = {0: ALL_REDUCE, 1: ALL_REDUCE, 2: recv, 3: ALL_REDUCE, 4: recv}
+    pieces = [wire.snapshot_piece(r, last + 60 * S, f"socket:/run/rank-{r}.sock", stacks[r],
+                                  b.dump(per_rank[r], world=5)) for r in range(5)]
+    report = analyze(assemble([normalize_dump(p, p["source"], p["rank"]) for p in pieces], []),
+                     AnalysisOptions(stall_after_s=10.0))
+    root = report.findings[0]
+    assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (2, 4), root.summary
+    assert root.ambiguous
