@@ -123,7 +123,8 @@ class Case:
         blocked = {r: st for r, st in self.ex.states.items() if st.status == BLOCKED}
         alike = {r for r, st in blocked.items()
                  if st.block_op is not None and st.block_op.kind == "batch" and r not in self.truth.culprits}
-        waited = {w for r, st in blocked.items() if r not in alike for x in st.blocked for w in waits_on(x)}
+        # (who waits on it does not matter: a rank waiting in a batch too looks the same either way)
+        waited = {w for r, st in blocked.items() for x in st.blocked for w in waits_on(x) if w != r}
         return bool(alike & waited)
 
     def _steps_kept(self, form: str) -> tuple[int, int]:
