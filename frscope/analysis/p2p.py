@@ -181,6 +181,13 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
     misdirected = _misdirected(candidates)
     if misdirected is not None:
         candidates = [misdirected]
+    else:
+        # Wait chains end at a rank that waits on nobody: a peer that never posted the counterpart because
+        # an open collective of its own holds it is no culprit here; the pending op waits, through it, on
+        # that collective (whose own finding names who holds it).
+        candidates = [c for c in candidates if c[4] != "unmatched" or ctx.waits.held_in_collective(c[2]) is None]
+        if not candidates:
+            return None
     created, rank, peer, entry, why = min(candidates, key=lambda c: (c[0], c[1]))
     age, age_source = _age(ctx, [rank], created)
     if why in ("unmatched", "misdirected") and age is not None and age < ctx.options.stall_after_s:

@@ -77,12 +77,30 @@ def _runs(blocked: dict[int, str]) -> list[list[int]]:
     return runs
 
 
-def _facing(runs: list[list[int]], blocked: dict[int, str]) -> tuple[int, int, list[int]] | None:
-    """Pipeline stages send forward: a rank blocked sending next to the rank after it, blocked receiving,
-    face each other, and both being posted, their ops do not match. (sender, receiver, the receivers
-    behind either); None without such a pair, or with more than one."""
+def _exchange(ctx: Context, rank: int) -> tuple[str, str] | None:
+    """Which exchange of the program the rank waits in: the user function that called the op (its file and
+    name). One exchange's sends and receives sit there, whatever their direction or line."""
+    frame = user_frame(ctx.live_stack(rank))
+    return (frame.filename, frame.name) if frame else None
+
+
+def _may_pair(ctx: Context, rank: int, blocked: dict[int, str]) -> bool:
+    """Other ranks wait in the rank's exchange, every one of them the same way (all receive, or all send):
+    two such ranks may wait on each other (both received first; the stacks carry no peer), rather than
+    each on its stage partner. An exchange with senders and receivers is a pipeline's, stage to stage."""
+    mine = _exchange(ctx, rank)
+    same = [r for r in blocked if _exchange(ctx, r) == mine]
+    return len(same) > 1 and len({blocked[r] in RECEIVES for r in same}) == 1
+
+
+def _facing(ctx: Context, runs: list[list[int]], blocked: dict[int, str]) -> tuple[int, int, list[int]] | None:
+    """Pipeline stages send forward: a rank blocked sending next to the rank after it, blocked receiving
+    in the same exchange, face each other, and both being posted, their ops do not match. (A receive
+    called from another exchange is not the counterpart of that send: that rank is busy elsewhere.)
+    (sender, receiver, the receivers behind either); None without such a pair, or with more than one."""
     found = [(a, b) for a, b in zip(runs, runs[1:], strict=False)
-             if blocked[a[-1]] not in RECEIVES and blocked[b[0]] in RECEIVES and b[0] == a[-1] + 1]
+             if blocked[a[-1]] not in RECEIVES and blocked[b[0]] in RECEIVES and b[0] == a[-1] + 1
+             and _exchange(ctx, a[-1]) == _exchange(ctx, b[0])]
     if len(found) != 1:
         return None
     sends, receives = found[0]
@@ -90,12 +108,12 @@ def _facing(runs: list[list[int]], blocked: dict[int, str]) -> tuple[int, int, l
 
 
 def _odd_ones(ctx: Context, ranks: list[int], blocked: dict[int, str]) -> list[int] | None:
-    """Among ranks that wait on each other, the few that differ from the rest: by where they called
-    the op (every rank runs the same program, so the odd call site is the one off the path), else by how
-    far their recorder got (the rank a step ahead or behind). None when nothing sets a minority apart."""
+    """Among ranks that wait on each other, the few that differ from the rest: by the exchange they wait
+    in (every rank runs the same program, so the odd exchange is the one off the path; its sends and
+    receives are one exchange, not two), else by how far their recorder got (the rank a step ahead or
+    behind). None when nothing sets a minority apart."""
     def site(rank: int) -> object:
-        frame = user_frame(ctx.live_stack(rank))
-        return (blocked[rank], frame.filename, frame.line) if frame else (blocked[rank],)
+        return _exchange(ctx, rank)
 
     def progress(rank: int) -> object:
         dump = ctx.dumpset.dumps.get(rank)
@@ -149,7 +167,7 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     last = max(ctx.dumpset.dumps, default=0)
     chain = not any((blocked[r[0]] in RECEIVES and r[0] == 0) or (blocked[r[-1]] not in RECEIVES and r[-1] == last)
                     for r in runs)
-    facing = _facing(runs, blocked) if chain else None
+    facing = _facing(ctx, runs, blocked) if chain else None
     if facing is not None:
         sender, receiver, behind_ranks = facing
         culprits.extend([sender, receiver])
@@ -165,6 +183,15 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         receiving = blocked[run[0]] in RECEIVES
         # Receivers wait on the stage before the first of them, senders on the stage after the last.
         waiter, partner = (run[0], run[0] - 1) if receiving else (run[-1], run[-1] + 1)
+        if chain and partner not in blocked and ctx.waits.held_in_collective(partner) is not None \
+                and not set(run) & (ctx.waits.of(partner).on or frozenset()) \
+                and not _may_pair(ctx, run[0], blocked):
+            # The rank the run waits on is held in a recorded collective that waits on none of the run's
+            # ranks: the run's waits go on, through it, to whoever holds that collective (its own finding):
+            # victims, no pairing of their own. (Where that collective waits on the run, the two wait on
+            # each other, and where the run's exchange holds others waiting its way, they may wait on one
+            # another: the reading below stands.)
+            continue
         # The rank the run waits on breaks the chain when it is stuck in Python. One that went on to a
         # collective may have skipped its send, but two ranks receiving from each other leave the same
         # stacks (they carry no peer): such a run is a closed pairing.
@@ -199,6 +226,8 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
             + "; ".join(f"rank {r} in {blocked[r]}{_site(ctx, r)}" for r in closed[:6])
             + (f" (they wait on each other: each side tries to {kind})" if len(closed) > 1 and kind != "wait" else "")
         )
+    if not pairings:
+        return None  # every wait goes on through a rank held in a recorded collective
     culprits = sorted(set(culprits))
     backend = {d.backend for d in ctx.dumpset.dumps.values() if d.backend}
     unrecorded = (

@@ -205,6 +205,20 @@ class WaitGraph:
             return sinks, waiters
         return list(not_joined), []
 
+    def held_in_collective(self, rank: int) -> Entry | None:
+        """The open collective that holds the rank, where one does: its oldest open op is a collective and
+        nothing says its thread is elsewhere (gloo holds the thread in the op; a live stack, where captured,
+        sits in a torch.distributed call, not in Python). Such a rank posts nothing behind it (an NCCL rank's
+        Python goes on only to the step's sync point, where it waits for that collective): a peer whose p2p
+        op waits for the rank's counterpart waits, through it, on that collective's group. None otherwise
+        (idle, in Python, missing, or held in a p2p op)."""
+        wait = self.of(rank)
+        if wait.state is not State.BLOCKED or wait.entry is None or wait.entry.is_p2p:
+            return None
+        if self.live_stack(rank) and wait.inside is None:
+            return None  # its thread is in Python: it waits on nobody
+        return wait.entry
+
     def hidden_p2p(self, ranks: Sequence[int]) -> bool:
         """The ranks are idle (nothing open in any group) and a point-to-point wait would be invisible:
         their backend records no p2p op (gloo) and no live stack says where they are. (Op ids in gloo's

@@ -9,7 +9,7 @@ from pathlib import Path
 from frscope.records import load_dumps
 from frscope.records.safe_pickle import safe_loads
 from frscope.testing.randprog import torchpickle
-from frscope.testing.randprog.case import FORMS, RING_WHY, Case, make_case, write_form
+from frscope.testing.randprog.case import BATCH_LOOKALIKE_WHY, FORMS, RING_WHY, Case, make_case, write_form
 from frscope.testing.randprog.executor import BLOCKED, DONE, EXITED, FAILED, execute
 from frscope.testing.randprog.faults import Fault, apply_fault
 from frscope.testing.randprog.layout import DEFAULT, NEW_GROUP, Group, Layout
@@ -393,3 +393,24 @@ def test_a_straggler_a_ring_shows_late_at_four_steps_is_undecidable_among_few_ra
         for buffer, why in ((13, RING_WHY if undecidable else ""), (2000, "")):
             case = Case(0, prog, Fault("straggler", (1,)), ex, truth, ex.end_t + 1, "2.10", False, {}, read, buffer)
             assert [case.undecidable(f) for f in FORMS] == [why] * 3, (world, buffer)
+
+
+def test_a_batch_waiter_others_wait_on_looks_like_a_rank_in_python_in_a_snapshot() -> None:
+    """Ranks 0 and 2 both receive first (a p2p deadlock); rank 1 waits in a batch_isend_irecv with them
+    (gloo records none of it, and work.wait() is C++: its stack is its own Python) and rank 3 waits in the
+    barrier for all three. The capture is the one a run with rank 1 stuck in Python there leaves: the
+    snapshot cannot decide. Without the batch rank 1 waits in the barrier too: decidable."""
+    layout = _layout(4, (0, 1, 2))
+    for batch, why in ((True, BATCH_LOOKALIKE_WHY), (False, "")):
+        calls = [Call("batch", 1, (8,), "Float", func="exchange_halo")] if batch else []
+        prog = build_program(layout, "gloo", [], [*calls, Call("barrier", 0, (), "Float")], steps=3, step_s=0.05)
+        for me, peer in ((0, 2), (2, 0)):
+            at = next(i for i, op in enumerate(prog.ops[me]) if op.kind == "compute" and op.step == 2) + 1
+            prog.ops[me][at:at] = [Op("p2p", 2, 0, peer=peer, send=False, shape=(4,)),
+                                   Op("p2p", 2, 0, peer=peer, send=True, shape=(4,))]
+        ex = execute(prog, random.Random(0))
+        truth = truth_of(ex)
+        assert (truth.category, truth.culprits) == ("P2PMismatch", (0, 2)), batch
+        read = {f: {r: ex.end_t + 60 for r in ex.states} for f in FORMS}
+        case = Case(0, prog, Fault("p2p_deadlock", (0, 2)), ex, truth, ex.end_t + 60, "2.10", False, {}, read, 2000)
+        assert case.undecidable("snapshot") == why, batch

@@ -19,7 +19,7 @@ from frscope.testing.randprog.layout import random_layout
 from frscope.testing.randprog.program import Program, random_program
 from frscope.testing.randprog.recorder import dump, ns
 from frscope.testing.randprog.stacks import stack_text
-from frscope.testing.randprog.truth import FEW_STEPS, FILE_FORMS, STRAGGLER, Truth, late_recorded, truth_of
+from frscope.testing.randprog.truth import FEW_STEPS, FILE_FORMS, STRAGGLER, Truth, late_recorded, truth_of, waits_on
 
 FORMS = ("snapshot", "pickle", "json")
 POLL_S = 0.3  # how often a sidecar reads a rank's recorder
@@ -32,6 +32,8 @@ STALE_GLOO_WHY = ("one rank's recorder was read steps before its peers', whose r
                   "the failed op); the exit codes or live stacks decide")
 NO_TORCH_FRAME_WHY = ("the waiting ranks sit in Work.wait() of unrecorded ops (batch_isend_irecv, async ops): a C++ "
                       "call, so their stacks' top frame is their own Python, like the culprit's")
+BATCH_LOOKALIKE_WHY = ("a rank others wait on sits in Work.wait() of a batch_isend_irecv (gloo records none of its "
+                       "ops): a C++ call, so its stack's top frame is its own Python, as if it were stuck there")
 DIED_GLOO_WHY = ("gloo, no exit codes: the survivors failed at once when the rank went away and gloo retired the "
                  "failed op, so every recorder shows every op retired and the rank's recorder ends early: a healthy "
                  "job whose rank was read early leaves the same files; the exit codes or live stacks decide")
@@ -94,6 +96,8 @@ class Case:
             if any((op := self.ex.states[r].block_op) is not None and op.kind in ("wait", "batch")
                    for r in self.truth.lookalikes):
                 return NO_TORCH_FRAME_WHY
+            if self._batch_waiter_waited_on():
+                return BATCH_LOOKALIKE_WHY
         rdv = self.truth.mismatch_at
         if rdv is not None:
             for rank in rdv.recs:
@@ -119,6 +123,18 @@ class Case:
             if self._died_in_flight(form):
                 return DIED_NCCL_WHY
         return ""
+
+    def _batch_waiter_waited_on(self) -> bool:
+        """A rank that is no culprit waits in a batch of sends and receives (gloo records none of them) and
+        another rank waits on it: its stack shows only its own Python (work.wait() is a C++ call), exactly
+        as a rank stuck in Python there, and every recorder is the same either way: the same capture comes
+        from a run where it is the sink the others wait for."""
+        blocked = {r: st for r, st in self.ex.states.items() if st.status == BLOCKED}
+        alike = {r for r, st in blocked.items()
+                 if st.block_op is not None and st.block_op.kind == "batch" and r not in self.truth.culprits}
+        # (who waits on it does not matter: a rank waiting in a batch too looks the same either way)
+        waited = {w for r, st in blocked.items() for x in st.blocked for w in waits_on(x) if w != r}
+        return bool(alike & waited)
 
     def _steps_kept(self, form: str) -> tuple[int, int, int]:
         """What the rings still hold of a straggler (every participant's entry of a collective kept): the
