@@ -12,7 +12,7 @@ import base64
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -105,9 +105,9 @@ def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
 
 def job_pod_lister(kube: KubeClient, inject_label: tuple[str, str]) -> PodLister:
     """A job's opted-in pods, listed from the API server (the same pods the watch streams)."""
-    async def list_pods(ref: JobRef) -> list[dict[str, Any]]:
+    def list_pods(ref: JobRef) -> AsyncIterator[list[dict[str, Any]]]:
         selector = f"{inject_label[0]}={inject_label[1]},{ref.job_kind.pod_selector(ref.name)}"
-        return await kube.list(PODS, ref.namespace, label_selector=selector)
+        return kube.pages(PODS, ref.namespace, label_selector=selector)
 
     return list_pods
 
