@@ -22,7 +22,6 @@ from frscope.operator.model.objects import (
     Termination,
     pod_info,
 )
-
 from tests.unit.operator import builders
 
 
