@@ -6,7 +6,8 @@ created through the API (each pod shaped as in bench/operator_scale.py: the opt-
 owner reference, a sidecar init container with its port named `frscope`, a kubelet-like status). Then
 `frscope operator` from each `--tree` in turn starts against them (the pods exist before it: its first
 LIST reads all of them) and is measured until it reports every pod watched and for `--settle` seconds
-after: its peak RSS (VmHWM), its RSS at the end, and the seconds until every pod was watched. No
+after: its peak RSS (VmHWM), its RSS at the end, the seconds until every pod was watched and its CPU
+seconds (user + system) from its start to the end. No
 sidecar answers here (the pods' sidecar ports are closed on 127.0.0.1, and the status sweep runs every
 `--poll-interval` seconds): this is the cost of knowing the pods, not of a gather.
 
