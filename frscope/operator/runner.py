@@ -12,7 +12,7 @@ import base64
 import contextlib
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +35,7 @@ from frscope.operator.evidence.sidecars import SidecarClient
 from frscope.operator.evidence.spill import EvidenceDir
 from frscope.operator.injection import InjectionConfig, native_sidecars_supported
 from frscope.operator.kube import BearerAuth, KubeClient, TokenFile
+from frscope.operator.kube.api_client import LIST_PAGE
 from frscope.operator.kube.pod_tokens import PodTokens
 from frscope.operator.kube.resources import PODS
 from frscope.operator.ledger import LedgerMetrics, LedgerSeal, NodeLedger
@@ -55,6 +56,8 @@ from frscope.operator.serve.status_poller import StatusPoller
 from frscope.operator.serve.ui import mount_ui, ui_guard
 
 log = logging.getLogger(__name__)
+# Seconds a kopf per-object worker waits for the object's next event before it ends (kopf: 5 s).
+WORKER_IDLE_S = 0.5
 
 
 @dataclass(slots=True)
@@ -90,13 +93,21 @@ def configure_kopf(settings: kopf.OperatorSettings, config: OperatorConfig) -> N
     # JobSet pods are named by different labels, but every pod frscope serves carries the opt-in label.
     key, value = config.inject_label
     settings.watching.label_selectors["v1", "pods"] = f"{key}={value}"
+    # kopf's first LIST of each resource in pages (`limit`/`continue`), one page parsed at a time:
+    # unpaged, a 32,768-pod job's list was ~0.6 GiB of parsed JSON at once (~17 KiB a pod), the
+    # operator's peak before any stall (bench/pod_watch_memory.py).
+    settings.watching.chunk_size = LIST_PAGE
+    # A pod's kopf worker (a task and its queue, holding the pod's last raw body) ends this soon after
+    # the pod's last event instead of kopf's 5 s: while the list is read, every pod listed in the last
+    # idle period had its whole body alive.
+    settings.queueing.idle_timeout = WORKER_IDLE_S
 
 
 def job_pod_lister(kube: KubeClient, inject_label: tuple[str, str]) -> PodLister:
     """A job's opted-in pods, listed from the API server (the same pods the watch streams)."""
-    async def list_pods(ref: JobRef) -> list[dict[str, Any]]:
+    def list_pods(ref: JobRef) -> AsyncIterator[list[dict[str, Any]]]:
         selector = f"{inject_label[0]}={inject_label[1]},{ref.job_kind.pod_selector(ref.name)}"
-        return await kube.list(PODS, ref.namespace, label_selector=selector)
+        return kube.pages(PODS, ref.namespace, label_selector=selector)
 
     return list_pods
 

@@ -29,7 +29,9 @@ from typing import Any
 
 from frscope.operator.evidence.pod_evidence import (
     DEFAULT_MAX_ENTRIES,
+    DIGIT_MARKS,
     EXPANSION_FLOOR,
+    LONG_DIGITS,
     MAX_EXPANSION,
     MAX_PIECE_DEPTH,
     MAX_PIECES,
@@ -47,10 +49,6 @@ from frscope.records.envelope import envelope_problems
 from frscope.records.limits import describe
 
 MAX_PIECE_BYTES = 16 * 1024 * 1024
-# Digits as b"1", anything else as b"0" (bytes.translate), and a run of 20 digits: where a window has none,
-# no int literal in it is longer than 20 characters, its sign included.
-_DIGIT_MARKS = bytes(0x31 if 0x30 <= b <= 0x39 else 0x30 for b in range(256))
-_LONG_DIGITS = b"1" * 20
 MAX_REST_BYTES = 4 * 1024 * 1024
 FIRST_READ = 64 * 1024
 CHUNK = 1024 * 1024
@@ -131,7 +129,7 @@ def _piece(body: _Body, at: int, index: int, endpoint: str, expect: int = 0) -> 
         # An int literal of more than 20 characters is 'not recorded' (the hook; int() of 5,000 digits would
         # fail the body); a window with no run of 20 digits has none, and Python's own int parsing, without a
         # call per int, reads it the same (a quarter of the decoding; the scan costs a tenth of it).
-        decoder = hooked if window.translate(_DIGIT_MARKS).find(_LONG_DIGITS) >= 0 else plain
+        decoder = hooked if window.translate(DIGIT_MARKS).find(LONG_DIGITS) >= 0 else plain
         text = _text(window, endpoint)
         if text[:1] in ("{", "[") and dense(window):
             try:  # the window is dense: decide by this piece's own span (the next ones may be the dense ones)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import re
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,8 +128,21 @@ def _sidecar_port(spec: dict[str, Any]) -> int | None:
     return None
 
 
+# What a pod record keeps of a status anyone with `pods/status` may write (the kubelet's own bounds:
+# a termination message is at most 4096 bytes; the watchdog's line is at its end).
+MAX_CONTAINERS = 64  # container statuses read of one pod
+MAX_MESSAGE = 4096  # characters of a termination message kept: its tail
+MAX_SHORT = 256  # characters of a reason, phase or container name
+
+
+def _short(value: Any, default: str = "") -> str:
+    """A short string field, clipped, and shared among pods (`sys.intern`: 32,768 pods say 'Running')."""
+    return sys.intern(str(value or default)[:MAX_SHORT])
+
+
 def _trainer_statuses(status: dict[str, Any]) -> list[dict[str, Any]]:
-    statuses = [s for s in status.get("containerStatuses") or [] if isinstance(s, dict)]
+    raw = status.get("containerStatuses")
+    statuses = [s for s in raw[:MAX_CONTAINERS] if isinstance(s, dict)] if isinstance(raw, list) else []
     trainers = [s for s in statuses if s.get("name") in names.TRAINER_CONTAINERS]
     return trainers or [s for s in statuses if s.get("name") != names.SIDECAR_CONTAINER]
 
@@ -144,8 +158,8 @@ def _termination(container: str, run: int, raw: Any) -> Termination | None:
         container=container,
         run=max(run, 0),
         exit_code=code if isinstance(code, int) else None,
-        reason=str(terminated.get("reason") or ""),
-        message=str(terminated.get("message") or ""),
+        reason=_short(terminated.get("reason")),
+        message=str(terminated.get("message") or "")[-MAX_MESSAGE:],
         finished_at_ns=_rfc3339_ns(terminated.get("finishedAt")),
     )
 
@@ -220,7 +234,7 @@ def pod_info(pod: dict[str, Any]) -> PodInfo:
     run = 0
     terminations: list[Termination] = []
     for cs in _trainer_statuses(status):
-        name = str(cs.get("name") or "")
+        name = _short(cs.get("name"))
         restarts = cs.get("restartCount")
         restarts = restarts if isinstance(restarts, int) else 0
         run = max(run, restarts)
@@ -229,20 +243,22 @@ def pod_info(pod: dict[str, Any]) -> PodInfo:
         for term in (current, previous):
             if term is not None:
                 terminations.append(term)
+    # Only these fields are kept of the pod (the raw object is dropped by the caller): what is read of it
+    # is here, and strings many pods share are interned.
     return PodInfo(
-        namespace=str(meta.get("namespace") or "default"),
+        namespace=sys.intern(str(meta.get("namespace") or "default")),
         name=str(meta.get("name") or ""),
         uid=str(meta.get("uid") or ""),
-        job_name=owner.job_name if owner else (_owner_job(meta) or ""),
-        replica_type=owner.replica_type if owner else "",
+        job_name=sys.intern(owner.job_name if owner else (_owner_job(meta) or "")),
+        replica_type=sys.intern(owner.replica_type) if owner else "",
         replica_index=owner.replica_index if owner else None,
-        ip=str(status.get("podIP")) if status.get("podIP") else None,
+        ip=pod_ip[:64] if isinstance(pod_ip := status.get("podIP"), str) and pod_ip else None,
         sidecar_port=_sidecar_port(spec),
-        phase=str(status.get("phase") or "Unknown"),
+        phase=_short(status.get("phase"), "Unknown"),
         run=run,
         terminations=tuple(terminations),
         deleting=bool(meta.get("deletionTimestamp")),
-        node=str(spec.get("nodeName") or ""),
+        node=sys.intern(str(spec.get("nodeName") or "")),
         gpus=_pod_gpus(spec),
         env_timeout_s=_env_timeout(spec),
         family=owner.family if owner else jobkinds.FAMILY_KUBEFLOW_V1,

@@ -107,6 +107,7 @@ class FakeKube:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.requests: list[tuple[str, str, Any]] = []
         self.selectors: list[tuple[str, str]] = []  # (plural, labelSelector) of every list and watch
+        self.list_pages: list[tuple[str, str | None]] = []  # (plural, its `limit`) of each list request
         self.faults: list[Fault] = []
         self._rv = itertools.count(100)
         self.server: TestServer | None = None
@@ -149,6 +150,7 @@ class FakeKube:
             return all(k in labels and (not eq or labels[k] == v) for k, eq, v in terms)
 
         if request.query.get("watch") != "true":
+            self.list_pages.append((plural, request.query.get("limit")))
             items = [o for (p, ns, _), o in self.objects.items()
                      if p == plural and (namespace is None or ns == namespace) and selected(o)]
             meta: dict[str, Any] = {"resourceVersion": str(next(self._rv))}

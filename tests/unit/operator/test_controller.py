@@ -645,10 +645,10 @@ async def test_pods_the_watch_has_not_delivered_yet_are_listed_before_the_gather
     server first; only the ones the store does not know are added."""
     listed: list[str] = []
 
-    async def lister(ref: Any) -> list[dict[str, Any]]:
+    async def lister(ref: Any) -> AsyncIterator[list[dict[str, Any]]]:
         listed.append(ref.name)
-        return [builders.pod(s.pod, replica_type="Master" if "master" in s.pod else "Worker", port=s.port)
-                for s in stand_ins]
+        for s in stand_ins:  # a page of one pod each: read page by page
+            yield [builders.pod(s.pod, replica_type="Master" if "master" in s.pod else "Worker", port=s.port)]
 
     controller = Controller(CONFIG, store=JobStore(), pushes=PushStore(), sidecars=SidecarClient(session),
                             publisher=Publisher(kube_client, instance="op-0"),

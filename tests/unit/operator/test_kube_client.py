@@ -117,3 +117,16 @@ async def test_a_list_is_read_in_pages_to_the_end(fake_kube: FakeKube, kube_clie
     pods = await kube_client.list(PODS, "ml", label_selector="job=t")
     assert sorted(p["metadata"]["name"] for p in pods) == sorted(f"train-worker-{i}" for i in range(1_205))
     assert len(fake_kube.requests) - before == 3  # 500 + 500 + 205
+
+
+async def test_pages_come_one_at_a_time(fake_kube: FakeKube, kube_client: KubeClient) -> None:
+    """`pages` hands each page over before it asks for the next (its caller keeps a record of each pod
+    and drops the page: the operator never holds a 32,768-pod list's raw objects at once)."""
+    for i in range(1_205):
+        fake_kube.put("pods", {"apiVersion": "v1", "kind": "Pod",
+                               "metadata": {"name": f"train-worker-{i}", "namespace": "ml", "labels": {"job": "t"}}})
+    before = len(fake_kube.requests)
+    sizes: list[tuple[int, int]] = []
+    async for page in kube_client.pages(PODS, "ml", label_selector="job=t"):
+        sizes.append((len(page), len(fake_kube.requests) - before))
+    assert sizes == [(500, 1), (500, 2), (205, 3)]

@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry
 from frscope.operator import names
 from frscope.operator.engine.settings import OperatorConfig
 from frscope.operator.evidence.gather import GatherOptions
+from frscope.operator.kube.api_client import LIST_PAGE
 from frscope.operator.runner import Operator, serve
 from tests.unit.operator import builders
 from tests.unit.operator.fakes import FakeKube, StandInSidecar
@@ -101,6 +102,10 @@ async def test_kopf_watches_route_a_stall_into_a_published_diagnosis(
         pod_selectors = {sel for plural, sel in fake_kube.selectors if plural == "pods"}
         assert pod_selectors == {f"{names.INJECT_KEY}=true",
                                  f"{names.INJECT_KEY}=true,training.kubeflow.org/job-name=train"}
+        # Every list of pods, kopf's first one too, is read in pages (one answer of a 32,768-pod job, parsed
+        # whole, was ~0.6 GiB: bench/pod_watch_memory.py).
+        pod_lists = [limit for plural, limit in fake_kube.list_pages if plural == "pods"]
+        assert len(pod_lists) >= 2 and set(pod_lists) == {str(LIST_PAGE)}
         await asyncio.sleep(1)  # more sweeps of the same stall
         assert len(fake_kube.of("flightrecorderreports")) == 1 and len(fake_kube.of("events")) == 1
         # kopf itself wrote nothing: every write is frscope's, to the job, its status, Events and reports.
