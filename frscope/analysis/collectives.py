@@ -82,11 +82,12 @@ def _extra_call_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: d
 
 
 def _unseen_member_finding(ctx: Context, group: GroupInfo, ref: GroupRef, point: StuckPoint,
-                           buckets: dict[int, Bucket], unseen: list[int], op: str, since: str,
+                           buckets: dict[int, Bucket], unseen: list[int], sinks: bool, op: str, since: str,
                            sample: Entry | None) -> Finding:
     """Every member the entries show is in the collective on gloo and none finished it: they wait on a
     member the evidence does not show, and the wait can only end at the ranks that wait on nobody and
-    recorded nothing of the group."""
+    recorded nothing of the group (`sinks`), or, where every such rank waits elsewhere, at whatever those
+    wait on (the root-cause walk follows them)."""
     seq, joined = point.seq, point.joined
     first = unseen[0]
     doing = ctx.activity(first)
@@ -108,7 +109,9 @@ def _unseen_member_finding(ctx: Context, group: GroupInfo, ref: GroupRef, point:
     finding.evidence.append(
         f"{plural(unseen)} recorded nothing of {ref.label()} and wait{'s' if len(unseen) == 1 else ''} on nobody: "
         "the only ranks where that wait can end (what would decide: the group's member list, or the rank's "
-        "live stack at the call that should have entered it)")
+        "live stack at the call that should have entered it)" if sinks else
+        f"{plural(unseen)} recorded nothing of {ref.label()} and each waits elsewhere: the member that never came "
+        "is among them, and the wait goes on where theirs does")
     ruled_out = [r for r in sorted(ctx.dumpset.dumps) if r not in unseen and r not in ctx.tracks.get(group.name, {})
                  and ctx.waits.of(r).sink]
     if ruled_out:
@@ -180,8 +183,10 @@ def hang_finding(
     not_done = sorted(r for r, b in buckets.items() if not all(e.completed for e in b))
     if not not_done:
         return None
-    if ctx.waits.unseen_member_holds(group.name, seq) and (unseen := ctx.waits.unseen_member_candidates(group.name)):
-        return _unseen_member_finding(ctx, group, ref, point, buckets, unseen, op, since, sample)
+    if ctx.waits.unseen_member_holds(group.name, seq):
+        unseen, sinks = ctx.waits.unseen_member_candidates(group.name)
+        if unseen:
+            return _unseen_member_finding(ctx, group, ref, point, buckets, unseen, sinks, op, since, sample)
     odd = odd_exchange(buckets) if len(not_done) == len(buckets) else None
     if odd is not None:
         return odd_exchange_finding(ctx, group.name, ref, buckets, odd, seq, op, since, point)

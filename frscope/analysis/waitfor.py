@@ -141,12 +141,15 @@ class WaitGraph:
             return False
         return all((d := self.dumpset.dumps.get(r)) is not None and d.backend == "gloo" for r in members)
 
-    def unseen_member_candidates(self, group: str) -> list[int]:
-        """The ranks that could be a group's unseen member: they recorded nothing of it, wait on nobody, and
-        their own group ids leave room for it (`_may_belong`)."""
+    def unseen_member_candidates(self, group: str) -> tuple[list[int], bool]:
+        """(the ranks that could be a group's unseen member, whether they wait on nobody): those that recorded
+        nothing of it and whose own group ids leave room for it (`_may_belong`); of them, the ones that wait on
+        nobody where there are any (the wait ends there), else all of them (each waits elsewhere, and the
+        root-cause walk follows their waits)."""
         members = self.tracks.get(group, {})
-        return [r for r in sorted(self.dumpset.dumps) if r not in members and self.of(r).state in
-                (State.IN_PYTHON, State.IDLE) and self._may_belong(r, group)]
+        possible = [r for r in sorted(self.dumpset.dumps) if r not in members and self._may_belong(r, group)]
+        sinks = [r for r in possible if self.of(r).state in (State.IN_PYTHON, State.IDLE)]
+        return (sinks, True) if sinks else (possible, False)
 
     def _may_belong(self, rank: int, group: str) -> bool:
         """Whether the rank's own group ids leave room for a group it never recorded in. A rank numbers the

@@ -160,3 +160,25 @@ def test_without_group_numbers_every_idle_rank_outside_the_group_is_a_candidate(
     text = render_text(report)
     assert f"what would decide: {first.would_decide}" in text
     assert report_to_dict(report)["findings"][0]["would_decide"] == first.would_decide
+
+
+def test_principle1_an_unseen_member_that_waits_elsewhere_passes_the_wait_on() -> None:
+    # Group '1' ({0, 1}, a new_group gloo's pg_config names no members of): rank 1 waits in its all_reduce #1,
+    # the only member its entries show. Ranks 0 and 2 both receive first from each other (a p2p deadlock gloo
+    # does not record; their stacks show it); rank 3 waits in the default group's #2 for them. No rank waits
+    # on nobody: the unseen member is among those that wait elsewhere, and the wait goes on to the deadlock.
+    recorders = {0: [_gloo_pg(1, "0", at=1)], 2: [_gloo_pg(1, "0", at=1)],
+                 1: [_gloo_pg(1, "0", at=1), _gloo_pg(1, "1", done=False, at=2)],
+                 3: [_gloo_pg(1, "0", at=1), _gloo_pg(2, "0", done=False, at=3)]}
+    for entries in recorders.values():
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+    pieces = [wire.snapshot_piece(r, b.T0 + 700 * S, f"socket:/run/rank-{r}.sock",
+                                  {0: RECV, 1: ALL_REDUCE, 2: RECV, 3: ALL_REDUCE}[r],
+                                  b.dump(entries, world=4, pg_config={"": {"name": "", "desc": "", "ranks": "[]"}}))
+              for r, entries in recorders.items()]
+    report = analyze(assemble([normalize_dump(p, p["source"], p["rank"]) for p in pieces], []),
+                     AnalysisOptions(stall_after_s=10.0))
+    first = report.findings[0]
+    assert first.category is Category.P2P_MISMATCH and set(first.culprit_ranks) == {0, 2}, first.summary
+    assert not any(f.category is Category.NOT_COMPLETED for f in report.findings)
