@@ -30,6 +30,7 @@ from typing import Any
 from frscope.analysis import AnalysisOptions, analyze
 from frscope.demo.ports import rendezvous_port
 from frscope.records import load_dumps
+from frscope.wire import SnapshotError, snapshot_envelope_bytes, snapshot_head, snapshot_piece
 
 WORKER = Path(__file__).with_name("worker.py")
 # worker.PROGRAMS, named here so that launching imports no torch (the jobs run under other torch venvs).
@@ -155,10 +156,19 @@ def _stage(job_dir: Path, form: str, dst: Path, truth: dict[str, Any]) -> list[P
         if form == "snap":
             stack = job_dir / f"rank_{rank}.stack.txt"
             path = dst / f"rank-{rank}.json"
-            path.write_text(json.dumps({"frscope_snapshot": 1, "rank": int(rank), "source": "libjobs",
-                                        "captured_at_ns": truth["captured_at_ns"].get(rank),
-                                        "stacks": stack.read_text() if stack.exists() else None,
-                                        "trace": json.loads(src.read_text())}))
+            piece = {"frscope_snapshot": 1, "rank": int(rank), "source": "libjobs",
+                     "captured_at_ns": truth["captured_at_ns"].get(rank),
+                     "stacks": stack.read_text() if stack.exists() else None, "trace": json.loads(src.read_text())}
+            if (job_dir / f"captured-{rank}").exists():
+                path.write_text(json.dumps(piece))
+            else:
+                # The rank died before the capture: its sidecar keeps its last read (here the periodic dump it
+                # left) and says its socket is gone, as frscope's sidecar does; no live stack of it.
+                read = snapshot_piece(int(rank), piece["captured_at_ns"], "libjobs", None, piece["trace"])
+                head = snapshot_head(pod=f"{job_dir.name}-{rank}", namespace="libjobs", node="local",
+                                     captured_at_ns=max(truth["captured_at_ns"].values()), reason="exit")
+                gone: SnapshotError = {"rank": int(rank), "message": f"rank {rank}: fr_trace_json: socket is gone"}
+                path.write_bytes(snapshot_envelope_bytes(head, [json.dumps(read).encode()], [gone]))
         else:
             path = dst / (f"comm_lib_trace_rank_{rank}" if form == "pkl" else f"trace_rank_{rank}.json")
             shutil.copy(src, path)
