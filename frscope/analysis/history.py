@@ -34,12 +34,26 @@ def _agreed(history: list[Bucket], bucket: Bucket) -> None:
         del history[0]
 
 
+def _first_whole(ctx: Context, group: str, rank: int, track: Track) -> int:
+    """The first seq of the rank's window in `group` whose entries are all there: where its ring wrapped
+    (its oldest entry is not record 0) at this group's oldest seq, the first ops of a coalesced call there
+    may have been evicted (a call's ops are consecutive records, so only the very oldest can be cut)."""
+    dump = ctx.dumpset.dumps.get(rank)
+    if dump is None or not len(dump.entries):
+        return track.first_seq
+    oldest = dump.entries[0]
+    if oldest.record_id and not oldest.is_p2p and oldest.pg_name == group \
+            and oldest.collective_seq_id == track.first_seq:
+        return track.first_seq + 1
+    return track.first_seq
+
+
 def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
     """The earliest collective on which the ranks disagreed, with later disagreements counted in."""
     with_entries = [(r, t) for r, t in sorted(tracks.items()) if t.by_seq]
     if len(with_entries) < 1:
         return None
-    lo = max(t.first_seq for _, t in with_entries)
+    lo = max(_first_whole(ctx, group.name, r, t) for r, t in with_entries)
     hi = max(t.last_seq for _, t in with_entries)
     space = _code_space(with_entries)
     if space is not None:

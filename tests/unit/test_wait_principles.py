@@ -543,3 +543,20 @@ def test_principle1_a_two_rank_tie_is_settled_by_the_groups_own_repeating_order(
         first = report.findings[0]
         assert first.category is Category.COLLECTIVE_TYPE_MISMATCH, first.summary
         assert first.culprit_ranks == (0,) and not first.ambiguous, first.summary
+
+
+def test_principle2_a_coalesced_call_cut_by_a_wrapped_ring_is_no_mismatch(tmp_path: Path) -> None:
+    # Both ranks ran the same program: #2 is a coalesced call of an all_gather and an all_reduce, then #3-#5.
+    # Rank 1's ring wrapped inside #2: its oldest entry is #2's all_reduce, the all_gather evicted. The
+    # entries that are there agree; a cut call is no disagreement.
+    def calls(first_record: int) -> list[dict[str, object]]:
+        out = [b.entry(1), b.entry(2, op="all_gather", out_sizes=[[8, 8]]), b.entry(2)]
+        out += [b.entry(s) for s in range(3, 6)]
+        for i, e in enumerate(out):
+            e["record_id"] = i
+        return [e for e in out if int(str(e["record_id"])) >= first_record]
+
+    per_rank = {0: calls(0), 1: calls(2)}
+    for columnar in (True, False):
+        report = analyze(load_dumps([b.job(tmp_path, per_rank, 2)], columnar=columnar))
+        assert report.findings == [], [f.summary for f in report.findings]
