@@ -31,6 +31,14 @@ def _gloo_steps(step_ns: int, late_ns: Callable[[int, int], int]) -> dict[int, l
     return per_rank
 
 
+def _write_format_22(directory: Path, rank: int, entries: list[dict[str, object]], world: int) -> None:
+    """A rank's pickle as format 2.2 writes it: records numbered in order, without the fields 2.2 lacks."""
+    for i, e in enumerate(entries):
+        e["record_id"] = i
+        del e["is_p2p"], e["thread_id"], e["thread_name"], e["timeout_ms"]
+    b.write_pickle(directory, rank, b.dump(entries, world=world, version="2.2"))
+
+
 def test_two_ranks_receiving_from_each_other_first_are_a_p2p_deadlock(tmp_path: Path) -> None:
     # Each rank posted recv then send with the other: the recv heads its stream, so the send the other
     # waits for never runs. Both sends are there (a naive match pairs them with the recvs): a deadlock.
@@ -409,10 +417,7 @@ def test_a_read_between_the_parts_of_one_collective_is_no_mismatch(tmp_path: Pat
         if rank != 2:
             entries += [b.entry(5, op="coalesced", created_ns=t + 1000),
                         b.entry(6, state="started", created_ns=t + SECOND)]
-        for i, e in enumerate(entries):
-            e["record_id"] = i
-            del e["is_p2p"], e["thread_id"], e["thread_name"], e["timeout_ms"]
-        b.write_pickle(tmp_path, rank, b.dump(entries, world=3, version="2.2"))
+        _write_format_22(tmp_path, rank, entries, world=3)
     report = analyze(load_dumps([tmp_path]), AnalysisOptions(now_ns=t + 700 * SECOND))
     first = report.findings[0]
     assert first.category is not Category.COLLECTIVE_TYPE_MISMATCH and first.culprit_ranks == (2,), first.summary
@@ -434,10 +439,7 @@ def test_a_stale_read_that_ends_before_the_peers_batch_under_the_same_seq_is_no_
             entries.append(b.entry(step, created_ns=at + 1000, state="started" if step == 6 else "completed"))
             if rank != 2 or step < 5:
                 entries.append(b.entry(step, op="coalesced", pg=g1, p2p_seq=step, created_ns=at + 2000))
-        for i, e in enumerate(entries):
-            e["record_id"] = i
-            del e["is_p2p"], e["thread_id"], e["thread_name"], e["timeout_ms"]
-        b.write_pickle(tmp_path, rank, b.dump(entries, world=3, version="2.2"))
+        _write_format_22(tmp_path, rank, entries, world=3)
     report = analyze(load_dumps([tmp_path]), AnalysisOptions(now_ns=t + 700 * SECOND))
     first = report.findings[0]
     assert first.category is not Category.COLLECTIVE_TYPE_MISMATCH and first.culprit_ranks == (2,), first.summary
@@ -457,10 +459,7 @@ def test_a_stale_read_that_ends_after_the_other_side_of_a_p2p_op_is_no_mismatch(
                           p2p_seq=2 * step, created_ns=at + 1000, state="scheduled" if step == 5 else state)
             p2p["collective_seq_id"] = 1
             entries.append(p2p)
-        for i, e in enumerate(entries):
-            e["record_id"] = i
-            del e["is_p2p"], e["thread_id"], e["thread_name"], e["timeout_ms"]
-        b.write_pickle(tmp_path, rank, b.dump(entries, world=2, version="2.2"))
+        _write_format_22(tmp_path, rank, entries, world=2)
     report = analyze(load_dumps([tmp_path]), AnalysisOptions(now_ns=t + 700 * SECOND))
     first = report.findings[0]
     assert first.category is not Category.COLLECTIVE_TYPE_MISMATCH and first.culprit_ranks == (1,), first.summary
