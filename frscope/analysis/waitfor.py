@@ -157,14 +157,20 @@ class WaitGraph:
         lists a group's status (`pg_status`, keyed by that number) from the group's first recorded op on;
         torch names groups by a job-wide creation count. So where the rank's numbers are 0..k without a
         gap and it recorded in a group created after `group` (a higher name), `group` would have taken a
-        number below that one, unlisted: there is none, and the rank is no member. Unknown (True) where the
-        recorder lists no status or the groups carry their own names."""
+        number below that one, unlisted: there is none, and the rank is no member. Likewise where the group's
+        members finished a collective in it (so every member recorded one, and its recorder lists the group
+        whatever its ring kept) while each of the rank's numbers is taken by a group it recorded collectives
+        in. Unknown (True) where the recorder lists no status or the groups carry their own names."""
         dump = self.dumpset.dumps.get(rank)
         if dump is None or not dump.pg_status or not group.isdigit():
             return True
         numbers = {int(k) for k in dump.pg_status if k.isdigit()} | {0}
         if numbers != set(range(max(numbers) + 1)):
             return True  # a number never listed: a group it belongs to and never recorded in
+        if any(t.last_completed >= 1 for t in self.tracks.get(group, {}).values()):
+            recorded = sum(1 for tracks in self.tracks.values() if (t := tracks.get(rank)) is not None and t.last_seq > 0)
+            if len(numbers) <= recorded:
+                return False
         later = int(group)
         return not any(name.isdigit() and int(name) > later and rank in tracks for name, tracks in self.tracks.items())
 
