@@ -168,7 +168,8 @@ class WaitGraph:
         if numbers != set(range(max(numbers) + 1)):
             return True  # a number never listed: a group it belongs to and never recorded in
         if any(t.last_completed >= 1 for t in self.tracks.get(group, {}).values()):
-            recorded = sum(1 for tracks in self.tracks.values() if (t := tracks.get(rank)) is not None and t.last_seq > 0)
+            recorded = sum(1 for tracks in self.tracks.values()
+                           if (t := tracks.get(rank)) is not None and t.last_seq > 0)
             if len(numbers) <= recorded:
                 return False
         later = int(group)

@@ -119,7 +119,10 @@ def add_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None
     add("--poll-timeout", _DEFAULTS.poll_timeout_s, "seconds for one /v1/status request", float)
     add("--poll-max-rps", _DEFAULTS.poll_max_rps, "status requests per second, at most", float)
     add("--poll-concurrency", _DEFAULTS.poll_concurrency, "status requests in flight, at most", int)
-    add("--gather-timeout", _GATHER.overall_timeout_s, "seconds for a whole gather (every pod of a job)", float)
+    add("--gather-timeout", _GATHER.overall_timeout_s,
+        "seconds a gather (every pod of a job) goes on with no pod's answer arriving", float)
+    add("--gather-limit", _GATHER.limit_s,
+        "seconds a gather goes on at most, while answers still arrive (a job of 10,000s of pods)", float)
     add("--gather-pod-timeout", _GATHER.per_pod_timeout_s, "seconds for one pod's snapshot", float)
     add("--gather-attempts", _GATHER.attempts, "tries per pod", int)
     add("--gather-concurrency", _GATHER.concurrency, "snapshots fetched (and held until decoded) at once", int)
@@ -297,6 +300,7 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         poll_max_rps=args.poll_max_rps,
         poll_concurrency=args.poll_concurrency,
         gather=GatherOptions(per_pod_timeout_s=args.gather_pod_timeout, overall_timeout_s=args.gather_timeout,
+                             limit_s=args.gather_limit,
                              attempts=args.gather_attempts, concurrency=args.gather_concurrency,
                              max_entries=args.max_entries_per_rank),
         stuck_after_s=args.stuck_after,

@@ -1,10 +1,13 @@
 """Fetch every rank's snapshot from all of a job's sidecars, concurrently, within deadlines.
 
 Each pod gets `attempts` tries of at most `per_pod_timeout_s` each (backoff between them); the whole
-gather stops at `overall_timeout_s`. Each body is decoded and normalized as soon as it arrives, in a
-worker thread (`pod_evidence.from_bytes`, at most `decode_threads` at once), so the raw JSON of 1,000s of
-ranks is never held at once. A pod that could not be fetched is a failure with its reason, which the
-report names, unless a push of it stands in (`settle.collect`). Never raises for a pod.
+gather stops once `overall_timeout_s` have passed with no pod's answer arriving, and at `limit_s` in all: a
+job of 10,000s of pods queues behind `concurrency` for longer than one deadline, and a pod cut off while
+answers still come would be reported as a rank without evidence. Each body is decoded and normalized as
+soon as it arrives, in a worker thread (`pod_evidence.from_bytes`, at most `decode_threads` at once), so
+the raw JSON of 1,000s of ranks is never held at once. A pod that could not be fetched is a failure with
+its reason, which the report names, unless a push of it stands in (`settle.collect`). Never raises for a
+pod.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ PARENT_CHECK_S = 1.0
 @dataclass(frozen=True, slots=True)
 class GatherOptions:
     per_pod_timeout_s: float = 30.0
-    overall_timeout_s: float = 120.0
+    overall_timeout_s: float = 120.0  # the gather ends this long after the last answer arrived (or its start)
+    limit_s: float = 600.0  # ... and at this long after its start, whatever still arrives
     attempts: int = 3
     backoff_base_s: float = 0.5
     concurrency: int = 32
@@ -237,6 +241,22 @@ async def _cancel_all(tasks: list[asyncio.Task[PodEvidence]]) -> None:
         raise asyncio.CancelledError
 
 
+async def _wait_while_arriving(pending: set[asyncio.Task[PodEvidence]], options: GatherOptions,
+                               started: float) -> set[asyncio.Task[PodEvidence]]:
+    """Wait for `pending` until `overall_timeout_s` pass with no answer arriving (a pod's evidence, not a
+    failure), or `limit_s` since `started`; the tasks still pending then."""
+    last = started
+    end = started + max(options.limit_s, options.overall_timeout_s)
+    while pending:
+        timeout = min(end, last + options.overall_timeout_s) - time.monotonic()
+        if timeout <= 0:
+            break
+        done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if any(not t.cancelled() and t.exception() is None for t in done):
+            last = time.monotonic()
+    return pending
+
+
 async def gather(client: SidecarClient, namespace: str, targets: list[Target], options: GatherOptions,
                  decoder: Decoder | None = None, previous: Mapping[str, PodEvidence] | None = None) -> Gathered:
     """Every target fetched (what they pushed is added by `settle.collect`). `previous`: each pod's
@@ -260,15 +280,18 @@ async def gather(client: SidecarClient, namespace: str, targets: list[Target], o
         tasks[asyncio.create_task(_fetch_one(client, namespace, target, options, fetching, decoding,
                                              decoder, shared, before))] = target
     if tasks:
+        pending: set[asyncio.Task[PodEvidence]] = set(tasks)
         try:
-            _done, pending = await asyncio.wait(tasks, timeout=options.overall_timeout_s)
+            pending = await _wait_while_arriving(pending, options, started)
         finally:
             # The deadline, or the gather itself cancelled (the job deleted, the operator stopping): no
             # fetch or decode outlives it.
             await _cancel_all([t for t in tasks if not t.done()])
         for task, target in tasks.items():
             if task in pending:
-                result.failures[target.pod] = f"no answer within the gather deadline of {options.overall_timeout_s:g} s"
+                result.failures[target.pod] = (
+                    f"no answer within the gather deadline ({options.overall_timeout_s:g} s with no pod's answer "
+                    f"arriving, {max(options.limit_s, options.overall_timeout_s):g} s at most)")
                 continue
             exc = task.exception()
             if isinstance(exc, SidecarError):

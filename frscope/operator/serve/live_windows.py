@@ -165,9 +165,10 @@ class LiveWindows:
             self._forget(key)
             return None
         targets = [Target(p.name, p.endpoint, None, p.uid) for p in view.pods]
+        # A refresh has a fixed deadline (3 intervals): a pod not decoded by then keeps its last answer.
         options = GatherOptions(per_pod_timeout_s=max(1.0, self.interval_s * 2), overall_timeout_s=self.interval_s * 3,
-                                attempts=1, max_entries=self.entries, refresh=False, max_ranks=self.ranks_per_pod,
-                                spool=self._spool_dir())
+                                limit_s=self.interval_s * 3, attempts=1, max_entries=self.entries, refresh=False,
+                                max_ranks=self.ranks_per_pod, spool=self._spool_dir())
         before = self._decoded.get(key, {})
         gathered = await gather(self.client, key.namespace, targets, options, decoder=self.decoder,
                                 previous=before)

@@ -89,6 +89,25 @@ async def test_per_pod_and_overall_deadlines(sidecars: Make, client: SidecarClie
     assert "gather deadline" in got.failures["slow"]
 
 
+async def test_a_gather_goes_on_while_answers_arrive_up_to_its_limit(sidecars: Make, client: SidecarClient,
+                                                                     hang_ranks: dict[int, Any]) -> None:
+    # A big job's pods queue behind the concurrency for longer than one deadline: each answer arriving in
+    # time keeps the gather going (a pod cut off then would be reported as a rank without evidence).
+    a, b = split(hang_ranks)
+    pods = [await sidecars(f"p{k}", a if k % 2 else b, mode="slow", delay_s=0.3) for k in range(5)]
+    targets = [Target(p.pod, p.endpoint) for p in pods]
+    queued = GatherOptions(per_pod_timeout_s=5, overall_timeout_s=0.9, attempts=1, concurrency=1)
+    started = time.monotonic()
+    got = await gather(client, "ml", targets, queued)
+    assert time.monotonic() - started > queued.overall_timeout_s
+    assert got.failures == {} and len(got.pods) == 5
+    # ... but no longer than its limit in all: the pods still queued then are named.
+    limited = GatherOptions(per_pod_timeout_s=5, overall_timeout_s=0.9, limit_s=1.0, attempts=1, concurrency=1)
+    got = await gather(client, "ml", targets, limited)
+    assert 2 <= len(got.pods) <= 4
+    assert all("gather deadline" in why for why in got.failures.values()) and len(got.failures) == 5 - len(got.pods)
+
+
 async def test_pushed_snapshots_stand_in_for_unreachable_and_deleted_pods(
         sidecars: Make, client: SidecarClient, hang_ranks: dict[int, Any]) -> None:
     a, b = split(hang_ranks)
