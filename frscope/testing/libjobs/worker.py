@@ -22,6 +22,7 @@ import argparse
 import datetime
 import faulthandler
 import json
+import math
 import os
 import threading
 import time
@@ -152,12 +153,13 @@ def tensor_parallel(r: Rank) -> None:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     mesh = init_device_mesh("cpu", (r.world,), mesh_dim_names=("tp",))
-    model = parallelize_module(_mlp(), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    width = math.lcm(16, r.world)  # the sharded dimension divides evenly among the ranks (DTensor needs it here)
+    model = parallelize_module(_mlp(width), mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for step in range(STEPS):
         r.at_step(step)
         torch.manual_seed(step)
-        model(torch.randn(4, 16)).sum().backward()
+        model(torch.randn(4, width)).sum().backward()
         opt.step()
         opt.zero_grad()
 
