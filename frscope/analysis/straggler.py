@@ -3,7 +3,8 @@
 Creation times of the same collective_seq_id on different ranks show who arrived last. Different
 hosts' clocks differ by their skew, so lateness under `clock_skew_ms` never counts; where NCCL
 recorded durations, the straggler's own duration must also be the shortest (the others waited for
-it), which a constant clock offset cannot fake.
+it), which a constant clock offset cannot fake. However often a rank is last, a lateness whose waits
+cost the others little of their time (`stragglers_steps.costly`) is jitter, not a straggler.
 """
 
 from __future__ import annotations
