@@ -35,15 +35,17 @@ def _agreed(history: list[Bucket], bucket: Bucket) -> None:
 
 
 def _first_whole(ctx: Context, group: str, rank: int, track: Track) -> int:
-    """The first seq of the rank's window in `group` whose entries are all there: where its ring wrapped
-    (its oldest entry is not record 0) at this group's oldest seq, the first ops of a coalesced call there
-    may have been evicted (a call's ops are consecutive records, so only the very oldest can be cut)."""
+    """The first seq of the rank's window in `group` whose entries are all there. Where its ring wrapped
+    (its oldest entry is not record 0), the entries of this group's oldest seq that came before the oldest
+    record held are gone: a coalesced call's ops are consecutive records, so they are cut only where the
+    call begins the ring; entries recorded apart under one seq (an older format records a step's
+    batch_isend_irecv under the group's current collective seq, after the collective that opened it, one
+    step after another) may have lost their head wherever the ring begins."""
     dump = ctx.dumpset.dumps.get(rank)
-    if dump is None or not len(dump.entries):
+    if dump is None or not len(dump.entries) or not dump.entries[0].record_id:
         return track.first_seq
-    oldest = dump.entries[0]
-    if oldest.record_id and not oldest.is_p2p and oldest.pg_name == group \
-            and oldest.collective_seq_id == track.first_seq:
+    ids = [e.record_id for e in track.by_seq.get(track.first_seq, ())]
+    if ids and (ids[0] == dump.entries[0].record_id or ids != list(range(ids[0], ids[0] + len(ids)))):
         return track.first_seq + 1
     return track.first_seq
 

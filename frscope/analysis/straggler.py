@@ -3,7 +3,8 @@
 Creation times of the same collective_seq_id on different ranks show who arrived last. Different
 hosts' clocks differ by their skew, so lateness under `clock_skew_ms` never counts; where NCCL
 recorded durations, the straggler's own duration must also be the shortest (the others waited for
-it), which a constant clock offset cannot fake.
+it), which a constant clock offset cannot fake. However often a rank is last, a lateness whose waits
+cost the others little of their time (`stragglers_steps.costly`) is jitter, not a straggler.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from frscope.analysis.stragglers_steps import (
     MIN_WAIT_MS,
     STEADY_SPREAD,
     binomial_tail,
+    costly,
 )
 from frscope.analysis.tracks import Track
 from frscope.analysis.waited import Handoffs
@@ -113,10 +115,11 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
     # collectives that are waits of their own. (Where a collective blocks, the others cannot reach the
     # next one before the late rank reached it: each such row counts.)
     last_count = dict.fromkeys(ranks, 0)
+    last_rows: dict[int, list[int]] = {r: [] for r in ranks}  # the rows (waits of their own) each was last at
     previous: tuple[int, int] | None = None  # the last rank of the row before, and its arrival there
     samples = 0
     apart = 0  # the collectives not reached by every rank at once
-    for times in arrived.rows:
+    for row, times in enumerate(arrived.rows):
         latest = max(times)
         ties = times.count(latest)
         if ties > 1:
@@ -132,6 +135,7 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
             continue
         previous = (at, times[at])
         last_count[ranks[at]] += 1
+        last_rows[ranks[at]].append(row)
         samples += 1
     # The worst rank arrived last most often (then: latest by median); below LAST_SHARE nobody
     # qualifies, so only the ranks with the top count need their lateness.
@@ -155,6 +159,10 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
         # As one rank, within chance: a slow node's ranks taking turns at being last (one of them a little
         # more often) are judged as the set they are, whose being late together chance explains far less.
         return _late_together_finding(ctx, ref, tracks, arrived, handoffs)
+    # Worth a finding only where the others' waits for it cost the job a share of its time (`costly`): a
+    # rank last at 9 of 9 steps of 1.5 s by 20 ms of compute jitter is a coin toss that came up nine times.
+    if not costly(arrived, [max(0.0, lateness[worst][i]) for i in last_rows[worst]]):
+        return None
     # Its lateness passed on from a rank that released it late (principle 1, `waited`): that rank is the
     # straggler, found where the wait began.
     handoffs = handoffs or Handoffs(ctx)
@@ -239,8 +247,10 @@ def _late_set(ctx: Context, arrived: Arrivals) -> tuple[tuple[int, ...], int, fl
     latest arrivals (at most `MAX_SET`, at most half the group); a set of two or more that is the late set
     at `LAST_SHARE` of the collectives, apart from the rest by more than the clock skew, beyond chance
     (1 in C(n, k) per collective for k ranks), is one cause: a slow node delays all of its ranks at once,
-    and then each is last only about 1/k of the time, so no single rank is. (set, count, median ms late, the
-    collectives where it was late)."""
+    and then each is last only about 1/k of the time, so no single rank is. A late set's one wait carried
+    to the next collectives it enqueued (the others reached them before it had reached the one before, as
+    `find_straggler` counts a rank's) is one sample, not one per collective. (set, count, median ms late,
+    the collectives where it was late.)"""
     ranks = arrived.ranks
     most = min(MAX_SET, len(ranks) // 2)
     if most < 2:
@@ -248,18 +258,26 @@ def _late_set(ctx: Context, arrived: Arrivals) -> tuple[tuple[int, ...], int, fl
     skew_ns = ctx.options.clock_skew_ms * 1e6
     counts: dict[tuple[int, ...], int] = {}
     where: dict[tuple[int, ...], list[int]] = {}
-    for seq, times in zip(arrived.seqs, arrived.rows, strict=True):
+    rows: dict[tuple[int, ...], list[int]] = {}
+    samples = 0
+    previous: tuple[tuple[int, ...], int] | None = None  # the late set of the row before, its earliest arrival
+    for row, (seq, times) in enumerate(zip(arrived.seqs, arrived.rows, strict=True)):
         top = nlargest(most + 1, zip(times, ranks, strict=True))
         gaps = [top[i][0] - top[i + 1][0] for i in range(len(top) - 1)]
         widest = max(range(len(gaps)), key=lambda i: (gaps[i], -i))
+        late = tuple(sorted(r for _, r in top[: widest + 1]))
+        if previous is not None and previous[0] == late and top[widest + 1][0] < previous[1]:
+            continue  # the same wait, carried
+        samples += 1
+        previous = (late, top[widest][0])
         if widest >= 1 and gaps[widest] > skew_ns:
-            late = tuple(sorted(r for _, r in top[: widest + 1]))
             counts[late] = counts.get(late, 0) + 1
             where.setdefault(late, []).append(seq)
-    if not counts:
+            rows.setdefault(late, []).append(row)
+    if not counts or samples < MIN_SAMPLES:
         return None
     late_set = max(counts, key=lambda s: (counts[s], -len(s)))
-    count, samples = counts[late_set], len(arrived)
+    count = counts[late_set]
     if count / samples < LAST_SHARE:
         return None
     sets = comb(len(ranks), len(late_set))
@@ -269,8 +287,10 @@ def _late_set(ctx: Context, arrived: Arrivals) -> tuple[tuple[int, ...], int, fl
     # middle is one of them (late by nothing)
     rest = [i for i, r in enumerate(ranks) if r not in late_set]
     mids = [upper_middle([row[i] for i in rest]) for row in arrived.rows]
-    late_ms = median(min(row) for row in zip(*(lateness_ms(arrived, r, mids) for r in late_set), strict=True))
-    return late_set, count, late_ms, where[late_set]
+    together = [min(row) for row in zip(*(lateness_ms(arrived, r, mids) for r in late_set), strict=True)]
+    if not costly(arrived, (max(0.0, together[i]) for i in rows[late_set])):
+        return None  # the others lost a small share of their time waiting for the set (`costly`)
+    return late_set, count, median(together), where[late_set]
 
 
 def _set_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arrived: Arrivals, late_set: tuple[int, ...],

@@ -16,6 +16,7 @@ together). Uneven but unbiased jitter therefore stays quiet.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from itertools import compress, repeat
 from math import comb, nan
 from operator import eq, sub, truediv
@@ -31,7 +32,8 @@ from frscope.analysis.wording import plural
 MIN_WAIT_MS = 50.0
 # Recorded durations within this of each other: nobody waited at that collective (the group in lockstep).
 LOCKSTEP_MS = 1.0
-# Short steps: waits from FLOOR_WAIT_MS count when together they are at least REL_WAIT of the group's time.
+# Short steps: waits from FLOOR_WAIT_MS count. Either way a straggler's waits together are at least REL_WAIT
+# of the group's time (`costly`).
 FLOOR_WAIT_MS = 10.0
 REL_WAIT = 0.1
 MIN_EVENTS = 3
@@ -80,6 +82,17 @@ def _waits_ms(arrived: Arrivals, tracks: dict[int, Track]) -> list[float]:
     return [max(row) - min(row) if all(map(eq, row, row)) else nan for row in zip(*columns, strict=True)]
 
 
+def costly(arrived: Arrivals, waits_ms: Iterable[float]) -> bool:
+    """Whether the waits a lateness made the others sit through add up to at least REL_WAIT of the time the
+    window spans (its first collective's median arrival to its last's): a straggler costs the job its
+    lateness at every step, a share of its time. Compute jitter costs a few percent of a step, and over
+    enough steps it makes some rank the last at every one by chance (of two ranks, one in 2**steps; a job
+    runs many groups and is read many times): however often such a rank is last, a lateness the job would
+    barely run faster without is no straggler."""
+    span_ms = (median(arrived.rows[-1]) - median(arrived.rows[0])) / 1e6 if len(arrived) else 0.0
+    return sum(waits_ms) >= REL_WAIT * span_ms
+
+
 def binomial_tail(k: int, m: int, p: float) -> float:
     """P(X >= k) for X ~ Binomial(m, p)."""
     return sum(comb(m, i) * p**i * (1 - p) ** (m - i) for i in range(k, m + 1))
@@ -88,21 +101,21 @@ def binomial_tail(k: int, m: int, p: float) -> float:
 def find_step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
                         handoffs: Handoffs | None = None) -> Finding | None:
     """A rank (or one host's ranks) late at step boundaries: waits of at least `MIN_WAIT_MS`, or in a job
-    of short steps, waits of at least `FLOOR_WAIT_MS` that add up to a large share (`REL_WAIT`) of the time
+    of short steps, waits of at least `FLOOR_WAIT_MS`, that add up to a large share (`REL_WAIT`) of the time
     the group's collectives span (20 ms lost in every 50 ms step is the job running at 70% of its speed)."""
     arrived = arrivals(tracks)
     if len(arrived) < MIN_EVENTS:
         return None
     skew = ctx.options.clock_skew_ms
     handoffs = handoffs or Handoffs(ctx)
-    found = _step_straggler(ctx, ref, tracks, arrived, max(MIN_WAIT_MS, skew), False, handoffs)
+    found = _step_straggler(ctx, ref, tracks, arrived, max(MIN_WAIT_MS, skew), handoffs)
     if found is None and skew < MIN_WAIT_MS:
-        found = _step_straggler(ctx, ref, tracks, arrived, max(FLOOR_WAIT_MS, skew), True, handoffs)
+        found = _step_straggler(ctx, ref, tracks, arrived, max(FLOOR_WAIT_MS, skew), handoffs)
     return found
 
 
 def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arrived: Arrivals, threshold: float,
-                    relative: bool, handoffs: Handoffs) -> Finding | None:
+                    handoffs: Handoffs) -> Finding | None:
     ranks = arrived.ranks
     # A wait event needs the last arrival >= threshold after the next-latest, offsets removed. Each rank's
     # offset is a median of (arrival - row median), so within the widest row spread S of either side;
@@ -184,8 +197,8 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
         return None
     late_ms = median(a.late_by_ms for a in mine)
     waited_ms = median(a.waited_ms for a in mine)
-    if relative and sum(a.waited_ms for a in mine) < REL_WAIT * (mids[-1] - mids[0]):
-        return None  # small waits that are a small share of the job's time: not worth a finding
+    if not costly(arrived, (a.waited_ms for a in mine)):
+        return None  # waits that are a small share of the job's time: not worth a finding
     seqs = [a.collective_seq_id for a in mine]
     spacings = {b - a for a, b in zip(seqs, seqs[1:], strict=False)}
     rhythm = f", every {spacings.pop()} collectives" if len(spacings) == 1 else ""

@@ -318,3 +318,42 @@ def test_a_wait_carried_to_queued_collectives_is_no_lockstep_to_read_clocks_from
     per_rank = _run(groups, ["world"] * 6, 12, lambda r, s: 1500 + late[r][s], backend="nccl", timing=True,
                     prologue=("world",) * 3)
     assert _findings(tmp_path, groups, per_rank) == []
+
+
+def test_a_rank_last_at_every_step_by_a_small_share_of_it_is_no_straggler(tmp_path: Path) -> None:
+    """A healthy 2-rank gloo job of 1.5 s steps, compute jittered by tens of ms: rank 1 happened to finish its
+    compute 8-41 ms after rank 0 at all 10 steps (a coin toss won ten times: 1 in 512 for either rank, and a
+    job runs many groups). Its lateness, ~2% of each step, is what jitter costs; a straggler costs the job
+    a share of its time. A rank that computes 600 ms more each step is one."""
+    groups = {"world": (0, 1)}
+    late = [22.0, 35.0, 8.0, 41.0, 27.0, 15.0, 30.0, 38.0, 24.0, 19.0]
+    per_rank = _run(groups, ["world"], 10, lambda r, s: 1500 + (late[s] if r == 1 else 0.0), prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == []
+    slow = _run(groups, ["world"], 10, lambda r, s: 1500 + (600 + late[s] if r == 1 else 0.0), prologue=("world",))
+    (tmp_path / "slow").mkdir()
+    assert _findings(tmp_path / "slow", groups, slow) == [(Category.STRAGGLER, (1,))]
+
+
+def test_jitters_longest_waits_are_steady_only_for_being_the_longest(tmp_path: Path) -> None:
+    """A healthy 2-rank gloo job of 1.5 s steps, two collectives a step, compute jittered by up to 75 ms:
+    the five waits over 50 ms all fell on rank 1 (61-76 ms: the top of jitter's range is narrow, so they
+    look steady). Its lateness is no share of the job's time worth a finding: ~2% of it; rank 0 waited too,
+    at other steps."""
+    groups = {"world": (0, 1)}
+    late = {0: [0, 23.5, 0, 0, 19.0, 0, 0, 8.1, 0, 0, 0, 27.0],
+            1: [61.4, 0, 7.8, 7.1, 0, 33.2, 71.4, 0, 75.3, 75.7, 50.9, 0]}
+    per_rank = _run(groups, ["world", "world"], 12, lambda r, s: 1500 + late[r][s], prologue=("world",))
+    assert _findings(tmp_path, groups, per_rank) == []
+
+
+def test_a_late_sets_wait_carried_to_queued_collectives_is_one_sample(tmp_path: Path) -> None:
+    """NCCL, 4 ranks, 5 steps of 200 ms, three collectives enqueued back to back a step: ranks 2 and 3 start
+    three of the steps ~60 ms late, ranks 0 and 1 the other two. Three late starts of five are within chance
+    for one of the six pairs; counted per collective (9 of 15) they would not be. The pair's one wait at a
+    step's start, carried to the step's queued collectives, is one sample."""
+    groups = {"world": (0, 1, 2, 3)}
+    late = {(2, 0): 62.0, (3, 0): 58.0, (2, 2): 57.0, (3, 2): 61.0, (2, 4): 63.0, (3, 4): 59.0,
+            (0, 1): 64.0, (1, 3): 66.0}
+    per_rank = _run(groups, ["world"] * 3, 5, lambda r, s: 200 + late.get((r, s), 0.0) + _jitter(r, s),
+                    backend="nccl")
+    assert _findings(tmp_path, groups, per_rank) == []

@@ -559,3 +559,27 @@ def test_principle2_a_coalesced_call_cut_by_a_wrapped_ring_is_no_mismatch(tmp_pa
     for columnar in (True, False):
         report = analyze(load_dumps([b.job(tmp_path, per_rank, 2)], columnar=columnar))
         assert report.findings == [], [f.summary for f in report.findings]
+
+
+def test_principle2_a_seq_recorded_apart_and_cut_by_a_wrapped_ring_is_no_mismatch(tmp_path: Path) -> None:
+    # Format 2.2, NCCL, both ranks ran the same program: group 0's broadcast #1, then each step an all_reduce
+    # of group 1 and a batch_isend_irecv on group 0, which 2.2 records as `coalesced` under group 0's current
+    # collective seq (#1 still): #1 grows a step at a time, its entries apart. Rank 1's ring wrapped after
+    # the first step: its #1 lost the broadcast and the first batch, though its oldest entry is group 1's.
+    # What is there agrees; a seq whose head was evicted is no disagreement.
+    config = {g: {"name": g, "desc": g, "ranks": "[0, 1]"} for g in ("0", "1")}
+
+    def program(first_record: int) -> list[dict[str, object]]:
+        out = [b.entry(1, op="broadcast", pg=("0", "0"))]
+        for step in range(1, 5):
+            out += [b.entry(step, pg=("1", "1")), b.entry(1, op="coalesced", pg=("0", "0"))]
+        for i, e in enumerate(out):
+            e["record_id"] = i
+            del e["is_p2p"], e["thread_id"], e["thread_name"], e["timeout_ms"]
+        return out[first_record:]
+
+    for rank, entries in {0: program(0), 1: program(3)}.items():
+        b.write_pickle(tmp_path, rank, b.dump(entries, world=2, version="2.2", pg_config=config))
+    for columnar in (True, False):
+        report = analyze(load_dumps([tmp_path], columnar=columnar))
+        assert report.findings == [], [f.summary for f in report.findings]
