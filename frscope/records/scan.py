@@ -31,8 +31,9 @@ from frscope.records.fields import (
     regular_thread,
     short_text,
 )
-from frscope.records.limits import MAX_INT64, memory_budget
+from frscope.records.limits import MAX_INT64, MIN_JSON_BYTES_PER_CONTAINER, memory_budget
 from frscope.records.model import LazyFrames
+from frscope.wire import TIMINGS_PIECE_KEY, is_snapshot_piece
 
 try:
     from frscope.records import _frscan  # type: ignore[attr-defined]
@@ -65,6 +66,30 @@ def scan_dump(data: bytes, lazy_frames: LazyFrames,
     if got is None:
         return None
     return _table(got, lazy_frames, parse_name)
+
+
+def scan_json_dump(data: bytes, lazy_frames: LazyFrames,
+                   parse_name: Callable[[str], tuple[str | None, str, int | None]]
+                   ) -> tuple[dict[str, Any], EntryTable, str | None] | None:
+    """As `scan_dump`, for JSON text (torch's `_dump_fr_trace_json`, `fr_trace_json`, or a frscope snapshot
+    piece, whose entries are its trace's: the piece comes back whole, its trace's entries emptied). None: read
+    it the reference way (`json.loads`), which also reports whatever is wrong with it. The reference refuses
+    text with too many containers for its size before decoding (`json_too_dense`); so does this."""
+    if not available() or data.lstrip()[:1] != b"{" or json_too_dense(data):
+        return None
+    got = _frscan.scan_json(data, memory_budget(len(data)), True)
+    if got is None:
+        return None
+    if is_snapshot_piece(got[0]) and got[0].get(TIMINGS_PIECE_KEY) is not None:
+        return None  # the rank's own times rewrite its entries (normalize's apply_timings): the reference's work
+    return _table(got, lazy_frames, parse_name)
+
+
+def json_too_dense(data: bytes) -> bool:
+    """More JSON objects/arrays than one per MIN_JSON_BYTES_PER_CONTAINER bytes (brackets inside strings count
+    too): decoding it would take far more memory than a dump's text does; the reader refuses it."""
+    containers = data.count(b"{") + data.count(b"[")
+    return containers * MIN_JSON_BYTES_PER_CONTAINER > len(data)
 
 
 def _codes(raw: bytes, distinct: int) -> array[int]:
