@@ -655,7 +655,8 @@ static PyObject *mat_meta(Scan *s, const Val *dict) {
     return meta;
 }
 
-static PyObject *extract(Scan *s, int pieces) {
+/* `last` > 0: only the newest `last` entries (wire.window_piece's cut), as if the others were not there. */
+static PyObject *extract(Scan *s, int pieces, Py_ssize_t last) {
     PyObject *meta = NULL, *result = NULL, *counts = NULL;
     Interner tabs[T_COUNT];
     memset(tabs, 0, sizeof(tabs));
@@ -713,7 +714,8 @@ static PyObject *extract(Scan *s, int pieces) {
     if (!meta) goto fail;
     s->work = saved;
 
-    Py_ssize_t n = (Py_ssize_t)s->nodes[entries->v].count;
+    Py_ssize_t total = (Py_ssize_t)s->nodes[entries->v].count;
+    Py_ssize_t skip = last > 0 && total > last ? total - last : 0, n = total - skip;
     size_t need = (size_t)n * (6 * 8 + 8 + 1 + T_COUNT * 4);
     if (s->used + need > s->budget) goto fail;
     if (!(ints = PyMem_Malloc((size_t)n * 6 * 8)) || !(dur = PyMem_Malloc((size_t)n * 8)) ||
@@ -724,11 +726,12 @@ static PyObject *extract(Scan *s, int pieces) {
 
     int64_t kcache[KCACHE][2];
     memset(kcache, 0, sizeof(kcache));
-    int stacks_failed = 0, ids_rise = 1;
+    int stacks_failed = 0, ids_rise = 1, any_frames = 0;
     int64_t refs = 0;
     Py_ssize_t i = 0;
     Val *fv[F_COUNT];
     EACH_CHILD(s, entries->v, e, {
+        if (skip > 0) { skip--; continue; }
         if (e->kind != K_DICT) goto fail;
         for (int f = 0; f < F_COUNT; f++) fv[f] = NULL;
         const Val *k2 = NULL;
@@ -739,6 +742,7 @@ static PyObject *extract(Scan *s, int pieces) {
             k2 = NULL;
         });
         for (int f = 0; f < F_REQUIRED; f++) if (!fv[f]) goto fail;
+        if (fv[F_FRAMES]) any_frames = 1;
         int64_t *row = ints + 6 * i;
         if (fv[F_RECORD_ID]->kind != K_INT || fv[F_RECORD_ID]->v < FIELD_MIN[F_RECORD_ID]) goto fail;
         if (fv[F_SEQ]->kind != K_INT || fv[F_SEQ]->v < FIELD_MIN[F_SEQ]) goto fail;
@@ -824,7 +828,7 @@ static PyObject *extract(Scan *s, int pieces) {
         int64_t *out = (int64_t *)PyBytes_AS_STRING(cols);
         for (int c = 0; c < 6; c++)
             for (Py_ssize_t j = 0; j < n; j++) out[c * n + j] = ints[6 * j + c];
-        PyObject *items[21] = {
+        PyObject *items[23] = {
             meta, PyLong_FromSsize_t(n), cols, PyBytes_FromStringAndSize((const char *)dur, n * 8),
             PyBytes_FromStringAndSize((const char *)flags, n),
             narrow(&tabs[T_PG]), tabs[T_PG].objs, tabs[T_NAME].objs, narrow(&tabs[T_NAME]), counts,
@@ -833,19 +837,21 @@ static PyObject *extract(Scan *s, int pieces) {
             stacks_failed ? Py_None : PyBytes_FromStringAndSize((const char *)tabs[T_STACK].codes, n * 4),
             stacks_failed ? Py_None : tabs[T_STACK].objs,
             ids_rise ? Py_True : Py_False,
+            PyLong_FromSsize_t(total), /* the entries before the cut to `last` */
+            any_frames ? Py_True : Py_False, /* some entry has a "frames" field */
         };
-        /* borrowed ones: meta, the tables' lists, counts, None, the bool; the others are new */
-        static const int BORROWED[21] = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1, 1};
+        /* borrowed ones: meta, the tables' lists, counts, None, the bools; the others are new */
+        static const int BORROWED[23] = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1, 1, 0, 1};
         int ok = 1;
-        for (int j = 0; j < 21; j++) {
+        for (int j = 0; j < 23; j++) {
             int borrowed = BORROWED[j] || (j == 18 && stacks_failed);
             if (!items[j]) ok = 0;
             else if (borrowed) Py_INCREF(items[j]);
         }
-        if (ok && (result = PyTuple_New(21))) {
-            for (int j = 0; j < 21; j++) PyTuple_SET_ITEM(result, j, items[j]);
+        if (ok && (result = PyTuple_New(23))) {
+            for (int j = 0; j < 23; j++) PyTuple_SET_ITEM(result, j, items[j]);
         } else {
-            for (int j = 0; j < 21; j++) Py_XDECREF(items[j]);
+            for (int j = 0; j < 23; j++) Py_XDECREF(items[j]);
         }
     }
 fail:
@@ -861,7 +867,8 @@ static PyObject *scan_with(PyObject *args, int (*front)(Scan *), int json) {
     Py_buffer view;
     Py_ssize_t budget;
     int pieces = 0;
-    if (!PyArg_ParseTuple(args, json ? "y*n|p" : "y*n", &view, &budget, &pieces)) return NULL;
+    Py_ssize_t last = 0;
+    if (!PyArg_ParseTuple(args, json ? "y*n|pn" : "y*n", &view, &budget, &pieces, &last)) return NULL;
     Scan s;
     memset(&s, 0, sizeof(s));
     int taken = !kept_busy;
@@ -871,8 +878,9 @@ static PyObject *scan_with(PyObject *args, int (*front)(Scan *), int json) {
     s.budget = budget > 0 ? (size_t)budget : 0;
     s.work = 64 * (int64_t)view.len + 1000000;
     PyObject *out = NULL;
-    if (front(&s) == 0) out = extract(&s, pieces);
+    if (front(&s) == 0) out = extract(&s, pieces, last);
     scan_free(&s, taken);
+    PyMem_Free(s.spans);
     PyBuffer_Release(&view);
     if (!out) {
         PyErr_Clear(); /* declined: MemoryError included; the reference path reads (and judges) the file */
@@ -885,6 +893,77 @@ static PyObject *py_scan(PyObject *self, PyObject *args) { return scan_with(args
 
 static PyObject *py_scan_json(PyObject *self, PyObject *args) { return scan_with(args, frscan_parse_json, 1); }
 
+/* The byte span [start, end) of container `node`, recorded by the JSON parser (spans are in node order). */
+static int span_of(const Scan *s, int64_t node, int64_t *start, int64_t *end) {
+    Py_ssize_t lo = 0, hi = s->nspans;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (s->spans[3 * mid] < node) lo = mid + 1; else hi = mid;
+    }
+    if (lo >= s->nspans || s->spans[3 * lo] != node || s->spans[3 * lo + 2] < 0) return -1;
+    *start = s->spans[3 * lo + 1];
+    *end = s->spans[3 * lo + 2];
+    return 0;
+}
+
+/* A snapshot envelope's pieces, each through `extract` on the one parse of the body. */
+static PyObject *envelope(Scan *s, Py_ssize_t last, Py_ssize_t max_pieces) {
+    Val top = s->result;
+    if (top.kind != K_DICT) return NULL;
+    const Val *ranks = NULL, *key = NULL;
+    EACH_CHILD(s, top.v, c, {
+        if (!key) { key = c; continue; }
+        if (is_key(s, key, "ranks", 5)) ranks = c; /* a repeated key: the last one wins, as in a dict */
+        key = NULL;
+    });
+    int64_t rs, re, ps, pe;
+    if (!ranks || ranks->kind != K_LIST || s->nodes[ranks->v].count > max_pieces || span_of(s, ranks->v, &rs, &re))
+        return NULL;
+    Py_ssize_t old_ocap = s->ocap;
+    if (GROW(s, s->node_obj, s->ocap, s->nn + 1)) return NULL;
+    memset(s->node_obj + old_ocap, 0, (size_t)(s->ocap - old_ocap) * sizeof(PyObject *));
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    EACH_CHILD(s, ranks->v, c, {
+        if ((c->kind != K_DICT && c->kind != K_LIST) || span_of(s, c->v, &ps, &pe)) { Py_DECREF(list); return NULL; }
+        PyObject *got = NULL;
+        if (c->kind == K_DICT) {
+            s->result = *c;
+            got = extract(s, 1, last);
+            if (!got) PyErr_Clear(); /* this piece declined: the caller decodes its span the reference way */
+        }
+        PyObject *item = Py_BuildValue("(LLN)", (long long)ps, (long long)pe, got ? got : Py_NewRef(Py_None));
+        if (!item || PyList_Append(list, item)) { Py_XDECREF(item); Py_DECREF(list); return NULL; }
+        Py_DECREF(item);
+    });
+    return Py_BuildValue("(LLN)", (long long)rs, (long long)re, list);
+}
+
+static PyObject *py_scan_envelope(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t budget, last, max_pieces;
+    if (!PyArg_ParseTuple(args, "y*nnn", &view, &budget, &last, &max_pieces)) return NULL;
+    Scan s;
+    memset(&s, 0, sizeof(s));
+    int taken = !kept_busy;
+    scan_take(&s);
+    s.d = view.buf;
+    s.n = view.len;
+    s.budget = budget > 0 ? (size_t)budget : 0;
+    s.work = 64 * (int64_t)view.len + 1000000;
+    s.span_depth = 3; /* the envelope, its "ranks" (and other fields), the pieces */
+    PyObject *out = NULL;
+    if (frscan_parse_json(&s) == 0) out = envelope(&s, last, max_pieces);
+    scan_free(&s, taken);
+    PyMem_Free(s.spans);
+    PyBuffer_Release(&view);
+    if (!out) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return out;
+}
+
 PyObject *frscan_index_contiguous(PyObject *self, PyObject *args); /* _frscan_groups.c */
 PyObject *frscan_narrow(PyObject *self, PyObject *args);
 
@@ -893,7 +972,10 @@ static PyMethodDef methods[] = {
      "scan(data, budget) -> tuple of columns, or None when the pickle is not a regular Flight Recorder dump"},
     {"scan_json", py_scan_json, METH_VARARGS,
      "scan_json(data, budget, pieces=False) -> the same for JSON text (`pieces`: a snapshot piece's entries are its "
-     "trace's), or None"},
+     "trace's; `last` > 0: only the newest `last` entries), or None"},
+    {"scan_envelope", py_scan_envelope, METH_VARARGS,
+     "scan_envelope(data, budget, last, max_pieces) -> (ranks_start, ranks_end, [(start, end, columns or None) "
+     "per piece]) for a snapshot envelope's JSON text, or None"},
     {"index_contiguous", frscan_index_contiguous, METH_VARARGS,
      "index_contiguous(gid, ngroups, flags, state, done, seq, name, op_of_name, shape, shape_count) -> "
      "(groups, keys), or None when a group's seqs are not consecutive (group_index.index_groups)"},

@@ -33,6 +33,10 @@ typedef struct {
     /* JSON only: `d` is `pool`, a copy of the input in which escaped strings are decoded in place (a decoded
      * string is never longer than its escaped form), made at the first escape; until then `d` is the input. */
     uint8_t *pool; Py_ssize_t pool_cap;
+    /* JSON only: (node, start, end) of every container opened at depth <= span_depth (1: the top level), in
+     * node order; end -1 until it is closed. */
+    int64_t *spans; Py_ssize_t nspans, spans_cap;
+    int span_depth;
 } Scan;
 
 /* The JSON front-end (_frscan_json.c): s->d / s->n the text; 0 and s->result, or -1: decline. */

@@ -262,6 +262,7 @@ int frscan_parse_json(Scan *s) {
     Py_ssize_t n = s->n, p = 0;
     int copied = 0, depth = 0, rc = -1;
     uint8_t in_object[MAX_JSON_DEPTH + 1]; /* per open container: 1 object, 0 array */
+    Py_ssize_t span_at[MAX_JSON_DEPTH + 1]; /* per open container within span_depth: its span's index */
     ShareTable shared = {0};
     Val v;
 
@@ -276,9 +277,16 @@ value:
         if (GROW(s, s->marks, s->mcap, s->nm + 1)) goto out;
         s->marks[s->nm++] = s->sp;
         in_object[++depth] = (uint8_t)obj;
+        if (depth <= s->span_depth) {
+            if (GROW(s, s->spans, s->spans_cap, 3 * (s->nspans + 1))) goto out;
+            int64_t *sp = s->spans + 3 * s->nspans;
+            sp[0] = v.v; sp[1] = p; sp[2] = -1;
+            span_at[depth] = s->nspans++;
+        }
         p = skip_ws(in, n, p + 1);
         if (p >= n) goto out;
         if (in[p] == (obj ? '}' : ']')) {
+            if (depth <= s->span_depth) s->spans[3 * span_at[depth] + 2] = p + 1;
             if (close_container(s)) goto out;
             depth--;
             p++;
@@ -339,6 +347,7 @@ after_value:
         goto value;
     }
     if (in[p] != (in_object[depth] ? '}' : ']')) goto out;
+    if (depth <= s->span_depth) s->spans[3 * span_at[depth] + 2] = p + 1;
     if (close_container(s)) goto out;
     depth--;
     p++;

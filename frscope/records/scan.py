@@ -85,6 +85,44 @@ def scan_json_dump(data: bytes, lazy_frames: LazyFrames,
     return _table(got, lazy_frames, parse_name)
 
 
+def scan_envelope(data: bytes, last: int, max_pieces: int,
+                  parse_name: Callable[[str], tuple[str | None, str, int | None]]
+                  ) -> tuple[int, int, list[tuple[int, int, ScannedPiece | None]]] | None:
+    """A snapshot envelope's JSON text (a sidecar's `/v1/snapshot` body) parsed once: the byte span of its
+    "ranks" array and, per piece, its byte span and its reading (`ScannedPiece`: the piece with its trace's
+    entries emptied, their table cut to the newest `last` entries as wire.window_piece cuts them), or None for
+    a piece to decode the reference way (from its span). None: not a regular envelope (more than `max_pieces`
+    pieces, a piece that is not a JSON object or array, invalid or too dense JSON, ...): decode the body the
+    reference way. Frames are not kept (the operator's pieces are read without them): a piece whose entries
+    carry frames is left to the reference, as is one with its own timings."""
+    if not available() or data.lstrip()[:1] != b"{" or json_too_dense(data):
+        return None
+    got = _frscan.scan_envelope(data, memory_budget(len(data)), last, max_pieces)
+    if got is None:
+        return None
+    start, end, items = got
+    pieces: list[tuple[int, int, ScannedPiece | None]] = []
+    for piece_start, piece_end, columns in items:
+        piece = None
+        if columns is not None and not columns[22] and not (
+                is_snapshot_piece(columns[0]) and columns[0].get(TIMINGS_PIECE_KEY) is not None):
+            read = _table(columns, None, parse_name)
+            if read is not None:
+                piece = ScannedPiece(read[0], (read[1], read[2]), columns[21] - columns[1])
+        pieces.append((piece_start, piece_end, piece))
+    return start, end, pieces
+
+
+class ScannedPiece(dict[str, Any]):
+    """A snapshot piece read by the scanner: the piece itself (its trace's entries emptied), `prebuilt` (its
+    entries' table and backend, for normalize_dump) and `cut` (the older entries the window left out)."""
+
+    def __init__(self, meta: dict[str, Any], prebuilt: tuple[EntryTable, str | None], cut: int) -> None:
+        super().__init__(meta)
+        self.prebuilt = prebuilt
+        self.cut = cut
+
+
 def json_too_dense(data: bytes) -> bool:
     """More JSON objects/arrays than one per MIN_JSON_BYTES_PER_CONTAINER bytes (brackets inside strings count
     too): decoding it would take far more memory than a dump's text does; the reader refuses it."""
@@ -98,11 +136,11 @@ def _codes(raw: bytes, distinct: int) -> array[int]:
     return out
 
 
-def _table(got: tuple[Any, ...], lazy_frames: LazyFrames,
+def _table(got: tuple[Any, ...], lazy_frames: LazyFrames | None,
            parse_name: Callable[[str], tuple[str | None, str, int | None]]
            ) -> tuple[dict[str, Any], EntryTable, str | None] | None:
     (meta, n, cols, dur, flags, pg_codes, pgs, names, name_codes, name_counts, states, state_codes, timeouts,
-     timeout_codes, threads, thread_codes, shapes, shape_codes, stack_codes, stack_raws, ids_rise) = got
+     timeout_codes, threads, thread_codes, shapes, shape_codes, stack_codes, stack_raws, ids_rise) = got[:21]
     # The table's checks (records.fields, as fastcols applies them), once per distinct value; the scanner
     # checked the types of ints, floats and flags and the ints' lowest values from the same table.
     if not all(map(regular_group, pgs)) or not all(short_text(s, MAX_STATE) for s in states):
