@@ -828,7 +828,7 @@ static PyObject *extract(Scan *s, int pieces, Py_ssize_t last) {
         int64_t *out = (int64_t *)PyBytes_AS_STRING(cols);
         for (int c = 0; c < 6; c++)
             for (Py_ssize_t j = 0; j < n; j++) out[c * n + j] = ints[6 * j + c];
-        PyObject *items[23] = {
+        PyObject *items[24] = {
             meta, PyLong_FromSsize_t(n), cols, PyBytes_FromStringAndSize((const char *)dur, n * 8),
             PyBytes_FromStringAndSize((const char *)flags, n),
             narrow(&tabs[T_PG]), tabs[T_PG].objs, tabs[T_NAME].objs, narrow(&tabs[T_NAME]), counts,
@@ -839,19 +839,20 @@ static PyObject *extract(Scan *s, int pieces, Py_ssize_t last) {
             ids_rise ? Py_True : Py_False,
             PyLong_FromSsize_t(total), /* the entries before the cut to `last` */
             any_frames ? Py_True : Py_False, /* some entry has a "frames" field */
+            PyLong_FromSsize_t(s->end), /* JSON: where the value ends */
         };
         /* borrowed ones: meta, the tables' lists, counts, None, the bools; the others are new */
-        static const int BORROWED[23] = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1, 1, 0, 1};
+        static const int BORROWED[24] = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1, 1, 0, 1, 0};
         int ok = 1;
-        for (int j = 0; j < 23; j++) {
+        for (int j = 0; j < 24; j++) {
             int borrowed = BORROWED[j] || (j == 18 && stacks_failed);
             if (!items[j]) ok = 0;
             else if (borrowed) Py_INCREF(items[j]);
         }
-        if (ok && (result = PyTuple_New(23))) {
-            for (int j = 0; j < 23; j++) PyTuple_SET_ITEM(result, j, items[j]);
+        if (ok && (result = PyTuple_New(24))) {
+            for (int j = 0; j < 24; j++) PyTuple_SET_ITEM(result, j, items[j]);
         } else {
-            for (int j = 0; j < 23; j++) Py_XDECREF(items[j]);
+            for (int j = 0; j < 24; j++) Py_XDECREF(items[j]);
         }
     }
 fail:
@@ -866,9 +867,9 @@ fail:
 static PyObject *scan_with(PyObject *args, int (*front)(Scan *), int json) {
     Py_buffer view;
     Py_ssize_t budget;
-    int pieces = 0;
+    int pieces = 0, prefix = 0;
     Py_ssize_t last = 0;
-    if (!PyArg_ParseTuple(args, json ? "y*n|pn" : "y*n", &view, &budget, &pieces, &last)) return NULL;
+    if (!PyArg_ParseTuple(args, json ? "y*n|pnp" : "y*n", &view, &budget, &pieces, &last, &prefix)) return NULL;
     Scan s;
     memset(&s, 0, sizeof(s));
     int taken = !kept_busy;
@@ -877,6 +878,7 @@ static PyObject *scan_with(PyObject *args, int (*front)(Scan *), int json) {
     s.n = view.len;
     s.budget = budget > 0 ? (size_t)budget : 0;
     s.work = 64 * (int64_t)view.len + 1000000;
+    s.prefix = prefix;
     PyObject *out = NULL;
     if (front(&s) == 0) out = extract(&s, pieces, last);
     scan_free(&s, taken);
@@ -971,8 +973,9 @@ static PyMethodDef methods[] = {
     {"scan", py_scan, METH_VARARGS,
      "scan(data, budget) -> tuple of columns, or None when the pickle is not a regular Flight Recorder dump"},
     {"scan_json", py_scan_json, METH_VARARGS,
-     "scan_json(data, budget, pieces=False) -> the same for JSON text (`pieces`: a snapshot piece's entries are its "
-     "trace's; `last` > 0: only the newest `last` entries), or None"},
+     "scan_json(data, budget, pieces=False, last=0, prefix=False) -> the same for JSON text (`pieces`: a snapshot "
+     "piece's entries are its trace's; `last` > 0: only the newest `last` entries; `prefix`: the value may be "
+     "followed by anything, its end is the last item), or None"},
     {"scan_envelope", py_scan_envelope, METH_VARARGS,
      "scan_envelope(data, budget, last, max_pieces) -> (ranks_start, ranks_end, [(start, end, columns or None) "
      "per piece]) for a snapshot envelope's JSON text, or None"},

@@ -37,6 +37,7 @@ typedef struct {
      * node order; end -1 until it is closed. */
     int64_t *spans; Py_ssize_t nspans, spans_cap;
     int span_depth;
+    int prefix; Py_ssize_t end; /* JSON: `prefix`: the text may go on after the value, which ends at `end` */
 } Scan;
 
 /* The JSON front-end (_frscan_json.c): s->d / s->n the text; 0 and s->result, or -1: decline. */

@@ -333,8 +333,9 @@ key: /* p at an object's key (after '{' or ',' and whitespace) */
 
 after_value:
     if (depth == 0) {
-        p = skip_ws(in, n, p);
-        if (p != n || s->sp != 1 || s->nm != 0) goto out;
+        if (!s->prefix) p = skip_ws(in, n, p);
+        if ((!s->prefix && p != n) || s->sp != 1 || s->nm != 0) goto out;
+        s->end = p;
         s->result = s->stack[0];
         rc = 0;
         goto out;

@@ -101,16 +101,34 @@ def scan_envelope(data: bytes, last: int, max_pieces: int,
     if got is None:
         return None
     start, end, items = got
-    pieces: list[tuple[int, int, ScannedPiece | None]] = []
-    for piece_start, piece_end, columns in items:
-        piece = None
-        if columns is not None and not columns[22] and not (
-                is_snapshot_piece(columns[0]) and columns[0].get(TIMINGS_PIECE_KEY) is not None):
-            read = _table(columns, None, parse_name)
-            if read is not None:
-                piece = ScannedPiece(read[0], (read[1], read[2]), columns[21] - columns[1])
-        pieces.append((piece_start, piece_end, piece))
-    return start, end, pieces
+    return start, end, [(piece_start, piece_end, _piece(columns, parse_name) if columns is not None else None)
+                        for piece_start, piece_end, columns in items]
+
+
+def scan_piece(window: bytes, last: int, parse_name: Callable[[str], tuple[str | None, str, int | None]]
+               ) -> tuple[ScannedPiece, int] | None:
+    """The snapshot piece (a JSON object) at the start of `window`, which may go on past it (the operator reads
+    a body piece by piece, `push_decode`): (its reading, as `scan_envelope`'s, its end in `window`), or None:
+    decode it the reference way. A piece with more containers than its size allows is left to the reference
+    too (it decides what such a piece is)."""
+    if not available() or window[:1] != b"{":
+        return None
+    got = _frscan.scan_json(window, memory_budget(len(window)), True, last, True)
+    if got is None or json_too_dense(window[: got[23]]):
+        return None
+    piece = _piece(got, parse_name)
+    return (piece, got[23]) if piece is not None else None
+
+
+def _piece(columns: tuple[Any, ...], parse_name: Callable[[str], tuple[str | None, str, int | None]]
+           ) -> ScannedPiece | None:
+    """A piece's columns as a `ScannedPiece`, or None: its entries carry frames (the operator reads pieces
+    without them), it has its own timings (normalize's apply_timings rewrites its entries first), or a value
+    is not regular."""
+    if columns[22] or (is_snapshot_piece(columns[0]) and columns[0].get(TIMINGS_PIECE_KEY) is not None):
+        return None
+    read = _table(columns, None, parse_name)
+    return ScannedPiece(read[0], (read[1], read[2]), columns[21] - columns[1]) if read is not None else None
 
 
 class ScannedPiece(dict[str, Any]):

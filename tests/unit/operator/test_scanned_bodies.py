@@ -1,6 +1,8 @@
-"""A sidecar's snapshot body through the C scanner (`pod_evidence._scanned_body`: one parse of the body, each
-regular piece straight into columns cut to the window) gives the same evidence as the reference decoder
-(`loads_json`, `window_piece`, the normalizer), which `FRSCOPE_NO_SCANNER=1` selects: real bodies at every
+"""A sidecar's snapshot body through the C scanner gives the same evidence as the reference decoder
+(`loads_json`, `window_piece`, the normalizer), which `FRSCOPE_NO_SCANNER=1` selects, in both of the
+operator's decoders: from bytes (`pod_evidence._scanned_body`: one parse of the body, each regular piece
+straight into columns cut to the window) and from the file a body was streamed into, piece by piece
+(`push_decode._piece`: `scan.scan_piece` on each piece's window): real bodies at every
 window, pieces the scanner leaves to the reference (timings, frames, odd shapes), and hostile bodies
 (truncations, byte flips, too many pieces, duplicate keys): the same evidence, or the same refusal."""
 
@@ -10,12 +12,13 @@ import copy
 import gzip
 import json
 import random
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from frscope.operator.evidence import pod_evidence
+from frscope.operator.evidence import pod_evidence, push_decode
 from frscope.operator.evidence.pod_evidence import MAX_PIECES, from_bytes
 from frscope.records import scan
 from frscope.records.model import Entry
@@ -31,9 +34,15 @@ def _entry(entry: Entry) -> tuple[Any, ...]:
     return tuple(getattr(entry, name) for name in Entry.__slots__ if name != "_frames") + (entry.frames,)
 
 
-def _evidence(data: bytes, max_entries: int) -> Any:
+def _evidence(data: bytes, max_entries: int, from_file: bool) -> Any:
     try:
-        ev = from_bytes(data, "ep", origin="push", max_entries=max_entries)
+        if from_file:
+            with tempfile.NamedTemporaryFile(suffix=".json") as handle:
+                handle.write(data)
+                handle.flush()
+                ev = push_decode.decode_file(handle.name, "ep", origin="push", max_entries=max_entries)
+        else:
+            ev = from_bytes(data, "ep", origin="push", max_entries=max_entries)
     except Exception as exc:  # the same refusal either way
         return ("refused", type(exc).__name__, str(exc))
     return (ev.namespace, ev.pod, ev.reason, ev.captured_at_ns, ev.entries_dropped, ev.cut_here, ev.size_bytes,
@@ -43,23 +52,31 @@ def _evidence(data: bytes, max_entries: int) -> Any:
 
 
 def _same(data: bytes, monkeypatch: pytest.MonkeyPatch, max_entries: int = 200) -> int:
-    """The evidence with the scanner equals the reference's; returns how many pieces the scanner read."""
-    read: list[int] = []
-    real = scan.scan_envelope
+    """The evidence with the scanner equals the reference's, from bytes and from a file; returns how many
+    pieces the scanner read (the least of the two decoders)."""
+    read = [0, 0]
+    real_envelope, real_piece = scan.scan_envelope, scan.scan_piece
 
-    def counting(*args: Any) -> Any:
-        got = real(*args)
-        read.append(0 if got is None else sum(piece is not None for _s, _e, piece in got[2]))
+    def envelope(*args: Any) -> Any:
+        got = real_envelope(*args)
+        read[0] += 0 if got is None else sum(piece is not None for _s, _e, piece in got[2])
         return got
 
-    with monkeypatch.context() as m:
-        m.setattr(scan, "scan_envelope", counting)
-        fast = _evidence(data, max_entries)
-    with monkeypatch.context() as m:
-        m.setenv(scan.ENV_OFF, "1")
-        reference = _evidence(data, max_entries)
-    assert fast == reference
-    return sum(read)
+    def piece(*args: Any) -> Any:
+        got = real_piece(*args)
+        read[1] += got is not None
+        return got
+
+    for from_file in (False, True):
+        with monkeypatch.context() as m:
+            m.setattr(scan, "scan_envelope", envelope)
+            m.setattr(scan, "scan_piece", piece)
+            fast = _evidence(data, max_entries, from_file)
+        with monkeypatch.context() as m:
+            m.setenv(scan.ENV_OFF, "1")
+            reference = _evidence(data, max_entries, from_file)
+        assert fast == reference, from_file
+    return min(read)
 
 
 def _obj() -> dict[str, Any]:
@@ -96,7 +113,8 @@ def test_pieces_left_to_the_reference_beside_scanned_ones(monkeypatch: pytest.Mo
 def test_duplicate_keys_and_what_surrounds_the_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     data = json.dumps(_obj()).encode()
     at = data.index(b'"ranks"')
-    assert _same(data[:at] + b'"ranks": [{"x": 1}], "pod": "earlier", ' + data[at:], monkeypatch) > 0
+    _same(data[:at] + b'"ranks": [{"x": 1}], "pod": "earlier", ' + data[at:], monkeypatch)  # the file decoder
+    # reads the first "ranks", json (and the bytes decoder) the last: each the same with the scanner as without
     assert _same(data[:-1] + b', "pod": "later", "errors": [{"rank": 3, "message": "gone"}]}', monkeypatch) > 0
     assert _same(b" \n" + data + b"\r\n\t", monkeypatch) > 0
 
@@ -127,6 +145,18 @@ def test_hostile_bodies_are_refused_or_read_alike(monkeypatch: pytest.MonkeyPatc
         _same(bytes(buf), monkeypatch)
 
 
+def test_windows_that_end_inside_a_piece(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The file decoder reads a piece's window at the size of the piece before it, from a first read: a
+    window that ends inside the piece is declined by the scanner and read again larger."""
+    monkeypatch.setattr(push_decode, "FIRST_READ", 512)
+    obj = _obj()
+    big = copy.deepcopy(obj["ranks"][1])
+    big["trace"]["entries"] = big["trace"]["entries"] * 40
+    obj["ranks"][1:1] = [big]
+    assert _same(json.dumps(obj).encode(), monkeypatch, 0) > 0
+
+
 def test_not_built_or_turned_off_reads_the_reference_way(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(scan.ENV_OFF, "1")
     assert pod_evidence._scanned_body(json.dumps(_obj()).encode(), 200) is None
+    assert scan.scan_piece(json.dumps(_obj()["ranks"][0]).encode(), 200, lambda name: (None, name, None)) is None
