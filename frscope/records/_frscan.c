@@ -726,7 +726,7 @@ static PyObject *extract(Scan *s, int pieces, Py_ssize_t last) {
 
     int64_t kcache[KCACHE][2];
     memset(kcache, 0, sizeof(kcache));
-    int stacks_failed = 0, ids_rise = 1, any_frames = 0;
+    int stacks_failed = 0, ids_rise = 1, frames_state = -1;
     int64_t refs = 0;
     Py_ssize_t i = 0;
     Val *fv[F_COUNT];
@@ -742,7 +742,11 @@ static PyObject *extract(Scan *s, int pieces, Py_ssize_t last) {
             k2 = NULL;
         });
         for (int f = 0; f < F_REQUIRED; f++) if (!fv[f]) goto fail;
-        if (fv[F_FRAMES]) any_frames = 1;
+        {   /* 0: no entry has "frames"; 1: every entry's is an empty list; 2: anything else */
+            const Val *fr = fv[F_FRAMES];
+            int st = !fr ? 0 : fr->kind == K_LIST && s->nodes[fr->v].count == 0 ? 1 : 2;
+            frames_state = frames_state < 0 || frames_state == st ? st : 2;
+        }
         int64_t *row = ints + 6 * i;
         if (fv[F_RECORD_ID]->kind != K_INT || fv[F_RECORD_ID]->v < FIELD_MIN[F_RECORD_ID]) goto fail;
         if (fv[F_SEQ]->kind != K_INT || fv[F_SEQ]->v < FIELD_MIN[F_SEQ]) goto fail;
@@ -838,11 +842,11 @@ static PyObject *extract(Scan *s, int pieces, Py_ssize_t last) {
             stacks_failed ? Py_None : tabs[T_STACK].objs,
             ids_rise ? Py_True : Py_False,
             PyLong_FromSsize_t(total), /* the entries before the cut to `last` */
-            any_frames ? Py_True : Py_False, /* some entry has a "frames" field */
+            PyLong_FromLong(frames_state), /* the entries' "frames" fields: 0 none, 1 all [], 2 other */
             PyLong_FromSsize_t(s->end), /* JSON: where the value ends */
         };
         /* borrowed ones: meta, the tables' lists, counts, None, the bools; the others are new */
-        static const int BORROWED[24] = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1, 1, 0, 1, 0};
+        static const int BORROWED[24] = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0};
         int ok = 1;
         for (int j = 0; j < 24; j++) {
             int borrowed = BORROWED[j] || (j == 18 && stacks_failed);

@@ -122,13 +122,21 @@ def scan_piece(window: bytes, last: int, parse_name: Callable[[str], tuple[str |
 
 def _piece(columns: tuple[Any, ...], parse_name: Callable[[str], tuple[str | None, str, int | None]]
            ) -> ScannedPiece | None:
-    """A piece's columns as a `ScannedPiece`, or None: its entries carry frames (the operator reads pieces
-    without them), it has its own timings (normalize's apply_timings rewrites its entries first), or a value
-    is not regular."""
-    if columns[22] or (is_snapshot_piece(columns[0]) and columns[0].get(TIMINGS_PIECE_KEY) is not None):
+    """A piece's columns as a `ScannedPiece`, or None: its entries carry frames (the operator reads a piece
+    without lazy frames, each entry's "frames" as it is: only no entry's or every entry's an empty list is
+    read here, as those), it has its own timings (normalize's apply_timings rewrites its entries first), or a
+    value is not regular."""
+    frames_state = columns[22]
+    if frames_state == 2 or (is_snapshot_piece(columns[0]) and columns[0].get(TIMINGS_PIECE_KEY) is not None):
         return None
     read = _table(columns, None, parse_name)
-    return ScannedPiece(read[0], (read[1], read[2]), columns[21] - columns[1]) if read is not None else None
+    if read is None:
+        return None
+    table = read[1]
+    if frames_state == 1:  # as rowwise keeps them: each entry its own empty list, no stacks
+        table.stack, table.stacks = None, None
+        table.frames, table.frames_each = None, tuple([] for _ in range(columns[1]))
+    return ScannedPiece(read[0], (table, read[2]), columns[21] - columns[1])
 
 
 class ScannedPiece(dict[str, Any]):

@@ -97,7 +97,10 @@ def test_real_bodies_at_every_window(monkeypatch: pytest.MonkeyPatch, max_entrie
 def test_pieces_left_to_the_reference_beside_scanned_ones(monkeypatch: pytest.MonkeyPatch) -> None:
     obj = _obj()
     ranks = obj["ranks"]
-    odd = [copy.deepcopy(ranks[0]) for _ in range(6)]
+    odd = [copy.deepcopy(ranks[0]) for _ in range(8)]
+    for entry in odd[6]["trace"]["entries"]:
+        entry["frames"] = []  # every entry's frames an empty list: read as the reference keeps them
+    odd[7]["trace"]["entries"][0]["frames"] = []  # one entry's only
     odd[0]["timings"] = {"format": 1, "rows": []}  # the rank's own times: apply_timings' work
     odd[1]["trace"]["entries"][0]["frames"] = [{"name": "f", "filename": "x.py", "line": 3}]
     odd[2]["trace"]["entries"][0]["duration_ms"] = 5  # an int where the scanner takes a float only
