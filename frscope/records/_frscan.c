@@ -86,6 +86,23 @@ static uint64_t rd_le(const uint8_t *p, int k) {
     return x;
 }
 
+/* A scan's arena, with the kept buffers when free (returns whether it took them), over `view`. */
+int frscan_begin(Scan *s, const Py_buffer *view, Py_ssize_t budget) {
+    memset(s, 0, sizeof(*s));
+    int taken = !kept_busy;
+    scan_take(s);
+    s->d = view->buf;
+    s->n = view->len;
+    s->budget = budget > 0 ? (size_t)budget : 0;
+    s->work = 64 * (int64_t)view->len + 1000000;
+    return taken;
+}
+
+void frscan_end(Scan *s, int taken) {
+    scan_free(s, taken);
+    PyMem_Free(s->spans);
+}
+
 /* The opcode walk. 0: the stream is a plain-containers pickle (s->result is its value); -1: decline. */
 static int parse(Scan *s) {
     const uint8_t *d = s->d;
@@ -266,14 +283,6 @@ static inline int put_tag(Scan *s, Buf *b, uint8_t tag, int64_t x) {
     b->len += 9;
     return 0;
 }
-
-#define EACH_CHILD(s, node, val, ...) do { \
-    for (int64_t _c = (s)->nodes[node].first; _c >= 0; _c = (s)->chunks[_c].next) { \
-        for (int64_t _i = 0; _i < (s)->chunks[_c].count; _i++) { \
-            Val *val = &(s)->vals[(s)->chunks[_c].start + _i]; \
-            __VA_ARGS__ \
-        } \
-    } } while (0)
 
 /* Content key of a value: equal keys <=> equal Python values (for what it accepts: no floats, no dicts except a
  * frame dict by identity when `dicts_by_node`). */
@@ -633,10 +642,6 @@ static PyObject *narrow(Interner *t) {
 
 enum { T_PG, T_NAME, T_STATE, T_TIMEOUT, T_THREAD, T_SHAPE, T_STACK, T_COUNT };
 
-static inline int is_key(const Scan *s, const Val *key, const char *name, uint32_t len) {
-    return key->kind == K_STR && key->len == len && !memcmp(s->d + key->v, name, len);
-}
-
 /* A dump's top-level dict (or a piece's trace) as a Python dict whose "entries" are an empty list: the table
  * carries them. NULL: failed. */
 static PyObject *mat_meta(Scan *s, const Val *dict) {
@@ -656,7 +661,7 @@ static PyObject *mat_meta(Scan *s, const Val *dict) {
 }
 
 /* `last` > 0: only the newest `last` entries (wire.window_piece's cut), as if the others were not there. */
-static PyObject *extract(Scan *s, int pieces, Py_ssize_t last) {
+PyObject *frscan_extract(Scan *s, int pieces, Py_ssize_t last) {
     PyObject *meta = NULL, *result = NULL, *counts = NULL;
     Interner tabs[T_COUNT];
     memset(tabs, 0, sizeof(tabs));
@@ -875,18 +880,11 @@ static PyObject *scan_with(PyObject *args, int (*front)(Scan *), int json) {
     Py_ssize_t last = 0;
     if (!PyArg_ParseTuple(args, json ? "y*n|pnp" : "y*n", &view, &budget, &pieces, &last, &prefix)) return NULL;
     Scan s;
-    memset(&s, 0, sizeof(s));
-    int taken = !kept_busy;
-    scan_take(&s);
-    s.d = view.buf;
-    s.n = view.len;
-    s.budget = budget > 0 ? (size_t)budget : 0;
-    s.work = 64 * (int64_t)view.len + 1000000;
+    int taken = frscan_begin(&s, &view, budget);
     s.prefix = prefix;
     PyObject *out = NULL;
-    if (front(&s) == 0) out = extract(&s, pieces, last);
-    scan_free(&s, taken);
-    PyMem_Free(s.spans);
+    if (front(&s) == 0) out = frscan_extract(&s, pieces, last);
+    frscan_end(&s, taken);
     PyBuffer_Release(&view);
     if (!out) {
         PyErr_Clear(); /* declined: MemoryError included; the reference path reads (and judges) the file */
@@ -899,77 +897,7 @@ static PyObject *py_scan(PyObject *self, PyObject *args) { return scan_with(args
 
 static PyObject *py_scan_json(PyObject *self, PyObject *args) { return scan_with(args, frscan_parse_json, 1); }
 
-/* The byte span [start, end) of container `node`, recorded by the JSON parser (spans are in node order). */
-static int span_of(const Scan *s, int64_t node, int64_t *start, int64_t *end) {
-    Py_ssize_t lo = 0, hi = s->nspans;
-    while (lo < hi) {
-        Py_ssize_t mid = (lo + hi) / 2;
-        if (s->spans[3 * mid] < node) lo = mid + 1; else hi = mid;
-    }
-    if (lo >= s->nspans || s->spans[3 * lo] != node || s->spans[3 * lo + 2] < 0) return -1;
-    *start = s->spans[3 * lo + 1];
-    *end = s->spans[3 * lo + 2];
-    return 0;
-}
-
-/* A snapshot envelope's pieces, each through `extract` on the one parse of the body. */
-static PyObject *envelope(Scan *s, Py_ssize_t last, Py_ssize_t max_pieces) {
-    Val top = s->result;
-    if (top.kind != K_DICT) return NULL;
-    const Val *ranks = NULL, *key = NULL;
-    EACH_CHILD(s, top.v, c, {
-        if (!key) { key = c; continue; }
-        if (is_key(s, key, "ranks", 5)) ranks = c; /* a repeated key: the last one wins, as in a dict */
-        key = NULL;
-    });
-    int64_t rs, re, ps, pe;
-    if (!ranks || ranks->kind != K_LIST || s->nodes[ranks->v].count > max_pieces || span_of(s, ranks->v, &rs, &re))
-        return NULL;
-    Py_ssize_t old_ocap = s->ocap;
-    if (GROW(s, s->node_obj, s->ocap, s->nn + 1)) return NULL;
-    memset(s->node_obj + old_ocap, 0, (size_t)(s->ocap - old_ocap) * sizeof(PyObject *));
-    PyObject *list = PyList_New(0);
-    if (!list) return NULL;
-    EACH_CHILD(s, ranks->v, c, {
-        if ((c->kind != K_DICT && c->kind != K_LIST) || span_of(s, c->v, &ps, &pe)) { Py_DECREF(list); return NULL; }
-        PyObject *got = NULL;
-        if (c->kind == K_DICT) {
-            s->result = *c;
-            got = extract(s, 1, last);
-            if (!got) PyErr_Clear(); /* this piece declined: the caller decodes its span the reference way */
-        }
-        PyObject *item = Py_BuildValue("(LLN)", (long long)ps, (long long)pe, got ? got : Py_NewRef(Py_None));
-        if (!item || PyList_Append(list, item)) { Py_XDECREF(item); Py_DECREF(list); return NULL; }
-        Py_DECREF(item);
-    });
-    return Py_BuildValue("(LLN)", (long long)rs, (long long)re, list);
-}
-
-static PyObject *py_scan_envelope(PyObject *self, PyObject *args) {
-    Py_buffer view;
-    Py_ssize_t budget, last, max_pieces;
-    if (!PyArg_ParseTuple(args, "y*nnn", &view, &budget, &last, &max_pieces)) return NULL;
-    Scan s;
-    memset(&s, 0, sizeof(s));
-    int taken = !kept_busy;
-    scan_take(&s);
-    s.d = view.buf;
-    s.n = view.len;
-    s.budget = budget > 0 ? (size_t)budget : 0;
-    s.work = 64 * (int64_t)view.len + 1000000;
-    s.span_depth = 3; /* the envelope, its "ranks" (and other fields), the pieces */
-    PyObject *out = NULL;
-    if (frscan_parse_json(&s) == 0) out = envelope(&s, last, max_pieces);
-    scan_free(&s, taken);
-    PyMem_Free(s.spans);
-    PyBuffer_Release(&view);
-    if (!out) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    return out;
-}
-
+PyObject *frscan_scan_envelope(PyObject *self, PyObject *args); /* _frscan_json.c */
 PyObject *frscan_index_contiguous(PyObject *self, PyObject *args); /* _frscan_groups.c */
 PyObject *frscan_narrow(PyObject *self, PyObject *args);
 
@@ -980,7 +908,7 @@ static PyMethodDef methods[] = {
      "scan_json(data, budget, pieces=False, last=0, prefix=False) -> the same for JSON text (`pieces`: a snapshot "
      "piece's entries are its trace's; `last` > 0: only the newest `last` entries; `prefix`: the value may be "
      "followed by anything, its end is the last item), or None"},
-    {"scan_envelope", py_scan_envelope, METH_VARARGS,
+    {"scan_envelope", frscan_scan_envelope, METH_VARARGS,
      "scan_envelope(data, budget, last, max_pieces) -> (ranks_start, ranks_end, [(start, end, columns or None) "
      "per piece]) for a snapshot envelope's JSON text, or None"},
     {"index_contiguous", frscan_index_contiguous, METH_VARARGS,

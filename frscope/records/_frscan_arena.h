@@ -43,6 +43,25 @@ typedef struct {
 /* The JSON front-end (_frscan_json.c): s->d / s->n the text; 0 and s->result, or -1: decline. */
 int frscan_parse_json(Scan *s);
 
+/* _frscan.c: a scan's arena over `view` (the buffers kept between scans when free: returns whether it took
+ * them) and its release; the table of the dict s->result (None-or-NULL: declined; `pieces`: a snapshot piece's
+ * entries are its trace's; `last` > 0: only the newest `last` entries). */
+int frscan_begin(Scan *s, const Py_buffer *view, Py_ssize_t budget);
+void frscan_end(Scan *s, int taken);
+PyObject *frscan_extract(Scan *s, int pieces, Py_ssize_t last);
+
+#define EACH_CHILD(s, node, val, ...) do { \
+    for (int64_t _c = (s)->nodes[node].first; _c >= 0; _c = (s)->chunks[_c].next) { \
+        for (int64_t _i = 0; _i < (s)->chunks[_c].count; _i++) { \
+            Val *val = &(s)->vals[(s)->chunks[_c].start + _i]; \
+            __VA_ARGS__ \
+        } \
+    } } while (0)
+
+static inline int is_key(const Scan *s, const Val *key, const char *name, uint32_t len) {
+    return key->kind == K_STR && key->len == len && !memcmp(s->d + key->v, name, len);
+}
+
 static int grow(Scan *s, void **p, Py_ssize_t *cap, Py_ssize_t need, size_t elem) {
     if (need <= *cap) return 0;
     Py_ssize_t nc = *cap ? *cap : 64;

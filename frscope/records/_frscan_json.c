@@ -358,3 +358,69 @@ out:
     PyMem_Free(shared.slots);
     return rc;
 }
+
+/* --- a sidecar's snapshot envelope: its pieces, each through `extract` ------------------------------ */
+
+/* The byte span [start, end) of container `node`, recorded by the JSON parser (spans are in node order). */
+static int span_of(const Scan *s, int64_t node, int64_t *start, int64_t *end) {
+    Py_ssize_t lo = 0, hi = s->nspans;
+    while (lo < hi) {
+        Py_ssize_t mid = (lo + hi) / 2;
+        if (s->spans[3 * mid] < node) lo = mid + 1; else hi = mid;
+    }
+    if (lo >= s->nspans || s->spans[3 * lo] != node || s->spans[3 * lo + 2] < 0) return -1;
+    *start = s->spans[3 * lo + 1];
+    *end = s->spans[3 * lo + 2];
+    return 0;
+}
+
+/* A snapshot envelope's pieces, each through `extract` on the one parse of the body. */
+static PyObject *envelope(Scan *s, Py_ssize_t last, Py_ssize_t max_pieces) {
+    Val top = s->result;
+    if (top.kind != K_DICT) return NULL;
+    const Val *ranks = NULL, *key = NULL;
+    EACH_CHILD(s, top.v, c, {
+        if (!key) { key = c; continue; }
+        if (is_key(s, key, "ranks", 5)) ranks = c; /* a repeated key: the last one wins, as in a dict */
+        key = NULL;
+    });
+    int64_t rs, re, ps, pe;
+    if (!ranks || ranks->kind != K_LIST || s->nodes[ranks->v].count > max_pieces || span_of(s, ranks->v, &rs, &re))
+        return NULL;
+    Py_ssize_t old_ocap = s->ocap;
+    if (GROW(s, s->node_obj, s->ocap, s->nn + 1)) return NULL;
+    memset(s->node_obj + old_ocap, 0, (size_t)(s->ocap - old_ocap) * sizeof(PyObject *));
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    EACH_CHILD(s, ranks->v, c, {
+        if ((c->kind != K_DICT && c->kind != K_LIST) || span_of(s, c->v, &ps, &pe)) { Py_DECREF(list); return NULL; }
+        PyObject *got = NULL;
+        if (c->kind == K_DICT) {
+            s->result = *c;
+            got = frscan_extract(s, 1, last);
+            if (!got) PyErr_Clear(); /* this piece declined: the caller decodes its span the reference way */
+        }
+        PyObject *item = Py_BuildValue("(LLN)", (long long)ps, (long long)pe, got ? got : Py_NewRef(Py_None));
+        if (!item || PyList_Append(list, item)) { Py_XDECREF(item); Py_DECREF(list); return NULL; }
+        Py_DECREF(item);
+    });
+    return Py_BuildValue("(LLN)", (long long)rs, (long long)re, list);
+}
+
+PyObject *frscan_scan_envelope(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t budget, last, max_pieces;
+    if (!PyArg_ParseTuple(args, "y*nnn", &view, &budget, &last, &max_pieces)) return NULL;
+    Scan s;
+    int taken = frscan_begin(&s, &view, budget);
+    s.span_depth = 3; /* the envelope, its "ranks" (and other fields), the pieces */
+    PyObject *out = NULL;
+    if (frscan_parse_json(&s) == 0) out = envelope(&s, last, max_pieces);
+    frscan_end(&s, taken);
+    PyBuffer_Release(&view);
+    if (!out) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    return out;
+}
