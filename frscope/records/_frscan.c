@@ -747,7 +747,7 @@ PyObject *frscan_extract(Scan *s, int pieces, Py_ssize_t last) {
             k2 = NULL;
         });
         for (int f = 0; f < F_REQUIRED; f++) if (!fv[f]) goto fail;
-        {   /* 0: no entry has "frames"; 1: every entry's is an empty list; 2: anything else */
+        {   /* 0: no entry has frames; 1: every entry's are an empty list; 2: anything else */
             const Val *fr = fv[F_FRAMES];
             int st = !fr ? 0 : fr->kind == K_LIST && s->nodes[fr->v].count == 0 ? 1 : 2;
             frames_state = frames_state < 0 || frames_state == st ? st : 2;
@@ -847,7 +847,7 @@ PyObject *frscan_extract(Scan *s, int pieces, Py_ssize_t last) {
             stacks_failed ? Py_None : tabs[T_STACK].objs,
             ids_rise ? Py_True : Py_False,
             PyLong_FromSsize_t(total), /* the entries before the cut to `last` */
-            PyLong_FromLong(frames_state), /* the entries' "frames" fields: 0 none, 1 all [], 2 other */
+            PyLong_FromLong(frames_state), /* the entries' frames: 0 none, 1 all [], 2 other */
             PyLong_FromSsize_t(s->end), /* JSON: where the value ends */
         };
         /* borrowed ones: meta, the tables' lists, counts, None, the bools; the others are new */
