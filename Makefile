@@ -11,7 +11,8 @@ STAMP := $(VENV)/.frscope-installed
 
 # setup.py and the C scanner too: `pip install -e .` builds frscope/records/_frscan.c in place (optional: without a
 # compiler frscope reads dumps with the pure-Python path), so a change to either rebuilds it.
-$(STAMP): pyproject.toml setup.py frscope/records/_frscan.c frscope/records/_frscan_groups.c frscope/records/_frscan_fields.h
+$(STAMP): pyproject.toml setup.py frscope/records/_frscan.c frscope/records/_frscan_groups.c frscope/records/_frscan_json.c \
+  frscope/records/_frscan_fields.h frscope/records/_frscan_arena.h
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch comes from pip's cache after the first install (several GB: the CUDA build runs on the CPU)

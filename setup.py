@@ -64,7 +64,9 @@ def absolute_links(markdown: str) -> str:
 setup(
     long_description=absolute_links(Path(__file__).with_name("README.md").read_text(encoding="utf-8")),
     long_description_content_type="text/markdown",
-    ext_modules=[Extension("frscope.records._frscan", ["frscope/records/_frscan.c", "frscope/records/_frscan_groups.c"],
-                           depends=["frscope/records/_frscan_fields.h"], optional=True)],
+    ext_modules=[Extension("frscope.records._frscan", ["frscope/records/_frscan.c", "frscope/records/_frscan_groups.c",
+                                                         "frscope/records/_frscan_json.c"],
+                           depends=["frscope/records/_frscan_fields.h", "frscope/records/_frscan_arena.h"],
+                           optional=True)],
     cmdclass={"build_ext": OptionalBuildExt},
 )

@@ -16,53 +16,8 @@
  * recurses deeper than MAX_DEPTH. Declining returns None: the caller reads the file the reference way, which
  * reports whatever is wrong with it. So this module never decides what a bad file means.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <stdint.h>
-#include <string.h>
+#include "_frscan_arena.h"
 
-enum { K_UNSET = 0, K_NONE, K_TRUE, K_FALSE, K_INT, K_FLOAT, K_STR, K_LIST, K_TUPLE, K_DICT };
-
-typedef struct { uint32_t kind; uint32_t len; int64_t v; } Val; /* STR: v offset, len bytes; containers: v node */
-typedef struct { int64_t start, count, next; } Chunk;
-typedef struct { int64_t first, last, count; uint32_t kind; } Node;
-
-#define MAX_DEPTH 32
-
-typedef struct {
-    const uint8_t *d;
-    Py_ssize_t n;
-    size_t used, budget;
-    int64_t work;
-    Val *stack; Py_ssize_t sp, scap;
-    Py_ssize_t *marks; Py_ssize_t nm, mcap;
-    Val *memo; Py_ssize_t memo_cap, memo_count;
-    Val *vals; Py_ssize_t nv, vcap;
-    Chunk *chunks; Py_ssize_t nc, ccap;
-    Node *nodes; Py_ssize_t nn, ncap;
-    PyObject **node_obj; Py_ssize_t ocap; /* materialized containers, per node (shared as the pickle shares them) */
-    Py_ssize_t memo_hi; /* memo slots [0, memo_hi) may be set */
-    Val result;
-} Scan;
-
-static int grow(Scan *s, void **p, Py_ssize_t *cap, Py_ssize_t need, size_t elem) {
-    if (need <= *cap) return 0;
-    Py_ssize_t nc = *cap ? *cap : 64;
-    while (nc < need) {
-        if (nc > PY_SSIZE_T_MAX / 4) return -1;
-        nc *= 2;
-    }
-    size_t add = (size_t)(nc - *cap) * elem;
-    if ((size_t)nc > SIZE_MAX / elem || s->used + add > s->budget) return -1;
-    void *q = PyMem_Realloc(*p, (size_t)nc * elem);
-    if (!q) return -1;
-    *p = q;
-    s->used += add;
-    *cap = nc;
-    return 0;
-}
-
-#define GROW(s, arr, cap, need) grow((s), (void **)&(arr), &(cap), (need), sizeof(*(arr)))
 
 /* The arena's buffers are kept between scans (a worker scans thousands of files of one size): fresh ones cost
  * more in page faults than the scan itself. Kept only while small; `kept_busy` guards against reentrance. */
@@ -80,6 +35,7 @@ static void scan_take(Scan *s) {
     s->chunks = kept.chunks; s->ccap = kept.ccap;
     s->nodes = kept.nodes; s->ncap = kept.ncap;
     s->node_obj = kept.node_obj; s->ocap = kept.ocap;
+    s->pool = kept.pool; s->pool_cap = kept.pool_cap;
     memset(&kept, 0, sizeof(kept));
     s->used = 0; /* the budget bounds what this scan adds */
 }
@@ -92,7 +48,7 @@ static void scan_free(Scan *s, int taken) {
     if (s->memo) memset(s->memo, 0, (size_t)(s->memo_hi < s->memo_cap ? s->memo_hi : s->memo_cap) * sizeof(Val));
     size_t held = (size_t)s->scap * sizeof(Val) + (size_t)s->mcap * sizeof(Py_ssize_t) +
                   (size_t)s->memo_cap * sizeof(Val) + (size_t)s->vcap * sizeof(Val) + (size_t)s->ccap * sizeof(Chunk) +
-                  (size_t)s->ncap * sizeof(Node) + (size_t)s->ocap * sizeof(PyObject *);
+                  (size_t)s->ncap * sizeof(Node) + (size_t)s->ocap * sizeof(PyObject *) + (size_t)s->pool_cap;
     if (taken && held <= KEEP_MAX_BYTES) {
         kept.stack = s->stack; kept.scap = s->scap;
         kept.marks = s->marks; kept.mcap = s->mcap;
@@ -101,56 +57,16 @@ static void scan_free(Scan *s, int taken) {
         kept.chunks = s->chunks; kept.ccap = s->ccap;
         kept.nodes = s->nodes; kept.ncap = s->ncap;
         kept.node_obj = s->node_obj; kept.ocap = s->ocap;
+        kept.pool = s->pool; kept.pool_cap = s->pool_cap;
     } else {
         PyMem_Free(s->stack); PyMem_Free(s->marks); PyMem_Free(s->memo); PyMem_Free(s->vals);
-        PyMem_Free(s->chunks); PyMem_Free(s->nodes); PyMem_Free(s->node_obj);
+        PyMem_Free(s->chunks); PyMem_Free(s->nodes); PyMem_Free(s->node_obj); PyMem_Free(s->pool);
     }
     if (taken) kept_busy = 0;
 }
 
-static inline int push(Scan *s, Val v) {
-    if (__builtin_expect(s->sp >= s->scap, 0) && GROW(s, s->stack, s->scap, s->sp + 1)) return -1;
-    s->stack[s->sp++] = v;
-    return 0;
-}
-
 static Py_ssize_t fence(Scan *s) { return s->nm ? s->marks[s->nm - 1] : 0; }
 
-static inline int new_node(Scan *s, uint32_t kind, Val *out) {
-    if (__builtin_expect(s->nn >= s->ncap, 0) && GROW(s, s->nodes, s->ncap, s->nn + 1)) return -1;
-    s->nodes[s->nn] = (Node){-1, -1, 0, kind};
-    *out = (Val){kind, 0, s->nn};
-    s->nn++;
-    return 0;
-}
-
-/* Append `count` values from `src` to node `node` as one chunk (src is the stack: never the vals pool). */
-static inline int add_chunk(Scan *s, int64_t node, const Val *src, Py_ssize_t count) {
-    if (count == 0) return 0;
-    if ((s->nv + count > s->vcap && GROW(s, s->vals, s->vcap, s->nv + count)) ||
-        (s->nc + 1 > s->ccap && GROW(s, s->chunks, s->ccap, s->nc + 1)))
-        return -1;
-    Val *dst = s->vals + s->nv;
-    if (count <= 4) for (Py_ssize_t i = 0; i < count; i++) dst[i] = src[i];
-    else memcpy(dst, src, (size_t)count * sizeof(Val));
-    Node *nd = &s->nodes[node];
-    if (nd->last >= 0 && nd->last == s->nc - 1) {
-        Chunk *prev = &s->chunks[nd->last];
-        if (prev->start + prev->count == s->nv) { /* this node's chunk ends the pool: extend it */
-            prev->count += count;
-            nd->count += count;
-            s->nv += count;
-            return 0;
-        }
-    }
-    s->chunks[s->nc] = (Chunk){s->nv, count, -1};
-    if (nd->last >= 0) s->chunks[nd->last].next = s->nc; else nd->first = s->nc;
-    nd->last = s->nc;
-    nd->count += count;
-    s->nv += count;
-    s->nc++;
-    return 0;
-}
 
 static int utf8_ok(const uint8_t *p, Py_ssize_t len) {
     for (Py_ssize_t i = 0; i < len; i++) {
@@ -168,6 +84,23 @@ static uint64_t rd_le(const uint8_t *p, int k) {
     uint64_t x = 0;
     for (int i = k - 1; i >= 0; i--) x = (x << 8) | p[i];
     return x;
+}
+
+/* A scan's arena, with the kept buffers when free (returns whether it took them), over `view`. */
+int frscan_begin(Scan *s, const Py_buffer *view, Py_ssize_t budget) {
+    memset(s, 0, sizeof(*s));
+    int taken = !kept_busy;
+    scan_take(s);
+    s->d = view->buf;
+    s->n = view->len;
+    s->budget = budget > 0 ? (size_t)budget : 0;
+    s->work = 64 * (int64_t)view->len + 1000000;
+    return taken;
+}
+
+void frscan_end(Scan *s, int taken) {
+    scan_free(s, taken);
+    PyMem_Free(s->spans);
 }
 
 /* The opcode walk. 0: the stream is a plain-containers pickle (s->result is its value); -1: decline. */
@@ -350,14 +283,6 @@ static inline int put_tag(Scan *s, Buf *b, uint8_t tag, int64_t x) {
     b->len += 9;
     return 0;
 }
-
-#define EACH_CHILD(s, node, val, ...) do { \
-    for (int64_t _c = (s)->nodes[node].first; _c >= 0; _c = (s)->chunks[_c].next) { \
-        for (int64_t _i = 0; _i < (s)->chunks[_c].count; _i++) { \
-            Val *val = &(s)->vals[(s)->chunks[_c].start + _i]; \
-            __VA_ARGS__ \
-        } \
-    } } while (0)
 
 /* Content key of a value: equal keys <=> equal Python values (for what it accepts: no floats, no dicts except a
  * frame dict by identity when `dicts_by_node`). */
@@ -717,7 +642,26 @@ static PyObject *narrow(Interner *t) {
 
 enum { T_PG, T_NAME, T_STATE, T_TIMEOUT, T_THREAD, T_SHAPE, T_STACK, T_COUNT };
 
-static PyObject *extract(Scan *s) {
+/* A dump's top-level dict (or a piece's trace) as a Python dict whose "entries" are an empty list: the table
+ * carries them. NULL: failed. */
+static PyObject *mat_meta(Scan *s, const Val *dict) {
+    PyObject *meta = PyDict_New();
+    if (!meta) return NULL;
+    const Val *key = NULL;
+    EACH_CHILD(s, dict->v, c, {
+        if (!key) { key = c; continue; }
+        PyObject *k = mat(s, key, 1), *x = NULL;
+        if (k) x = is_key(s, key, "entries", 7) ? PyList_New(0) : mat(s, c, 1);
+        int rc = x ? PyDict_SetItem(meta, k, x) : -1;
+        Py_XDECREF(k); Py_XDECREF(x);
+        key = NULL;
+        if (rc) { Py_DECREF(meta); return NULL; }
+    });
+    return meta;
+}
+
+/* `last` > 0: only the newest `last` entries (wire.window_piece's cut), as if the others were not there. */
+PyObject *frscan_extract(Scan *s, int pieces, Py_ssize_t last) {
     PyObject *meta = NULL, *result = NULL, *counts = NULL;
     Interner tabs[T_COUNT];
     memset(tabs, 0, sizeof(tabs));
@@ -732,30 +676,51 @@ static PyObject *extract(Scan *s) {
     if (GROW(s, s->node_obj, s->ocap, s->nn + 1)) return NULL;
     memset(s->node_obj + old_ocap, 0, (size_t)(s->ocap - old_ocap) * sizeof(PyObject *));
 
-    /* The top level: everything but the entries as Python objects (normalize reads them); the entries' list. */
-    const Val *entries = NULL, *key = NULL;
-    EACH_CHILD(s, top.v, c, {
+    /* The top level: everything but the entries as Python objects (normalize reads them); the entries' list.
+     * `pieces`: a snapshot piece's (a frscope_snapshot key and a trace) entries are its trace's, as
+     * wire.unwrap_snapshot reads it; the trace's other fields stay in meta's "trace". */
+    const Val *holder = &top, *trace = NULL, *key = NULL;
+    int snapshot = 0;
+    if (pieces) {
+        EACH_CHILD(s, top.v, c, {
+            if (!key) { key = c; continue; }
+            if (is_key(s, key, "trace", 5)) trace = c; /* a repeated key: the last one wins, as in a dict */
+            else if (is_key(s, key, "frscope_snapshot", 16)) snapshot = 1;
+            key = NULL;
+        });
+        if (trace && snapshot) {
+            if (trace->kind != K_DICT) return NULL;
+            holder = trace;
+        }
+    }
+    const Val *entries = NULL;
+    key = NULL;
+    EACH_CHILD(s, holder->v, c, {
         if (!key) { key = c; continue; }
-        if (key->len == 7 && !memcmp(s->d + key->v, "entries", 7)) entries = c;
+        if (is_key(s, key, "entries", 7)) entries = c;
         key = NULL;
     });
     if (!entries || entries->kind != K_LIST || s->nodes[entries->v].count == 0) return NULL;
     int64_t saved = s->work;
     s->work = s->n / 4 + 100000;
-    if (!(meta = PyDict_New())) goto fail;
-    key = NULL;
-    EACH_CHILD(s, top.v, c, {
-        if (!key) { key = c; continue; }
-        PyObject *k = mat(s, key, 1), *x = NULL;
-        if (k) x = (key->len == 7 && !memcmp(s->d + key->v, "entries", 7)) ? PyList_New(0) : mat(s, c, 1);
-        int rc = x ? PyDict_SetItem(meta, k, x) : -1;
-        Py_XDECREF(k); Py_XDECREF(x);
+    if (holder == &top) meta = mat_meta(s, &top);
+    else if ((meta = PyDict_New())) {
         key = NULL;
-        if (rc) goto fail;
-    });
+        EACH_CHILD(s, top.v, c, {
+            if (!key) { key = c; continue; }
+            PyObject *k = mat(s, key, 1), *x = NULL;
+            if (k) x = c == trace ? mat_meta(s, c) : mat(s, c, 1);
+            int rc = x ? PyDict_SetItem(meta, k, x) : -1;
+            Py_XDECREF(k); Py_XDECREF(x);
+            key = NULL;
+            if (rc) goto fail;
+        });
+    }
+    if (!meta) goto fail;
     s->work = saved;
 
-    Py_ssize_t n = (Py_ssize_t)s->nodes[entries->v].count;
+    Py_ssize_t total = (Py_ssize_t)s->nodes[entries->v].count;
+    Py_ssize_t skip = last > 0 && total > last ? total - last : 0, n = total - skip;
     size_t need = (size_t)n * (6 * 8 + 8 + 1 + T_COUNT * 4);
     if (s->used + need > s->budget) goto fail;
     if (!(ints = PyMem_Malloc((size_t)n * 6 * 8)) || !(dur = PyMem_Malloc((size_t)n * 8)) ||
@@ -766,11 +731,12 @@ static PyObject *extract(Scan *s) {
 
     int64_t kcache[KCACHE][2];
     memset(kcache, 0, sizeof(kcache));
-    int stacks_failed = 0, ids_rise = 1;
+    int stacks_failed = 0, ids_rise = 1, frames_state = -1;
     int64_t refs = 0;
     Py_ssize_t i = 0;
     Val *fv[F_COUNT];
     EACH_CHILD(s, entries->v, e, {
+        if (skip > 0) { skip--; continue; }
         if (e->kind != K_DICT) goto fail;
         for (int f = 0; f < F_COUNT; f++) fv[f] = NULL;
         const Val *k2 = NULL;
@@ -781,6 +747,11 @@ static PyObject *extract(Scan *s) {
             k2 = NULL;
         });
         for (int f = 0; f < F_REQUIRED; f++) if (!fv[f]) goto fail;
+        {   /* 0: no entry has frames; 1: every entry's are an empty list; 2: anything else */
+            const Val *fr = fv[F_FRAMES];
+            int st = !fr ? 0 : fr->kind == K_LIST && s->nodes[fr->v].count == 0 ? 1 : 2;
+            frames_state = frames_state < 0 || frames_state == st ? st : 2;
+        }
         int64_t *row = ints + 6 * i;
         if (fv[F_RECORD_ID]->kind != K_INT || fv[F_RECORD_ID]->v < FIELD_MIN[F_RECORD_ID]) goto fail;
         if (fv[F_SEQ]->kind != K_INT || fv[F_SEQ]->v < FIELD_MIN[F_SEQ]) goto fail;
@@ -866,7 +837,7 @@ static PyObject *extract(Scan *s) {
         int64_t *out = (int64_t *)PyBytes_AS_STRING(cols);
         for (int c = 0; c < 6; c++)
             for (Py_ssize_t j = 0; j < n; j++) out[c * n + j] = ints[6 * j + c];
-        PyObject *items[21] = {
+        PyObject *items[24] = {
             meta, PyLong_FromSsize_t(n), cols, PyBytes_FromStringAndSize((const char *)dur, n * 8),
             PyBytes_FromStringAndSize((const char *)flags, n),
             narrow(&tabs[T_PG]), tabs[T_PG].objs, tabs[T_NAME].objs, narrow(&tabs[T_NAME]), counts,
@@ -875,19 +846,22 @@ static PyObject *extract(Scan *s) {
             stacks_failed ? Py_None : PyBytes_FromStringAndSize((const char *)tabs[T_STACK].codes, n * 4),
             stacks_failed ? Py_None : tabs[T_STACK].objs,
             ids_rise ? Py_True : Py_False,
+            PyLong_FromSsize_t(total), /* the entries before the cut to `last` */
+            PyLong_FromLong(frames_state), /* the entries' frames: 0 none, 1 all [], 2 other */
+            PyLong_FromSsize_t(s->end), /* JSON: where the value ends */
         };
-        /* borrowed ones: meta, the tables' lists, counts, None, the bool; the others are new */
-        static const int BORROWED[21] = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1, 1};
+        /* borrowed ones: meta, the tables' lists, counts, None, the bools; the others are new */
+        static const int BORROWED[24] = {1, 0, 0, 0, 0, 0, 1, 1, 0, 1, 1, 0, 1, 0, 1, 0, 1, 0, 0, 1, 1, 0, 0, 0};
         int ok = 1;
-        for (int j = 0; j < 21; j++) {
+        for (int j = 0; j < 24; j++) {
             int borrowed = BORROWED[j] || (j == 18 && stacks_failed);
             if (!items[j]) ok = 0;
             else if (borrowed) Py_INCREF(items[j]);
         }
-        if (ok && (result = PyTuple_New(21))) {
-            for (int j = 0; j < 21; j++) PyTuple_SET_ITEM(result, j, items[j]);
+        if (ok && (result = PyTuple_New(24))) {
+            for (int j = 0; j < 24; j++) PyTuple_SET_ITEM(result, j, items[j]);
         } else {
-            for (int j = 0; j < 21; j++) Py_XDECREF(items[j]);
+            for (int j = 0; j < 24; j++) Py_XDECREF(items[j]);
         }
     }
 fail:
@@ -898,21 +872,19 @@ fail:
     return result;
 }
 
-static PyObject *py_scan(PyObject *self, PyObject *args) {
+/* One scan: a front-end (the pickle walk or the JSON parser) fills the arena, `extract` reads it. */
+static PyObject *scan_with(PyObject *args, int (*front)(Scan *), int json) {
     Py_buffer view;
     Py_ssize_t budget;
-    if (!PyArg_ParseTuple(args, "y*n", &view, &budget)) return NULL;
+    int pieces = 0, prefix = 0;
+    Py_ssize_t last = 0;
+    if (!PyArg_ParseTuple(args, json ? "y*n|pnp" : "y*n", &view, &budget, &pieces, &last, &prefix)) return NULL;
     Scan s;
-    memset(&s, 0, sizeof(s));
-    int taken = !kept_busy;
-    scan_take(&s);
-    s.d = view.buf;
-    s.n = view.len;
-    s.budget = budget > 0 ? (size_t)budget : 0;
-    s.work = 64 * (int64_t)view.len + 1000000;
+    int taken = frscan_begin(&s, &view, budget);
+    s.prefix = prefix;
     PyObject *out = NULL;
-    if (parse(&s) == 0) out = extract(&s);
-    scan_free(&s, taken);
+    if (front(&s) == 0) out = frscan_extract(&s, pieces, last);
+    frscan_end(&s, taken);
     PyBuffer_Release(&view);
     if (!out) {
         PyErr_Clear(); /* declined: MemoryError included; the reference path reads (and judges) the file */
@@ -921,12 +893,24 @@ static PyObject *py_scan(PyObject *self, PyObject *args) {
     return out;
 }
 
+static PyObject *py_scan(PyObject *self, PyObject *args) { return scan_with(args, parse, 0); }
+
+static PyObject *py_scan_json(PyObject *self, PyObject *args) { return scan_with(args, frscan_parse_json, 1); }
+
+PyObject *frscan_scan_envelope(PyObject *self, PyObject *args); /* _frscan_json.c */
 PyObject *frscan_index_contiguous(PyObject *self, PyObject *args); /* _frscan_groups.c */
 PyObject *frscan_narrow(PyObject *self, PyObject *args);
 
 static PyMethodDef methods[] = {
     {"scan", py_scan, METH_VARARGS,
      "scan(data, budget) -> tuple of columns, or None when the pickle is not a regular Flight Recorder dump"},
+    {"scan_json", py_scan_json, METH_VARARGS,
+     "scan_json(data, budget, pieces=False, last=0, prefix=False) -> the same for JSON text (`pieces`: a snapshot "
+     "piece's entries are its trace's; `last` > 0: only the newest `last` entries; `prefix`: the value may be "
+     "followed by anything, its end is the last item), or None"},
+    {"scan_envelope", frscan_scan_envelope, METH_VARARGS,
+     "scan_envelope(data, budget, last, max_pieces) -> (ranks_start, ranks_end, [(start, end, columns or None) "
+     "per piece]) for a snapshot envelope's JSON text, or None"},
     {"index_contiguous", frscan_index_contiguous, METH_VARARGS,
      "index_contiguous(gid, ngroups, flags, state, done, seq, name, op_of_name, shape, shape_count) -> "
      "(groups, keys), or None when a group's seqs are not consecutive (group_index.index_groups)"},

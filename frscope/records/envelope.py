@@ -10,6 +10,7 @@ from typing import Any
 
 from frscope import wire
 from frscope.records.bundle import BundleError, bundle_windows
+from frscope.records.columns import EntryTable
 from frscope.records.errors import DumpError
 from frscope.records.limits import printable, valid_rank
 from frscope.records.model import LoadProblem, RankDump
@@ -22,15 +23,17 @@ def envelope_problems(errors: Iterable[tuple[Any, Any]], where: str) -> list[Loa
 
 
 def piece_dump(piece: dict[str, Any], where: str, index: int, *, columnar: bool,
-               captured_at_ns: int | None = None) -> RankDump | LoadProblem:
+               captured_at_ns: int | None = None, prebuilt: tuple[EntryTable, str | None] | None = None
+               ) -> RankDump | LoadProblem:
     """One rank's piece (the `index`th of an envelope from `where`) -> its RankDump, named by the rank it
     says it is (or by its index when that is no rank), with `captured_at_ns` (the envelope's) where the
-    piece has no capture time of its own; or the problem that names why not."""
+    piece has no capture time of its own; or the problem that names why not. `prebuilt`: its entries, already
+    read by the scanner (`scan.scan_envelope`)."""
     hint = piece.get("rank")
     rank = valid_rank(hint) if isinstance(hint, int) and not isinstance(hint, bool) else None
     source = f"{where} rank {rank}" if rank is not None else f"{where} piece {index}"
     try:
-        dump = normalize_dump(piece, source, rank, columnar=columnar)
+        dump = normalize_dump(piece, source, rank, columnar=columnar, prebuilt=prebuilt)
     except DumpError as exc:
         return LoadProblem(exc.source, exc.what, rank=valid_rank(exc.rank))
     if dump.captured_at_ns is None:

@@ -240,13 +240,15 @@ def _one_rank(path: Path, raw: Any, rank: int | None, lazy: LazyFrames | None, c
 
 
 def _scanned(path: Path, data: bytes, rank: int | None, max_bytes: int) -> RankDump | None:
-    """The scanner's reading of a plain pickle dump (`records.scan`), or None: read it the reference way."""
+    """The scanner's reading of a plain dump (`records.scan`): a pickle, or JSON (a snapshot piece too), or
+    None: read it the reference way."""
     lazy = LazyFrames(_EntriesReader(path, max_bytes))
-    got = scan.scan_dump(data, lazy, parse_profiling_name)
+    pickled = data[:1] == b"\x80"
+    got = (scan.scan_dump if pickled else scan.scan_json_dump)(data, lazy, parse_profiling_name)
     if got is None:
         return None
     meta, table, backend = got
-    if wire.is_snapshot_envelope(meta) or wire.is_snapshot_piece(meta):
+    if wire.is_snapshot_envelope(meta) or is_bundle(meta) or (pickled and wire.is_snapshot_piece(meta)):
         return None
     return _one_rank(path, meta, rank, lazy, True, (table, backend))
 

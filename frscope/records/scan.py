@@ -31,8 +31,9 @@ from frscope.records.fields import (
     regular_thread,
     short_text,
 )
-from frscope.records.limits import MAX_INT64, memory_budget
+from frscope.records.limits import MAX_INT64, MIN_JSON_BYTES_PER_CONTAINER, memory_budget
 from frscope.records.model import LazyFrames
+from frscope.wire import TIMINGS_PIECE_KEY, is_snapshot_piece
 
 try:
     from frscope.records import _frscan  # type: ignore[attr-defined]
@@ -67,17 +68,105 @@ def scan_dump(data: bytes, lazy_frames: LazyFrames,
     return _table(got, lazy_frames, parse_name)
 
 
+def scan_json_dump(data: bytes, lazy_frames: LazyFrames,
+                   parse_name: Callable[[str], tuple[str | None, str, int | None]]
+                   ) -> tuple[dict[str, Any], EntryTable, str | None] | None:
+    """As `scan_dump`, for JSON text (torch's `_dump_fr_trace_json`, `fr_trace_json`, or a frscope snapshot
+    piece, whose entries are its trace's: the piece comes back whole, its trace's entries emptied). None: read
+    it the reference way (`json.loads`), which also reports whatever is wrong with it. The reference refuses
+    text with too many containers for its size before decoding (`json_too_dense`); so does this."""
+    if not available() or data.lstrip()[:1] != b"{" or json_too_dense(data):
+        return None
+    got = _frscan.scan_json(data, memory_budget(len(data)), True)
+    if got is None:
+        return None
+    if is_snapshot_piece(got[0]) and got[0].get(TIMINGS_PIECE_KEY) is not None:
+        return None  # the rank's own times rewrite its entries (normalize's apply_timings): the reference's work
+    return _table(got, lazy_frames, parse_name)
+
+
+def scan_envelope(data: bytes, last: int, max_pieces: int,
+                  parse_name: Callable[[str], tuple[str | None, str, int | None]]
+                  ) -> tuple[int, int, list[tuple[int, int, ScannedPiece | None]]] | None:
+    """A snapshot envelope's JSON text (a sidecar's `/v1/snapshot` body) parsed once: the byte span of its
+    "ranks" array and, per piece, its byte span and its reading (`ScannedPiece`: the piece with its trace's
+    entries emptied, their table cut to the newest `last` entries as wire.window_piece cuts them), or None for
+    a piece to decode the reference way (from its span). None: not a regular envelope (more than `max_pieces`
+    pieces, a piece that is not a JSON object or array, invalid or too dense JSON, ...): decode the body the
+    reference way. Frames are not kept (the operator's pieces are read without them): a piece whose entries
+    carry frames is left to the reference, as is one with its own timings."""
+    if not available() or data.lstrip()[:1] != b"{" or json_too_dense(data):
+        return None
+    got = _frscan.scan_envelope(data, memory_budget(len(data)), last, max_pieces)
+    if got is None:
+        return None
+    start, end, items = got
+    return start, end, [(piece_start, piece_end, _piece(columns, parse_name) if columns is not None else None)
+                        for piece_start, piece_end, columns in items]
+
+
+def scan_piece(window: bytes, last: int, parse_name: Callable[[str], tuple[str | None, str, int | None]]
+               ) -> tuple[ScannedPiece, int] | None:
+    """The snapshot piece (a JSON object) at the start of `window`, which may go on past it (the operator reads
+    a body piece by piece, `push_decode`): (its reading, as `scan_envelope`'s, its end in `window`), or None:
+    decode it the reference way. A piece with more containers than its size allows is left to the reference
+    too (it decides what such a piece is)."""
+    if not available() or window[:1] != b"{":
+        return None
+    got = _frscan.scan_json(window, memory_budget(len(window)), True, last, True)
+    if got is None or json_too_dense(window[: got[23]]):
+        return None
+    piece = _piece(got, parse_name)
+    return (piece, got[23]) if piece is not None else None
+
+
+def _piece(columns: tuple[Any, ...], parse_name: Callable[[str], tuple[str | None, str, int | None]]
+           ) -> ScannedPiece | None:
+    """A piece's columns as a `ScannedPiece`, or None: its entries carry frames (the operator reads a piece
+    without lazy frames, each entry's "frames" as it is: only no entry's or every entry's an empty list is
+    read here, as those), it has its own timings (normalize's apply_timings rewrites its entries first), or a
+    value is not regular."""
+    frames_state = columns[22]
+    if frames_state == 2 or (is_snapshot_piece(columns[0]) and columns[0].get(TIMINGS_PIECE_KEY) is not None):
+        return None
+    read = _table(columns, None, parse_name)
+    if read is None:
+        return None
+    table = read[1]
+    if frames_state == 1:  # as rowwise keeps them: each entry its own empty list, no stacks
+        table.stack, table.stacks = None, None
+        table.frames, table.frames_each = None, tuple([] for _ in range(columns[1]))
+    return ScannedPiece(read[0], (table, read[2]), columns[21] - columns[1])
+
+
+class ScannedPiece(dict[str, Any]):
+    """A snapshot piece read by the scanner: the piece itself (its trace's entries emptied), `prebuilt` (its
+    entries' table and backend, for normalize_dump) and `cut` (the older entries the window left out)."""
+
+    def __init__(self, meta: dict[str, Any], prebuilt: tuple[EntryTable, str | None], cut: int) -> None:
+        super().__init__(meta)
+        self.prebuilt = prebuilt
+        self.cut = cut
+
+
+def json_too_dense(data: bytes) -> bool:
+    """More JSON objects/arrays than one per MIN_JSON_BYTES_PER_CONTAINER bytes (brackets inside strings count
+    too): decoding it would take far more memory than a dump's text does; the reader refuses it."""
+    containers = data.count(b"{") + data.count(b"[")
+    return containers * MIN_JSON_BYTES_PER_CONTAINER > len(data)
+
+
 def _codes(raw: bytes, distinct: int) -> array[int]:
     out = array(_code_type(distinct))
     out.frombytes(raw)
     return out
 
 
-def _table(got: tuple[Any, ...], lazy_frames: LazyFrames,
+def _table(got: tuple[Any, ...], lazy_frames: LazyFrames | None,
            parse_name: Callable[[str], tuple[str | None, str, int | None]]
            ) -> tuple[dict[str, Any], EntryTable, str | None] | None:
     (meta, n, cols, dur, flags, pg_codes, pgs, names, name_codes, name_counts, states, state_codes, timeouts,
-     timeout_codes, threads, thread_codes, shapes, shape_codes, stack_codes, stack_raws, ids_rise) = got
+     timeout_codes, threads, thread_codes, shapes, shape_codes, stack_codes, stack_raws, ids_rise) = got[:21]
     # The table's checks (records.fields, as fastcols applies them), once per distinct value; the scanner
     # checked the types of ints, floats and flags and the ints' lowest values from the same table.
     if not all(map(regular_group, pgs)) or not all(short_text(s, MAX_STATE) for s in states):

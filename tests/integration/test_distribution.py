@@ -94,7 +94,9 @@ def test_sdist_carries_the_scanner_sources_setup_and_license(dist: Path) -> None
         assert pkg_info is not None
         metadata = pkg_info.read().decode()
     for needed in ("pyproject.toml", "setup.py", "LICENSE", "README.md", "frscope/records/_frscan.c",
-                   "frscope/records/_frscan_fields.h", "frscope/report/assets/timeline.js", "frscope/py.typed"):
+                   "frscope/records/_frscan_json.c", "frscope/records/_frscan_groups.c",
+                   "frscope/records/_frscan_fields.h", "frscope/records/_frscan_arena.h",
+                   "frscope/report/assets/timeline.js", "frscope/py.typed"):
         assert needed in names, needed
     assert not any(name.startswith("tests/") or name.endswith(".so") for name in names)
     assert "License-Expression: Apache-2.0" in metadata

@@ -20,10 +20,11 @@ from typing import Any
 
 from frscope.operator.evidence.group_lists import Packed
 from frscope.operator.evidence.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, gunzip_capped, parse_snapshot
-from frscope.records import LoadProblem, RankDump
+from frscope.records import LoadProblem, RankDump, scan
 from frscope.records.envelope import envelope_problems, piece_dump
 from frscope.records.limits import MIN_JSON_BYTES_PER_CONTAINER, describe
-from frscope.wire import SidecarSnapshot, entries_dropped, window_piece
+from frscope.records.normalize import parse_profiling_name
+from frscope.wire import ENTRIES_DROPPED_KEY, SidecarSnapshot, entries_dropped, window_piece
 
 DEFAULT_MAX_ENTRIES = 200
 
@@ -148,9 +149,14 @@ def add_piece(out: PodEvidence, raw: dict[str, Any], index: int, where: str, max
         out.problems.append(LoadProblem(where, raw.why))
         return
     before = entries_dropped(raw)
-    if max_entries > 0:
+    prebuilt = None
+    if isinstance(raw, scan.ScannedPiece):  # read by the scanner, cut to the window there (`_scanned_body`)
+        prebuilt = raw.prebuilt
+        if raw.cut:
+            raw[ENTRIES_DROPPED_KEY] = before + raw.cut
+    elif max_entries > 0:
         window_piece(raw, max_entries)
-    got = piece_dump(raw, where, index, columnar=True)
+    got = piece_dump(raw, where, index, columnar=True, prebuilt=prebuilt)
     if isinstance(got, LoadProblem):
         out.problems.append(got)
         return
@@ -287,6 +293,23 @@ def _loads_rank_by_rank(raw: bytes, endpoint: str) -> Any:
     return obj
 
 
+def _scanned_body(raw: bytes, max_entries: int) -> Any:
+    """The body decoded as `loads_json` decodes it, its regular pieces read by the C scanner (one parse of the
+    body, each piece straight into columns cut to `max_entries`: `scan.ScannedPiece`), the others and the
+    envelope's own fields by `loads_json` from their spans; None where the scanner declines the body (or is
+    not built): decode it the reference way."""
+    got = scan.scan_envelope(raw, max_entries, MAX_PIECES, parse_profiling_name)
+    if got is None:
+        return None
+    start, end, pieces = got
+    obj = loads_json(raw[:start] + b"[]" + raw[end:])
+    if not isinstance(obj, dict):
+        return None
+    obj["ranks"] = [piece if piece is not None else loads_json(raw[piece_start:piece_end])
+                    for piece_start, piece_end, piece in pieces]
+    return obj
+
+
 def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEFAULT_MAX_ENTRIES,
                pod: str | None = None, namespace: str | None = None, max_ranks: int = MAX_PIECES) -> PodEvidence:
     """Inflate (if gzip), decode, validate and normalize one snapshot body (in a worker process or thread)."""
@@ -296,7 +319,9 @@ def from_bytes(raw: bytes, endpoint: str, *, origin: str, max_entries: int = DEF
     try:
         # Too many containers for one body, or some rank's piece is nested too deeply for json: decode the
         # ranks one by one instead (each checked on its own before it is decoded).
-        obj = _loads_rank_by_rank(raw, endpoint) if dense(raw) else loads_json(raw)
+        obj = _loads_rank_by_rank(raw, endpoint) if dense(raw) else _scanned_body(raw, max_entries)
+        if obj is None:
+            obj = loads_json(raw)
     except RecursionError:
         obj = _loads_rank_by_rank(raw, endpoint)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -44,9 +44,10 @@ from frscope.operator.evidence.pod_evidence import (
     value_span,
 )
 from frscope.operator.evidence.sidecars import DEFAULT_MAX_SNAPSHOT_BYTES, SidecarError, parse_snapshot
-from frscope.records import LoadProblem
+from frscope.records import LoadProblem, scan
 from frscope.records.envelope import envelope_problems
 from frscope.records.limits import describe
+from frscope.records.normalize import parse_profiling_name
 
 MAX_PIECE_BYTES = 16 * 1024 * 1024
 MAX_REST_BYTES = 4 * 1024 * 1024
@@ -116,21 +117,27 @@ def _text(window: bytes, endpoint: str) -> str:
         raise SidecarError(endpoint, f"answer is not UTF-8 JSON: {describe(str(exc))}", retryable=False) from exc
 
 
-def _piece(body: _Body, at: int, index: int, endpoint: str, expect: int = 0) -> tuple[Any, int]:
+def _piece(body: _Body, at: int, index: int, endpoint: str, expect: int = 0, max_entries: int = 0
+           ) -> tuple[Any, int]:
     """The rank piece starting at `at`: (its decoded value or an `Unreadable`, the offset after it).
     `expect`: the size of the piece before it (a pod's ranks are alike): read at once, the piece is not
-    decoded twice (a window that ends inside it is decoded up to there before more is read)."""
+    decoded twice (a window that ends inside it is decoded up to there before more is read). A regular
+    piece is read by the C scanner straight into columns cut to `max_entries` (`scan.ScannedPiece`), the
+    same evidence as decoding it here and cutting it in `add_piece`."""
     hooked = json.JSONDecoder(parse_int=lambda d: int(d) if len(d) <= 20 else None, parse_constant=lambda _: None)
     plain = json.JSONDecoder(parse_constant=lambda _: None)
     size = min(max(FIRST_READ, expect + expect // 8), MAX_PIECE_BYTES)
     while True:
         window = body.read(at, size + 1)
         whole = at + len(window) >= body.size
+        text = _text(window, endpoint)
+        scanned = scan.scan_piece(window, max_entries, parse_profiling_name)
+        if scanned is not None:
+            return scanned[0], at + scanned[1]
         # An int literal of more than 20 characters is 'not recorded' (the hook; int() of 5,000 digits would
         # fail the body); a window with no run of 20 digits has none, and Python's own int parsing, without a
         # call per int, reads it the same (a quarter of the decoding; the scan costs a tenth of it).
         decoder = hooked if window.translate(DIGIT_MARKS).find(LONG_DIGITS) >= 0 else plain
-        text = _text(window, endpoint)
         if text[:1] in ("{", "[") and dense(window):
             try:  # the window is dense: decide by this piece's own span (the next ones may be the dense ones)
                 end, deepest = value_span(text, 0)
@@ -313,7 +320,7 @@ def _decode(body: _Body, endpoint: str, *, origin: str, max_entries: int, pod: s
         if index >= MAX_PIECES:
             raise SidecarError(endpoint, f"more than {MAX_PIECES} rank pieces in one pod's snapshot", retryable=False)
         began = offset
-        value, offset = _piece(body, offset, index, endpoint, last)
+        value, offset = _piece(body, offset, index, endpoint, last, max_entries)
         last = offset - began
         if isinstance(value, dict) and index < max_ranks:
             add_piece(out, value, index, where, max_entries)
