@@ -162,22 +162,23 @@ class WaitGraph:
             return self._p2p_posted[group]
         info = self.dumpset.groups.get(group)
         tracks = self.tracks.get(group, {})
-        counts: dict[int, int] | None = {}
+        counts: dict[int, int] = {}
+        known = True
         for member in info.ranks if info is not None else ():
             dump = self.dumpset.dumps.get(member)
             track = tracks.get(member)
             if dump is None:
-                counts = None
+                known = False
                 break
             if track is not None and len(track.p2p):
                 counts[member] = track.p2p[-1].p2p_seq_id
             elif not len(dump.entries) or dump.entries[0].record_id == 0:
                 counts[member] = 0  # nothing evicted: it posted none
             else:
-                counts = None
+                known = False
                 break
-        self._p2p_posted[group] = counts
-        return counts
+        self._p2p_posted[group] = counts if known else None
+        return self._p2p_posted[group]
 
     def unseen_member_holds(self, group: str, seq: int) -> bool:
         """Every member the evidence knows entered the group's collective `seq` on gloo and none finished it,
@@ -220,7 +221,8 @@ class WaitGraph:
         if numbers != set(range(max(numbers) + 1)):
             return True  # a number never listed: a group it belongs to and never recorded in
         if any(t.last_completed >= 1 for t in self.tracks.get(group, {}).values()):
-            recorded = sum(1 for tracks in self.tracks.values() if (t := tracks.get(rank)) is not None and t.last_seq > 0)
+            recorded = sum(1 for tracks in self.tracks.values()
+                           if (t := tracks.get(rank)) is not None and t.last_seq > 0)
             if len(numbers) <= recorded:
                 return False
         later = int(group)
