@@ -257,7 +257,10 @@ def unposted_batch(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[i
     age, age_source = _age(ctx, [rank], created)
     if age is not None and age < ctx.options.stall_after_s:
         return None
-    waiting = sorted(r for _, r, _, o in pending if set(o) & set(culprits))
+    # The batches that wait on the culprits alone (the others behind them wait on blocked ranks too: the
+    # chain passes through those before it ends here)
+    waiting = sorted(r for _, r, _, o in pending if o <= set(culprits)) or [rank]
+    behind = sorted(r for _, r, _, o in pending if r not in waiting and o & set(culprits))
     first = culprits[0]
     doing = ctx.activity(first)
     one = len(culprits) == 1
@@ -273,9 +276,12 @@ def unposted_batch(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[i
         f"{plural(waiting)} wait{'s' if len(waiting) == 1 else ''} in batch #{entry.p2p_seq_id} of {ref.label()}; "
         f"{plural(culprits)} posted fewer point-to-point calls there and wait{'s' if one else ''} on nobody "
         "(ranks that exchange step by step meet in their batches of the same number)")
+    if behind:
+        finding.evidence.append(f"{plural(behind)} wait{'s' if len(behind) == 1 else ''} in later batches behind "
+                                "blocked ranks, whose waits end here too")
     for culprit in culprits[: ctx.options.max_rank_views]:
         ctx.show_culprit(finding, culprit, group.name, None)
-    for rank_waiting in waiting[: ctx.options.max_rank_views]:
+    for rank_waiting in [*waiting, *behind][: ctx.options.max_rank_views]:
         bucket = next((e for e in tracks[rank_waiting].open_p2p() if e.peer is None), None)
         finding.ranks[rank_waiting] = ctx.rank_view(rank_waiting, group.name, bucket, call_site=False)
     return finding
