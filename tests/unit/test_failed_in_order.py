@@ -41,3 +41,4 @@ def test_open_collectives_in_order_that_young_are_no_hang(tmp_path: Path) -> Non
     """The same reads with #5 open too: a job 5 ms into its collectives, nothing disagrees."""
     report = analyze(load_dumps([_job(tmp_path, later_retired=False)]), AnalysisOptions(now_ns=b.T0 + 405 * MS))
     assert not report.findings, report.findings[0].summary
+
