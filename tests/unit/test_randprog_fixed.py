@@ -19,6 +19,11 @@ FIXED = {
     424389: "gloo, the same; the snapshot said nothing (stuck._failed_after)",
     931333: "format 2.2, batches before a group's first collective read as a type mismatch (rowwise)",
     355: "format 2.2, the same (rowwise)",
+    931615: "gloo, a periodic dump read before the others' newest entries, 50 ms steps: no finding (clock: an mtime "
+            "bounded by the rank's own entries)",
+    930106: "gloo, a rank SIGKILLed with a stale periodic dump; a peer that failed with it read as the stopped one "
+            "(precedence._stops_under_first_failure)",
+    7527: "gloo, the same with a SIGABRT (precedence._stops_under_first_failure)",
     930627: "a cycle of two groups, one rank in one, two in the other (rootcause._odd_side)",
     932908: "a cycle of two groups on gloo with a small ring (rootcause._odd_side)",
 }
