@@ -14,8 +14,9 @@ Every rule proposes findings with the stuck points they explain. Ranking them:
 3. Fallback proposals (said only when nothing else explains the job) are kept when every other root
    is a straggler.
 4. A stopped rank whose own error blames a peer that went away nests under the stopped or missing
-   rank whose process failed without blaming one (the first failure); where every root is a stopped rank
-   and the runner puts ranks first that no root names, its finding naming them is the root.
+   rank whose process failed without blaming one (the first failure); where every root is a rank that
+   stopped with a plain error exit and the runner says ranks no root names were killed by a signal, its
+   finding naming those is the root.
 5. Roots are ordered: hangs before stragglers, the earliest first, then by category.
 """
 
@@ -28,7 +29,7 @@ from frscope.analysis.findings import Category, Finding
 from frscope.analysis.rootcause import Causes, link
 from frscope.analysis.rules.proposal import Point, Proposal
 from frscope.records import RankExit
-from frscope.records.exits import most_likely_first
+from frscope.records.exits import signal_name
 
 MISMATCHES = (Category.COLLECTIVE_TYPE_MISMATCH, Category.SIZE_MISMATCH, Category.DTYPE_MISMATCH)
 VERDICTS = (*MISMATCHES, Category.RANK_STOPPED, Category.MISSING_DUMPS)  # what a collective's cause can be
@@ -142,21 +143,26 @@ def _victims_under_first_failure(roots: list[Finding], exits: Mapping[int, RankE
 
 def _stops_under_first_failure(roots: list[Finding], fallbacks: list[Finding],
                                exits: Mapping[int, RankExit]) -> list[Finding]:
-    """Every root is a rank that stopped, and the runner's word puts other failed ranks first that no root
-    names (`records.exits.most_likely_first`: the launcher's first failure, or a process killed by a signal
-    where the others only exited with an error code: nothing in a peer's failure kills a process). Those went
-    first; the stops followed (gloo fails a peer's collective at once and retires it as finished, which reads
-    as a recorder that stopped early). The runner's finding that names them is the root."""
+    """Every root is a rank that stopped with a plain error exit (a code, no signal, no message), and the
+    runner says other ranks were killed by a signal (not SIGTERM) or OOM-killed that no root names. Nothing in a
+    peer's failure kills a process (`records.exits.most_likely_first`): those went first, and the stops followed
+    (gloo fails a peer's collective at once and retires it as finished, which reads as a recorder that stopped
+    early). The runner's finding that names the killed ranks is the root."""
     if not roots or not all(f.category is Category.RANK_STOPPED for f in roots):
         return roots
-    failed = sorted(r for r, e in exits.items() if e.failed)
-    first = set(most_likely_first(failed, exits))
-    if not first or first == set(failed) or first & {r for f in roots for r in f.culprit_ranks}:
+    named = {r for f in roots for r in f.culprit_ranks}
+    killed = {r for r, e in exits.items() if e.failed and not e.terminated
+              and (e.reason == "OOMKilled" or (e.exit_code is not None and signal_name(e.exit_code)))}
+    if not killed or killed & named:
         return roots
-    cause = next((f for f in fallbacks if f.category is Category.RANK_STOPPED and set(f.culprit_ranks) == first), None)
+    if not all((e := exits.get(r)) is not None and e.failed and r not in killed and not e.message for r in named):
+        return roots
+    cause = next((f for f in fallbacks if f.category is Category.RANK_STOPPED and set(f.culprit_ranks) == killed),
+                 None)
     if cause is None:
         return roots
-    cause.evidence.append("the runner puts this failure first; the ranks that stopped after it failed with it")
+    cause.evidence.append("killed by a signal while the ranks that stopped only exited with an error code: nothing "
+                          "in a peer's failure kills a process, so this went first and they failed with it")
     cause.consequences.extend(roots)
     return [cause]
 
