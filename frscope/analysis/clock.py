@@ -4,8 +4,9 @@ A file's mtime is not a capture time: `cp`, `kubectl cp` and object storage give
 and a copied dump of a 14-second hang would read 'blocked for 14 h'. So, per rank, in this order:
 
 1. `captured`: the collector's own clock when it read the recorder (snapshot metadata);
-2. `mtime`: the file's mtime, but only as a bounded hint. It can be no earlier than the newest entry
-   across all ranks (the recorders were read after everything in them happened), and no later than
+2. `mtime`: the file's mtime, but only as a bounded hint. It can be no earlier than the rank's own newest
+   entry (a recorder is read after everything in it happened; one read before other ranks' newest entries
+   is an earlier read: a periodic dump, a rank that stopped), and no later than
    the moment the first open collective's timeout ran out (its creation plus its `timeout_ms`): by
    then the watchdog has fired and an on-timeout dump was written. Beyond that the mtime is a
    copy's, and the age is capped there (`mtime-capped`);
@@ -118,8 +119,10 @@ def build_clock(dumpset: DumpSet, tracks: dict[str, dict[int, Track]], now_ns: i
                 late = (dump.captured_at_ns - limit) / 1e9
                 copied_by = late if copied_by is None else max(copied_by, late)
                 at[rank], source[rank] = limit, MTIME_CAPPED
-            elif dump.captured_at_ns < newest:
-                at[rank], source[rank] = newest, ENTRIES  # an mtime older than the contents: not a capture time
+            elif dump.captured_at_ns < (newest_created(dump.entries) or newest):
+                # an mtime older than the rank's own contents: not a capture time (one older than other
+                # ranks' newest entries is an earlier read: a periodic dump, a rank that stopped)
+                at[rank], source[rank] = newest, ENTRIES
             else:
                 at[rank], source[rank] = dump.captured_at_ns, MTIME
         elif dump.captured_at_ns is not None:

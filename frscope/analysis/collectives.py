@@ -37,8 +37,11 @@ def _called_more(ctx: Context, group: GroupInfo, point: StuckPoint) -> bool:
             return False
         wait = ctx.waits.of(rank)
         if wait.open:
-            if wait.collective_waits and wait.collective_waits <= set(point.joined):
-                continue  # blocked elsewhere on the ranks in this collective: no evidence either way
+            on = ctx.waits.named_waits(rank)
+            if on and on <= set(point.joined):
+                # blocked elsewhere (another group's collective, a p2p op or batch) on the ranks in this
+                # collective: it waits on them, no evidence either way
+                continue
             return False
         if wait.inside is not None and wait.inside != "monitored_barrier":
             # waiting in an op the recorder does not keep (gloo's send/recv) for a peer it does not name (maybe
@@ -72,8 +75,8 @@ def _extra_call_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: d
         "a recorder) "
         f"recorded nothing open in any group: the odd side is the {len(culprits)} in #{seq}")
     if waiting:
-        finding.evidence.append(f"{plural(waiting)} never called it either, blocked in another group's collective "
-                                f"that {plural(culprits)} never entered: they wait on {plural(culprits)}")
+        finding.evidence.append(f"{plural(waiting)} never called it either, blocked in another op (another group's "
+                                f"collective, or a point-to-point op or batch) that waits on {plural(culprits)}")
     if in_unrecorded:
         finding.evidence.append(f"{plural(in_unrecorded)} never called it either, waiting in a point-to-point op the "
                                 "recorder does not keep (live stack), for a peer it does not name")

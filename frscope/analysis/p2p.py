@@ -11,7 +11,8 @@ from frscope.analysis.clock import MTIME_CAPPED
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.tracks import Track
-from frscope.analysis.wording import fmt_duration
+from frscope.analysis.waitfor import State
+from frscope.analysis.wording import fmt_duration, plural
 from frscope.records import Entry, GroupInfo
 
 P2P_OPS = ("send", "isend", "recv", "irecv")
@@ -229,4 +230,58 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             finding.culprit_stacks[culprit] = stack
     if entry.frames:
         finding.culprit_frames[rank] = entry.frames
+    return finding
+
+
+def unposted_batch(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:
+    """Pending batches whose peers the recorder does not name (NCCL's `coalesced` entry of a
+    `batch_isend_irecv`) wait on the members that never posted their batch of that number
+    (`waitfor.WaitGraph.batch_waits`). Wait chains end at a rank that waits on nobody: the culprits are
+    those of them that do (in Python, idle: a stale read is one too); a member behind that is itself
+    blocked waits on others, whose own findings name the cause. The oldest such batch speaks."""
+    waits = ctx.waits
+    pending: list[tuple[int, int, Entry, frozenset[int]]] = []  # (created, rank, batch, whom it waits on)
+    for rank, track in tracks.items():
+        batch = next((e for e in track.open_p2p() if e.peer is None), None)
+        if batch is None:
+            continue
+        on = waits.batch_waits(rank, batch)
+        if on is not None:
+            pending.append((batch.time_created_ns or 0, rank, batch, on))
+    if not pending:
+        return None
+    created, rank, entry, on = min(pending, key=lambda p: (p[0], p[1]))
+    culprits = sorted(r for r in on if waits.of(r).sink and waits.of(r).state is not State.MISSING)
+    if not culprits:
+        return None
+    age, age_source = _age(ctx, [rank], created)
+    if age is not None and age < ctx.options.stall_after_s:
+        return None
+    # The batches that wait on the culprits alone (the others behind them wait on blocked ranks too: the
+    # chain passes through those before it ends here)
+    waiting = sorted(r for _, r, _, o in pending if o <= set(culprits)) or [rank]
+    behind = sorted(r for _, r, _, o in pending if r not in waiting and o & set(culprits))
+    first = culprits[0]
+    doing = ctx.activity(first)
+    one = len(culprits) == 1
+    summary = (
+        f"{plural(culprits).capitalize()} never posted {'its' if one else 'their'} batch of point-to-point ops "
+        f"#{entry.p2p_seq_id} of {ref.label()}, which the pending batch{'' if len(waiting) == 1 else 'es'} of "
+        f"{plural(waiting)} (peers unnamed in the recorder) wait{'s' if len(waiting) == 1 else ''} for"
+        + (f", for {fmt_duration(age)}" if age is not None else "")
+        + (f"; rank {first} is {doing}." if doing else ".")
+    )
+    finding = _p2p_finding(ref, culprits, summary, entry, created, age, age_source)
+    finding.evidence.append(
+        f"{plural(waiting)} wait{'s' if len(waiting) == 1 else ''} in batch #{entry.p2p_seq_id} of {ref.label()}; "
+        f"{plural(culprits)} posted fewer point-to-point calls there and wait{'s' if one else ''} on nobody "
+        "(ranks that exchange step by step meet in their batches of the same number)")
+    if behind:
+        finding.evidence.append(f"{plural(behind)} wait{'s' if len(behind) == 1 else ''} in later batches behind "
+                                "blocked ranks, whose waits end here too")
+    for culprit in culprits[: ctx.options.max_rank_views]:
+        ctx.show_culprit(finding, culprit, group.name, None)
+    for rank_waiting in [*waiting, *behind][: ctx.options.max_rank_views]:
+        bucket = next((e for e in tracks[rank_waiting].open_p2p() if e.peer is None), None)
+        finding.ranks[rank_waiting] = ctx.rank_view(rank_waiting, group.name, bucket, call_site=False)
     return finding

@@ -151,6 +151,20 @@ def _breaker(ctx: Context, cycle: list[Finding], findings: list[Finding]) -> tup
     return found[0] if len({id(f[0]) for f in found}) == 1 else None
 
 
+def _odd_side(cycle: list[Finding]) -> Finding | None:
+    """Two groups' hangs waiting on each other: of the ranks both groups share, those in one collective are
+    the culprits of the other's. The fewer broke the order the rest kept (an extra or skipped call on their
+    side): the finding that names them is the root. None on a tie, or another shape of cycle."""
+    if len(cycle) != 2 or any(f.category not in HANGS for f in cycle):
+        return None
+    a, b = cycle
+    shared = set(a.process_group.ranks) & set(b.process_group.ranks)
+    in_a, in_b = shared & set(a.culprit_ranks), shared & set(b.culprit_ranks)
+    if not in_a or not in_b or in_a & in_b or len(in_a) == len(in_b):
+        return None
+    return a if len(in_a) < len(in_b) else b
+
+
 def _break_cycles(ctx: Context, findings: list[Finding], parent: dict[int, Finding]) -> None:
     by_id = {id(f): f for f in findings}
     for finding in findings:
@@ -163,7 +177,8 @@ def _break_cycles(ctx: Context, findings: list[Finding], parent: dict[int, Findi
             continue  # reached a root: no cycle on this path
         cycle = [by_id[i] for i in seen[seen.index(current) :]]
         breaker = _breaker(ctx, cycle, findings)
-        root = breaker[0] if breaker else min(cycle, key=lambda f: (f.since_ns or 2**63, f.process_group.name))
+        root = breaker[0] if breaker else (_odd_side(cycle) or min(
+            cycle, key=lambda f: (f.since_ns or 2**63, f.process_group.name)))
         if breaker is not None and all(root is not f for f in cycle):
             # The skipped group's finding, outside the cycle: the cycle hangs from it.
             parent[id(breaker[2])] = root

@@ -49,6 +49,23 @@ def _failed_without(ctx: Context, tracks: dict[int, Track], seq: int, joined: li
     return min(at[r] for r in not_joined) > max(at[r] for r in joined)
 
 
+def _failed_after(ctx: Context, tracks: dict[int, Track], seq: int, joined: list[int], not_joined: list[int]) -> bool:
+    """Evidence must agree (a group's collectives finish in order): every rank in `seq` recorded its newest
+    collective of the group finished while `seq` itself is not, on a backend that retires a failed collective
+    as finished (gloo), and a member never entered `seq` (nor, so, the later one). That later one cannot have
+    succeeded: it failed, for want of that member (its peers lost it), however young the wait."""
+    if not not_joined:
+        return False
+    for rank in joined:
+        dump, track = ctx.dumpset.dumps.get(rank), tracks[rank]
+        if dump is None or dump.backend not in RETIRES_FAILED or track.next_seq > seq or track.last_seq <= seq:
+            return False
+        newest = track.by_seq.get(track.last_seq)
+        if not newest or not all(e.completed for e in newest):
+            return False
+    return True
+
+
 def _held_at(tracks: dict[int, Track], idle: Callable[[int], bool], completed_is_success: bool = False) -> int:
     """The collective the group is held at: the lowest one a member has not finished, unless every member
     that has not finished it is behind members that all finished it and entered a later one. Evidence must
@@ -114,7 +131,8 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     members = set(group.ranks) | set(tracks)
     stalled = (age is None or age >= ctx.options.stall_after_s or bool(failed & members)
                or bool(not_joined and gone & members and max(t.last_seq for t in tracks.values()) == seq)
-               or _failed_without(ctx, tracks, seq, joined, not_joined))
+               or _failed_without(ctx, tracks, seq, joined, not_joined)
+               or _failed_after(ctx, tracks, seq, joined, not_joined))
     source = ctx.age_source(sorted(tracks)) if age is not None else None
     timeouts = [e.timeout_ms for e in entered if e.timeout_ms]
     if age is not None and timeouts and age > min(timeouts) / 1000:

@@ -86,6 +86,7 @@ class WaitGraph:
     live_stack: Callable[[int], tuple[Frame, ...]]
     _read: dict[int, RankWait] = field(default_factory=dict)
     _entered: dict[tuple[str, int], frozenset[int] | None] = field(default_factory=dict)
+    _p2p_posted: dict[str, dict[int, int] | None] = field(default_factory=dict)
 
     def of(self, rank: int) -> RankWait:
         wait = self._read.get(rank)
@@ -126,6 +127,58 @@ class WaitGraph:
             on = None
         self._entered[key] = on
         return on
+
+    def named_waits(self, rank: int) -> frozenset[int] | None:
+        """Whom the rank's open op waits on, where the evidence names them: the members that never entered
+        its collective, its p2p peer, or for a batch whose peers the recorder does not name the members
+        behind it (`batch_waits`). None where nothing names them; empty where nothing is open."""
+        wait = self.of(rank)
+        if wait.entry is not None and wait.entry.is_p2p and wait.on is None:
+            return self.batch_waits(rank, wait.entry)
+        return wait.on
+
+    def batch_waits(self, rank: int, entry: Entry) -> frozenset[int] | None:
+        """Whom a pending batch of point-to-point ops whose peers the recorder does not name (NCCL's
+        `coalesced` entry of a `batch_isend_irecv`) waits on: the group's other members that posted fewer
+        point-to-point calls there than the batch's number. `p2p_seq_id` counts a rank's point-to-point
+        calls on a group (a batch once), and ranks that exchange step by step (a ring, a pipeline's pairs)
+        meet in their k-th batches: a member that never reached its k-th has not posted the counterpart.
+        None where that cannot be read: a member without a dump, or whose recorder wrapped past its
+        point-to-point ops (its count is unknown), or no member behind (the batch waits on someone the
+        counts do not show)."""
+        if not entry.is_p2p or entry.peer is not None:
+            return None
+        counts = self._p2p_counts(entry.pg_name)
+        if counts is None:
+            return None
+        behind = frozenset(r for r, n in counts.items() if r != rank and n < entry.p2p_seq_id)
+        return behind or None
+
+    def _p2p_counts(self, group: str) -> dict[int, int] | None:
+        """Per member of `group`: how many point-to-point calls its recorder shows it posted there (the
+        newest one's `p2p_seq_id`; 0 where a whole recorder holds none). None where a member's count is
+        unknown. Read once per group."""
+        if group in self._p2p_posted:
+            return self._p2p_posted[group]
+        info = self.dumpset.groups.get(group)
+        tracks = self.tracks.get(group, {})
+        counts: dict[int, int] = {}
+        known = True
+        for member in info.ranks if info is not None else ():
+            dump = self.dumpset.dumps.get(member)
+            track = tracks.get(member)
+            if dump is None:
+                known = False
+                break
+            if track is not None and len(track.p2p):
+                counts[member] = track.p2p[-1].p2p_seq_id
+            elif not len(dump.entries) or dump.entries[0].record_id == 0:
+                counts[member] = 0  # nothing evicted: it posted none
+            else:
+                known = False
+                break
+        self._p2p_posted[group] = counts if known else None
+        return self._p2p_posted[group]
 
     def unseen_member_holds(self, group: str, seq: int) -> bool:
         """Every member the evidence knows entered the group's collective `seq` on gloo and none finished it,

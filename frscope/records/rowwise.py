@@ -210,7 +210,10 @@ def normalize_rows(
         if type(p2p_seq) is not int or not SEQ_MIN <= p2p_seq <= MAX_INT64:
             p2p_seq = int_or(p2p_seq, 0)
         if type(is_p2p) is not bool:
-            is_p2p = op in P2P_OPS
+            # (format 2.2 has no is_p2p) A recorder numbers a group's collectives from 1: an entry numbered 0
+            # that counts as a point-to-point call (NCCL's `coalesced` entry of a batch_isend_irecv before the
+            # group's first collective) is one, whatever its name.
+            is_p2p = op in P2P_OPS or (seq == 0 and p2p_seq > 0)
         if type(record_id) is not int or not ID_MIN <= record_id <= MAX_INT64:
             record_id = int_or(record_id, index)
         if type(state) is not str or len(state) > MAX_STATE:

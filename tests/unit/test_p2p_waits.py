@@ -142,3 +142,61 @@ def test_two_ranks_of_one_exchange_both_receiving_still_pair_beside_partners_hel
     root = report.findings[0]
     assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (2, 4), root.summary
     assert root.ambiguous
+
+
+def _batch(step: int, coll_seq: int, *, state: str, created_ns: int) -> dict[str, object]:
+    """NCCL's one entry for a `batch_isend_irecv`: `coalesced`, point-to-point, peers unnamed."""
+    e = b.entry(step, op="coalesced", state=state, created_ns=created_ns, sizes=[[256], [256]])
+    e.update(is_p2p=True, collective_seq_id=coll_seq, p2p_seq_id=step)
+    return e
+
+
+def _ring_of_batches(stuck: int, world: int = 4) -> dict[int, list[dict[str, object]]]:
+    """Each step an all_reduce, then a batch sending to the next rank and receiving from the previous one.
+    At step 2 rank `stuck` never posts its batch: its neighbours' batches wait (the one sending to it, the
+    one receiving from it); the others' finished."""
+    per_rank: dict[int, list[dict[str, object]]] = {r: [] for r in range(world)}
+    for step in (1, 2):
+        t = b.T0 + step * S
+        for r in range(world):
+            per_rank[r].append(b.entry(step, created_ns=t))
+            if step == 2 and r == stuck:
+                continue
+            waits = step == 2 and r in ((stuck - 1) % world, (stuck + 1) % world)
+            per_rank[r].append(_batch(step, step, state="started" if waits else "completed", created_ns=t + 1000))
+    return per_rank
+
+
+def test_a_rank_that_never_posted_its_batch_is_the_culprit_of_the_batches_waiting_for_it(tmp_path: Path) -> None:
+    """NCCL records a batch_isend_irecv as one `coalesced` entry without peers. Ranks 1 and 3 wait in batch
+    #2; rank 2 never posted its batch #2 and waits on nobody (stuck in Python, idle in its recorder): the
+    batches wait for it (a ring's ranks meet in their batches of the same number). Before, no finding."""
+    per_rank = _ring_of_batches(stuck=2)
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=b.T0 + 700 * S))
+    first = report.findings[0]
+    assert first.category is Category.P2P_MISMATCH and first.culprit_ranks == (2,), first.summary
+    assert "never posted" in first.summary and "#2" in first.summary
+
+
+def test_a_batch_waits_on_nobody_the_counts_name_when_a_ring_hid_a_member_count(tmp_path: Path) -> None:
+    """The counts must be whole: where the member behind's recorder wrapped past its point-to-point ops
+    (its first record is gone and it holds none), how many it posted is unknown: no culprit is made up."""
+    per_rank = _ring_of_batches(stuck=2)
+    per_rank[2] = [b.entry(2, created_ns=b.T0 + 2 * S, record_id=7)]
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=b.T0 + 700 * S))
+    assert not any(f.category is Category.P2P_MISMATCH and f.culprit_ranks == (2,) for f in report.findings)
+
+
+def test_a_rank_blocked_in_a_send_to_the_extra_caller_counts_for_neither_side(tmp_path: Path) -> None:
+    """Rank 0 ran one all_reduce more than the others (uneven data). Rank 1's send to rank 0 waits (rank 0
+    never posted the recv: it is in the extra collective); ranks 2 and 3 finished everything. Rank 1 waits
+    on the rank in the collective, so it is no idle peer and no evidence either way: the odd side is rank 0,
+    not the three that never called it."""
+    t = b.T0 + 10 * S
+    per_rank = {r: [b.entry(s, created_ns=b.T0 + s * S) for s in range(1, 4)] for r in range(4)}
+    per_rank[1].append(b.entry(4, op="send", peer=" 1->0", p2p_seq=1, state="started", record_id=3, created_ns=t))
+    per_rank[0].append(b.entry(4, state="started", created_ns=t + S))
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 4)]), AnalysisOptions(now_ns=t + 700 * S))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (0,), first.summary
+    assert "one collective more" in first.summary

@@ -9,7 +9,7 @@ from frscope.analysis.collectives import hang_finding
 from frscope.analysis.findings import Category, Finding
 from frscope.analysis.history import scan_history
 from frscope.analysis.ops import VARIABLE_SIZE_OPS, numel
-from frscope.analysis.p2p import recorded_p2p
+from frscope.analysis.p2p import recorded_p2p, unposted_batch
 from frscope.analysis.rules.facts import Facts, unresponsive_note
 from frscope.analysis.rules.proposal import Proposal
 from frscope.analysis.stacks import blocked_in
@@ -174,7 +174,8 @@ def p2p_recorded(facts: Facts) -> list[Proposal]:
     for gf in facts.groups:
         if not gf.tracks:
             continue
-        found: Finding | None = recorded_p2p(facts.ctx, gf.group, gf.ref, gf.tracks)
+        found: Finding | None = (recorded_p2p(facts.ctx, gf.group, gf.ref, gf.tracks)
+                                 or unposted_batch(facts.ctx, gf.group, gf.ref, gf.tracks))
         if found is not None:
             out.append(Proposal(found, "p2p", []))
     return out

@@ -14,7 +14,9 @@ Every rule proposes findings with the stuck points they explain. Ranking them:
 3. Fallback proposals (said only when nothing else explains the job) are kept when every other root
    is a straggler.
 4. A stopped rank whose own error blames a peer that went away nests under the stopped or missing
-   rank whose process failed without blaming one (the first failure).
+   rank whose process failed without blaming one (the first failure); where every root is a rank that
+   stopped with a plain error exit and the runner says ranks no root names were killed by a signal, its
+   finding naming those is the root.
 5. Roots are ordered: hangs before stragglers, the earliest first, then by category.
 """
 
@@ -27,6 +29,7 @@ from frscope.analysis.findings import Category, Finding
 from frscope.analysis.rootcause import Causes, link
 from frscope.analysis.rules.proposal import Point, Proposal
 from frscope.records import RankExit
+from frscope.records.exits import signal_name
 
 MISMATCHES = (Category.COLLECTIVE_TYPE_MISMATCH, Category.SIZE_MISMATCH, Category.DTYPE_MISMATCH)
 VERDICTS = (*MISMATCHES, Category.RANK_STOPPED, Category.MISSING_DUMPS)  # what a collective's cause can be
@@ -138,6 +141,32 @@ def _victims_under_first_failure(roots: list[Finding], exits: Mapping[int, RankE
     return kept
 
 
+def _stops_under_first_failure(roots: list[Finding], fallbacks: list[Finding],
+                               exits: Mapping[int, RankExit]) -> list[Finding]:
+    """Every root is a rank that stopped with a plain error exit (a code, no signal, no message), and the
+    runner says other ranks were killed by a signal (not SIGTERM) or OOM-killed that no root names. Nothing in a
+    peer's failure kills a process (`records.exits.most_likely_first`): those went first, and the stops followed
+    (gloo fails a peer's collective at once and retires it as finished, which reads as a recorder that stopped
+    early). The runner's finding that names the killed ranks is the root."""
+    if not roots or not all(f.category is Category.RANK_STOPPED for f in roots):
+        return roots
+    named = {r for f in roots for r in f.culprit_ranks}
+    killed = {r for r, e in exits.items() if e.failed and not e.terminated
+              and (e.reason == "OOMKilled" or (e.exit_code is not None and signal_name(e.exit_code)))}
+    if not killed or killed & named:
+        return roots
+    if not all((e := exits.get(r)) is not None and e.failed and r not in killed and not e.message for r in named):
+        return roots
+    cause = next((f for f in fallbacks if f.category is Category.RANK_STOPPED and set(f.culprit_ranks) == killed),
+                 None)
+    if cause is None:
+        return roots
+    cause.evidence.append("killed by a signal while the ranks that stopped only exited with an error code: nothing "
+                          "in a peer's failure kills a process, so this went first and they failed with it")
+    cause.consequences.extend(roots)
+    return [cause]
+
+
 def rank_proposals(ctx: Context, proposals: list[Proposal], exits: Mapping[int, RankExit]) -> list[Finding]:
     """The root causes, most important first; every other proposal nested under its root."""
     main = [p for p in proposals if not p.fallback]
@@ -152,6 +181,7 @@ def rank_proposals(ctx: Context, proposals: list[Proposal], exits: Mapping[int, 
     parent.update({id(p.finding): p.caused_by for p in main if p.caused_by is not None})
     roots = link(ctx, [p.finding for p in main if id(p.finding) not in absorbed], causes, parent)
     roots = _victims_under_first_failure(roots, exits)
+    roots = _stops_under_first_failure(roots, [p.finding for p in proposals if p.fallback], exits)
     if all(f.category is Category.STRAGGLER for f in roots):
         roots.extend(p.finding for p in proposals if p.fallback)
     roots.sort(key=lambda f: (f.category is Category.STRAGGLER, f.since_ns or 2**63, _PRIORITY[f.category]))
