@@ -93,18 +93,93 @@ def _may_pair(ctx: Context, rank: int, blocked: dict[int, str]) -> bool:
     return len(same) > 1 and len({blocked[r] in RECEIVES for r in same}) == 1
 
 
+SENDS_RECEIVES = RECEIVES | {"send", "isend", "send_object_list"}
+
+
+def _paired(ctx: Context, blocked: dict[int, str]) -> list[list[int]]:
+    """Exchanges that only two blocked ranks wait in, both the same way (both receive first, or both send
+    first): neither op can be the other's counterpart, and nobody else waits in that exchange to post one, so
+    the two wait on each other (a cycle: both are candidates, the stacks carry no peer). Not where the two are
+    consecutive stages of a chain whose stage before them (after them, for senders) sits in Python: that
+    stage never sent, and the second waits behind the first (the chain reading)."""
+    sites: dict[tuple[str, str], list[int]] = {}
+    for rank in sorted(blocked):
+        site = _exchange(ctx, rank)
+        if site is not None and blocked[rank] in SENDS_RECEIVES:
+            sites.setdefault(site, []).append(rank)
+    for rank in blocked:
+        site = _exchange(ctx, rank)
+        if site in sites and blocked[rank] not in SENDS_RECEIVES:
+            del sites[site]  # a batch or barrier of that exchange waits too: not two ranks alone
+    out: list[list[int]] = []
+    for ranks in sites.values():
+        if len(ranks) != 2 or len({blocked[r] in RECEIVES for r in ranks}) != 1:
+            continue
+        a, b = ranks
+        head = a - 1 if blocked[a] in RECEIVES else b + 1
+        if b == a + 1 and head in ctx.dumpset.dumps and head not in blocked and ctx.in_python(head):
+            continue
+        out.append(ranks)
+    # Two senders whose next stages (the next member of a group each belongs to) are the ranks of a receiving
+    # pair wait behind that pair (stages of parallel pipelines, each sending to its own next stage, busy
+    # receiving elsewhere): the receiving pair is where the waits end.
+    receiving = {r for pair in out if blocked[pair[0]] in RECEIVES for r in pair}
+    after = _next_in_groups(ctx, blocked)
+    return [pair for pair in out if blocked[pair[0]] in RECEIVES or not all(after[r] & receiving for r in pair)]
+
+
+def _behind(ctx: Context, ranks: set[int], blocked: dict[int, str]) -> list[int]:
+    """Blocked ranks whose stage partners (`_partners`), followed from rank to rank, reach `ranks`: they
+    wait behind them."""
+    partners = _partners(ctx, blocked)
+    reached = set(ranks)
+    grew = True
+    while grew:
+        grew = False
+        for rank in sorted(set(blocked) - reached):
+            if blocked[rank] in SENDS_RECEIVES and partners[rank] & reached:
+                reached.add(rank)
+                grew = True
+    return sorted(reached - ranks)
+
+
+def _partners(ctx: Context, blocked: dict[int, str]) -> dict[int, set[int]]:
+    """The ranks each blocked rank may wait on as a pipeline stage: a receive on the member before it in a
+    group it belongs to, a send on the member after it (the rank before or after it, in the default group)."""
+    after = _next_in_groups(ctx, blocked)
+    before: dict[int, set[int]] = {r: {r - 1} for r in blocked}
+    for group in ctx.dumpset.groups.values():
+        for a, b in zip(group.ranks, group.ranks[1:], strict=False):
+            if b in before:
+                before[b].add(a)
+    return {r: before[r] if blocked[r] in RECEIVES else after[r] for r in blocked}
+
+
+def _next_in_groups(ctx: Context, blocked: dict[int, str]) -> dict[int, set[int]]:
+    """For each blocked rank, the members right after it in the groups it belongs to (torch numbers a group's
+    members in global rank order, and a pipeline stage sends to the next member of its group)."""
+    out: dict[int, set[int]] = {r: {r + 1} for r in blocked}
+    for group in ctx.dumpset.groups.values():
+        for a, b in zip(group.ranks, group.ranks[1:], strict=False):
+            if a in out:
+                out[a].add(b)
+    return out
+
+
 def _facing(ctx: Context, runs: list[list[int]], blocked: dict[int, str]) -> tuple[int, int, list[int]] | None:
-    """Pipeline stages send forward: a rank blocked sending next to the rank after it, blocked receiving
-    in the same exchange, face each other, and both being posted, their ops do not match. (A receive
-    called from another exchange is not the counterpart of that send: that rank is busy elsewhere.)
-    (sender, receiver, the receivers behind either); None without such a pair, or with more than one."""
-    found = [(a, b) for a, b in zip(runs, runs[1:], strict=False)
-             if blocked[a[-1]] not in RECEIVES and blocked[b[0]] in RECEIVES and b[0] == a[-1] + 1
-             and _exchange(ctx, a[-1]) == _exchange(ctx, b[0])]
+    """Pipeline stages send forward: a rank blocked sending to the next member of a group it belongs to
+    (the rank after it, in the default group), blocked receiving in the same exchange, face each other, and
+    both being posted, their ops do not match. (A receive called from another exchange is not the
+    counterpart of that send: that rank is busy elsewhere.) (sender, receiver, the ranks waiting in a row
+    behind either); None without such a pair, or with more than one."""
+    after = _next_in_groups(ctx, blocked)
+    found = [(a, b) for a in sorted(blocked) if blocked[a] not in RECEIVES for b in sorted(after[a])
+             if b in blocked and blocked[b] in RECEIVES and _exchange(ctx, a) == _exchange(ctx, b)]
     if len(found) != 1:
         return None
-    sends, receives = found[0]
-    return sends[-1], receives[0], [*sends[:-1], *receives[1:]]
+    sender, receiver = found[0]
+    rows = [run for run in runs if sender in run or receiver in run]
+    return sender, receiver, [r for run in rows for r in run if r not in (sender, receiver)]
 
 
 def _odd_ones(ctx: Context, ranks: list[int], blocked: dict[int, str]) -> list[int] | None:
@@ -133,6 +208,26 @@ def _odd_ones(ctx: Context, ranks: list[int], blocked: dict[int, str]) -> list[i
     return None
 
 
+def _chain(ctx: Context, blocked: dict[int, str]) -> bool:
+    """Whether the waits may be a chain of pipeline stages: a pipeline's first stage receives from nobody and
+    its last sends to nobody, so a receiver at the first rank (or a sender at the last) means they are not."""
+    last = max(ctx.dumpset.dumps, default=0)
+    return not any((blocked[r[0]] in RECEIVES and r[0] == 0) or (blocked[r[-1]] not in RECEIVES and r[-1] == last)
+                   for r in _runs(blocked))
+
+
+def _waits_close(ctx: Context, blocked: dict[int, str]) -> bool:
+    """Every blocked rank waits in send/recv, and the stacks read each wait as ending among the blocked ranks:
+    at a pair of one exchange (`_paired`), at a facing pair (`_facing`), or behind one, rank to rank."""
+    if any(op not in SENDS_RECEIVES for op in blocked.values()):
+        return False
+    ends = {r for pair in _paired(ctx, blocked) for r in pair}
+    facing = _facing(ctx, _runs(blocked), blocked) if _chain(ctx, blocked) else None
+    if facing is not None:
+        ends |= {facing[0], facing[1]}
+    return bool(ends) and set(blocked) <= ends | set(_behind(ctx, ends, blocked))
+
+
 def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     """Ranks whose live stack sits in send/recv although the recorder shows nothing pending there."""
     blocked: dict[int, str] = {}
@@ -144,9 +239,12 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
             blocked[rank] = inside
     if not blocked:
         return None
-    sink = _sink_in_python(ctx, ref, blocked, exclude)
-    if sink is not None:
-        return sink
+    # Where the stacks read every wait as ending among the blocked ranks (a pair of one exchange, a facing
+    # pair, ranks waiting in a row behind one), a rank in Python is no end of theirs: nobody waits on it.
+    if not _waits_close(ctx, blocked):
+        sink = _sink_in_python(ctx, ref, blocked, exclude)
+        if sink is not None:
+            return sink
     # A monitored_barrier waits for every member of its group that is not in it, not for one partner: where
     # other ranks are blocked (in send/recv, or in a recorded collective), the ranks in the barrier wait for
     # them, not on each other (where they wait for the barrier's ranks in turn, that is a cycle the stuck
@@ -161,13 +259,25 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     culprits: list[int] = []
     pairings: list[str] = []
     closed: list[int] = []
-    runs = _runs(blocked)
-    # A pipeline's first stage receives from nobody and its last sends to nobody: a receiver at the
-    # first rank (or a sender at the last) means these waits are no chain of stages.
-    last = max(ctx.dumpset.dumps, default=0)
-    chain = not any((blocked[r[0]] in RECEIVES and r[0] == 0) or (blocked[r[-1]] not in RECEIVES and r[-1] == last)
-                    for r in runs)
-    facing = _facing(ctx, runs, blocked) if chain else None
+    chain = _chain(ctx, blocked)
+    paired = _paired(ctx, blocked)
+    rest = blocked
+    if paired:
+        taken = {r for pair in paired for r in pair}
+        waiting = _behind(ctx, taken, blocked)
+        culprits.extend(sorted(taken))
+        for a, b in paired:
+            kind = "receive" if blocked[a] in RECEIVES else "send"
+            pairings.append(
+                f"ranks {a} and {b} both wait in {kind}{_site(ctx, a)}, the only ranks waiting in that exchange: "
+                f"neither op is the other's counterpart and nobody else there can post one, so they wait on each "
+                f"other (each side tries to {kind} first)")
+        if waiting:
+            pairings[-1] += (f"; {plural(waiting)} wait{'s' if len(waiting) == 1 else ''} behind them, each on the "
+                             "next rank in the chain")
+        rest = {r: op for r, op in blocked.items() if r not in taken and r not in waiting}
+    runs = _runs(rest)
+    facing = _facing(ctx, runs, rest) if chain else None
     if facing is not None:
         sender, receiver, behind_ranks = facing
         culprits.extend([sender, receiver])
@@ -240,7 +350,7 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     first_blocked = min(blocked)
     # Every wait that ends at a rank in Python (no facing pair, no closed pairing): that rank never joined
     # the exchange; no two posted ops failed to match.
-    broken_by_python = facing is None and not closed and odd is None
+    broken_by_python = facing is None and not closed and odd is None and not paired
     finding = Finding(
         category=Category.RANK_NOT_JOINED if broken_by_python else Category.P2P_MISMATCH,
         culprit_ranks=tuple(culprits),
@@ -249,7 +359,7 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         op=blocked[first_blocked],
         # Two ranks that both receive (or both send) first deadlock together: one of them broke the order,
         # which stacks without peers cannot tell; a facing pair that never matches: one has the wrong peer.
-        ambiguous=(bool(closed) and len(culprits) > 1) or facing is not None,
+        ambiguous=(bool(closed) and len(culprits) > 1) or facing is not None or bool(paired),
     )
     if finding.ambiguous:
         finding.would_decide = ("the peer each rank named in its send/recv: NCCL's recorder keeps it; gloo's "
