@@ -117,6 +117,22 @@ def _misdirected(candidates: list[tuple[int, int, int, Entry, str]]) -> tuple[in
     return None
 
 
+def _answered_cycle(candidates: list[tuple[int, int, int, Entry, str]], posted: Posted
+                    ) -> tuple[int, int, int, Entry, str] | None:
+    """A pending op that names a peer which never posts the counterpart, where that peer waits on the rank
+    itself in an op whose counterpart the rank did post (held behind the unanswered one on its stream: rank
+    1 receives from 2 and then sends to 2, while rank 2 receives from 1). The two wait on each other, and
+    the op nobody answers breaks the cycle: the rank named a peer that is not sending to it (the peer's wait
+    has its counterpart). The rank is the culprit."""
+    for created, rank, peer, entry, why in sorted(candidates, key=lambda c: (c[0], c[1])):
+        if why != "unmatched":
+            continue
+        if any((kind, peer, rank) in posted and ("recv" if kind == "send" else "send", rank, peer) in posted
+               for kind in ("send", "recv")):
+            return created, rank, peer, entry, "misdirected"
+    return None
+
+
 def _with(group: GroupInfo, entry: Entry, peer: int, kind: str) -> bool:
     return entry.op in P2P_OPS and _kind(entry) == kind and entry.peer is not None \
         and group.global_rank(entry.peer) == peer
@@ -178,7 +194,7 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
                 candidates.append((first.time_created_ns or 0, rank, peer, first, "size"))
     if not candidates:
         return None
-    misdirected = _misdirected(candidates)
+    misdirected = _misdirected(candidates) or _answered_cycle(candidates, posted)
     if misdirected is not None:
         candidates = [misdirected]
     else:
@@ -196,10 +212,13 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
     if why == "misdirected":
         culprits = [rank]  # `rank` posted `entry` with the wrong partner; `peer` waits for it
         named = group.global_rank(entry.peer) if entry.peer is not None else None
+        theirs = next((k for k in ("recv", "send") if (k, peer, rank) in posted), "")
+        waiting = (f"{theirs} {'from' if theirs == 'recv' else 'to'} rank {rank} waits for the counterpart rank {rank} "
+                   f"posted behind that {kind}" if peer == named else
+                   f"{'send to' if kind == 'recv' else 'recv from'} rank {rank} waits")
         summary = (
             f"Rank {rank} posted its {kind} (p2p #{entry.p2p_seq_id} of {ref.label()}) with rank {named}, which never "
-            f"posts the counterpart, while rank {peer}'s pending {'send to' if kind == 'recv' else 'recv from'} rank "
-            f"{rank} waits: rank {rank} named the wrong peer"
+            f"posts the counterpart, while rank {peer}'s pending {waiting}: rank {rank} named the wrong peer"
             + (f", for {fmt_duration(age)}" if age is not None else "") + "."
         )
     elif why == "size":
