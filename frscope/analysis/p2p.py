@@ -212,8 +212,8 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
     if why == "misdirected":
         culprits = [rank]  # `rank` posted `entry` with the wrong partner; `peer` waits for it
         named = group.global_rank(entry.peer) if entry.peer is not None else None
-        theirs = next((k for k in ("recv", "send") if (k, peer, rank) in posted), "")
-        waiting = (f"{theirs} {'from' if theirs == 'recv' else 'to'} rank {rank} waits for the counterpart rank {rank} "
+        their_kind = next((k for k in ("recv", "send") if (k, peer, rank) in posted), "")
+        waiting = (f"{their_kind} {'from' if their_kind == 'recv' else 'to'} rank {rank} waits for the counterpart rank {rank} "
                    f"posted behind that {kind}" if peer == named else
                    f"{'send to' if kind == 'recv' else 'recv from'} rank {rank} waits")
         summary = (

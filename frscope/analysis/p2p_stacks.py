@@ -261,7 +261,7 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     closed: list[int] = []
     chain = _chain(ctx, blocked)
     paired = _paired(ctx, blocked)
-    rest = blocked
+    left = blocked
     if paired:
         taken = {r for pair in paired for r in pair}
         waiting = _behind(ctx, taken, blocked)
@@ -275,9 +275,9 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         if waiting:
             pairings[-1] += (f"; {plural(waiting)} wait{'s' if len(waiting) == 1 else ''} behind them, each on the "
                              "next rank in the chain")
-        rest = {r: op for r, op in blocked.items() if r not in taken and r not in waiting}
-    runs = _runs(rest)
-    facing = _facing(ctx, runs, rest) if chain else None
+        left = {r: op for r, op in blocked.items() if r not in taken and r not in waiting}
+    runs = _runs(left)
+    facing = _facing(ctx, runs, left) if chain else None
     if facing is not None:
         sender, receiver, behind_ranks = facing
         culprits.extend([sender, receiver])
