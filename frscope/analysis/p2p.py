@@ -213,8 +213,8 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
         culprits = [rank]  # `rank` posted `entry` with the wrong partner; `peer` waits for it
         named = group.global_rank(entry.peer) if entry.peer is not None else None
         their_kind = next((k for k in ("recv", "send") if (k, peer, rank) in posted), "")
-        waiting = (f"{their_kind} {'from' if their_kind == 'recv' else 'to'} rank {rank} waits for the counterpart rank {rank} "
-                   f"posted behind that {kind}" if peer == named else
+        waiting = (f"{their_kind} {'from' if their_kind == 'recv' else 'to'} rank {rank} waits for the counterpart "
+                   f"rank {rank} posted behind that {kind}" if peer == named else
                    f"{'send to' if kind == 'recv' else 'recv from'} rank {rank} waits")
         summary = (
             f"Rank {rank} posted its {kind} (p2p #{entry.p2p_seq_id} of {ref.label()}) with rank {named}, which never "
