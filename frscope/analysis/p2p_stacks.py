@@ -100,8 +100,9 @@ def _paired(ctx: Context, blocked: dict[int, str]) -> list[list[int]]:
     """Exchanges that only two blocked ranks wait in, both the same way (both receive first, or both send
     first): neither op can be the other's counterpart, and nobody else waits in that exchange to post one, so
     the two wait on each other (a cycle: both are candidates, the stacks carry no peer). Not where the two are
-    consecutive stages of a chain whose stage before them (after them, for senders) sits in Python: that
-    stage never sent, and the second waits behind the first (the chain reading)."""
+    consecutive stages of a chain (members of a group, one after the other) whose stage before them (after
+    them, for senders) sits in Python: that stage never sent, and the second waits behind the first (the
+    chain reading)."""
     sites: dict[tuple[str, str], list[int]] = {}
     for rank in sorted(blocked):
         site = _exchange(ctx, rank)
@@ -112,12 +113,14 @@ def _paired(ctx: Context, blocked: dict[int, str]) -> list[list[int]]:
         if site in sites and blocked[rank] not in SENDS_RECEIVES:
             del sites[site]  # a batch or barrier of that exchange waits too: not two ranks alone
     out: list[list[int]] = []
+    partners = _partners(ctx, blocked)
     for ranks in sites.values():
         if len(ranks) != 2 or len({blocked[r] in RECEIVES for r in ranks}) != 1:
             continue
-        a, b = ranks
-        head = a - 1 if blocked[a] in RECEIVES else b + 1
-        if b == a + 1 and head in ctx.dumpset.dumps and head not in blocked and ctx.in_python(head):
+        # receivers: b the stage after a, a's stage before in Python; senders: a the stage before b, b's after
+        first, second = ranks if blocked[ranks[0]] in RECEIVES else ranks[::-1]
+        if first in partners[second] and any(
+                h in ctx.dumpset.dumps and h not in blocked and ctx.in_python(h) for h in partners[first]):
             continue
         out.append(ranks)
     # Two senders whose next stages (the next member of a group each belongs to) are the ranks of a receiving
