@@ -170,17 +170,27 @@ def _next_in_groups(ctx: Context, blocked: dict[int, str]) -> dict[int, set[int]
 
 
 def _facing(ctx: Context, runs: list[list[int]], blocked: dict[int, str]) -> tuple[int, int, list[int]] | None:
-    """Pipeline stages send forward: a rank blocked sending to the next member of a group it belongs to
-    (the rank after it, in the default group), blocked receiving in the same exchange, face each other, and
-    both being posted, their ops do not match. (A receive called from another exchange is not the
-    counterpart of that send: that rank is busy elsewhere.) (sender, receiver, the ranks waiting in a row
-    behind either); None without such a pair, or with more than one."""
-    after = _next_in_groups(ctx, blocked)
-    found = [(a, b) for a in sorted(blocked) if blocked[a] not in RECEIVES for b in sorted(after[a])
-             if b in blocked and blocked[b] in RECEIVES and _exchange(ctx, a) == _exchange(ctx, b)]
+    """Pipeline stages send forward: a rank blocked sending to the next member of a group, blocked receiving
+    in the same exchange, face each other, and both being posted, their ops do not match. (A receive called
+    from another exchange is not the counterpart of that send: that rank is busy elsewhere.) The group is
+    one that holds every rank waiting in that exchange (an exchange's ops run on one group: the default
+    group, where the stage after a rank is the rank after it, or a pipeline group of non-consecutive ranks,
+    whose members torch numbers in global rank order). (sender, receiver, the ranks waiting in a row behind
+    either); None without such a pair, or with more than one."""
+    sites: dict[tuple[str, str] | None, set[int]] = {}
+    for rank in blocked:
+        sites.setdefault(_exchange(ctx, rank), set()).add(rank)
+    found = {(a, a + 1) for a in blocked if a + 1 in blocked}
+    for group in ctx.dumpset.groups.values():
+        members = set(group.ranks)
+        for a, b in zip(group.ranks, group.ranks[1:], strict=False):
+            if a in blocked and b in blocked and sites[_exchange(ctx, a)] <= members:
+                found.add((a, b))
+    found = {(a, b) for a, b in found if blocked[a] not in RECEIVES and blocked[b] in RECEIVES
+             and _exchange(ctx, a) == _exchange(ctx, b)}
     if len(found) != 1:
         return None
-    sender, receiver = found[0]
+    sender, receiver = found.pop()
     rows = [run for run in runs if sender in run or receiver in run]
     return sender, receiver, [r for run in rows for r in run if r not in (sender, receiver)]
 
