@@ -8,8 +8,16 @@ worker server's traceback carries no arguments). What it does show is enough for
   waiting in a send (gloo's send waits for the matching receive) wait on the rank after the last of
   them. When that rank is in no torch.distributed call at all (stuck in Python: a data loader, a
   checkpoint), it is the one that breaks the pairing, and the waiting ranks are its victims;
+- a *pair*: the only two ranks waiting in an exchange (the user function that called the op), both
+  receiving first (or both sending first): neither op is the other's counterpart and nobody else there
+  can post one, so they wait on each other, a cycle; ranks whose stage partners lead to them wait
+  behind them. A sender and a receiver of one exchange, the receiver the next member after the sender
+  in a group that holds every rank waiting there, *face* each other: both posted, they never match;
 - a *closed* pairing: the blocked ranks wait only on each other (both sides receive first, or both
   send first): every one of them is a candidate, and the finding says so.
+
+Ranks in Python end the waits only where the stacks do not read every wait as ending among the blocked
+ranks (a pair, a facing pair, or behind one): there nobody waits on them.
 """
 
 from __future__ import annotations
