@@ -121,22 +121,34 @@ def _paired(ctx: Context, blocked: dict[int, str]) -> list[list[int]]:
         if site in sites and blocked[rank] not in SENDS_RECEIVES:
             del sites[site]  # a batch or barrier of that exchange waits too: not two ranks alone
     out: list[list[int]] = []
-    partners = _partners(ctx, blocked)
     for ranks in sites.values():
-        if len(ranks) != 2 or len({blocked[r] in RECEIVES for r in ranks}) != 1:
-            continue
-        # receivers: b the stage after a, a's stage before in Python; senders: a the stage before b, b's after
-        first, second = ranks if blocked[ranks[0]] in RECEIVES else ranks[::-1]
-        if first in partners[second] and any(
-                h in ctx.dumpset.dumps and h not in blocked and ctx.in_python(h) for h in partners[first]):
-            continue
-        out.append(ranks)
+        if len(ranks) == 2 and len({blocked[r] in RECEIVES for r in ranks}) == 1 \
+                and not _chain_from_python(ctx, ranks[0], ranks[1], blocked[ranks[0]] in RECEIVES, blocked):
+            out.append(ranks)
     # Two senders whose next stages (the next member of a group each belongs to) are the ranks of a receiving
     # pair wait behind that pair (stages of parallel pipelines, each sending to its own next stage, busy
     # receiving elsewhere): the receiving pair is where the waits end.
     receiving = {r for pair in out if blocked[pair[0]] in RECEIVES for r in pair}
     after = _next_in_groups(ctx, blocked)
     return [pair for pair in out if blocked[pair[0]] in RECEIVES or not all(after[r] & receiving for r in pair)]
+
+
+def _chain_from_python(ctx: Context, a: int, b: int, receiving: bool, blocked: dict[int, str]) -> bool:
+    """Whether `a` and `b` (a < b) are consecutive stages of a group's order (the default group's, or a
+    group's members in global rank order) whose stage before them (receivers: the member before `a`) or
+    after them (senders: the member after `b`) sits in Python, in one and the same order: that stage never
+    sent (received), and the second of the two waits behind the first."""
+    orders: list[tuple[int, ...]] = [(a - 1, a, b, b + 1)] if b == a + 1 else []
+    orders += [g.ranks for g in ctx.dumpset.groups.values() if a in g.ranks and b in g.ranks]
+    for order in orders:
+        i = order.index(a)
+        if i + 1 >= len(order) or order[i + 1] != b:
+            continue
+        h = i - 1 if receiving else i + 2
+        if 0 <= h < len(order) and order[h] in ctx.dumpset.dumps and order[h] not in blocked \
+                and ctx.in_python(order[h]):
+            return True
+    return False
 
 
 def _behind(ctx: Context, ranks: set[int], blocked: dict[int, str]) -> list[int]:
@@ -301,6 +313,7 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     facing = _facing(ctx, runs, left) if chain else None
     if facing is not None:
         sender, receiver, behind_ranks = facing
+        behind_ranks = sorted(set(behind_ranks) | set(_behind(ctx, {sender, receiver}, left)))
         culprits.extend([sender, receiver])
         behind = (f"; {plural(behind_ranks)} wait{'s' if len(behind_ranks) == 1 else ''} behind them, each on the "
                   "next rank in the chain") if behind_ranks else ""

@@ -101,3 +101,15 @@ def test_senders_whose_next_stages_are_a_receiving_pair_wait_behind_it() -> None
     stacks[3], stacks[5] = _op("recv", "exchange", 210), _op("recv", "exchange", 210)
     root = _capture(stacks, {"1": [0, 3], "2": [2, 5]})[0]
     assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (3, 5), root.summary
+
+
+def test_a_pair_of_one_groups_stages_is_read_in_that_groups_order() -> None:
+    """Ranks 2 and 4, the only ranks in `exchange`, both receive first. They are consecutive members of group
+    1 (ranks 0, 2, 4), whose member before them (rank 0) waits in a collective, not in Python: no chain of that
+    group's stages starts at a rank in Python, and finished ranks 1 and 3 (in Python) are no stage before them
+    in any order where 2 and 4 follow each other. The pair waits on each other."""
+    stacks = {r: DONE for r in range(6)}
+    stacks[0] = _stack(("all_reduce", f"{SITE}/distributed_c10d.py", 3906), ("main", "/app/train.py", 52))
+    stacks[2], stacks[4] = _op("recv", "exchange", 210), _op("recv", "exchange", 210)
+    root = _capture(stacks, {"1": [0, 2, 4]})[0]
+    assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (2, 4), root.summary
