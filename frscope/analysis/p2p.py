@@ -133,6 +133,26 @@ def _answered_cycle(candidates: list[tuple[int, int, int, Entry, str]], posted: 
     return None
 
 
+def _owed(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
+          candidates: list[tuple[int, int, int, Entry, str]]) -> tuple[int, int, int, Entry, str] | None:
+    """A pending recv that names a peer which never posts the counterpart, by a rank that owes another rank a
+    recv: that rank completed more sends to it than the rank ever posted recvs from it (NCCL completes a small
+    send before its recv is posted; a pair's messages in one direction match in order; neither ring wrapped).
+    The message the rank should receive is there, from that other rank: the rank named the wrong peer.
+    (.., the culprit, the rank whose send it owes, ..)."""
+    for created, rank, peer, entry, why in sorted(candidates, key=lambda c: (c[0], c[1])):
+        if why != "unmatched" or _kind(entry) != "recv" or rank not in tracks or not _whole(ctx, rank):
+            continue
+        for other, track in sorted(tracks.items()):
+            if other in (rank, peer) or not _whole(ctx, other):
+                continue
+            sent = sum(1 for e in track.p2p if e.completed and _with(group, e, rank, "send"))
+            posted = sum(1 for e in tracks[rank].p2p if _with(group, e, other, "recv"))
+            if sent > posted:
+                return created, rank, other, entry, "owed"
+    return None
+
+
 def _with(group: GroupInfo, entry: Entry, peer: int, kind: str) -> bool:
     return entry.op in P2P_OPS and _kind(entry) == kind and entry.peer is not None \
         and group.global_rank(entry.peer) == peer
@@ -194,7 +214,8 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
                 candidates.append((first.time_created_ns or 0, rank, peer, first, "size"))
     if not candidates:
         return None
-    misdirected = _misdirected(candidates) or _answered_cycle(candidates, posted)
+    misdirected = (_misdirected(candidates) or _answered_cycle(candidates, posted)
+                   or _owed(ctx, group, tracks, candidates))
     if misdirected is not None:
         candidates = [misdirected]
     else:
@@ -206,7 +227,7 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             return None
     created, rank, peer, entry, why = min(candidates, key=lambda c: (c[0], c[1]))
     age, age_source = _age(ctx, [rank], created)
-    if why in ("unmatched", "misdirected") and age is not None and age < ctx.options.stall_after_s:
+    if why in ("unmatched", "misdirected", "owed") and age is not None and age < ctx.options.stall_after_s:
         return None
     kind = _kind(entry)
     if why == "misdirected":
@@ -220,6 +241,14 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             f"Rank {rank} posted its {kind} (p2p #{entry.p2p_seq_id} of {ref.label()}) with rank {named}, which never "
             f"posts the counterpart, while rank {peer}'s pending {waiting}: rank {rank} named the wrong peer"
             + (f", for {fmt_duration(age)}" if age is not None else "") + "."
+        )
+    elif why == "owed":
+        culprits = [rank]  # `rank` posted its recv from a peer that never sends; `peer` sent it the message
+        named = group.global_rank(entry.peer) if entry.peer is not None else None
+        summary = (
+            f"Rank {rank} posted its recv (p2p #{entry.p2p_seq_id} of {ref.label()}) from rank {named}, which never "
+            f"posts the send, while rank {peer} completed a send to rank {rank} that rank {rank} never posted a recv "
+            f"for: rank {rank} named the wrong peer" + (f", for {fmt_duration(age)}" if age is not None else "") + "."
         )
     elif why == "size":
         culprits = sorted({rank, peer})
@@ -238,7 +267,7 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
         )
     finding = _p2p_finding(ref, culprits, summary, entry, created, age, age_source)
     finding.ranks[rank] = ctx.rank_view(rank, group.name, entry)
-    if why == "misdirected":
+    if why in ("misdirected", "owed"):
         finding.ranks[peer] = ctx.rank_view(peer, group.name, None)
     for culprit in culprits:
         if culprit != rank:
