@@ -153,16 +153,19 @@ def _chain_from_python(ctx: Context, a: int, b: int, receiving: bool, blocked: d
 
 def _behind(ctx: Context, ranks: set[int], blocked: dict[int, str]) -> list[int]:
     """Blocked ranks whose stage partners (`_partners`), followed from rank to rank, reach `ranks`: they
-    wait behind them."""
-    partners = _partners(ctx, blocked)
+    wait behind them (one walk back along the waits, from `ranks`)."""
+    waiters: dict[int, list[int]] = {}
+    for rank, partners in _partners(ctx, blocked).items():
+        if blocked[rank] in SENDS_RECEIVES:
+            for partner in partners:
+                waiters.setdefault(partner, []).append(rank)
     reached = set(ranks)
-    grew = True
-    while grew:
-        grew = False
-        for rank in sorted(set(blocked) - reached):
-            if blocked[rank] in SENDS_RECEIVES and partners[rank] & reached:
-                reached.add(rank)
-                grew = True
+    todo = list(ranks)
+    while todo:
+        for waiter in waiters.get(todo.pop(), ()):
+            if waiter not in reached:
+                reached.add(waiter)
+                todo.append(waiter)
     return sorted(reached - ranks)
 
 
@@ -197,17 +200,21 @@ def _facing(ctx: Context, runs: list[list[int]], blocked: dict[int, str]) -> tup
     group, where the stage after a rank is the rank after it, or a pipeline group of non-consecutive ranks,
     whose members torch numbers in global rank order). (sender, receiver, the ranks waiting in a row behind
     either); None without such a pair, or with more than one."""
+    site = {r: _exchange(ctx, r) for r in blocked}
     sites: dict[tuple[str, str] | None, set[int]] = {}
     for rank in blocked:
-        sites.setdefault(_exchange(ctx, rank), set()).add(rank)
-    found = {(a, a + 1) for a in blocked if a + 1 in blocked}
+        sites.setdefault(site[rank], set()).add(rank)
+
+    def faces(a: int, b: int) -> bool:
+        return (a in blocked and b in blocked and blocked[a] not in RECEIVES and blocked[b] in RECEIVES
+                and site[a] == site[b])
+
+    found = {(a, a + 1) for a in blocked if faces(a, a + 1)}
     for group in ctx.dumpset.groups.values():
-        members = set(group.ranks)
-        for a, b in zip(group.ranks, group.ranks[1:], strict=False):
-            if a in blocked and b in blocked and sites[_exchange(ctx, a)] <= members:
-                found.add((a, b))
-    found = {(a, b) for a, b in found if blocked[a] not in RECEIVES and blocked[b] in RECEIVES
-             and _exchange(ctx, a) == _exchange(ctx, b)}
+        pairs = [(a, b) for a, b in zip(group.ranks, group.ranks[1:], strict=False) if faces(a, b)]
+        if pairs:
+            members = set(group.ranks)
+            found.update((a, b) for a, b in pairs if sites[site[a]] <= members)
     if len(found) != 1:
         return None
     sender, receiver = found.pop()
