@@ -140,15 +140,25 @@ def _owed(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     send before its recv is posted; a pair's messages in one direction match in order; neither ring wrapped).
     The message the rank should receive is there, from that other rank: the rank named the wrong peer.
     (.., the culprit, the rank whose send it owes, ..)."""
-    for created, rank, peer, entry, why in sorted(candidates, key=lambda c: (c[0], c[1])):
-        if why != "unmatched" or _kind(entry) != "recv" or rank not in tracks or not _whole(ctx, rank):
-            continue
-        for other, track in sorted(tracks.items()):
-            if other in (rank, peer) or not _whole(ctx, other):
+    waiting = [c for c in candidates if c[4] == "unmatched" and _kind(c[3]) == "recv" and c[1] in tracks]
+    if not waiting:
+        return None
+    sent: dict[tuple[int, int], int] = {}  # (sender, receiver) -> completed sends
+    received: dict[tuple[int, int], int] = {}  # (receiver, sender) -> posted recvs
+    for rank, track in tracks.items():
+        for e in track.p2p:
+            peer = group.global_rank(e.peer) if e.op in P2P_OPS and e.peer is not None else None
+            if peer is None:
                 continue
-            sent = sum(1 for e in track.p2p if e.completed and _with(group, e, rank, "send"))
-            posted = sum(1 for e in tracks[rank].p2p if _with(group, e, other, "recv"))
-            if sent > posted:
+            if _kind(e) == "recv":
+                received[(rank, peer)] = received.get((rank, peer), 0) + 1
+            elif e.completed:
+                sent[(rank, peer)] = sent.get((rank, peer), 0) + 1
+    for created, rank, peer, entry, _ in sorted(waiting, key=lambda c: (c[0], c[1])):
+        if not _whole(ctx, rank):
+            continue
+        for (other, to), count in sorted(sent.items()):
+            if to == rank and other != peer and count > received.get((rank, other), 0) and _whole(ctx, other):
                 return created, rank, other, entry, "owed"
     return None
 
@@ -230,6 +240,7 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
     if why in ("unmatched", "misdirected", "owed") and age is not None and age < ctx.options.stall_after_s:
         return None
     kind = _kind(entry)
+    evidence = ""
     if why == "misdirected":
         culprits = [rank]  # `rank` posted `entry` with the wrong partner; `peer` waits for it
         named = group.global_rank(entry.peer) if entry.peer is not None else None
@@ -242,6 +253,9 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             f"posts the counterpart, while rank {peer}'s pending {waiting}: rank {rank} named the wrong peer"
             + (f", for {fmt_duration(age)}" if age is not None else "") + "."
         )
+        if peer == named:
+            evidence = (f"rank {rank}'s pending ops with rank {peer}: a {kind} and, behind it, the {their_kind}'s "
+                        f"counterpart; rank {peer}'s: a {their_kind} and no counterpart of rank {rank}'s {kind}")
     elif why == "owed":
         culprits = [rank]  # `rank` posted its recv from a peer that never sends; `peer` sent it the message
         named = group.global_rank(entry.peer) if entry.peer is not None else None
@@ -250,6 +264,9 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             f"posts the send, while rank {peer} completed a send to rank {rank} that rank {rank} never posted a recv "
             f"for: rank {rank} named the wrong peer" + (f", for {fmt_duration(age)}" if age is not None else "") + "."
         )
+        evidence = (f"rank {peer}'s recorder holds more completed sends to rank {rank} than rank {rank}'s holds "
+                    f"recvs from rank {peer} (neither ring wrapped); rank {rank}'s oldest pending op is a recv from "
+                    f"rank {named}, whose recorder holds no pending send to rank {rank}")
     elif why == "size":
         culprits = sorted({rank, peer})
         summary = (
@@ -266,6 +283,8 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             + f"; rank {peer} is {ctx.activity(peer)}."
         )
     finding = _p2p_finding(ref, culprits, summary, entry, created, age, age_source)
+    if evidence:
+        finding.evidence.append(evidence)
     finding.ranks[rank] = ctx.rank_view(rank, group.name, entry)
     if why in ("misdirected", "owed"):
         finding.ranks[peer] = ctx.rank_view(peer, group.name, None)
