@@ -418,7 +418,11 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     )
     finding.evidence.append(
         "the stacks carry no peer: a chain of receives is read as pipeline stages (each waits on the rank "
-        "before it); a send/recv pair deadlocks when both sides send (or both receive) first, or when the "
-        "peer or tag differ"
+        "before it, in the default group's order or a group's); a send/recv pair deadlocks when both sides send "
+        "(or both receive) first, or when the peer or tag differ"
     )
+    if paired:
+        finding.evidence.append(
+            "the only ranks waiting in their exchange, both the same way: "
+            + "; ".join(f"ranks {a} and {b} in {blocked[a]}{_site(ctx, a)}" for a, b in paired))
     return finding
