@@ -152,13 +152,19 @@ def _chain_from_python(ctx: Context, a: int, b: int, receiving: bool, blocked: d
 
 
 def _behind(ctx: Context, ranks: set[int], blocked: dict[int, str]) -> list[int]:
-    """Blocked ranks whose stage partners (`_partners`), followed from rank to rank, reach `ranks`: they
-    wait behind them (one walk back along the waits, from `ranks`)."""
+    """Blocked ranks whose stage partners (`_partners`), followed from rank to rank (and through a partner
+    held in a recorded collective, to the members that collective waits on), reach `ranks`: they wait
+    behind them (one walk back along the waits, from `ranks`)."""
     waiters: dict[int, list[int]] = {}
     for rank, partners in _partners(ctx, blocked).items():
         if blocked[rank] in SENDS_RECEIVES:
             for partner in partners:
                 waiters.setdefault(partner, []).append(rank)
+                # a partner held in a recorded collective waits on that collective's missing members
+                if partner not in blocked and partner in ctx.dumpset.dumps \
+                        and ctx.waits.held_in_collective(partner) is not None:
+                    for member in ctx.waits.of(partner).on or ():
+                        waiters.setdefault(member, []).append(partner)
     reached = set(ranks)
     todo = list(ranks)
     while todo:
@@ -166,7 +172,7 @@ def _behind(ctx: Context, ranks: set[int], blocked: dict[int, str]) -> list[int]
             if waiter not in reached:
                 reached.add(waiter)
                 todo.append(waiter)
-    return sorted(reached - ranks)
+    return sorted((reached - ranks) & set(blocked))
 
 
 def _partners(ctx: Context, blocked: dict[int, str]) -> dict[int, set[int]]:
@@ -299,7 +305,6 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     culprits: list[int] = []
     pairings: list[str] = []
     closed: list[int] = []
-    chain = _chain(ctx, blocked)
     paired = _paired(ctx, blocked)
     left = blocked
     if paired:
@@ -316,6 +321,8 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
             pairings[-1] += (f"; {plural(waiting)} wait{'s' if len(waiting) == 1 else ''} behind them, each on the "
                              "next rank in the chain")
         left = {r: op for r, op in blocked.items() if r not in taken and r not in waiting}
+    # whether the other waits may be a chain of stages (a pair's ranks, explained by the pair, say nothing of it)
+    chain = bool(left) and _chain(ctx, left)
     runs = _runs(left)
     facing = _facing(ctx, runs, left) if chain else None
     if facing is not None:

@@ -25,9 +25,11 @@ def _op(name: str, func: str, line: int) -> str:
                   ("train_step", "/app/train.py", 250), ("main", "/app/train.py", 300))
 
 
-def _capture(stacks: dict[int, str], groups: dict[str, list[int]] | None = None) -> list[Finding]:
+def _capture(stacks: dict[int, str], groups: dict[str, list[int]] | None = None,
+             open_in: dict[str, list[int]] | None = None) -> list[Finding]:
     """Idle gloo recorders of len(stacks) ranks captured with `stacks`; `groups`: further groups (name ->
-    members), each member having recorded one retired collective in it (gloo's pg_config lists no subgroup)."""
+    members), each member having recorded one retired collective in it (gloo's pg_config lists no subgroup);
+    `open_in`: the members of a group that entered its second collective, still open."""
     world = len(stacks)
     per_rank = {r: [b.entry(s, backend="gloo", state="scheduled", retired=True, created_ns=LAST - (20 - s) * S // 5)
                     for s in range(1, 21)] for r in range(world)}
@@ -35,6 +37,10 @@ def _capture(stacks: dict[int, str], groups: dict[str, list[int]] | None = None)
         for r in members:
             per_rank[r].append(b.entry(1, backend="gloo", pg=(name, "pp"), state="scheduled", retired=True,
                                        created_ns=LAST + 1))
+    for name, members in (open_in or {}).items():
+        for r in members:
+            per_rank[r].append(b.entry(2, op="all_gather", backend="gloo", pg=(name, "pp"), state="scheduled",
+                                       retired=False, created_ns=LAST + 2))
     for entries in per_rank.values():
         for i, e in enumerate(entries):
             e["record_id"] = i
@@ -113,3 +119,19 @@ def test_a_pair_of_one_groups_stages_is_read_in_that_groups_order() -> None:
     stacks[2], stacks[4] = _op("recv", "exchange", 210), _op("recv", "exchange", 210)
     root = _capture(stacks, {"1": [0, 2, 4]})[0]
     assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (2, 4), root.summary
+
+
+def test_stages_whose_stage_before_waits_on_the_pair_in_a_collective_wait_behind_the_pair() -> None:
+    """Ranks 0 and 4, the only ranks in `exchange`, both receive first. Ranks 5-7 wait in all_gather #2 of
+    group 1 (ranks 4-7) for rank 4; ranks 8-11 receive in pipeline_stage, the first of them from rank 7. Their
+    waits go, through rank 7's collective, to the pair: they are no pairing of their own (a receiver at rank
+    0 belongs to the pair, and says nothing of whether the others are a chain of stages)."""
+    stacks = {r: DONE for r in range(12)}
+    stacks[0], stacks[4] = _op("recv", "exchange", 210), _op("recv", "exchange", 210)
+    for r in (5, 6, 7):
+        stacks[r] = _stack(("all_gather", f"{SITE}/distributed_c10d.py", 4287), ("main", "/app/train.py", 90))
+    for r in range(8, 12):
+        stacks[r] = _op("recv", "pipeline_stage", 141)
+    findings = _capture(stacks, {"1": [4, 5, 6, 7]}, open_in={"1": [5, 6, 7]})
+    root = findings[0]
+    assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (0, 4), root.summary
