@@ -198,14 +198,15 @@ def _next_in_groups(ctx: Context, blocked: dict[int, str]) -> dict[int, set[int]
     return out
 
 
-def _facing(ctx: Context, runs: list[list[int]], blocked: dict[int, str]) -> tuple[int, int, list[int]] | None:
+def _facing(ctx: Context, runs: list[list[int]], blocked: dict[int, str], groups: bool = True
+            ) -> tuple[int, int, list[int]] | None:
     """Pipeline stages send forward: a rank blocked sending to the next member of a group, blocked receiving
     in the same exchange, face each other, and both being posted, their ops do not match. (A receive called
     from another exchange is not the counterpart of that send: that rank is busy elsewhere.) The group is
     one that holds every rank waiting in that exchange (an exchange's ops run on one group: the default
     group, where the stage after a rank is the rank after it, or a pipeline group of non-consecutive ranks,
-    whose members torch numbers in global rank order). (sender, receiver, the ranks waiting in a row behind
-    either); None without such a pair, or with more than one."""
+    whose members torch numbers in global rank order; `groups` False: the default group's only). (sender,
+    receiver, the ranks waiting in a row behind either); None without such a pair, or with more than one."""
     site = {r: _exchange(ctx, r) for r in blocked}
     sites: dict[tuple[str, str] | None, set[int]] = {}
     for rank in blocked:
@@ -216,7 +217,7 @@ def _facing(ctx: Context, runs: list[list[int]], blocked: dict[int, str]) -> tup
                 and site[a] == site[b])
 
     found = {(a, a + 1) for a in blocked if faces(a, a + 1)}
-    for group in ctx.dumpset.groups.values():
+    for group in ctx.dumpset.groups.values() if groups else ():
         pairs = [(a, b) for a, b in zip(group.ranks, group.ranks[1:], strict=False) if faces(a, b)]
         if pairs:
             members = set(group.ranks)
@@ -268,7 +269,9 @@ def _waits_close(ctx: Context, blocked: dict[int, str]) -> bool:
     if any(op not in SENDS_RECEIVES for op in blocked.values()):
         return False
     ends = {r for pair in _paired(ctx, blocked) for r in pair}
-    facing = _facing(ctx, _runs(blocked), blocked) if _chain(ctx, blocked) else None
+    # (a facing pair along another group's order is no reason to pass over ranks in Python: the default
+    # group's chain may end at one of them, which explains the waits on its own)
+    facing = _facing(ctx, _runs(blocked), blocked, groups=False) if _chain(ctx, blocked) else None
     if facing is not None:
         ends |= {facing[0], facing[1]}
     return bool(ends) and set(blocked) <= ends | set(_behind(ctx, ends, blocked))
