@@ -118,6 +118,52 @@ def _misdirected(candidates: list[tuple[int, int, int, Entry, str]]) -> tuple[in
     return None
 
 
+def _answered_cycle(candidates: list[tuple[int, int, int, Entry, str]], posted: Posted
+                    ) -> tuple[int, int, int, Entry, str] | None:
+    """A pending op that names a peer which never posts the counterpart, where that peer waits on the rank
+    itself in an op whose counterpart the rank did post (held behind the unanswered one on its stream: rank
+    1 receives from 2 and then sends to 2, while rank 2 receives from 1). The two wait on each other, and
+    the op nobody answers breaks the cycle: the rank named a peer that is not sending to it (the peer's wait
+    has its counterpart). The rank is the culprit."""
+    for created, rank, peer, entry, why in sorted(candidates, key=lambda c: (c[0], c[1])):
+        if why != "unmatched":
+            continue
+        if any((kind, peer, rank) in posted and ("recv" if kind == "send" else "send", rank, peer) in posted
+               for kind in ("send", "recv")):
+            return created, rank, peer, entry, "misdirected"
+    return None
+
+
+def _owed(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
+          candidates: list[tuple[int, int, int, Entry, str]]) -> tuple[int, int, int, Entry, str] | None:
+    """A pending recv that names a peer which never posts the counterpart, by a rank that owes another rank a
+    recv: that rank completed more sends to it than the rank ever posted recvs from it (NCCL completes a small
+    send before its recv is posted; a pair's messages in one direction match in order; neither ring wrapped).
+    The message the rank should receive is there, from that other rank: the rank named the wrong peer.
+    (.., the culprit, the rank whose send it owes, ..)."""
+    waiting = [c for c in candidates if c[4] == "unmatched" and _kind(c[3]) == "recv" and c[1] in tracks]
+    if not waiting:
+        return None
+    sent: dict[tuple[int, int], int] = {}  # (sender, receiver) -> completed sends
+    received: dict[tuple[int, int], int] = {}  # (receiver, sender) -> posted recvs
+    for rank, track in tracks.items():
+        for e in track.p2p:
+            peer = group.global_rank(e.peer) if e.op in P2P_OPS and e.peer is not None else None
+            if peer is None:
+                continue
+            if _kind(e) == "recv":
+                received[(rank, peer)] = received.get((rank, peer), 0) + 1
+            elif e.completed:
+                sent[(rank, peer)] = sent.get((rank, peer), 0) + 1
+    for created, rank, peer, entry, _ in sorted(waiting, key=lambda c: (c[0], c[1])):
+        if not _whole(ctx, rank):
+            continue
+        for (other, to), count in sorted(sent.items()):
+            if to == rank and other != peer and count > received.get((rank, other), 0) and _whole(ctx, other):
+                return created, rank, other, entry, "owed"
+    return None
+
+
 def _with(group: GroupInfo, entry: Entry, peer: int, kind: str) -> bool:
     return entry.op in P2P_OPS and _kind(entry) == kind and entry.peer is not None \
         and group.global_rank(entry.peer) == peer
@@ -179,7 +225,8 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
                 candidates.append((first.time_created_ns or 0, rank, peer, first, "size"))
     if not candidates:
         return None
-    misdirected = _misdirected(candidates)
+    misdirected = (_misdirected(candidates) or _answered_cycle(candidates, posted)
+                   or _owed(ctx, group, tracks, candidates))
     if misdirected is not None:
         candidates = [misdirected]
     else:
@@ -191,18 +238,36 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             return None
     created, rank, peer, entry, why = min(candidates, key=lambda c: (c[0], c[1]))
     age, age_source = _age(ctx, [rank], created)
-    if why in ("unmatched", "misdirected") and age is not None and age < ctx.options.stall_after_s:
+    if why in ("unmatched", "misdirected", "owed") and age is not None and age < ctx.options.stall_after_s:
         return None
     kind = _kind(entry)
+    evidence = ""
     if why == "misdirected":
         culprits = [rank]  # `rank` posted `entry` with the wrong partner; `peer` waits for it
         named = group.global_rank(entry.peer) if entry.peer is not None else None
+        their_kind = next((k for k in ("recv", "send") if (k, peer, rank) in posted), "")
+        waiting = (f"{their_kind} {'from' if their_kind == 'recv' else 'to'} rank {rank} waits for the counterpart "
+                   f"rank {rank} posted behind that {kind}" if peer == named else
+                   f"{'send to' if kind == 'recv' else 'recv from'} rank {rank} waits")
         summary = (
             f"Rank {rank} posted its {kind} (p2p #{entry.p2p_seq_id} of {ref.label()}) with rank {named}, which never "
-            f"posts the counterpart, while rank {peer}'s pending {'send to' if kind == 'recv' else 'recv from'} rank "
-            f"{rank} waits: rank {rank} named the wrong peer"
+            f"posts the counterpart, while rank {peer}'s pending {waiting}: rank {rank} named the wrong peer"
             + (f", for {fmt_duration(age)}" if age is not None else "") + "."
         )
+        if peer == named:
+            evidence = (f"rank {rank}'s pending ops with rank {peer}: a {kind} and, behind it, the {their_kind}'s "
+                        f"counterpart; rank {peer}'s: a {their_kind} and no counterpart of rank {rank}'s {kind}")
+    elif why == "owed":
+        culprits = [rank]  # `rank` posted its recv from a peer that never sends; `peer` sent it the message
+        named = group.global_rank(entry.peer) if entry.peer is not None else None
+        summary = (
+            f"Rank {rank} posted its recv (p2p #{entry.p2p_seq_id} of {ref.label()}) from rank {named}, which never "
+            f"posts the send, while rank {peer} completed a send to rank {rank} that rank {rank} never posted a recv "
+            f"for: rank {rank} named the wrong peer" + (f", for {fmt_duration(age)}" if age is not None else "") + "."
+        )
+        evidence = (f"rank {peer}'s recorder holds more completed sends to rank {rank} than rank {rank}'s holds "
+                    f"recvs from rank {peer} (neither ring wrapped); rank {rank}'s oldest pending op is a recv from "
+                    f"rank {named}, whose recorder holds no pending send to rank {rank}")
     elif why == "size":
         culprits = sorted({rank, peer})
         summary = (
@@ -219,8 +284,10 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             + f"; rank {peer} is {ctx.activity(peer)}."
         )
     finding = _p2p_finding(ref, culprits, summary, entry, created, age, age_source)
+    if evidence:
+        finding.evidence.append(evidence)
     finding.ranks[rank] = ctx.rank_view(rank, group.name, entry)
-    if why == "misdirected":
+    if why in ("misdirected", "owed"):
         finding.ranks[peer] = ctx.rank_view(peer, group.name, None)
     for culprit in culprits:
         if culprit != rank:

@@ -8,8 +8,16 @@ worker server's traceback carries no arguments). What it does show is enough for
   waiting in a send (gloo's send waits for the matching receive) wait on the rank after the last of
   them. When that rank is in no torch.distributed call at all (stuck in Python: a data loader, a
   checkpoint), it is the one that breaks the pairing, and the waiting ranks are its victims;
+- a *pair*: the only two ranks waiting in an exchange (the user function that called the op), both
+  receiving first (or both sending first): neither op is the other's counterpart and nobody else there
+  can post one, so they wait on each other, a cycle; ranks whose stage partners lead to them wait
+  behind them. A sender and a receiver of one exchange, the receiver the next member after the sender
+  in a group that holds every rank waiting there, *face* each other: both posted, they never match;
 - a *closed* pairing: the blocked ranks wait only on each other (both sides receive first, or both
   send first): every one of them is a candidate, and the finding says so.
+
+Ranks in Python end the waits only where the stacks do not read every wait as ending among the blocked
+ranks (a pair, a facing pair, or behind one): there nobody waits on them.
 """
 
 from __future__ import annotations
@@ -93,18 +101,132 @@ def _may_pair(ctx: Context, rank: int, blocked: dict[int, str]) -> bool:
     return len(same) > 1 and len({blocked[r] in RECEIVES for r in same}) == 1
 
 
-def _facing(ctx: Context, runs: list[list[int]], blocked: dict[int, str]) -> tuple[int, int, list[int]] | None:
-    """Pipeline stages send forward: a rank blocked sending next to the rank after it, blocked receiving
-    in the same exchange, face each other, and both being posted, their ops do not match. (A receive
-    called from another exchange is not the counterpart of that send: that rank is busy elsewhere.)
-    (sender, receiver, the receivers behind either); None without such a pair, or with more than one."""
-    found = [(a, b) for a, b in zip(runs, runs[1:], strict=False)
-             if blocked[a[-1]] not in RECEIVES and blocked[b[0]] in RECEIVES and b[0] == a[-1] + 1
-             and _exchange(ctx, a[-1]) == _exchange(ctx, b[0])]
+SENDS_RECEIVES = RECEIVES | {"send", "isend", "send_object_list"}
+
+
+def _paired(ctx: Context, blocked: dict[int, str]) -> list[list[int]]:
+    """Exchanges that only two blocked ranks wait in, both the same way (both receive first, or both send
+    first): neither op can be the other's counterpart, and nobody else waits in that exchange to post one, so
+    the two wait on each other (a cycle: both are candidates, the stacks carry no peer). Not where the two are
+    consecutive stages of a chain (members of a group, one after the other) whose stage before them (after
+    them, for senders) sits in Python: that stage never sent, and the second waits behind the first (the
+    chain reading)."""
+    sites: dict[tuple[str, str], list[int]] = {}
+    for rank in sorted(blocked):
+        site = _exchange(ctx, rank)
+        if site is not None and blocked[rank] in SENDS_RECEIVES:
+            sites.setdefault(site, []).append(rank)
+    for rank in blocked:
+        site = _exchange(ctx, rank)
+        if site in sites and blocked[rank] not in SENDS_RECEIVES:
+            del sites[site]  # a batch or barrier of that exchange waits too: not two ranks alone
+    out: list[list[int]] = []
+    for ranks in sites.values():
+        if len(ranks) == 2 and len({blocked[r] in RECEIVES for r in ranks}) == 1 \
+                and not _chain_from_python(ctx, ranks[0], ranks[1], blocked[ranks[0]] in RECEIVES, blocked):
+            out.append(ranks)
+    # Two senders whose next stages (the next member of a group each belongs to) are the ranks of a receiving
+    # pair wait behind that pair (stages of parallel pipelines, each sending to its own next stage, busy
+    # receiving elsewhere): the receiving pair is where the waits end.
+    receiving = {r for pair in out if blocked[pair[0]] in RECEIVES for r in pair}
+    after = _next_in_groups(ctx, blocked)
+    return [pair for pair in out if blocked[pair[0]] in RECEIVES or not all(after[r] & receiving for r in pair)]
+
+
+def _chain_from_python(ctx: Context, a: int, b: int, receiving: bool, blocked: dict[int, str]) -> bool:
+    """Whether `a` and `b` (a < b) are consecutive stages of a group's order (the default group's, or a
+    group's members in global rank order) whose stage before them (receivers: the member before `a`) or
+    after them (senders: the member after `b`) sits in Python, in one and the same order: that stage never
+    sent (received), and the second of the two waits behind the first."""
+    orders: list[tuple[int, ...]] = [(a - 1, a, b, b + 1)] if b == a + 1 else []
+    orders += [g.ranks for g in ctx.dumpset.groups.values() if a in g.ranks and b in g.ranks]
+    for order in orders:
+        i = order.index(a)
+        if i + 1 >= len(order) or order[i + 1] != b:
+            continue
+        h = i - 1 if receiving else i + 2
+        if 0 <= h < len(order) and order[h] in ctx.dumpset.dumps and order[h] not in blocked \
+                and ctx.in_python(order[h]):
+            return True
+    return False
+
+
+def _behind(ctx: Context, ranks: set[int], blocked: dict[int, str]) -> list[int]:
+    """Blocked ranks whose stage partners (`_partners`), followed from rank to rank (and through a partner
+    held in a recorded collective, to the members that collective waits on), reach `ranks`: they wait
+    behind them (one walk back along the waits, from `ranks`)."""
+    waiters: dict[int, list[int]] = {}
+    for rank, partners in _partners(ctx, blocked).items():
+        if blocked[rank] in SENDS_RECEIVES:
+            for partner in partners:
+                waiters.setdefault(partner, []).append(rank)
+                # a partner held in a recorded collective waits on that collective's missing members
+                if partner not in blocked and partner in ctx.dumpset.dumps \
+                        and ctx.waits.held_in_collective(partner) is not None:
+                    for member in ctx.waits.of(partner).on or ():
+                        waiters.setdefault(member, []).append(partner)
+    reached = set(ranks)
+    todo = list(ranks)
+    while todo:
+        for waiter in waiters.get(todo.pop(), ()):
+            if waiter not in reached:
+                reached.add(waiter)
+                todo.append(waiter)
+    return sorted((reached - ranks) & set(blocked))
+
+
+def _partners(ctx: Context, blocked: dict[int, str]) -> dict[int, set[int]]:
+    """The ranks each blocked rank may wait on as a pipeline stage: a receive on the member before it in a
+    group it belongs to, a send on the member after it (the rank before or after it, in the default group)."""
+    after = _next_in_groups(ctx, blocked)
+    before: dict[int, set[int]] = {r: {r - 1} for r in blocked}
+    for group in ctx.dumpset.groups.values():
+        for a, b in zip(group.ranks, group.ranks[1:], strict=False):
+            if b in before:
+                before[b].add(a)
+    return {r: before[r] if blocked[r] in RECEIVES else after[r] for r in blocked}
+
+
+def _next_in_groups(ctx: Context, blocked: dict[int, str]) -> dict[int, set[int]]:
+    """For each blocked rank, the members right after it in the groups it belongs to (torch numbers a group's
+    members in global rank order, and a pipeline stage sends to the next member of its group)."""
+    out: dict[int, set[int]] = {r: {r + 1} for r in blocked}
+    for group in ctx.dumpset.groups.values():
+        for a, b in zip(group.ranks, group.ranks[1:], strict=False):
+            if a in out:
+                out[a].add(b)
+    return out
+
+
+def _facing(ctx: Context, runs: list[list[int]], blocked: dict[int, str], groups: bool = True
+            ) -> tuple[int, int, list[int]] | None:
+    """Pipeline stages send forward: a rank blocked sending to the next member of a group, blocked receiving
+    in the same exchange, face each other, and both being posted, their ops do not match. (A receive called
+    from another exchange is not the counterpart of that send: that rank is busy elsewhere.) The group is
+    one that holds every rank waiting in that exchange (an exchange's ops run on one group: the default
+    group, where the stage after a rank is the rank after it, or a pipeline group of non-consecutive ranks,
+    whose members torch numbers in global rank order; `groups` False: the default group's only). (sender,
+    receiver, the ranks waiting in a row behind either); None without such a pair, or with more than one."""
+    site = {r: _exchange(ctx, r) for r in blocked}
+    sites: dict[tuple[str, str] | None, set[int]] = {}
+    for rank in blocked:
+        sites.setdefault(site[rank], set()).add(rank)
+
+    def faces(a: int, b: int) -> bool:
+        return (a in blocked and b in blocked and blocked[a] not in RECEIVES and blocked[b] in RECEIVES
+                and site[a] == site[b])
+
+    found = {(a, a + 1) for a in blocked if faces(a, a + 1)}
+    for group in ctx.dumpset.groups.values() if groups else ():
+        pairs = [(a, b) for a, b in zip(group.ranks, group.ranks[1:], strict=False) if faces(a, b)]
+        if pairs:
+            members = set(group.ranks)
+            found.update((a, b) for a, b in pairs if sites[site[a]] <= members)
     if len(found) != 1:
         return None
-    sends, receives = found[0]
-    return sends[-1], receives[0], [*sends[:-1], *receives[1:]]
+    sender, receiver = found.pop()
+    rows = [run for run in runs if sender in run or receiver in run]
+    return sender, receiver, [r for run in rows for r in run if r not in (sender, receiver)]
 
 
 def _odd_ones(ctx: Context, ranks: list[int], blocked: dict[int, str]) -> list[int] | None:
@@ -133,6 +255,28 @@ def _odd_ones(ctx: Context, ranks: list[int], blocked: dict[int, str]) -> list[i
     return None
 
 
+def _chain(ctx: Context, blocked: dict[int, str]) -> bool:
+    """Whether the waits may be a chain of pipeline stages: a pipeline's first stage receives from nobody and
+    its last sends to nobody, so a receiver at the first rank (or a sender at the last) means they are not."""
+    last = max(ctx.dumpset.dumps, default=0)
+    return not any((blocked[r[0]] in RECEIVES and r[0] == 0) or (blocked[r[-1]] not in RECEIVES and r[-1] == last)
+                   for r in _runs(blocked))
+
+
+def _waits_close(ctx: Context, blocked: dict[int, str]) -> bool:
+    """Every blocked rank waits in send/recv, and the stacks read each wait as ending among the blocked ranks:
+    at a pair of one exchange (`_paired`), at a facing pair (`_facing`), or behind one, rank to rank."""
+    if any(op not in SENDS_RECEIVES for op in blocked.values()):
+        return False
+    ends = {r for pair in _paired(ctx, blocked) for r in pair}
+    # (a facing pair along another group's order is no reason to pass over ranks in Python: the default
+    # group's chain may end at one of them, which explains the waits on its own)
+    facing = _facing(ctx, _runs(blocked), blocked, groups=False) if _chain(ctx, blocked) else None
+    if facing is not None:
+        ends |= {facing[0], facing[1]}
+    return bool(ends) and set(blocked) <= ends | set(_behind(ctx, ends, blocked))
+
+
 def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     """Ranks whose live stack sits in send/recv although the recorder shows nothing pending there."""
     blocked: dict[int, str] = {}
@@ -144,9 +288,12 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
             blocked[rank] = inside
     if not blocked:
         return None
-    sink = _sink_in_python(ctx, ref, blocked, exclude)
-    if sink is not None:
-        return sink
+    # Where the stacks read every wait as ending among the blocked ranks (a pair of one exchange, a facing
+    # pair, ranks waiting in a row behind one), a rank in Python is no end of theirs: nobody waits on it.
+    if not _waits_close(ctx, blocked):
+        sink = _sink_in_python(ctx, ref, blocked, exclude)
+        if sink is not None:
+            return sink
     # A monitored_barrier waits for every member of its group that is not in it, not for one partner: where
     # other ranks are blocked (in send/recv, or in a recorded collective), the ranks in the barrier wait for
     # them, not on each other (where they wait for the barrier's ranks in turn, that is a cycle the stuck
@@ -161,15 +308,29 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     culprits: list[int] = []
     pairings: list[str] = []
     closed: list[int] = []
-    runs = _runs(blocked)
-    # A pipeline's first stage receives from nobody and its last sends to nobody: a receiver at the
-    # first rank (or a sender at the last) means these waits are no chain of stages.
-    last = max(ctx.dumpset.dumps, default=0)
-    chain = not any((blocked[r[0]] in RECEIVES and r[0] == 0) or (blocked[r[-1]] not in RECEIVES and r[-1] == last)
-                    for r in runs)
-    facing = _facing(ctx, runs, blocked) if chain else None
+    paired = _paired(ctx, blocked)
+    left = blocked
+    if paired:
+        taken = {r for pair in paired for r in pair}
+        waiting = _behind(ctx, taken, blocked)
+        culprits.extend(sorted(taken))
+        for a, b in paired:
+            kind = "receive" if blocked[a] in RECEIVES else "send"
+            pairings.append(
+                f"ranks {a} and {b} both wait in {kind}{_site(ctx, a)}, the only ranks waiting in that exchange: "
+                f"neither op is the other's counterpart and nobody else there can post one, so they wait on each "
+                f"other (each side tries to {kind} first)")
+        if waiting:
+            pairings[-1] += (f"; {plural(waiting)} wait{'s' if len(waiting) == 1 else ''} behind them, each on the "
+                             "next rank in the chain")
+        left = {r: op for r, op in blocked.items() if r not in taken and r not in waiting}
+    # whether the other waits may be a chain of stages (a pair's ranks, explained by the pair, say nothing of it)
+    chain = bool(left) and _chain(ctx, left)
+    runs = _runs(left)
+    facing = _facing(ctx, runs, left) if chain else None
     if facing is not None:
         sender, receiver, behind_ranks = facing
+        behind_ranks = sorted(set(behind_ranks) | set(_behind(ctx, {sender, receiver}, left)))
         culprits.extend([sender, receiver])
         behind = (f"; {plural(behind_ranks)} wait{'s' if len(behind_ranks) == 1 else ''} behind them, each on the "
                   "next rank in the chain") if behind_ranks else ""
@@ -240,7 +401,7 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     first_blocked = min(blocked)
     # Every wait that ends at a rank in Python (no facing pair, no closed pairing): that rank never joined
     # the exchange; no two posted ops failed to match.
-    broken_by_python = facing is None and not closed and odd is None
+    broken_by_python = facing is None and not closed and odd is None and not paired
     finding = Finding(
         category=Category.RANK_NOT_JOINED if broken_by_python else Category.P2P_MISMATCH,
         culprit_ranks=tuple(culprits),
@@ -249,7 +410,7 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         op=blocked[first_blocked],
         # Two ranks that both receive (or both send) first deadlock together: one of them broke the order,
         # which stacks without peers cannot tell; a facing pair that never matches: one has the wrong peer.
-        ambiguous=(bool(closed) and len(culprits) > 1) or facing is not None,
+        ambiguous=(bool(closed) and len(culprits) > 1) or facing is not None or bool(paired),
     )
     if finding.ambiguous:
         finding.would_decide = ("the peer each rank named in its send/recv: NCCL's recorder keeps it; gloo's "
@@ -267,7 +428,11 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
     )
     finding.evidence.append(
         "the stacks carry no peer: a chain of receives is read as pipeline stages (each waits on the rank "
-        "before it); a send/recv pair deadlocks when both sides send (or both receive) first, or when the "
-        "peer or tag differ"
+        "before it, in the default group's order or a group's); a send/recv pair deadlocks when both sides send "
+        "(or both receive) first, or when the peer or tag differ"
     )
+    if paired:
+        finding.evidence.append(
+            "the only ranks waiting in their exchange, both the same way: "
+            + "; ".join(f"ranks {a} and {b} in {blocked[a]}{_site(ctx, a)}" for a, b in paired))
     return finding

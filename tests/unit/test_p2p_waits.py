@@ -200,3 +200,38 @@ def test_a_rank_blocked_in_a_send_to_the_extra_caller_counts_for_neither_side(tm
     first = report.findings[0]
     assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (0,), first.summary
     assert "one collective more" in first.summary
+
+
+def test_a_recv_nobody_answers_whose_peer_waits_on_the_rank_names_the_rank(tmp_path: Path) -> None:
+    """NCCL: rank 1 receives from rank 2 and then sends to rank 2; rank 2 receives from rank 1. The two wait on
+    each other, and rank 2's wait has its counterpart (rank 1's send, held behind rank 1's recv) while rank 1's
+    recv has none: rank 1 named a peer that is not sending to it. Rank 1 is the culprit, not rank 2."""
+    t = b.T0 + 10 * S
+    per_rank = {r: [b.entry(s, created_ns=b.T0 + s * S) for s in range(1, 4)] for r in range(3)}
+    per_rank[1] += [b.entry(1, op="recv", peer=" 1<-2", p2p_seq=1, state="started", created_ns=t),
+                    b.entry(2, op="send", peer=" 1->2", p2p_seq=2, state="scheduled", created_ns=t + 1)]
+    per_rank[2].append(b.entry(1, op="recv", peer=" 2<-1", p2p_seq=1, state="started", created_ns=t))
+    for entries in per_rank.values():
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 3)]), AnalysisOptions(now_ns=t + 700 * S))
+    first = report.findings[0]
+    assert first.category is Category.P2P_MISMATCH and first.culprit_ranks == (1,), first.summary
+
+
+def test_a_recv_from_the_wrong_peer_beside_a_send_it_never_received_names_the_receiver(tmp_path: Path) -> None:
+    """NCCL, a pipeline 0 -> 1 -> 2: rank 1's send to rank 2 completed (NCCL completes a small send before its
+    recv is posted), and rank 2 never posted a recv from rank 1; its pending recv names rank 0, which sends only
+    to rank 1. The message rank 2 should receive is there: rank 2 named the wrong peer, not rank 0 a send."""
+    t = b.T0 + 10 * S
+    per_rank = {r: [b.entry(s, created_ns=b.T0 + s * S) for s in range(1, 4)] for r in range(3)}
+    per_rank[0].append(b.entry(1, op="send", peer=" 0->1", p2p_seq=1, created_ns=t))
+    per_rank[1] += [b.entry(1, op="recv", peer=" 1<-0", p2p_seq=1, created_ns=t),
+                    b.entry(2, op="send", peer=" 1->2", p2p_seq=2, created_ns=t + 1)]
+    per_rank[2].append(b.entry(1, op="recv", peer=" 2<-0", p2p_seq=1, state="started", created_ns=t))
+    for entries in per_rank.values():
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+    report = analyze(load_dumps([b.job(tmp_path, per_rank, 3)]), AnalysisOptions(now_ns=t + 700 * S))
+    first = report.findings[0]
+    assert first.category is Category.P2P_MISMATCH and first.culprit_ranks == (2,), first.summary
