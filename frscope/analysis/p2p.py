@@ -118,18 +118,23 @@ def _misdirected(candidates: list[tuple[int, int, int, Entry, str]]) -> tuple[in
     return None
 
 
-def _answered_cycle(candidates: list[tuple[int, int, int, Entry, str]], posted: Posted
-                    ) -> tuple[int, int, int, Entry, str] | None:
+def _answered_cycle(candidates: list[tuple[int, int, int, Entry, str]], posted: Posted,
+                    group: GroupInfo, tracks: dict[int, Track]) -> tuple[int, int, int, Entry, str] | None:
     """A pending op that names a peer which never posts the counterpart, where that peer waits on the rank
     itself in an op whose counterpart the rank did post (held behind the unanswered one on its stream: rank
-    1 receives from 2 and then sends to 2, while rank 2 receives from 1). The two wait on each other, and
-    the op nobody answers breaks the cycle: the rank named a peer that is not sending to it (the peer's wait
-    has its counterpart). The rank is the culprit."""
+    1 receives from 2 and then sends to 2, while rank 2 receives from 1). The two wait on each other; the
+    culprit is the side whose order departs from its own habit. Where the rank never before completed such
+    an op with that peer, it named a peer that is not sending to it (the peer's wait has its counterpart):
+    the rank is the culprit. Where it did, habitually, the peer is the one that skipped its counterpart this
+    time: not this reading (the unanswered op's peer is named)."""
     for created, rank, peer, entry, why in sorted(candidates, key=lambda c: (c[0], c[1])):
         if why != "unmatched":
             continue
         if any((kind, peer, rank) in posted and ("recv" if kind == "send" else "send", rank, peer) in posted
                for kind in ("send", "recv")):
+            kind = _kind(entry)
+            if any(e.completed and _with(group, e, peer, kind) for e in tracks[rank].p2p):
+                continue
             return created, rank, peer, entry, "misdirected"
     return None
 
@@ -225,7 +230,7 @@ def recorded_p2p(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
                 candidates.append((first.time_created_ns or 0, rank, peer, first, "size"))
     if not candidates:
         return None
-    misdirected = (_misdirected(candidates) or _answered_cycle(candidates, posted)
+    misdirected = (_misdirected(candidates) or _answered_cycle(candidates, posted, group, tracks)
                    or _owed(ctx, group, tracks, candidates))
     if misdirected is not None:
         candidates = [misdirected]
