@@ -10,7 +10,7 @@ from __future__ import annotations
 from frscope.testing.randprog.score import summarize, sweep
 
 SEED, PROGRAMS = 1, 200
-FLOOR = 0.97  # measured 0.990 on this sample (2026-12-07); see docs/accuracy.md
+FLOOR = 0.98  # measured 0.990 (382 of 386) on this sample with the analysis of 2026-12-07, late; see docs/accuracy.md
 
 
 def test_random_programs_sample() -> None:
