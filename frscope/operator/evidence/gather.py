@@ -244,17 +244,28 @@ async def _cancel_all(tasks: list[asyncio.Task[PodEvidence]]) -> None:
 async def _wait_while_arriving(pending: set[asyncio.Task[PodEvidence]], options: GatherOptions,
                                started: float) -> set[asyncio.Task[PodEvidence]]:
     """Wait for `pending` until `overall_timeout_s` pass with no answer arriving (a pod's evidence, not a
-    failure), or `limit_s` since `started`; the tasks still pending then."""
-    last = started
+    failure), or `limit_s` since `started`; the tasks still pending then. Each task notes its own arrival
+    (a callback), and one waiter covers them all: waking once per arrival over 10,000s of tasks would cost
+    a pass over all of them each time."""
+    last = [started]
+
+    def arrived(task: asyncio.Task[PodEvidence]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            last[0] = time.monotonic()
+
+    for task in pending:
+        task.add_done_callback(arrived)
+    every = asyncio.ensure_future(asyncio.wait(pending))
     end = started + max(options.limit_s, options.overall_timeout_s)
-    while pending:
-        timeout = min(end, last + options.overall_timeout_s) - time.monotonic()
-        if timeout <= 0:
-            break
-        done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if any(not t.cancelled() and t.exception() is None for t in done):
-            last = time.monotonic()
-    return pending
+    try:
+        while not every.done():
+            timeout = min(end, last[0] + options.overall_timeout_s) - time.monotonic()
+            if timeout <= 0:
+                break
+            await asyncio.wait({every}, timeout=timeout)
+    finally:
+        every.cancel()  # the waiter only: the fetches are the caller's to cancel
+    return {t for t in pending if not t.done()}
 
 
 async def gather(client: SidecarClient, namespace: str, targets: list[Target], options: GatherOptions,
