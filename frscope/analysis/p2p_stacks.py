@@ -316,9 +316,9 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         culprits.extend(sorted(taken))
         for a, b in paired:
             kind = "receive" if blocked[a] in RECEIVES else "send"
-            ops = blocked[a] if blocked[a] == blocked[b] else f"{blocked[a]} / {blocked[b]}"  # torch's own names
+            named = blocked[a] if blocked[a] == blocked[b] else f"{blocked[a]} / {blocked[b]}"  # torch's own names
             pairings.append(
-                f"ranks {a} and {b} both wait in {ops}{_site(ctx, a)}, the only ranks waiting in that exchange: "
+                f"ranks {a} and {b} both wait in {named}{_site(ctx, a)}, the only ranks waiting in that exchange: "
                 f"neither op is the other's counterpart and nobody else there can post one, so they wait on each "
                 f"other (each side tries to {kind} first)")
         if waiting:
