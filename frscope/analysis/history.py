@@ -17,6 +17,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left
 from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 from frscope.analysis.context import Context
@@ -24,7 +25,7 @@ from frscope.analysis.findings import Finding, GroupRef
 from frscope.analysis.mismatch import HISTORY, Bucket, classify_mismatch, same, self_consistency
 from frscope.analysis.ops import VARIABLE_SIZE_OPS
 from frscope.analysis.tracks import Track
-from frscope.records import Entry, GroupInfo
+from frscope.records import P2P_OPS, Entry, GroupInfo
 from frscope.records.columns import SignatureSpace, space_of
 
 
@@ -47,7 +48,20 @@ def _first_whole(ctx: Context, group: str, rank: int, track: Track) -> int:
     ids = [e.record_id for e in track.by_seq.get(track.first_seq, ())]
     if ids and (ids[0] == dump.entries[0].record_id or ids != list(range(ids[0], ids[0] + len(ids)))):
         return track.first_seq + 1
+    if ids and _p2p_under_collective_seqs(track):
+        return track.first_seq + 1  # the oldest seq's opening collective may be gone, whatever is left of it
     return track.first_seq
+
+
+def _p2p_under_collective_seqs(track: Track, looked_at: int = 4) -> bool:
+    """Whether the rank's recorder numbers its sends and recvs under the group's collective seq (the older
+    format), seen in its oldest few seqs of the group: then any bucket may hold ops recorded steps apart."""
+    for k, seq in enumerate(track.by_seq):
+        if k >= looked_at:
+            break
+        if any(e.op in P2P_OPS for e in track.by_seq.get(seq, ())):
+            return True
+    return any(e.collective_seq_id for e in islice(track.p2p, looked_at))  # its p2p ops carry the seq
 
 
 def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track]) -> Finding | None:

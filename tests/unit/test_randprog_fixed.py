@@ -26,6 +26,8 @@ FIXED = {
     7527: "gloo, the same with a SIGABRT (precedence._stops_under_first_failure)",
     930627: "a cycle of two groups, one rank in one, two in the other (rootcause._odd_side)",
     932908: "a cycle of two groups on gloo with a small ring (rootcause._odd_side)",
+    1216011: "healthy, format 2.2, a ring of 20: the broadcast opening a group's oldest seq evicted, the batch "
+             "recorded under it kept: read as a type mismatch (history._p2p_under_collective_seqs)",
 }
 
 
