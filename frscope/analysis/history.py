@@ -114,7 +114,7 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
         # without a majority (two ranks); otherwise the majority decides.
         problem = self_consistency(ctx, group, ref, seq, buckets)
         if problem is None and differs:
-            problem = classify_mismatch(ctx, ref, seq, buckets, history)
+            problem = _disagreement(ctx, group, ref, seq, buckets, history)
         if problem is not None:
             if first is None:
                 first = problem
@@ -128,6 +128,24 @@ def scan_history(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int
             "(consequences of this one)."
         )
     return first
+
+
+def _disagreement(ctx: Context, group: GroupInfo, ref: GroupRef, seq: int, buckets: dict[int, Bucket],
+                  history: Sequence[Bucket]) -> Finding | None:
+    """The mismatch the ranks in the collective show (`classify_mismatch`), unless its odd side entered it
+    ahead of its own order: members that never entered it wait, through the wait-for graph, on an odd rank
+    (blocked in another group's collective it never joined, or on its p2p peer). Had that rank kept the
+    others' order it would have joined that collective first, and they would all be here. Its call here is
+    an extra one, or the one after a call it skipped, and it meets what the others will call here (principle
+    1: a cycle's culprit is the rank whose order differs): the wait-for graph decides, not the ops."""
+    found = classify_mismatch(ctx, ref, seq, buckets, history)
+    if found is None or not found.culprit_ranks:
+        return found
+    tracks = ctx.tracks.get(group.name, {})
+    absent = [r for r in group.ranks if r not in buckets and ((t := tracks.get(r)) is None or t.last_seq < seq)]
+    if absent and ctx.waits.reaches(absent, frozenset(found.culprit_ranks)):
+        return None
+    return found
 
 
 def _without_cut_reads(ctx: Context, buckets: dict[int, Bucket], differs: bool) -> tuple[dict[int, Bucket], bool]:
@@ -259,7 +277,7 @@ def _scan_codes(ctx: Context, group: GroupInfo, ref: GroupRef, with_entries: lis
                 if h not in problems:
                     before.append(bucket_at(owner[h], h))
                 h -= 1
-            problem = classify_mismatch(ctx, ref, seq, buckets, before[::-1])
+            problem = _disagreement(ctx, group, ref, seq, buckets, before[::-1])
         if problem is not None:
             problems.add(k)
             if first is None:

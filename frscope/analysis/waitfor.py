@@ -246,6 +246,23 @@ class WaitGraph:
             wait = self.of(next(iter(wait.on)))
         return hops
 
+    def reaches(self, start: Sequence[int], targets: frozenset[int]) -> bool:
+        """Whether a wait chain from any of `start` ends at, or passes through, one of `targets`: the waits
+        the evidence names (`named_waits`: the members that never entered a rank's open collective, its
+        p2p peer, the members behind a batch), followed across groups. A rank in `targets` itself counts
+        only as reached from another."""
+        seen: set[int] = set()
+        todo = [w for r in start for w in (self.named_waits(r) or ())]
+        while todo:
+            rank = todo.pop()
+            if rank in targets:
+                return True
+            if rank in seen:
+                continue
+            seen.add(rank)
+            todo.extend(self.named_waits(rank) or ())
+        return False
+
     def sinks_among(self, not_joined: Sequence[int]) -> tuple[list[int], list[int]]:
         """(culprits, waiters) of the ranks that never joined a collective: a rank blocked in a p2p op whose
         peer the recorder does not name (a coalesced batch), or in one it does not keep (its live stack
@@ -317,3 +334,4 @@ class WaitGraph:
             return False
         group = self.dumpset.groups.get(last.pg_name)
         return group is not None and group.membership_source == "entries"
+
