@@ -43,6 +43,12 @@ def _sink_in_python(ctx: Context, ref: GroupRef, blocked: dict[int, str], exclud
     torch.distributed call. Whoever each blocked rank waits for, the waits can only end at those: they
     never joined the exchange (a stage stuck before its recv, a rank stuck before the barrier)."""
     free = [r for r in sorted(ctx.dumpset.dumps) if r not in blocked and r not in exclude and ctx.in_python(r)]
+    # Where the evidence names whom every blocked rank waits on (a monitored_barrier whose group its recorder
+    # shows), the waits end only at those: a rank in Python outside them waits for nothing of theirs.
+    named = [ctx.waits.named_waits(r) for r in blocked]
+    if named and all(n is not None for n in named):
+        waited = frozenset().union(*(n for n in named if n is not None))
+        free = [r for r in free if r in waited]
     # Several ranks in Python, as many as wait: which of them the waits end at is not said (one may be done).
     # A single one is the only place they can end.
     if not free or (len(free) >= len(blocked) and len(free) > 1):

@@ -102,7 +102,8 @@ class WaitGraph:
         entry = oldest_open(dump.entries, before_record)
         if entry is None:
             if inside in UNRECORDED_OPS:
-                return RankWait(rank, State.IN_UNRECORDED, inside=inside, on=None)
+                on = self._barrier_waits(rank) if inside == "monitored_barrier" else None
+                return RankWait(rank, State.IN_UNRECORDED, inside=inside, on=on)
             if inside is None and self.live_stack(rank):
                 return RankWait(rank, State.IN_PYTHON)
             return RankWait(rank, State.IDLE, inside=inside)
@@ -113,6 +114,26 @@ class WaitGraph:
             return RankWait(rank, State.BLOCKED, entry, inside, None if peer is None else frozenset({peer}), blocks)
         return RankWait(rank, State.BLOCKED, entry, inside, self._not_entered(entry.pg_name, entry.collective_seq_id),
                         blocks)
+
+    def barrier_group(self, rank: int) -> str | None:
+        """The group the rank's monitored_barriers run on, where its recorder shows it: gloo's monitored_barrier
+        records nothing and uses up two collective sequence numbers of its group, so a gap of exactly two
+        between the rank's recorded collectives of a group is a barrier that ran there. None where no group,
+        or more than one, shows such a gap (the barrier's group is unknown)."""
+        found = [name for name, tracks in self.tracks.items()
+                 if (t := tracks.get(rank)) is not None and _two_seq_gap(list(t.by_seq))]
+        return found[0] if len(found) == 1 else None
+
+    def _barrier_waits(self, rank: int) -> frozenset[int] | None:
+        """Whom a rank in monitored_barrier waits on: the members of its barrier's group (`barrier_group`) that
+        are not in a monitored_barrier themselves (the barrier completes once every member is in). None where
+        the group is unknown, or every member is in it."""
+        group = self.barrier_group(rank)
+        info = self.dumpset.groups.get(group) if group is not None else None
+        if info is None:
+            return None
+        on = frozenset(m for m in info.ranks if m != rank and blocked_in(self.live_stack(m)) != "monitored_barrier")
+        return on or None
 
     def _not_entered(self, group: str, seq: int) -> frozenset[int] | None:
         """The members of `group` that never entered its collective `seq` (a rank blocked there is not among
@@ -335,3 +356,7 @@ class WaitGraph:
         group = self.dumpset.groups.get(last.pg_name)
         return group is not None and group.membership_source == "entries"
 
+
+def _two_seq_gap(seqs: Sequence[int]) -> bool:
+    """Two consecutive recorded collective sequence numbers three apart: two numbers used without an entry."""
+    return any(b - a == 3 for a, b in zip(seqs, seqs[1:], strict=False))
