@@ -287,6 +287,29 @@ def test_a_snapshot_in_which_every_process_ended_is_no_better_than_the_files_at_
     assert found >= 3
 
 
+def test_a_snapshot_whose_live_ranks_finished_cannot_tell_which_ended_rank_went_first() -> None:
+    # A rank died in a send/recv ring and its peers failed on its death one after the other; the ranks still
+    # alive had finished their programs. Their stacks show no wait, the ended ranks have none, gloo recorded
+    # none of the ring's ops, and the exit codes (all 1, or none) are alike: where the first to go also holds
+    # every collective its peers hold, nothing in the snapshot names it (seeds 1209411, 427182). Where its
+    # last read is older than its peers' collectives (seed 3), or its code differs (a SIGKILL), it decides.
+    from frscope.testing.randprog.case import UNRECORDED_ENDED_WHY
+
+    found = 0
+    for seed in range(400):
+        case = make_case(seed, "crash")
+        if case.undecidable("snapshot") != UNRECORDED_ENDED_WHY:
+            continue
+        states = case.ex.states
+        assert not any(st.status == BLOCKED for st in states.values()), seed
+        ended = {r for r, st in states.items() if st.status in (EXITED, FAILED)}
+        assert set(case.truth.culprits) < ended, seed
+        assert len({case.exits.get(r) for r in ended}) == 1, seed
+        found += 1
+    assert found >= 2  # seeds 191, 312
+    assert make_case(3, "crash").undecidable("snapshot") != UNRECORDED_ENDED_WHY  # its read is older: decides
+
+
 def test_nccl_peers_never_finish_an_op_a_rank_died_in() -> None:
     # NCCL: rank 1 enqueues step 2's all_reduce and its process dies before the others arrive. The op
     # needs every member's device and proxy thread: it finishes on nobody (the peers hang in it, 'started'),

@@ -59,6 +59,11 @@ UNRECORDED_WHY = ("gloo records no point-to-point op (send/recv, batch_isend_ire
                   "without live stacks the recorders cannot show who started the wait")
 UNRECORDED_GONE_WHY = ("gloo records no point-to-point op, and every process had ended by the capture: the "
                        "snapshot holds no live stack, only the reads the files hold (and that each process is gone)")
+UNRECORDED_ENDED_WHY = ("gloo records no point-to-point op, and every rank the wait involved had ended by the "
+                        "capture (the first to go and the peers that failed on its death, none with an error that "
+                        "blames a peer); the live ranks had finished their programs, so no live stack shows a wait "
+                        "or where a rank stuck: of the ended ones the snapshot holds only the reads the files hold "
+                        "(and that each process is gone)")
 
 
 @dataclass(slots=True)
@@ -88,6 +93,8 @@ class Case:
                 return UNRECORDED_WHY
             if all(st.status in (EXITED, FAILED) for st in self.ex.states.values()):
                 return UNRECORDED_GONE_WHY
+            if self._ended_without_live_waiter():
+                return UNRECORDED_ENDED_WHY
             waiting = [st.block_op for st in self.ex.states.values() if st.status == BLOCKED]
             if waiting and all(op is not None and op.kind in ("wait", "batch") for op in waiting):
                 return NO_TORCH_FRAME_WHY
@@ -123,6 +130,34 @@ class Case:
             if self._died_in_flight(form):
                 return DIED_NCCL_WHY
         return ""
+
+    def _ended_without_live_waiter(self) -> bool:
+        """No live rank waits or is stuck (each finished its program), and besides the culprits other ranks ended
+        too (they failed on the culprit's death), and nothing sets the culprits apart from them: the exit codes
+        (where passed) are alike, and the culprits' last reads hold every collective of theirs that the others'
+        hold (a read older than that shows a rank that stopped first). Which of the ended ranks went first then
+        shows neither in a live stack nor in a recorder (the waits were in ops gloo does not record)."""
+        states = self.ex.states
+        culprits = set(self.truth.culprits)
+        ended = {r for r, st in states.items() if st.status in (EXITED, FAILED)}
+        if any(st.status in (BLOCKED, STUCK) for st in states.values()) or not culprits <= ended or ended == culprits:
+            return False
+        if self.exits and len({self.exits.get(r) for r in ended}) > 1:
+            return False
+        read = self.dump_t["snapshot"]
+
+        def held(rank: int) -> set[int]:
+            tv = read.get(rank, -1.0)
+            return {id(e.rdv) for e in states[rank].issued if e.t_created <= tv and not isinstance(e.rdv, tuple)
+                    and not e.p2p_name}
+
+        mine = {r: held(r) for r in ended}
+        for culprit in culprits:
+            own = {id(e.rdv) for e in states[culprit].issued if not isinstance(e.rdv, tuple)}
+            theirs = set().union(*(mine[r] for r in ended - culprits)) & own
+            if theirs - mine[culprit]:
+                return False
+        return True
 
     def _batch_waiter_waited_on(self) -> bool:
         """A rank that is no culprit waits in a batch of sends and receives (gloo records none of them) and
