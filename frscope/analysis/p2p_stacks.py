@@ -42,7 +42,8 @@ def _sink_in_python(ctx: Context, ref: GroupRef, blocked: dict[int, str], exclud
     a pipeline schedule's batched p2p, monitored_barrier) while a few others sit in Python, in no
     torch.distributed call. Whoever each blocked rank waits for, the waits can only end at those: they
     never joined the exchange (a stage stuck before its recv, a rank stuck before the barrier)."""
-    free = [r for r in sorted(ctx.dumpset.dumps) if r not in blocked and r not in exclude and ctx.in_python(r)]
+    free = [r for r in sorted(ctx.dumpset.dumps) if r not in blocked and r not in exclude and ctx.in_python(r)
+            and not ctx.waits.went_on(r, blocked)]
     # Where the evidence names whom every blocked rank waits on (a monitored_barrier whose group its recorder
     # shows), the waits end only at those: a rank in Python outside them waits for nothing of theirs.
     named = [ctx.waits.named_waits(r) for r in blocked]
@@ -152,7 +153,7 @@ def _chain_from_python(ctx: Context, a: int, b: int, receiving: bool, blocked: d
             continue
         h = i - 1 if receiving else i + 2
         if 0 <= h < len(order) and order[h] in ctx.dumpset.dumps and order[h] not in blocked \
-                and ctx.in_python(order[h]):
+                and ctx.in_python(order[h]) and not ctx.waits.went_on(order[h], (a, b)):
             return True
     return False
 
@@ -363,7 +364,8 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         # The rank the run waits on breaks the chain when it is stuck in Python. One that went on to a
         # collective may have skipped its send, but two ranks receiving from each other leave the same
         # stacks (they carry no peer): such a run is a closed pairing.
-        if chain and partner in ctx.dumpset.dumps and partner not in blocked and ctx.in_python(partner):
+        if chain and partner in ctx.dumpset.dumps and partner not in blocked and ctx.in_python(partner) \
+                and not ctx.waits.went_on(partner, run):
             culprits.append(partner)
             others = [r for r in run if r != waiter]
             behind = (f", and {plural(others)} wait{'s' if len(others) == 1 else ''} behind it in "

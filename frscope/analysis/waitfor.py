@@ -23,7 +23,7 @@ Pure: reads records, tracks and stacks only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -282,6 +282,37 @@ class WaitGraph:
                 continue
             seen.add(rank)
             todo.extend(self.named_waits(rank) or ())
+        return False
+
+    def went_on(self, rank: int, waiters: Iterable[int]) -> bool:
+        """The rank ran a whole step after every one of `waiters` last recorded anything: its recorder holds
+        one and the same collective (group, op, sizes) twice, both created after the waiters' newest entry.
+        The waiters entered the op they wait in (one the recorder does not keep) after their newest entry, at
+        most a step later; a rank that kept recording a step's collectives after that was running while they
+        waited, not stopped before the op they wait for: their waits do not end at it (principle 1: a
+        rank in Python waits on nobody, but is no culprit of a wait that is not on it). False where a time
+        is missing."""
+        since: int | None = None
+        for waiter in waiters:
+            dump = self.dumpset.dumps.get(waiter)
+            newest = dump.entries[-1].time_created_ns if dump is not None and len(dump.entries) else None
+            if newest is None:
+                return False
+            since = newest if since is None else max(since, newest)
+        dump = self.dumpset.dumps.get(rank)
+        if since is None or dump is None:
+            return False
+        seen: set[tuple[str, str, str]] = set()
+        for k in range(len(dump.entries) - 1, -1, -1):
+            entry = dump.entries[k]
+            if entry.time_created_ns is None or entry.time_created_ns <= since:
+                break
+            if entry.is_p2p:
+                continue
+            key = (entry.pg_name, entry.op, repr(entry.input_sizes))
+            if key in seen:
+                return True
+            seen.add(key)
         return False
 
     def sinks_among(self, not_joined: Sequence[int]) -> tuple[list[int], list[int]]:

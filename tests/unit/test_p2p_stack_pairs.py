@@ -135,3 +135,46 @@ def test_stages_whose_stage_before_waits_on_the_pair_in_a_collective_wait_behind
     findings = _capture(stacks, {"1": [4, 5, 6, 7]}, open_in={"1": [5, 6, 7]})
     root = findings[0]
     assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (0, 4), root.summary
+
+
+def _went_on_capture(ahead: int) -> list[Finding]:
+    """4 gloo ranks, 20 steps of two collectives (an all_reduce on the pair's own group, a broadcast on the
+    default group), 0.2 s apart. Ranks 2 and 3 stopped after step 12 and now both wait in recv in
+    `exchange`; ranks 0 and 1 ran `ahead` steps further (the pair's group [0, 1] needs neither 2 nor 3) and are
+    in Python now."""
+    stacks = {0: DONE, 1: DONE, 2: _op("recv", "exchange", 210), 3: _op("recv", "exchange", 210)}
+    pg_config = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2, 3]"}}
+    pieces = []
+    for r, text in stacks.items():
+        steps = 12 + (ahead if r < 2 else 0)
+        pair = ("1", "tp") if r < 2 else ("2", "tp")
+        entries = []
+        for step in range(1, steps + 1):
+            t = b.T0 + step * S // 5
+            entries.append(b.entry(step, backend="gloo", pg=pair, state="scheduled", retired=True, created_ns=t))
+            if step <= 12:
+                entries.append(b.entry(step, op="broadcast", backend="gloo", state="scheduled", retired=True,
+                                       created_ns=t + 1000))
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        pieces.append(wire.snapshot_piece(r, b.T0 + 60 * S, f"socket:/run/rank-{r}.sock", text,
+                                          b.dump(entries, world=4, pg_config=pg_config)))
+    report = analyze(assemble([normalize_dump(p, p["source"], p["rank"]) for p in pieces], []),
+                     AnalysisOptions(stall_after_s=10.0))
+    return report.findings
+
+
+def test_a_rank_in_python_that_ran_on_after_the_waits_began_is_no_end_of_them() -> None:
+    """Principle 1: rank 1 sits in Python, the stage before ranks 2 and 3, which both receive in `exchange`
+    (the chain reading would end their waits at it). But rank 1 recorded its group's all_reduce twice after
+    ranks 2 and 3 last recorded anything: it ran whole steps while they waited, so it was not stopped before a
+    send of theirs. The two receivers wait on each other."""
+    root = _went_on_capture(ahead=4)[0]
+    assert root.category is Category.P2P_MISMATCH and root.culprit_ranks == (2, 3), root.summary
+
+
+def test_a_rank_in_python_that_stopped_with_the_waiters_is_the_stage_they_wait_behind() -> None:
+    """The same stacks where ranks 0 and 1 stopped with ranks 2 and 3: rank 1 (the stage before them, in
+    Python) never sent, and rank 3 waits behind rank 2 (the chain reading stands)."""
+    root = _went_on_capture(ahead=0)[0]
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (1,), root.summary
