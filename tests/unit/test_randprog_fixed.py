@@ -28,6 +28,16 @@ FIXED = {
     932908: "a cycle of two groups on gloo with a small ring (rootcause._odd_side)",
     1216011: "healthy, format 2.2, a ring of 20: the broadcast opening a group's oldest seq evicted, the batch "
              "recorded under it kept: read as a type mismatch (history._p2p_under_collective_seqs)",
+    1207145: "gloo, an extra all_reduce meeting a peer's all_gather while the others wait for it in another group: "
+             "read as a type mismatch (history._disagreement: the wait-for graph reads a call ahead of its order)",
+    1213891: "the same, read as a size mismatch (history._disagreement)",
+    1207184: "gloo snapshot, ranks in monitored_barrier: a finished rank outside the barrier's group named with the "
+             "stuck one (waitfor.barrier_group: the group its sequence gaps show)",
+    312: "gloo snapshot, a monitored_barrier read as a send to the next rank, a finished one (waitfor.barrier_group)",
+    500876: "gloo snapshot, two ranks both receiving first: the stage before them, finished steps later, named "
+            "instead (waitfor.went_on)",
+    501235: "the same on a 2-D mesh (waitfor.went_on)",
+    424813: "the same, the finished stage's group went on 8 steps (waitfor.went_on)",
 }
 
 
