@@ -134,8 +134,8 @@ class Case:
     def _ended_without_live_waiter(self) -> bool:
         """No live rank waits or is stuck (each finished its program), and besides the culprits other ranks ended
         too (they failed on the culprit's death), and nothing sets the culprits apart from them: the exit codes
-        (where passed) are alike, and the culprits' last reads hold every collective of theirs that the others'
-        hold (a read older than that shows a rank that stopped first). Which of the ended ranks went first then
+        (where passed) are alike, and the culprits' last reads hold every collective of theirs that any other
+        rank's read holds (a read older than that shows a rank that stopped first). Which of the ended ranks went first then
         shows neither in a live stack nor in a recorder (the waits were in ops gloo does not record)."""
         states = self.ex.states
         culprits = set(self.truth.culprits)
@@ -151,10 +151,10 @@ class Case:
             return {id(e.rdv) for e in states[rank].issued if e.t_created <= tv and not isinstance(e.rdv, tuple)
                     and not e.p2p_name}
 
-        mine = {r: held(r) for r in ended}
+        mine = {r: held(r) for r in read}
         for culprit in culprits:
             own = {id(e.rdv) for e in states[culprit].issued if not isinstance(e.rdv, tuple)}
-            theirs = set().union(*(mine[r] for r in ended - culprits)) & own
+            theirs = set().union(*(mine[r] for r in read if r not in culprits)) & own
             if theirs - mine[culprit]:
                 return False
         return True
