@@ -135,8 +135,8 @@ class Case:
         """No live rank waits or is stuck (each finished its program), and besides the culprits other ranks ended
         too (they failed on the culprit's death), and nothing sets the culprits apart from them: the exit codes
         (where passed) are alike, and the culprits' last reads hold every collective of theirs that any other
-        rank's read holds (a read older than that shows a rank that stopped first). Which of the ended ranks went first then
-        shows neither in a live stack nor in a recorder (the waits were in ops gloo does not record)."""
+        rank's read holds (a read older than that shows a rank that stopped first). Which of the ended ranks went
+        first then shows neither in a live stack nor in a recorder (the waits were in ops gloo does not record)."""
         states = self.ex.states
         culprits = set(self.truth.culprits)
         ended = {r for r, st in states.items() if st.status in (EXITED, FAILED)}
