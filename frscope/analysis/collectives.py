@@ -145,7 +145,11 @@ def hang_finding(
     if point.not_joined and _called_more(ctx, group, point):
         return _extra_call_finding(ctx, group, ref, tracks, point, buckets, op, since, sample)
     if point.not_joined:
-        culprits, in_p2p = ctx.waits.sinks_among(point.not_joined)
+        # Named from the recorders current at `seq`; those read before the group's later collectives only
+        # where no current one is left (`StuckPoint.behind`).
+        current = [r for r in point.not_joined if r not in point.behind] or point.not_joined
+        unknown = [r for r in point.not_joined if r not in current]
+        culprits, in_p2p = ctx.waits.sinks_among(current)
         first = culprits[0]
         doing = ctx.activity(first)
         doing_text = f"; rank {first} is {doing}" if doing else ""
@@ -174,6 +178,12 @@ def hang_finding(
             finding.evidence.append(
                 f"{plural(culprits)} show nothing open, and this backend records no point-to-point op: one may "
                 "wait on another in a send/recv (live stacks would tell)")
+        for rank in unknown[:3]:
+            missing = tracks[rank].last_seq + 1
+            finding.evidence.append(
+                f"rank {rank}'s recorder ends at #{tracks[rank].last_seq} of {ref.label()}, yet every other member "
+                f"finished #{missing} and went on: it took part, and its recorder was read before; whether it "
+                f"joined #{seq} is unknown")
         if in_p2p:
             finding.evidence.append(
                 f"{plural(in_p2p)} never joined either, blocked in an op that waits on another rank (a "

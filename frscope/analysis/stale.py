@@ -137,7 +137,10 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
             # recorder is only an older read. Where the others wait for it, the stuck point names it.
             continue
         own = tracks[rank]
-        pending_behind = ctx.clock.lost(rank) and own.next_seq <= min(own.last_seq, s.done_seq)
+        # Read times lost: pending what the others finished, and lacking a later one they finished, it is older.
+        # A lag of only its newest op's finish is not (gloo marks it after the call returns: a dump taken then).
+        pending_behind = (ctx.clock.lost(rank) and own.next_seq <= min(own.last_seq, s.done_seq)
+                          and s.done_seq > own.last_seq)
         # Nobody waits on a backend that retires a failed collective as finished, when the dumps were taken
         # is lost, and the others went past the collective after its end (one that failed, on a timeout or a
         # lost peer, is the last they record): it took part there, and their last ones may have failed for

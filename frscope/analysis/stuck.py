@@ -33,6 +33,10 @@ class StuckPoint:
     age_s: float | None
     stalled: bool
     age_source: str | None = None
+    # Members of `not_joined` whose recorder lacks a collective of the group that every other member finished
+    # with success (`_succeeded`): it took part, so its read is older than that, and its absence from `seq`
+    # says nothing of where it stands (`_read_before_group`).
+    behind: tuple[int, ...] = ()
 
 
 def _failed_without(ctx: Context, tracks: dict[int, Track], seq: int, joined: list[int], not_joined: list[int]) -> bool:
@@ -66,7 +70,8 @@ def _failed_after(ctx: Context, tracks: dict[int, Track], seq: int, joined: list
     return True
 
 
-def _held_at(tracks: dict[int, Track], idle: Callable[[int], bool], completed_is_success: bool = False) -> int:
+def _held_at(tracks: dict[int, Track], idle: Callable[[int], bool],
+             succeeded: Callable[[list[Track], int], bool], completed_is_success: bool = False) -> int:
     """The collective the group is held at: the lowest one a member has not finished, unless every member
     that has not finished it is behind members that all finished it and entered a later one. Evidence must
     agree: a collective every other member finished is not what holds the group (the lagging recorder
@@ -74,7 +79,9 @@ def _held_at(tracks: dict[int, Track], idle: Callable[[int], bool], completed_is
     one, for the ranks that never entered it. Where 'completed' means the collective succeeded (NCCL,
     not gloo, which retires a failed one too), one member's 'completed' settles it for all (a collective
     finishes on none without every member; a group's collectives finish in order): the group is held at
-    the first collective no member finished, whatever the lagging recorders still show as pending."""
+    the first collective no member finished, whatever the lagging recorders still show as pending. On gloo
+    the same holds where the members ahead finished it with success (`_succeeded`), whether or not each of
+    them entered the next one: the group is held where they stand, not at a collective it finished."""
     if completed_is_success:
         return max(t.next_seq for t in tracks.values())
     seq = min(t.next_seq for t in tracks.values())
@@ -83,7 +90,7 @@ def _held_at(tracks: dict[int, Track], idle: Callable[[int], bool], completed_is
     if not ahead or any(t.last_seq > seq for t in behind):
         return seq
     later = min(t.next_seq for t in ahead)
-    if all(t.last_seq >= later for t in ahead):
+    if all(t.last_seq >= later for t in ahead) or succeeded(ahead, seq):
         return later
     # Members that went past `seq` to the same place, where their live stacks show them in no
     # torch.distributed call, wait nowhere: `seq` is not what holds the group (where they finished all they
@@ -92,6 +99,49 @@ def _held_at(tracks: dict[int, Track], idle: Callable[[int], bool], completed_is
     if all(t.next_seq == later and t.last_seq > seq and idle(t.rank) for t in ahead):
         return later
     return seq
+
+
+def _went_on(ctx: Context, track: Track, seq: int) -> bool:
+    """The rank finished collective `seq` of the track's group and recorded an op after it (any group)."""
+    bucket = track.by_seq.get(seq)
+    dump = ctx.dumpset.dumps.get(track.rank)
+    if not bucket or dump is None or not len(dump.entries):
+        return False
+    return track.last_completed >= seq and dump.entries[-1].record_id > bucket[-1].record_id
+
+
+def _succeeded(ctx: Context, group: GroupInfo, members: list[Track], seq: int, failed: frozenset[int],
+               lagging: set[int]) -> bool:
+    """On gloo (which retires a failed collective as finished), the `members` finished collective `seq` of the
+    group with success: each went on past it (`_went_on`: a blocking collective that failed raises, so one
+    that returned succeeded); some rank other than the `lagging` ones still waits in an op (where every op
+    is retired the job ended, and a finish says nothing of how: `stale.ended_quiet`); and nothing could have
+    failed it: every member that may belong to the group left a dump and no member's process is known to
+    have failed (an async op fails without raising when a peer goes away, and the rank goes on)."""
+    if not members or not all(_went_on(ctx, t, seq) for t in members):
+        return False
+    if not ctx.waits.open_ranks() - lagging:
+        return False
+    missing = ctx.dumpset.missing_ranks
+    if any(r not in ctx.dumpset.dumps for r in group.ranks) or (group.membership_source == "entries" and missing):
+        return False
+    return not (failed | ctx.gone_ranks()) & set(group.ranks)
+
+
+def _read_before_group(ctx: Context, group: GroupInfo, tracks: dict[int, Track], seq: int, not_joined: list[int],
+                       failed: frozenset[int]) -> tuple[int, ...]:
+    """The members that never entered `seq` whose recorder ends before a collective of the group that every
+    other member finished with success (`_succeeded`): a collective needs every member, so each took part in it
+    and its recorder was read before (a periodic dump, a file not refreshed). Evidence must agree: a recorder
+    is evidence of a member's absence only where it is current; the others' wait at `seq` names the members
+    whose recorders reach it."""
+    out = []
+    for rank in not_joined:
+        first_missing = tracks[rank].last_seq + 1
+        others = [t for r, t in tracks.items() if r != rank and t.by_seq]
+        if first_missing < seq and _succeeded(ctx, group, others, first_missing, failed, {rank}):
+            out.append(rank)
+    return tuple(out)
 
 
 def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
@@ -108,6 +158,7 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         return None
     backends = {d.backend if (d := ctx.dumpset.dumps.get(r)) is not None else None for r in tracks}
     seq = _held_at(tracks, ctx.in_python,
+                   lambda ahead, seq: _succeeded(ctx, group, ahead, seq, failed, set(tracks) - {t.rank for t in ahead}),
                    completed_is_success=None not in backends and not backends & RETIRES_FAILED)
     joined = sorted(r for r, t in tracks.items() if t.last_seq >= seq)
     if not joined:
@@ -117,6 +168,7 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
             for r in joined):
         return None  # it succeeded without a member that shows none of it: that member's read is older
     not_joined = sorted(set(tracks) - set(joined))
+    behind = _read_before_group(ctx, group, tracks, seq, not_joined, failed)
     entered = [e for r in joined for e in tracks[r].by_seq.get(seq, ())]
     created = [e.time_created_ns for e in entered if e.time_created_ns]
     since = min(created) if created else None
@@ -126,7 +178,7 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
     if read_by == MTIME_CAPPED:
         # The files are copies: when the recorders were read is lost, and so is the age. An age made up
         # from the collective's timeout would decide "stalled" by a few microseconds between groups.
-        return StuckPoint(seq, joined, not_joined, since, None, True, ctx.clock.unknown_age(since))
+        return StuckPoint(seq, joined, not_joined, since, None, True, ctx.clock.unknown_age(since), behind)
     age = (now - since) / 1e9 if (now is not None and since is not None) else None
     members = set(group.ranks) | set(tracks)
     stalled = (age is None or age >= ctx.options.stall_after_s or bool(failed & members)
@@ -142,7 +194,7 @@ def stuck_point(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         source = f"{source}; capped at the collective's {fmt_duration(timeout_s)} timeout, which ended it " \
                  f"{fmt_duration(age - timeout_s)} before the recorders were read"
         age = timeout_s
-    return StuckPoint(seq, joined, not_joined, since, age, stalled, source)
+    return StuckPoint(seq, joined, not_joined, since, age, stalled, source, behind)
 
 
 def stuck_finding(

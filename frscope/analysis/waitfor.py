@@ -87,12 +87,19 @@ class WaitGraph:
     _read: dict[int, RankWait] = field(default_factory=dict)
     _entered: dict[tuple[str, int], frozenset[int] | None] = field(default_factory=dict)
     _p2p_posted: dict[str, dict[int, int] | None] = field(default_factory=dict)
+    _open: frozenset[int] | None = None
 
     def of(self, rank: int) -> RankWait:
         wait = self._read.get(rank)
         if wait is None:
             wait = self._read[rank] = self._wait_of(rank, None)
         return wait
+
+    def open_ranks(self) -> frozenset[int]:
+        """The ranks whose recorder shows an op not finished, in any group (read once)."""
+        if self._open is None:
+            self._open = frozenset(r for r, d in self.dumpset.dumps.items() if oldest_open(d.entries) is not None)
+        return self._open
 
     def _wait_of(self, rank: int, before_record: int | None) -> RankWait:
         dump = self.dumpset.dumps.get(rank)

@@ -2,53 +2,18 @@
 written into JOB_OUT when the controller creates JOB_OUT/trigger, and on the rank's error path."""
 
 import datetime
-import faulthandler
 import os
 import random
 import sys
-import threading
 import time
 
+import batch2
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
+from rankio import OUT, RANK, WS, hang_here, progress, start_watcher, write_dumps
 
-OUT = os.environ["JOB_OUT"]
-RANK = int(os.environ["RANK"])
-WS = int(os.environ["WORLD_SIZE"])
 SCEN = sys.argv[1]
-TRIG = os.path.join(OUT, "trigger")
-
-
-def write_dumps():
-    j = _dump_fr_trace_json(True, False)
-    p = _dump_fr_trace(True, True, False)
-    with open(f"{OUT}/rank_{RANK}.json", "wb") as f:
-        f.write(j if isinstance(j, bytes) else j.encode())
-    with open(f"{OUT}/rank_{RANK}.pkl", "wb") as f:
-        f.write(p)
-    with open(f"{OUT}/rank_{RANK}.stack.txt", "w") as f:
-        faulthandler.dump_traceback(f, all_threads=True)
-    open(f"{OUT}/done_{RANK}", "w").close()
-
-
-def watcher():
-    while not os.path.exists(TRIG):
-        time.sleep(0.05)
-    write_dumps()
-
-
-threading.Thread(target=watcher, daemon=True).start()
-
-
-def progress(step):
-    with open(f"{OUT}/prog_{RANK}", "w") as f:
-        f.write(str(step))
-
-
-def hang_here():
-    while True:
-        time.sleep(1)
+start_watcher()
 
 
 def load_shard():
@@ -454,7 +419,7 @@ def scen_straggler_jitter():
 def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     try:
-        globals()["scen_" + SCEN]()
+        (globals().get("scen_" + SCEN) or getattr(batch2, "scen_" + SCEN))()
     except Exception:
         write_dumps()  # error-path dump, as jobs do
         raise

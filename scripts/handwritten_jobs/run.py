@@ -60,12 +60,37 @@ JOBS = {
     "big_hang-ws16": ("big_hang", 16, "2.14.1", "hung_in_python", [13], "hang", {}),
     "healthy_async-ws4": ("healthy_async", 4, "2.15.0", "healthy", [], "run", {}),
     "straggler_jitter-ws4": ("straggler_jitter", 4, "2.13", "straggler", [2], "run", {}),
+    # the second batch (batch2.py)
+    "rs_size-ws6": ("rs_size", 6, "2.15.0", "size_mismatch", [4], "hang", {}),
+    "ag_size-ws4": ("ag_size", 4, "2.13", "size_mismatch", [1], "hang", {}),
+    "bcast_root_hang-ws6": ("bcast_root_hang", 6, "2.15.0", "hung_in_python", [3], "hang", {}),
+    "subgroups_hang-ws6": ("subgroups_hang", 6, "2.13", "hung_in_python", [4], "hang", {}),
+    "a2a_splits-ws4": ("a2a_splits", 4, "2.14.1", "size_mismatch", [1], "hang", {}),
+    "gather_nonroot_hang-ws4": ("gather_nonroot_hang", 4, "2.15.0", "hung_in_python", [3], "hang", {}),
+    "scatter_root_hang-ws4": ("scatter_root_hang", 4, "2.13", "hung_in_python", [2], "hang", {}),
+    "early_exit-ws6": ("early_exit", 6, "2.15.0", "skipped_collective", [5], "hang", {}),
+    "sigkill_async-ws8": ("sigkill_async", 8, "2.14.1", "rank_crash", [6], "hang", {}),
+    "stale_other-ws6": ("stale_other", 6, "2.13", "hung_in_python", [4], "hang", {}),
+    "async_unwaited-ws4": ("async_unwaited", 4, "2.15.0", "hung_in_python", [2], "hang", {}),
+    "straggler_one_of_6-ws6": ("straggler_one_of_6", 6, "2.14.1", "straggler", [3], "run", {}),
+    # gloo records no send/recv: only the live stacks can show it
+    "p2p_wrong_peer-ws4": (
+        "p2p_wrong_peer", 4, "2.13", "p2p_mismatch", [1], "hang", {"decidable_from": ["snap"]}
+    ),
+    "strided12_hang-ws12": ("strided12_hang", 12, "2.15.0", "hung_in_python", [9], "hang", {}),
+    # DTensor's first redistribute imports for seconds: a longer stall before the capture
+    "dtensor_hang-ws4": ("dtensor_hang", 4, "2.15.0", "hung_in_python", [1], "hang", {"stall_s": 12}),
+    "dcp_save_stuck-ws4": ("dcp_save_stuck", 4, "2.13", "hung_in_python", [2], "hang", {}),
+    "healthy_eval-ws4": ("healthy_eval", 4, "2.15.0", "healthy", [], "run", {}),
+    "healthy_objects-ws4": ("healthy_objects", 4, "2.13", "healthy", [], "run", {}),
+    "healthy_ddp_unused-ws4": ("healthy_ddp_unused", 4, "2.14.1", "healthy", [], "run", {}),
 }
 
 
 def _venv(version):
+    # --check: a missing venv is an error here, never a build (`scripts/torch-venv VERSION` builds one)
     return subprocess.run(
-        [str(ROOT / "scripts" / "torch-venv"), version], check=True, capture_output=True, text=True
+        [str(ROOT / "scripts" / "torch-venv"), "--check", version], check=True, capture_output=True, text=True
     ).stdout.split()[-1]
 
 
@@ -124,7 +149,7 @@ def run(name, port):
             continue
         if prog != last:
             last, still = prog, time.time()
-        if prog and all(v is not None for v in prog.values()) and time.time() - still > 3:
+        if prog and all(v is not None for v in prog.values()) and time.time() - still > extra.get("stall_s", 3):
             break
         if time.time() - t0 > 120:
             print(name, "no stall")
@@ -140,15 +165,19 @@ def run(name, port):
             os.killpg(p.pid, signal.SIGKILL)
     for p in procs:
         p.wait()
-    for f in list(out.glob("prog_*")) + list(out.glob("done_*")) + [out / "trigger"]:
+    # each rank's dumps were taken when it wrote them (captured_<r>: a periodic, end-of-run or error-path
+    # dump is older than the trigger)
+    taken = {r: int((out / f"captured_{r}").read_text()) for r in range(ws) if (out / f"captured_{r}").exists()}
+    for f in list(out.glob("prog_*")) + list(out.glob("done_*")) + list(out.glob("captured_*")) + [out / "trigger"]:
         f.unlink(missing_ok=True)
     truth = {
         "category": cat,
         "culprit_ranks": culprits,
         "world_size": ws,
         "torch": tv,
-        "dumps": {str(r): {"capture_t_ns": trig} for r in range(ws)},
+        "dumps": {str(r): {"capture_t_ns": taken.get(r, trig)} for r in range(ws)},
         "alive_at_capture": alive,
+        **{k: v for k, v in extra.items() if k == "decidable_from"},
     }
     (out / "truth.json").write_text(json.dumps(truth, indent=1))
     print(

@@ -7,6 +7,9 @@ split sizes do not balance on that rank fails gloo's own check before sending an
 then wait, or lose the connection), and what a rank that finished and then died leaves behind.
 Split sizes are not recorded, so the recorder cannot tell the two apart: the finding says that the
 rank's log or exit message decides (rule `exits` speaks where the runner says the process failed).
+Where a member may have left no dump (a member without one, or a group known only from its entries while
+some rank left none), that is the likelier end: gloo fails a rank's part the moment a peer's connection
+closes, and the missing rank explains the wait (rule `missing`).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ def ended_alone(facts: Facts) -> list[Proposal]:
     out: list[Proposal] = []
     for gf in facts.groups:
         point = gf.point
-        if point is None or not gf.waiting or gf.missing_members or gf.stale:
+        if point is None or not gf.waiting or gf.suspects_missing or gf.stale:
             continue
         ended = sorted(r for r in point.joined if r not in gf.waiting)
         if not ended or len(ended) >= len(gf.waiting):

@@ -1,0 +1,57 @@
+"""What every rank of a hand-written job shares: where it writes, its progress file for the controller, and
+its dumps (torch's pickle, JSON dump and faulthandler stacks), written when the controller creates
+JOB_OUT/trigger, on the rank's error path, or by a scenario itself (a periodic or an end-of-run dump). The
+time each rank's dumps were written goes to captured_<rank> (the truth's capture time)."""
+
+import faulthandler
+import os
+import threading
+import time
+
+from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
+
+OUT = os.environ["JOB_OUT"]
+RANK = int(os.environ["RANK"])
+WS = int(os.environ["WORLD_SIZE"])
+TRIG = os.path.join(OUT, "trigger")
+_frozen = []  # a scenario froze this rank's dumps: later requests leave the old ones in place
+
+
+def write_dumps(freeze=False):
+    if _frozen:
+        open(f"{OUT}/done_{RANK}", "w").close()
+        return
+    j = _dump_fr_trace_json(True, False)
+    p = _dump_fr_trace(True, True, False)
+    t = time.time_ns()
+    with open(f"{OUT}/rank_{RANK}.json", "wb") as f:
+        f.write(j if isinstance(j, bytes) else j.encode())
+    with open(f"{OUT}/rank_{RANK}.pkl", "wb") as f:
+        f.write(p)
+    with open(f"{OUT}/rank_{RANK}.stack.txt", "w") as f:
+        faulthandler.dump_traceback(f, all_threads=True)
+    with open(f"{OUT}/captured_{RANK}", "w") as f:
+        f.write(str(t))
+    if freeze:
+        _frozen.append(True)
+    open(f"{OUT}/done_{RANK}", "w").close()
+
+
+def _watcher():
+    while not os.path.exists(TRIG):
+        time.sleep(0.05)
+    write_dumps()
+
+
+def start_watcher():
+    threading.Thread(target=_watcher, daemon=True).start()
+
+
+def progress(step):
+    with open(f"{OUT}/prog_{RANK}", "w") as f:
+        f.write(str(step))
+
+
+def hang_here():
+    while True:
+        time.sleep(1)
