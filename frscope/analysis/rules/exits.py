@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.rules.facts import Facts
 from frscope.analysis.rules.proposal import Proposal
-from frscope.analysis.stale import left_after_finishing
+from frscope.analysis.stopped import left_after_finishing
 from frscope.analysis.wording import plural
 from frscope.records import RankExit
 from frscope.records.exits import most_likely_first

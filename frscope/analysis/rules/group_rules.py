@@ -13,7 +13,7 @@ from frscope.analysis.p2p import recorded_p2p, unposted_batch
 from frscope.analysis.rules.facts import Facts, unresponsive_note
 from frscope.analysis.rules.proposal import Proposal
 from frscope.analysis.stacks import blocked_in
-from frscope.analysis.stale import stopped_finding
+from frscope.analysis.stopped import stopped_finding
 from frscope.analysis.tracks import blocked_entry
 from frscope.analysis.wording import plural
 

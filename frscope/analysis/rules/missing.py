@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.rules.facts import Facts, unresponsive_note
 from frscope.analysis.rules.proposal import Proposal
-from frscope.analysis.stale import crash_signature, finished_then_failed
+from frscope.analysis.stopped import crash_signature, finished_then_failed
 from frscope.analysis.tracks import Track
 from frscope.analysis.wording import fmt_duration, plural
 from frscope.records.exits import most_likely_first
