@@ -95,6 +95,7 @@ int frscan_begin(Scan *s, const Py_buffer *view, Py_ssize_t budget) {
     s->n = view->len;
     s->budget = budget > 0 ? (size_t)budget : 0;
     s->work = 64 * (int64_t)view->len + 1000000;
+    s->keys_left = (int64_t)view->len + 65536;
     return taken;
 }
 
@@ -458,6 +459,7 @@ static PyObject *frame_text(Scan *s, const Val *v, Py_ssize_t cap) {
 
 static PyObject *mat_frame(Scan *s, const Val *dict, Buf *key) {
     const Val *name = NULL, *file = NULL, *line = NULL, *k = NULL;
+    if ((s->keys_left -= s->nodes[dict->v].count) < 0) return NULL; /* each of its keys is looked at */
     EACH_CHILD(s, dict->v, c, {
         if (!k) { k = c; continue; }
         if (k->len == 4 && !memcmp(s->d + k->v, "name", 4)) name = c;
@@ -738,6 +740,7 @@ PyObject *frscan_extract(Scan *s, int pieces, Py_ssize_t last) {
     EACH_CHILD(s, entries->v, e, {
         if (skip > 0) { skip--; continue; }
         if (e->kind != K_DICT) goto fail;
+        if ((s->keys_left -= s->nodes[e->v].count) < 0) goto fail; /* each of its keys is looked at */
         for (int f = 0; f < F_COUNT; f++) fv[f] = NULL;
         const Val *k2 = NULL;
         EACH_CHILD(s, e->v, c, {
