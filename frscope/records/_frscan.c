@@ -396,6 +396,10 @@ static uint64_t fnv(const uint8_t *p, Py_ssize_t len) {
     return h ^ (h >> 32);
 }
 
+/* Probes of one lookup past which the scan declines: the hash is not keyed, and values crafted to collide would
+ * otherwise make every insertion walk one growing cluster (quadratic; at 50% load a fair hash never comes near). */
+#define INTERN_MAX_PROBE 64
+
 /* The code of key (b->p, b->len); -1 on error; *fresh set when it is new (the caller appends its object). */
 static int64_t intern_key(Scan *s, Interner *t, const Buf *b, int *fresh) {
     *fresh = 0;
@@ -417,9 +421,10 @@ static int64_t intern_key(Scan *s, Interner *t, const Buf *b, int *fresh) {
     }
     uint64_t h = fnv(b->p, b->len);
     Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(t->cap - 1));
-    while (t->slots[j].len) {
+    for (int probes = 0; t->slots[j].len; probes++) {
         Slot *sl = &t->slots[j];
         if (sl->h == h && sl->len == b->len && !memcmp(t->keys.p + sl->off, b->p, (size_t)b->len)) return sl->code;
+        if (probes >= INTERN_MAX_PROBE) return -1;
         j = (j + 1) & (t->cap - 1);
     }
     Py_ssize_t off = t->keys.len;
