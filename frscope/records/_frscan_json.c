@@ -210,7 +210,7 @@ static int json_number(const uint8_t *in, Py_ssize_t n, Py_ssize_t *pos, Val *ou
     else if (in[p] >= '1' && in[p] <= '9') {
         while (p < n && in[p] >= '0' && in[p] <= '9') {
             if (digits < 19) mag = mag * 10 + (uint64_t)(in[p] - '0');
-            digits++;
+            if (digits < 20) digits++; /* 20: more than int64 holds (an int count would overflow at 2**31) */
             p++;
         }
     } else return -1;
