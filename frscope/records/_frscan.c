@@ -95,6 +95,7 @@ int frscan_begin(Scan *s, const Py_buffer *view, Py_ssize_t budget) {
     s->n = view->len;
     s->budget = budget > 0 ? (size_t)budget : 0;
     s->work = 64 * (int64_t)view->len + 1000000;
+    s->keys_left = (int64_t)view->len + 65536;
     return taken;
 }
 
@@ -395,6 +396,10 @@ static uint64_t fnv(const uint8_t *p, Py_ssize_t len) {
     return h ^ (h >> 32);
 }
 
+/* Probes of one lookup past which the scan declines: the hash is not keyed, and values crafted to collide would
+ * otherwise make every insertion walk one growing cluster (quadratic; at 50% load a fair hash never comes near). */
+#define INTERN_MAX_PROBE 64
+
 /* The code of key (b->p, b->len); -1 on error; *fresh set when it is new (the caller appends its object). */
 static int64_t intern_key(Scan *s, Interner *t, const Buf *b, int *fresh) {
     *fresh = 0;
@@ -416,9 +421,10 @@ static int64_t intern_key(Scan *s, Interner *t, const Buf *b, int *fresh) {
     }
     uint64_t h = fnv(b->p, b->len);
     Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(t->cap - 1));
-    while (t->slots[j].len) {
+    for (int probes = 0; t->slots[j].len; probes++) {
         Slot *sl = &t->slots[j];
         if (sl->h == h && sl->len == b->len && !memcmp(t->keys.p + sl->off, b->p, (size_t)b->len)) return sl->code;
+        if (probes >= INTERN_MAX_PROBE) return -1;
         j = (j + 1) & (t->cap - 1);
     }
     Py_ssize_t off = t->keys.len;
@@ -458,6 +464,7 @@ static PyObject *frame_text(Scan *s, const Val *v, Py_ssize_t cap) {
 
 static PyObject *mat_frame(Scan *s, const Val *dict, Buf *key) {
     const Val *name = NULL, *file = NULL, *line = NULL, *k = NULL;
+    if ((s->keys_left -= s->nodes[dict->v].count) < 0) return NULL; /* each of its keys is looked at */
     EACH_CHILD(s, dict->v, c, {
         if (!k) { k = c; continue; }
         if (k->len == 4 && !memcmp(s->d + k->v, "name", 4)) name = c;
@@ -738,6 +745,7 @@ PyObject *frscan_extract(Scan *s, int pieces, Py_ssize_t last) {
     EACH_CHILD(s, entries->v, e, {
         if (skip > 0) { skip--; continue; }
         if (e->kind != K_DICT) goto fail;
+        if ((s->keys_left -= s->nodes[e->v].count) < 0) goto fail; /* each of its keys is looked at */
         for (int f = 0; f < F_COUNT; f++) fv[f] = NULL;
         const Val *k2 = NULL;
         EACH_CHILD(s, e->v, c, {

@@ -21,6 +21,11 @@ typedef struct {
     Py_ssize_t n;
     size_t used, budget;
     int64_t work;
+    /* The entries' and frames' dict items (keys and values) `extract` may still look at. A key and its value
+     * cost the input at least 3 bytes (pickle: a memo GET and a 1-byte value; JSON: `"":0,`), so dicts read
+     * once stay within the input's length; a pickle's memo can list one dict of many keys as every entry or
+     * frame (2 bytes each), which would cost entries x keys: past the input's length (+ a floor) it declines. */
+    int64_t keys_left;
     Val *stack; Py_ssize_t sp, scap;
     Py_ssize_t *marks; Py_ssize_t nm, mcap;
     Val *memo; Py_ssize_t memo_cap, memo_count;

@@ -23,6 +23,7 @@
 #define FLOAT_MAX 400
 #define SHARE_MAX_LEN 96         /* strings up to this long share an offset with an earlier equal one */
 #define SHARE_MAX_SLOTS (1 << 17) /* the sharing table stops growing here (then only looks up) */
+#define SHARE_MAX_PROBE 16        /* a string whose lookup walks further is not shared (crafted collisions) */
 
 typedef struct { uint64_t h; int64_t off; int64_t len; } Shared;
 typedef struct { Shared *slots; Py_ssize_t cap, count; } ShareTable;
@@ -64,9 +65,12 @@ static int64_t share(Scan *s, ShareTable *t, int64_t off, Py_ssize_t len) {
     const uint8_t *p = s->d + off;
     uint64_t h = str_hash(p, len);
     Py_ssize_t j = (Py_ssize_t)(h & (uint64_t)(t->cap - 1));
-    while (t->slots[j].len) {
+    for (int probes = 0; t->slots[j].len; probes++) {
         Shared *sl = &t->slots[j];
         if (sl->h == h && sl->len == len && !memcmp(s->d + sl->off, p, (size_t)len)) return sl->off;
+        /* The hash is not keyed: strings crafted to collide would make each lookup walk one growing cluster
+         * (quadratic). Sharing only saves work later; such a string keeps its own offset. */
+        if (probes >= SHARE_MAX_PROBE) return off;
         j = (j + 1) & (t->cap - 1);
     }
     if (t->count * 4 < t->cap * 3) { /* a full table (at its cap) only looks up */
@@ -206,7 +210,7 @@ static int json_number(const uint8_t *in, Py_ssize_t n, Py_ssize_t *pos, Val *ou
     else if (in[p] >= '1' && in[p] <= '9') {
         while (p < n && in[p] >= '0' && in[p] <= '9') {
             if (digits < 19) mag = mag * 10 + (uint64_t)(in[p] - '0');
-            digits++;
+            if (digits < 20) digits++; /* 20: more than int64 holds (an int count would overflow at 2**31) */
             p++;
         }
     } else return -1;

@@ -211,8 +211,11 @@ def parse_snapshot(obj: Any, size_bytes: int = 0) -> SidecarSnapshot:
     ranks = obj.get("ranks")
     if not isinstance(ranks, list):
         raise WireError("snapshot: 'ranks' is not a list")
+    raw_errors = obj.get("errors") or []
+    if not isinstance(raw_errors, list):
+        raise WireError("snapshot: 'errors' is not a list")
     errors: list[tuple[int | None, str]] = []
-    for err in obj.get("errors") or []:
+    for err in raw_errors:
         if isinstance(err, dict):
             errors.append((read_int(err.get("rank")), str(err.get("message") or "")[:500]))
     return SidecarSnapshot(

@@ -153,8 +153,16 @@ def _piece(body: _Body, at: int, index: int, endpoint: str, expect: int = 0, max
             value, end = decoder.raw_decode(text, 0)
             return value, at + (end if text.isascii() else len(text[:end].encode("utf-8")))
         except RecursionError:
-            end, _ = value_span(text, 0)
-            return Unreadable(f"a rank's snapshot ({end} bytes) is nested too deeply to decode"), at + end
+            try:
+                end, _ = value_span(text, 0)
+            except ValueError as exc:  # the window ends inside the piece: read more of it, as below
+                if whole or size >= MAX_PIECE_BYTES:
+                    raise SidecarError(endpoint, f"answer is not JSON: rank piece #{index} is nested too deeply "
+                                       "and never ends", retryable=False) from exc
+                size = min(size * 4, MAX_PIECE_BYTES)
+                continue
+            raw = text[:end].encode("utf-8")  # `end` counts characters; offsets in the body are bytes
+            return Unreadable(f"a rank's snapshot ({len(raw)} bytes) is nested too deeply to decode"), at + len(raw)
         except ValueError as exc:
             if whole or not _cut_short(exc, text):
                 raise SidecarError(endpoint, f"answer is not JSON: {describe(str(exc))}", retryable=False) from exc
