@@ -10,7 +10,6 @@ import json
 import pickle
 import random
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -113,10 +112,12 @@ def test_profiling_names_crafted_to_collide_in_the_interning_table_are_declined(
     assert _scans(pickle.dumps(fair, protocol=2)) and _scans(json.dumps(fair).encode())
 
 
-def test_strings_crafted_to_collide_in_the_json_sharing_table_cost_no_time() -> None:
+def test_strings_crafted_to_collide_in_the_json_sharing_table_read_as_the_reference(tmp_path: Path) -> None:
     """The JSON parser shares equal short strings through a table with an unkeyed hash: 60,000 8-byte strings
-    that land in one slot (1.3 MB) took 3.3 s (json.loads: 0.02 s); these 40,000, 1.5 s. A lookup past 16
-    slots leaves the string unshared: 0.01 s. numpy inverts the hash for that many in a fraction of a second."""
+    that land in one slot (1.3 MB) took 3.3 s (json.loads: 0.02 s). A lookup past 16 slots leaves the string
+    unshared (0.01 s; the time is `scripts/fuzz_scanners.py`'s and the benchmarks' to measure, not a test's):
+    the strings left unshared must still read exactly as the reference reads them. numpy inverts the hash for
+    that many in a fraction of a second."""
     np = pytest.importorskip("numpy")
     rng = np.random.default_rng(3)
     found: list[Any] = []
@@ -134,9 +135,8 @@ def test_strings_crafted_to_collide_in_the_json_sharing_table_cost_no_time() -> 
     piece = json.loads((DATA / "real" / "hang" / "rank-0.json").read_bytes())
     piece["junk"] = strings
     data = json.dumps(piece).encode()
-    start = time.process_time()
     assert _scans(data)
-    assert time.process_time() - start < 0.5
+    _same_as_reference(data, tmp_path, "rank_0.json")
 
 
 # -- the operator's body decoders around the scanner ----------------------------------------------------------
