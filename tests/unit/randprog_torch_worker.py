@@ -67,9 +67,10 @@ def _write_dumps(rank, out):
         handle.write(torch._C._distributed_c10d._dump_fr_trace(True, True, False))
 
 
-def _settled(limit_s=30.0):
+def _settled(limit_s=60.0):
     """Wait until the recorder shows every entry retired and every group's last enqueued collective
-    completed, as it does once the program's ops have all returned (at most `limit_s`)."""
+    completed, as it does once the program's ops have all returned (at most `limit_s`). False when it
+    never did: the dump is then not the end state the test compares."""
     end = time.monotonic() + limit_s
     while time.monotonic() < end:
         text = torch._C._distributed_c10d._dump_fr_trace_json(True, True)
@@ -77,8 +78,9 @@ def _settled(limit_s=30.0):
         status = trace.get("pg_status") or {}
         if all(e.get("retired") for e in trace.get("entries") or []) and all(
                 s.get("last_completed_collective") == s.get("last_enqueued_collective") for s in status.values()):
-            return
+            return True
         time.sleep(0.05)
+    return False
 
 
 def _dump_later(rank, world, out, seconds):
@@ -129,7 +131,9 @@ def body(rank, world, spec, out, port):
             raise ValueError(kind)
     if spec.get("dump_after"):
         time.sleep(3600)  # the dump thread ends the process
-    _settled()  # gloo retires an entry a moment after wait() returns (longer on a loaded machine)
+    # gloo retires an entry a moment after wait() returns (longer on a loaded machine)
+    if not _settled():
+        open(os.path.join(out, f"unsettled_{rank}"), "w").close()
     _write_dumps(rank, out)
     dist.barrier()
     dist.destroy_process_group()
