@@ -59,7 +59,12 @@ def _p2p_under_collective_seqs(track: Track, looked_at: int = 4) -> bool:
     for k, seq in enumerate(track.by_seq):
         if k >= looked_at:
             break
-        if any(e.op in P2P_OPS for e in track.by_seq.get(seq, ())):
+        bucket = track.by_seq.get(seq, ())
+        if any(e.op in P2P_OPS for e in bucket):
+            return True
+        # A batch_isend_irecv recorded as one `coalesced` entry under the collective seq advances the p2p seq
+        # where a collective (coalesced or not) does not: entries of one seq whose p2p seqs differ.
+        if len({e.p2p_seq_id for e in bucket}) > 1:
             return True
     return any(e.collective_seq_id for e in islice(track.p2p, looked_at))  # its p2p ops carry the seq
 

@@ -28,6 +28,9 @@ FIXED = {
     932908: "a cycle of two groups on gloo with a small ring (rootcause._odd_side)",
     1216011: "healthy, format 2.2, a ring of 20: the broadcast opening a group's oldest seq evicted, the batch "
              "recorded under it kept: read as a type mismatch (history._p2p_under_collective_seqs)",
+    2436900: "healthy, format 2.2, a ring of 35: a batch recorded as one `coalesced` entry under the collective "
+             "seq outlived its all_gather; seen by its p2p seq advancing inside a seq "
+             "(history._p2p_under_collective_seqs)",
     1207145: "gloo, an extra all_reduce meeting a peer's all_gather while the others wait for it in another group: "
              "read as a type mismatch (history._disagreement: the wait-for graph reads a call ahead of its order)",
     1213891: "the same, read as a size mismatch (history._disagreement)",
