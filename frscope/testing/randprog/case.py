@@ -32,8 +32,9 @@ STALE_GLOO_WHY = ("one rank's recorder was read steps before its peers', whose r
                   "the failed op); the exit codes or live stacks decide")
 NO_TORCH_FRAME_WHY = ("the waiting ranks sit in Work.wait() of unrecorded ops (batch_isend_irecv, async ops): a C++ "
                       "call, so their stacks' top frame is their own Python, like the culprit's")
-BATCH_LOOKALIKE_WHY = ("a rank others wait on sits in Work.wait() of a batch_isend_irecv (gloo records none of its "
-                       "ops): a C++ call, so its stack's top frame is its own Python, as if it were stuck there")
+BATCH_LOOKALIKE_WHY = ("a rank that is no culprit sits in Work.wait() of a batch_isend_irecv (gloo records none of "
+                       "its ops): a C++ call, so its stack's top frame is its own Python, as if it were stuck there, "
+                       "and others wait on it, or on someone no recorded wait names")
 DIED_GLOO_WHY = ("gloo, no exit codes: the survivors failed at once when the rank went away and gloo retired the "
                  "failed op, so every recorder shows every op retired and the rank's recorder ends early: a healthy "
                  "job whose rank was read early leaves the same files; the exit codes or live stacks decide")
@@ -163,13 +164,16 @@ class Case:
         """A rank that is no culprit waits in a batch of sends and receives (gloo records none of them) and
         another rank waits on it: its stack shows only its own Python (work.wait() is a C++ call), exactly
         as a rank stuck in Python there, and every recorder is the same either way: the same capture comes
-        from a run where it is the sink the others wait for."""
+        from a run where it is the sink the others wait for. Likewise where nobody waits on it but no wait
+        the recorders keep names the culprit (the waits that reach it are all in ops gloo does not record,
+        whose stacks name no peer): the ranks in those ops may as well wait on it, so the capture is also the
+        one a run with it stuck in Python leaves (the culprit then waiting in a C++ call of its own)."""
         blocked = {r: st for r, st in self.ex.states.items() if st.status == BLOCKED}
         alike = {r for r, st in blocked.items()
                  if st.block_op is not None and st.block_op.kind == "batch" and r not in self.truth.culprits}
         # (who waits on it does not matter: a rank waiting in a batch too looks the same either way)
         waited = {w for r, st in blocked.items() for x in st.blocked for w in waits_on(x) if w != r}
-        return bool(alike & waited)
+        return bool(alike & waited) or (bool(alike) and not self.truth.named)
 
     def _steps_kept(self, form: str) -> tuple[int, int, int]:
         """What the rings still hold of a straggler (every participant's entry of a collective kept): the
