@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from frscope.analysis.context import Context
+from frscope.analysis.crossgroup import kind_of, skipped_kind
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.mismatch import Bucket, add_views, odd_exchange, odd_exchange_finding
 from frscope.analysis.stuck import StuckPoint, stuck_finding
@@ -198,6 +199,21 @@ def hang_finding(
         return None
     if ctx.waits.unseen_member_holds(group.name, seq):
         unseen, sinks = ctx.waits.unseen_member_candidates(group.name)
+        if not sinks and len(unseen) > 1:
+            # Each candidate waits elsewhere, on ranks that wait here: a cycle. Its culprit is the rank
+            # whose own order differs from its peers' (it went on where they issued this group's kind),
+            # never the ranks that kept the common order (principle 1).
+            kind = kind_of(ctx, group.name)
+            broke = [r for r in unseen if skipped_kind(ctx, r) == kind]
+            if broke and len(broke) < len(unseen):
+                finding = _unseen_member_finding(ctx, group, ref, point, buckets, broke, sinks, op, since, sample)
+                kept_ranks = [r for r in unseen if r not in broke]
+                own = "its" if len(broke) == 1 else "their"
+                finding.evidence.append(
+                    f"{plural(broke)} went on to another group where most ranks issued a collective of {kind} "
+                    f"first: {own} own order differs from {own} peers'; the other {plural(kept_ranks)} "
+                    f"that recorded nothing of {ref.label()} kept the common order")
+                return finding
         if unseen:
             return _unseen_member_finding(ctx, group, ref, point, buckets, unseen, sinks, op, since, sample)
     odd = odd_exchange(buckets) if len(not_done) == len(buckets) else None

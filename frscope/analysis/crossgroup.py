@@ -224,11 +224,11 @@ def _segment(ctx: Context, rank: int, default: str) -> tuple[int, list[Op]] | No
     return None
 
 
-def _program_breach(ctx: Context, rank: int) -> Breach | None:
-    """Without a loop of its own to judge by (a fault in the first steps): every rank runs the same
-    program, so after the same default-group collective the ranks issue the same kinds of groups (by
-    their description: tp, dp, ...) in the same order. The rank that, there, issued another kind than
-    most ranks did at that place broke the order (its own group of the usual kind is what it skipped)."""
+def _program_divergence(ctx: Context, rank: int) -> tuple[int, list[Op], int, str, int] | None:
+    """Where the rank left the program every rank runs: after the same default-group collective (#k) the
+    ranks issue the same kinds of groups (by their description: tp, dp, ...) in the same order, and the
+    rank issued another kind than most ranks did at that place. (k, its ops since #k, the place, the usual
+    kind there, how many ranks issued it). None where it kept the order, or no order is common."""
     default = next((n for n, g in ctx.dumpset.groups.items() if is_default_group(n, g.desc)), None)
     if default is None:
         return None
@@ -243,21 +243,48 @@ def _program_breach(ctx: Context, rank: int) -> Breach | None:
         seg = _segment_after(ctx, other, default, k)
         if seg:
             others.append(seg)
-    for i, (desc, name, seq) in enumerate(ops):
+    for i, (desc, _name, _seq) in enumerate(ops):
         kinds = Counter(seg[i][0] for seg in others if len(seg) > i)
         if sum(kinds.values()) < MIN_HABIT:
             return None
         usual, count = kinds.most_common(1)[0]
         if desc == usual or count * 2 <= sum(kinds.values()):
             continue
-        groups = {n for d, n, _s in _all_ops(ctx, rank) if d == usual}
-        if len(groups) != 1:
-            return None
-        group = groups.pop()
-        last_seq = max((s for d, n, s in _all_ops(ctx, rank) if n == group), default=0)
-        before = ops[i - 1] if i else (default, default, k)
-        return Breach(rank, before[1], before[2], name, seq, group, count, last_seq + 1)
+        return k, ops, i, usual, count
     return None
+
+
+def skipped_kind(ctx: Context, rank: int) -> str | None:
+    """The kind of group (its description) the rank skipped where it left the program every rank runs
+    (`_program_divergence`), whether or not its recorder shows its own group of that kind: a rank that
+    never recorded in the group it skipped still shows the skip in its order. None where it kept it."""
+    found = _program_divergence(ctx, rank)
+    return found[3] if found is not None else None
+
+
+def kind_of(ctx: Context, group: str) -> str:
+    """What a group is for, across the ranks (`_kind`)."""
+    return _kind(ctx, group)
+
+
+def _program_breach(ctx: Context, rank: int) -> Breach | None:
+    """Without a loop of its own to judge by (a fault in the first steps): every rank runs the same
+    program, so after the same default-group collective the ranks issue the same kinds of groups (by
+    their description: tp, dp, ...) in the same order. The rank that, there, issued another kind than
+    most ranks did at that place broke the order (its own group of the usual kind is what it skipped)."""
+    found = _program_divergence(ctx, rank)
+    if found is None:
+        return None
+    k, ops, i, usual, count = found
+    _desc, name, seq = ops[i]
+    groups = {n for d, n, _s in _all_ops(ctx, rank) if d == usual}
+    if len(groups) != 1:
+        return None  # its own group of that kind is unknown (`skipped_kind` still tells the kind)
+    group = groups.pop()
+    last_seq = max((s for d, n, s in _all_ops(ctx, rank) if n == group), default=0)
+    default = next(n for n, g in ctx.dumpset.groups.items() if is_default_group(n, g.desc))
+    before = ops[i - 1] if i else (default, default, k)
+    return Breach(rank, before[1], before[2], name, seq, group, count, last_seq + 1)
 
 
 def _all_ops(ctx: Context, rank: int) -> list[Op]:
