@@ -41,8 +41,9 @@ class Truth:
     # evidence flags the forms need
     via_unrecorded: bool = False  # the culprit shows only through ops gloo does not record
     lookalikes: tuple[int, ...] = ()  # blocked ranks the recorders show exactly like the culprits
-    # a wait the recorders keep (a recorded collective, NCCL's point-to-point ops) names the culprits; where
-    # none does, only stacks can, and a stack that shows only the user's frame names nobody
+    # a wait the evidence shows names the culprits: a recorded collective, NCCL's point-to-point ops, a live
+    # stack in monitored_barrier (whose group the recorders show); where none does, only stacks could, and a
+    # stack that shows only the user's frame (or a send/recv, which names no peer) names nobody
     named: bool = True
 
     def to_json(self) -> dict[str, object]:
@@ -190,6 +191,9 @@ def _wait_for(ex: Execution) -> Truth | None:
         if any(x.key[0] == "p" and set(hard) & x.missing for st in blocked.values() for x in st.blocked):
             accepted += (P2P,)  # a peer waits for the sink in send/recv: a p2p op it never posted
         visible = any(_recorded(x, backend) and set(hard) & waits_on(x) for st in blocked.values() for x in st.blocked)
+        # a rank in monitored_barrier names the members of its group that never came (a live stack shows the
+        # barrier, the gaps in the group's sequence numbers its group)
+        by_barrier = any(x.key[0] == "m" and set(hard) & waits_on(x) for st in blocked.values() for x in st.blocked)
         # ranks the recorded waits also name, blocked only in ops the recorder does not keep: from the
         # recorders they look exactly like the culprit (idle since their last entry)
         named = set().union(*(waits_on(x) for st in blocked.values() for x in st.blocked if _recorded(x, backend)))
@@ -198,7 +202,7 @@ def _wait_for(ex: Execution) -> Truth | None:
         truth = Truth(NOT_JOINED if stuck else STOPPED, tuple(hard), accepted,
                       "sink " + ", ".join(f"{r} {states[r].status}" for r in hard),
                       via_unrecorded=not visible or bool(lookalikes), lookalikes=tuple(sorted(lookalikes)),
-                      named=visible)
+                      named=visible or by_barrier)
         return truth
     idle = sorted(r for r in reach if states[r].status == DONE)
     if idle:
