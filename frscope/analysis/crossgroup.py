@@ -262,6 +262,17 @@ def skipped_kind(ctx: Context, rank: int) -> str | None:
     return found[3] if found is not None else None
 
 
+def describe_skip(ctx: Context, rank: int, group: str) -> str:
+    """`skipped_kind`'s reading, in words (`group`: the label of the group of that kind it never joined)."""
+    found = _program_divergence(ctx, rank)
+    if found is None:
+        return ""
+    k, ops, i, usual, count = found
+    return (f"rank {rank} broke the order its peers kept: after the default group's #{k}, {count} ranks issued a "
+            f"collective of {usual} next, but it went to #{ops[i][2]} of group {ops[i][1]} instead, never joining "
+            f"{group}")
+
+
 def kind_of(ctx: Context, group: str) -> str:
     """What a group is for, across the ranks (`_kind`)."""
     return _kind(ctx, group)

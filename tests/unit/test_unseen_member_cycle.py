@@ -70,3 +70,26 @@ def test_ranks_that_all_kept_the_common_order_stay_candidates(tmp_path: Path) ->
     root = _analyze(tmp_path, per_rank)[0]
     assert root.category is Category.RANK_NOT_JOINED and root.process_group.name == "2", root.summary
     assert set(root.culprit_ranks) == {0, 2, 3, 4} and root.ambiguous
+
+
+def test_principle1_the_cycle_is_rooted_at_the_rank_that_broke_the_order_whatever_came_first(
+        tmp_path: Path) -> None:
+    """The same cycle, the odd ranks reaching their dp all_reduce after the others entered the barrier: the
+    barrier's finding (ranks 1 and 5 never joined it) is the older one, yet rank 3, which went to the barrier
+    where everyone else issued a dp collective first, is the root; the barrier's finding is its consequence."""
+    even, odd = ("1", "dp"), ("2", "dp")
+    per_rank: dict[int, list[dict[str, Any]]] = {}
+    for rank in range(6):
+        entries = [_gloo(1, 100, op="broadcast")]
+        if rank == 3:
+            entries.append(_gloo(2, 150, op="barrier", done=False))
+        elif rank % 2:
+            entries.append(_gloo(1, 200, pg=odd, done=False))
+        else:
+            entries += [_gloo(1, 110, pg=even), _gloo(2, 150, op="barrier", done=False)]
+        per_rank[rank] = entries
+    findings = _analyze(tmp_path, per_rank)
+    root = findings[0]
+    assert root.culprit_ranks == (3,) and root.process_group.name == "2", root.summary
+    assert any("broke the order its peers kept" in e for e in root.evidence)
+    assert [f.culprit_ranks for f in root.consequences] == [(1, 5)]
