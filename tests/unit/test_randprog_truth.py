@@ -460,3 +460,24 @@ def test_a_batch_waiter_nobody_waits_on_looks_like_the_culprit_where_no_recorded
         read = {f: {r: ex.end_t + 60 for r in ex.states} for f in FORMS}
         case = Case(0, prog, Fault("stuck", (1,)), ex, truth, ex.end_t + 60, "2.10", False, {}, read, 2000)
         assert case.undecidable("snapshot") == why, batch
+
+
+def test_a_stuck_rank_that_never_recorded_in_the_subgroup_it_is_awaited_in_is_one_of_its_lookalikes() -> None:
+    """gloo names no subgroup's members. Rank 2 is stuck before its first collective of the pair {0, 2}; rank 0
+    waits there, and its entries show no other member. Ranks 1 and 3 finished (idle, like rank 2 in every
+    form) and recorded nothing of the pair either: any of the three may be the member that never came. Where
+    ranks 1 and 3 recorded in a group created after the pair, their group numbers (pg_status, without a gap)
+    leave no room for it: rank 2 alone is the candidate, decidable."""
+    from frscope.testing.randprog.case import UNSEEN_MEMBER_WHY
+    for later, why in ((False, UNSEEN_MEMBER_WHY), (True, "")):
+        layout = _layout(4, (0, 2), (1, 3)) if later else _layout(4, (0, 2))
+        calls = [Call("all_reduce", 0, (8,), "Float"), *([Call("all_reduce", 2, (8,), "Float")] if later else []),
+                 Call("all_reduce", 1, (8,), "Float")]
+        prog = _program(layout, calls, steps=1)
+        prog.ops[2].insert(_first(prog.ops[2], 1, 1), Op("stuck", 1, func="save_checkpoint"))
+        ex = execute(prog, random.Random(0))
+        truth = truth_of(ex)
+        assert (truth.category, truth.culprits) == ("RankNotJoined", (2,)), later
+        read = {f: {r: ex.end_t + 60 for r in ex.states} for f in FORMS}
+        case = Case(0, prog, Fault("stuck", (2,)), ex, truth, ex.end_t + 60, "2.10", False, {}, read, 2000)
+        assert [case.undecidable(f) for f in FORMS] == [why] * 3, later
