@@ -191,6 +191,10 @@ def _wait_for(ex: Execution) -> Truth | None:
         if any(x.key[0] == "p" and set(hard) & x.missing for st in blocked.values() for x in st.blocked):
             accepted += (P2P,)  # a peer waits for the sink in send/recv: a p2p op it never posted
         visible = any(_recorded(x, backend) and set(hard) & waits_on(x) for st in blocked.values() for x in st.blocked)
+        # (an async collective a blocked rank still has open shows in its recorder too: it names the ranks that
+        # never entered it)
+        pending = any(x.key[0] == "c" and x.done is None and set(hard) & x.missing
+                      for st in blocked.values() for x in st.outstanding)
         # a rank in monitored_barrier names the members of its group that never came (a live stack shows the
         # barrier, the gaps in the group's sequence numbers its group)
         by_barrier = any(x.key[0] == "m" and set(hard) & waits_on(x) for st in blocked.values() for x in st.blocked)
@@ -202,7 +206,7 @@ def _wait_for(ex: Execution) -> Truth | None:
         truth = Truth(NOT_JOINED if stuck else STOPPED, tuple(hard), accepted,
                       "sink " + ", ".join(f"{r} {states[r].status}" for r in hard),
                       via_unrecorded=not visible or bool(lookalikes), lookalikes=tuple(sorted(lookalikes)),
-                      named=visible or by_barrier)
+                      named=visible or pending or by_barrier)
         return truth
     idle = sorted(r for r in reach if states[r].status == DONE)
     if idle:
