@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from frscope.analysis.context import Context
-from frscope.analysis.crossgroup import kind_of, skipped_kind
+from frscope.analysis.crossgroup import behind_on_kind, kind_of, skipped_kind
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.mismatch import Bucket, add_views, odd_exchange, odd_exchange_finding
 from frscope.analysis.stuck import StuckPoint, stuck_finding
@@ -214,6 +214,17 @@ def hang_finding(
                     f"first: {own} own order differs from {own} peers'; the other {plural(kept_ranks)} "
                     f"that recorded nothing of {ref.label()} kept the common order")
                 return finding
+        behind = behind_on_kind(ctx, group.name, unseen)
+        if 0 < len(behind) < len(unseen):
+            # Principle 1, by counts: the ranks that issued as many collectives of this group's kind as its
+            # members ran their own group's where the members ran this one; the member that never came is
+            # among those that issued fewer.
+            finding = _unseen_member_finding(ctx, group, ref, point, buckets, behind, sinks, op, since, sample)
+            even = [r for r in unseen if r not in behind]
+            finding.evidence.append(
+                f"{plural(even)} issued as many collectives of {kind_of(ctx, group.name)} as the group's members "
+                f"(their own group's, where the members ran this one); only {plural(behind)} issued fewer")
+            return finding
         if unseen:
             return _unseen_member_finding(ctx, group, ref, point, buckets, unseen, sinks, op, since, sample)
     odd = odd_exchange(buckets) if len(not_done) == len(buckets) else None

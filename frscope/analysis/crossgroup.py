@@ -273,6 +273,27 @@ def describe_skip(ctx: Context, rank: int, group: str) -> str:
             f"{group}")
 
 
+def behind_on_kind(ctx: Context, group: str, ranks: list[int]) -> list[int]:
+    """Of `ranks` (which recorded nothing of `group`), those that issued fewer collectives of the group's kind
+    than each of its members did (the one they wait in included): a rank that issued as many ran its own group's
+    collective of that kind where they ran theirs, and kept the order. All of `ranks` where a count is unknown
+    (a ring that wrapped) or the members' counts differ."""
+    kind = _kind(ctx, group)
+
+    def count(rank: int) -> int | None:
+        dump = ctx.dumpset.dumps.get(rank)
+        if dump is None or (len(dump.entries) and dump.entries[0].record_id != 0):
+            return None
+        return len({(e.pg_name, e.collective_seq_id) for e in dump.entries
+                    if not e.is_p2p and _kind(ctx, e.pg_name) == kind})
+
+    need = {count(m) for m in ctx.tracks.get(group, {})}
+    if len(need) != 1 or None in need:
+        return list(ranks)
+    n = need.pop() or 0
+    return [r for r in ranks if (c := count(r)) is None or c < n]
+
+
 def kind_of(ctx: Context, group: str) -> str:
     """What a group is for, across the ranks (`_kind`)."""
     return _kind(ctx, group)

@@ -53,6 +53,8 @@ FIXED = {
     2413798: "gloo snapshot, monitored_barrier: a finished rank named, not the stuck one (stacks.still_inside)",
     2415627: "the same (stacks.still_inside)",
     2417740: "gloo snapshot, a recv: a finished stage named, not the stuck one (stacks.still_inside)",
+    2416757: "gloo snapshot, a p2p deadlock; a strided pair's unseen member read as six ranks, four of which ran "
+             "their own strided collective (crossgroup.behind_on_kind)",
 }
 
 

@@ -93,3 +93,33 @@ def test_principle1_the_cycle_is_rooted_at_the_rank_that_broke_the_order_whateve
     assert root.culprit_ranks == (3,) and root.process_group.name == "2", root.summary
     assert any("broke the order its peers kept" in e for e in root.evidence)
     assert [f.culprit_ranks for f in root.consequences] == [(1, 5)]
+
+
+def test_principle1_the_unseen_member_is_among_the_ranks_behind_on_the_groups_kind() -> None:
+    """Four ranks, gloo, captured live: strided groups {0, 2} and {1, 3}, and one more that rank 0 reduces in.
+    Each broadcasts (#1 of the world), reduces in a strided group, then all-reduces in the world. Rank 2 waits
+    in its pair's first reduce, whose other member never recorded anything of it.
+    Ranks 0 and 1 recorded nothing of that pair either, but each issued a strided reduce of its own (as many
+    strided collectives as rank 2) and waits in the world's #2; rank 3 issued none: its stack sits in a recv
+    (gloo records none). All three wait elsewhere; rank 3 alone is behind on the pair's kind: the candidate."""
+    from frscope import wire
+    from frscope.records import assemble, normalize_dump
+    from tests.unit.test_p2p_stack_pairs import _op
+
+    per_rank: dict[int, list[dict[str, Any]]] = {r: [_gloo(1, 100, op="broadcast")] for r in range(4)}
+    per_rank[2].append(_gloo(1, 110, op="reduce", pg=("1", "strided"), done=False))
+    per_rank[0] += [_gloo(1, 110, op="reduce", pg=("3", "strided")), _gloo(2, 150, done=False)]
+    per_rank[1] += [_gloo(1, 110, op="reduce", pg=("2", "strided")), _gloo(2, 150, done=False)]
+    stacks = {0: _op("all_reduce", "sync", 120), 1: _op("all_reduce", "sync", 120), 2: _op("reduce", "sync", 110),
+              3: _op("recv", "exchange", 210)}
+    pieces = []
+    for rank, entries in per_rank.items():
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        pieces.append(wire.snapshot_piece(rank, b.T0 + 900 * MS * 1000, f"socket:/run/rank-{rank}.sock", stacks[rank],
+                                          b.dump(entries, world=0, pg_config=GLOO_CONFIG)))
+    findings = analyze(assemble([normalize_dump(p, p["source"], p["rank"]) for p in pieces], [])).findings
+    unseen = next(f for f in [*findings, *(c for f in findings for c in f.consequences)]
+                  if f.process_group.name == "1")
+    assert unseen.culprit_ranks == (3,), unseen.summary
+    assert any("issued as many collectives of strided" in e for e in unseen.evidence), unseen.evidence
