@@ -199,11 +199,12 @@ def hang_finding(
         return None
     if ctx.waits.unseen_member_holds(group.name, seq):
         unseen, sinks = ctx.waits.unseen_member_candidates(group.name)
-        if not sinks and len(unseen) > 1:
+        # (a group's kind is its description; 'undefined', new_subgroups' and a bare new_group's, names none)
+        kind = kind_of(ctx, group.name)
+        if not sinks and len(unseen) > 1 and kind != "undefined":
             # Each candidate waits elsewhere, on ranks that wait here: a cycle. Its culprit is the rank
             # whose own order differs from its peers' (it went on where they issued this group's kind),
             # never the ranks that kept the common order (principle 1).
-            kind = kind_of(ctx, group.name)
             broke = [r for r in unseen if skipped_kind(ctx, r) == kind]
             if broke and len(broke) < len(unseen):
                 finding = _unseen_member_finding(ctx, group, ref, point, buckets, broke, sinks, op, since, sample)
@@ -214,7 +215,7 @@ def hang_finding(
                     f"first: {own} own order differs from {own} peers'; the other {plural(kept_ranks)} "
                     f"that recorded nothing of {ref.label()} kept the common order")
                 return finding
-        behind = behind_on_kind(ctx, group.name, unseen)
+        behind = behind_on_kind(ctx, group.name, unseen) if kind != "undefined" else unseen
         if 0 < len(behind) < len(unseen):
             # Principle 1, by counts: the ranks that issued as many collectives of this group's kind as its
             # members ran their own group's where the members ran this one; the member that never came is
@@ -222,7 +223,7 @@ def hang_finding(
             finding = _unseen_member_finding(ctx, group, ref, point, buckets, behind, sinks, op, since, sample)
             even = [r for r in unseen if r not in behind]
             finding.evidence.append(
-                f"{plural(even)} issued as many collectives of {kind_of(ctx, group.name)} as the group's members "
+                f"{plural(even)} issued as many collectives of {kind} as the group's members "
                 f"(their own group's, where the members ran this one); only {plural(behind)} issued fewer")
             return finding
         if unseen:
