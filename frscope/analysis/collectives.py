@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from frscope.analysis.context import Context
-from frscope.analysis.crossgroup import behind_on_kind, kind_of, skipped_kind
+from frscope.analysis.crossgroup import behind_on_kind, family_kind, skipped_kind
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.mismatch import Bucket, add_views, odd_exchange, odd_exchange_finding
 from frscope.analysis.stuck import StuckPoint, stuck_finding
@@ -199,9 +199,9 @@ def hang_finding(
         return None
     if ctx.waits.unseen_member_holds(group.name, seq):
         unseen, sinks = ctx.waits.unseen_member_candidates(group.name)
-        # (a group's kind is its description; 'undefined', new_subgroups' and a bare new_group's, names none)
-        kind = kind_of(ctx, group.name)
-        if not sinks and len(unseen) > 1 and kind != "undefined":
+        # (a group's kind is its description, read only where a family of groups shares it)
+        kind = family_kind(ctx, group.name)
+        if not sinks and len(unseen) > 1 and kind is not None:
             # Each candidate waits elsewhere, on ranks that wait here: a cycle. Its culprit is the rank
             # whose own order differs from its peers' (it went on where they issued this group's kind),
             # never the ranks that kept the common order (principle 1).
@@ -215,7 +215,7 @@ def hang_finding(
                     f"first: {own} own order differs from {own} peers'; the other {plural(kept_ranks)} "
                     f"that recorded nothing of {ref.label()} kept the common order")
                 return finding
-        behind = behind_on_kind(ctx, group.name, unseen) if kind != "undefined" else unseen
+        behind = behind_on_kind(ctx, group.name, unseen) if kind is not None else unseen
         if 0 < len(behind) < len(unseen):
             # Principle 1, by counts: the ranks that issued as many collectives of this group's kind as its
             # members ran their own group's where the members ran this one; the member that never came is

@@ -294,9 +294,15 @@ def behind_on_kind(ctx: Context, group: str, ranks: list[int]) -> list[int]:
     return [r for r in ranks if (c := count(r)) is None or c < n]
 
 
-def kind_of(ctx: Context, group: str) -> str:
-    """What a group is for, across the ranks (`_kind`)."""
-    return _kind(ctx, group)
+def family_kind(ctx: Context, group: str) -> str | None:
+    """The group's kind where groups of that kind form a family (another group shares its description, as a
+    mesh dimension's or a new_subgroups split's do): only then is every rank's own group of that kind likely,
+    so a rank that issued none where its peers did skipped it. None for a lone group of its kind, and for
+    'undefined' (new_subgroups' and a bare new_group's description: it names no kind, principle 3)."""
+    kind = _kind(ctx, group)
+    if kind == "undefined" or not any(name != group and _kind(ctx, name) == kind for name in ctx.dumpset.groups):
+        return None
+    return kind
 
 
 def _program_breach(ctx: Context, rank: int) -> Breach | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from frscope.analysis.context import Context
-from frscope.analysis.crossgroup import breach_of, describe, describe_skip, kind_of, skipped_kind
+from frscope.analysis.crossgroup import breach_of, describe, describe_skip, family_kind, skipped_kind
 from frscope.analysis.findings import Category, Finding
 from frscope.analysis.waitfor import MAX_HOPS, State
 
@@ -140,7 +140,8 @@ def _breaker(ctx: Context, cycle: list[Finding], findings: list[Finding]) -> tup
             breach = breach_of(ctx, rank)
             if breach is None:
                 # its own group of the kind it skipped is unknown (it never recorded in it): the kind says
-                if skipped_kind(ctx, rank) == kind_of(ctx, member.process_group.name):
+                kind = family_kind(ctx, member.process_group.name)
+                if kind is not None and skipped_kind(ctx, rank) == kind:
                     found.append((member, describe_skip(ctx, rank, member.process_group.label()), member))
                     break
                 continue

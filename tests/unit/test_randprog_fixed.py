@@ -55,6 +55,8 @@ FIXED = {
     2417740: "gloo snapshot, a recv: a finished stage named, not the stuck one (stacks.still_inside)",
     2416757: "gloo snapshot, a p2p deadlock; a strided pair's unseen member read as six ranks, four of which ran "
              "their own strided collective (crossgroup.behind_on_kind)",
+    2417449: "gloo snapshot, a p2p deadlock; a lone pp_stage group's unseen member read as a rank in no such group "
+             "that 'skipped' it (crossgroup.family_kind: kinds only from a family of groups)",
 }
 
 

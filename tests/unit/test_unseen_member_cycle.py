@@ -123,3 +123,22 @@ def test_principle1_the_unseen_member_is_among_the_ranks_behind_on_the_groups_ki
                   if f.process_group.name == "1")
     assert unseen.culprit_ranks == (3,), unseen.summary
     assert any("issued as many collectives of strided" in e for e in unseen.evidence), unseen.evidence
+
+
+def test_a_lone_group_of_its_kind_gives_no_order_to_read(tmp_path: Path) -> None:
+    """The first test's cycle, but the odd ranks' group is the only one of its description (pp): no family of
+    such groups says every rank has one, so a rank that issued none where others did may simply be no member of
+    any. Every rank that recorded nothing of it stays a candidate."""
+    even, odd = ("1", "dp"), ("2", "pp")
+    per_rank: dict[int, list[dict[str, Any]]] = {}
+    for rank in range(6):
+        entries = [_gloo(1, 100, op="broadcast")]
+        if rank == 3:
+            entries.append(_gloo(2, 150, op="barrier", done=False))
+        elif rank % 2:
+            entries.append(_gloo(1, 110, pg=odd, done=False))
+        else:
+            entries += [_gloo(1, 110, pg=even), _gloo(2, 150, op="barrier", done=False)]
+        per_rank[rank] = entries
+    unseen = next(f for f in _analyze(tmp_path, per_rank) if f.process_group.name == "2")
+    assert set(unseen.culprit_ranks) == {0, 2, 3, 4} and unseen.ambiguous, unseen.summary
