@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 
 from frscope.analysis.context import Context
+from frscope.analysis.crossgroup import behind_on_kind, family_kind, skipped_kind
 from frscope.analysis.findings import Category, Finding, GroupRef
 from frscope.analysis.mismatch import Bucket, add_views, odd_exchange, odd_exchange_finding
 from frscope.analysis.stuck import StuckPoint, stuck_finding
@@ -198,6 +199,33 @@ def hang_finding(
         return None
     if ctx.waits.unseen_member_holds(group.name, seq):
         unseen, sinks = ctx.waits.unseen_member_candidates(group.name)
+        # (a group's kind is its description, read only where a family of groups shares it)
+        kind = family_kind(ctx, group.name)
+        if not sinks and len(unseen) > 1 and kind is not None:
+            # Each candidate waits elsewhere, on ranks that wait here: a cycle. Its culprit is the rank
+            # whose own order differs from its peers' (it went on where they issued this group's kind),
+            # never the ranks that kept the common order (principle 1).
+            broke = [r for r in unseen if skipped_kind(ctx, r) == kind]
+            if broke and len(broke) < len(unseen):
+                finding = _unseen_member_finding(ctx, group, ref, point, buckets, broke, sinks, op, since, sample)
+                kept_ranks = [r for r in unseen if r not in broke]
+                own = "its" if len(broke) == 1 else "their"
+                finding.evidence.append(
+                    f"{plural(broke)} went on to another group where most ranks issued a collective of {kind} "
+                    f"first: {own} own order differs from {own} peers'; the other {plural(kept_ranks)} "
+                    f"that recorded nothing of {ref.label()} kept the common order")
+                return finding
+        behind = behind_on_kind(ctx, group.name, unseen) if kind is not None else unseen
+        if 0 < len(behind) < len(unseen):
+            # Principle 1, by counts: the ranks that issued as many collectives of this group's kind as its
+            # members ran their own group's where the members ran this one; the member that never came is
+            # among those that issued fewer.
+            finding = _unseen_member_finding(ctx, group, ref, point, buckets, behind, sinks, op, since, sample)
+            even = [r for r in unseen if r not in behind]
+            finding.evidence.append(
+                f"{plural(even)} issued as many collectives of {kind} as the group's members "
+                f"(their own group's, where the members ran this one); only {plural(behind)} issued fewer")
+            return finding
         if unseen:
             return _unseen_member_finding(ctx, group, ref, point, buckets, unseen, sinks, op, since, sample)
     odd = odd_exchange(buckets) if len(not_done) == len(buckets) else None

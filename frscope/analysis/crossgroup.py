@@ -224,11 +224,11 @@ def _segment(ctx: Context, rank: int, default: str) -> tuple[int, list[Op]] | No
     return None
 
 
-def _program_breach(ctx: Context, rank: int) -> Breach | None:
-    """Without a loop of its own to judge by (a fault in the first steps): every rank runs the same
-    program, so after the same default-group collective the ranks issue the same kinds of groups (by
-    their description: tp, dp, ...) in the same order. The rank that, there, issued another kind than
-    most ranks did at that place broke the order (its own group of the usual kind is what it skipped)."""
+def _program_divergence(ctx: Context, rank: int) -> tuple[int, list[Op], int, str, int] | None:
+    """Where the rank left the program every rank runs: after the same default-group collective (#k) the
+    ranks issue the same kinds of groups (by their description: tp, dp, ...) in the same order, and the
+    rank issued another kind than most ranks did at that place. (k, its ops since #k, the place, the usual
+    kind there, how many ranks issued it). None where it kept the order, or no order is common."""
     default = next((n for n, g in ctx.dumpset.groups.items() if is_default_group(n, g.desc)), None)
     if default is None:
         return None
@@ -243,21 +243,86 @@ def _program_breach(ctx: Context, rank: int) -> Breach | None:
         seg = _segment_after(ctx, other, default, k)
         if seg:
             others.append(seg)
-    for i, (desc, name, seq) in enumerate(ops):
+    for i, (desc, _name, _seq) in enumerate(ops):
         kinds = Counter(seg[i][0] for seg in others if len(seg) > i)
         if sum(kinds.values()) < MIN_HABIT:
             return None
         usual, count = kinds.most_common(1)[0]
         if desc == usual or count * 2 <= sum(kinds.values()):
             continue
-        groups = {n for d, n, _s in _all_ops(ctx, rank) if d == usual}
-        if len(groups) != 1:
-            return None
-        group = groups.pop()
-        last_seq = max((s for d, n, s in _all_ops(ctx, rank) if n == group), default=0)
-        before = ops[i - 1] if i else (default, default, k)
-        return Breach(rank, before[1], before[2], name, seq, group, count, last_seq + 1)
+        return k, ops, i, usual, count
     return None
+
+
+def skipped_kind(ctx: Context, rank: int) -> str | None:
+    """The kind of group (its description) the rank skipped where it left the program every rank runs
+    (`_program_divergence`), whether or not its recorder shows its own group of that kind: a rank that
+    never recorded in the group it skipped still shows the skip in its order. None where it kept it."""
+    found = _program_divergence(ctx, rank)
+    return found[3] if found is not None else None
+
+
+def describe_skip(ctx: Context, rank: int, group: str) -> str:
+    """`skipped_kind`'s reading, in words (`group`: the label of the group of that kind it never joined)."""
+    found = _program_divergence(ctx, rank)
+    if found is None:
+        return ""
+    k, ops, i, usual, count = found
+    return (f"rank {rank} broke the order its peers kept: after the default group's #{k}, {count} ranks issued a "
+            f"collective of {usual} next, but it went to #{ops[i][2]} of group {ops[i][1]} instead, never joining "
+            f"{group}")
+
+
+def behind_on_kind(ctx: Context, group: str, ranks: list[int]) -> list[int]:
+    """Of `ranks` (which recorded nothing of `group`), those that issued fewer collectives of the group's kind
+    than each of its members did (the one they wait in included): a rank that issued as many ran its own group's
+    collective of that kind where they ran theirs, and kept the order. All of `ranks` where a count is unknown
+    (a ring that wrapped) or the members' counts differ."""
+    kind = _kind(ctx, group)
+
+    def count(rank: int) -> int | None:
+        dump = ctx.dumpset.dumps.get(rank)
+        if dump is None or (len(dump.entries) and dump.entries[0].record_id != 0):
+            return None
+        return len({(e.pg_name, e.collective_seq_id) for e in dump.entries
+                    if not e.is_p2p and _kind(ctx, e.pg_name) == kind})
+
+    need = {count(m) for m in ctx.tracks.get(group, {})}
+    if len(need) != 1 or None in need:
+        return list(ranks)
+    n = need.pop() or 0
+    return [r for r in ranks if (c := count(r)) is None or c < n]
+
+
+def family_kind(ctx: Context, group: str) -> str | None:
+    """The group's kind where groups of that kind form a family (another group shares its description, as a
+    mesh dimension's or a new_subgroups split's do): only then is every rank's own group of that kind likely,
+    so a rank that issued none where its peers did skipped it. None for a lone group of its kind, and for
+    'undefined' (new_subgroups' and a bare new_group's description: it names no kind, principle 3)."""
+    kind = _kind(ctx, group)
+    if kind == "undefined" or not any(name != group and _kind(ctx, name) == kind for name in ctx.dumpset.groups):
+        return None
+    return kind
+
+
+def _program_breach(ctx: Context, rank: int) -> Breach | None:
+    """Without a loop of its own to judge by (a fault in the first steps): every rank runs the same
+    program, so after the same default-group collective the ranks issue the same kinds of groups (by
+    their description: tp, dp, ...) in the same order. The rank that, there, issued another kind than
+    most ranks did at that place broke the order (its own group of the usual kind is what it skipped)."""
+    found = _program_divergence(ctx, rank)
+    if found is None:
+        return None
+    k, ops, i, usual, count = found
+    _desc, name, seq = ops[i]
+    groups = {n for d, n, _s in _all_ops(ctx, rank) if d == usual}
+    if len(groups) != 1:
+        return None  # its own group of that kind is unknown (`skipped_kind` still tells the kind)
+    group = groups.pop()
+    last_seq = max((s for d, n, s in _all_ops(ctx, rank) if n == group), default=0)
+    default = next(n for n, g in ctx.dumpset.groups.items() if is_default_group(n, g.desc))
+    before = ops[i - 1] if i else (default, default, k)
+    return Breach(rank, before[1], before[2], name, seq, group, count, last_seq + 1)
 
 
 def _all_ops(ctx: Context, rank: int) -> list[Op]:

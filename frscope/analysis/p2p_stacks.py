@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
-from frscope.analysis.stacks import blocked_in, user_frame
+from frscope.analysis.stacks import blocked_in, still_inside, user_frame
 from frscope.analysis.tracks import blocked_entry
 from frscope.analysis.waitfor import UNRECORDED_OPS
 from frscope.analysis.wording import plural
@@ -50,6 +50,11 @@ def _sink_in_python(ctx: Context, ref: GroupRef, blocked: dict[int, str], exclud
     if named and all(n is not None for n in named):
         waited = frozenset().union(*(n for n in named if n is not None))
         free = [r for r in free if r in waited]
+    # A rank that returned from the step the blocked ranks wait in ran it to the end, posting what it posts;
+    # one still in Python inside that step is where their waits end (principle 1).
+    left = free
+    free = still_inside([ctx.live_stack(r) for r in blocked], {r: ctx.live_stack(r) for r in free})
+    left = [r for r in left if r not in free]
     # Several ranks in Python, as many as wait: which of them the waits end at is not said (one may be done).
     # A single one is the only place they can end.
     if not free or (len(free) >= len(blocked) and len(free) > 1):
@@ -78,6 +83,11 @@ def _sink_in_python(ctx: Context, ref: GroupRef, blocked: dict[int, str], exclud
         f"{plural(free)} {'is' if len(free) == 1 else 'are'} in Python, in no torch.distributed call: every wait "
         "among the blocked ranks ends there (the recorder shows none of these ops: gloo records no point-to-point "
         "op, and monitored_barrier runs as point-to-point)")
+    if left:
+        finding.evidence.append(
+            f"{plural(left)} {'is' if len(left) == 1 else 'are'} in Python too, but outside the step the blocked "
+            f"ranks wait in (the stack left the calls theirs share): {'it' if len(left) == 1 else 'they'} ran that "
+            "step to the end, posting what it posts")
     return finding
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from frscope.analysis.context import Context
-from frscope.analysis.crossgroup import breach_of, describe
+from frscope.analysis.crossgroup import breach_of, describe, describe_skip, family_kind, skipped_kind
 from frscope.analysis.findings import Category, Finding
 from frscope.analysis.waitfor import MAX_HOPS, State
 
@@ -139,6 +139,11 @@ def _breaker(ctx: Context, cycle: list[Finding], findings: list[Finding]) -> tup
         for rank in member.culprit_ranks[:MAX_HOPS]:
             breach = breach_of(ctx, rank)
             if breach is None:
+                # its own group of the kind it skipped is unknown (it never recorded in it): the kind says
+                kind = family_kind(ctx, member.process_group.name)
+                if kind is not None and skipped_kind(ctx, rank) == kind:
+                    found.append((member, describe_skip(ctx, rank, member.process_group.label()), member))
+                    break
                 continue
             if breach.usual == member.process_group.name:
                 found.append((member, describe(ctx, breach), member))

@@ -104,3 +104,36 @@ def describe(frames: tuple[Frame, ...]) -> str | None:
             return f"in {user.name} ({user.filename}:{user.line})"
         return f"in {top.name} ({top.filename}:{top.line}), called from {user.name} ({user.filename}:{user.line})"
     return f"in {frames[0]}"
+
+
+def _user_path(frames: tuple[Frame, ...]) -> list[tuple[str, str, int]]:
+    """The user's frames, outermost first (library frames left out)."""
+    return [(f.filename, f.name, f.line) for f in reversed(frames) if not is_library(f)]
+
+
+def _shared(a: list[tuple[str, str, int]], b: list[tuple[str, str, int]]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def still_inside(waiters: list[tuple[Frame, ...]], candidates: dict[int, tuple[Frame, ...]]) -> list[int]:
+    """Of ranks in Python, those still inside the call the waiting ranks wait in: their user frames hold every
+    call the waiters share but the innermost (the step the waiters are in: `main` at the loop's line, then the
+    step function), where the others' left it (a `main` at another line: they returned from that step, and a
+    rank that ran its step to the end posted what its step posts). Every candidate where the waiters share no
+    such call, or none (or all) of the candidates is inside it."""
+    paths = [_user_path(w) for w in waiters if w]
+    if not paths or len(candidates) < 2:
+        return sorted(candidates)
+    common = paths[0]
+    for path in paths[1:]:
+        common = common[:_shared(common, path)]
+    base = len(common) - 1  # the calls around the user function the waiters called torch.distributed from
+    if base < 2:
+        return sorted(candidates)
+    inside = [r for r, stack in sorted(candidates.items()) if _shared(_user_path(stack), common) >= base]
+    return inside if 0 < len(inside) < len(candidates) else sorted(candidates)

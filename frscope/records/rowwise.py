@@ -146,6 +146,7 @@ def normalize_rows(
     last_shapes: dict[str, tuple[Any, Any, Any, Any]] = {}
     older_shapes: dict[str, tuple[Any, Any, Any, Any]] = {}
     last_frames: dict[str, list[Any]] = {}
+    counters: dict[str, tuple[int, int]] = {}  # group -> (collective seq, p2p seq) of its previous entry
     expected = _EXPECTED_SET
     fast = _FAST_FIELDS
     for index, raw in enumerate(raw_entries):
@@ -212,8 +213,14 @@ def normalize_rows(
         if type(is_p2p) is not bool:
             # (format 2.2 has no is_p2p) A recorder numbers a group's collectives from 1: an entry numbered 0
             # that counts as a point-to-point call (NCCL's `coalesced` entry of a batch_isend_irecv before the
-            # group's first collective) is one, whatever its name.
-            is_p2p = op in P2P_OPS or (seq == 0 and p2p_seq > 0)
+            # group's first collective) is one, whatever its name. So is an entry that advanced the group's
+            # point-to-point count over its previous entry's and left the collective count where it was: only
+            # a point-to-point call counts there, and such a format records a step's batch_isend_irecv under
+            # the collective seq of the collective before it.
+            prev = counters.get(pg_name)
+            is_p2p = op in P2P_OPS or (seq == 0 and p2p_seq > 0) or (
+                prev is not None and seq == prev[0] and p2p_seq > prev[1])
+            counters[pg_name] = (seq, p2p_seq)
         if type(record_id) is not int or not ID_MIN <= record_id <= MAX_INT64:
             record_id = int_or(record_id, index)
         if type(state) is not str or len(state) > MAX_STATE:

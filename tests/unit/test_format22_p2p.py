@@ -58,3 +58,48 @@ def test_uneven_batches_in_format_22_are_no_type_mismatch(tmp_path: Path) -> Non
     first = report.findings[0]
     assert first.category is not Category.COLLECTIVE_TYPE_MISMATCH, first.summary
     assert first.culprit_ranks == (2,), first.summary
+
+
+def test_a_coalesced_entry_that_advanced_the_p2p_count_under_the_last_collective_seq_is_point_to_point(
+        tmp_path: Path) -> None:
+    """After a group's first collective, format 2.2 records a batch_isend_irecv under the collective seq of the
+    collective before it: its own counters say what it is (the p2p count advanced, the collective count did
+    not). A coalesced collective advances the collective count and leaves the p2p count."""
+    scatter = _v22(b.entry(4, op="scatter", pg=("1", "mesh_tp")))
+    scatter.update(p2p_seq_id=11)
+    batch = _v22(b.entry(4, op="coalesced", pg=("1", "mesh_tp"), sizes=[[256], [256]]))
+    batch.update(p2p_seq_id=12)
+    coll = _v22(b.entry(5, op="coalesced", pg=("1", "mesh_tp")))
+    coll.update(p2p_seq_id=12)
+    dumps = load_dumps([_write(tmp_path, {0: [scatter, batch, coll]})], columnar=False)
+    assert [e.is_p2p for e in dumps.dumps[0].entries] == [False, True, False]
+
+
+def test_a_rank_that_skipped_the_last_collective_before_a_batch_is_no_type_mismatch(tmp_path: Path) -> None:
+    """Each step: a scatter, a gather, then a batch (recorded under the gather's seq). In the last step rank 2
+    skipped the gather and finished: its batch sits under the scatter's seq, #5. Ranks 0 and 1 wait in gather
+    #6, which rank 2 never joined; not a scatter+coalesced against a scatter at #5."""
+    per_rank: dict[int, list[dict[str, object]]] = {}
+    for r in range(3):
+        entries: list[dict[str, object]] = []
+        seq, p2p = 0, 0
+        for step in range(3):
+            last = step == 2
+            t = b.T0 + step * 10 * S
+            for op in ("scatter", "gather"):
+                if last and op == "gather" and r == 2:
+                    continue
+                seq += 1
+                e = _v22(b.entry(seq, op=op, pg=("1", "mesh_tp"), created_ns=t + seq,
+                                 state="started" if last and op == "gather" else "completed"))
+                e.update(p2p_seq_id=p2p)
+                entries.append(e)
+            p2p += 1
+            e = _v22(b.entry(seq, op="coalesced", pg=("1", "mesh_tp"), created_ns=t + 5 * S, sizes=[[256], [256]]))
+            e.update(p2p_seq_id=p2p)
+            entries.append(e)
+        per_rank[r] = entries
+    report = analyze(load_dumps([_write(tmp_path, per_rank)]), AnalysisOptions(now_ns=b.T0 + 700 * S))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (2,), first.summary
+    assert first.collective_seq_id == 6

@@ -178,3 +178,21 @@ def test_a_rank_in_python_that_stopped_with_the_waiters_is_the_stage_they_wait_b
     Python) never sent, and rank 3 waits behind rank 2 (the chain reading stands)."""
     root = _went_on_capture(ahead=0)[0]
     assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (1,), root.summary
+
+
+def test_principle1_a_rank_that_returned_from_the_step_is_no_end_of_the_waits_inside_it() -> None:
+    """Rank 0 waits in send (gloo: no record, no peer in the stack) inside `train_step`; rank 3 sits in Python
+    inside the same step (`wait_for_data` under `train_step`, under `main` at the loop's line); ranks 1 and 2
+    are in Python too, but outside it (`main` at another line: they returned from their last step, having run
+    it to the end). The wait ends at rank 3, not at rank 1, the stage after rank 0, nor at every rank in Python."""
+    in_step = _stack(("wait_for_data", "/app/train.py", 177), ("train_step", "/app/train.py", 250),
+                     ("main", "/app/train.py", 300))
+    root = _capture({0: _op("send", "pipeline_stage", 162), 1: DONE, 2: DONE, 3: in_step})[0]
+    assert root.category is Category.RANK_NOT_JOINED and root.culprit_ranks == (3,), root.summary
+    assert any("outside the step" in e for e in root.evidence)
+
+
+def test_ranks_all_outside_the_step_stay_candidates() -> None:
+    """The same with no rank in Python inside the step: nothing sets the ranks that returned from it apart."""
+    findings = _capture({0: _op("send", "pipeline_stage", 162), 1: DONE, 2: DONE, 3: DONE})
+    assert findings and not any("outside the step" in e for f in findings for e in f.evidence)

@@ -41,6 +41,25 @@ FIXED = {
             "instead (waitfor.went_on)",
     501235: "the same on a 2-D mesh (waitfor.went_on)",
     424813: "the same, the finished stage's group went on 8 steps (waitfor.went_on)",
+    2415745: "gloo reorder, 32 ranks: a dp group's unseen member read as any of 17 ranks that recorded nothing of "
+             "it; the rank whose own order differs (crossgroup.skipped_kind)",
+    2417019: "the same, the cycle rooted at the older finding, which named the ranks that kept the order "
+             "(rootcause._breaker: skipped_kind)",
+    2412378: "NCCL format 2.2, a skipped last collective: a batch under the seq before it read as "
+             "'scatter+coalesced', a type mismatch (rowwise: an entry that advanced the p2p count)",
+    2417479: "NCCL format 2.2, a stuck rank (rowwise: the same)",
+    2413917: "gloo snapshot, a send inside the step, ranks in Python inside it and past it: the stage after it, "
+             "past the step, named (stacks.still_inside)",
+    2411672: "gloo snapshot, a pipeline's stuck stage named with a rank that finished (stacks.still_inside)",
+    2414401: "the same (stacks.still_inside)",
+    2414737: "the same (stacks.still_inside)",
+    2413798: "gloo snapshot, monitored_barrier: a finished rank named, not the stuck one (stacks.still_inside)",
+    2415627: "the same (stacks.still_inside)",
+    2417740: "gloo snapshot, a recv: a finished stage named, not the stuck one (stacks.still_inside)",
+    2416757: "gloo snapshot, a p2p deadlock; a strided pair's unseen member read as six ranks, four of which ran "
+             "their own strided collective (crossgroup.behind_on_kind)",
+    2417449: "gloo snapshot, a p2p deadlock; a lone pp_stage group's unseen member read as a rank in no such group "
+             "that 'skipped' it (crossgroup.family_kind: kinds only from a family of groups)",
 }
 
 

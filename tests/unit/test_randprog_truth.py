@@ -437,3 +437,47 @@ def test_a_batch_waiter_others_wait_on_looks_like_a_rank_in_python_in_a_snapshot
         read = {f: {r: ex.end_t + 60 for r in ex.states} for f in FORMS}
         case = Case(0, prog, Fault("p2p_deadlock", (0, 2)), ex, truth, ex.end_t + 60, "2.10", False, {}, read, 2000)
         assert case.undecidable("snapshot") == why, batch
+
+
+def test_a_batch_waiter_nobody_waits_on_looks_like_the_culprit_where_no_recorded_wait_names_it() -> None:
+    """Ranks 0 and 1 exchange in a batch_isend_irecv, then rank 1 sends to 2 and 2 to 3 (gloo records none of
+    it). Rank 1 is stuck in Python before its batch: rank 0 waits in the batch (work.wait() is C++: its stack
+    is its own Python), 2 and 3 in recv, whose stacks name no peer. Nobody waits on rank 0, but nothing the
+    recorders keep names rank 1 either: the capture is the one a run with rank 0 stuck and rank 1 waiting in a
+    C++ call leaves, so the snapshot cannot decide. Where rank 0 waits in a collective instead, its recorded
+    wait names rank 1 among those that never joined: decidable."""
+    layout = _layout(4, (0, 1))
+    for batch, why in ((True, BATCH_LOOKALIKE_WHY), (False, "")):
+        first = Call("batch", 1, (8,), "Float", func="exchange_halo") if batch else Call("all_reduce", 0, (8,), "Float")
+        calls = [first, *(Call("sendrecv", 0, (8,), "Float", src=s, dst=s + 1) for s in (1, 2))]
+        prog = _program(layout, calls)
+        at = next(i for i, op in enumerate(prog.ops[1]) if op.kind == "compute" and op.step == 2) + 1
+        prog.ops[1].insert(at, Op("stuck", 2, func="save_checkpoint"))
+        ex = execute(prog, random.Random(0))
+        truth = truth_of(ex)
+        assert (truth.category, truth.culprits) == ("RankNotJoined", (1,)), batch
+        assert truth.named is not batch
+        read = {f: {r: ex.end_t + 60 for r in ex.states} for f in FORMS}
+        case = Case(0, prog, Fault("stuck", (1,)), ex, truth, ex.end_t + 60, "2.10", False, {}, read, 2000)
+        assert case.undecidable("snapshot") == why, batch
+
+
+def test_a_stuck_rank_that_never_recorded_in_the_subgroup_it_is_awaited_in_is_one_of_its_lookalikes() -> None:
+    """gloo names no subgroup's members. Rank 2 is stuck before its first collective of the pair {0, 2}; rank 0
+    waits there, and its entries show no other member. Ranks 1 and 3 finished (idle, like rank 2 in every
+    form) and recorded nothing of the pair either: any of the three may be the member that never came. Where
+    ranks 1 and 3 recorded in a group created after the pair, their group numbers (pg_status, without a gap)
+    leave no room for it: rank 2 alone is the candidate, decidable."""
+    from frscope.testing.randprog.case import UNSEEN_MEMBER_WHY
+    for later, why in ((False, UNSEEN_MEMBER_WHY), (True, "")):
+        layout = _layout(4, (0, 2), (1, 3)) if later else _layout(4, (0, 2))
+        calls = [Call("all_reduce", 0, (8,), "Float"), *([Call("all_reduce", 2, (8,), "Float")] if later else []),
+                 Call("all_reduce", 1, (8,), "Float")]
+        prog = _program(layout, calls, steps=1)
+        prog.ops[2].insert(_first(prog.ops[2], 1, 1), Op("stuck", 1, func="save_checkpoint"))
+        ex = execute(prog, random.Random(0))
+        truth = truth_of(ex)
+        assert (truth.category, truth.culprits) == ("RankNotJoined", (2,)), later
+        read = {f: {r: ex.end_t + 60 for r in ex.states} for f in FORMS}
+        case = Case(0, prog, Fault("stuck", (2,)), ex, truth, ex.end_t + 60, "2.10", False, {}, read, 2000)
+        assert [case.undecidable(f) for f in FORMS] == [why] * 3, later

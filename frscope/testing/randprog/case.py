@@ -13,9 +13,9 @@ from pathlib import Path
 
 from frscope import wire
 from frscope.testing.randprog import torchpickle
-from frscope.testing.randprog.executor import BLOCKED, EXITED, FAILED, STUCK, Execution, Rdv, execute
+from frscope.testing.randprog.executor import BLOCKED, DONE, EXITED, FAILED, STUCK, Execution, Rdv, execute
 from frscope.testing.randprog.faults import Fault, apply_fault
-from frscope.testing.randprog.layout import random_layout
+from frscope.testing.randprog.layout import DEFAULT, random_layout
 from frscope.testing.randprog.program import Program, random_program
 from frscope.testing.randprog.recorder import dump, ns
 from frscope.testing.randprog.stacks import stack_text
@@ -32,14 +32,19 @@ STALE_GLOO_WHY = ("one rank's recorder was read steps before its peers', whose r
                   "the failed op); the exit codes or live stacks decide")
 NO_TORCH_FRAME_WHY = ("the waiting ranks sit in Work.wait() of unrecorded ops (batch_isend_irecv, async ops): a C++ "
                       "call, so their stacks' top frame is their own Python, like the culprit's")
-BATCH_LOOKALIKE_WHY = ("a rank others wait on sits in Work.wait() of a batch_isend_irecv (gloo records none of its "
-                       "ops): a C++ call, so its stack's top frame is its own Python, as if it were stuck there")
+BATCH_LOOKALIKE_WHY = ("a rank that is no culprit sits in Work.wait() of a batch_isend_irecv (gloo records none of "
+                       "its ops): a C++ call, so its stack's top frame is its own Python, as if it were stuck there, "
+                       "and others wait on it, or on someone no recorded wait names")
 DIED_GLOO_WHY = ("gloo, no exit codes: the survivors failed at once when the rank went away and gloo retired the "
                  "failed op, so every recorder shows every op retired and the rank's recorder ends early: a healthy "
                  "job whose rank was read early leaves the same files; the exit codes or live stacks decide")
 DIED_NCCL_WHY = ("NCCL, no exit code: the rank's process ended inside an op every member entered; its dump shows the "
                  "op in flight like its peers' (they wait in it for a member that is gone), which a device or "
                  "network hang of that op leaves too; the exit codes or the collector's word decide")
+UNSEEN_MEMBER_WHY = ("gloo names no subgroup's members, and the rank the others wait on in a subgroup never recorded "
+                     "anything of it: the waiting ranks' entries show every member but it, and other ranks that "
+                     "recorded nothing of it either look just as it does (idle, or in Python), so any of them may "
+                     "be the member that never came")
 EVICTED_WHY = "the ring buffer wrapped: a rank's entry of the collective where the ranks disagreed is gone"
 def late_steps_needed(ranks: int) -> int:
     """How many late steps a ring must still show of a straggler whose lateness shows in collectives of
@@ -105,6 +110,8 @@ class Case:
                 return NO_TORCH_FRAME_WHY
             if self._batch_waiter_waited_on():
                 return BATCH_LOOKALIKE_WHY
+        if self._unseen_member_alike(form):
+            return UNSEEN_MEMBER_WHY
         rdv = self.truth.mismatch_at
         if rdv is not None:
             for rank in rdv.recs:
@@ -159,17 +166,69 @@ class Case:
                 return False
         return True
 
+    def _unseen_member_alike(self, form: str) -> bool:
+        """gloo, a rank stuck in Python: every recorded wait that names it is a collective of a subgroup its
+        recorder shows nothing of (gloo's pg_config names no subgroup's members, so the waiting ranks' entries
+        show every member but it), and another rank that recorded nothing of that subgroup, and whose own group
+        numbers leave room for it (pg_status), looks like it in this form: idle in the recorders (or in Python,
+        or in a call whose stack shows only the user's frame, in a snapshot)."""
+        if self.program.backend != "gloo" or self.truth.category != "RankNotJoined":
+            return False
+        layout, read = self.program.layout, self.dump_t[form]
+        states = self.ex.states
+
+        def recorded(rank: int, group: int) -> bool:
+            tv = read.get(rank)
+            return tv is not None and any(e.group == group and e.t_created <= tv for e in states[rank].issued)
+
+        for culprit in self.truth.culprits:
+            if states[culprit].status != STUCK:
+                return False
+            groups = {x.group for st in states.values() if st.status == BLOCKED for x in st.blocked
+                      if x.key[0] == "c" and culprit in waits_on(x)}
+            if not groups or any(layout.groups[g].style == DEFAULT or recorded(culprit, g) for g in groups):
+                return False
+            for group in groups:
+                alike = [r for r in read if not recorded(r, group) and self._may_belong(form, r, group)
+                         and self._looks_idle(form, r)]
+                if culprit in alike and len(alike) > 1:
+                    return True
+        return False
+
+    def _may_belong(self, form: str, rank: int, group: int) -> bool:
+        """What frscope may read from the rank's pg_status: its groups numbered 0, 1, ... in creation order,
+        listed from their first recorded op. Where its numbers run without a gap and it recorded in a group
+        created after `group`, that group would hold an unlisted number below: it is no member."""
+        tv = self.dump_t[form].get(rank, -1.0)
+        mine = self.program.layout.member_groups(rank)
+        used = {g.index for e in self.ex.states[rank].issued if e.t_created <= tv for g in mine if g.index == e.group}
+        numbers = {i for i, g in enumerate(mine) if g.index in used} | {0}
+        return numbers != set(range(max(numbers) + 1)) or not any(g > group for g in used)
+
+    def _looks_idle(self, form: str, rank: int) -> bool:
+        st = self.ex.states[rank]
+        if st.status in (STUCK, DONE):
+            return True
+        if st.status != BLOCKED:
+            return False
+        if form == "snapshot":
+            return st.block_op is not None and st.block_op.kind in ("batch", "wait")
+        return not any(x.key[0] == "c" for x in st.blocked)
+
     def _batch_waiter_waited_on(self) -> bool:
         """A rank that is no culprit waits in a batch of sends and receives (gloo records none of them) and
         another rank waits on it: its stack shows only its own Python (work.wait() is a C++ call), exactly
         as a rank stuck in Python there, and every recorder is the same either way: the same capture comes
-        from a run where it is the sink the others wait for."""
+        from a run where it is the sink the others wait for. Likewise where nobody waits on it but no wait
+        the recorders keep names the culprit (the waits that reach it are all in ops gloo does not record,
+        whose stacks name no peer): the ranks in those ops may as well wait on it, so the capture is also the
+        one a run with it stuck in Python leaves (the culprit then waiting in a C++ call of its own)."""
         blocked = {r: st for r, st in self.ex.states.items() if st.status == BLOCKED}
         alike = {r for r, st in blocked.items()
                  if st.block_op is not None and st.block_op.kind == "batch" and r not in self.truth.culprits}
         # (who waits on it does not matter: a rank waiting in a batch too looks the same either way)
         waited = {w for r, st in blocked.items() for x in st.blocked for w in waits_on(x) if w != r}
-        return bool(alike & waited)
+        return bool(alike & waited) or (bool(alike) and not self.truth.named)
 
     def _steps_kept(self, form: str) -> tuple[int, int, int]:
         """What the rings still hold of a straggler (every participant's entry of a collective kept): the

@@ -41,6 +41,10 @@ class Truth:
     # evidence flags the forms need
     via_unrecorded: bool = False  # the culprit shows only through ops gloo does not record
     lookalikes: tuple[int, ...] = ()  # blocked ranks the recorders show exactly like the culprits
+    # a wait the evidence shows names the culprits: a recorded collective, NCCL's point-to-point ops, a live
+    # stack in monitored_barrier (whose group the recorders show); where none does, only stacks could, and a
+    # stack that shows only the user's frame (or a send/recv, which names no peer) names nobody
+    named: bool = True
 
     def to_json(self) -> dict[str, object]:
         return {"category": self.category, "culprits": list(self.culprits), "accepted": list(self.accepted),
@@ -176,7 +180,7 @@ def _wait_for(ex: Execution) -> Truth | None:
     wrong = sorted(r for r, q in peer_of.items() if not (q in peer_of and peer_of[q] != r)) or sorted(peer_of)
     if wrong:
         return Truth(P2P, tuple(wrong), (P2P,), f"p2p naming a peer that never posts the counterpart: {wrong}",
-                     via_unrecorded=ex.program.backend == "gloo")
+                     via_unrecorded=ex.program.backend == "gloo", named=ex.program.backend != "gloo")
     edges = {r: set().union(*(waits_on(x) for x in st.blocked)) for r, st in blocked.items()}
     reach = _reach(edges, blocked)
     hard = sorted(r for r in reach if states[r].status in (STUCK, EXITED))
@@ -187,6 +191,13 @@ def _wait_for(ex: Execution) -> Truth | None:
         if any(x.key[0] == "p" and set(hard) & x.missing for st in blocked.values() for x in st.blocked):
             accepted += (P2P,)  # a peer waits for the sink in send/recv: a p2p op it never posted
         visible = any(_recorded(x, backend) and set(hard) & waits_on(x) for st in blocked.values() for x in st.blocked)
+        # (an async collective a blocked rank still has open shows in its recorder too: it names the ranks that
+        # never entered it)
+        pending = any(x.key[0] == "c" and x.done is None and set(hard) & x.missing
+                      for st in blocked.values() for x in st.outstanding)
+        # a rank in monitored_barrier names the members of its group that never came (a live stack shows the
+        # barrier, the gaps in the group's sequence numbers its group)
+        by_barrier = any(x.key[0] == "m" and set(hard) & waits_on(x) for st in blocked.values() for x in st.blocked)
         # ranks the recorded waits also name, blocked only in ops the recorder does not keep: from the
         # recorders they look exactly like the culprit (idle since their last entry)
         named = set().union(*(waits_on(x) for st in blocked.values() for x in st.blocked if _recorded(x, backend)))
@@ -194,7 +205,8 @@ def _wait_for(ex: Execution) -> Truth | None:
                       and not any(_recorded(x, backend) for x in blocked[r].blocked)}
         truth = Truth(NOT_JOINED if stuck else STOPPED, tuple(hard), accepted,
                       "sink " + ", ".join(f"{r} {states[r].status}" for r in hard),
-                      via_unrecorded=not visible or bool(lookalikes), lookalikes=tuple(sorted(lookalikes)))
+                      via_unrecorded=not visible or bool(lookalikes), lookalikes=tuple(sorted(lookalikes)),
+                      named=visible or pending or by_barrier)
         return truth
     idle = sorted(r for r in reach if states[r].status == DONE)
     if idle:
@@ -207,7 +219,7 @@ def _wait_for(ex: Execution) -> Truth | None:
                     odd, decided = _minority({"blocked": arrived, "idle": gone})
                     truth = Truth(NOT_JOINED, tuple(sorted(odd)), (NOT_JOINED,),
                                   f"blocked {sorted(arrived)} vs finished {sorted(gone)} at {x.key}",
-                                  via_unrecorded=not _recorded(x, backend))
+                                  via_unrecorded=not _recorded(x, backend), named=_recorded(x, backend))
                     if not decided:
                         truth.undecidable = {f: "as many ranks ran one call more as one call fewer" for f in
                                              ("snapshot", *FILE_FORMS)}
@@ -217,7 +229,8 @@ def _wait_for(ex: Execution) -> Truth | None:
     # a p2p cycle: the waits that close it are point-to-point (NCCL ranks wait at a sync point for
     # collectives too, which are not what holds them)
     if cyc and all(all(x.key[0] == "p" for x in blocked[r].blocked if waits_on(x) & set(cyc)) for r in cyc):
-        return Truth(P2P, tuple(cyc), (P2P,), f"p2p cycle {cyc}", via_unrecorded=backend == "gloo")
+        return Truth(P2P, tuple(cyc), (P2P,), f"p2p cycle {cyc}", via_unrecorded=backend == "gloo",
+                     named=backend != "gloo")
     # every blocked rank that waits on the cycle, by where it waits: a collective of a group, or a p2p
     # message (comparable only between its two ranks)
     near = sorted(r for r in blocked if set(cyc) & _reach(edges, [r]))
@@ -241,8 +254,9 @@ def _wait_for(ex: Execution) -> Truth | None:
     if not found:
         found, decided = set(cyc), False
     odd_op = (TYPE,) if decided and _odd_op_where_waiting(blocked, found) else ()
+    seen = any(_recorded(x, backend) for r in cyc for x in blocked[r].blocked)
     truth = Truth(NOT_JOINED, tuple(sorted(found)), (NOT_JOINED, *odd_op), f"cycle over groups {groups} among {cyc}",
-                  via_unrecorded=not any(_recorded(x, backend) for r in cyc for x in blocked[r].blocked))
+                  via_unrecorded=not seen, named=seen)
     if not decided:
         truth.undecidable = {f: "the cycle's two orders have as many ranks each" for f in ("snapshot", *FILE_FORMS)}
     return truth
