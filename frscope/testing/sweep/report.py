@@ -234,7 +234,10 @@ def render(results: dict[str, Any], root: Path, report_command: str | None = Non
         "semantics (no torch: ~10,000 programs a minute per core generated and executed; 500-1,100 a minute on 2 cores",
         "with every program written and analysed in three forms), and takes the",
         "truth from the executor's own final wait-for state, never from the name of the fault it injected.",
-        "Results and the miss patterns with a seed each: [accuracy-random.md](accuracy-random.md).",
+        "Results and the miss patterns with a seed each: [accuracy-random.md](accuracy-random.md). "
+        "On 100,000 programs of a fresh seed (2412000, main at 7131904; the commands and the table per class and "
+        "form are in accuracy-random.md): **193,278 of 194,171 decidable verdicts right (99.54%)**, snapshot 99.4%, "
+        "pickle and JSON 99.6%; one fault-free program of 22,770 read as a type mismatch (fixed since).",
         "",
         "```",
         "python -m frscope.testing.randprog sweep --seed S --programs N [--jobs 2] [--rows FILE]",
