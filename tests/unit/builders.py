@@ -102,3 +102,18 @@ def job(directory: Path, per_rank: dict[int, list[dict[str, Any]]], world: int |
             e.setdefault("record_id", i)
         write_pickle(directory, rank, dump(entries, world=world))
     return directory
+
+
+def gloo_entry(seq: int, t_ms: int, *, op: str = "all_reduce", done: bool = True,
+               pg: tuple[str, str] = ("0", "default_pg")) -> dict[str, Any]:
+    """A gloo entry as gloo records it (state `scheduled` only), created `t_ms` after T0."""
+    return entry(seq, op=op, backend="gloo", pg=pg, state="scheduled", retired=done, created_ns=T0 + t_ms * 1_000_000)
+
+
+def write_gloo_ranks(directory: Path, per_rank: dict[int, list[dict[str, Any]]], pg_config: dict[str, Any]) -> Path:
+    """Each rank's entries numbered from record 0 and written as its pickle dump, with gloo's `pg_config`."""
+    for rank, entries in per_rank.items():
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        write_pickle(directory, rank, dump(entries, world=0, pg_config=pg_config))
+    return directory

@@ -12,21 +12,15 @@ from frscope.analysis import Category, analyze
 from frscope.records import load_dumps
 from tests.unit import builders as b
 
-MS = 1_000_000
 WORLD = ("0", "default_pg")
 GLOO_CONFIG = {"": {"name": "", "desc": "", "ranks": "[0, 1]"}}  # what gloo writes: no group's members
 
 
-def _gloo(seq: int, t_ms: int, *, done: bool = True, pg: tuple[str, str] = WORLD) -> dict[str, Any]:
-    return b.entry(seq, backend="gloo", pg=pg, state="scheduled", retired=done, created_ns=b.T0 + t_ms * MS)
+_gloo = b.gloo_entry
 
 
 def _analyze(tmp_path: Path, per_rank: dict[int, list[dict[str, Any]]]) -> list[Any]:
-    for rank, entries in per_rank.items():
-        for i, e in enumerate(entries):
-            e["record_id"] = i
-        b.write_pickle(tmp_path, rank, b.dump(entries, world=0, pg_config=GLOO_CONFIG))
-    return analyze(load_dumps([tmp_path])).findings
+    return analyze(load_dumps([b.write_gloo_ranks(tmp_path, per_rank, GLOO_CONFIG)])).findings
 
 
 def test_a_recorder_read_before_collectives_it_took_part_in_is_no_evidence_it_never_joined(tmp_path: Path) -> None:

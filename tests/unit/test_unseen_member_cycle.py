@@ -16,17 +16,11 @@ WORLD = ("0", "default_pg")
 GLOO_CONFIG = {"": {"name": "", "desc": "", "ranks": "[]"}}  # what gloo writes for a new_group: no members
 
 
-def _gloo(seq: int, t_ms: int, *, op: str = "all_reduce", done: bool = True,
-          pg: tuple[str, str] = WORLD) -> dict[str, Any]:
-    return b.entry(seq, op=op, backend="gloo", pg=pg, state="scheduled", retired=done, created_ns=b.T0 + t_ms * MS)
+_gloo = b.gloo_entry
 
 
 def _analyze(tmp_path: Path, per_rank: dict[int, list[dict[str, Any]]]) -> list[Any]:
-    for rank, entries in per_rank.items():
-        for i, e in enumerate(entries):
-            e["record_id"] = i
-        b.write_pickle(tmp_path, rank, b.dump(entries, world=0, pg_config=GLOO_CONFIG))
-    return analyze(load_dumps([tmp_path])).findings
+    return analyze(load_dumps([b.write_gloo_ranks(tmp_path, per_rank, GLOO_CONFIG)])).findings
 
 
 def test_principle1_the_unseen_member_of_a_cycle_is_the_rank_that_broke_the_common_order(tmp_path: Path) -> None:
