@@ -9,7 +9,7 @@
 
   var SYNTAX = null; // {rank_part, max_rank}: the CLI's rank-list grammar (frscope/report/filters.py)
   var OWN = {of: null, rows: new Map()};
-  var L = {sort: "seq", focusRank: null, selectedSeq: null, order: null, of: null};
+  var L = {sort: "seq", focusRank: null, selectedSeq: null, order: null, of: null, rowsOf: null, rowsKey: null};
   var LIST_ROW_PX = 22, LIST_LIMIT_GROUPS = 200;
 
   /* ---------- rank lists: 0-7,12 (the same grammar as `frscope analyze --rank`) ---------- */
@@ -361,14 +361,27 @@
     }
     var first = Math.max(0, Math.floor(vp.scrollTop / LIST_ROW_PX) - 5);
     var last = Math.min(order.length, first + Math.ceil((vp.clientHeight || 300) / LIST_ROW_PX) + 10);
-    clear(body);
+    // Rows still in the window keep their elements (a scroll re-renders the window while a click may be
+    // under way: a row replaced between mousedown and mouseup would swallow the click). They are made anew
+    // only when what a row shows changes: other data, or the focused rank's column.
+    var contentKey = L.focusRank == null ? "" : String(L.focusRank);
+    if (L.rowsOf !== D || L.rowsKey !== contentKey) { clear(body); L.rowsOf = D; L.rowsKey = contentKey; }
+    var kept = {};
+    Array.prototype.slice.call(body.children).forEach(function (row) { kept[row.getAttribute("data-col")] = row; });
     body.style.top = (first * LIST_ROW_PX) + "px";
+    var rows = [];
     for (var i = first; i < last; i++) {
-      var c = order[i], seq = D.g.seqs[c];
-      var line = el("div", {class: "fr-list-row" + (seq === L.selectedSeq ? " selected" : "") + (D.findingCols.indexOf(c) >= 0 ? " finding" : ""), "data-seq": String(seq)});
-      listCells(c).forEach(function (t) { line.appendChild(el("span", {text: t})); });
-      body.appendChild(line);
+      var c = order[i], seq = D.g.seqs[c], line = kept[String(c)];
+      if (line) delete kept[String(c)];
+      else {
+        line = el("div", {"data-seq": String(seq), "data-col": String(c)});
+        listCells(c).forEach(function (t) { line.appendChild(el("span", {text: t})); });
+      }
+      line.className = "fr-list-row" + (seq === L.selectedSeq ? " selected" : "") + (D.findingCols.indexOf(c) >= 0 ? " finding" : "");
+      rows.push(line);
     }
+    Object.keys(kept).forEach(function (k) { body.removeChild(kept[k]); });
+    rows.forEach(function (row, j) { if (body.children[j] !== row) body.insertBefore(row, body.children[j] || null); });
     var list = $("fr-list");
     list.setAttribute("data-count", String(order.length));
     list.setAttribute("data-first-seqs", JSON.stringify(order.slice(0, 5).map(function (c2) { return D.g.seqs[c2]; })));
