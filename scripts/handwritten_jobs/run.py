@@ -102,14 +102,15 @@ JOBS = {
     "crash_in_subgroup-ws5": ("crash_in_subgroup", 5, "2.15.0", "rank_crash", [4], "hang", {}),
     "sub_dtype-ws5": ("sub_dtype", 5, "2.13", "dtype_mismatch", [4], "hang", {}),
     "a2a_uneven_mismatch-ws5": ("a2a_uneven_mismatch", 5, "2.14.1", "size_mismatch", [3], "hang", {}),
-    # gloo records no send/recv: only the live stacks can show it
-    "batch_ring_wrong_peer-ws6": (
-        "batch_ring_wrong_peer", 6, "2.15.0", "p2p_mismatch", [2], "hang", {"decidable_from": ["snap"]}
-    ),
     "ddp_subgroup_hang-ws6": ("ddp_subgroup_hang", 6, "2.14.1", "hung_in_python", [4], "hang", {}),
     "ckpt_thread_hang-ws4": ("ckpt_thread_hang", 4, "2.15.0", "hung_in_python", [2], "hang", {}),
     "local_sync_hang-ws8": ("local_sync_hang", 8, "2.13", "hung_in_python", [3], "hang", {}),
     "sub_op_mismatch-ws6": ("sub_op_mismatch", 6, "2.14.1", "collective_type_mismatch", [4], "hang", {}),
+    # the ranks wait on the work objects batch_isend_irecv returned: their stacks hold no torch frame (they
+    # read as ranks in Python) and gloo records no send/recv: no form tells it from two ranks stuck in Python
+    "batch_ring_wrong_peer-ws6": (
+        "batch_ring_wrong_peer", 6, "2.15.0", "p2p_mismatch", [2], "hang", {"decidable_from": []}
+    ),
     # new_group records nothing: only the live stacks show the ranks waiting in it
     "lazy_group_hang-ws5": (
         "lazy_group_hang", 5, "2.13", "hung_in_python", [1], "hang", {"decidable_from": ["snap"]}
@@ -198,6 +199,12 @@ def run(name, port):
     # each rank's dumps were taken when it wrote them (captured_<r>: a periodic, end-of-run or error-path
     # dump is older than the trigger)
     taken = {r: int((out / f"captured_{r}").read_text()) for r in range(ws) if (out / f"captured_{r}").exists()}
+    # Stacks are read live, from the processes there at the capture (as a sidecar or py-spy reads them): a rank
+    # that died before it leaves its dumps, never a stack (the one its faulthandler wrote beside an earlier
+    # dump would read as alive at the capture).
+    for r in range(ws):
+        if r not in alive:
+            (out / f"rank_{r}.stack.txt").unlink(missing_ok=True)
     for f in list(out.glob("prog_*")) + list(out.glob("done_*")) + list(out.glob("captured_*")) + [out / "trigger"]:
         f.unlink(missing_ok=True)
     truth = {
