@@ -16,7 +16,7 @@ from rankio import RANK, WS, hang_here, progress, write_dumps
 def _mine(layout):
     # every rank creates every group of a layout (new_group is collective), and keeps its own
     groups = [dist.new_group(ranks) for ranks in layout]
-    return next(g for g, ranks in zip(groups, layout) if RANK in ranks)
+    return next(g for g, ranks in zip(groups, layout, strict=True) if RANK in ranks)
 
 
 def scen_noncontig_hang():

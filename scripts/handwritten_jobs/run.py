@@ -2,7 +2,8 @@
 pickle, JSON dump and faulthandler stacks written when the controller sees every rank's progress stand
 still for 3 s (a hang) or every rank at its end (a run), the truth written beside them.
 Usage: python run.py [JOB...]   (OUT: where to write, default ./captures; PORT_BASE: the first job's port,
-default 29700; torch venvs from scripts/torch-venv, the project's .venv for 2.13)"""
+default 29700; TORCH: a torch version for every job named, instead of each job's own; torch venvs from
+scripts/torch-venv, the project's .venv for 2.13)"""
 
 import json
 import os
@@ -130,6 +131,7 @@ PY = {"2.13": str(ROOT / ".venv" / "bin" / "python")}
 
 def run(name, port):
     scen, ws, tv, cat, culprits, mode, extra = JOBS[name]
+    tv = os.environ.get("TORCH", tv)  # the same job on another torch
     out = OUT / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
