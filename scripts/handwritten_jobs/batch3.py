@@ -371,3 +371,33 @@ def scen_sub_op_mismatch():
             dist.all_gather_into_tensor(torch.empty(18), s, group=tri)
         else:
             dist.all_reduce(s, group=tri)
+
+
+def scen_tp1_hang():
+    # a tensor-parallel size of 1 (Megatron-style groups built anyway: one single-rank group per rank) and a
+    # data-parallel group of all; rank 2 hangs between its single-rank all_reduce and the data-parallel one
+    tp = _mine([[r] for r in range(WS)])
+    dp = _mine([list(range(WS))])
+    t = torch.ones(8)
+    for step in range(12):
+        progress(step)
+        dist.all_reduce(t, group=tp)
+        if RANK == 2 and step == 4:
+            hang_here()
+        dist.all_reduce(t, group=dp)
+        t = t / WS
+
+
+def scen_healthy_tp1():
+    # the same single-rank tensor-parallel groups, healthy, with a broadcast inside each and uneven compute
+    tp = _mine([[r] for r in range(WS)])
+    dp = _mine([list(range(WS))])
+    rng = random.Random(RANK)
+    t = torch.ones(8)
+    for step in range(30):
+        progress(step)
+        time.sleep(rng.uniform(0.0, 0.03))
+        dist.all_reduce(t, group=tp)
+        dist.broadcast(t, src=RANK, group=tp)
+        dist.all_reduce(t, group=dp)
+        t = t / WS

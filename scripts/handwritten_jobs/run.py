@@ -107,6 +107,8 @@ JOBS = {
     "ckpt_thread_hang-ws4": ("ckpt_thread_hang", 4, "2.15.0", "hung_in_python", [2], "hang", {}),
     "local_sync_hang-ws8": ("local_sync_hang", 8, "2.13", "hung_in_python", [3], "hang", {}),
     "sub_op_mismatch-ws6": ("sub_op_mismatch", 6, "2.14.1", "collective_type_mismatch", [4], "hang", {}),
+    "tp1_hang-ws4": ("tp1_hang", 4, "2.15.0", "hung_in_python", [2], "hang", {}),
+    "healthy_tp1-ws5": ("healthy_tp1", 5, "2.13", "healthy", [], "run", {}),
     # the ranks wait on the work objects batch_isend_irecv returned: their stacks hold no torch frame (they
     # read as ranks in Python) and gloo records no send/recv: no form tells it from two ranks stuck in Python
     "batch_ring_wrong_peer-ws6": (
