@@ -3,6 +3,7 @@ the first two batches did not have (non-contiguous and nested groups, families o
 a world group left idle, uneven all_to_all routing, stale dumps of a rank that died later, pauses on every
 rank). Each injects one fault, or none; the truth the controller writes says which."""
 
+import datetime
 import os
 import random
 import threading
@@ -401,3 +402,66 @@ def scen_healthy_tp1():
         dist.broadcast(t, src=RANK, group=tp)
         dist.all_reduce(t, group=dp)
         t = t / WS
+
+
+class _Stats:
+    # a metrics object whose pickling blocks on rank 4 at step 3 (a lock its logger thread never releases)
+    def __init__(self, step):
+        self.step = step
+
+    def __reduce__(self):
+        if RANK == 4 and self.step == 3:
+            hang_here()
+        return (_Stats, (self.step,))
+
+
+def scen_object_pickle_hang():
+    # stats all_gather_object'ed every step; rank 4 hangs inside pickling its object (in torch's call)
+    t = torch.ones(8)
+    for step in range(10):
+        progress(step)
+        dist.all_reduce(t)
+        t = t / 5
+        out = [None] * WS
+        dist.all_gather_object(out, _Stats(step))
+
+
+def scen_error_flag_mismatch():
+    # every step ends in a barrier; at step 4 rank 1 catches an exception and, on its error path, all_reduces
+    # an error flag (the others do not: they are in the barrier)
+    t = torch.ones(8)
+    for step in range(10):
+        progress(step)
+        dist.all_reduce(t)
+        t = t / 4
+        try:
+            if RANK == 1 and step == 4:
+                raise ValueError("bad batch")
+        except ValueError:
+            dist.all_reduce(torch.ones(1))
+        dist.barrier()
+
+
+def scen_intermittent_straggler():
+    # rank 3 pauses (a garbage collection) at every other step only
+    t = torch.ones(64)
+    for step in range(60):
+        progress(step)
+        time.sleep(0.03 + (0.2 if (RANK == 3 and step % 2) else 0.0))
+        dist.all_reduce(t)
+        t = t / 4
+
+
+def scen_sub_timeout():
+    # replicas of 3 on groups with a short timeout, then the world; rank 1 hangs before its replica's
+    # all_reduce at step 3: ranks 0 and 2 time out there and fail (their error-path dumps), while the other
+    # replica waits in the world's all_reduce
+    sub, _ = dist.new_subgroups_by_enumeration([[0, 1, 2], [3, 4, 5]], timeout=datetime.timedelta(seconds=4))
+    t = torch.ones(8)
+    for step in range(12):
+        progress(step)
+        if RANK == 1 and step == 3:
+            hang_here()
+        dist.all_reduce(t, group=sub)
+        dist.all_reduce(t)
+        t = t / 18

@@ -109,6 +109,10 @@ JOBS = {
     "sub_op_mismatch-ws6": ("sub_op_mismatch", 6, "2.14.1", "collective_type_mismatch", [4], "hang", {}),
     "tp1_hang-ws4": ("tp1_hang", 4, "2.15.0", "hung_in_python", [2], "hang", {}),
     "healthy_tp1-ws5": ("healthy_tp1", 5, "2.13", "healthy", [], "run", {}),
+    "object_pickle_hang-ws5": ("object_pickle_hang", 5, "2.14.1", "hung_in_python", [4], "hang", {}),
+    "error_flag_mismatch-ws4": ("error_flag_mismatch", 4, "2.13", "collective_type_mismatch", [1], "hang", {}),
+    "intermittent_straggler-ws4": ("intermittent_straggler", 4, "2.15.0", "straggler", [3], "run", {}),
+    "sub_timeout-ws6": ("sub_timeout", 6, "2.14.1", "hung_in_python", [1], "hang", {}),
     # the ranks wait on the work objects batch_isend_irecv returned: their stacks hold no torch frame (they
     # read as ranks in Python) and gloo records no send/recv: no form tells it from two ranks stuck in Python
     "batch_ring_wrong_peer-ws6": (
