@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef
-from frscope.analysis.stacks import blocked_in, still_inside, user_frame
+from frscope.analysis.stacks import GROUP_CREATION, blocked_in, still_inside, user_frame
 from frscope.analysis.tracks import blocked_entry
 from frscope.analysis.waitfor import UNRECORDED_OPS
 from frscope.analysis.wording import plural
@@ -311,6 +311,11 @@ def stack_p2p(ctx: Context, ref: GroupRef, exclude: set[int]) -> Finding | None:
         sink = _sink_in_python(ctx, ref, blocked, exclude)
         if sink is not None:
             return sink
+    # Ranks creating a group wait for every rank that has not come to create it, never for one partner: where
+    # no rank in Python ends their waits, no pairing of send/recv is read from them.
+    blocked = {r: op for r, op in blocked.items() if op not in GROUP_CREATION}
+    if not blocked:
+        return None
     # A monitored_barrier waits for every member of its group that is not in it, not for one partner: where
     # other ranks are blocked (in send/recv, or in a recorded collective), the ranks in the barrier wait for
     # them, not on each other (where they wait for the barrier's ranks in turn, that is a cycle the stuck

@@ -21,6 +21,9 @@ P2P_FUNCTIONS = frozenset(
     {"send", "recv", "isend", "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list"}
 )
 COLLECTIVE_FILE = "distributed_c10d.py"
+# Creating a process group is collective too (the world's ranks, or only the members where
+# use_local_synchronization is set, meet in the store); the recorder keeps nothing of it.
+GROUP_CREATION = frozenset({"new_group", "new_subgroups", "new_subgroups_by_enumeration", "split_group"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +84,11 @@ _PIPELINING_DIR = "/torch/distributed/pipelining/"
 
 def blocked_in(frames: tuple[Frame, ...]) -> str | None:
     """The torch.distributed function a stack is inside ('recv', 'all_reduce'), if any; a pipelining
-    schedule waiting on its stage's sends and receives reads as 'batch_isend_irecv'."""
+    schedule waiting on its stage's sends and receives reads as 'batch_isend_irecv', a rank creating a
+    group as the creating call ('new_group'), whatever store wait inside it holds the rank."""
+    creating = [f.name for f in frames if f.name in GROUP_CREATION and f.filename.endswith(COLLECTIVE_FILE)]
+    if creating:
+        return creating[0]
     for frame in frames:
         if frame.filename.endswith(COLLECTIVE_FILE):
             return frame.name

@@ -27,13 +27,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from frscope.analysis.stacks import P2P_FUNCTIONS, blocked_in
+from frscope.analysis.stacks import GROUP_CREATION, P2P_FUNCTIONS, blocked_in
 from frscope.analysis.tracks import Track, oldest_open
 from frscope.records import DumpSet, Entry, Frame
 
-# Ops gloo does not record whose waits show only in stacks: point-to-point, and monitored_barrier (which
-# gloo runs as sends and receives to and from rank 0).
-UNRECORDED_OPS = P2P_FUNCTIONS | {"monitored_barrier"}
+# Ops gloo does not record whose waits show only in stacks: point-to-point, monitored_barrier (which
+# gloo runs as sends and receives to and from rank 0), and creating a group (its ranks meet in the store).
+UNRECORDED_OPS = P2P_FUNCTIONS | {"monitored_barrier"} | GROUP_CREATION
 MAX_HOPS = 8  # p2p chains (pipeline stages) longer than this are not followed
 
 
@@ -333,7 +333,7 @@ class WaitGraph:
         for rank in not_joined:
             wait = self.of(rank)
             if wait.entry is None:
-                (waiters if wait.inside in P2P_FUNCTIONS else sinks).append(rank)
+                (waiters if wait.inside in P2P_FUNCTIONS | GROUP_CREATION else sinks).append(rank)
             elif wait.entry.is_p2p and wait.on is None:
                 waiters.append(rank)
             elif not wait.entry.is_p2p and (wait.collective_waits or (wait.on is None and wait.blocks_caller)):

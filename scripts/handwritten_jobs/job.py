@@ -8,6 +8,7 @@ import sys
 import time
 
 import batch2
+import batch3
 import torch
 import torch.distributed as dist
 from rankio import OUT, RANK, WS, hang_here, progress, start_watcher, write_dumps
@@ -419,7 +420,7 @@ def scen_straggler_jitter():
 def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     try:
-        (globals().get("scen_" + SCEN) or getattr(batch2, "scen_" + SCEN))()
+        (globals().get("scen_" + SCEN) or getattr(batch2, "scen_" + SCEN, None) or getattr(batch3, "scen_" + SCEN))()
     except Exception:
         write_dumps()  # error-path dump, as jobs do
         raise

@@ -15,9 +15,15 @@ RANK = int(os.environ["RANK"])
 WS = int(os.environ["WORLD_SIZE"])
 TRIG = os.path.join(OUT, "trigger")
 _frozen = []  # a scenario froze this rank's dumps: later requests leave the old ones in place
+_lock = threading.Lock()  # the error path and the trigger's watcher may ask at once
 
 
 def write_dumps(freeze=False):
+    with _lock:
+        _write_dumps(freeze)
+
+
+def _write_dumps(freeze):
     if _frozen:
         open(f"{OUT}/done_{RANK}", "w").close()
         return

@@ -1,7 +1,8 @@
 """Capture the hand-written jobs of job.py (tests/data/handwritten): each rank on gloo/loopback, its torch
 pickle, JSON dump and faulthandler stacks written when the controller sees every rank's progress stand
 still for 3 s (a hang) or every rank at its end (a run), the truth written beside them.
-Usage: python run.py [JOB...]   (OUT: where to write, default ./captures; torch venvs from
+Usage: python run.py [JOB...]   (OUT: where to write, default ./captures; PORT_BASE: the first job's port,
+default 29700; TORCH: a torch version for every job named, instead of each job's own; torch venvs from
 scripts/torch-venv, the project's .venv for 2.13)"""
 
 import json
@@ -84,6 +85,43 @@ JOBS = {
     "healthy_eval-ws4": ("healthy_eval", 4, "2.15.0", "healthy", [], "run", {}),
     "healthy_objects-ws4": ("healthy_objects", 4, "2.13", "healthy", [], "run", {}),
     "healthy_ddp_unused-ws4": ("healthy_ddp_unused", 4, "2.14.1", "healthy", [], "run", {}),
+    # the third batch (batch3.py)
+    "noncontig_hang-ws6": ("noncontig_hang", 6, "2.13", "hung_in_python", [2], "hang", {}),
+    "overlap_families-ws8": ("overlap_families", 8, "2.14.1", "hung_in_python", [5], "hang", {}),
+    "world_idle_hang-ws6": ("world_idle_hang", 6, "2.15.0", "hung_in_python", [4], "hang", {}),
+    "async_two_groups_hang-ws6": ("async_two_groups_hang", 6, "2.13", "hung_in_python", [3], "hang", {}),
+    "healthy_moe_uneven-ws6": ("healthy_moe_uneven", 6, "2.14.1", "healthy", [], "run", {}),
+    "stale_crash-ws5": ("stale_crash", 5, "2.15.0", "rank_crash", [3], "hang", {}),
+    "healthy_compute_pause-ws4": ("healthy_compute_pause", 4, "2.13", "healthy", [], "hang", {}),
+    "healthy_grad_accum-ws6": ("healthy_grad_accum", 6, "2.14.1", "healthy", [], "run", {}),
+    "reduce_root_stuck-ws5": ("reduce_root_stuck", 5, "2.15.0", "hung_in_python", [3], "hang", {}),
+    "bcast_obj_barrier-ws6": ("bcast_obj_barrier", 6, "2.13", "hung_in_python", [4], "hang", {}),
+    "nested_subgroups-ws12": ("nested_subgroups", 12, "2.14.1", "hung_in_python", [6], "hang", {}),
+    "straggler_rank0-ws3": ("straggler_rank0", 3, "2.15.0", "straggler", [0], "run", {}),
+    "slow_tp_node-ws6": ("slow_tp_node", 6, "2.13", "straggler", [3, 4, 5], "run", {}),
+    "healthy_three_groups_async-ws6": ("healthy_three_groups_async", 6, "2.14.1", "healthy", [], "run", {}),
+    "crash_in_subgroup-ws5": ("crash_in_subgroup", 5, "2.15.0", "rank_crash", [4], "hang", {}),
+    "sub_dtype-ws5": ("sub_dtype", 5, "2.13", "dtype_mismatch", [4], "hang", {}),
+    "a2a_uneven_mismatch-ws5": ("a2a_uneven_mismatch", 5, "2.14.1", "size_mismatch", [3], "hang", {}),
+    "ddp_subgroup_hang-ws6": ("ddp_subgroup_hang", 6, "2.14.1", "hung_in_python", [4], "hang", {}),
+    "ckpt_thread_hang-ws4": ("ckpt_thread_hang", 4, "2.15.0", "hung_in_python", [2], "hang", {}),
+    "local_sync_hang-ws8": ("local_sync_hang", 8, "2.13", "hung_in_python", [3], "hang", {}),
+    "sub_op_mismatch-ws6": ("sub_op_mismatch", 6, "2.14.1", "collective_type_mismatch", [4], "hang", {}),
+    "tp1_hang-ws4": ("tp1_hang", 4, "2.15.0", "hung_in_python", [2], "hang", {}),
+    "healthy_tp1-ws5": ("healthy_tp1", 5, "2.13", "healthy", [], "run", {}),
+    "object_pickle_hang-ws5": ("object_pickle_hang", 5, "2.14.1", "hung_in_python", [4], "hang", {}),
+    "error_flag_mismatch-ws4": ("error_flag_mismatch", 4, "2.13", "collective_type_mismatch", [1], "hang", {}),
+    "intermittent_straggler-ws4": ("intermittent_straggler", 4, "2.15.0", "straggler", [3], "run", {}),
+    "sub_timeout-ws6": ("sub_timeout", 6, "2.14.1", "hung_in_python", [1], "hang", {}),
+    # the ranks wait on the work objects batch_isend_irecv returned: their stacks hold no torch frame (they
+    # read as ranks in Python) and gloo records no send/recv: no form tells it from two ranks stuck in Python
+    "batch_ring_wrong_peer-ws6": (
+        "batch_ring_wrong_peer", 6, "2.15.0", "p2p_mismatch", [2], "hang", {"decidable_from": []}
+    ),
+    # new_group records nothing: only the live stacks show the ranks waiting in it
+    "lazy_group_hang-ws5": (
+        "lazy_group_hang", 5, "2.13", "hung_in_python", [1], "hang", {"decidable_from": ["snap"]}
+    ),
 }
 
 
@@ -99,6 +137,7 @@ PY = {"2.13": str(ROOT / ".venv" / "bin" / "python")}
 
 def run(name, port):
     scen, ws, tv, cat, culprits, mode, extra = JOBS[name]
+    tv = os.environ.get("TORCH", tv)  # the same job on another torch
     out = OUT / name
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
@@ -168,6 +207,12 @@ def run(name, port):
     # each rank's dumps were taken when it wrote them (captured_<r>: a periodic, end-of-run or error-path
     # dump is older than the trigger)
     taken = {r: int((out / f"captured_{r}").read_text()) for r in range(ws) if (out / f"captured_{r}").exists()}
+    # Stacks are read live, from the processes there at the capture (as a sidecar or py-spy reads them): a rank
+    # that died before it leaves its dumps, never a stack (the one its faulthandler wrote beside an earlier
+    # dump would read as alive at the capture).
+    for r in range(ws):
+        if r not in alive:
+            (out / f"rank_{r}.stack.txt").unlink(missing_ok=True)
     for f in list(out.glob("prog_*")) + list(out.glob("done_*")) + list(out.glob("captured_*")) + [out / "trigger"]:
         f.unlink(missing_ok=True)
     truth = {
@@ -194,4 +239,4 @@ def run(name, port):
 if __name__ == "__main__":
     names = sys.argv[1:] or list(JOBS)
     for i, n in enumerate(names):
-        run(n, 29700 + i)
+        run(n, int(os.environ.get("PORT_BASE", "29700")) + i)
