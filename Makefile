@@ -142,10 +142,11 @@ controllers: deps-apt
 	testenv/build-npd >/dev/null || [ $$? -eq 3 ]
 
 # What the suite needs, built side by side on a cold machine (the Go builds are CPU-bound, the torch
-# venvs and images mostly download and unpack): then the suite.
+# venvs and images mostly download and unpack): then the suite, its folders in three lanes at once
+# (scripts/test_lanes.py; PYTEST_ARGS go to every lane, or with a test path to one pytest).
 test:
 	$(MAKE) -j3 check deps-apt testenv testenv-oldest torch-venvs node-images controllers registry
-	$(BIN)/pytest $(PYTEST_ARGS)
+	BIN=$(BIN) $(BIN)/python scripts/test_lanes.py $(PYTEST_ARGS)
 
 # The accuracy benchmark (issue 23, not part of `make test`): SWEEP_JOBS real torch jobs with faults drawn
 # from SWEEP_SEED (frscope/testing/sweep), run a few at a time at low priority, captured under
