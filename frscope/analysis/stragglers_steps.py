@@ -153,12 +153,12 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
     most = max(1, len(ranks) // 2)
     events: dict[tuple[int, ...], list[LateAt]] = {}
     total = 0
-    # NCCL enqueues a step's collectives without waiting: a rank late at the step's start is late by the
-    # same amount at each collective it enqueues before the first one that blocks. Such a row, where the
-    # others reached it before the same late set had reached the previous row (they did not wait for it in
-    # between), is that one wait carried, counted once. Where the others reached it after, they waited (the
-    # step's sync point): a new wait (gloo's collectives block: each late row there is a wait of its own).
-    one_wait_per_run = any(d.backend and d.backend != "gloo" for d in ctx.dumpset.dumps.values())
+    # A collective that does not hold its caller (every NCCL one; gloo's async ones) lets a rank late at the
+    # step's start enqueue the next ones late by the same amount, up to the first that blocks. Such a row,
+    # where the others reached it before the same late set had reached the previous row (they did not wait
+    # for it in between), is that one wait carried, counted once. Where the others reached it after, they
+    # waited (the step's sync point): a new wait. The times decide, not the backend: the others cannot reach
+    # the row after a blocking collective before the late set reached that collective.
     previous: tuple[tuple[int, ...], float] | None = None  # the last late set counted, its earliest arrival
     for seq, mid_ms, late in zip(arrived.seqs, mids, zip(*shifted, strict=True), strict=True):
         order = sorted(zip(late, ranks, strict=True), reverse=True)  # latest first; a tie: the higher rank
@@ -168,7 +168,7 @@ def _step_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track], arriv
             previous = None
         else:
             late_set = tuple(sorted(r for _, r in order[: widest + 1]))
-            if one_wait_per_run and previous is not None and late_set == previous[0] \
+            if previous is not None and late_set == previous[0] \
                     and order[widest + 1][0] < previous[1]:
                 continue  # the same wait, carried to the next collective it enqueued
             previous = (late_set, order[widest][0])

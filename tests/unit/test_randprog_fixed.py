@@ -31,6 +31,9 @@ FIXED = {
     2436900: "healthy, format 2.2, a ring of 35: a batch recorded as one `coalesced` entry under the collective "
              "seq outlived its all_gather; seen by its p2p seq advancing inside a seq "
              "(history._p2p_under_collective_seqs)",
+    4447207: "healthy gloo, 32 ranks, a 2-rank group whose async collectives each rank enqueues at once: one step's "
+             "jitter counted once per async collective read as a straggler (stragglers_steps: a wait carried to the "
+             "next collectives counted once, on every backend)",
     1207145: "gloo, an extra all_reduce meeting a peer's all_gather while the others wait for it in another group: "
              "read as a type mismatch (history._disagreement: the wait-for graph reads a call ahead of its order)",
     1213891: "the same, read as a size mismatch (history._disagreement)",

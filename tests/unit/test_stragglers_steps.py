@@ -94,3 +94,20 @@ def test_late_ranks_of_no_one_host_make_no_party(tmp_path: Path) -> None:
     these are no node; each wait has no one party to name (and nothing crashes for want of one)."""
     delays = {(r, s): 300.0 + (1.0 if r == 3 else 0.0) for r in (0, 3) for s in range(12)}
     assert analyze(load_dumps([b.job(tmp_path, _job(4, 12, delays), 4)]), OPTIONS).findings == []
+
+
+def test_a_step_late_once_is_one_wait_however_many_async_collectives_follow_on_gloo(tmp_path: Path) -> None:
+    """gloo, 2 ranks, 3 steps of 3 async all_reduces, each rank enqueueing its step's three at once, then 3
+    blocking ones in lockstep: rank 1 comes 30 ms after rank 0 at each step (a coin toss each time between two
+    ranks). Its second and third async collectives are late by the same 30 ms only because it enqueued them
+    then, not because rank 0 waited for it again: 3 waits, within chance, not 9."""
+    per_rank: Dumps = {0: [], 1: []}
+    seq = 0
+    for step in range(3):
+        start = b.T0 + step * 1000 * MS
+        for layer in range(6):
+            seq += 1
+            for rank, late_ms in ((0, 0.0), (1, 30.0)):
+                created = start + int((late_ms + 0.01 * layer if layer < 3 else 100.0 + layer) * MS)
+                per_rank[rank].append(b.entry(seq, created_ns=created, backend="gloo", state="scheduled", retired=True))
+    assert analyze(load_dumps([b.job(tmp_path, per_rank, 2)]), OPTIONS).findings == []
