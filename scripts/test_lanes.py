@@ -66,7 +66,8 @@ def _last_progress(log: Path) -> str:
             tail = f.read().decode("utf-8", "replace")
     except OSError:
         return "no output yet"
-    marks = [line[line.rindex("[") :] for line in tail.splitlines() if line.rstrip().endswith("%]")]
+    # the window may open inside a line: a mark counts only with its opening bracket
+    marks = [line[line.rfind("[") :] for line in tail.splitlines() if line.rstrip().endswith("%]") and "[" in line]
     return marks[-1].strip() if marks else f"{log.stat().st_size} bytes of output"
 
 
@@ -107,6 +108,22 @@ def main(args: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    try:
+        _follow(running, codes, started)
+    finally:
+        # whatever ended this process (an error here included), no lane is left running behind it
+        for proc, _ in running.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+    print("\ntest_lanes: " + ", ".join(f"lane {n} exit {c}" for n, c in codes.items()), flush=True)
+    # 5: the lane's folders hold no test the given -m / -k selects
+    ok = {0, 5} if args else {0}
+    return 0 if all(code in ok for code in codes.values()) else 1
+
+
+def _follow(running: dict[str, tuple[subprocess.Popen[bytes], Path]], codes: dict[str, int], started: float) -> None:
+    """Until every lane has ended: each lane's log printed whole as it ends, a progress line every
+    PROGRESS_EVERY_S."""
     next_progress = time.monotonic() + PROGRESS_EVERY_S
     while running:
         time.sleep(1.0)
@@ -118,10 +135,6 @@ def main(args: list[str]) -> int:
             where = ", ".join(f"{n} {_last_progress(log)}" for n, (_, log) in running.items())
             print(f"test_lanes: {time.monotonic() - started:.0f} s: {where}", flush=True)
             next_progress += PROGRESS_EVERY_S
-    print("\ntest_lanes: " + ", ".join(f"lane {n} exit {c}" for n, c in codes.items()), flush=True)
-    # 5: the lane's folders hold no test the given -m / -k selects
-    ok = {0, 5} if args else {0}
-    return 0 if all(code in ok for code in codes.values()) else 1
 
 
 if __name__ == "__main__":
