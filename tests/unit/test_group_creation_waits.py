@@ -6,13 +6,9 @@ worker server returns it (the store wait innermost); the recorders are gloo-shap
 
 from __future__ import annotations
 
-from typing import Any
-
-from frscope import wire
-from frscope.analysis import AnalysisOptions, Category, Report, analyze
-from frscope.records import assemble, normalize_dump
-from tests.unit import builders as b
-from tests.unit.test_unrecorded_waits import SITE, S, _stack  # faulthandler's text, as the worker server returns it
+from frscope.analysis import Category
+from tests.unit.test_barrier_waits import _capture, _gloo  # gloo-shaped recorders, captured as snapshot pieces
+from tests.unit.test_unrecorded_waits import SITE, _stack  # faulthandler's text, as the worker server returns it
 
 C10D = f"{SITE}/distributed_c10d.py"
 CREATING = _stack(("_new_process_group_helper", C10D, 2169), ("_new_group_with_tag", C10D, 6056),
@@ -23,23 +19,6 @@ SUBGROUPS = _stack(("_store_based_barrier", C10D, 4661), ("_new_group_with_tag",
 IN_COLLECTIVE = _stack(("all_reduce", C10D, 3252), ("wrapper", f"{SITE}/c10d_logger.py", 83),
                        ("train_step", "/app/train.py", 134), ("main", "/app/train.py", 166))
 IN_PYTHON = _stack(("load_eval_set", "/app/train.py", 177), ("main", "/app/train.py", 163))
-
-
-def _gloo(seq: int, *, done: bool = True) -> dict[str, Any]:
-    return b.entry(seq, backend="gloo", state="scheduled", retired=done, created_ns=b.T0 + seq * S // 5)
-
-
-def _capture(recorders: dict[int, list[dict[str, Any]]], stacks: dict[int, str]) -> Report:
-    world = len(recorders)
-    config = {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))}}
-    pieces = []
-    for rank, entries in recorders.items():
-        for i, e in enumerate(entries):
-            e.setdefault("record_id", i)
-        pieces.append(wire.snapshot_piece(rank, b.T0 + 700 * S, f"socket:/run/rank-{rank}.sock", stacks[rank],
-                                          b.dump(entries, world=world, pg_config=config)))
-    dumps = [normalize_dump(piece, piece["source"], piece["rank"]) for piece in pieces]
-    return analyze(assemble(dumps, []), AnalysisOptions(stall_after_s=10.0))
 
 
 def test_ranks_creating_a_group_wait_for_the_rank_in_python_that_never_came() -> None:
