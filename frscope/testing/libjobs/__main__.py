@@ -1,5 +1,7 @@
 """`python -m frscope.testing.libjobs sweep --out DIR [--torch 2.13,2.14,2.15] [--programs a,b] [--faults ...]`:
 run every (program, fault, torch) job, judge each form, print one line per job and the totals per form.
+With `--seed S --jobs N` it runs N jobs drawn from the seed instead (a holdout: program, fault, world size
+2-8, culprit rank and step drawn, torch versions in turn), so a seed chosen after a change judges it.
 A torch version whose venv is not built (`make torch-venvs`) is skipped and said so. Exit 1 on any miss.
 `python -m frscope.testing.libjobs score --out DIR`: judge the jobs captured there again (the analysis
 changed, the captures did not)."""
@@ -8,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import tempfile
 import time
@@ -35,6 +38,38 @@ def jobs_for(programs: list[str], faults: list[str], torches: list[str], worlds:
     return out
 
 
+# World sizes a program can run at: the 3-D mesh splits its ranks (1 or 2, 2, world / 2 or / 4).
+WORLDS = range(2, 9)
+EVEN_ONLY = {"mesh3d"}
+HEALTHY_SHARE = 1 / 6  # of drawn jobs; the others get one of their program's faults
+FIRST_FAULT_STEP, LAST_STEP = 2, 5  # every rank writes its periodic dump at step 1; programs run steps 0-5
+
+
+def faults_for(program: str) -> tuple[str, ...]:
+    """The faults a program can be given, "none" first (the loader fault is the dataloader program's only one)."""
+    if program == "dataloader":
+        return ("none", "loader")
+    return ("none", "stuck", "crash") + (("stuckmid",) if program in MID_PROGRAMS else ())
+
+
+def draw_jobs(seed: int, count: int, programs: list[str], torches: list[str]) -> list[Job]:
+    """`count` jobs drawn from `seed`: program, fault, world size, culprit rank and step; torch in turn."""
+    rng = random.Random(seed)
+    out: list[Job] = []
+    for _ in range(count * 20):  # a job drawn twice is drawn again (each job has a folder of its own)
+        if len(out) == count:
+            break
+        program = rng.choice(programs)
+        fault = "none" if rng.random() < HEALTHY_SHARE else rng.choice(faults_for(program)[1:])
+        world = rng.choice([w for w in WORLDS if program not in EVEN_ONLY or w % 2 == 0])
+        rank = rng.randrange(world) if fault != "none" else 0
+        step = rng.randint(FIRST_FAULT_STEP, LAST_STEP) if fault != "none" else 3
+        job = Job(program, fault, world, rank, step, torches[len(out) % len(torches)])
+        if job not in out:
+            out.append(job)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m frscope.testing.libjobs", description=__doc__)
     parser.add_argument("command", choices=["sweep", "score"])
@@ -43,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--programs", default=",".join(PROGRAMS))
     parser.add_argument("--faults", default=",".join(FAULTS))
     parser.add_argument("--worlds", default="4")
+    parser.add_argument("--seed", type=int, help="draw --jobs jobs from this seed instead of running every one")
+    parser.add_argument("--jobs", type=int, default=60)
     args = parser.parse_args(argv)
     if args.command == "score":
         return _rescore(args.out)
@@ -52,8 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"torch {version}: no venv (make torch-venvs): skipped", flush=True)
         else:
             torches.append(version)
-    jobs = jobs_for(args.programs.split(","), args.faults.split(","), torches,
-                    [int(w) for w in args.worlds.split(",")])
+    if args.seed is not None:
+        jobs = draw_jobs(args.seed, args.jobs, args.programs.split(","), torches)
+    else:
+        jobs = jobs_for(args.programs.split(","), args.faults.split(","), torches,
+                        [int(w) for w in args.worlds.split(",")])
     totals: dict[str, list[int]] = {"pkl": [0, 0], "json": [0, 0], "snap": [0, 0]}
     misses: list[str] = []
     with tempfile.TemporaryDirectory(prefix="frscope-libjobs-") as scratch:
