@@ -51,7 +51,31 @@ def _called_more(ctx: Context, group: GroupInfo, point: StuckPoint) -> bool:
         idle.append(rank)
         # (in monitored_barrier it went on to the barrier, which waits for every member not in it: the ranks
         # blocked here)
-    return len(point.joined) < len(idle)
+    return len(_went_further(ctx, point.joined, idle)) < len(idle)
+
+
+def _went_further(ctx: Context, joined: list[int], idle: list[int]) -> set[int]:
+    """The ranks that called more than the idle ones, counted over the job, not this group alone: those in
+    the collective, and every rank blocked elsewhere whose waits reach an idle rank other than through them
+    (it entered a collective an idle rank never did: in a grid the other groups went on to the step the idle
+    ranks never began; a rank that waits on the ones in the collective says nothing of the idle ones).
+    Every rank runs one program, so the odd side is the smaller of the two (principle 1)."""
+    targets, through = frozenset(idle), frozenset(joined)
+    further = set(joined)
+    for rank in ctx.dumpset.dumps:
+        if rank in further or rank in targets or not ctx.waits.of(rank).open:
+            continue
+        seen: set[int] = set()
+        todo = list(ctx.waits.named_waits(rank) or ())
+        while todo:
+            on = todo.pop()
+            if on in targets:
+                further.add(rank)
+                break
+            if on not in seen and on not in through:
+                seen.add(on)
+                todo.extend(ctx.waits.named_waits(on) or ())
+    return further
 
 
 def _extra_call_finding(ctx: Context, group: GroupInfo, ref: GroupRef, tracks: dict[int, Track], point: StuckPoint,

@@ -26,6 +26,7 @@ from frscope.analysis.clock import CAPTURED, MTIME
 from frscope.analysis.context import Context
 from frscope.analysis.ops import RETIRES_FAILED
 from frscope.analysis.tracks import Track, newest_created, oldest_open
+from frscope.analysis.waitfor import State
 from frscope.records import Entry, GroupInfo, RankExit
 
 
@@ -145,10 +146,42 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         if not certain and not pending_behind and not ended and newest and others_newest:
             stale = replace(s, newest_ns=newest, others_newest_ns=others_newest)
             if ((others_newest - newest) / 1e9 < ctx.options.stall_after_s and not read_before(ctx, stale, tracks)
-                    and not _failed_after_missing(ctx, rank, s.last_seq + 1, tracks)):
+                    and not _failed_after_missing(ctx, rank, s.last_seq + 1, tracks)
+                    and not (finished_past(ctx, tracks, rank, s.last_seq + 1) and waits_end_beside(ctx, rank))):
                 continue
         found[rank] = replace(s, newest_ns=newest, others_newest_ns=others_newest)
     return found
+
+
+def waits_end_beside(ctx: Context, rank: int) -> bool:
+    """On a backend that retires a failed collective as finished (gloo): ranks are blocked, and every rank
+    their waits end at is idle right after a collective of a group it shares with `rank`, one that `rank`'s
+    recorder lacks and after which no member recorded anything in that group (no later op shows that the
+    call returned). (The caller has shown that `rank`'s read is older: it lacks a collective the others
+    finished and went past.) Such a finish may be a failure for want of `rank` as well as a success, and one
+    cause ending every sink's last collective is `rank`: the waits go on through those collectives to it
+    (principles 1 and 2), not to ranks that each stopped recording right after one."""
+    waited: set[int] = set()
+    for blocked in ctx.waits.open_ranks():
+        waited |= ctx.waits.named_waits(blocked) or frozenset()
+    sinks = [r for r in waited if r != rank and ctx.waits.of(r).sink]
+    if not sinks:
+        return False
+    for sink in sinks:
+        dump = ctx.dumpset.dumps.get(sink)
+        if ctx.waits.of(sink).state is not State.IDLE or dump is None or dump.backend not in RETIRES_FAILED \
+                or not len(dump.entries):
+            return False  # in Python, missing, or another backend: that sink stands on its own
+        last = dump.entries[-1]
+        group = ctx.dumpset.groups.get(last.pg_name)
+        tracks = ctx.tracks.get(last.pg_name, {})
+        own = tracks.get(rank)
+        if last.is_p2p or not last.completed or group is None or rank not in group.ranks or own is None \
+                or own.last_seq >= last.collective_seq_id:
+            return False
+        if any(t.last_seq > last.collective_seq_id for t in tracks.values()):
+            return False  # a member went on past it: it succeeded, and the sink stopped after it on its own
+    return True
 
 
 def completed_is_success(ctx: Context, ranks: Mapping[int, object]) -> bool:

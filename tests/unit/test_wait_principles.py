@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -583,3 +584,92 @@ def test_principle2_a_seq_recorded_apart_and_cut_by_a_wrapped_ring_is_no_mismatc
     for columnar in (True, False):
         report = analyze(load_dumps([tmp_path], columnar=columnar))
         assert report.findings == [], [f.summary for f in report.findings]
+
+
+def _grid_2x3(tmp_path: Path, went_on: set[int], in_tp: set[int]) -> Path:
+    """A 2x3 gloo grid (tp [0, 1, 2] and [3, 4, 5], dp [0, 3], [1, 4], [2, 5]); each step runs tp, dp and world
+    all_reduces, step 0 done by all. At step 1 the ranks in `went_on` finished their tp all_reduce and wait in
+    dp; those in `in_tp` wait in their tp all_reduce; the rest recorded nothing more."""
+    tp = [[0, 1, 2], [3, 4, 5]]
+    dp = [[0, 3], [1, 4], [2, 5]]
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(6)))}}
+    config.update({str(1 + i): {"name": str(1 + i), "desc": "tp", "ranks": str(g)} for i, g in enumerate(tp)})
+    config.update({str(3 + i): {"name": str(3 + i), "desc": "dp", "ranks": str(g)} for i, g in enumerate(dp)})
+
+    def pg(kind: list[list[int]], base: int, rank: int) -> tuple[str, str]:
+        i = next(i for i, g in enumerate(kind) if rank in g)
+        return str(base + i), "tp" if base == 1 else "dp"
+
+    per_rank: dict[int, list[dict[str, object]]] = {}
+    for r in range(6):
+        mine = [b.gloo_entry(1, 0, pg=pg(tp, 1, r)), b.gloo_entry(1, 1, pg=pg(dp, 3, r)), b.gloo_entry(1, 2)]
+        if r in went_on:
+            mine += [b.gloo_entry(2, 1000, pg=pg(tp, 1, r)), b.gloo_entry(2, 1001, pg=pg(dp, 3, r), done=False)]
+        elif r in in_tp:
+            mine.append(b.gloo_entry(2, 1000, pg=pg(tp, 1, r), done=False))
+        per_rank[r] = mine
+    return b.write_gloo_ranks(tmp_path, per_rank, config)
+
+
+def test_principle1_idle_ranks_behind_whom_the_job_went_on_never_joined(tmp_path: Path) -> None:
+    """Ranks 4 and 5 stopped before step 1; rank 3 waits for them in its tp all_reduce, and ranks 0-2 went on
+    to step 1's dp all_reduce, waiting on 3, 4 and 5. Within tp [3, 4, 5] the idle ranks outnumber rank 3, but
+    over the job four ranks went further than the two idle ones: those are the odd side, not rank 3 with
+    an extra call."""
+    directory = _grid_2x3(tmp_path, went_on={0, 1, 2}, in_tp={3})
+    report = analyze(load_dumps(sorted(directory.iterdir())), AnalysisOptions(now_ns=b.T0 + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (4, 5), first.summary
+    assert "one collective more" not in first.summary
+
+
+def test_a_rank_alone_in_a_collective_of_a_grid_called_one_more(tmp_path: Path) -> None:
+    """The same grid where only rank 3 began step 1 (uneven data: one more batch) and the five others are
+    idle: rank 3 is the odd side."""
+    directory = _grid_2x3(tmp_path, went_on=set(), in_tp={3})
+    report = analyze(load_dumps(sorted(directory.iterdir())), AnalysisOptions(now_ns=b.T0 + 700 * SECOND))
+    first = report.findings[0]
+    assert first.category is Category.RANK_NOT_JOINED and first.culprit_ranks == (3,), first.summary
+    assert "one collective more" in first.summary
+
+
+def test_principle2_idle_ranks_right_after_a_collective_an_older_read_lacks_end_at_that_rank(tmp_path: Path) -> None:
+    """A 2x3 gloo grid (steps of tp, dp and world all_reduces, 1.5 s apart). Rank 2 died at step 4; its only dump
+    is a periodic one of step 1. Its tp peers 0 and 1 recorded step 4's tp all_reduce finished (gloo retires a
+    collective that failed) and nothing after it; ranks 3 and 4 wait for them in step 4's dp all_reduce; rank 5's
+    dp all_reduce with rank 2 is retired too. The copies' mtimes are an hour late: when each was read is lost.
+    Every rank the blocked ones wait on is idle right after a collective rank 2 lacks: the waits go on to rank 2,
+    whose read is older (it stopped), not to two ranks that each stopped recording at once."""
+    tp, dp = [[0, 1, 2], [3, 4, 5]], [[0, 3], [1, 4], [2, 5]]
+    config = {"0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(6)))}}
+    config.update({str(1 + i): {"name": str(1 + i), "desc": "tp", "ranks": str(g)} for i, g in enumerate(tp)})
+    config.update({str(3 + i): {"name": str(3 + i), "desc": "dp", "ranks": str(g)} for i, g in enumerate(dp)})
+
+    def pg(kind: list[list[int]], base: int, rank: int) -> tuple[str, str]:
+        return str(base + next(i for i, g in enumerate(kind) if rank in g)), "tp" if base == 1 else "dp"
+
+    def step(rank: int, s: int, ops: int = 3, done_upto: int = 3) -> list[dict[str, object]]:
+        made = [b.gloo_entry(s + 1, 1500 * s, pg=pg(tp, 1, rank)),
+                b.gloo_entry(s + 1, 1500 * s + 5, pg=pg(dp, 3, rank)), b.gloo_entry(s + 1, 1500 * s + 10)][:ops]
+        for k, e in enumerate(made):
+            e["retired"] = k < done_upto
+        return made
+
+    per_rank: dict[int, list[dict[str, object]]] = {}
+    for r in range(6):
+        entries = [e for s in range(2 if r == 2 else 4) for e in step(r, s)]
+        if r in (0, 1):
+            entries += step(r, 4, ops=1)  # tp failed for want of rank 2, retired
+        elif r in (3, 4):
+            entries += step(r, 4, ops=2, done_upto=1)  # tp done; dp waits for rank 0 / rank 1
+        elif r == 5:
+            entries += step(r, 4, ops=2)  # tp done; dp with rank 2 failed, retired
+        per_rank[r] = entries
+    b.write_gloo_ranks(tmp_path, per_rank, config)
+    later = time.time() + 3600
+    for path in tmp_path.iterdir():
+        os.utime(path, (later, later))  # copies: the read times are lost
+    report = analyze(load_dumps(sorted(tmp_path.iterdir())))
+    first = report.findings[0]
+    assert first.category is Category.RANK_STOPPED and first.culprit_ranks == (2,), first.summary
+    assert any("either it failed for want of rank 2" in e for e in first.evidence), first.evidence
