@@ -44,7 +44,8 @@ def scen_fsdp1_fwd_hang():
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), _Gate(nn.Linear(32, 32), 2, 3), nn.ReLU(), nn.Linear(32, 4))
-    fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}), use_orig_params=True, device_id=torch.device("cpu"))
+    fsdp = FSDP(model, auto_wrap_policy=ModuleWrapPolicy({nn.Linear}), use_orig_params=True,
+                device_id=torch.device("cpu"))
     opt = torch.optim.SGD(fsdp.parameters(), lr=0.01)
     for step in range(10):
         progress(step)
@@ -174,7 +175,8 @@ def scen_ddp_static_hook_hang():
         return g
 
     model[0].weight.register_hook(hook)
-    ddp = nn.parallel.DistributedDataParallel(model, static_graph=True, gradient_as_bucket_view=True, bucket_cap_mb=0.001)
+    ddp = nn.parallel.DistributedDataParallel(model, static_graph=True, gradient_as_bucket_view=True,
+                                              bucket_cap_mb=0.001)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     for step in range(10):
         state["step"] = step
