@@ -139,7 +139,10 @@ JOBS = {
     "sampler_bcast_hang-ws4": ("sampler_bcast_hang", 4, "2.13", "hung_in_python", [1], "hang", {}),
     "grid_sub_straggler-ws8": ("grid_sub_straggler", 8, "2.14.1", "straggler", [5], "run", {}),
     "healthy_variable_steps-ws6": ("healthy_variable_steps", 6, "2.15.0", "healthy", [], "run", {}),
-    "healthy_rank0_eval-ws4": ("healthy_rank0_eval", 4, "2.13", "healthy", [], "run", {}),
+    # healthy, but its recorders are a straggler's: rank 0 late 300 ms at every 4th collective while the others do
+    # nothing before it is what a rank with a slow loader every third step leaves (v1's straggler-ws2/ws4: the
+    # others do no work between steps either; batch 3's intermittent straggler), and no recorder keeps a root
+    "healthy_rank0_eval-ws4": ("healthy_rank0_eval", 4, "2.13", "healthy", [], "run", {"decidable_from": []}),
     "local_sync_3d_hang-ws12": ("local_sync_3d_hang", 12, "2.14.1", "hung_in_python", [7], "hang", {}),
     "exit0_no_dump-ws4": ("exit0_no_dump", 4, "2.15.0", "skipped_collective", [2], "hang", {}),
     "sigkill_in_agit-ws6": ("sigkill_in_agit", 6, "2.13", "rank_crash", [3], "hang", {}),

@@ -37,11 +37,8 @@ ACCEPT = {
     "p2p_mismatch": {"P2PMismatch"},
 }
 # Decided from no form today: the receiver of a larger all_gather (a subgroup of two) aborted without a
-# dump, and only the sibling subgroup's sizes show the sender's differ; and rank 0 evaluating alone every third
-# step before broadcasting the result (healthy: the program's shape) reads as a straggler late at every fourth
-# collective (the recorder keeps no root, and nothing yet tells the others' empty gap before the broadcast from
-# the shared work a slow rank is late at).
-OPEN = {"subgroup_size_mismatch-ws4", "healthy_rank0_eval-ws4"}
+# dump, and only the sibling subgroup's sizes show the sender's differ.
+OPEN = {"subgroup_size_mismatch-ws4"}
 JOBS = sorted(p.name for p in DATA.iterdir() if (p / "truth.json").exists())
 
 
