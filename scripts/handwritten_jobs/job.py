@@ -9,6 +9,7 @@ import time
 
 import batch2
 import batch3
+import batch4
 import torch
 import torch.distributed as dist
 from rankio import OUT, RANK, WS, hang_here, progress, start_watcher, write_dumps
@@ -420,9 +421,12 @@ def scen_straggler_jitter():
 def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     try:
-        (globals().get("scen_" + SCEN) or getattr(batch2, "scen_" + SCEN, None) or getattr(batch3, "scen_" + SCEN))()
+        scen = globals().get("scen_" + SCEN)
+        for batch in (batch2, batch3, batch4):
+            scen = scen or getattr(batch, "scen_" + SCEN, None)
+        scen()
     except Exception:
-        write_dumps()  # error-path dump, as jobs do
+        write_dumps(freeze=True)  # error-path dump, as jobs do: the rank's last (it exits now)
         raise
     progress("end")
     while not os.path.exists(f"{OUT}/done_{RANK}"):

@@ -30,12 +30,16 @@ def _write_dumps(freeze):
     j = _dump_fr_trace_json(True, False)
     p = _dump_fr_trace(True, True, False)
     t = time.time_ns()
-    with open(f"{OUT}/rank_{RANK}.json", "wb") as f:
+    # each file written beside and renamed into place: a rank that exits while a later request writes (its
+    # error path ends the process) leaves the earlier files whole, never a truncated one
+    with open(f"{OUT}/.rank_{RANK}.json", "wb") as f:
         f.write(j if isinstance(j, bytes) else j.encode())
-    with open(f"{OUT}/rank_{RANK}.pkl", "wb") as f:
+    with open(f"{OUT}/.rank_{RANK}.pkl", "wb") as f:
         f.write(p)
-    with open(f"{OUT}/rank_{RANK}.stack.txt", "w") as f:
+    with open(f"{OUT}/.rank_{RANK}.stack.txt", "w") as f:
         faulthandler.dump_traceback(f, all_threads=True)
+    for name in ("json", "pkl", "stack.txt"):
+        os.replace(f"{OUT}/.rank_{RANK}.{name}", f"{OUT}/rank_{RANK}.{name}")
     with open(f"{OUT}/captured_{RANK}", "w") as f:
         f.write(str(t))
     if freeze:

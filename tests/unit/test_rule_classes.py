@@ -44,7 +44,8 @@ def test_a_crash_seen_only_in_its_peers_error_path_dump_is_named(tmp_path: Path)
     assert report.world_size == 2 and report.missing_ranks == (1,)
     [root] = report.findings
     assert root.culprit_ranks == (1,)
-    assert root.category in (Category.RANK_STOPPED, Category.MISSING_DUMPS)
+    # nothing says rank 1 failed: it is named as the rank that left (crash or exit unknown), not as a crash
+    assert root.category in (Category.RANK_STOPPED, Category.MISSING_DUMPS, Category.RANK_NOT_JOINED)
 
 
 def _arrivals(steps: int, late: dict[int, float] | Callable[[int, int], float],

@@ -2,8 +2,10 @@
 
 When everyone with a dump waits in one collective, the finding says so, and that a missing dump is
 not proof of guilt. When every survivor stopped at the same finished seq (gloo retires a collective
-that failed because a peer died), or the runner says the missing rank's process failed, it is
-`RankStopped`: the crash's signature.
+that failed because a peer left), the missing rank left there; it is `RankStopped`, a crash, only where the
+runner says its process failed, and otherwise `RankNotJoined` with crash or exit unknown (a rank out of data
+that exits cleanly leaves the same recorders). A missing rank whose process failed beside ranks that wait is
+`RankStopped` too.
 """
 
 from __future__ import annotations
@@ -121,7 +123,21 @@ def _crashed(facts: Facts, missing: tuple[int, ...], failed: list[int],
     exit = exits.get(culprits[0])
     how = f" Its process {exit.describe()}." if exit is not None else ""
     age: float | None
-    if signature is not None:
+    category = Category.RANK_STOPPED
+    if signature is not None and not failed:
+        # Nothing says the rank failed (no exit, signal or message): it left there, and whether it crashed or
+        # exited (out of data, after destroy_process_group) is unknown. It is named for what the recorders
+        # show, the rank the others' last collective failed for want of, not as a crash.
+        ref, seq, op, survivors = signature
+        they = "it" if len(culprits) == 1 else "they"
+        summary = (
+            f"{plural(culprits).capitalize()} left no dump, and {plural(survivors)} all stopped at {op} #{seq} of "
+            f"{ref.label()}, the last collective each finished (gloo retires a collective that failed because a "
+            f"peer left): {plural(culprits)} left the job there"
+            + (f".{how}" if exit is not None else f"; whether {they} crashed or exited, no exit code says.")
+        )
+        age, category = None, Category.RANK_NOT_JOINED
+    elif signature is not None:
         ref, seq, op, survivors = signature
         summary = (
             f"{plural(culprits).capitalize()} left no dump, and {plural(survivors)} all stopped at {op} #{seq} of "
@@ -150,13 +166,13 @@ def _crashed(facts: Facts, missing: tuple[int, ...], failed: list[int],
         )
     entered = [b[0].time_created_ns for r in survivors
                if (b := ctx.tracks.get(ref.name, {}).get(r, Track(r)).by_seq.get(seq)) and b[0].time_created_ns]
-    finding = Finding(category=Category.RANK_STOPPED, culprit_ranks=tuple(culprits), process_group=ref,
+    finding = Finding(category=category, culprit_ranks=tuple(culprits), process_group=ref,
                       summary=summary, collective_seq_id=seq, op=op, stalled_for_s=age,
                       age_source=ctx.age_source(survivors) if age is not None else None,
                       since_ns=min(entered) if entered else None)
     others = sorted(set(missing) - set(culprits))
     if others:
         finding.evidence.append(f"{plural(others)} also left no dump")
-    finding.evidence.append("a missing dump beside survivors that stopped at one sequence number is a crash's "
-                            "signature; the exit code and termination message say why")
+    finding.evidence.append("a missing dump beside survivors that stopped at one sequence number: the rank left "
+                            "there (a crash, a kill or an exit); the exit code and termination message say which")
     return finding
