@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 from frscope.analysis.clock import CAPTURED, MTIME
 from frscope.analysis.context import Context
-from frscope.analysis.ops import RETIRES_FAILED
+from frscope.analysis.ops import RETIRES_FAILED, ROOTED_OPS
 from frscope.analysis.tracks import Track, newest_created, oldest_open
 from frscope.analysis.waitfor import State
 from frscope.records import Entry, GroupInfo, RankExit
@@ -179,9 +179,23 @@ def waits_end_beside(ctx: Context, rank: int) -> bool:
         if last.is_p2p or not last.completed or group is None or rank not in group.ranks or own is None \
                 or own.last_seq >= last.collective_seq_id:
             return False
-        if any(t.last_seq > last.collective_seq_id for t in tracks.values()):
+        if last.op in ROOTED_OPS:
+            if not _root_of(last):
+                return False  # a non-root's part (or one whose root is unknown) needs the root alone, not `rank`
+        elif any(t.last_seq > last.collective_seq_id for t in tracks.values()):
             return False  # a member went on past it: it succeeded, and the sink stopped after it on its own
     return True
+
+
+def _root_of(entry: Entry) -> bool:
+    """The entry is a scatter's or a gather's root part (the side only the root fills: a scatter's inputs, a
+    gather's outputs): it exchanges with every member, and other members going past it prove nothing of it.
+    A broadcast's or a reduce's root is not in the entry: False."""
+    if entry.op == "scatter":
+        return bool(entry.input_sizes)
+    if entry.op == "gather":
+        return bool(entry.output_sizes)
+    return False
 
 
 def completed_is_success(ctx: Context, ranks: Mapping[int, object]) -> bool:
