@@ -9,6 +9,7 @@ import time
 
 import batch2
 import batch3
+import batch5
 import torch
 import torch.distributed as dist
 from rankio import OUT, RANK, WS, hang_here, progress, start_watcher, write_dumps
@@ -420,7 +421,8 @@ def scen_straggler_jitter():
 def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     try:
-        (globals().get("scen_" + SCEN) or getattr(batch2, "scen_" + SCEN, None) or getattr(batch3, "scen_" + SCEN))()
+        scen = globals().get("scen_" + SCEN) or getattr(batch2, "scen_" + SCEN, None)
+        (scen or getattr(batch3, "scen_" + SCEN, None) or getattr(batch5, "scen_" + SCEN))()
     except Exception:
         write_dumps()  # error-path dump, as jobs do
         raise
