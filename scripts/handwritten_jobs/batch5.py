@@ -2,10 +2,9 @@
 launchers used in ways the earlier batches and the library sweep do not: FSDP2 on a 2-D mesh (HSDP) and with
 tensor parallel, functional collectives (eager and compiled), DCP async_save and load, interleaved pipeline
 schedules, gradient clipping under FSDP2, a DataLoader with persistent workers, monitored_barrier without
-wait_all_ranks, and jobs run by torchrun (a restart, two agents on one host). Each injects one fault, or
+wait_all_ranks, and jobs run by torchrun (its @record, two agents on one host). Each injects one fault, or
 none; the truth the controller writes says which."""
 
-import ctypes
 import datetime
 import os
 import random
@@ -15,8 +14,6 @@ import torch
 import torch.distributed as dist
 from rankio import OUT, RANK, WS, hang_here, progress
 from torch import nn
-
-INCARNATION = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
 class _Net(nn.Module):
@@ -314,38 +311,126 @@ def scen_monitored_two_stuck():
         dist.monitored_barrier(timeout=datetime.timedelta(seconds=300), wait_all_ranks=False)
 
 
-# ---- jobs under torchrun (run.py starts the agents; RANK, WORLD_SIZE from the launcher)
+def scen_mesh_names_swapped():
+    # a (2, 2) DeviceMesh; rank 3's launcher config names its dims the other way round ("tp", "dp"): the groups
+    # are made alike on every rank (by dim), but rank 3's mesh["tp"] is the others' mesh["dp"]. Each step an
+    # activation sharded over tp is gathered (redistribute Shard -> Replicate) and a gradient is summed over dp
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+
+    names = ("tp", "dp") if RANK == 3 else ("dp", "tp")
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=names)
+    tp, dp = mesh["tp"], mesh["dp"]
+    for step in range(10):
+        progress(step)
+        act = DTensor.from_local(torch.ones(2, 4) * RANK, tp, [Shard(0)])
+        full = act.redistribute(tp, [Replicate()]).to_local()
+        grad = DTensor.from_local(full.sum(0), dp, [Partial()])
+        grad.redistribute(dp, [Replicate()]).to_local()
 
 
-def scen_restart_stale_incarnation():
-    # torchrun --max-restarts 1, 2 ranks; in the first incarnation rank 1 raises at step 6 (its error-path dump
-    # is written; rank 0 is stopped by the agent); in the second, rank 1 is stuck at step 2 in a native call
-    # that holds the GIL (a C extension): it answers no request, so its files are still the first
-    # incarnation's, further on than rank 0's current ones
-    t = torch.ones(8)
-    for step in range(12):
-        progress(f"{INCARNATION}:{step}")
-        if RANK == 1 and INCARNATION == 0 and step == 6:
-            raise RuntimeError("CUDA error: an illegal memory access was encountered")
-        if RANK == 1 and INCARNATION == 1 and step == 2:
-            ctypes.PyDLL(None).sleep(3600)
-        dist.all_reduce(t)
-        dist.broadcast(t, src=0)
-        t = t / WS
+def scen_healthy_hsdp():
+    # HSDP (replicate 2 x shard WS/2) with a different compute time per rank at every step
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, WS // 2), mesh_dim_names=("replicate", "shard"))
+    torch.manual_seed(0)
+    model = _Net()
+    _shard_layers(model, mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    rng = random.Random(RANK)
+    for step in range(16):
+        progress(step)
+        time.sleep(rng.uniform(0.0, 0.05))
+        model(torch.randn(8, 16)).sum().backward()
+        opt.step()
+        opt.zero_grad()
 
 
-def scen_restart_then_hang():
-    # torchrun --max-restarts 1, 2 ranks; in the first incarnation rank 1 is killed at step 4 (no dump of its
-    # own; rank 0 writes its on its error path); in the second, rank 0 hangs at step 3 and both are read
-    t = torch.ones(8)
-    for step in range(12):
-        progress(f"{INCARNATION}:{step}")
-        if RANK == 1 and INCARNATION == 0 and step == 4:
-            os._exit(9)
-        if RANK == 0 and INCARNATION == 1 and step == 3:
+def scen_healthy_ddp_join():
+    # uneven inputs under DDP's Join context manager: ranks run out of batches at different steps and shadow
+    # the others' collectives (Join's flag all_reduce, DDP's gradient all_reduces) until every rank is done
+    from torch.distributed.algorithms.join import Join
+
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    with Join([ddp]):
+        for step in range(6 + 2 * RANK):
+            progress(step)
+            ddp(torch.randn(4, 16)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+
+
+def scen_loss_parallel_hang():
+    # tensor parallel over the world with a vocabulary-sharded output (ColwiseParallel, Shard(-1) outputs) and
+    # loss_parallel's cross entropy (its all_reduces of the max and the sum inside the loss); rank 2 hangs
+    # between its forward and the loss at step 3
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, loss_parallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (WS,), mesh_dim_names=("tp",))
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 8 * WS))
+    parallelize_module(model, mesh, {"2": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)})
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(10):
+        progress(step)
+        torch.manual_seed(step)
+        x, y = torch.randn(4, 16), torch.randint(0, 8 * WS, (4,))
+        logits = model(x)
+        if RANK == 2 and step == 3:
             hang_here()
-        dist.all_reduce(t)
-        t = t / WS
+        with loss_parallel():
+            loss = torch.nn.functional.cross_entropy(logits, y)
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def scen_healthy_ddp_bn_uneven_accum():
+    # DDP over a model with BatchNorm and gradient accumulation under no_sync; rank 1's config says 2
+    # micro-batches where the others' say 3. A wrong result, but no hang: DDP syncs its buffers (a broadcast
+    # from rank 0) only in the forward of a micro-batch that syncs, so every rank issues the same collectives
+    # at every step
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    accum = 2 if RANK == 1 else 3
+    for step in range(10):
+        progress(step)
+        for mb in range(accum):
+            x = torch.randn(8, 16)
+            if mb < accum - 1:
+                with ddp.no_sync():
+                    ddp(x).sum().backward()
+            else:
+                ddp(x).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def scen_ddp_straggler():
+    # DDP with small buckets (several async all_reduces a step, waited at the backward's end); rank 1's data
+    # loading takes 120 ms longer at every step
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(
+        nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8)),
+        bucket_cap_mb=0.01)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    rng = random.Random(RANK)
+    for step in range(30):
+        progress(step)
+        time.sleep(0.02 + rng.uniform(0.0, 0.02) + (0.12 if RANK == 1 else 0.0))
+        ddp(torch.randn(16, 32)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+# ---- jobs under torchrun (run.py starts the agents; RANK, WORLD_SIZE from the launcher)
 
 
 def scen_two_agents_slow_node():
@@ -390,3 +475,21 @@ def scen_record_crash():
             model(x).sum().backward()
 
     train()
+
+
+def scen_two_agents_mesh_hang():
+    # two torchrun agents of 4 ranks each; a (node, local) DeviceMesh: activations all_reduced within a node,
+    # the loss broadcast as an object across nodes; rank 6 hangs in its data loading at step 3
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (2, WS // 2), mesh_dim_names=("node", "local"))
+    local, across = mesh.get_group("local"), mesh.get_group("node")
+    t = torch.ones(16)
+    for step in range(10):
+        progress(step)
+        if RANK == 6 and step == 3:
+            hang_here()
+        dist.all_reduce(t, group=local)
+        box = [{"loss": float(t.sum()), "step": step}]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(across, 0), group=across)
+        t = t / (WS // 2)
