@@ -493,3 +493,19 @@ def scen_two_agents_mesh_hang():
         box = [{"loss": float(t.sum()), "step": step}]
         dist.broadcast_object_list(box, src=dist.get_global_rank(across, 0), group=across)
         t = t / (WS // 2)
+
+
+# ---- jobs under torch.multiprocessing.spawn (spawn_job.py)
+
+
+def scen_spawn_hang():
+    # an all_reduce and a gather to rank 0 every step; rank 1 hangs at step 4 before the all_reduce
+    t = torch.ones(8)
+    for step in range(12):
+        progress(step)
+        if RANK == 1 and step == 4:
+            hang_here()
+        dist.all_reduce(t)
+        dist.gather(t, [torch.empty(8) for _ in range(WS)] if RANK == 0 else None, dst=0)
+        t = t / WS
+

@@ -155,6 +155,8 @@ JOBS = {
         "two_agents_node_lost", 4, "2.14.1", "rank_crash", [2, 3], "hang", {"nodes": 2, "kill_node_at": "4"}
     ),
     "record_crash-ws4": ("record_crash", 4, "2.15.0", "rank_crash", [1], "hang", {"nodes": 1}),
+    # under torch.multiprocessing.spawn
+    "spawn_hang-ws3": ("spawn_hang", 3, "2.15.0", "hung_in_python", [1], "hang", {"launcher": "spawn"}),
     "two_agents_mesh_hang-ws8": ("two_agents_mesh_hang", 8, "2.13", "hung_in_python", [6], "hang", {"nodes": 2}),
     # group [1, 3] holds rank 3's gather (its "tp") and rank 1's sum (its "dp"); rank 2 waits for 3 in [2, 3]
     "mesh_names_swapped-ws4": (
@@ -237,6 +239,10 @@ def run(name, port):
     py = PY.get(tv) or _venv(tv)
     if "nodes" in extra:
         procs = _agents(name, scen, ws, py, port, out, log, extra)
+    elif extra.get("launcher") == "spawn":
+        env = _env(out, WORLD_SIZE=str(ws), MASTER_PORT=str(port))
+        procs = [subprocess.Popen([py, str(HERE / "spawn_job.py"), scen], env=env, stdout=log, stderr=log,
+                                  start_new_session=True)]
     else:
         procs = [_rank(scen, ws, py, port, out, log, r) for r in range(ws)]
     t0 = time.time()
@@ -276,7 +282,7 @@ def run(name, port):
             break
     trig = time.time_ns()
     (out / "trigger").write_text("go")
-    if "nodes" in extra:
+    if "nodes" in extra or "launcher" in extra:
         alive = [r for r, (pid, _) in _pids(out, ws).items() if _alive(pid)]
     else:
         alive = [r for r, p in enumerate(procs) if p.poll() is None]
