@@ -436,8 +436,8 @@ def scen_ddp_straggler():
 def scen_two_agents_slow_node():
     # two torchrun agents (nodes) of 2 ranks on one host, a c10d rendezvous on loopback; the second node's
     # ranks are slow at every step (a throttled host)
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    node = RANK // int(os.environ.get("LOCAL_WORLD_SIZE", "2"))
+    local = int(os.environ["LOCAL_RANK"])
+    node = RANK // int(os.environ["LOCAL_WORLD_SIZE"])
     t = torch.ones(64)
     for step in range(50):
         progress(step)

@@ -151,6 +151,7 @@ JOBS = {
     "ddp_straggler-ws4": ("ddp_straggler", 4, "2.14.1", "straggler", [1], "run", {}),
     # under torchrun (agents started by the controller)
     "two_agents_slow_node-ws4": ("two_agents_slow_node", 4, "2.15.0", "straggler", [2, 3], "run", {"nodes": 2}),
+    "two_agents_slow_node-ws6": ("two_agents_slow_node", 6, "2.13", "straggler", [3, 4, 5], "run", {"nodes": 2}),
     "two_agents_node_lost-ws4": (
         "two_agents_node_lost", 4, "2.14.1", "rank_crash", [2, 3], "hang", {"nodes": 2, "kill_node_at": "4"}
     ),
