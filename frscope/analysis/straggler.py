@@ -150,8 +150,12 @@ def find_straggler(ctx: Context, ref: GroupRef, tracks: dict[int, Track],
     worst = max(lateness, key=lambda r: (last_count[r], median(lateness[r])))
     late_ms = median(lateness[worst])
     share = last_count[worst] / samples
-    if share < LAST_SHARE or late_ms < ctx.options.clock_skew_ms:
+    if share < LAST_SHARE:
         return None
+    if late_ms < ctx.options.clock_skew_ms:
+        # Not late as one rank, measured from the group's middle: where half the group is late together that
+        # middle is one of the late (a node of two in a group of four); the set is judged from the others.
+        return _late_together_finding(ctx, ref, tracks, arrived, handoffs)
     # Unbiased jitter makes each rank last 1/n of the time: with few ranks (two: half the time) a share
     # over LAST_SHARE happens by chance, so the count must also be beyond chance (all ranks together).
     chance = binomial_tail(last_count[worst], samples, 1 / len(ranks)) * len(ranks)

@@ -10,6 +10,7 @@ import time
 import batch2
 import batch3
 import batch4
+import batch5
 import torch
 import torch.distributed as dist
 from rankio import OUT, RANK, WS, hang_here, progress, start_watcher, write_dumps
@@ -422,7 +423,7 @@ def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     try:
         scen = globals().get("scen_" + SCEN)
-        for batch in (batch2, batch3, batch4):
+        for batch in (batch2, batch3, batch4, batch5):
             scen = scen or getattr(batch, "scen_" + SCEN, None)
         scen()
     except Exception:

@@ -16,6 +16,12 @@ WS = int(os.environ["WORLD_SIZE"])
 TRIG = os.path.join(OUT, "trigger")
 _frozen = []  # a scenario froze this rank's dumps: later requests leave the old ones in place
 _lock = threading.Lock()  # the error path and the trigger's watcher may ask at once
+# Under a launcher the controller knows this process only from here (a restarted rank replaces its pid, and
+# the done mark of its earlier incarnation is no answer from this one).
+with open(f"{OUT}/pid_{RANK}", "w") as _f:
+    _f.write(f"{os.getpid()} {os.getppid()}")
+if os.path.exists(f"{OUT}/done_{RANK}"):
+    os.unlink(f"{OUT}/done_{RANK}")
 
 
 def write_dumps(freeze=False):

@@ -152,6 +152,46 @@ JOBS = {
     "replica_exit_hang-ws6": ("replica_exit_hang", 6, "2.13", "hung_in_python", [1], "hang", {}),
     "healthy_two_world_groups-ws4": ("healthy_two_world_groups", 4, "2.15.0", "healthy", [], "run", {}),
     "dcp_async_hang-ws4": ("dcp_async_hang", 4, "2.15.0", "hung_in_python", [2], "hang", {}),
+    # the fifth batch (batch5.py): torch's libraries and launchers
+    "hsdp_backward_hang-ws4": ("hsdp_backward_hang", 4, "2.15.0", "hung_in_python", [2], "hang", {"stall_s": 8}),
+    "fsdp_tp_hang-ws4": ("fsdp_tp_hang", 4, "2.14.1", "hung_in_python", [1], "hang", {"stall_s": 8}),
+    "healthy_fsdp_tp-ws4": ("healthy_fsdp_tp", 4, "2.13", "healthy", [], "run", {}),
+    "funcol_hang-ws4": ("funcol_hang", 4, "2.15.0", "hung_in_python", [3], "hang", {"stall_s": 10}),
+    "compiled_funcol_hang-ws4": ("compiled_funcol_hang", 4, "2.13", "hung_in_python", [2], "hang", {"stall_s": 20}),
+    "healthy_compiled_funcol-ws4": ("healthy_compiled_funcol", 4, "2.14.1", "healthy", [], "run", {}),
+    "dcp_async_stuck-ws4": ("dcp_async_stuck", 4, "2.15.0", "hung_in_python", [1], "hang", {"stall_s": 6}),
+    "dcp_load_hang-ws4": ("dcp_load_hang", 4, "2.13", "hung_in_python", [2], "hang", {"stall_s": 6}),
+    # pipelining's p2p is not recorded: only the live stacks show the stage that holds the schedule
+    "interleaved_pp_hang-ws2": (
+        "interleaved_pp_hang", 2, "2.14.1", "hung_in_python", [1], "hang", {"stall_s": 6, "decidable_from": ["snap"]}
+    ),
+    "looped_bfs_hang-ws3": (
+        "looped_bfs_hang", 3, "2.15.0", "hung_in_python", [0], "hang", {"stall_s": 6, "decidable_from": ["snap"]}
+    ),
+    "fsdp_clip_skip-ws4": ("fsdp_clip_skip", 4, "2.14.1", "collective_type_mismatch", [1], "hang", {"stall_s": 6}),
+    "loader_worker_crash-ws4": ("loader_worker_crash", 4, "2.13", "rank_crash", [2], "hang", {}),
+    # monitored_barrier is p2p on gloo (not recorded): the waits show in the live stacks only
+    "monitored_two_stuck-ws6": (
+        "monitored_two_stuck", 6, "2.15.0", "hung_in_python", [1, 4], "hang", {"decidable_from": ["snap"]}
+    ),
+    "healthy_hsdp-ws4": ("healthy_hsdp", 4, "2.14.1", "healthy", [], "run", {}),
+    "loss_parallel_hang-ws4": ("loss_parallel_hang", 4, "2.13", "hung_in_python", [2], "hang", {"stall_s": 10}),
+    "healthy_ddp_bn_uneven_accum-ws4": ("healthy_ddp_bn_uneven_accum", 4, "2.13", "healthy", [], "run", {}),
+    "ddp_straggler-ws4": ("ddp_straggler", 4, "2.14.1", "straggler", [1], "run", {}),
+    # under torchrun (agents started by the controller)
+    "two_agents_slow_node-ws4": ("two_agents_slow_node", 4, "2.15.0", "straggler", [2, 3], "run", {"nodes": 2}),
+    "two_agents_slow_node-ws6": ("two_agents_slow_node", 6, "2.13", "straggler", [3, 4, 5], "run", {"nodes": 2}),
+    "two_agents_node_lost-ws4": (
+        "two_agents_node_lost", 4, "2.14.1", "rank_crash", [2, 3], "hang", {"nodes": 2, "kill_node_at": "4"}
+    ),
+    "record_crash-ws4": ("record_crash", 4, "2.15.0", "rank_crash", [1], "hang", {"nodes": 1}),
+    # under torch.multiprocessing.spawn
+    "spawn_hang-ws3": ("spawn_hang", 3, "2.15.0", "hung_in_python", [1], "hang", {"launcher": "spawn"}),
+    "two_agents_mesh_hang-ws8": ("two_agents_mesh_hang", 8, "2.13", "hung_in_python", [6], "hang", {"nodes": 2}),
+    # group [1, 3] holds rank 3's gather (its "tp") and rank 1's sum (its "dp"); rank 2 waits for 3 in [2, 3]
+    "mesh_names_swapped-ws4": (
+        "mesh_names_swapped", 4, "2.14.1", "collective_type_mismatch", [3], "hang", {"stall_s": 10}
+    ),
 }
 
 
@@ -165,6 +205,60 @@ def _venv(version):
 PY = {"2.13": str(ROOT / ".venv" / "bin" / "python")}
 
 
+def _env(out, **more):
+    env = dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        JOB_OUT=str(out),
+        TORCH_NCCL_TRACE_BUFFER_SIZE="2000",
+        TORCH_FR_BUFFER_SIZE="2000",
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS="1",
+        **more,
+    )
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def _rank(scen, ws, py, port, out, log, r):
+    env = _env(out, RANK=str(r), WORLD_SIZE=str(ws), LOCAL_RANK=str(r), MASTER_PORT=str(port))
+    return subprocess.Popen([py, str(HERE / "job.py"), scen], env=env, stdout=log, stderr=log, start_new_session=True)
+
+
+def _agents(name, scen, ws, py, port, out, log, extra):
+    # torchrun agents (nodes) on loopback with a c10d rendezvous; the first hosts the store
+    nodes = extra["nodes"]
+    procs = []
+    for node in range(nodes):
+        cmd = [py, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={ws // nodes}",
+               "--max-restarts=0", "--rdzv-backend=c10d",
+               f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={name}", "--monitor-interval=0.5",
+               f"--rdzv-conf=is_host={'true' if node == 0 else 'false'}", str(HERE / "job.py"), scen]
+        procs.append(subprocess.Popen(cmd, env=_env(out), stdout=log, stderr=log, start_new_session=True))
+        time.sleep(1.0)
+    return procs
+
+
+def _pids(out, ws):
+    # each rank's pid and its parent's (its launcher's), from the pid file it writes at its start
+    got = {}
+    for r in range(ws):
+        try:
+            pid, ppid = (out / f"pid_{r}").read_text().split()
+            got[r] = (int(pid), int(ppid))
+        except (OSError, ValueError):
+            pass
+    return got
+
+
+def _alive(pid):
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
 def run(name, port):
     scen, ws, tv, cat, culprits, mode, extra = JOBS[name]
     tv = os.environ.get("TORCH", tv)  # the same job on another torch
@@ -172,32 +266,17 @@ def run(name, port):
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     log = open(out / "job.log", "w")
-    procs = []
-    for r in range(ws):
-        env = dict(
-            os.environ,
-            RANK=str(r),
-            WORLD_SIZE=str(ws),
-            LOCAL_RANK=str(r),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            JOB_OUT=str(out),
-            TORCH_NCCL_TRACE_BUFFER_SIZE="2000",
-            TORCH_FR_BUFFER_SIZE="2000",
-            PYTHONUNBUFFERED="1",
-            OMP_NUM_THREADS="1",
-        )
-        env.pop("PYTHONPATH", None)
-        procs.append(
-            subprocess.Popen(
-                [PY.get(tv) or _venv(tv), str(HERE / "job.py"), scen],
-                env=env,
-                stdout=log,
-                stderr=log,
-                start_new_session=True,
-            )
-        )
+    py = PY.get(tv) or _venv(tv)
+    if "nodes" in extra:
+        procs = _agents(name, scen, ws, py, port, out, log, extra)
+    elif extra.get("launcher") == "spawn":
+        env = _env(out, WORLD_SIZE=str(ws), MASTER_PORT=str(port))
+        procs = [subprocess.Popen([py, str(HERE / "spawn_job.py"), scen], env=env, stdout=log, stderr=log,
+                                  start_new_session=True)]
+    else:
+        procs = [_rank(scen, ws, py, port, out, log, r) for r in range(ws)]
     t0 = time.time()
+    killed = False
     last = {}
     still = time.time()
     while True:
@@ -216,6 +295,14 @@ def run(name, port):
                 print(name, "no end")
                 break
             continue
+        if "kill_node_at" in extra and not killed:
+            lost = range(ws - ws // extra["nodes"], ws)
+            if all(prog.get(r) == extra["kill_node_at"] for r in lost):
+                pids = _pids(out, ws)
+                for r in lost:
+                    os.kill(pids[r][0], signal.SIGKILL)
+                os.kill(pids[lost[0]][1], signal.SIGKILL)  # the node's agent
+                killed = True
         if prog != last:
             last, still = prog, time.time()
         if prog and all(v is not None for v in prog.values()) and time.time() - still > extra.get("stall_s", 3):
@@ -225,13 +312,21 @@ def run(name, port):
             break
     trig = time.time_ns()
     (out / "trigger").write_text("go")
-    alive = [r for r, p in enumerate(procs) if p.poll() is None]
+    if "nodes" in extra or "launcher" in extra:
+        alive = [r for r, (pid, _) in _pids(out, ws).items() if _alive(pid)]
+    else:
+        alive = [r for r, p in enumerate(procs) if p.poll() is None]
     dl = time.time() + 90
     while time.time() < dl and not all((out / f"done_{r}").exists() for r in alive):
         time.sleep(0.1)
+    answered = [r for r in alive if (out / f"done_{r}").exists()]
+    ranks = _pids(out, ws)
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
+    for pid, _ in ranks.values():  # a launcher's ranks may run in sessions of their own
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
     for p in procs:
         p.wait()
     # each rank's dumps were taken when it wrote them (captured_<r>: a periodic, end-of-run or error-path
@@ -240,10 +335,13 @@ def run(name, port):
     # Stacks are read live, from the processes there at the capture (as a sidecar or py-spy reads them): a rank
     # that died before it leaves its dumps, never a stack (the one its faulthandler wrote beside an earlier
     # dump would read as alive at the capture).
+    # A live rank that did not answer the trigger (stuck holding the GIL) has no live stack either: what it
+    # left is from before.
     for r in range(ws):
-        if r not in alive:
+        if r not in answered:
             (out / f"rank_{r}.stack.txt").unlink(missing_ok=True)
-    for f in list(out.glob("prog_*")) + list(out.glob("done_*")) + list(out.glob("captured_*")) + [out / "trigger"]:
+    marks = [p for mark in ("prog_*", "done_*", "pid_*", "captured_*") for p in out.glob(mark)]
+    for f in marks + [out / "trigger"]:
         f.unlink(missing_ok=True)
     truth = {
         "category": cat,

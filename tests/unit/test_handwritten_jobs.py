@@ -3,7 +3,9 @@ FSDP2, a 3-D DeviceMesh, object collectives, a DataLoader worker, a slow node, c
 a dump; non-contiguous, nested, overlapping and locally created groups, a group created lazily, a
 checkpoint thread on its own group; FSDP1, ZeroRedundancyOptimizer, Schedule1F1B, DDP's static graph and
 Join, collectives inside autograd functions, a sampler and a second thread; ranks that destroy their group
-or exit without a dump; torch 2.13, 2.14.1 and 2.15), captured while they hung or after they
+or exit without a dump; HSDP, FSDP2 with tensor parallel, functional collectives eager and compiled, DCP
+async_save and load, interleaved pipeline schedules, jobs under torchrun with two agents; torch 2.13, 2.14.1
+and 2.15), captured while they hung or after they
 ran, judged in three forms as ../shared/accuracy-dev/score.py judges the outside corpora: torch's pickle
 and JSON copies (the capture time lost), and the sidecar's snapshot (JSON, live stacks, capture time;
 `stall_after_s` 1). Right: the first finding's category is one the truth's accepts and its culprits are

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from frscope.analysis import AnalysisOptions, Category, analyze
 from frscope.records import load_dumps
 from tests.unit import builders as b
@@ -357,3 +359,16 @@ def test_a_late_sets_wait_carried_to_queued_collectives_is_one_sample(tmp_path: 
     per_rank = _run(groups, ["world"] * 3, 5, lambda r, s: 200 + late.get((r, s), 0.0) + _jitter(r, s),
                     backend="nccl")
     assert _findings(tmp_path, groups, per_rank) == []
+
+
+@pytest.mark.parametrize("world", [4, 6])
+def test_half_the_group_late_together_is_measured_from_the_other_half(tmp_path: Path, world: int) -> None:
+    """gloo, two nodes of world/2 ranks: the second node's ranks reach every collective ~150 ms late, its last
+    rank a ms or two after the others, so that rank is last at nearly all of them. Measured from the group's
+    middle (one of the late node) it is late by nothing; the node is late by 150 ms from the other half, which
+    waits for it at every step."""
+    groups = {"world": tuple(range(world))}
+    half = world // 2
+    per_rank = _run(groups, ["world"], 12,
+                    lambda r, s: 30 + (150 + (r == world - 1) * 2.0 if r >= half else _jitter(r, s)))
+    assert _findings(tmp_path, groups, per_rank) == [(Category.STRAGGLER, tuple(range(half, world)))]
