@@ -166,6 +166,7 @@ def measure(path: Path, ranks: int, processes: int, trace: bool) -> dict[str, An
     from frscope.operator.evidence.diagnosis import diagnose_sync
     from frscope.operator.evidence.pod_evidence import from_bytes
     from frscope.report.serialize import report_to_dict
+    from frscope.report.timeline import build_timeline
 
     # Everything the path imports, imported before the baseline (one body decoded in this process).
     from_bytes(next(read_bodies(path)), "warm", origin="sidecar", max_entries=WINDOW)
@@ -184,14 +185,26 @@ def measure(path: Path, ranks: int, processes: int, trace: bool) -> dict[str, An
     diagnosis = diagnose_sync(gathered, ranks, AnalysisOptions(stall_after_s=60))
     analyze_s = time.monotonic() - started
     peak = (tracemalloc.get_traced_memory()[1] if trace else status_kib("VmHWM") * 1024) - base
+    # What publishing builds while the evidence is still held (engine/ui_data.latest_diagnosis): the report as
+    # a dict and the timeline; then what stays once the gathered evidence is dropped (the UI's copy).
+    if trace:
+        tracemalloc.reset_peak()
+    report = report_to_dict(diagnosis.report)
+    timeline = build_timeline(diagnosis.dumpset, diagnosis.report)
+    publish_peak = (tracemalloc.get_traced_memory()[1] if trace else status_kib("VmHWM") * 1024) - base
     kinds: dict[str, int] = {}
     if trace:
-        tracemalloc.stop()  # the walk is not traced
         kinds = walk(roots_of(gathered))
-    report = report_to_dict(diagnosis.report)
+    del diagnosis, gathered
+    gc.collect()
+    after = (tracemalloc.get_traced_memory()[0] if trace else status_kib("VmRSS") * 1024) - base
+    if trace:
+        tracemalloc.stop()
+    del timeline
     finding = report["findings"][0] if report["findings"] else {}
     return {
         "ranks": ranks, "trace": trace, "held_bytes": held, "held_per_rank": held / ranks, "peak_bytes": peak,
+        "publish_peak_bytes": publish_peak, "after_bytes": after,
         "peak_per_rank": peak / ranks, "walk": kinds, "walk_per_rank": sum(kinds.values()) / ranks,
         "decode_s": decode_s, "analyze_s": analyze_s,
         "verdict": finding.get("category"), "culprits": finding.get("culprit_ranks"),
@@ -207,8 +220,9 @@ def table(results: list[dict[str, Any]]) -> str:
     traced = {(r["ranks"], r["tree"]): r for r in results if r["trace"]}
     plain = {(r["ranks"], r["tree"]): r for r in results if not r["trace"]}
     lines = ["| ranks | tree | held, traced (a rank) | peak while analyzing, traced (a rank) | held, RSS (a rank) | "
-             "peak RSS over the start (a rank) | decode | analysis | verdict | report digest |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---|---|"]
+             "peak RSS over the start (a rank) | peak publishing, traced | left after, traced | decode | analysis | "
+             "verdict | report digest |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for key, r in traced.items():
         p = plain.get(key, r)
         lines.append(
@@ -216,7 +230,7 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{_mib(r['peak_bytes'])} ({r['peak_per_rank'] / 1024:,.1f} KiB) | "
             f"{_mib(p['held_bytes'])} ({p['held_per_rank'] / 1024:,.1f} KiB) | "
             f"{_mib(p['peak_bytes'])} ({p['peak_per_rank'] / 1024:,.1f} KiB) | "
-            f"{p['decode_s']:.1f} s | {p['analyze_s']:.1f} s | {r['verdict']} {r['culprits']} | {r['report_digest']} |")
+            f"{_mib(r['publish_peak_bytes'])} | {_mib(r['after_bytes'])} | {p['decode_s']:.1f} s | {p['analyze_s']:.1f} s | {r['verdict']} {r['culprits']} | {r['report_digest']} |")
     kinds = sorted({k for r in traced.values() for k in r["walk"]})
     lines += ["", "Bytes a rank by kind (the walk, traced runs):", "",
               "| ranks | tree | " + " | ".join(kinds) + " | all |", "|---:|---|" + "---:|" * (len(kinds) + 1)]

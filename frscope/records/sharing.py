@@ -25,7 +25,8 @@ from frscope.records.columns import EntryTable
 from frscope.records.model import PgConfig, PgStatus, RankDump
 
 # Columns shared by content (codes into the small tables, sequence numbers): equal across the ranks that ran
-# the same collectives. Time columns are a rank's own and are only held at their size.
+# the same collectives. Time columns are a rank's own and are only held at their size, unless they hold one
+# value throughout (gloo records no start or end times).
 _CODE_COLUMNS = ("pg", "name", "shape", "state", "timeout", "thread", "flags", "seq", "p2p_seq", "stack")
 _OWN_COLUMNS = ("created", "started", "completed", "duration")
 
@@ -64,7 +65,7 @@ def shared_array(column: Any, shared: dict[Any, Any]) -> Any:
         return column
     key = ("array", column.typecode, len(column), hash(column.tobytes()))
     held = shared.get(key)
-    if held is not None and held == column:
+    if held is not None and held.tobytes() == column.tobytes():  # bit for bit (a NaN equals no float)
         return held
     mine = exact(column)
     if held is None:
@@ -100,7 +101,9 @@ def share_rank(dump: RankDump, shared: dict[Any, Any]) -> None:
         for name in _OWN_COLUMNS:
             column = getattr(table, name)
             if isinstance(column, array):
-                setattr(table, name, exact(column))
+                # One value throughout (0: not recorded, as gloo's start and end times; NaN durations): shared.
+                constant = len(column) and column.tobytes() == column[:1].tobytes() * len(column)
+                setattr(table, name, shared_array(column, shared) if constant else exact(column))
         if not isinstance(table.record_id, range):
             table.record_id = exact(table.record_id) if isinstance(table.record_id, array) else table.record_id
         for index in (table._groups or {}).values():

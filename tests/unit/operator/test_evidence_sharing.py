@@ -28,8 +28,8 @@ from tests.unit.operator.fakes import real_snapshots
 from tests.unit.operator.test_window import T_NS, envelope
 
 
-def synthetic_bodies(world: int, entries: int = 300, window: int = 50) -> dict[str, bytes]:
-    plan = make_plan(world, entries=entries, shape="nccl", scenario="not_joined", seed=3, hang_age_s=120.0)
+def synthetic_bodies(world: int, entries: int = 300, window: int = 50, shape: str = "nccl") -> dict[str, bytes]:
+    plan = make_plan(world, entries=entries, shape=shape, scenario="not_joined", seed=3, hang_age_s=120.0)
     out = {}
     for rank in range(world):
         piece = wire.snapshot_piece(rank, T_NS, f"synthetic:{rank}", None, plan.dump(rank, json_shape=True,
@@ -83,10 +83,10 @@ def tables(gathered: Gathered) -> list[EntryTable]:
 
 
 @pytest.mark.parametrize(("source", "world", "window", "stall_after_s"),
-                         [("synthetic", 48, 50, 60.0), ("real", 0, 200, 0.5), ("real", 0, 5, 0.5)])
+                         [("nccl", 48, 50, 60.0), ("gloo", 24, 50, 60.0), ("real", 0, 200, 0.5), ("real", 0, 5, 0.5)])
 def test_shared_evidence_gives_the_report_and_timeline_of_a_plain_decode(source: str, world: int, window: int,
                                                                           stall_after_s: float) -> None:
-    bodies = synthetic_bodies(world, window=window) if source == "synthetic" else real_bodies()
+    bodies = synthetic_bodies(world, window=window, shape=source) if source != "real" else real_bodies()
     world = world or len(bodies)
     reference, shared = plain(bodies, window), received(bodies, window)
     for a, b in zip(tables(reference), tables(shared), strict=True):
@@ -185,3 +185,11 @@ def test_a_push_shares_too_and_its_store_still_measures_it() -> None:
     share_rank(got[0].dumps[0], table.shared)  # once more: nothing changes
     reference = plain({"p0": bodies["p0"]}, 50).pods["p0"].dumps[0].entries
     assert entry_rows(got[0].dumps[0].entries) == entry_rows(reference)
+
+
+def test_time_columns_of_one_value_are_shared() -> None:
+    """gloo records no start or end times (0 throughout): those columns are one array for the gather; times
+    that differ stay each rank's own."""
+    ranks = tables(received(synthetic_bodies(8, shape="gloo"), 50))
+    assert all(t.started is ranks[0].started and t.completed is ranks[0].completed for t in ranks)
+    assert not any(ranks[0].started) and len({id(t.created) for t in ranks}) == len(ranks)
