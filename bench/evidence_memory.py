@@ -230,7 +230,8 @@ def table(results: list[dict[str, Any]]) -> str:
             f"{_mib(r['peak_bytes'])} ({r['peak_per_rank'] / 1024:,.1f} KiB) | "
             f"{_mib(p['held_bytes'])} ({p['held_per_rank'] / 1024:,.1f} KiB) | "
             f"{_mib(p['peak_bytes'])} ({p['peak_per_rank'] / 1024:,.1f} KiB) | "
-            f"{_mib(r['publish_peak_bytes'])} | {_mib(r['after_bytes'])} | {p['decode_s']:.1f} s | {p['analyze_s']:.1f} s | {r['verdict']} {r['culprits']} | {r['report_digest']} |")
+            f"{_mib(r['publish_peak_bytes'])} | {_mib(r['after_bytes'])} | "
+            f"{p['decode_s']:.1f} s | {p['analyze_s']:.1f} s | {r['verdict']} {r['culprits']} | {r['report_digest']} |")
     kinds = sorted({k for r in traced.values() for k in r["walk"]})
     lines += ["", "Bytes a rank by kind (the walk, traced runs):", "",
               "| ranks | tree | " + " | ".join(kinds) + " | all |", "|---:|---|" + "---:|" * (len(kinds) + 1)]
