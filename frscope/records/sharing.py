@@ -38,11 +38,18 @@ def share_small_tables(table: EntryTable, shared: dict[Any, Any]) -> None:
         frames = [tuple(shared.setdefault(f, f) for f in stack) for stack in table.stacks]
         table.stacks = shared.setdefault(("stacks", tuple(frames)), frames)
     for name in ("pgs", "names", "threads", "states", "timeouts"):
-        items = [shared.setdefault(("item", item), _texts(item, shared)) for item in getattr(table, name)]
-        setattr(table, name, shared.setdefault((name, tuple(items)), items))
+        items = getattr(table, name)
+        held = shared.get((name, tuple(items)))  # most ranks: a table another rank has, whole
+        if held is None:
+            items = [shared.setdefault(("item", item), _texts(item, shared)) for item in items]
+            held = shared.setdefault((name, tuple(items)), items)
+        setattr(table, name, held)
     # Sizes are lists (not hashable); their repr tells them apart (ints and strings only: records.fields).
-    shapes = [shared.setdefault(("shape", repr(shape)), shape) for shape in table.shapes]
-    table.shapes = shared.setdefault(("shapes", repr(shapes)), shapes)
+    whole = repr(table.shapes)
+    held = shared.get(("shapes", whole))
+    if held is None:
+        held = shared[("shapes", whole)] = [shared.setdefault(("shape", repr(shape)), shape) for shape in table.shapes]
+    table.shapes = held
 
 
 def _texts(item: Any, shared: dict[Any, Any]) -> Any:
