@@ -219,18 +219,17 @@ def _mib(n: float) -> str:
 def table(results: list[dict[str, Any]]) -> str:
     traced = {(r["ranks"], r["tree"]): r for r in results if r["trace"]}
     plain = {(r["ranks"], r["tree"]): r for r in results if not r["trace"]}
-    lines = ["| ranks | tree | held, traced (a rank) | peak while analyzing, traced (a rank) | held, RSS (a rank) | "
-             "peak RSS over the start (a rank) | peak publishing, traced | left after, traced | decode | analysis | "
-             "verdict | report digest |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    lines = ["| ranks | tree | held, traced (a rank) | peak analyzing, traced (a rank) | peak publishing, traced | "
+             "left after, traced | held, RSS (a rank) | peak RSS analyzing | peak RSS publishing | decode | analysis "
+             "| verdict | report digest |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for key, r in traced.items():
         p = plain.get(key, r)
         lines.append(
             f"| {r['ranks']:,} | {r['tree']} | {_mib(r['held_bytes'])} ({r['held_per_rank'] / 1024:,.1f} KiB) | "
-            f"{_mib(r['peak_bytes'])} ({r['peak_per_rank'] / 1024:,.1f} KiB) | "
-            f"{_mib(p['held_bytes'])} ({p['held_per_rank'] / 1024:,.1f} KiB) | "
-            f"{_mib(p['peak_bytes'])} ({p['peak_per_rank'] / 1024:,.1f} KiB) | "
-            f"{_mib(r['publish_peak_bytes'])} | {_mib(r['after_bytes'])} | "
+            f"{_mib(r['peak_bytes'])} ({r['peak_per_rank'] / 1024:,.1f} KiB) | {_mib(r['publish_peak_bytes'])} | "
+            f"{_mib(r['after_bytes'])} | {_mib(p['held_bytes'])} ({p['held_per_rank'] / 1024:,.1f} KiB) | "
+            f"{_mib(p['peak_bytes'])} | {_mib(p['publish_peak_bytes'])} | "
             f"{p['decode_s']:.1f} s | {p['analyze_s']:.1f} s | {r['verdict']} {r['culprits']} | {r['report_digest']} |")
     kinds = sorted({k for r in traced.values() for k in r["walk"]})
     lines += ["", "Bytes a rank by kind (the walk, traced runs):", "",
@@ -251,9 +250,14 @@ def main() -> int:
     parser.add_argument("--tree", action="append", default=[], help="run with this tree's frscope (repeatable)")
     parser.add_argument("--child", default="", help="(internal) one measurement of this bodies file, as JSON")
     parser.add_argument("--trace", action="store_true", help="(internal) with tracemalloc")
+    parser.add_argument("--table", nargs="+", default=[], help="only print the table of these files of result lines")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(Path(args.child), args.ranks[0], args.processes, args.trace)))
+        return 0
+    if args.table:
+        print(table([json.loads(line) for name in args.table for line in Path(name).read_text().splitlines()
+                     if line.startswith("{")]))
         return 0
     trees = args.tree or ["."]
     results = []
