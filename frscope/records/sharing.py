@@ -5,9 +5,9 @@ same code and most of what it recorded equals its peers'.
 `share_small_tables`: a columnar rank's small tables (groups, op names, states, timeouts, threads, shapes,
 stacks), each item and each whole table one object across the set (the loader's transfer; the operator's).
 `share_rank` (the operator's gathered ranks) goes further: the code and sequence-number columns and the group
-index's arrays shared by content, the time columns held at their exact size, `pg_config` and `pg_status` items
-and the short strings one object each. What a rank keeps of its own is then its times, its record ids and
-anything in which it differs from every rank before it: ~11 KiB a rank of 200 entries instead of ~27
+index's arrays shared by content, the time columns held at their exact size (shared where they hold one value
+throughout), `pg_config` and `pg_status` items and the short strings one object each. What a rank keeps of its own is then its times, its record ids and
+anything in which it differs from every rank before it: ~10 KiB a rank of 200 entries instead of ~27
 (bench/RESULTS.md, "Operator: a gathered rank's evidence").
 
 Shared objects are never changed in place: the tables, their arrays and the group index's arrays are read
@@ -22,7 +22,7 @@ from array import array
 from typing import Any
 
 from frscope.records.columns import EntryTable
-from frscope.records.model import PgConfig, PgStatus, RankDump
+from frscope.records.model import RankDump
 
 # Columns shared by content (codes into the small tables, sequence numbers): equal across the ranks that ran
 # the same collectives. Time columns are a rank's own and are only held at their size, unless they hold one
@@ -135,4 +135,4 @@ def share_rank(dump: RankDump, shared: dict[Any, Any]) -> None:
         setattr(dump, name, _text(getattr(dump, name), shared))
 
 
-__all__ = ["PgConfig", "PgStatus", "exact", "share_rank", "share_small_tables", "shared_array"]
+__all__ = ["exact", "share_rank", "share_small_tables", "shared_array"]
