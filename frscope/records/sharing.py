@@ -6,9 +6,9 @@ same code and most of what it recorded equals its peers'.
 stacks), each item and each whole table one object across the set (the loader's transfer; the operator's).
 `share_rank` (the operator's gathered ranks) goes further: the code and sequence-number columns and the group
 index's arrays shared by content, the time columns held at their exact size (shared where they hold one value
-throughout), `pg_config` and `pg_status` items and the short strings one object each. What a rank keeps of its own is then its times, its record ids and
-anything in which it differs from every rank before it: ~10 KiB a rank of 200 entries instead of ~27
-(bench/RESULTS.md, "Operator: a gathered rank's evidence").
+throughout), `pg_config` and `pg_status` items and the short strings one object each. What a rank keeps of its
+own is then its times, its record ids and anything in which it differs from every rank before it: ~10 KiB a rank
+of 200 entries instead of ~27 (bench/RESULTS.md, "Operator: a gathered rank's evidence").
 
 Shared objects are never changed in place: the tables, their arrays and the group index's arrays are read
 (`EntryTable`, `GroupIndex`: a re-coding makes new arrays); `PgConfig`, `PgStatus` and tuples are immutable.
