@@ -12,8 +12,9 @@ of 200 entries instead of ~27 (bench/RESULTS.md, "Operator: a gathered rank's ev
 
 Shared objects are never changed in place: the tables, their arrays and the group index's arrays are read
 (`EntryTable`, `GroupIndex`: a re-coding makes new arrays); `PgConfig`, `PgStatus` and tuples are immutable.
-`shared` is the set's memo (a dict owned by the caller: its keys hold nothing the values do not, except a
-shape table's repr); dropped with the set's reading, the shared objects stay with the ranks that use them.
+`shared` is the set's memo (a dict owned by the caller: its keys add a tuple per distinct table, a shape
+table's repr and a hash per distinct array); dropped with the set's reading, the shared objects stay with the
+ranks that use them.
 """
 
 from __future__ import annotations
