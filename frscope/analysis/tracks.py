@@ -41,6 +41,16 @@ class Buckets(Mapping[int, list[Entry]]):
         got = self._built[seq] = [self.table.entry(p) for p in self.index.bucket_positions(k)]
         return got
 
+    def peek(self, seq: int) -> list[Entry]:
+        """`get(seq, [])` without keeping what it built: for a look at a rank's oldest few seqs, which no later
+        step reads; kept, they held every rank's entries of them until the analysis ended (~5 KiB a rank of
+        a 200-entry window, bench/RESULTS.md, "Operator: a gathered rank's evidence")."""
+        got = self._built.get(seq)
+        if got is not None:
+            return got
+        k = self.index.position(seq)
+        return [] if k is None else [self.table.entry(p) for p in self.index.bucket_positions(k)]
+
     def __getitem__(self, seq: int) -> list[Entry]:
         got = self.get(seq)
         if got is None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from frscope.records.columns import EntryTable
 from frscope.records.model import EntryRow, LoadProblem, PgConfig, RankDump, entries_from_rows, entry_rows
+from frscope.records.sharing import share_small_tables
 
 # What a worker sends back for one file: the dump (list entries travel apart, as rows; pg_config rank lists
 # apart, as references), or the problem.
@@ -78,18 +79,9 @@ def ship(result: RankDump | LoadProblem, session: object) -> Shipped:
 
 def _share_tables(table: EntryTable, shared: dict[Any, Any]) -> None:
     """One object across the set for each of a table's small tables (groups, op names, states, timeouts,
-    threads, shapes, stacks) that other ranks have too: every rank of a group runs the same code, and at
-    32,768 ranks a copy per rank was ~10 KiB a rank. The tables are read, never changed (`EntryTable`)."""
-    if table.stacks is not None:  # one object per distinct frame, then per distinct list of stacks
-        frames = [tuple(shared.setdefault(f, f) for f in stack) for stack in table.stacks]
-        table.stacks = shared.setdefault(("stacks", tuple(frames)), frames)
-    table.pgs = shared.setdefault(("pgs", tuple(table.pgs)), table.pgs)
-    table.names = shared.setdefault(("names", tuple(table.names)), table.names)
-    table.states = shared.setdefault(("states", tuple(table.states)), table.states)
-    table.timeouts = shared.setdefault(("timeouts", tuple(table.timeouts)), table.timeouts)
-    table.threads = shared.setdefault(("threads", tuple(table.threads)), table.threads)
-    # Sizes are lists (not hashable); their repr tells them apart (ints and strings only: records.fields).
-    table.shapes = shared.setdefault(("shapes", repr(table.shapes)), table.shapes)
+    threads, shapes, stacks) and their items that other ranks have too (`sharing.share_small_tables`): every
+    rank of a group runs the same code, and at 32,768 ranks a copy per rank was ~10 KiB a rank."""
+    share_small_tables(table, shared)
     # An unpickled array is allocated 1/16 larger than its items (array's growth rule); a slice is exact: at
     # 32,768 ranks the slack was ~6 KiB a rank.
     for name in _ARRAY_SLOTS:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from frscope.records.model import PgConfig
+from frscope.records.sharing import share_rank
 
 if TYPE_CHECKING:
     from frscope.operator.evidence.pod_evidence import PodEvidence
@@ -51,6 +52,8 @@ class GroupTable:
 
     tuples: dict[tuple[int, ...], tuple[int, ...]] = field(default_factory=dict)
     digests: dict[bytes, tuple[int, ...]] = field(default_factory=dict)
+    # Everything else the gather's ranks repeat, one object each (`records.sharing.share_rank`'s memo).
+    shared: dict[Any, Any] = field(default_factory=dict)
 
     def known(self) -> frozenset[bytes]:
         """The digests to name with the next body (at most MAX_KNOWN of them)."""
@@ -90,7 +93,9 @@ def pack(evidence: PodEvidence, known: frozenset[bytes]) -> PodEvidence:
 
 def unpack(evidence: PodEvidence, table: GroupTable) -> PodEvidence:
     """In the operator's process: every list back in place, the gather's one tuple of each, small lists
-    shared by value (as `RankDump.share_group_ranks` does)."""
+    shared by value (as `RankDump.share_group_ranks` does); then whatever else a rank has that the gather's
+    other ranks have too, one object for the gather (`records.sharing.share_rank`): a gather holds every
+    rank's evidence until the analysis, and most of a rank's tables equal its peers'."""
     packed = evidence.packed_groups
     if packed is not None:
         for value, ranks in packed.lists.items():
@@ -109,6 +114,9 @@ def unpack(evidence: PodEvidence, table: GroupTable) -> PodEvidence:
                 ranks = table.tuples.setdefault(cfg.ranks, cfg.ranks)
                 if ranks is not cfg.ranks:
                     dump.pg_config[key] = PgConfig(cfg.key, cfg.name, cfg.desc, ranks)
+        share_rank(dump, table.shared)
+    evidence.namespace = table.shared.setdefault(("text", evidence.namespace), evidence.namespace)
+    evidence.reason = table.shared.setdefault(("text", evidence.reason), evidence.reason)
     return evidence
 
 
