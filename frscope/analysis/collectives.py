@@ -63,18 +63,9 @@ def _went_further(ctx: Context, joined: list[int], idle: list[int]) -> set[int]:
     targets, through = frozenset(idle), frozenset(joined)
     further = set(joined)
     for rank in ctx.dumpset.dumps:
-        if rank in further or rank in targets or not ctx.waits.of(rank).open:
-            continue
-        seen: set[int] = set()
-        todo = list(ctx.waits.named_waits(rank) or ())
-        while todo:
-            on = todo.pop()
-            if on in targets:
-                further.add(rank)
-                break
-            if on not in seen and on not in through:
-                seen.add(on)
-                todo.extend(ctx.waits.named_waits(on) or ())
+        if rank not in further and rank not in targets and ctx.waits.of(rank).open \
+                and ctx.waits.reaches([rank], targets, avoiding=through):
+            further.add(rank)
     return further
 
 

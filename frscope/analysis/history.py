@@ -24,7 +24,7 @@ from frscope.analysis.context import Context
 from frscope.analysis.findings import Finding, GroupRef
 from frscope.analysis.mismatch import HISTORY, Bucket, classify_mismatch, same, self_consistency
 from frscope.analysis.ops import VARIABLE_SIZE_OPS
-from frscope.analysis.tracks import Buckets, Track
+from frscope.analysis.tracks import Track
 from frscope.records import P2P_OPS, Entry, GroupInfo
 from frscope.records.columns import SignatureSpace, space_of
 
@@ -33,12 +33,6 @@ def _agreed(history: list[Bucket], bucket: Bucket) -> None:
     history.append(bucket)
     if len(history) > HISTORY:
         del history[0]
-
-
-def _look(track: Track, seq: int) -> Sequence[Entry]:
-    """The entries of `seq` on the rank, not kept by a columnar rank's buckets (`Buckets.peek`)."""
-    by_seq = track.by_seq
-    return by_seq.peek(seq) if isinstance(by_seq, Buckets) else by_seq.get(seq, ())
 
 
 def _first_whole(ctx: Context, group: str, rank: int, track: Track) -> int:
@@ -51,7 +45,7 @@ def _first_whole(ctx: Context, group: str, rank: int, track: Track) -> int:
     dump = ctx.dumpset.dumps.get(rank)
     if dump is None or not len(dump.entries) or not dump.entries[0].record_id:
         return track.first_seq
-    ids = [e.record_id for e in _look(track, track.first_seq)]
+    ids = [e.record_id for e in track.peek(track.first_seq)]
     if ids and (ids[0] == dump.entries[0].record_id or ids != list(range(ids[0], ids[0] + len(ids)))):
         return track.first_seq + 1
     if ids and _p2p_under_collective_seqs(track):
@@ -65,7 +59,7 @@ def _p2p_under_collective_seqs(track: Track, looked_at: int = 4) -> bool:
     for k, seq in enumerate(track.by_seq):
         if k >= looked_at:
             break
-        bucket = _look(track, seq)
+        bucket = track.peek(seq)
         if any(e.op in P2P_OPS for e in bucket):
             return True
         # A batch_isend_irecv recorded as one `coalesced` entry under the collective seq advances the p2p seq

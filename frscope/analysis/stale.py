@@ -42,6 +42,9 @@ class Stale:
     # The rank entered `last_seq + 1` (and maybe more) but its recorder shows it pending, while every other
     # member recorded it finished (on a backend where that means it succeeded).
     pending: bool = False
+    # Read close to the others', but every rank the blocked ones wait on is idle right after a collective this
+    # rank's older read lacks (`waits_end_beside`): that is what named it.
+    beside: bool = False
 
 
 def _newest(ctx: Context, rank: int) -> int | None:
@@ -143,13 +146,15 @@ def stale_ranks(ctx: Context, group: GroupInfo, tracks: dict[int, Track],
         # lost peer, is the last they record): it took part there, and their last ones may have failed for
         # want of it as well as finished. Both readings are said (`stopped_finding`).
         ended = ctx.clock.lost(rank) and s.done_seq > s.last_seq + 1 and ended_quiet(ctx)
+        beside = False
         if not certain and not pending_behind and not ended and newest and others_newest:
             stale = replace(s, newest_ns=newest, others_newest_ns=others_newest)
             if ((others_newest - newest) / 1e9 < ctx.options.stall_after_s and not read_before(ctx, stale, tracks)
-                    and not _failed_after_missing(ctx, rank, s.last_seq + 1, tracks)
-                    and not (finished_past(ctx, tracks, rank, s.last_seq + 1) and waits_end_beside(ctx, rank))):
-                continue
-        found[rank] = replace(s, newest_ns=newest, others_newest_ns=others_newest)
+                    and not _failed_after_missing(ctx, rank, s.last_seq + 1, tracks)):
+                beside = finished_past(ctx, tracks, rank, s.last_seq + 1) and waits_end_beside(ctx, rank)
+                if not beside:
+                    continue
+        found[rank] = replace(s, newest_ns=newest, others_newest_ns=others_newest, beside=beside)
     return found
 
 

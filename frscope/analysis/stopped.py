@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 from frscope.analysis.context import Context
 from frscope.analysis.findings import Category, Finding, GroupRef, sizes_of
-from frscope.analysis.stale import Stale, ended_quiet, waits_end_beside
+from frscope.analysis.stale import Stale, ended_quiet
 from frscope.analysis.stuck import StuckPoint
 from frscope.analysis.tracks import Track
 from frscope.analysis.wording import fmt_duration, plural
@@ -104,12 +104,12 @@ def stopped_finding(ctx: Context, ref: GroupRef, tracks: dict[int, Track], stale
             + f" of {ref.label()}; every other member finished "
             f"up to #{info.done_seq}"
         )
-    if not any(r in exits for r in ranks) and waits_end_beside(ctx, ranks[0]):
+    if first.beside:
         finding.evidence.append(
             f"the ranks the blocked ones wait on are idle right after a collective shared with rank {ranks[0]} that "
             f"its recorder lacks: this backend retires a collective that failed as finished, so either it failed "
             f"for want of rank {ranks[0]} (read: stopped) or those ranks stopped right after it; one cause for all "
-            "is rank " + str(ranks[0]) + " (the exit codes or live stacks decide)")
+            f"is rank {ranks[0]} (the exit codes or live stacks decide)")
     for rank in others[:3]:
         bucket = tracks[rank].by_seq.get(seq)
         finding.ranks[rank] = ctx.rank_view(rank, ref.name, bucket[0] if bucket else None, call_site=False)

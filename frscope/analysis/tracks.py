@@ -81,6 +81,11 @@ class Track:
     table: EntryTable | None = None
     index: GroupIndex | None = None
 
+    def peek(self, seq: int) -> list[Entry]:
+        """The entries of `seq` on the rank, without a columnar rank's buckets keeping them (`Buckets.peek`)."""
+        by_seq = self.by_seq
+        return by_seq.peek(seq) if isinstance(by_seq, Buckets) else by_seq.get(seq, [])
+
     @property
     def last_completed(self) -> int:
         return self.next_seq - 1

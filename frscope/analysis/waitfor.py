@@ -274,12 +274,12 @@ class WaitGraph:
             wait = self.of(next(iter(wait.on)))
         return hops
 
-    def reaches(self, start: Sequence[int], targets: frozenset[int]) -> bool:
+    def reaches(self, start: Sequence[int], targets: frozenset[int], avoiding: frozenset[int] = frozenset()) -> bool:
         """Whether a wait chain from any of `start` ends at, or passes through, one of `targets`: the waits
         the evidence names (`named_waits`: the members that never entered a rank's open collective, its
-        p2p peer, the members behind a batch), followed across groups. A rank in `targets` itself counts
-        only as reached from another."""
-        seen: set[int] = set()
+        p2p peer, the members behind a batch), followed across groups, never through a rank in `avoiding`.
+        A rank in `targets` itself counts only as reached from another."""
+        seen: set[int] = set(avoiding)
         todo = [w for r in start for w in (self.named_waits(r) or ())]
         while todo:
             rank = todo.pop()

@@ -28,7 +28,7 @@ import heapq
 from typing import Any
 
 from frscope.analysis import Report, op_label
-from frscope.analysis.tracks import NONE, Buckets, Track, build_tracks
+from frscope.analysis.tracks import NONE, Track, build_tracks
 from frscope.records import COMPLETED, STARTED, DumpSet, Entry
 from frscope.records.columns import RETIRED_TRUE, EntryTable
 from frscope.report.rank_times import ColumnSpread, build_rank_times, column_spread, spread_fields
@@ -240,8 +240,7 @@ def _bucket(bucket: list[Entry] | None, track: Track | None, seq: int) -> list[E
     if bucket is not None:
         return bucket
     assert track is not None
-    by_seq = track.by_seq
-    return by_seq.peek(seq) if isinstance(by_seq, Buckets) else by_seq[seq]
+    return track.peek(seq)
 
 
 def _choose_columns(grid: _GroupGrid, must: set[int], budget: int, tail: int) -> list[int]:

@@ -124,27 +124,22 @@ def _crashed(facts: Facts, missing: tuple[int, ...], failed: list[int],
     how = f" Its process {exit.describe()}." if exit is not None else ""
     age: float | None
     category = Category.RANK_STOPPED
-    if signature is not None and not failed:
-        # Nothing says the rank failed (no exit, signal or message): it left there, and whether it crashed or
-        # exited (out of data, after destroy_process_group) is unknown. It is named for what the recorders
-        # show, the rank the others' last collective failed for want of, not as a crash.
+    if signature is not None:
         ref, seq, op, survivors = signature
-        they = "it" if len(culprits) == 1 else "they"
-        summary = (
-            f"{plural(culprits).capitalize()} left no dump, and {plural(survivors)} all stopped at {op} #{seq} of "
-            f"{ref.label()}, the last collective each finished (gloo retires a collective that failed because a "
-            f"peer left): {plural(culprits)} left the job there"
-            + (f".{how}" if exit is not None else f"; whether {they} crashed or exited, no exit code says.")
-        )
-        age, category = None, Category.RANK_NOT_JOINED
-    elif signature is not None:
-        ref, seq, op, survivors = signature
-        summary = (
-            f"{plural(culprits).capitalize()} left no dump, and {plural(survivors)} all stopped at {op} #{seq} of "
-            f"{ref.label()}, the last collective each finished (gloo retires a collective that failed because a "
-            f"peer died): the signature of {plural(culprits)} crashing there.{how}"
-        )
         age = None
+        stopped = (f"{plural(culprits).capitalize()} left no dump, and {plural(survivors)} all stopped at {op} #{seq} "
+                   f"of {ref.label()}, the last collective each finished (gloo retires a collective that failed "
+                   f"because a peer {'died' if failed else 'left'})")
+        if failed:
+            summary = f"{stopped}: the signature of {plural(culprits)} crashing there.{how}"
+        else:
+            # Nothing says the rank failed (no exit, signal or message): it left there, and whether it crashed or
+            # exited (out of data, after destroy_process_group) is unknown. It is named for what the recorders
+            # show, the rank the others' last collective failed for want of, not as a crash.
+            they = "it" if len(culprits) == 1 else "they"
+            summary = f"{stopped}: {plural(culprits)} left the job there" + (
+                f".{how}" if exit is not None else f"; whether {they} crashed or exited, no exit code says.")
+            category = Category.RANK_NOT_JOINED
     elif not waiting:
         finding = Finding(
             category=Category.RANK_STOPPED, culprit_ranks=tuple(culprits),
